@@ -1,0 +1,46 @@
+"""The ``wsgi-infer`` command."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .model_loader import ModelLoadError
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .llm import LLM
+    from .sampling_params import SamplingParams
+
+    llm = LLM(model=args.model, device=args.device, dtype=args.dtype)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+    if args.chat:
+        output = llm.chat([{"role": "user", "content": args.prompt}], params)[0]
+    else:
+        output = llm.generate(args.prompt, params)[0]
+    print(output.text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="wsgi-infer", description="LLM inference server and offline generation")
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="print the completion of one prompt")
+    gen.add_argument("prompt")
+    gen.add_argument("--model", default=None, help="Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)")
+    gen.add_argument("--device", default="auto")
+    gen.add_argument("--dtype", default="auto")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return _generate(args)
+    except (ModelLoadError, ValueError) as exc:
+        print(f"wsgi-infer: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Device and dtype selection: CUDA with bf16 when present, else the CPU."""
+from __future__ import annotations
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU computes bf16 natively (AVX512-BF16 or AMX)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device: unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested but CUDA is not available")
+    return resolved
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        if device.type == "cuda" or cpu_has_native_bf16():
+            return torch.bfloat16
+        return torch.float32
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype: unknown dtype {dtype!r} (use auto, {', '.join(_DTYPES)})") from None

@@ -1,0 +1,74 @@
+"""Paged attention in plain torch.
+
+The KV cache of one layer is a flat tensor of slots ``[num_blocks * block_size,
+num_kv_heads, head_dim]``; a sequence's token at position p lives in slot
+``block_table[p // block_size] * block_size + p % block_size``.
+
+One step mixes decodes (one query token each, batched into a single attention
+call over padded slot lists) and prefill chunks (several query tokens each,
+attended one sequence at a time with a causal mask offset by the cached prefix).
+The flat token order of a step is: all decode tokens, then each prefill chunk.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillChunk:
+    num_tokens: int
+    context_slots: torch.Tensor  # [context_len] slots of every token up to the chunk's end
+    causal_mask: torch.Tensor  # [num_tokens, context_len] bool, True = may attend
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step slot bookkeeping, built once and shared by every layer."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V is written
+    num_decode_tokens: int
+    decode_slots: torch.Tensor | None  # [num_decodes, max_context] padded context slots
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context] bool
+    prefills: list[PrefillChunk]
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Write this step's K/V into the cache, then attend over each sequence's context.
+
+    q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim].
+    Returns [tokens, heads * head_dim].
+    """
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
+    outputs = []
+    num_decode = meta.num_decode_tokens
+    if num_decode:
+        # [B, L, kv_heads, D] -> [B, kv_heads, L, D]
+        keys = k_cache[meta.decode_slots].transpose(1, 2)
+        values = v_cache[meta.decode_slots].transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            q[:num_decode].unsqueeze(2), keys, values, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
+        )
+        outputs.append(out.flatten(1))
+    start = num_decode
+    for chunk in meta.prefills:
+        end = start + chunk.num_tokens
+        keys = k_cache[chunk.context_slots].transpose(0, 1)
+        values = v_cache[chunk.context_slots].transpose(0, 1)
+        out = F.scaled_dot_product_attention(
+            q[start:end].transpose(0, 1), keys, values, attn_mask=chunk.causal_mask, scale=scale, enable_gqa=True
+        )
+        outputs.append(out.transpose(0, 1).flatten(1))
+        start = end
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)

@@ -1,0 +1,50 @@
+"""Rotary position embeddings, with frequencies from transformers' RoPE registry.
+
+Using ``ROPE_INIT_FUNCTIONS`` keeps every static RoPE variant transformers knows
+(default, linear, llama3, yarn, longrope...) correct without re-deriving them.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+
+def _rope_type(config) -> str:
+    params = getattr(config, "rope_parameters", None) or {}
+    return params.get("rope_type", "default")
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, config, max_positions: int) -> None:
+        super().__init__()
+        rope_type = _rope_type(config)
+        if rope_type == "default":
+            inv_freq, scaling = _default_inv_freq(config)
+        elif rope_type in ROPE_INIT_FUNCTIONS and rope_type != "dynamic":
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+        else:
+            raise ValueError(f"unsupported rope_type {rope_type!r}")
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq.float().to(positions.device))
+        # Plain attributes, not buffers, so casting the model to bf16 leaves these
+        # small tables in float32, where exactness at long positions is kept.
+        self.cos = freqs.cos() * scaling
+        self.sin = freqs.sin() * scaling
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q [T, H, D] and k [T, Hkv, D] by their positions (half-split layout, as HF)."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def _default_inv_freq(config) -> tuple[torch.Tensor, float]:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    base = config.rope_parameters["rope_theta"]
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)), 1.0

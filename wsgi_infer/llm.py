@@ -1,0 +1,73 @@
+"""The offline API: ``LLM(...).generate(prompts, params)`` and ``.chat(messages, params)``."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+
+from .config import EngineConfig
+from .llm_engine import LLMEngine
+from .outputs import CompletionOutput
+from .sampling_params import SamplingParams
+
+Prompt = str | list[int]
+Message = dict[str, str]
+
+
+class LLM:
+    """Batch generation without a server; the same engine the server drives."""
+
+    def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto", **engine_options) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, device=device, dtype=dtype, **engine_options))
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+    ) -> list[CompletionOutput]:
+        """Run every prompt to completion, batched; outputs are in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = list(params) if isinstance(params, Seq) else [params or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError("params: give one SamplingParams, or one per prompt")
+        outputs: dict[str, CompletionOutput] = {}
+        try:
+            for prompt, p in zip(prompts, params_list):
+                request_id = f"offline-{next(self._ids)}"
+                prompt_ids = self.engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+                self.engine.add_request(request_id, prompt_ids, p)
+                outputs[request_id] = CompletionOutput(
+                    request_id, prompt_ids, "", [], "", [] if p.logprobs is not None else None
+                )
+            while self.engine.has_unfinished():
+                for delta in self.engine.step():
+                    out = outputs[delta.request_id]
+                    out.text += delta.text
+                    out.token_ids += delta.token_ids
+                    if delta.logprobs is not None:
+                        out.logprobs += delta.logprobs
+                    if delta.finished:
+                        out.finish_reason = delta.finish_reason
+        finally:
+            for request_id in outputs:  # on error or interrupt, leave nothing behind
+                self.engine.abort(request_id)
+        return list(outputs.values())
+
+    def chat(
+        self,
+        messages: list[Message] | list[list[Message]],
+        params: SamplingParams | None = None,
+    ) -> list[CompletionOutput]:
+        """Apply the model's chat template to each conversation, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        return self.generate([self.apply_chat_template(c) for c in conversations], params)
+
+    def apply_chat_template(self, messages: list[Message]) -> list[int]:
+        if not self.tokenizer.chat_template:
+            raise ValueError("messages: this model has no chat template")
+        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])

@@ -1,0 +1,159 @@
+"""The engine: ties tokenizer, scheduler, block manager, model runner and sampler.
+
+Its whole API is ``add_request``, ``step``, ``abort`` and ``has_unfinished``,
+plus counters that prove nothing leaks. It is single-threaded: the server
+drives it from one native thread.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+import torch
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .detokenizer import IncrementalDetokenizer
+from .device import resolve_device, resolve_dtype
+from .model_loader import eos_token_ids, load_config, load_tokenizer, resolve_model_dir
+from .model_runner import ModelRunner
+from .outputs import RequestDelta
+from .sampler import Sampler
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineCounters:
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_cached_blocks: int
+    num_total_blocks: int
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.model_dir = resolve_model_dir(config.model)
+        log.info("loading model from %s on %s as %s", self.model_dir, self.device, self.dtype)
+        self.hf_config = load_config(self.model_dir)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.eos_token_ids = eos_token_ids(self.model_dir, self.hf_config, self.tokenizer)
+        self.runner = ModelRunner(config, self.hf_config, self.model_dir, self.device, self.dtype)
+        self.max_model_len = self.runner.max_model_len
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.sampler = Sampler()
+        self._seqs: dict[str, Sequence] = {}
+        self._seed_source = random.Random(config.seed)
+        log.info("model ready: %s, max_model_len %d", self.hf_config.model_type, self.max_model_len)
+
+    # --- requests ------------------------------------------------------------------
+    def tokenize(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode(prompt, add_special_tokens=True)
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> int:
+        """Queue a request; return its prompt length. Raises ValueError for bad input."""
+        if request_id in self._seqs:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        if not prompt_ids:
+            raise ValueError("prompt must not be empty")
+        vocab = self.hf_config.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        room = self.max_model_len - len(prompt_ids)
+        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        if room < 1 or max_tokens > room:
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds "
+                f"the context window of {self.max_model_len} tokens"
+            )
+        capacity = self.block_manager.num_blocks * self.block_manager.block_size
+        if len(prompt_ids) + max_tokens > capacity:
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds "
+                f"the KV cache capacity of {capacity} tokens"
+            )
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(params.seed if params.seed is not None else self._seed_source.getrandbits(63))
+        detokenizer = IncrementalDetokenizer(
+            self.tokenizer.backend_tokenizer, prompt_ids, params.stop, params.skip_special_tokens
+        )
+        seq = Sequence(request_id, prompt_ids, params, max_tokens, detokenizer, generator)
+        self._seqs[request_id] = seq
+        self.scheduler.add(seq)
+        return len(prompt_ids)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request at once, freeing its blocks. False when it is unknown or done."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def counters(self) -> EngineCounters:
+        bm = self.block_manager
+        return EngineCounters(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_free_blocks=bm.num_free_blocks,
+            num_cached_blocks=bm.num_cached_blocks,
+            num_total_blocks=bm.num_blocks,
+        )
+
+    # --- the step --------------------------------------------------------------------
+    def step(self) -> list[RequestDelta]:
+        """Compute one batch; return a delta for every request that got a token or ended."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        sampling, logits = self.runner.execute(batch)
+        for item in batch:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.cache_computed_blocks(item.seq)
+        if not sampling:
+            return []
+        tokens, logprobs = self.sampler(logits, sampling)
+        return [self._append_token(seq, token, lp) for seq, token, lp in zip(sampling, tokens, logprobs)]
+
+    def _append_token(self, seq: Sequence, token: int, logprob) -> RequestDelta:
+        seq.token_ids.append(token)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        params = seq.params
+        finish_reason = None
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            finish_reason, text = "stop", seq.detokenizer.flush()
+        else:
+            text = seq.detokenizer.push(token)
+            if seq.detokenizer.stopped:
+                finish_reason = "stop"
+            elif seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+                finish_reason = "length"
+                text += seq.detokenizer.flush()
+        seq.output_text += text
+        if finish_reason is not None:
+            seq.finish_reason = finish_reason
+            self.scheduler.finish(seq)
+            del self._seqs[seq.request_id]
+        return RequestDelta(
+            request_id=seq.request_id,
+            text=text,
+            token_ids=[token],
+            logprobs=[logprob] if logprob is not None else None,
+            finish_reason=finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+        )

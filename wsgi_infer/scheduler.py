@@ -1,0 +1,95 @@
+"""Which tokens of which sequences the next step computes.
+
+Continuous batching under a per-step token budget: running sequences go first
+(one token each when decoding, a chunk when still prefilling), then waiting
+sequences are admitted while budget, sequence slots and KV blocks allow. A long
+prompt is cut into chunks, so running decodes wait at most one chunk. When a
+running sequence needs a block and none is free, the most recently admitted
+sequence is preempted: its blocks are freed and it is recomputed later from its
+tokens, which keeps its output unchanged.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .block_manager import BlockManager
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSequence:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step computes the sequence's last token, so it samples a new one."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledSequence]:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSequence] = []
+        preempted = False
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.block_manager.allocate(seq, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                scheduled.append(ScheduledSequence(seq, num_new))
+                budget -= num_new
+                i += 1
+                continue
+            break
+
+        # Admitting new work right after preempting would only thrash the cache.
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            cached_prefix = self.block_manager.find_cached_prefix(seq)
+            num_new = min(seq.num_tokens - len(cached_prefix) * self.block_manager.block_size, budget)
+            if not self.block_manager.allocate(seq, num_new, cached_prefix):
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled.append(ScheduledSequence(seq, num_new))
+            budget -= num_new
+        return scheduled
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a sequence (finished or aborted) and release its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED

@@ -1,0 +1,71 @@
+"""One request's state inside the engine."""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from .detokenizer import IncrementalDetokenizer
+from .outputs import TokenLogprob
+from .sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Tokens, KV blocks and progress of one request.
+
+    ``num_computed_tokens`` counts tokens whose KV is in the cache; the tokens
+    after it are what the next steps must compute. A token is sampled only when
+    a step computes up to the last token.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        max_tokens: int,
+        detokenizer: IncrementalDetokenizer,
+        generator: torch.Generator,
+    ) -> None:
+        self.request_id = request_id
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.max_tokens = max_tokens
+        self.detokenizer = detokenizer
+        self.generator = generator
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []  # chained content hashes of full blocks
+        self.output_text = ""
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        self.finish_reason: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id!r}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, status={self.status.value})"
+        )
