@@ -1,0 +1,68 @@
+"""Shared fixtures: tiny random-weight models of each architecture, the real default model."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from wsgi_infer import LLM  # noqa: E402
+from wsgi_infer.model_loader import load_tokenizer, resolve_model_dir  # noqa: E402
+
+TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2")
+
+
+def assert_idle(llm: LLM) -> None:
+    """Nothing running or waiting, every KV block free (possibly still cached)."""
+    counters = llm.engine.counters()
+    assert counters.num_running == 0
+    assert counters.num_waiting == 0
+    assert counters.num_free_blocks == counters.num_total_blocks
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    return resolve_model_dir(None)
+
+
+def _tiny_config(arch: str, vocab_size: int):
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config
+
+    common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=2, initializer_range=0.1)
+    if arch == "gpt2":
+        return GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=256, **common)
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
+    return cls(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=256, tie_word_embeddings=arch == "qwen2", **common,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory, default_model_dir) -> dict[str, Path]:
+    """Random-weight checkpoints saved with transformers, sharing the default model's tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(default_model_dir)
+    dirs = {}
+    for arch in TINY_ARCHITECTURES:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(_tiny_config(arch, len(tokenizer)))
+        path = tmp_path_factory.mktemp(f"tiny-{arch}")
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        dirs[arch] = path
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_dirs) -> LLM:
+    return LLM(model=str(tiny_model_dirs["llama"]), dtype="float32", block_size=4, max_num_batched_tokens=64)
+
+
+@pytest.fixture(scope="session")
+def default_llm(default_model_dir) -> LLM:
+    return LLM(model=None, dtype="float32")
