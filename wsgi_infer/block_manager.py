@@ -31,6 +31,7 @@ class BlockManager:
         self._cached: dict[bytes, int] = {}
         # Insertion order is the LRU order: front = evicted first.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.num_prefix_hit_blocks = 0  # cumulative, for metrics and tests
 
     # --- counters --------------------------------------------------------------
     @property
@@ -101,6 +102,7 @@ class BlockManager:
                 del self._free[block]
             self._ref_counts[block] += 1
         seq.block_table.extend(cached_prefix)
+        self.num_prefix_hit_blocks += len(cached_prefix)
         seq.num_computed_tokens = num_computed
         for _ in range(needed):
             seq.block_table.append(self._take_free_block())

@@ -1,0 +1,113 @@
+"""Continuous batching must not change what any request generates."""
+from __future__ import annotations
+
+import pytest
+
+from wsgi_infer import LLM, SamplingParams
+
+from .conftest import assert_idle
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+PROMPTS = [
+    "Hi",
+    "Once upon a time, in a land far away, there lived a",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "A" * 3 + " short one",
+    "The list of the fifty states of America, in alphabetical order, starts with Alabama, Alaska, Arizona,",
+]
+
+
+def run_alone(llm: LLM, prompt: str) -> list[int]:
+    return llm.generate(prompt, GREEDY)[0].token_ids
+
+
+def run_staggered(llm: LLM, prompts: list[str]) -> dict[str, list[int]]:
+    """Add one request every other step while the others run; return each request's tokens."""
+    engine = llm.engine
+    tokens: dict[str, list[int]] = {}
+    pending = list(enumerate(prompts))
+    step = 0
+    while pending or engine.has_unfinished():
+        if pending and step % 2 == 0:
+            i, prompt = pending.pop(0)
+            engine.add_request(f"r{i}", prompt, GREEDY)
+            tokens[f"r{i}"] = []
+        for delta in engine.step():
+            tokens[delta.request_id] += delta.token_ids
+        step += 1
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_llama) -> dict[str, list[int]]:
+    return {f"r{i}": run_alone(tiny_llama, p) for i, p in enumerate(PROMPTS)}
+
+
+def test_staggered_batch_equals_each_request_alone(tiny_llama, alone):
+    tokens = run_staggered(tiny_llama, PROMPTS)
+    assert tokens == alone
+    assert_idle(tiny_llama)
+
+
+def test_offline_batch_equals_each_request_alone(tiny_llama, alone):
+    outputs = tiny_llama.generate(PROMPTS, GREEDY)
+    assert {f"r{i}": o.token_ids for i, o in enumerate(outputs)} == alone
+    assert_idle(tiny_llama)
+
+
+def test_prefix_cache_hit_keeps_output(tiny_model_dirs):
+    model = str(tiny_model_dirs["llama"])
+    shared = "Once upon a time, in a land far away, there lived a king who"
+    prompts = [shared + " ruled", shared + " loved"]
+    cached = LLM(model=model, dtype="float32", block_size=4)
+    with_cache = [cached.generate(p, GREEDY)[0].token_ids for p in prompts]  # second reuses the first's blocks
+    shared_blocks = len(cached.engine.tokenize(shared)) // 4
+    assert cached.engine.block_manager.num_prefix_hit_blocks >= shared_blocks
+    uncached = LLM(model=model, dtype="float32", block_size=4, enable_prefix_caching=False)
+    assert with_cache == [uncached.generate(p, GREEDY)[0].token_ids for p in prompts]
+    assert uncached.engine.block_manager.num_prefix_hit_blocks == 0
+    assert_idle(cached)
+
+
+def test_preemption_keeps_outputs(tiny_model_dirs, alone):
+    # 24 blocks of 4 tokens cannot hold five growing sequences: some must be preempted.
+    llm = LLM(model=str(tiny_model_dirs["llama"]), dtype="float32", block_size=4, num_kv_blocks=24, max_num_batched_tokens=64)
+    outputs = llm.generate(PROMPTS, GREEDY)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert {f"r{i}": o.token_ids for i, o in enumerate(outputs)} == alone
+    assert_idle(llm)
+
+
+def test_chunked_prefill_never_stalls_decodes(tiny_model_dirs):
+    budget = 16
+    llm = LLM(model=str(tiny_model_dirs["llama"]), dtype="float32", block_size=4, max_num_batched_tokens=budget)
+    engine = llm.engine
+    engine.add_request("decoder", "Hello", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    engine.step()  # prefill of the short prompt
+    long_prompt = list(range(100, 200))  # 100 tokens: needs several chunks
+    engine.add_request("long", long_prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    steps_until_long_starts = 0
+    while True:
+        deltas = {d.request_id for d in engine.step()}
+        steps_until_long_starts += 1
+        assert "decoder" in deltas, "a running decode missed a step during a chunked prefill"
+        if "long" in deltas:
+            break
+    assert steps_until_long_starts >= 100 // budget
+    while engine.has_unfinished():
+        engine.step()
+    assert_idle(llm)
+
+
+def test_abort_frees_everything_at_once(tiny_llama):
+    engine = tiny_llama.engine
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"a{i}", prompt, SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    assert engine.counters().num_free_blocks < engine.counters().num_total_blocks
+    for i in range(len(PROMPTS)):
+        assert engine.abort(f"a{i}")
+    assert not engine.abort("a0")
+    assert not engine.has_unfinished()
+    assert_idle(tiny_llama)
