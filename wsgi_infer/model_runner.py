@@ -13,7 +13,7 @@ import torch
 from .config import EngineConfig
 from .layers.attention import AttentionMetadata, PrefillChunk
 from .model_loader import load_hf_model
-from .models import model_class_for
+from .models import MODEL_REGISTRY
 from .scheduler import ScheduledSequence
 from .sequence import Sequence
 
@@ -29,7 +29,7 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         max_positions = hf_config.max_position_embeddings
-        model_cls = model_class_for(hf_config.model_type)
+        model_cls = MODEL_REGISTRY[hf_config.model_type]
         with torch.device(device):
             self.model = model_cls(hf_config, max_positions).to(dtype)
         hf_model = load_hf_model(model_dir, dtype)

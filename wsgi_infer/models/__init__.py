@@ -13,11 +13,3 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "gpt2": GPT2LMHeadModel,
 }
 
-
-def model_class_for(model_type: str) -> type[nn.Module]:
-    try:
-        return MODEL_REGISTRY[model_type]
-    except KeyError:
-        raise ValueError(
-            f"unsupported architecture {model_type!r}; supported: {', '.join(sorted(MODEL_REGISTRY))}"
-        ) from None

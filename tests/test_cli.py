@@ -1,0 +1,39 @@
+"""The ``wsgi-infer`` command, run as a user would."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from wsgi_infer import LLM, SamplingParams
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "wsgi_infer.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_generate_prints_the_greedy_completion(tiny_model_dirs, tiny_llama):
+    model = str(tiny_model_dirs["llama"])
+    result = run_cli("generate", "Hello there", "--model", model, "--dtype", "float32", "--max-tokens", "8")
+    assert result.returncode == 0, result.stderr
+    expected = tiny_llama.generate("Hello there", SamplingParams(temperature=0, max_tokens=8))[0].text
+    assert result.stdout == expected + "\n"
+
+
+def test_missing_model_is_one_clear_error_line(tmp_path):
+    missing = tmp_path / "nowhere"
+    result = run_cli("generate", "hi", "--model", str(missing))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert errors == [f"wsgi-infer: error: model {missing}: no such file or directory "
+                      "(expected a Hugging Face directory or a .gguf file)"]
+
+
+def test_unsupported_architecture_names_path_and_expectation(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "bert", "architectures": ["BertModel"]}')
+    result = run_cli("generate", "hi", "--model", str(tmp_path))
+    assert result.returncode == 2
+    assert f"model {tmp_path}: unsupported architecture 'bert' (expected one of: gpt2, llama" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,57 @@
+"""Incremental detokenization: whole characters only, nothing lost, stop strings held back."""
+from __future__ import annotations
+
+import pytest
+
+from wsgi_infer.detokenizer import IncrementalDetokenizer
+from wsgi_infer.model_loader import load_tokenizer
+
+TEXTS = [
+    "Hello 😀 world, 🎉🎉 party!",
+    "日本語のテキストと中文文本 mixed with English",
+    "Zürich, São Paulo, Kraków — naïve café",
+    "👩‍👩‍👧‍👦 family emoji and 🇫🇷 flag",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_dir):
+    return load_tokenizer(default_model_dir).backend_tokenizer
+
+
+def test_texts_split_characters_across_tokens(tokenizer):
+    """Precondition of the next test: byte-level BPE cuts these characters between tokens."""
+    for text in (TEXTS[0], TEXTS[1], TEXTS[3]):
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        assert any(tokenizer.decode([i]).endswith("\ufffd") for i in ids), text
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_utf8_pieces_are_whole_and_complete(tokenizer, text):
+    prompt = tokenizer.encode("Say:").ids
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    detok = IncrementalDetokenizer(tokenizer, prompt, stop=[])
+    pieces = [detok.push(i) for i in ids] + [detok.flush()]
+    assert "".join(pieces) == tokenizer.decode(ids)
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_stop_string_across_multibyte_characters(tokenizer):
+    ids = tokenizer.encode("tea 🍵 then 日本 and more", add_special_tokens=False).ids
+    detok = IncrementalDetokenizer(tokenizer, [], stop=["🍵 then 日"])
+    pieces = []
+    for i in ids:
+        pieces.append(detok.push(i))
+        if detok.stopped:
+            break
+    assert detok.stopped
+    assert "".join(pieces) == "tea "
+
+
+def test_prompt_ending_mid_character_is_not_repeated(tokenizer):
+    ids = tokenizer.encode("x 😀😀", add_special_tokens=False).ids
+    # Split inside the first emoji: the prompt's half character must not reappear in the output.
+    split = next(n for n in range(1, len(ids)) if tokenizer.decode(ids[:n]).endswith("\ufffd"))
+    detok = IncrementalDetokenizer(tokenizer, ids[:split], stop=[])
+    text = "".join(detok.push(i) for i in ids[split:]) + detok.flush()
+    assert "x" not in text and text.count("😀") >= 1
