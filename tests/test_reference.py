@@ -38,3 +38,18 @@ def test_default_model_matches_transformers(default_llm, default_model_dir):
     assert "Paris" in out.text
     assert out.finish_reason == "stop" and out.token_ids[-1] in default_llm.engine.eos_token_ids
     assert_idle(default_llm)
+
+
+def test_sharded_checkpoint_loads_the_same_weights(tiny_model_dirs, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    source = tiny_model_dirs["llama"]
+    model = AutoModelForCausalLM.from_pretrained(source)
+    model.save_pretrained(tmp_path, max_shard_size="2MB")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((source / name).read_bytes())
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    params = SamplingParams(temperature=0, max_tokens=12)
+    sharded = LLM(model=str(tmp_path), dtype="float32").generate(PROMPTS, params)
+    single = LLM(model=str(source), dtype="float32").generate(PROMPTS, params)
+    assert [o.token_ids for o in sharded] == [o.token_ids for o in single]

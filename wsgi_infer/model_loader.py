@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from .models import MODEL_REGISTRY
 
@@ -135,8 +138,42 @@ def load_tokenizer(model_dir: Path):
     return tokenizer
 
 
+class CheckpointTensors(Mapping):
+    """The checkpoint's tensors by name, read one at a time from its safetensors files.
+
+    Our models copy (and fuse) weights from this mapping, so loading never holds
+    more than our model plus one tensor, unlike instantiating the transformers
+    model first.
+    """
+
+    def __init__(self, model_dir: Path, dtype: torch.dtype) -> None:
+        index = model_dir / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self._files = {name: model_dir / file for name, file in weight_map.items()}
+        elif (model_dir / "model.safetensors").is_file():
+            with safe_open(model_dir / "model.safetensors", framework="pt") as f:
+                self._files = dict.fromkeys(f.keys(), model_dir / "model.safetensors")
+        else:
+            raise ModelLoadError(f"model {model_dir}: expected model.safetensors (or a sharded index) in the directory")
+        self._dtype = dtype
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        with safe_open(self._files[name], framework="pt") as f:
+            return f.get_tensor(name).to(self._dtype)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._files  # without reading the tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._files)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+
 def load_hf_model(model_dir: Path, dtype: torch.dtype):
-    """The transformers model for ``model_dir`` (our weights source, and the tests' reference)."""
+    """The transformers model for ``model_dir``: the tests' and benchmarks' reference."""
     from transformers import AutoModelForCausalLM
 
     try:

@@ -12,14 +12,14 @@ import torch
 
 from .config import EngineConfig
 from .layers.attention import AttentionMetadata, PrefillChunk
-from .model_loader import load_hf_model
+from .model_loader import CheckpointTensors
 from .models import MODEL_REGISTRY
 from .scheduler import ScheduledSequence
 from .sequence import Sequence
 
 log = logging.getLogger(__name__)
 
-_DEFAULT_CPU_KV_BYTES = 512 << 20
+_DEFAULT_CPU_KV_BYTES = 256 << 20
 _CUDA_MEMORY_FRACTION = 0.9
 
 
@@ -30,11 +30,14 @@ class ModelRunner:
         self.block_size = config.block_size
         max_positions = hf_config.max_position_embeddings
         model_cls = MODEL_REGISTRY[hf_config.model_type]
-        with torch.device(device):
-            self.model = model_cls(hf_config, max_positions).to(dtype)
-        hf_model = load_hf_model(model_dir, dtype)
-        self.model.load_hf_state_dict(hf_model.state_dict())
-        del hf_model
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)  # build in the target dtype: no float32 copy of the weights
+        try:
+            with torch.device(device):
+                self.model = model_cls(hf_config, max_positions)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        self.model.load_hf_state_dict(CheckpointTensors(model_dir, dtype))
         self.model.eval()
         self.max_model_len = min(config.max_model_len or max_positions, self.model.max_positions)
 
@@ -81,23 +84,22 @@ class ModelRunner:
         ids_t = torch.tensor(input_ids, dtype=torch.long, device=device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=device)
         meta = AttentionMetadata(
+            block_size=self.block_size,
             slot_mapping=torch.cat([self._slots(s.seq.block_table, s.seq.num_computed_tokens, s.seq.num_computed_tokens + s.num_new_tokens) for s in ordered]),
             num_decode_tokens=len(decodes),
-            decode_slots=None,
+            decode_blocks=None,
             decode_mask=None,
             prefills=[],
         )
         if decodes:
-            context_lens = torch.tensor([s.seq.num_computed_tokens + 1 for s in decodes], device=device)
-            max_len = int(context_lens.max())
-            max_blocks = -(-max_len // self.block_size)
-            tables = torch.tensor(
-                [s.seq.block_table[:max_blocks] + [0] * (max_blocks - len(s.seq.block_table[:max_blocks])) for s in decodes],
-                dtype=torch.long, device=device,
-            )
-            offsets = torch.arange(self.block_size, device=device)
-            meta.decode_slots = (tables.unsqueeze(-1) * self.block_size + offsets).flatten(1)[:, :max_len]
-            meta.decode_mask = (torch.arange(max_len, device=device) < context_lens.unsqueeze(1)).view(len(decodes), 1, 1, max_len)
+            context_lens = [s.seq.num_computed_tokens + 1 for s in decodes]
+            max_blocks = -(-max(context_lens) // self.block_size)
+            # Pad with block 0: its slots are masked out.
+            padded = [s.seq.block_table[:max_blocks] + [0] * (max_blocks - len(s.seq.block_table)) for s in decodes]
+            meta.decode_blocks = torch.tensor(padded, dtype=torch.long, device=device).flatten()
+            lens = torch.tensor(context_lens, device=device).unsqueeze(1)
+            padded_len = max_blocks * self.block_size
+            meta.decode_mask = (torch.arange(padded_len, device=device) < lens).view(len(decodes), 1, 1, padded_len)
         for item in prefills:
             end = item.seq.num_computed_tokens + item.num_new_tokens
             query_pos = torch.arange(item.seq.num_computed_tokens, end, device=device)

@@ -5,7 +5,7 @@ num_kv_heads, head_dim]``; a sequence's token at position p lives in slot
 ``block_table[p // block_size] * block_size + p % block_size``.
 
 One step mixes decodes (one query token each, batched into a single attention
-call over padded slot lists) and prefill chunks (several query tokens each,
+call over their gathered blocks, padded to the longest) and prefill chunks (several query tokens each,
 attended one sequence at a time with a causal mask offset by the cached prefix).
 The flat token order of a step is: all decode tokens, then each prefill chunk.
 """
@@ -28,10 +28,11 @@ class PrefillChunk:
 class AttentionMetadata:
     """Per-step slot bookkeeping, built once and shared by every layer."""
 
+    block_size: int
     slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V is written
     num_decode_tokens: int
-    decode_slots: torch.Tensor | None  # [num_decodes, max_context] padded context slots
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context] bool
+    decode_blocks: torch.Tensor | None  # [num_decodes * max_blocks] block ids, padded
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
     prefills: list[PrefillChunk]
 
 
@@ -54,12 +55,13 @@ def paged_attention(
     outputs = []
     num_decode = meta.num_decode_tokens
     if num_decode:
-        # [B, L, kv_heads, D] -> [B, kv_heads, L, D]
-        keys = k_cache[meta.decode_slots].transpose(1, 2)
-        values = v_cache[meta.decode_slots].transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q[:num_decode].unsqueeze(2), keys, values, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
-        )
+        keys = _gather_blocks(k_cache, meta, num_decode)
+        values = _gather_blocks(v_cache, meta, num_decode)
+        # Grouped-query attention without repeating K/V: the query heads sharing a
+        # KV head become that head's query rows ([B, kv_heads, group, D]).
+        num_kv_heads = k_cache.shape[1]
+        grouped_q = q[:num_decode].view(num_decode, num_kv_heads, -1, q.shape[-1])
+        out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=meta.decode_mask, scale=scale)
         outputs.append(out.flatten(1))
     start = num_decode
     for chunk in meta.prefills:
@@ -72,3 +74,14 @@ def paged_attention(
         outputs.append(out.transpose(0, 1).flatten(1))
         start = end
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+
+def _gather_blocks(cache: torch.Tensor, meta: AttentionMetadata, batch: int) -> torch.Tensor:
+    """[slots, kv_heads, D] cache -> [batch, kv_heads, padded_context, D].
+
+    Copies whole blocks (contiguous rows of block_size * kv_heads * D) with one
+    index_select, which is several times faster than gathering slot by slot.
+    """
+    num_kv_heads, head_dim = cache.shape[1:]
+    blocks = cache.view(-1, meta.block_size * num_kv_heads * head_dim).index_select(0, meta.decode_blocks)
+    return blocks.view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
