@@ -50,7 +50,7 @@ def peak_rss_mb() -> float:
 def run_engine(args) -> dict:
     from wsgi_infer import LLM, SamplingParams
 
-    llm = LLM(model=args.model, dtype=args.dtype)
+    llm = LLM(model=args.model, dtype=args.dtype, quantization=quantization(args))
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     results = {}
@@ -96,6 +96,10 @@ def run_engine(args) -> dict:
     return {"system": "wsgi-infer", "dtype": str(engine.dtype), "results": results, "peak_rss_mb": peak_rss_mb()}
 
 
+def quantization(args) -> str | None:
+    return None if args.quantization[0] == "none" else args.quantization[0]
+
+
 def run_transformers(args) -> dict:
     import torch
 
@@ -133,7 +137,7 @@ def run_profile(args) -> dict:
 
     from wsgi_infer import LLM, SamplingParams
 
-    llm = LLM(model=args.model, dtype=args.dtype)
+    llm = LLM(model=args.model, dtype=args.dtype, quantization=quantization(args))
     engine = llm.engine
     tables = {}
     for batch in (1, 64):
@@ -155,8 +159,9 @@ def run_profile(args) -> dict:
     return {"system": "profile", "profiles": tables}
 
 
-def child(kind: str, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", kind, "--dtype", args.dtype, "--output-len", str(args.output_len),
+def child(kind: str, args, quant: str = "none") -> dict:
+    cmd = [sys.executable, __file__, "--child", kind, "--dtype", args.dtype, "--quantization", quant,
+           "--output-len", str(args.output_len),
            "--rounds", str(args.rounds), "--min-requests", str(args.min_requests),
            "--hf-single-requests", str(args.hf_single_requests), "--concurrency", *map(str, args.concurrency)]
     if args.model:
@@ -174,6 +179,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="requests per concurrency slot")
     parser.add_argument("--min-requests", type=int, default=4)
     parser.add_argument("--hf-single-requests", type=int, default=2)
+    parser.add_argument("--quantization", nargs="+", default=["none", "int8"], choices=["none", "int8"],
+                        help="engine runs to compare (int8: int8 weights for steps of at most 8 tokens)")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--profile", action="store_true", help="also profile one decode step at batch 1 and 64")
     parser.add_argument("--child", choices=["engine", "transformers", "profile"], help=argparse.SUPPRESS)
@@ -184,22 +191,25 @@ def main() -> None:
         print(json.dumps(runner(args)))
         return
 
-    engine = child("engine", args)
-    print(f"## wsgi-infer engine ({engine['dtype']}), {args.output_len} output tokens, peak RSS {engine['peak_rss_mb']:.0f} MB\n")
-    print("| concurrency | requests | out tok/s | req/s | TTFT mean / p99 ms | TPOT mean / p99 ms | ITL p50 / p99 ms |")
-    print("|---|---|---|---|---|---|---|")
-    for c, r in engine["results"].items():
-        print(f"| {c} | {r['requests']} | {r['output_tok_s']:.1f} | {r['request_s']:.2f} | "
-              f"{r['ttft_mean_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_mean_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
-              f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} |")
+    for quant in args.quantization:
+        engine = child("engine", args, quant)
+        print(f"## wsgi-infer engine ({engine['dtype']}, quantization {quant}), {args.output_len} output tokens, "
+              f"peak RSS {engine['peak_rss_mb']:.0f} MB\n")
+        print("| concurrency | requests | prompt tok | out tok/s | req/s | TTFT mean / p99 ms | TPOT mean / p99 ms | ITL p50 / p99 ms |")
+        print("|---|---|---|---|---|---|---|---|")
+        for c, r in engine["results"].items():
+            print(f"| {c} | {r['requests']} | {r['mean_prompt_tokens']:.0f} | {r['output_tok_s']:.1f} | {r['request_s']:.2f} | "
+                  f"{r['ttft_mean_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_mean_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
+                  f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} |")
+        print()
     if not args.skip_transformers:
         hf = child("transformers", args)
-        print(f"\n## transformers generate ({hf['dtype']}), peak RSS {hf['peak_rss_mb']:.0f} MB\n")
+        print(f"## transformers generate ({hf['dtype']}), peak RSS {hf['peak_rss_mb']:.0f} MB\n")
         print("| requests | out tok/s |\n|---|---|")
         for c, r in hf["results"].items():
             print(f"| {c} | {r['output_tok_s']:.1f} |")
     if args.profile:
-        prof = child("profile", args)
+        prof = child("profile", args, args.quantization[-1])
         for batch, p in prof["profiles"].items():
             print(f"\n## one decode step at batch {batch}: {p['step_ms']:.1f} ms\n\n```\n{p['table']}\n```")
 

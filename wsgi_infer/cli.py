@@ -12,7 +12,7 @@ def _generate(args: argparse.Namespace) -> int:
     from .llm import LLM
     from .sampling_params import SamplingParams
 
-    llm = LLM(model=args.model, device=args.device, dtype=args.dtype)
+    llm = LLM(model=args.model, device=args.device, dtype=args.dtype, quantization=args.quantization)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
     if args.chat:
         output = llm.chat([{"role": "user", "content": args.prompt}], params)[0]
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--model", default=None, help="Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)")
     gen.add_argument("--device", default="auto")
     gen.add_argument("--dtype", default="auto")
+    gen.add_argument("--quantization", choices=["int8"], default=None, help="int8 weights for small batches (CPU)")
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")

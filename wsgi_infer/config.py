@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .layers.quantization import SUPPORTED as QUANTIZATION_METHODS
+
 
 @dataclass
 class EngineConfig:
@@ -17,6 +19,7 @@ class EngineConfig:
     model: str | None = None
     device: str = "auto"
     dtype: str = "auto"
+    quantization: str | None = None  # "int8": weight-only int8 linear layers (CPU)
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
@@ -34,5 +37,7 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be at least 1, got {self.num_kv_blocks}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.quantization not in (None, *QUANTIZATION_METHODS):
+            raise ValueError(f"quantization must be None or one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")

@@ -12,6 +12,7 @@ import torch
 
 from .config import EngineConfig
 from .layers.attention import AttentionMetadata, PrefillChunk
+from .layers.quantization import quantize_linear_layers
 from .model_loader import CheckpointTensors
 from .models import MODEL_REGISTRY
 from .scheduler import ScheduledSequence
@@ -38,6 +39,8 @@ class ModelRunner:
         finally:
             torch.set_default_dtype(default_dtype)
         self.model.load_hf_state_dict(CheckpointTensors(model_dir, dtype))
+        if config.quantization:
+            quantize_linear_layers(self.model, config.quantization, device)
         self.model.eval()
         self.max_model_len = min(config.max_model_len or max_positions, self.model.max_positions)
 

@@ -50,6 +50,8 @@ class GPT2LMHeadModel(nn.Module):
         self.wpe = nn.Embedding(config.n_positions, config.hidden_size)
         self.h = nn.ModuleList(GPT2Block(config, i) for i in range(config.num_hidden_layers))
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # GPT-2 always ties its LM head
         self.max_positions = min(max_positions, config.n_positions)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
@@ -59,7 +61,7 @@ class GPT2LMHeadModel(nn.Module):
         return self.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.wte.weight)  # GPT-2 always ties its LM head
+        return self.lm_head(hidden)
 
     @torch.no_grad()
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
