@@ -68,6 +68,4 @@ class LLM:
         return self.generate([self.apply_chat_template(c) for c in conversations], params)
 
     def apply_chat_template(self, messages: list[Message]) -> list[int]:
-        if not self.tokenizer.chat_template:
-            raise ValueError("messages: this model has no chat template")
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        return self.engine.apply_chat_template(messages)

@@ -59,6 +59,16 @@ class LLMEngine:
     def tokenize(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt, add_special_tokens=True)
 
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation through the model's chat template, ready for the reply."""
+        if not self.tokenizer.chat_template:
+            raise ValueError("messages: this model has no chat template")
+        try:
+            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+        except Exception as exc:  # jinja errors for malformed conversations
+            raise ValueError(f"messages: the chat template failed: {exc}") from exc
+        return list(encoded["input_ids"])
+
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> int:
         """Queue a request; return its prompt length. Raises ValueError for bad input."""
         if request_id in self._seqs:
@@ -99,6 +109,10 @@ class LLMEngine:
             return False
         self.scheduler.finish(seq)
         return True
+
+    def abort_all(self) -> None:
+        for request_id in list(self._seqs):
+            self.abort(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

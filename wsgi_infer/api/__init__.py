@@ -1,0 +1,1 @@
+"""HTTP routes, one blueprint per API: OpenAI-compatible, native, operational."""

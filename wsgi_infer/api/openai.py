@@ -1,0 +1,197 @@
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from flask import Blueprint, Response, jsonify, request, stream_with_context
+
+from .. import sse
+from ..errors import APIError
+from ..protocol import ChatCompletionRequest, CompletionRequest, parse
+from ..streams import ChoiceDelta, RequestStream
+from .serving import Heartbeat, StreamInterrupted, check_model, collect, iter_deltas, manager, start
+
+bp = Blueprint("openai", __name__, url_prefix="/v1")
+
+RETRY_AFTER_INTERRUPT_MS = 1000
+
+
+@bp.get("/models")
+def models():
+    mgr = manager()
+    return jsonify(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": mgr.model_name,
+                    "object": "model",
+                    "created": int(mgr.started_at),
+                    "owned_by": "wsgi-infer",
+                    "root": mgr.model_dir or mgr.model_name,
+                    "parent": None,
+                    "max_model_len": mgr.max_model_len,
+                }
+            ],
+        }
+    )
+
+
+@bp.post("/completions")
+def completions():
+    req: CompletionRequest = parse(CompletionRequest, request.get_json(force=True))
+    check_model(req.model)
+    stream = start(req.prompts, req.sampling_params(req.max_tokens, req.logprobs))
+    formatter = _CompletionFormatter(stream, "text_completion")
+    return _respond(stream, req.stream, req.include_usage, formatter)
+
+
+@bp.post("/chat/completions")
+def chat_completions():
+    req: ChatCompletionRequest = parse(ChatCompletionRequest, request.get_json(force=True))
+    check_model(req.model)
+    messages = [m.as_template_message() for m in req.messages]
+    stream = start([messages], req.sampling_params(req.max_new_tokens, req.num_logprobs), chat=True)
+    formatter = _ChatFormatter(stream, "chat.completion.chunk" if req.stream else "chat.completion")
+    return _respond(stream, req.stream, req.include_usage, formatter)
+
+
+def _respond(stream: RequestStream, streaming: bool, include_usage: bool, formatter: "_Formatter"):
+    if not streaming:
+        try:
+            merged = collect(stream)
+        except StreamInterrupted as exc:
+            raise APIError(exc.message, 503, code=exc.code, headers={"Retry-After": "1"}) from None
+        finally:
+            manager().release(stream)
+        body = formatter.envelope([formatter.final_choice(merged[i]) for i in sorted(merged)])
+        body["usage"] = stream.usage
+        return jsonify(body)
+    return Response(stream_with_context(_sse(stream, include_usage, formatter)), mimetype="text/event-stream", headers=sse.STREAM_HEADERS)
+
+
+def _sse(stream: RequestStream, include_usage: bool, formatter: "_Formatter") -> Iterator[str]:
+    try:
+        for batch in iter_deltas(stream):
+            if isinstance(batch, Heartbeat):
+                yield sse.HEARTBEAT
+                continue
+            for choice in batch:
+                yield sse.event(formatter.envelope([formatter.chunk_choice(choice)]))
+        if include_usage:
+            yield sse.event(formatter.envelope([], usage=stream.usage))
+        yield sse.DONE
+    except StreamInterrupted as exc:
+        # Each unfinished choice ends with "abort", then an error event; never [DONE].
+        for index in range(stream.num_choices):
+            if index not in stream.finish_reasons:
+                yield sse.event(formatter.envelope([formatter.abort_choice(index)]))
+        error = {"error": {"message": exc.message, "type": "server_error", "param": None, "code": exc.code}}
+        yield sse.event(error, name="error", retry_ms=RETRY_AFTER_INTERRUPT_MS)
+    finally:
+        manager().release(stream)
+
+
+class _Formatter:
+    """Turns merged deltas into one API's JSON: streamed chunks, final choices, aborts."""
+
+    prefix = ""
+
+    def __init__(self, stream: RequestStream, obj: str) -> None:
+        self.id = f"{self.prefix}-{stream.request_id}"
+        self.object = obj
+        self.created = int(time.time())
+        self.model = manager().model_name
+
+    def envelope(self, choices: list[dict], usage: dict | None = None) -> dict:
+        body = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return body
+
+    def chunk_choice(self, choice: ChoiceDelta) -> dict:
+        raise NotImplementedError
+
+    def final_choice(self, choice: ChoiceDelta) -> dict:
+        raise NotImplementedError
+
+    def abort_choice(self, index: int) -> dict:
+        raise NotImplementedError
+
+
+class _CompletionFormatter(_Formatter):
+    prefix = "cmpl"
+
+    def __init__(self, stream: RequestStream, obj: str) -> None:
+        super().__init__(stream, obj)
+        self._text_offset: dict[int, int] = {}
+
+    def chunk_choice(self, choice: ChoiceDelta) -> dict:
+        d = choice.delta
+        return {"index": choice.index, "text": d.text, "logprobs": self._logprobs(choice), "finish_reason": d.finish_reason}
+
+    final_choice = chunk_choice
+
+    def abort_choice(self, index: int) -> dict:
+        return {"index": index, "text": "", "logprobs": None, "finish_reason": "abort"}
+
+    def _logprobs(self, choice: ChoiceDelta) -> dict | None:
+        if choice.delta.logprobs is None:
+            return None
+        texts = choice.token_texts
+        tokens = [texts.get(lp.token_id, "") for lp in choice.delta.logprobs]
+        offsets, offset = [], self._text_offset.get(choice.index, 0)
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        self._text_offset[choice.index] = offset
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in choice.delta.logprobs],
+            "top_logprobs": [{texts.get(t, ""): v for t, v in lp.top} for lp in choice.delta.logprobs],
+            "text_offset": offsets,
+        }
+
+
+class _ChatFormatter(_Formatter):
+    prefix = "chatcmpl"
+
+    def __init__(self, stream: RequestStream, obj: str) -> None:
+        super().__init__(stream, obj)
+        self._role_sent: set[int] = set()
+
+    def chunk_choice(self, choice: ChoiceDelta) -> dict:
+        delta: dict = {"content": choice.delta.text}
+        if choice.index not in self._role_sent:  # the role comes with the first real token
+            self._role_sent.add(choice.index)
+            delta = {"role": "assistant", **delta}
+        return {"index": choice.index, "delta": delta, "logprobs": self._logprobs(choice), "finish_reason": choice.delta.finish_reason}
+
+    def final_choice(self, choice: ChoiceDelta) -> dict:
+        return {
+            "index": choice.index,
+            "message": {"role": "assistant", "content": choice.delta.text},
+            "logprobs": self._logprobs(choice),
+            "finish_reason": choice.delta.finish_reason,
+        }
+
+    def abort_choice(self, index: int) -> dict:
+        return {"index": index, "delta": {}, "logprobs": None, "finish_reason": "abort"}
+
+    @staticmethod
+    def _logprobs(choice: ChoiceDelta) -> dict | None:
+        if choice.delta.logprobs is None:
+            return None
+        texts = choice.token_texts
+
+        def entry(token_id: int, logprob: float) -> dict:
+            text = texts.get(token_id, "")
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        return {
+            "content": [
+                {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                for lp in choice.delta.logprobs
+            ]
+        }

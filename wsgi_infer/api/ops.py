@@ -1,0 +1,30 @@
+"""Operational routes: /health and /metrics."""
+from __future__ import annotations
+
+from flask import Blueprint, Response, jsonify
+
+from .. import metrics
+from .serving import manager
+
+bp = Blueprint("ops", __name__)
+
+
+@bp.get("/health")
+def health():
+    """200 only while the model is loaded and the engine thread is alive and making progress."""
+    mgr = manager()
+    if mgr.ready and mgr.alive and not mgr.stalled:
+        return jsonify({"status": "ok", "model": mgr.model_name})
+    if mgr.failure:
+        body = {"status": "failed", "error": mgr.failure.splitlines()[0]}
+    elif mgr.stalled:
+        body = {"status": "stalled"}
+    else:
+        body = {"status": "loading" if mgr.alive else "stopped"}
+    return jsonify(body), 503, {"Retry-After": "5"}
+
+
+@bp.get("/metrics")
+def prometheus_metrics():
+    body, content_type = metrics.render()
+    return Response(body, content_type=content_type)

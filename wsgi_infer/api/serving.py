@@ -1,0 +1,99 @@
+"""What every generation route does: admit, submit, then stream or collect.
+
+Runs in the request's greenlet; waiting is cooperative (gevent), and the
+engine work happens on the manager's thread.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from flask import current_app, g
+
+from ..errors import APIError
+from ..manager import EngineManager, Prompt
+from ..sampling_params import SamplingParams
+from ..streams import Accepted, ChoiceDelta, Rejected, RequestStream, Terminated, merge_deltas
+
+ADMISSION_TIMEOUT_S = 60.0
+
+
+def manager() -> EngineManager:
+    return current_app.extensions["wsgi_infer"]
+
+
+def check_model(name: str | None) -> None:
+    served = manager().model_name
+    if name is not None and name != served:
+        raise APIError(f"model {name!r} does not exist; this server serves {served!r}", 404, param="model", code="model_not_found")
+
+
+def start(prompts: list[Prompt], params: list[SamplingParams], chat: bool = False) -> RequestStream:
+    """Submit and wait for the engine to accept; raise the right APIError otherwise."""
+    mgr = manager()
+    if not mgr.ready:
+        raise APIError("the model is not loaded yet", 503, code="model_not_ready", headers={"Retry-After": "5"})
+    limit = mgr.settings.max_num_seqs + mgr.settings.max_waiting_requests
+    if mgr.num_open_requests >= limit:
+        raise APIError(
+            f"too many requests in flight ({limit}); retry later", 429, code="too_many_requests", headers={"Retry-After": "1"}
+        )
+    stream = mgr.submit(g.request_id, prompts, params, chat)
+    try:
+        outcome = stream.wait_admission(ADMISSION_TIMEOUT_S)
+        if isinstance(outcome, Rejected):
+            raise APIError(outcome.message, 400, param=outcome.param)
+        if isinstance(outcome, Terminated):
+            raise APIError(outcome.message, 503, code=outcome.code, headers={"Retry-After": "5"})
+        if not isinstance(outcome, Accepted):
+            raise APIError("the engine did not answer in time", 503, code="engine_timeout", headers={"Retry-After": "5"})
+    except BaseException:
+        mgr.release(stream)
+        raise
+    return stream
+
+
+class Heartbeat:
+    """Nothing to send for a while: the caller writes a keep-alive."""
+
+
+@dataclass
+class StreamInterrupted(Exception):
+    message: str
+    code: str
+
+
+def iter_deltas(stream: RequestStream) -> Iterator[list[ChoiceDelta] | Heartbeat]:
+    """Per wake-up, one merged delta per choice that has something to show.
+
+    A delta with no text yet (an incomplete character, or text held back as a
+    possible stop string) waits for the next one unless it ends its choice.
+    Raises StreamInterrupted when the engine stops or fails. The caller must
+    ``manager().release(stream)`` when done, also on error or disconnect.
+    """
+    heartbeat = manager().settings.heartbeat_seconds
+    carry: list[ChoiceDelta] = []
+    while not stream.finished:
+        events = stream.take(heartbeat)
+        if not events:
+            yield Heartbeat()
+            continue
+        stop = next((e for e in events if isinstance(e, Terminated)), None)
+        pending, ready, carry = carry + events, [], []
+        for choice in merge_deltas(pending):
+            (ready if choice.delta.text or choice.delta.finish_reason else carry).append(choice)
+        if ready:
+            yield ready
+        if stop is not None:
+            raise StreamInterrupted(stop.message, stop.code)
+
+
+def collect(stream: RequestStream) -> dict[int, ChoiceDelta]:
+    """Run a non-streamed request to the end; one merged delta per choice."""
+    merged: dict[int, ChoiceDelta] = {}
+    for batch in iter_deltas(stream):
+        if isinstance(batch, Heartbeat):
+            continue
+        for choice in batch:
+            merged[choice.index] = merge_deltas([merged[choice.index], choice])[0] if choice.index in merged else choice
+    return merged

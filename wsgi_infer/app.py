@@ -1,0 +1,40 @@
+"""The Flask application factory."""
+from __future__ import annotations
+
+import re
+import uuid
+
+from flask import Flask, g, request
+
+from .api import native, openai, ops
+from .errors import register_error_handlers
+from .manager import EngineManager
+from .settings import ServerSettings
+
+_CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def create_app(settings: ServerSettings | None = None) -> Flask:
+    """Build the app. Its EngineManager (``app.extensions["wsgi_infer"]``) is started
+    separately, by gunicorn's ``post_worker_init`` hook, once per worker."""
+    settings = settings or ServerSettings()
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.json.ensure_ascii = False
+    app.extensions["wsgi_infer"] = EngineManager(settings)
+    register_error_handlers(app)
+    for blueprint in (openai.bp, native.bp, ops.bp):
+        app.register_blueprint(blueprint)
+
+    @app.before_request
+    def _request_id() -> None:
+        # The client's id when it is a sane token (it reaches logs and headers), else ours.
+        client_id = request.headers.get("X-Request-Id", "")
+        g.request_id = client_id if _CLIENT_REQUEST_ID.match(client_id) else uuid.uuid4().hex
+
+    @app.after_request
+    def _tag_response(response):
+        response.headers["X-Request-Id"] = g.get("request_id") or uuid.uuid4().hex
+        return response
+
+    return app

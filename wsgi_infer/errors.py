@@ -1,0 +1,72 @@
+"""OpenAI-shaped errors: routes raise, one set of handlers renders.
+
+Body: ``{"error": {"message", "type", "param", "code"}}``; a traceback never
+reaches a client.
+"""
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, jsonify
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_server_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
+
+
+def _render(error: APIError):
+    response = jsonify(error_body(error.message, error.status, error.param, error.code))
+    response.status_code = error.status
+    response.headers.update(error.headers)
+    return response
+
+
+def register_error_handlers(app: Flask) -> None:
+    app.register_error_handler(APIError, _render)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException):
+        messages = {
+            400: "malformed request body: expected valid JSON",
+            404: "no such route",
+            413: f"request body is larger than the limit of {app.config.get('MAX_CONTENT_LENGTH')} bytes",
+        }
+        code = exc.code or 500
+        return _render(APIError(messages.get(code, exc.description or exc.name), code))
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):
+        log.exception("unhandled error")
+        return _render(APIError("internal server error", 500))

@@ -1,0 +1,23 @@
+"""Server-Sent Events framing (https://html.spec.whatwg.org/multipage/server-sent-events.html)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+HEARTBEAT = ": ping\n\n"
+DONE = "data: [DONE]\n\n"
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def event(data: Any, name: str | None = None, event_id: str | None = None, retry_ms: int | None = None) -> str:
+    """One event; ``data`` is JSON-encoded unless it is already a string."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    lines = []
+    if event_id is not None:
+        lines.append(f"id: {event_id}")
+    if name is not None:
+        lines.append(f"event: {name}")
+    if retry_ms is not None:
+        lines.append(f"retry: {retry_ms}")
+    lines.extend(f"data: {line}" for line in payload.split("\n"))
+    return "\n".join(lines) + "\n\n"

@@ -1,0 +1,147 @@
+"""A request's stream of engine output, living in the hub.
+
+The manager pushes events into a ``RequestStream`` from the hub's bridge
+callback; the request's greenlet takes everything queued at once, so a slow
+reader gets fewer, larger pieces instead of a growing backlog.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import gevent.event
+
+from .outputs import RequestDelta
+
+
+@dataclass
+class Accepted:
+    """The engine queued every choice; the prompt had this many tokens."""
+
+    prompt_tokens: int
+
+
+@dataclass
+class Rejected:
+    """The engine refused the request (bad input): a 400 for the client."""
+
+    message: str
+    param: str | None = None
+
+
+@dataclass
+class Terminated:
+    """The request ended without finishing: engine failure or shutdown."""
+
+    message: str
+    code: str
+
+
+@dataclass
+class ChoiceDelta:
+    """An engine delta, tagged with the choice (n > 1) it belongs to.
+
+    ``token_texts`` holds the text of every token id its logprobs mention.
+    """
+
+    index: int
+    delta: RequestDelta
+    token_texts: dict[int, str] = field(default_factory=dict)
+
+
+StreamEvent = Accepted | Rejected | Terminated | ChoiceDelta
+
+
+@dataclass
+class RequestStream:
+    request_id: str
+    num_choices: int
+    created: float = field(default_factory=time.monotonic)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reasons: dict[int, str] = field(default_factory=dict)
+    closed: bool = False
+    _queue: list[StreamEvent] = field(default_factory=list)
+    _ready: gevent.event.Event = field(default_factory=gevent.event.Event)
+
+    def choice_id(self, index: int) -> str:
+        return f"{self.request_id}-{index}"
+
+    @property
+    def choice_ids(self) -> list[str]:
+        return [self.choice_id(i) for i in range(self.num_choices)]
+
+    @property
+    def finished(self) -> bool:
+        return len(self.finish_reasons) == self.num_choices
+
+    def push(self, event: StreamEvent) -> None:
+        """Hub only (bridge callback or a greenlet)."""
+        if isinstance(event, Accepted):
+            self.prompt_tokens = event.prompt_tokens
+        elif isinstance(event, ChoiceDelta):
+            self.completion_tokens += len(event.delta.token_ids)
+            if event.delta.finish_reason is not None:
+                self.finish_reasons[event.index] = event.delta.finish_reason
+        self._queue.append(event)
+        self._ready.set()
+
+    def wait_admission(self, timeout: float) -> Accepted | Rejected | Terminated | None:
+        """The engine's answer to the submission (always the first event); None on timeout."""
+        if not self._queue:
+            self._ready.wait(timeout)
+        if not self._queue:
+            return None
+        if isinstance(self._queue[0], (Accepted, Rejected)):
+            return self._queue.pop(0)
+        return next((e for e in self._queue if isinstance(e, Terminated)), None)
+
+    def take(self, timeout: float | None) -> list[StreamEvent]:
+        """Everything queued, waiting up to ``timeout`` seconds; [] on timeout."""
+        if not self._queue:
+            self._ready.wait(timeout)
+        events, self._queue = self._queue, []
+        self._ready.clear()
+        return events
+
+    @property
+    def usage(self) -> dict[str, int]:
+        """Exact usage, counted from token ids."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+
+def merge_deltas(events: list[StreamEvent]) -> list[ChoiceDelta]:
+    """One delta per choice for a batch of events, in order of first appearance."""
+    merged: dict[int, ChoiceDelta] = {}
+    for event in events:
+        if not isinstance(event, ChoiceDelta):
+            continue
+        current = merged.get(event.index)
+        if current is None:
+            merged[event.index] = ChoiceDelta(event.index, _copy(event.delta), dict(event.token_texts))
+            continue
+        current.token_texts.update(event.token_texts)
+        d, new = current.delta, event.delta
+        d.text += new.text
+        d.token_ids += new.token_ids
+        if new.logprobs is not None:
+            d.logprobs = (d.logprobs or []) + new.logprobs
+        d.finish_reason = new.finish_reason
+        d.num_output_tokens = new.num_output_tokens
+    return list(merged.values())
+
+
+def _copy(delta: RequestDelta) -> RequestDelta:
+    return RequestDelta(
+        request_id=delta.request_id,
+        text=delta.text,
+        token_ids=list(delta.token_ids),
+        logprobs=list(delta.logprobs) if delta.logprobs is not None else None,
+        finish_reason=delta.finish_reason,
+        num_prompt_tokens=delta.num_prompt_tokens,
+        num_output_tokens=delta.num_output_tokens,
+    )
