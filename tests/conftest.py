@@ -33,11 +33,11 @@ def _tiny_config(arch: str, vocab_size: int):
 
     common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=2, initializer_range=0.1)
     if arch == "gpt2":
-        return GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=256, **common)
+        return GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=1024, **common)
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
     return cls(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=256, tie_word_embeddings=arch == "qwen2", **common,
+        max_position_embeddings=4096, tie_word_embeddings=arch == "qwen2", **common,
     )
 
 

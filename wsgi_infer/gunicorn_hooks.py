@@ -1,6 +1,7 @@
 """What gunicorn.conf.py's server hooks do, kept in the package."""
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -18,7 +19,18 @@ def prepare_environment() -> None:
 
 def post_worker_init(worker) -> None:
     """In the worker, after gevent patched it: start the engine thread (it loads the model)."""
+    _share_gunicorn_logging(worker)
     worker.wsgi.extensions["wsgi_infer"].start()
+
+
+def _share_gunicorn_logging(worker) -> None:
+    """Our loggers write through gunicorn's error log, at its level (--log-level)."""
+    error_log = worker.log.error_log
+    for name, level in (("wsgi_infer", error_log.level), ("transformers", max(error_log.level, logging.WARNING))):
+        logger = logging.getLogger(name)
+        logger.handlers = list(error_log.handlers)
+        logger.setLevel(level)
+        logger.propagate = False
 
 
 def worker_exit(server, worker) -> None:
