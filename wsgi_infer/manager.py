@@ -130,7 +130,10 @@ class EngineManager:
         if not self._started or self._stopped.is_set():
             return
         self._inbox.put(_Stop())
-        self._stopped.wait(timeout)
+        if self._stopped.wait(timeout):
+            log.info("engine thread stopped")
+        else:
+            log.error("engine thread did not stop within %.0f s", timeout)
         for stream, _ in list(self._streams.values()):
             self._terminate(stream, "the server is shutting down", "server_shutdown")
         if self._bridge is not None:
@@ -184,6 +187,13 @@ class EngineManager:
         except Exception:
             post([_EngineFailed("engine thread crashed:\n" + traceback.format_exc())])
         finally:
+            # Free the model here: torch destructors must not run during interpreter shutdown.
+            on_cuda = engine.device.type == "cuda"
+            del engine
+            if on_cuda:
+                import torch
+
+                torch.cuda.empty_cache()
             post([_EngineStopped()])
 
     def _serve(self, engine: LLMEngine) -> None:

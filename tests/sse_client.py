@@ -1,0 +1,43 @@
+"""A small SSE reader over httpx, for tests that watch the wire format itself."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+
+
+@dataclass
+class Event:
+    data: str = ""
+    name: str | None = None
+    id: str | None = None
+    retry: int | None = None
+    comments: list[str] = field(default_factory=list)
+
+    @property
+    def json(self):
+        return json.loads(self.data)
+
+
+def events(response: httpx.Response) -> Iterator[Event]:
+    """Events in arrival order; a comment-only block (heartbeat) comes as an Event with no data."""
+    current = Event()
+    for line in response.iter_lines():
+        if line == "":
+            yield current
+            current = Event()
+        elif line.startswith(":"):
+            current.comments.append(line[1:].strip())
+        else:
+            key, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if key == "data":
+                current.data = f"{current.data}\n{value}" if current.data else value
+            elif key == "event":
+                current.name = value
+            elif key == "id":
+                current.id = value
+            elif key == "retry":
+                current.retry = int(value)
