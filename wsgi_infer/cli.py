@@ -1,11 +1,13 @@
-"""The ``wsgi-infer`` command."""
+"""The ``wsgi-infer`` command.
+
+Imports stay inside the commands: `serve` runs the gunicorn master in this
+process, which must not import torch before forking workers.
+"""
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-
-from .model_loader import ModelLoadError
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -22,6 +24,24 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    """gunicorn with wsgi_infer.gunicorn_config, as `gunicorn -c gunicorn.conf.py` would run it."""
+    import os
+
+    from gunicorn.app.wsgiapp import WSGIApplication
+
+    if args.model:
+        os.environ["WSGI_INFER_MODEL"] = args.model
+    argv = ["gunicorn", "-c", "python:wsgi_infer.gunicorn_config"]
+    if args.bind:
+        argv += ["--bind", args.bind]
+    if args.workers:
+        argv += ["--workers", str(args.workers)]
+    sys.argv = argv + args.gunicorn_args
+    WSGIApplication("%(prog)s [OPTIONS]").run()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wsgi-infer", description="LLM inference server and offline generation")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -34,11 +54,20 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    serve = commands.add_parser("serve", help="run the HTTP server (gunicorn, gevent worker)")
+    serve.add_argument("--model", default=None, help="sets WSGI_INFER_MODEL")
+    serve.add_argument("--bind", default=None, help="HOST:PORT (default 127.0.0.1:8000)")
+    serve.add_argument("--workers", type=int, default=None)
+    serve.add_argument("gunicorn_args", nargs=argparse.REMAINDER, help="further gunicorn flags, after --")
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        if args.gunicorn_args[:1] == ["--"]:
+            args.gunicorn_args = args.gunicorn_args[1:]
+        return _serve(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         return _generate(args)
-    except (ModelLoadError, ValueError) as exc:
+    except ValueError as exc:  # ModelLoadError included
         print(f"wsgi-infer: error: {exc}", file=sys.stderr)
         return 2
 

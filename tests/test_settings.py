@@ -1,0 +1,23 @@
+"""Settings come from WSGI_INFER_* variables, and the README documents every one."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from wsgi_infer.settings import ServerSettings
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def test_every_setting_is_in_the_readme_table():
+    for name in ServerSettings.model_fields:
+        assert f"| `WSGI_INFER_{name.upper()}` |" in README, name
+
+
+def test_settings_read_the_environment(monkeypatch):
+    monkeypatch.setenv("WSGI_INFER_MAX_NUM_SEQS", "7")
+    monkeypatch.setenv("WSGI_INFER_KV_CACHE_MEMORY_MB", "64")
+    monkeypatch.setenv("WSGI_INFER_QUANTIZATION", "int8")
+    config = ServerSettings().engine_config()
+    assert config.max_num_seqs == 7
+    assert config.kv_cache_memory_bytes == 64 << 20
+    assert config.quantization == "int8"

@@ -1,0 +1,63 @@
+"""gunicorn settings and server hooks for wsgi-infer.
+
+The top-level gunicorn.conf.py imports everything from here, so
+`gunicorn -c gunicorn.conf.py` and `wsgi-infer serve` (which loads this module
+as `python:wsgi_infer.gunicorn_config`) run the same configuration.
+Command-line flags and GUNICORN_CMD_ARGS override these settings; the engine
+is configured by WSGI_INFER_* variables (README).
+"""
+import logging
+import os
+import shutil
+import tempfile
+
+# Read in the master before any worker exists (and before torch is imported anywhere).
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="wsgi-infer-metrics-")
+    os.environ["WSGI_INFER_OWNS_METRICS_DIR"] = "1"
+
+wsgi_app = "wsgi_infer.wsgi:app"
+bind = "127.0.0.1:8000"
+workers = 1
+worker_class = "gevent"
+worker_connections = 1000  # greenlets per worker, idle keep-alive connections included
+timeout = 60  # the hub never runs model work, so this only fires on a hung worker
+graceful_timeout = 30
+keepalive = 5
+accesslog = "-"
+errorlog = "-"
+loglevel = "info"
+
+
+def post_worker_init(worker):
+    """In the worker, after gevent patched it: start the engine thread (it loads the model)."""
+    _share_gunicorn_logging(worker)
+    worker.wsgi.extensions["wsgi_infer"].start()
+
+
+def worker_exit(server, worker):
+    app = getattr(worker, "wsgi", None)
+    if app is not None and hasattr(app, "extensions"):  # in the worker, with the app loaded
+        app.extensions["wsgi_infer"].close()
+
+
+def child_exit(server, worker):
+    from wsgi_infer import metrics
+
+    metrics.mark_worker_dead(worker.pid)
+
+
+def on_exit(server):
+    if os.environ.get("WSGI_INFER_OWNS_METRICS_DIR"):
+        shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+
+
+def _share_gunicorn_logging(worker):
+    """Our loggers write through gunicorn's error log, at its level (--log-level)."""
+    error_log = worker.log.error_log
+    for name, level in (("wsgi_infer", error_log.level), ("transformers", max(error_log.level, logging.WARNING))):
+        logger = logging.getLogger(name)
+        logger.handlers = list(error_log.handlers)
+        logger.setLevel(level)
+        logger.propagate = False
