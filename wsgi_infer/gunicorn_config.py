@@ -33,7 +33,14 @@ loglevel = "info"
 def post_worker_init(worker):
     """In the worker, after gevent patched it: start the engine thread (it loads the model)."""
     _share_gunicorn_logging(worker)
-    worker.wsgi.extensions["wsgi_infer"].start()
+    manager = worker.wsgi.extensions["wsgi_infer"]
+
+    def replace_worker():  # the engine thread died: let gunicorn start a fresh worker
+        worker.log.error("engine thread died; this worker exits and gunicorn replaces it")
+        worker.alive = False
+
+    manager.on_engine_death = replace_worker
+    manager.start()
 
 
 def worker_exit(server, worker):

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 import traceback
 from _queue import SimpleQueue  # C implementation: never monkey-patched
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from .streams import Accepted, ChoiceDelta, Rejected, RequestStream, Terminated
 log = logging.getLogger(__name__)
 
 Prompt = str | list[int] | list[dict]  # text, token ids, or chat messages
+FAULT_ENV = "WSGI_INFER_TEST_FAULT_AT_STEP"
 STALL_SECONDS = 60.0  # no step for this long with requests open: /health says 503
 
 
@@ -67,7 +70,8 @@ class _EngineReady:
 
 @dataclass
 class _EngineFailed:
-    message: str
+    message: str  # one line, safe to show clients
+    detail: str = ""  # the traceback, for the log only
 
 
 @dataclass
@@ -88,8 +92,13 @@ class _EngineStopped:
 
 
 class EngineManager:
+    """``on_engine_death`` runs (in the hub) when the engine thread dies of an error
+    after it was serving; under gunicorn it ends the worker so a fresh one replaces it."""
+
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
+        self.on_engine_death: Callable[[], None] | None = None
+        self._closing = False
         self.model_name = settings.served_model_name or _default_name(settings.model)
         self.model_dir = ""
         self.started_at = time.time()
@@ -129,6 +138,7 @@ class EngineManager:
         """Stop the thread (after its current step) and end every open stream."""
         if not self._started or self._stopped.is_set():
             return
+        self._closing = True
         self._inbox.put(_Stop())
         if self._stopped.wait(timeout):
             log.info("engine thread stopped")
@@ -179,13 +189,14 @@ class EngineManager:
         try:
             engine = LLMEngine(self.settings.engine_config())
         except Exception as exc:  # a bad model path or file: reported, the worker stays up unready
-            post([_EngineFailed(f"model failed to load: {exc}"), _EngineStopped()])
+            first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+            post([_EngineFailed(f"model failed to load: {first_line}", traceback.format_exc()), _EngineStopped()])
             return
         post([_EngineReady(engine.max_model_len, str(engine.model_dir), engine.block_manager.num_blocks)])
         try:
             self._serve(engine)
-        except Exception:
-            post([_EngineFailed("engine thread crashed:\n" + traceback.format_exc())])
+        except Exception as exc:
+            post([_EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}", traceback.format_exc())])
         finally:
             # Free the model here: torch destructors must not run during interpreter shutdown.
             on_cuda = engine.device.type == "cuda"
@@ -198,6 +209,8 @@ class EngineManager:
 
     def _serve(self, engine: LLMEngine) -> None:
         post = self._bridge.post
+        fault_at = int(os.environ.get(FAULT_ENV, "0"))  # tests only: make step N raise
+        steps = 0
         while True:
             outbox: list = []
             aborted_notices: list[_Aborted] = []  # delivered after the counters they changed
@@ -210,7 +223,12 @@ class EngineManager:
                     aborted_notices.append(_Aborted(command.request_id, aborted))
                 else:
                     outbox.append(self._admit(engine, command))
-            deltas: list[RequestDelta] = engine.step() if engine.has_unfinished() else []
+            deltas: list[RequestDelta] = []
+            if engine.has_unfinished():
+                steps += 1
+                if steps == fault_at:
+                    raise RuntimeError(f"fault injected at step {steps} ({FAULT_ENV})")
+                deltas = engine.step()
             if outbox or deltas or aborted_notices:
                 wanted = {t for d in deltas if d.logprobs for lp in d.logprobs for t in (lp.token_id, *(i for i, _ in lp.top))}
                 texts = {t: engine.tokenizer.decode([t]) for t in wanted}
@@ -270,13 +288,14 @@ class EngineManager:
                 log.info("engine ready: serving %s (context %d tokens)", self.model_name, self.max_model_len)
             elif isinstance(event, _EngineFailed):
                 self.failure = event.message
-                self.ready = False
-                log.error("%s", event.message)
+                log.error("%s\n%s", event.message, event.detail)
             elif isinstance(event, _EngineStopped):
-                self.ready = False
+                was_serving, self.ready = self.ready, False
                 self._stopped.set()
                 for stream, _ in list(self._streams.values()):
                     self._terminate(stream, self.failure or "the engine stopped", "engine_stopped")
+                if was_serving and not self._closing and self.on_engine_death is not None:
+                    self.on_engine_death()
 
     def _on_step(self, step: _StepDone) -> None:
         now = time.monotonic()

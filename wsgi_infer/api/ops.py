@@ -16,7 +16,7 @@ def health():
     if mgr.ready and mgr.alive and not mgr.stalled:
         return jsonify({"status": "ok", "model": mgr.model_name})
     if mgr.failure:
-        body = {"status": "failed", "error": mgr.failure.splitlines()[0]}
+        body = {"status": "failed", "error": mgr.failure}
     elif mgr.stalled:
         body = {"status": "stalled"}
     else:
