@@ -20,7 +20,7 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 wsgi_app = "wsgi_infer.wsgi:app"
 bind = "127.0.0.1:8000"
 workers = 1
-worker_class = "gevent"
+worker_class = "wsgi_infer.worker.InferenceWorker"  # gunicorn's gevent worker, with a drain
 worker_connections = 1000  # greenlets per worker, idle keep-alive connections included
 timeout = 60  # the hub never runs model work, so this only fires on a hung worker
 graceful_timeout = 30
@@ -30,10 +30,19 @@ errorlog = "-"
 loglevel = "info"
 
 
+def pre_fork(server, worker):
+    """In the master: give the new worker the lowest index no live worker has (device pinning)."""
+    taken = {getattr(w, "wsgi_infer_index", None) for w in server.WORKERS.values()}
+    worker.wsgi_infer_index = next(i for i in range(len(taken) + 1) if i not in taken)
+
+
 def post_worker_init(worker):
     """In the worker, after gevent patched it: start the engine thread (it loads the model)."""
     _share_gunicorn_logging(worker)
     manager = worker.wsgi.extensions["wsgi_infer"]
+    settings = manager.settings
+    _place_engine(worker, settings)
+    worker.drain_seconds = settings.drain_seconds or max(1.0, worker.cfg.graceful_timeout - worker.cfg.keepalive - 2)
 
     def replace_worker():  # the engine thread died: let gunicorn start a fresh worker
         worker.log.error("engine thread died; this worker exits and gunicorn replaces it")
@@ -58,6 +67,20 @@ def child_exit(server, worker):
 def on_exit(server):
     if os.environ.get("WSGI_INFER_OWNS_METRICS_DIR"):
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+
+
+def _place_engine(worker, settings):
+    """Workers share the machine: worker i on CUDA device i mod count, CPU threads split evenly."""
+    import torch
+
+    index = getattr(worker, "wsgi_infer_index", 0)
+    if settings.device in ("auto", "cuda") and torch.cuda.is_available():
+        settings.device = f"cuda:{index % torch.cuda.device_count()}"
+        worker.log.info("worker %d uses %s", index, settings.device)
+    elif not settings.device.startswith("cuda"):
+        threads = max(1, (os.cpu_count() or 1) // worker.cfg.workers)
+        torch.set_num_threads(threads)
+        worker.log.info("worker %d uses the CPU with %d torch threads", index, threads)
 
 
 def _share_gunicorn_logging(worker):

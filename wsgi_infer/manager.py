@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 Prompt = str | list[int] | list[dict]  # text, token ids, or chat messages
 FAULT_ENV = "WSGI_INFER_TEST_FAULT_AT_STEP"
-STALL_SECONDS = 60.0  # no step for this long with requests open: /health says 503
+STALL_SECONDS = 60.0
+STREAM_FLUSH_SECONDS = 0.5  # for streams to write their final event before the thread stops  # no step for this long with requests open: /health says 503
 
 
 @dataclass
@@ -98,7 +99,12 @@ class EngineManager:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.on_engine_death: Callable[[], None] | None = None
+        self.draining = False
         self._closing = False
+        self._hub_thread: int | None = None
+        self._idle = gevent.event.Event()  # set while no request has an open stream
+        self._idle.set()
+        self._ready_event = gevent.event.Event()
         self.model_name = settings.served_model_name or _default_name(settings.model)
         self.model_dir = ""
         self.started_at = time.time()
@@ -111,6 +117,7 @@ class EngineManager:
         self._stopped = gevent.event.Event()
         self._started = False
         self._streams: dict[str, tuple[RequestStream, int]] = {}  # choice id -> (stream, index)
+        self._open_streams: set[int] = set()  # responses not yet released
         self._last_token_at: dict[str, float] = {}
         self._ids = itertools.count()
         self.last_progress_at = time.monotonic()
@@ -125,6 +132,7 @@ class EngineManager:
         import transformers  # noqa: F401
         from transformers import AutoConfig, AutoTokenizer  # noqa: F401
 
+        self._hub_thread = native_get_ident()
         self._bridge = HubBridge(self._on_delivery)
         relay_native_logs(lambda: self._thread_ident, self._bridge, ("wsgi_infer", "transformers"))
         start_native_thread(self._run)
@@ -135,19 +143,59 @@ class EngineManager:
         return self._started and not self._stopped.is_set()
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the thread (after its current step) and end every open stream."""
+        """Stop the thread (after its current step) and end every open stream.
+
+        Idempotent. From the hub it waits cooperatively (the hub keeps running);
+        from any other thread it only asks the engine thread to stop.
+        """
         if not self._started or self._stopped.is_set():
             return
         self._closing = True
         self._inbox.put(_Stop())
+        if native_get_ident() != self._hub_thread:
+            return
         if self._stopped.wait(timeout):
             log.info("engine thread stopped")
         else:
             log.error("engine thread did not stop within %.0f s", timeout)
-        for stream, _ in list(self._streams.values()):
-            self._terminate(stream, "the server is shutting down", "server_shutdown")
+        self.end_streams()
         if self._bridge is not None:
             self._bridge.close()
+
+    def drain(self, deadline: float) -> None:
+        """Graceful stop (in a greenlet): refuse new work, let open requests finish for
+        up to ``deadline`` seconds, end the rest with a shutdown event, stop the thread."""
+        if self.draining:
+            return
+        self.draining = True
+        log.info("draining: %d open requests, up to %.1f s", self.num_open_requests, deadline)
+        if not self._idle.wait(deadline):
+            ended = self.end_streams()
+            log.info("drain deadline reached: ended %d open requests with a shutdown event", ended)
+            self._idle.wait(STREAM_FLUSH_SECONDS)
+        self.close()
+        log.info("drained")
+
+    def shutdown_now(self) -> None:
+        """Quick stop: every open stream gets its shutdown event at once, then the thread stops."""
+        self.draining = True
+        ended = self.end_streams()
+        log.info("quick shutdown: ended %d open requests", ended)
+        self._idle.wait(STREAM_FLUSH_SECONDS)
+        self.close(timeout=STREAM_FLUSH_SECONDS)
+
+    def end_streams(self) -> int:
+        """Give every open stream a shutdown event; its greenlet ends the response cleanly."""
+        streams = {id(stream): stream for stream, _ in self._streams.values()}.values()
+        for stream in streams:
+            self._terminate(stream, "the server is shutting down; retry the request", "server_shutting_down")
+        return len(streams)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait (cooperatively) while the model is still loading."""
+        if self.alive and not self.ready and not self.failure:
+            self._ready_event.wait(timeout)
+        return self.ready
 
     # --- requests (hub) ---------------------------------------------------------------
     def new_request_id(self, prefix: str) -> str:
@@ -161,6 +209,8 @@ class EngineManager:
         stream = RequestStream(request_id, len(prompts) * len(params))
         for i, choice_id in enumerate(stream.choice_ids):
             self._streams[choice_id] = (stream, i)
+        self._open_streams.add(id(stream))
+        self._idle.clear()
         metrics.open_streams.inc()
         self._inbox.put(_Submit(stream, prompts, params, chat))
         return stream
@@ -171,6 +221,9 @@ class EngineManager:
             return
         stream.closed = True
         metrics.open_streams.dec()
+        self._open_streams.discard(id(stream))
+        if not self._open_streams:
+            self._idle.set()
         unfinished = [cid for i, cid in enumerate(stream.choice_ids) if i not in stream.finish_reasons]
         for choice_id in stream.choice_ids:
             self._streams.pop(choice_id, None)
@@ -180,7 +233,7 @@ class EngineManager:
 
     @property
     def num_open_requests(self) -> int:
-        return len({id(stream) for stream, _ in self._streams.values()})
+        return len(self._open_streams)
 
     # --- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -285,13 +338,17 @@ class EngineManager:
                 metrics.kv_blocks_total.set(event.num_blocks)
                 metrics.kv_blocks_free.set(event.num_blocks)
                 self.ready = True
+                self._ready_event.set()
                 log.info("engine ready: serving %s (context %d tokens)", self.model_name, self.max_model_len)
             elif isinstance(event, _EngineFailed):
                 self.failure = event.message
+                self._ready_event.set()  # nobody waits for a model that failed
                 log.error("%s\n%s", event.message, event.detail)
             elif isinstance(event, _EngineStopped):
                 was_serving, self.ready = self.ready, False
                 self._stopped.set()
+                if self._closing:
+                    self.end_streams()
                 for stream, _ in list(self._streams.values()):
                     self._terminate(stream, self.failure or "the engine stopped", "engine_stopped")
                 if was_serving and not self._closing and self.on_engine_death is not None:

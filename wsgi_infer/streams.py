@@ -34,7 +34,7 @@ class Terminated:
     """The request ended without finishing: engine failure or shutdown."""
 
     message: str
-    code: str
+    code: str  # "server_shutting_down" or "engine_stopped"
 
 
 @dataclass

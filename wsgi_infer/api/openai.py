@@ -87,7 +87,8 @@ def _sse(stream: RequestStream, include_usage: bool, formatter: "_Formatter") ->
         for index in range(stream.num_choices):
             if index not in stream.finish_reasons:
                 yield sse.event(formatter.envelope([formatter.abort_choice(index)]))
-        error = {"error": {"message": exc.message, "type": "server_error", "param": None, "code": exc.code}}
+        kind = "server_shutdown" if exc.code == "server_shutting_down" else "server_error"
+        error = {"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code}}
         yield sse.event(error, name="error", retry_ms=RETRY_AFTER_INTERRUPT_MS)
     finally:
         manager().release(stream)

@@ -31,8 +31,12 @@ def check_model(name: str | None) -> None:
 def start(prompts: list[Prompt], params: list[SamplingParams], chat: bool = False) -> RequestStream:
     """Submit and wait for the engine to accept; raise the right APIError otherwise."""
     mgr = manager()
-    if not mgr.ready:
-        raise APIError("the model is not loaded yet", 503, code="model_not_ready", headers={"Retry-After": "5"})
+    if mgr.draining:
+        raise APIError("the server is shutting down; retry the request", 503, code="server_shutting_down",
+                       headers={"Retry-After": "1"})
+    # A worker that is still loading (just started, or replacing one on reload) holds the request a while.
+    if not mgr.wait_ready(mgr.settings.load_wait_seconds):
+        raise APIError("the model is not loaded", 503, code="model_not_ready", headers={"Retry-After": "5"})
     limit = mgr.settings.max_num_seqs + mgr.settings.max_waiting_requests
     if mgr.num_open_requests >= limit:
         raise APIError(

@@ -1,0 +1,211 @@
+"""Every way a server stops, with real signals and real streaming clients."""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from .server import GunicornServer
+from .sse_client import events
+
+GRACEFUL = 12
+DRAIN = 6
+
+
+@dataclass
+class StreamResult:
+    data: list = field(default_factory=list)  # data events, in order
+    first_token: threading.Event = field(default_factory=threading.Event)
+    ended_at: float = 0.0
+    error: Exception | None = None
+    client_port: int = 0
+
+    @property
+    def done(self) -> bool:
+        return bool(self.data) and self.data[-1].data == "[DONE]"
+
+    @property
+    def interrupted(self) -> bool:
+        """Ended with an abort chunk, then an error event with a retry hint, and no [DONE]."""
+        if len(self.data) < 2 or any(e.data == "[DONE]" for e in self.data):
+            return False
+        error, abort = self.data[-1], self.data[-2]
+        return (
+            error.name == "error" and error.retry is not None
+            and error.json["error"]["code"] == "server_shutting_down"
+            and error.json["error"]["type"] == "server_shutdown"
+            and abort.json["choices"][0]["finish_reason"] == "abort"
+        )
+
+
+def stream(server: GunicornServer, result: StreamResult, max_tokens: int, prompt: str = "Tell me a story") -> None:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0, "stream": True}
+    try:
+        with httpx.Client(base_url=server.url, timeout=httpx.Timeout(30.0)) as http:
+            with http.stream("POST", "/v1/completions", json=body) as r:
+                result.client_port = r.extensions["network_stream"].get_extra_info("client_addr")[1]
+                for event in events(r):
+                    if event.data:
+                        result.data.append(event)
+                        result.first_token.set()
+    except Exception as exc:  # recorded and asserted on by the test
+        result.error = exc
+    result.ended_at = time.monotonic()
+    result.first_token.set()
+
+
+def start_streams(server, max_tokens_list: list[int]) -> tuple[list[StreamResult], list[threading.Thread]]:
+    results = [StreamResult() for _ in max_tokens_list]
+    threads = [
+        threading.Thread(target=stream, args=(server, r, n, f"Story {i}")) for i, (r, n) in enumerate(zip(results, max_tokens_list))
+    ]
+    for t in threads:
+        t.start()
+    for r in results:
+        assert r.first_token.wait(60)
+    return results, threads
+
+
+def lifecycle_server(tiny_model_dirs, *args, **settings) -> GunicornServer:
+    base = {"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 0.5, "drain_seconds": DRAIN}
+    return GunicornServer({**base, **settings}, "--graceful-timeout", str(GRACEFUL), "--keep-alive", "2", *args)
+
+
+def assert_all_gone(pids: list[int]) -> None:
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, f"process {pid} left behind"
+
+
+def test_sigterm_drains_short_streams_and_ends_endless_ones(tiny_model_dirs, record_property):
+    server = lifecycle_server(tiny_model_dirs).wait_ready()
+    pids = [server.process.pid, *server.worker_pids()]
+    results, threads = start_streams(server, [300] * 8 + [4000] * 8)
+    keep_alive = httpx.Client(base_url=server.url, timeout=30)
+    assert keep_alive.get("/health").status_code == 200  # an open keep-alive connection
+    sdk = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    sdk_stream = sdk.completions.create(model=sdk.models.list().data[0].id, prompt="endless", max_tokens=4000,
+                                        stream=True, extra_body={"ignore_eos": True})
+    next(iter(sdk_stream))
+
+    mark = len(server.lines)
+    signalled = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    server.wait_for_log(r"draining: \d+ open requests", after=mark)
+    during = keep_alive.post("/v1/completions", json={"prompt": "too late", "max_tokens": 2})
+    assert during.status_code == 503 and during.headers["retry-after"]
+    assert during.json()["error"]["code"] == "server_shutting_down"
+    with pytest.raises(openai.APIError) as sdk_error:
+        for _ in sdk_stream:
+            pass
+    assert "shutting down" in str(sdk_error.value)
+
+    for t in threads:
+        t.join(60)
+    last_client = max(r.ended_at for r in results) - signalled
+    assert server.process.wait(GRACEFUL + 5) == 0
+    master_exit = time.monotonic() - signalled
+    assert master_exit < GRACEFUL
+    assert all(r.error is None for r in results), [r.error for r in results]
+    assert all(r.done for r in results[:8]), "short streams must finish inside the drain"
+    assert all(r.data[-2].json["choices"][0]["finish_reason"] == "length" for r in results[:8])
+    assert all(r.interrupted for r in results[8:]), "endless streams must end with the shutdown event"
+    assert not any("SIGKILL" in line or "WORKER TIMEOUT" in line for line in server.lines)
+    assert_all_gone(pids)
+    record_property("sigterm_last_client_closed_s", round(last_client, 2))
+    record_property("sigterm_master_exit_s", round(master_exit, 2))
+    print(f"SIGTERM: last client closed after {last_client:.2f} s, master exited after {master_exit:.2f} s")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGQUIT])
+def test_quick_stop_ends_every_stream_at_once(tiny_model_dirs, sig):
+    server = lifecycle_server(tiny_model_dirs).wait_ready()
+    pids = [server.process.pid, *server.worker_pids()]
+    results, threads = start_streams(server, [4000] * 4)
+    signalled = time.monotonic()
+    server.process.send_signal(sig)
+    for t in threads:
+        t.join(30)
+    assert all(r.error is None and r.interrupted for r in results)
+    slowest = max(r.ended_at for r in results) - signalled
+    assert slowest < 1.5, f"clients got their terminal event only after {slowest:.2f} s"
+    server.process.wait(GRACEFUL)
+    assert_all_gone(pids)
+    print(f"{signal.Signals(sig).name}: last client closed after {slowest:.2f} s")
+
+
+def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dirs):
+    with lifecycle_server(tiny_model_dirs) as server:
+        server.wait_ready()
+        (old_worker,) = server.worker_pids()
+        results, threads = start_streams(server, [4000] * 2)
+        server.process.send_signal(signal.SIGHUP)
+        served = []
+        deadline = time.monotonic() + DRAIN + 3
+        while time.monotonic() < deadline:  # new connections all along the reload
+            with httpx.Client(base_url=server.url, timeout=30) as http:
+                served.append(http.post("/v1/completions", json={"prompt": "still there?", "max_tokens": 2}).status_code)
+        for t in threads:
+            t.join(30)
+        assert served and set(served) == {200}
+        assert all(r.error is None and r.interrupted for r in results)
+        assert not psutil.pid_exists(old_worker) or psutil.Process(old_worker).status() == psutil.STATUS_ZOMBIE
+        assert old_worker not in server.worker_pids()
+
+
+def test_sigkill_of_one_worker_leaves_the_other_workers_streams_alone(tiny_model_dirs):
+    with lifecycle_server(tiny_model_dirs, "--workers", "2") as server:
+        mark = 0
+        for _ in range(2):
+            mark = server.lines.index(server.wait_for_log(r"engine ready: serving", after=mark).string) + 1
+        workers = server.worker_pids()
+        results, threads, owners = [], [], []
+        for i in range(12):  # until both workers hold a stream
+            result = StreamResult()
+            thread = threading.Thread(target=stream, args=(server, result, 2500, f"s{i}"))
+            thread.start()
+            assert result.first_token.wait(60)
+            results.append(result)
+            threads.append(thread)
+            owners.append(owner_of(result.client_port, workers))
+            if len(set(owners)) == 2:
+                break
+        victim = owners[0]
+        psutil.Process(victim).send_signal(signal.SIGKILL)
+        server.wait_for_log(r"Booting worker with pid: (?!%d)" % victim)
+        for t in threads:
+            t.join(60)
+        survivors = [r for r, owner in zip(results, owners) if owner != victim]
+        assert survivors and all(r.done for r in survivors)
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            assert http.post("/v1/completions", json={"prompt": "after", "max_tokens": 2}).status_code == 200
+
+
+def owner_of(client_port: int, workers: list[int]) -> int:
+    """The worker process holding the server side of the connection from ``client_port``."""
+    for pid in workers:
+        for conn in psutil.Process(pid).net_connections(kind="tcp"):
+            if conn.raddr and conn.raddr.port == client_port:
+                return pid
+    raise AssertionError(f"no worker holds the connection from port {client_port}")
+
+
+def test_hub_is_never_blocked_by_model_work():
+    """With a 2 s heartbeat timeout, loading the default model and a long chunked prefill
+    (both longer than that) must not get the worker killed."""
+    with GunicornServer({"max_num_batched_tokens": 16}, "--timeout", "2") as server:
+        server.wait_ready()
+        (worker,) = server.worker_pids()
+        long_prompt = list(range(1000, 3000))  # 125 prefill steps of the real model
+        started = time.monotonic()
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            r = http.post("/v1/completions", json={"prompt": long_prompt, "max_tokens": 2})
+        assert r.status_code == 200
+        assert time.monotonic() - started > 2  # the prefill really outlasted the timeout
+        assert server.worker_pids() == [worker]
+        assert not any("WORKER TIMEOUT" in line for line in server.lines)
