@@ -153,3 +153,24 @@ def test_disconnect_while_queued_and_while_prefilling(one_seq_server):
         assert heartbeat.comments == ["ping"] and not heartbeat.data
     server.wait_for_log(rf"request {prefill_id}: response ended early, aborted 1", after=mark, timeout=30)
     assert_idle(server)
+
+
+def test_clients_reusing_a_request_id_do_not_collide(server, tiny_llama):
+    prompts = ["First of the twins", "Second of the twins"]
+    expected = [o.text for o in tiny_llama.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))]
+    texts = ["", ""]
+
+    def client(i: int) -> None:
+        body = completion_body(prompts[i], 40, ignore_eos=True)
+        with server.client() as http, http.stream("POST", "/v1/completions", json=body, headers={"X-Request-Id": "same"}) as r:
+            for event in events(r):
+                if event.data and event.data != "[DONE]":
+                    texts[i] += event.json["choices"][0]["text"]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert texts == expected
+    assert_idle(server)

@@ -198,15 +198,13 @@ class EngineManager:
         return self.ready
 
     # --- requests (hub) ---------------------------------------------------------------
-    def new_request_id(self, prefix: str) -> str:
-        return f"{prefix}-{next(self._ids)}-{int(time.time() * 1000):x}"
-
     def submit(self, request_id: str, prompts: list[Prompt], params: list[SamplingParams], chat: bool = False) -> RequestStream:
         """Queue ``len(params)`` choices of each prompt (choice index = prompt * n + j).
 
         The stream's first event is Accepted or Rejected; then the choices' deltas.
         """
-        stream = RequestStream(request_id, len(prompts) * len(params))
+        # The engine keys choices by a number of ours: clients may reuse their request ids.
+        stream = RequestStream(request_id, len(prompts) * len(params), key=str(next(self._ids)))
         for i, choice_id in enumerate(stream.choice_ids):
             self._streams[choice_id] = (stream, i)
         self._open_streams.add(id(stream))

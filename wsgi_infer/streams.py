@@ -54,8 +54,9 @@ StreamEvent = Accepted | Rejected | Terminated | ChoiceDelta
 
 @dataclass
 class RequestStream:
-    request_id: str
+    request_id: str  # the client's (or generated) X-Request-Id: for logs and response ids
     num_choices: int
+    key: str  # unique per stream in this worker: the engine's request ids derive from it
     created: float = field(default_factory=time.monotonic)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -65,7 +66,7 @@ class RequestStream:
     _ready: gevent.event.Event = field(default_factory=gevent.event.Event)
 
     def choice_id(self, index: int) -> str:
-        return f"{self.request_id}-{index}"
+        return f"{self.key}-{index}"
 
     @property
     def choice_ids(self) -> list[str]:
