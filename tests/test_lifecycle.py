@@ -135,8 +135,10 @@ def test_quick_stop_ends_every_stream_at_once(tiny_model_dirs, sig):
     slowest = max(r.ended_at for r in results) - signalled
     assert slowest < 1.5, f"clients got their terminal event only after {slowest:.2f} s"
     server.process.wait(GRACEFUL)
+    master_exit = time.monotonic() - signalled
+    assert master_exit < 3, f"the master took {master_exit:.2f} s to exit"
     assert_all_gone(pids)
-    print(f"{signal.Signals(sig).name}: last client closed after {slowest:.2f} s")
+    print(f"{signal.Signals(sig).name}: last client closed after {slowest:.2f} s, master exited after {master_exit:.2f} s")
 
 
 def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dirs):
@@ -155,6 +157,22 @@ def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dir
         assert served and set(served) == {200}
         assert all(r.error is None and r.interrupted for r in results)
         assert not psutil.pid_exists(old_worker) or psutil.Process(old_worker).status() == psutil.STATUS_ZOMBIE
+        assert old_worker not in server.worker_pids()
+
+
+def test_max_requests_recycles_the_worker_with_a_drain(tiny_model_dirs):
+    with lifecycle_server(tiny_model_dirs, "--max-requests", "2") as server:
+        server.wait_ready()
+        (old_worker,) = server.worker_pids()
+        results, threads = start_streams(server, [4000])  # request 1: endless
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            assert http.post("/v1/completions", json={"prompt": "two", "max_tokens": 2}).status_code == 200
+        server.wait_for_log(r"draining: \d+ open requests")  # request 2 reached max_requests
+        # With a single worker, request 3 waits in the listen backlog for the replacement worker.
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            assert http.post("/v1/completions", json={"prompt": "three", "max_tokens": 2}).status_code == 200
+        threads[0].join(30)
+        assert results[0].error is None and results[0].interrupted
         assert old_worker not in server.worker_pids()
 
 
@@ -182,8 +200,13 @@ def test_sigkill_of_one_worker_leaves_the_other_workers_streams_alone(tiny_model
             t.join(60)
         survivors = [r for r, owner in zip(results, owners) if owner != victim]
         assert survivors and all(r.done for r in survivors)
+        mark = len(server.lines)
+        server.wait_for_log(r"engine ready: serving", after=mark - 5)
         with httpx.Client(base_url=server.url, timeout=60) as http:
             assert http.post("/v1/completions", json={"prompt": "after", "max_tokens": 2}).status_code == 200
+        # The dead worker's gauges are gone (child_exit): two live engines' worth of blocks, not three.
+        single = int(server.wait_for_log(r"KV cache: (\d+) blocks").group(1))
+        assert server.metrics()["wsgi_infer:kv_blocks_total"] == 2 * single
 
 
 def owner_of(client_port: int, workers: list[int]) -> int:

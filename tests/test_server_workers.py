@@ -58,6 +58,8 @@ def test_metrics_add_up_across_two_workers(tiny_model_dirs):
         mark = next(i for i, line in enumerate(server.lines) if "engine ready" in line)
         server.wait_for_log(r"engine ready: serving", after=mark + 1)
         single = int(server.wait_for_log(r"KV cache: (\d+) blocks").group(1))
+        # Two workers on two cores: one torch thread each, so they do not oversubscribe.
+        assert sum("uses the CPU with 1 torch threads" in line for line in server.lines) == 2
         completion_tokens = prompt_tokens = 0
         for i in range(8):
             with httpx.Client(base_url=server.url) as http:  # new connections: both workers get some
