@@ -6,6 +6,7 @@ import uuid
 
 from flask import Flask, g, request
 
+from .access import install_access_control
 from .api import native, openai, ops
 from .errors import register_error_handlers
 from .manager import EngineManager
@@ -23,6 +24,7 @@ def create_app(settings: ServerSettings | None = None) -> Flask:
     app.json.ensure_ascii = False
     app.extensions["wsgi_infer"] = EngineManager(settings)
     register_error_handlers(app)
+    install_access_control(app, settings)
     for blueprint in (openai.bp, native.bp, ops.bp):
         app.register_blueprint(blueprint)
 

@@ -32,6 +32,14 @@ class ServerSettings(BaseSettings):
         None, gt=0, description="on SIGTERM, how long open requests may finish; default graceful_timeout - keepalive - 2"
     )
 
+    api_key: str | None = Field(None, description="one key, or several separated by commas; API routes then need `Authorization: Bearer <key>`")
+    protect_ops: bool = Field(False, description="with api_key: /health and /metrics need the key too")
+    cors_origins: str = Field("", description="origins allowed to call the API from a browser, separated by commas (`*` for any)")
+
+    @property
+    def api_keys(self) -> list[str]:
+        return [key.strip() for key in (self.api_key or "").split(",") if key.strip()]
+
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             model=self.model or None,

@@ -1,0 +1,70 @@
+"""API keys and CORS on a real server."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from .server import GunicornServer
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dirs):
+    settings = {
+        "model": tiny_model_dirs["llama"], "dtype": "float32",
+        "api_key": "key-one, key-two", "cors_origins": "http://app.example",
+    }
+    with GunicornServer(settings) as srv:
+        yield srv.wait_ready()
+
+
+def sdk(server, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
+
+
+def test_openai_client_with_a_key_works_and_without_gets_401(server):
+    for key in ("key-one", "key-two"):
+        client = sdk(server, key)
+        model = client.models.list().data[0].id
+        assert client.completions.create(model=model, prompt="hi", max_tokens=2).usage.completion_tokens == 2
+    with pytest.raises(openai.AuthenticationError) as info:
+        sdk(server, "key-three").completions.create(model="x", prompt="hi", max_tokens=2)
+    assert info.value.status_code == 401 and "API key" in str(info.value)
+    with server.client() as http:
+        r = http.post("/generate", json={"prompt": "hi"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert http.post("/generate", json={"prompt": "hi"}, headers={"Authorization": "Basic key-one"}).status_code == 401
+
+
+def test_health_and_metrics_stay_open_by_default(server):
+    with server.client() as http:
+        assert http.get("/health").status_code == 200
+        assert http.get("/metrics").status_code == 200
+
+
+def test_cors_preflight_and_allowed_origins(server):
+    with server.client() as http:
+        preflight = http.options("/v1/chat/completions", headers={
+            "Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        })
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == "http://app.example"
+        assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+        other = http.options("/v1/chat/completions", headers={
+            "Origin": "http://evil.example", "Access-Control-Request-Method": "POST",
+        })
+        assert "access-control-allow-origin" not in other.headers
+        actual = http.get("/v1/models", headers={"Origin": "http://app.example", "Authorization": "Bearer key-one"})
+        assert actual.headers["access-control-allow-origin"] == "http://app.example"
+        assert "x-request-id" in actual.headers["access-control-expose-headers"].lower()
+
+
+def test_protected_ops(tiny_model_dirs):
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "api_key": "k", "protect_ops": "true"}
+    with GunicornServer(settings) as server:
+        server.wait_ready()
+        with server.client() as http:
+            assert http.get("/health").status_code == 401
+            assert http.get("/metrics").status_code == 401
+            assert http.get("/health", headers={"Authorization": "Bearer k"}).status_code == 200

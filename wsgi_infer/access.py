@@ -1,0 +1,41 @@
+"""Who may call the API: bearer API keys and CORS for browsers."""
+from __future__ import annotations
+
+import hmac
+
+from flask import Flask, request
+from flask_cors import CORS
+
+from .errors import APIError
+from .settings import ServerSettings
+
+OPS_PATHS = ("/health", "/metrics")
+
+
+def install_access_control(app: Flask, settings: ServerSettings) -> None:
+    keys = [key.encode() for key in settings.api_keys]
+    if keys:
+
+        @app.before_request
+        def _require_api_key() -> None:
+            if request.method == "OPTIONS":  # CORS preflights carry no credentials
+                return
+            if request.path.startswith(OPS_PATHS) and not settings.protect_ops:
+                return
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            presented = token.strip().encode()
+            # Compare with every key, in constant time, so timing tells nothing.
+            matches = [hmac.compare_digest(presented, key) for key in keys]
+            if scheme.lower() != "bearer" or not any(matches):
+                raise APIError("missing or invalid API key (send `Authorization: Bearer <key>`)", 401,
+                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    origins = [origin.strip() for origin in settings.cors_origins.split(",") if origin.strip()]
+    if origins:
+        CORS(
+            app,
+            origins=origins,
+            allow_headers=["Authorization", "Content-Type", "X-Request-Id", "Last-Event-ID"],
+            expose_headers=["X-Request-Id", "Retry-After"],
+            max_age=600,
+        )
