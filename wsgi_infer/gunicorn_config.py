@@ -26,6 +26,7 @@ timeout = 60  # the hub never runs model work, so this only fires on a hung work
 graceful_timeout = 30
 keepalive = 5
 accesslog = "-"
+logger_class = "wsgi_infer.gunicorn_logging.ProxyAwareLogger"  # real client address behind nginx
 errorlog = "-"
 loglevel = "info"
 

@@ -1,0 +1,74 @@
+"""A real nginx, running the shipped scripts/nginx/wsgi-infer.conf with test addresses."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .server import ROOT, free_port
+
+SHIPPED = ROOT / "scripts" / "nginx" / "wsgi-infer.conf"
+
+
+def require_nginx() -> str:
+    path = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("nginx is not installed (.ci/run installs Debian's nginx)")
+        pytest.skip("nginx is not installed")
+    return path
+
+
+class NginxProxy:
+    def __init__(self, upstream: str, read_timeout: str = "300s") -> None:
+        self.binary = require_nginx()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.dir = Path(tempfile.mkdtemp(prefix="wsgi-infer-nginx-"))
+        site = SHIPPED.read_text()
+        for old, new in (
+            ("server 127.0.0.1:8000;", f"server {upstream};"),
+            ("listen 80;", f"listen 127.0.0.1:{self.port};"),
+            ("proxy_read_timeout 300s;", f"proxy_read_timeout {read_timeout};"),
+        ):
+            assert old in site, f"the shipped config no longer has {old!r}"
+            site = site.replace(old, new)
+        (self.dir / "site.conf").write_text(site)
+        temp_paths = "\n".join(f"{kind}_temp_path {self.dir}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        (self.dir / "nginx.conf").write_text(
+            f"user root;\ndaemon off;\nworker_processes 1;\npid {self.dir}/nginx.pid;\n"
+            f"error_log {self.dir}/error.log info;\nevents {{ worker_connections 256; }}\n"
+            f"http {{\n access_log {self.dir}/access.log;\n {temp_paths}\n include {self.dir}/site.conf;\n}}\n"
+        )
+        self.process = subprocess.Popen([self.binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self._wait_listening()
+
+    def _wait_listening(self) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # nginx has no readiness signal but its port
+            if self.process.poll() is not None:
+                raise AssertionError(f"nginx exited: {self.process.stderr.read()}")
+            try:
+                httpx.get(self.url + "/health", timeout=1)
+                return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise AssertionError("nginx did not start listening")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "NginxProxy":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
