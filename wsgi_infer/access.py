@@ -9,6 +9,7 @@ from flask_cors import CORS
 from .errors import APIError
 from .settings import ServerSettings
 
+API_PATHS = ("/v1/", "/generate")
 OPS_PATHS = ("/health", "/metrics")
 
 
@@ -20,7 +21,8 @@ def install_access_control(app: Flask, settings: ServerSettings) -> None:
         def _require_api_key() -> None:
             if request.method == "OPTIONS":  # CORS preflights carry no credentials
                 return
-            if request.path.startswith(OPS_PATHS) and not settings.protect_ops:
+            protected = API_PATHS + OPS_PATHS if settings.protect_ops else API_PATHS
+            if not request.path.startswith(protected):  # the chat page and its files stay public
                 return
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             presented = token.strip().encode()

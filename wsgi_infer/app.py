@@ -7,7 +7,7 @@ import uuid
 from flask import Flask, g, request
 
 from .access import install_access_control
-from .api import native, openai, ops
+from .api import native, openai, ops, ui
 from .errors import register_error_handlers
 from .manager import EngineManager
 from .settings import ServerSettings
@@ -25,7 +25,7 @@ def create_app(settings: ServerSettings | None = None) -> Flask:
     app.extensions["wsgi_infer"] = EngineManager(settings)
     register_error_handlers(app)
     install_access_control(app, settings)
-    for blueprint in (openai.bp, native.bp, ops.bp):
+    for blueprint in (openai.bp, native.bp, ops.bp, ui.bp):
         app.register_blueprint(blueprint)
 
     @app.before_request

@@ -1,0 +1,125 @@
+// The chat page: streams /v1/chat/completions with fetch and renders tokens as they arrive.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const history = [];
+let controller = null;
+
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  const key = $("api_key").value.trim();
+  if (key) h["Authorization"] = `Bearer ${key}`;
+  return h;
+}
+
+function setStatus(text, isError = false) {
+  $("status").textContent = text;
+  $("status").className = isError ? "error" : "";
+}
+
+function addMessage(role, text) {
+  const div = document.createElement("div");
+  div.className = `message ${role}`;
+  div.textContent = text;
+  $("transcript").appendChild(div);
+  return div;
+}
+
+async function loadModel() {
+  try {
+    const r = await fetch("/v1/models", { headers: headers() });
+    const body = await r.json();
+    $("model").textContent = r.ok ? body.data[0].id : body.error.message;
+  } catch (e) {
+    $("model").textContent = "server unreachable";
+  }
+}
+
+// Yields {event, data} for each Server-Sent Event of a fetch response body.
+async function* sseEvents(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      let event = "message", data = [];
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event:")) event = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      }
+      if (data.length) yield { event, data: data.join("\n") };
+    }
+  }
+}
+
+async function send(prompt) {
+  history.push({ role: "user", content: prompt });
+  addMessage("user", prompt);
+  const out = addMessage("assistant", "");
+  out.classList.add("streaming");
+  controller = new AbortController();
+  $("send").disabled = true;
+  $("stop").disabled = false;
+  setStatus("generating…");
+  let text = "", finished = null;
+  try {
+    const response = await fetch("/v1/chat/completions", {
+      method: "POST",
+      headers: headers(),
+      signal: controller.signal,
+      body: JSON.stringify({
+        messages: history,
+        stream: true,
+        stream_options: { include_usage: true },
+        max_tokens: Number($("max_tokens").value),
+        temperature: Number($("temperature").value),
+        top_p: Number($("top_p").value),
+      }),
+    });
+    if (!response.ok) {
+      const body = await response.json().catch(() => ({ error: { message: response.statusText } }));
+      throw new Error(`${response.status}: ${body.error.message}`);
+    }
+    for await (const { event, data } of sseEvents(response)) {
+      if (event === "error") {
+        out.classList.add("interrupted");
+        throw new Error(`interrupted: ${JSON.parse(data).error.message}`);
+      }
+      if (data === "[DONE]") break;
+      const chunk = JSON.parse(data);
+      for (const choice of chunk.choices) {
+        text += choice.delta.content || "";
+        if (choice.finish_reason) finished = choice.finish_reason;
+      }
+      if (chunk.usage) setStatus(`${chunk.usage.completion_tokens} tokens, finish: ${finished}`);
+      out.textContent = text;
+    }
+    if (finished === null) throw new Error("the stream ended without finishing");
+    history.push({ role: "assistant", content: text });
+  } catch (e) {
+    if (e.name === "AbortError") setStatus("stopped");
+    else setStatus(e.message, true);
+    history.pop();
+  } finally {
+    out.classList.remove("streaming");
+    $("send").disabled = false;
+    $("stop").disabled = true;
+    controller = null;
+  }
+}
+
+$("composer").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const prompt = $("prompt").value.trim();
+  if (prompt) {
+    $("prompt").value = "";
+    send(prompt);
+  }
+});
+$("stop").addEventListener("click", () => controller && controller.abort());
+loadModel();
