@@ -27,6 +27,7 @@ from .model_loader import default_model_path
 from .outputs import RequestDelta
 from .sampling_params import SamplingParams
 from .settings import ServerSettings
+from .stream_log import StreamLogs
 from .streams import Accepted, ChoiceDelta, Rejected, RequestStream, Terminated
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,8 @@ class EngineManager:
         self._last_token_at: dict[str, float] = {}
         self._ids = itertools.count()
         self.last_progress_at = time.monotonic()
+        # A stream nobody has read for one heartbeat interval is abandoned (the client left).
+        self.stream_logs = StreamLogs(settings.resume_keep_seconds, grace=settings.heartbeat_seconds)
 
     # --- lifecycle (hub) ---------------------------------------------------------------
     def start(self) -> None:

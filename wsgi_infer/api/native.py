@@ -35,7 +35,7 @@ def generate():
 
 def _events(stream: RequestStream) -> Iterator[str]:
     try:
-        for batch in iter_deltas(stream):
+        for batch in iter_deltas(stream, manager().settings.heartbeat_seconds):
             if isinstance(batch, Heartbeat):
                 yield sse.HEARTBEAT
                 continue
@@ -51,7 +51,7 @@ def _events(stream: RequestStream) -> Iterator[str]:
 
 def _plain(stream: RequestStream) -> Iterator[str]:
     try:
-        for batch in iter_deltas(stream):
+        for batch in iter_deltas(stream, manager().settings.heartbeat_seconds):
             if not isinstance(batch, Heartbeat) and batch[0].delta.text:
                 yield batch[0].delta.text
     except StreamInterrupted:

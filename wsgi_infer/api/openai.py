@@ -4,11 +4,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from flask import Blueprint, Response, jsonify, request, stream_with_context
+from flask import Blueprint, Response, jsonify, request
 
 from .. import sse
 from ..errors import APIError
 from ..protocol import ChatCompletionRequest, CompletionRequest, parse
+from ..stream_log import spawn_pump
 from ..streams import ChoiceDelta, RequestStream
 from .serving import Heartbeat, StreamInterrupted, check_model, collect, iter_deltas, manager, start
 
@@ -68,14 +69,39 @@ def _respond(stream: RequestStream, streaming: bool, include_usage: bool, format
         body = formatter.envelope([formatter.final_choice(merged[i]) for i in sorted(merged)])
         body["usage"] = stream.usage
         return jsonify(body)
-    return Response(stream_with_context(_sse(stream, include_usage, formatter)), mimetype="text/event-stream", headers=sse.STREAM_HEADERS)
+    # A pump greenlet owns the generation and records its events; this response, and
+    # any resume of it, only read that log, so a dropped connection loses nothing.
+    mgr = manager()
+    log = mgr.stream_logs.create(on_abandoned=lambda: mgr.release(stream))
+    spawn_pump(log, _sse(mgr, stream, include_usage, formatter))
+    return _read_log(log, 0)
 
 
-def _sse(stream: RequestStream, include_usage: bool, formatter: "_Formatter") -> Iterator[str]:
+@bp.get("/streams/<stream_id>")
+def resume(stream_id: str):
+    """Resume a stream after the event the client saw last (Last-Event-ID, as EventSource sends)."""
+    log = manager().stream_logs.get(stream_id)
+    if log is None:
+        raise APIError(f"stream {stream_id!r} is unknown or has expired", 404, param="stream_id", code="stream_not_found")
+    last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or "0"
+    if not last.isdigit():
+        raise APIError("Last-Event-ID must be an event id of this stream", 400, param="Last-Event-ID")
+    return _read_log(log, int(last))
+
+
+def _read_log(log, after: int) -> Response:
+    headers = {**sse.STREAM_HEADERS, "X-Stream-Id": log.stream_id}
+    return Response(log.read(after, manager().settings.heartbeat_seconds), mimetype="text/event-stream", headers=headers)
+
+
+def _sse(mgr, stream: RequestStream, include_usage: bool, formatter: "_Formatter") -> Iterator[str | None]:
+    """The events of one response; runs in the pump greenlet (no request context)."""
     try:
-        for batch in iter_deltas(stream):
+        for batch in iter_deltas(stream, mgr.settings.heartbeat_seconds):
             if isinstance(batch, Heartbeat):
-                yield sse.HEARTBEAT
+                if stream.closed:  # abandoned: nobody reads it any more
+                    return
+                yield None
                 continue
             for choice in batch:
                 yield sse.event(formatter.envelope([formatter.chunk_choice(choice)]))
@@ -91,7 +117,7 @@ def _sse(stream: RequestStream, include_usage: bool, formatter: "_Formatter") ->
         error = {"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code}}
         yield sse.event(error, name="error", retry_ms=RETRY_AFTER_INTERRUPT_MS)
     finally:
-        manager().release(stream)
+        mgr.release(stream)
 
 
 class _Formatter:
@@ -103,7 +129,7 @@ class _Formatter:
         self.id = f"{self.prefix}-{stream.request_id}"
         self.object = obj
         self.created = int(time.time())
-        self.model = manager().model_name
+        self.model = manager().model_name  # read here, in the request: the pump has no app context
 
     def envelope(self, choices: list[dict], usage: dict | None = None) -> dict:
         body = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices}

@@ -67,7 +67,7 @@ class StreamInterrupted(Exception):
     code: str
 
 
-def iter_deltas(stream: RequestStream) -> Iterator[list[ChoiceDelta] | Heartbeat]:
+def iter_deltas(stream: RequestStream, heartbeat: float) -> Iterator[list[ChoiceDelta] | Heartbeat]:
     """Per wake-up, one merged delta per choice that has something to show.
 
     A delta with no text yet (an incomplete character, or text held back as a
@@ -75,7 +75,6 @@ def iter_deltas(stream: RequestStream) -> Iterator[list[ChoiceDelta] | Heartbeat
     Raises StreamInterrupted when the engine stops or fails. The caller must
     ``manager().release(stream)`` when done, also on error or disconnect.
     """
-    heartbeat = manager().settings.heartbeat_seconds
     carry: list[ChoiceDelta] = []
     while not stream.finished:
         events = stream.take(heartbeat)
@@ -95,7 +94,7 @@ def iter_deltas(stream: RequestStream) -> Iterator[list[ChoiceDelta] | Heartbeat
 def collect(stream: RequestStream) -> dict[int, ChoiceDelta]:
     """Run a non-streamed request to the end; one merged delta per choice."""
     merged: dict[int, ChoiceDelta] = {}
-    for batch in iter_deltas(stream):
+    for batch in iter_deltas(stream, manager().settings.heartbeat_seconds):
         if isinstance(batch, Heartbeat):
             continue
         for choice in batch:

@@ -1,0 +1,71 @@
+"""Resumable streams: every event has an id; GET /v1/streams/<id> with Last-Event-ID resumes."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from wsgi_infer import SamplingParams
+
+from .server import GunicornServer
+from .sse_client import events
+
+BODY = {"prompt": "Resume me", "max_tokens": 300, "ignore_eos": True, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True}}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dirs):
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 1.0, "resume_keep_seconds": 1.0}
+    with GunicornServer(settings) as srv:
+        yield srv.wait_ready()
+
+
+def text_of(data_events) -> str:
+    return "".join(e.json["choices"][0]["text"] for e in data_events if e.data != "[DONE]" and e.json["choices"])
+
+
+def test_a_cut_stream_resumes_from_the_next_event(server, tiny_llama):
+    expected = tiny_llama.generate("Resume me", SamplingParams(temperature=0, max_tokens=300, ignore_eos=True))[0].text
+    with server.client() as http, http.stream("POST", "/v1/completions", json=BODY) as r:
+        stream_id = r.headers["x-stream-id"]
+        received = []
+        for event in events(r):
+            if event.data:
+                received.append(event)
+            if len(received) == 5:
+                break  # the connection is cut here
+    assert [e.id for e in received] == ["1", "2", "3", "4", "5"]
+    with server.client() as http, http.stream("GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "5"}) as r:
+        assert r.status_code == 200
+        rest = [e for e in events(r) if e.data]
+    assert [int(e.id) for e in rest] == list(range(6, 6 + len(rest)))  # nothing lost, nothing repeated
+    assert rest[-1].data == "[DONE]" and rest[-2].json["usage"]["completion_tokens"] == 300
+    assert text_of(received) + text_of(rest) == expected
+
+
+def test_a_finished_stream_replays_then_expires(server):
+    with server.client() as http:
+        with http.stream("POST", "/v1/completions", json={**BODY, "max_tokens": 5}) as r:
+            stream_id = r.headers["x-stream-id"]
+            original = [e for e in events(r) if e.data]
+        with http.stream("GET", f"/v1/streams/{stream_id}") as r:
+            replay = [e for e in events(r) if e.data]
+        assert [(e.id, e.data) for e in replay] == [(e.id, e.data) for e in original]
+        deadline = time.monotonic() + 10
+        while http.get(f"/v1/streams/{stream_id}").status_code == 200:  # kept 1 s after it finished
+            assert time.monotonic() < deadline, "the finished stream never expired"
+            time.sleep(0.1)
+        gone = http.get(f"/v1/streams/{stream_id}")
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "stream_not_found"
+
+
+def test_unknown_stream_and_bad_last_event_id(server):
+    with server.client() as http:
+        missing = http.get("/v1/streams/nope")
+        assert missing.status_code == 404 and "unknown or has expired" in missing.json()["error"]["message"]
+        with http.stream("POST", "/v1/completions", json={**BODY, "max_tokens": 3}) as r:
+            stream_id = r.headers["x-stream-id"]
+            list(events(r))
+        bad = http.get(f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "x"})
+        assert bad.status_code == 400
