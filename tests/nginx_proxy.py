@@ -46,9 +46,17 @@ class NginxProxy:
             f"error_log {self.dir}/error.log info;\nevents {{ worker_connections 256; }}\n"
             f"http {{\n access_log {self.dir}/access.log;\n {temp_paths}\n include {self.dir}/site.conf;\n}}\n"
         )
+        self.start()
+
+    def start(self) -> None:
         self.process = subprocess.Popen([self.binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self._wait_listening()
+
+    def cut(self) -> None:
+        """Stop nginx at once: its open connections drop, as in a proxy restart or network cut."""
+        self.process.terminate()
+        self.process.wait(10)
 
     def _wait_listening(self) -> None:
         deadline = time.monotonic() + 10
@@ -63,8 +71,7 @@ class NginxProxy:
         raise AssertionError("nginx did not start listening")
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(10)
+        self.cut()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> "NginxProxy":

@@ -8,6 +8,7 @@ import pytest
 
 from wsgi_infer import SamplingParams
 
+from .nginx_proxy import NginxProxy
 from .server import GunicornServer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -19,7 +20,8 @@ CHROMIUM_ARGS = [
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dirs):
-    with GunicornServer({"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 0.3}) as srv:
+    # Heartbeats every 2 s: a stream nobody reads is abandoned after that long, so a resume must come sooner.
+    with GunicornServer({"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 2}) as srv:
         yield srv.wait_ready()
 
 
@@ -79,6 +81,24 @@ def test_stop_button_aborts_the_request(page, server):
     metrics = server.metrics()
     assert metrics["wsgi_infer:open_streams"] == 0
     assert metrics["wsgi_infer:kv_blocks_free"] == metrics["wsgi_infer:kv_blocks_total"]
+
+
+def test_a_cut_connection_resumes_without_losing_or_repeating_tokens(browser, server, tiny_llama):
+    prompt = "Keep talking through the cut"
+    expected = tiny_llama.chat([{"role": "user", "content": prompt}], SamplingParams(temperature=0, max_tokens=1500))[0].text
+    with NginxProxy(f"127.0.0.1:{server.port}") as nginx:
+        page = browser.new_page()
+        page.goto(nginx.url + "/")
+        page.wait_for_function("document.getElementById('model').textContent === 'tiny-llama0'")
+        ask(page, prompt, 1500)
+        page.wait_for_function("document.querySelector('.assistant.streaming')?.textContent.length > 20")
+        nginx.cut()  # the browser's connection drops mid-stream
+        page.wait_for_function("document.getElementById('status').textContent.startsWith('connection lost')")
+        nginx.start()
+        page.wait_for_function("!document.querySelector('.assistant').classList.contains('streaming')", timeout=60_000)
+        assert page.text_content(".assistant") == expected
+        assert "finish: length" in page.text_content("#status")
+        page.close()
 
 
 def test_errors_are_shown_clearly(page):

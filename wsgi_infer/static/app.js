@@ -47,14 +47,30 @@ async function* sseEvents(response) {
     while ((cut = buffer.indexOf("\n\n")) >= 0) {
       const block = buffer.slice(0, cut);
       buffer = buffer.slice(cut + 2);
-      let event = "message", data = [];
+      let event = "message", id = null, data = [];
       for (const line of block.split("\n")) {
         if (line.startsWith("event:")) event = line.slice(6).trim();
+        else if (line.startsWith("id:")) id = line.slice(3).trim();
         else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
       }
-      if (data.length) yield { event, data: data.join("\n") };
+      if (data.length) yield { event, id, data: data.join("\n") };
     }
   }
+}
+
+// Re-open a cut stream after the last event seen, retrying while the network is down.
+async function reconnect(streamId, lastId) {
+  for (let attempt = 1; attempt <= 10; attempt++) {
+    await new Promise((resolve) => setTimeout(resolve, 150 * attempt));
+    try {
+      const r = await fetch(`/v1/streams/${streamId}?last_event_id=${lastId}`, { headers: headers(), signal: controller.signal });
+      if (r.ok) return r;
+      throw new Error(`${r.status}: the stream can no longer be resumed`);
+    } catch (e) {
+      if (!(e instanceof TypeError)) throw e;
+    }
+  }
+  throw new Error("connection lost");
 }
 
 async function send(prompt) {
@@ -68,7 +84,7 @@ async function send(prompt) {
   setStatus("generating…");
   let text = "", finished = null;
   try {
-    const response = await fetch("/v1/chat/completions", {
+    let response = await fetch("/v1/chat/completions", {
       method: "POST",
       headers: headers(),
       signal: controller.signal,
@@ -85,19 +101,33 @@ async function send(prompt) {
       const body = await response.json().catch(() => ({ error: { message: response.statusText } }));
       throw new Error(`${response.status}: ${body.error.message}`);
     }
-    for await (const { event, data } of sseEvents(response)) {
-      if (event === "error") {
-        out.classList.add("interrupted");
-        throw new Error(`interrupted: ${JSON.parse(data).error.message}`);
+    // A cut connection resumes the same generation from the last event seen.
+    const streamId = response.headers.get("X-Stream-Id");
+    let lastId = 0;
+    for (;;) {
+      try {
+        for await (const { event, id, data } of sseEvents(response)) {
+          if (id) lastId = Number(id);
+          if (event === "error") {
+            out.classList.add("interrupted");
+            throw new Error(`interrupted: ${JSON.parse(data).error.message}`);
+          }
+          if (data === "[DONE]") break;
+          const chunk = JSON.parse(data);
+          for (const choice of chunk.choices) {
+            text += choice.delta.content || "";
+            if (choice.finish_reason) finished = choice.finish_reason;
+          }
+          if (chunk.usage) setStatus(`${chunk.usage.completion_tokens} tokens, finish: ${finished}`);
+          out.textContent = text;
+        }
+        break;
+      } catch (e) {
+        if (!(e instanceof TypeError) || !streamId) throw e;  // a TypeError is a network failure
+        setStatus("connection lost, resuming…");
+        response = await reconnect(streamId, lastId);
+        setStatus("generating…");
       }
-      if (data === "[DONE]") break;
-      const chunk = JSON.parse(data);
-      for (const choice of chunk.choices) {
-        text += choice.delta.content || "";
-        if (choice.finish_reason) finished = choice.finish_reason;
-      }
-      if (chunk.usage) setStatus(`${chunk.usage.completion_tokens} tokens, finish: ${finished}`);
-      out.textContent = text;
     }
     if (finished === null) throw new Error("the stream ended without finishing");
     history.push({ role: "assistant", content: text });
