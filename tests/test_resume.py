@@ -1,13 +1,17 @@
 """Resumable streams: every event has an id; GET /v1/streams/<id> with Last-Event-ID resumes."""
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import threading
 import time
 
 import pytest
 
 from wsgi_infer import SamplingParams
 
-from .server import GunicornServer
+from .server import GunicornServer, free_port
 from .sse_client import events
 
 BODY = {"prompt": "Resume me", "max_tokens": 300, "ignore_eos": True, "temperature": 0, "stream": True,
@@ -69,3 +73,50 @@ def test_unknown_stream_and_bad_last_event_id(server):
             list(events(r))
         bad = http.get(f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "x"})
         assert bad.status_code == 400
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    """Debian's redis-server on a free loopback port, memory only."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed (.ci/run installs Debian's redis-server)")
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path_factory.mktemp("redis"))],
+        stdout=subprocess.PIPE, text=True,
+    )
+    for line in process.stdout:  # redis says when it accepts connections
+        if "Ready to accept connections" in line:
+            break
+    threading.Thread(target=process.stdout.read, daemon=True).start()
+    yield f"redis://127.0.0.1:{port}/0"
+    process.terminate()
+    process.wait(10)
+
+
+def test_a_resume_can_reach_another_instance_sharing_redis(tiny_model_dirs, redis_url, tiny_llama):
+    expected = tiny_llama.generate("Resume me", SamplingParams(temperature=0, max_tokens=300, ignore_eos=True))[0].text
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 1.0, "redis_url": redis_url}
+    with GunicornServer(settings) as first, GunicornServer(settings) as second:
+        first.wait_ready()
+        second.wait_ready()
+        with first.client() as http, http.stream("POST", "/v1/completions", json=BODY) as r:
+            stream_id = r.headers["x-stream-id"]
+            received = []
+            for event in events(r):
+                if event.data:
+                    received.append(event)
+                if len(received) == 5:
+                    break
+        with second.client() as http:  # the other instance: only Redis holds the stream there
+            with http.stream("GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "5"}) as r:
+                assert r.status_code == 200
+                rest = [e for e in events(r) if e.data]
+            assert http.get("/v1/streams/unknown").status_code == 404
+    assert [int(e.id) for e in received + rest] == list(range(1, 1 + len(received) + len(rest)))
+    assert rest[-1].data == "[DONE]"
+    assert text_of(received) + text_of(rest) == expected

@@ -123,7 +123,7 @@ class EngineManager:
         self._ids = itertools.count()
         self.last_progress_at = time.monotonic()
         # A stream nobody has read for one heartbeat interval is abandoned (the client left).
-        self.stream_logs = StreamLogs(settings.resume_keep_seconds, grace=settings.heartbeat_seconds)
+        self.stream_logs = StreamLogs(settings.resume_keep_seconds, grace=settings.heartbeat_seconds, redis_url=settings.redis_url)
 
     # --- lifecycle (hub) ---------------------------------------------------------------
     def start(self) -> None:

@@ -28,6 +28,7 @@ class ServerSettings(BaseSettings):
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body (413 above)")
     heartbeat_seconds: float = Field(5.0, gt=0, description="SSE comment interval while a stream has nothing to send")
     resume_keep_seconds: float = Field(60.0, ge=0, description="how long a finished stream stays resumable (GET /v1/streams/<id>)")
+    redis_url: str | None = Field(None, description="keep resumable streams in this Redis (redis://host:port/db) so any worker or host can resume them")
     load_wait_seconds: float = Field(30.0, ge=0, description="how long a request waits for a worker that is still loading its model")
     drain_seconds: float | None = Field(
         None, gt=0, description="on SIGTERM, how long open requests may finish; default graceful_timeout - keepalive - 2"

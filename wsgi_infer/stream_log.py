@@ -4,7 +4,9 @@ A pump greenlet turns the engine's output into events and appends them here;
 HTTP responses only read the log from an event id on, so a client that lost
 its connection (EventSource does this by itself, with Last-Event-ID) resumes
 the same generation where it left off. Logs stay readable for a while after
-their stream finished. This is the in-process store: correct with one worker.
+their stream finished. ``StreamLog`` keeps them in this process (correct with
+one worker); ``RedisStreamLog`` keeps them in a Redis stream, so that any worker
+or host sharing the Redis serves any resume.
 """
 from __future__ import annotations
 
@@ -66,21 +68,85 @@ class StreamLog:
             self._on_abandoned()
 
 
-class StreamLogs:
-    """The logs of this worker, by stream id; finished ones expire after ``keep_seconds``."""
+class RedisStreamLog:
+    """The same log in a Redis stream (entry ids ``n-0``), expiring ``keep_seconds``
+    after it finished. Readers on any instance renew a short lease key, so the
+    instance generating the stream knows whether anybody still reads it."""
 
-    def __init__(self, keep_seconds: float, grace: float) -> None:
+    def __init__(self, client, stream_id: str, grace: float, keep_seconds: float,
+                 on_abandoned: Callable[[], None] | None = None) -> None:
+        self.stream_id = stream_id
+        self.key = f"wsgi-infer:stream:{stream_id}"
+        self._lease = f"{self.key}:reader"
+        self._client = client
+        self._grace = grace
+        self._keep = keep_seconds
+        self._on_abandoned = on_abandoned
+        self._next = 1
+        self.readers = 0
+        self.finished = False
+
+    def append(self, text: str) -> None:
+        self._client.xadd(self.key, {"event": text}, id=f"{self._next}-0")
+        self._next += 1
+
+    def finish(self) -> None:
+        self._client.xadd(self.key, {"end": "1"}, id=f"{self._next}-0")
+        self._client.expire(self.key, max(1, int(self._keep)))
+        self.finished = True
+
+    def read(self, after: int, heartbeat: float) -> Iterator[str]:
+        self.readers += 1
+        last = f"{max(0, after)}-0"
+        try:
+            while True:
+                self._client.set(self._lease, "1", px=int(2000 * max(heartbeat, self._grace)))
+                reply = self._client.xread({self.key: last}, block=int(1000 * heartbeat), count=256)
+                if not reply:
+                    yield sse.HEARTBEAT
+                    continue
+                for entry_id, fields in reply[0][1]:
+                    last = entry_id
+                    if b"end" in fields:
+                        return
+                    yield f"id: {entry_id.split(b'-')[0].decode()}\n{fields[b'event'].decode()}"
+        finally:
+            self.readers -= 1
+            if not self.readers and self._on_abandoned is not None and not self.finished:
+                gevent.spawn_later(self._grace, self._abandon_if_unread)
+
+    def _abandon_if_unread(self) -> None:
+        if not self.readers and not self.finished and not self._client.exists(self._lease):
+            self._on_abandoned()
+
+
+class StreamLogs:
+    """This worker's way to the logs, by stream id: in-process, or in Redis when
+    ``redis_url`` is set. Finished logs expire after ``keep_seconds``."""
+
+    def __init__(self, keep_seconds: float, grace: float, redis_url: str | None = None) -> None:
         self.keep_seconds = keep_seconds
         self.grace = grace
         self._logs: dict[str, StreamLog] = {}
+        self._redis = None
+        if redis_url:
+            import redis  # optional: pip install "wsgi-infer[redis]"
 
-    def create(self, on_abandoned: Callable[[], None]) -> StreamLog:
+            self._redis = redis.Redis.from_url(redis_url)
+
+    def create(self, on_abandoned: Callable[[], None]) -> StreamLog | RedisStreamLog:
+        stream_id = uuid.uuid4().hex
+        if self._redis is not None:
+            return RedisStreamLog(self._redis, stream_id, self.grace, self.keep_seconds, on_abandoned)
         self._expire()
-        log = StreamLog(uuid.uuid4().hex, self.grace, on_abandoned)
-        self._logs[log.stream_id] = log
+        log = StreamLog(stream_id, self.grace, on_abandoned)
+        self._logs[stream_id] = log
         return log
 
-    def get(self, stream_id: str) -> StreamLog | None:
+    def get(self, stream_id: str) -> StreamLog | RedisStreamLog | None:
+        if self._redis is not None:
+            log = RedisStreamLog(self._redis, stream_id, self.grace, self.keep_seconds)
+            return log if self._redis.exists(log.key) else None
         self._expire()
         return self._logs.get(stream_id)
 
