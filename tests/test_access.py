@@ -68,3 +68,14 @@ def test_protected_ops(tiny_model_dirs):
             assert http.get("/health").status_code == 401
             assert http.get("/metrics").status_code == 401
             assert http.get("/health", headers={"Authorization": "Bearer k"}).status_code == 200
+
+
+def test_control_characters_in_headers_never_reach_the_log(server):
+    import socket
+
+    for request_id in (b"a\x1b[31mred", b"ok-id\r\nInjected: yes"):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Request-Id: " + request_id + b"\r\nConnection: close\r\n\r\n")
+            reply = sock.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 ")
+    assert not any("\x1b" in line or "Injected" in line for line in server.lines)
