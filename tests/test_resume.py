@@ -29,16 +29,21 @@ def text_of(data_events) -> str:
     return "".join(e.json["choices"][0]["text"] for e in data_events if e.data != "[DONE]" and e.json["choices"])
 
 
-def test_a_cut_stream_resumes_from_the_next_event(server, tiny_llama):
-    expected = tiny_llama.generate("Resume me", SamplingParams(temperature=0, max_tokens=300, ignore_eos=True))[0].text
+def start_then_cut(server: GunicornServer, after: int = 5) -> tuple[str, list]:
+    """Start a stream, read ``after`` events, drop the connection; the stream id and the events."""
     with server.client() as http, http.stream("POST", "/v1/completions", json=BODY) as r:
-        stream_id = r.headers["x-stream-id"]
         received = []
         for event in events(r):
             if event.data:
                 received.append(event)
-            if len(received) == 5:
-                break  # the connection is cut here
+            if len(received) == after:
+                return r.headers["x-stream-id"], received  # leaving the block cuts the connection
+    raise AssertionError("the stream ended before the cut")
+
+
+def test_a_cut_stream_resumes_from_the_next_event(server, tiny_llama):
+    expected = tiny_llama.generate("Resume me", SamplingParams(temperature=0, max_tokens=300, ignore_eos=True))[0].text
+    stream_id, received = start_then_cut(server)
     assert [e.id for e in received] == ["1", "2", "3", "4", "5"]
     with server.client() as http, http.stream("GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "5"}) as r:
         assert r.status_code == 200
@@ -104,14 +109,7 @@ def test_a_resume_can_reach_another_instance_sharing_redis(tiny_model_dirs, redi
     with GunicornServer(settings) as first, GunicornServer(settings) as second:
         first.wait_ready()
         second.wait_ready()
-        with first.client() as http, http.stream("POST", "/v1/completions", json=BODY) as r:
-            stream_id = r.headers["x-stream-id"]
-            received = []
-            for event in events(r):
-                if event.data:
-                    received.append(event)
-                if len(received) == 5:
-                    break
+        stream_id, received = start_then_cut(first)
         with second.client() as http:  # the other instance: only Redis holds the stream there
             with http.stream("GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "5"}) as r:
                 assert r.status_code == 200

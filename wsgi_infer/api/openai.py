@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
 from flask import Blueprint, Response, jsonify, request
@@ -120,7 +121,7 @@ def _sse(mgr, stream: RequestStream, include_usage: bool, formatter: "_Formatter
         mgr.release(stream)
 
 
-class _Formatter:
+class _Formatter(ABC):
     """Turns merged deltas into one API's JSON: streamed chunks, final choices, aborts."""
 
     prefix = ""
@@ -137,14 +138,14 @@ class _Formatter:
             body["usage"] = usage
         return body
 
-    def chunk_choice(self, choice: ChoiceDelta) -> dict:
-        raise NotImplementedError
+    @abstractmethod
+    def chunk_choice(self, choice: ChoiceDelta) -> dict: ...
 
-    def final_choice(self, choice: ChoiceDelta) -> dict:
-        raise NotImplementedError
+    @abstractmethod
+    def final_choice(self, choice: ChoiceDelta) -> dict: ...
 
-    def abort_choice(self, index: int) -> dict:
-        raise NotImplementedError
+    @abstractmethod
+    def abort_choice(self, index: int) -> dict: ...
 
 
 class _CompletionFormatter(_Formatter):
