@@ -25,6 +25,7 @@ class StreamResult:
     ended_at: float = 0.0
     error: Exception | None = None
     client_port: int = 0
+    cancel: threading.Event = field(default_factory=threading.Event)
 
     @property
     def done(self) -> bool:
@@ -54,6 +55,8 @@ def stream(server: GunicornServer, result: StreamResult, max_tokens: int, prompt
                     if event.data:
                         result.data.append(event)
                         result.first_token.set()
+                    if result.cancel.is_set():
+                        break
     except Exception as exc:  # recorded and asserted on by the test
         result.error = exc
     result.ended_at = time.monotonic()
@@ -183,16 +186,22 @@ def test_sigkill_of_one_worker_leaves_the_other_workers_streams_alone(tiny_model
             mark = server.lines.index(server.wait_for_log(r"engine ready: serving", after=mark).string) + 1
         workers = server.worker_pids()
         results, threads, owners = [], [], []
-        for i in range(12):  # until both workers hold a stream
+        for i in range(40):  # until each worker holds one stream; extra ones are closed at once
             result = StreamResult()
             thread = threading.Thread(target=stream, args=(server, result, 2500, f"s{i}"))
             thread.start()
             assert result.first_token.wait(60)
+            owner = owner_of(result.client_port, workers)
+            if owner in owners:
+                result.cancel.set()
+                thread.join(30)
+                continue
             results.append(result)
             threads.append(thread)
-            owners.append(owner_of(result.client_port, workers))
-            if len(set(owners)) == 2:
+            owners.append(owner)
+            if len(owners) == 2:
                 break
+        assert len(owners) == 2, "the kernel never gave a connection to the second worker"
         victim = owners[0]
         psutil.Process(victim).send_signal(signal.SIGKILL)
         server.wait_for_log(r"Booting worker with pid: (?!%d)" % victim)

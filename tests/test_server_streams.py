@@ -119,7 +119,7 @@ def one_seq_server(tiny_model_dirs):
     """One sequence at a time and small prefill chunks: queued and prefilling states last."""
     settings = {
         "model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 0.2, "block_size": 4,
-        "max_num_seqs": 1, "max_num_batched_tokens": 4, "max_waiting_requests": 1,
+        "max_num_seqs": 1, "max_num_batched_tokens": 1, "max_waiting_requests": 1,
     }
     with GunicornServer(settings) as srv:
         yield srv.wait_ready()
@@ -145,7 +145,7 @@ def test_disconnect_while_queued_and_while_prefilling(one_seq_server):
     server.wait_for_log(rf"request {running_id}: response ended early, aborted 1", after=mark, timeout=30)
     assert_idle(server)
 
-    long_prompt = list(range(1000, 4900))  # 3,900 tokens in chunks of 4: a long prefill
+    long_prompt = list(range(1000, 4900))  # 3,900 prefill steps of one token: seconds, not milliseconds
     with server.client() as http, http.stream("POST", "/v1/completions", json=completion_body(long_prompt, 5)) as r:
         prefill_id = r.headers["x-request-id"]
         prefill_events = events(r)
