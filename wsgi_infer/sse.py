@@ -9,12 +9,10 @@ DONE = "data: [DONE]\n\n"
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def event(data: Any, name: str | None = None, event_id: str | None = None, retry_ms: int | None = None) -> str:
+def event(data: Any, name: str | None = None, retry_ms: int | None = None) -> str:
     """One event; ``data`` is JSON-encoded unless it is already a string."""
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    lines = []
-    if event_id is not None:
-        lines.append(f"id: {event_id}")
+    lines = []  # the `id:` line is added by the stream log, which numbers the events
     if name is not None:
         lines.append(f"event: {name}")
     if retry_ms is not None:

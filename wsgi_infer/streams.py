@@ -26,7 +26,6 @@ class Rejected:
     """The engine refused the request (bad input): a 400 for the client."""
 
     message: str
-    param: str | None = None
 
 
 @dataclass

@@ -46,7 +46,7 @@ def start(prompts: list[Prompt], params: list[SamplingParams], chat: bool = Fals
     try:
         outcome = stream.wait_admission(ADMISSION_TIMEOUT_S)
         if isinstance(outcome, Rejected):
-            raise APIError(outcome.message, 400, param=outcome.param)
+            raise APIError(outcome.message, 400)
         if isinstance(outcome, Terminated):
             raise APIError(outcome.message, 503, code=outcome.code, headers={"Retry-After": "5"})
         if not isinstance(outcome, Accepted):
