@@ -1,6 +1,6 @@
 """`gunicorn -c gunicorn.conf.py` serves wsgi-infer: gevent worker, engine hooks.
 
-The settings and hooks live in the package (wsgi_infer/gunicorn_config.py) so
-that `wsgi-infer serve` runs the very same configuration.
+The settings and hooks live in the package (wsgi_infer/server/gunicorn_config.py)
+so that `wsgi-infer serve` runs the very same configuration.
 """
-from wsgi_infer.gunicorn_config import *  # noqa: F401,F403
+from wsgi_infer.server.gunicorn_config import *  # noqa: F401,F403

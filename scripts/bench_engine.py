@@ -103,8 +103,8 @@ def quantization(args) -> str | None:
 def run_transformers(args) -> dict:
     import torch
 
-    from wsgi_infer.device import resolve_dtype
-    from wsgi_infer.model_loader import load_hf_model, load_tokenizer, resolve_model_dir
+    from wsgi_infer.engine.device import resolve_dtype
+    from wsgi_infer.engine.model_loader import load_hf_model, load_tokenizer, resolve_model_dir
 
     model_dir = resolve_model_dir(args.model)
     dtype = resolve_dtype(args.dtype, torch.device("cpu"))

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """How fast an idle engine thread wakes, and how fast its output reaches the hub.
 
-In a gevent-patched process, as under gunicorn: the native thread sleeps in
-`SimpleQueue.get` (the manager's inbox); the hub puts a timestamp, the thread
-measures the wake-up and posts back through the HubBridge; the hub measures
-the delivery. Example:
+In a gevent-patched process, as under gunicorn: the native thread sleeps on
+the HubBridge's command queue, as the engine thread does while idle; the hub
+sends a timestamp, the thread measures the wake-up and posts back through the
+bridge; the hub measures the delivery. Example:
 
     .venv/bin/python scripts/bench_wakeup.py --samples 500
 """
@@ -15,18 +15,16 @@ monkey.patch_all()
 import argparse  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-from _queue import SimpleQueue  # noqa: E402
 
 import gevent.event  # noqa: E402
 
-from wsgi_infer.bridge import HubBridge, start_native_thread  # noqa: E402
+from wsgi_infer.server.bridge import HubBridge  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--samples", type=int, default=500)
     args = parser.parse_args()
-    inbox: SimpleQueue = SimpleQueue()
     wakeups, deliveries = [], []
     arrived = gevent.event.Event()
 
@@ -38,20 +36,19 @@ def main() -> None:
 
     def engine_thread() -> None:
         while True:
-            sent = inbox.get()
-            if sent is None:
-                return
-            now = time.perf_counter()
-            wakeups.append(now - sent)
-            bridge.post(time.perf_counter())
+            for sent in bridge.commands(block=True):
+                if sent is None:
+                    return
+                wakeups.append(time.perf_counter() - sent)
+                bridge.post(time.perf_counter())
 
-    start_native_thread(engine_thread)
+    bridge.start_thread(engine_thread)
     for _ in range(args.samples):
         gevent.sleep(0.002)  # let the thread fall asleep again
         arrived.clear()
-        inbox.put(time.perf_counter())
+        bridge.send(time.perf_counter())
         arrived.wait(5)
-    inbox.put(None)
+    bridge.send(None)
     for name, values in (("idle thread wake-up", wakeups), ("thread → hub delivery", deliveries)):
         ordered = sorted(values)
         p99 = ordered[int(0.99 * (len(ordered) - 1))]

@@ -10,7 +10,7 @@ import torch
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from wsgi_infer import LLM  # noqa: E402
-from wsgi_infer.model_loader import load_tokenizer, resolve_model_dir  # noqa: E402
+from wsgi_infer.engine.model_loader import load_tokenizer, resolve_model_dir  # noqa: E402
 
 TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2")
 

@@ -1,15 +1,13 @@
 """Block manager: reference counts, prefix hashing, LRU eviction of cached free blocks."""
 from __future__ import annotations
 
-import torch
-
-from wsgi_infer.block_manager import BlockManager
-from wsgi_infer.sampling_params import SamplingParams
-from wsgi_infer.sequence import Sequence
+from wsgi_infer.engine.block_manager import BlockManager
+from wsgi_infer.engine.sampling_params import SamplingParams
+from wsgi_infer.engine.sequence import Sequence
 
 
 def make_seq(name: str, tokens: list[int]) -> Sequence:
-    return Sequence(name, tokens, SamplingParams(), 16, detokenizer=None, generator=torch.Generator())
+    return Sequence(name, tokens, SamplingParams(), max_tokens=16)
 
 
 def compute_all(bm: BlockManager, seq: Sequence) -> None:

@@ -1,4 +1,4 @@
-"""The native thread → hub bridge, in a monkey-patched subprocess as under gunicorn."""
+"""The native thread ↔ hub bridge, in a monkey-patched subprocess as under gunicorn."""
 from __future__ import annotations
 
 import json
@@ -10,18 +10,16 @@ SCRIPT = textwrap.dedent(
     """
     from gevent import monkey; monkey.patch_all()
     import json, time, gevent
-    from _queue import SimpleQueue
     from gevent.monkey import get_original
-    from wsgi_infer.bridge import HubBridge, start_native_thread
+    from wsgi_infer.server.bridge import HubBridge
 
     native_sleep = get_original("time", "sleep")
 
     received, ticks = [], []
     bridge = HubBridge(received.extend)
-    go = SimpleQueue()
 
     def producer():  # a genuine OS thread: 20,000 items in bursts of 100, like engine steps
-        go.get()
+        assert list(bridge.commands(block=True)) == ["go"]
         for burst in range(200):
             bridge.post(list(range(burst * 100, (burst + 1) * 100)))
             native_sleep(0.001)
@@ -32,9 +30,9 @@ SCRIPT = textwrap.dedent(
             ticks.append(time.monotonic())
             gevent.sleep(0.001)
 
-    start_native_thread(producer)
+    bridge.start_thread(producer)
     tick = gevent.spawn(ticker)
-    go.put(None)
+    bridge.send("go")
     tick.join(timeout=30)
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
     print(json.dumps({"received": received[:-1], "max_gap": max(gaps, default=0.0), "ticks": len(ticks)}))

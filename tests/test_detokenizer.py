@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from wsgi_infer.detokenizer import IncrementalDetokenizer
-from wsgi_infer.model_loader import load_tokenizer
+from wsgi_infer.engine.detokenizer import IncrementalDetokenizer
+from wsgi_infer.engine.model_loader import load_tokenizer
 
 TEXTS = [
     "Hello 😀 world, 🎉🎉 party!",

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from wsgi_infer import LLM, EngineConfig, SamplingParams
-from wsgi_infer.layers.quantization import INT8_MAX_ROWS, Int8Linear
+from wsgi_infer.engine.layers.quantization import INT8_MAX_ROWS, Int8Linear
 
 from .conftest import assert_idle
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.model_loader import load_hf_model
+from wsgi_infer.engine.model_loader import load_hf_model
 
 from .conftest import TINY_ARCHITECTURES, assert_idle
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from wsgi_infer import SamplingParams
-from wsgi_infer.model_loader import load_hf_model
-from wsgi_infer.sampler import apply_penalties, filter_logits
+from wsgi_infer.engine.model_loader import load_hf_model
+from wsgi_infer.engine.sampler import apply_penalties, filter_logits
 
 from .conftest import assert_idle
 

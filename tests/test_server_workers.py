@@ -87,7 +87,7 @@ def test_wsgi_infer_serve_runs_the_gunicorn_configuration(tiny_model_dirs):
             startup.append(line)
             if "engine ready" in line:
                 break
-        assert any("Using worker: wsgi_infer.worker.InferenceWorker" in line for line in startup)
+        assert any("Using worker: wsgi_infer.server.worker.InferenceWorker" in line for line in startup)
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
         assert health.status_code == 200
     finally:

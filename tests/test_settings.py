@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wsgi_infer.settings import ServerSettings
+from wsgi_infer.server.settings import ServerSettings
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

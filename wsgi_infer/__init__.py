@@ -1,7 +1,9 @@
 """wsgi-infer: an LLM inference server with a paged-KV continuous-batching engine.
 
-Names are imported lazily, so the gunicorn master can import the package's
-hooks without importing torch.
+``engine/`` is the model-facing side (no gevent, Flask or gunicorn), ``server/``
+the HTTP side; ``LLM`` (offline generation) and the ``wsgi-infer`` command sit
+here. Names are imported lazily, so the gunicorn master can import the
+server's hooks without importing torch.
 """
 from __future__ import annotations
 
@@ -10,21 +12,21 @@ from typing import TYPE_CHECKING
 
 _EXPORTS = {
     "LLM": ".llm",
-    "LLMEngine": ".llm_engine",
-    "EngineConfig": ".config",
-    "SamplingParams": ".sampling_params",
-    "CompletionOutput": ".outputs",
-    "RequestDelta": ".outputs",
-    "TokenLogprob": ".outputs",
+    "LLMEngine": ".engine.llm_engine",
+    "EngineConfig": ".engine.config",
+    "SamplingParams": ".engine.sampling_params",
+    "CompletionOutput": ".engine.outputs",
+    "RequestDelta": ".engine.outputs",
+    "TokenLogprob": ".engine.outputs",
 }
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .config import EngineConfig
+    from .engine.config import EngineConfig
+    from .engine.llm_engine import LLMEngine
+    from .engine.outputs import CompletionOutput, RequestDelta, TokenLogprob
+    from .engine.sampling_params import SamplingParams
     from .llm import LLM
-    from .llm_engine import LLMEngine
-    from .outputs import CompletionOutput, RequestDelta, TokenLogprob
-    from .sampling_params import SamplingParams
 
 
 def __getattr__(name: str):

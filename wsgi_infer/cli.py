@@ -9,10 +9,12 @@ import argparse
 import logging
 import sys
 
+from .engine.config import QUANTIZATION_METHODS
+
 
 def _generate(args: argparse.Namespace) -> int:
+    from .engine.sampling_params import SamplingParams
     from .llm import LLM
-    from .sampling_params import SamplingParams
 
     llm = LLM(model=args.model, device=args.device, dtype=args.dtype, quantization=args.quantization)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
@@ -25,14 +27,14 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """gunicorn with wsgi_infer.gunicorn_config, as `gunicorn -c gunicorn.conf.py` would run it."""
+    """gunicorn with wsgi_infer.server.gunicorn_config, as `gunicorn -c gunicorn.conf.py` would run it."""
     import os
 
     from gunicorn.app.wsgiapp import WSGIApplication
 
     if args.model:
         os.environ["WSGI_INFER_MODEL"] = args.model
-    argv = ["gunicorn", "-c", "python:wsgi_infer.gunicorn_config"]
+    argv = ["gunicorn", "-c", "python:wsgi_infer.server.gunicorn_config"]
     if args.bind:
         argv += ["--bind", args.bind]
     if args.workers:
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--model", default=None, help="Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)")
     gen.add_argument("--device", default="auto")
     gen.add_argument("--dtype", default="auto")
-    gen.add_argument("--quantization", choices=["int8"], default=None, help="int8 weights for small batches (CPU)")
+    gen.add_argument("--quantization", choices=QUANTIZATION_METHODS, default=None, help="int8 weights for small batches (CPU)")
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")

@@ -4,12 +4,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence as Seq
 
-from .config import EngineConfig
-from .llm_engine import LLMEngine
-from .outputs import CompletionOutput
-from .sampling_params import SamplingParams
+from .engine.config import EngineConfig
+from .engine.llm_engine import LLMEngine, Prompt
+from .engine.outputs import CompletionOutput, RequestDelta
+from .engine.sampling_params import SamplingParams
 
-Prompt = str | list[int]
 Message = dict[str, str]
 
 
@@ -35,28 +34,24 @@ class LLM:
         params_list = list(params) if isinstance(params, Seq) else [params or SamplingParams()] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError("params: give one SamplingParams, or one per prompt")
-        outputs: dict[str, CompletionOutput] = {}
+        prompt_ids: dict[str, list[int]] = {}
+        results: dict[str, RequestDelta] = {}
         try:
             for prompt, p in zip(prompts, params_list):
                 request_id = f"offline-{next(self._ids)}"
-                prompt_ids = self.engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-                self.engine.add_request(request_id, prompt_ids, p)
-                outputs[request_id] = CompletionOutput(
-                    request_id, prompt_ids, "", [], "", [] if p.logprobs is not None else None
-                )
+                prompt_ids[request_id] = self.engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+                self.engine.add_request(request_id, prompt_ids[request_id], p)
+                results[request_id] = RequestDelta(request_id, "", [], [] if p.logprobs is not None else None)
             while self.engine.has_unfinished():
                 for delta in self.engine.step():
-                    out = outputs[delta.request_id]
-                    out.text += delta.text
-                    out.token_ids += delta.token_ids
-                    if delta.logprobs is not None:
-                        out.logprobs += delta.logprobs
-                    if delta.finished:
-                        out.finish_reason = delta.finish_reason
+                    results[delta.request_id] = results[delta.request_id].then(delta)
         finally:
-            for request_id in outputs:  # on error or interrupt, leave nothing behind
+            for request_id in results:  # on error or interrupt, leave nothing behind
                 self.engine.abort(request_id)
-        return list(outputs.values())
+        return [
+            CompletionOutput(r.request_id, prompt_ids[r.request_id], r.text, r.token_ids, r.finish_reason, r.logprobs)
+            for r in results.values()
+        ]
 
     def chat(
         self,

@@ -10,16 +10,18 @@ from dataclasses import dataclass
 
 from flask import current_app, g
 
+from ...engine.sampling_params import SamplingParams
+from ..engine_messages import Accepted, Conversation, Rejected
 from ..errors import APIError
-from ..manager import EngineManager, Prompt
-from ..sampling_params import SamplingParams
-from ..streams import Accepted, ChoiceDelta, Rejected, RequestStream, Terminated, merge_deltas
+from ..extension import manager_of
+from ..manager import EngineManager
+from ..streams import ChoiceDelta, RequestStream, Terminated, merge_deltas
 
 ADMISSION_TIMEOUT_S = 60.0
 
 
 def manager() -> EngineManager:
-    return current_app.extensions["wsgi_infer"]
+    return manager_of(current_app)
 
 
 def check_model(name: str | None) -> None:
@@ -28,7 +30,7 @@ def check_model(name: str | None) -> None:
         raise APIError(f"model {name!r} does not exist; this server serves {served!r}", 404, param="model", code="model_not_found")
 
 
-def start(prompts: list[Prompt], params: list[SamplingParams], chat: bool = False) -> RequestStream:
+def start(prompts: list[str | list[int]] | list[Conversation], params: list[SamplingParams], chat: bool = False) -> RequestStream:
     """Submit and wait for the engine to accept; raise the right APIError otherwise."""
     mgr = manager()
     if mgr.draining:
@@ -98,5 +100,5 @@ def collect(stream: RequestStream) -> dict[int, ChoiceDelta]:
         if isinstance(batch, Heartbeat):
             continue
         for choice in batch:
-            merged[choice.index] = merge_deltas([merged[choice.index], choice])[0] if choice.index in merged else choice
+            merged[choice.index] = merged[choice.index].then(choice) if choice.index in merged else choice
     return merged

@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..engine.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams
 from .errors import APIError
-from .sampling_params import MAX_LOGPROBS, SamplingParams
 
 MAX_CHOICES = 16
 
@@ -72,8 +72,8 @@ class _SamplingRequest(_Request):
                 )
                 for j in range(self.n)
             ]
-        except ValueError as exc:
-            raise APIError(str(exc), param=str(exc).split(" ", 1)[0]) from None
+        except InvalidParameter as exc:
+            raise APIError(str(exc), param=exc.param) from None
 
 
 class CompletionRequest(_SamplingRequest):

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-SUPPORTED = ("int8",)
 INT8_MAX_ROWS = 8  # steps with at most this many tokens use the int8 weights
 
 

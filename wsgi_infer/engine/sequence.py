@@ -1,13 +1,15 @@
-"""One request's state inside the engine."""
+"""One request's state inside the engine: plain data, no torch."""
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
-import torch
-
-from .detokenizer import IncrementalDetokenizer
-from .outputs import TokenLogprob
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from .detokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(enum.Enum):
@@ -21,7 +23,9 @@ class Sequence:
 
     ``num_computed_tokens`` counts tokens whose KV is in the cache; the tokens
     after it are what the next steps must compute. A token is sampled only when
-    a step computes up to the last token.
+    a step computes up to the last token. The engine attaches the request's
+    detokenizer and random generator; scheduling and block management never
+    use them.
     """
 
     def __init__(
@@ -30,8 +34,8 @@ class Sequence:
         prompt_token_ids: list[int],
         params: SamplingParams,
         max_tokens: int,
-        detokenizer: IncrementalDetokenizer,
-        generator: torch.Generator,
+        detokenizer: IncrementalDetokenizer | None = None,
+        generator: torch.Generator | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
@@ -44,9 +48,6 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []  # chained content hashes of full blocks
-        self.output_text = ""
-        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
-        self.finish_reason: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -55,10 +56,6 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[: self.num_prompt_tokens]
 
     @property
     def output_token_ids(self) -> list[int]:

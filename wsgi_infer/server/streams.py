@@ -8,24 +8,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import gevent.event
 
-from .outputs import RequestDelta
+from .engine_messages import Accepted, Rejected
 
-
-@dataclass
-class Accepted:
-    """The engine queued every choice; the prompt had this many tokens."""
-
-    prompt_tokens: int
-
-
-@dataclass
-class Rejected:
-    """The engine refused the request (bad input): a 400 for the client."""
-
-    message: str
+if TYPE_CHECKING:
+    from ..engine.outputs import RequestDelta
 
 
 @dataclass
@@ -46,6 +36,10 @@ class ChoiceDelta:
     index: int
     delta: RequestDelta
     token_texts: dict[int, str] = field(default_factory=dict)
+
+    def then(self, later: ChoiceDelta) -> ChoiceDelta:
+        """This choice's delta followed by a later one, as one (see ``RequestDelta.then``)."""
+        return ChoiceDelta(self.index, self.delta.then(later.delta), {**self.token_texts, **later.token_texts})
 
 
 StreamEvent = Accepted | Rejected | Terminated | ChoiceDelta
@@ -118,30 +112,7 @@ def merge_deltas(events: list[StreamEvent]) -> list[ChoiceDelta]:
     """One delta per choice for a batch of events, in order of first appearance."""
     merged: dict[int, ChoiceDelta] = {}
     for event in events:
-        if not isinstance(event, ChoiceDelta):
-            continue
-        current = merged.get(event.index)
-        if current is None:
-            merged[event.index] = ChoiceDelta(event.index, _copy(event.delta), dict(event.token_texts))
-            continue
-        current.token_texts.update(event.token_texts)
-        d, new = current.delta, event.delta
-        d.text += new.text
-        d.token_ids += new.token_ids
-        if new.logprobs is not None:
-            d.logprobs = (d.logprobs or []) + new.logprobs
-        d.finish_reason = new.finish_reason
-        d.num_output_tokens = new.num_output_tokens
+        if isinstance(event, ChoiceDelta):
+            earlier = merged.get(event.index)
+            merged[event.index] = event if earlier is None else earlier.then(event)
     return list(merged.values())
-
-
-def _copy(delta: RequestDelta) -> RequestDelta:
-    return RequestDelta(
-        request_id=delta.request_id,
-        text=delta.text,
-        token_ids=list(delta.token_ids),
-        logprobs=list(delta.logprobs) if delta.logprobs is not None else None,
-        finish_reason=delta.finish_reason,
-        num_prompt_tokens=delta.num_prompt_tokens,
-        num_output_tokens=delta.num_output_tokens,
-    )

@@ -1,7 +1,7 @@
-"""What the engine hands back: per-step deltas and finished offline results."""
+"""What the engine hands back: per-step deltas, finished offline results, counters."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -34,6 +34,22 @@ class RequestDelta:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def then(self, later: RequestDelta) -> RequestDelta:
+        """This delta followed by a later one of the same request, as one delta.
+
+        The one way deltas are merged: offline results, slow stream readers and
+        non-streamed responses all use it. Neither input is changed.
+        """
+        logprobs = self.logprobs if later.logprobs is None else (self.logprobs or []) + later.logprobs
+        return replace(
+            self,
+            text=self.text + later.text,
+            token_ids=self.token_ids + later.token_ids,
+            logprobs=logprobs,
+            finish_reason=later.finish_reason,
+            num_output_tokens=later.num_output_tokens,
+        )
+
 
 @dataclass
 class CompletionOutput:
@@ -45,3 +61,14 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str
     logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class EngineCounters:
+    """What the engine holds now: when idle, nothing runs or waits and every block is free."""
+
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_cached_blocks: int
+    num_total_blocks: int

@@ -1,4 +1,4 @@
-"""GET /: the chat page (plain HTML, CSS and JavaScript in wsgi_infer/static, served
+"""GET /: the chat page (plain HTML, CSS and JavaScript in wsgi_infer/server/static, served
 by Flask's own /static route)."""
 from __future__ import annotations
 

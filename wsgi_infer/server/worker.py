@@ -21,6 +21,8 @@ from gunicorn.sock import ssl_context
 from gunicorn.workers.base import Worker
 from gunicorn.workers.ggevent import GeventWorker
 
+from .extension import manager_of
+
 
 class InferenceWorker(GeventWorker):
     drain_seconds: float = 0.0  # set by post_worker_init from the settings and graceful_timeout
@@ -40,7 +42,7 @@ class InferenceWorker(GeventWorker):
             return
         for server in self._servers:
             server.stop_accepting()
-        manager = self._manager()
+        manager = manager_of(getattr(self, "wsgi", None))
         if manager is not None and not self._quitting:
             gevent.spawn(manager.drain, self.drain_seconds)
 
@@ -74,11 +76,7 @@ class InferenceWorker(GeventWorker):
 
     def _quit(self, sig, frame) -> None:
         self._quitting = True
-        manager = self._manager()
+        manager = manager_of(getattr(self, "wsgi", None))
         if manager is not None:
             manager.shutdown_now()
         Worker.handle_quit(self, sig, frame)  # worker_int hook, then exit
-
-    def _manager(self):
-        extensions = getattr(getattr(self, "wsgi", None), "extensions", None) or {}
-        return extensions.get("wsgi_infer")

@@ -6,6 +6,14 @@ from dataclasses import dataclass, field
 MAX_LOGPROBS = 20
 
 
+class InvalidParameter(ValueError):
+    """A field with a bad value; ``param`` names it, so an API can point at it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass
 class SamplingParams:
     """How one request is decoded.
@@ -40,7 +48,7 @@ class SamplingParams:
 
     def _validate(self) -> None:
         def fail(name: str, why: str) -> None:
-            raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+            raise InvalidParameter(name, f"{name} {why}, got {getattr(self, name)!r}")
 
         if not 0.0 <= self.temperature <= 100.0:
             fail("temperature", "must be between 0 and 100")

@@ -4,14 +4,15 @@ A pump greenlet turns the engine's output into events and appends them here;
 HTTP responses only read the log from an event id on, so a client that lost
 its connection (EventSource does this by itself, with Last-Event-ID) resumes
 the same generation where it left off. Logs stay readable for a while after
-their stream finished. ``StreamLog`` keeps them in this process (correct with
-one worker); ``RedisStreamLog`` keeps them in a Redis stream, so that any worker
-or host sharing the Redis serves any resume.
+their stream finished. ``MemoryStreamLog`` keeps them in this process (correct
+with one worker); ``RedisStreamLog`` keeps them in a Redis stream, so that any
+worker or host sharing the Redis serves any resume.
 """
 from __future__ import annotations
 
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 
 import gevent
@@ -20,22 +21,62 @@ import gevent.event
 from . import sse
 
 
-class StreamLog:
-    """``on_abandoned`` runs when the stream is unfinished and nobody has read it
-    for ``grace`` seconds: the client is gone for good, so its generation stops."""
+class StreamLog(ABC):
+    """One stream's numbered events, wherever they are kept.
 
-    def __init__(self, stream_id: str, grace: float, on_abandoned: Callable[[], None]) -> None:
+    ``on_abandoned`` (given where the stream is generated) runs when the stream
+    is unfinished and nobody has read it for ``grace`` seconds: the client is
+    gone for good, so its generation stops.
+    """
+
+    def __init__(self, stream_id: str, grace: float, on_abandoned: Callable[[], None] | None) -> None:
         self.stream_id = stream_id
-        self.events: list[str] = []
         self.finished = False
-        self.finished_at = 0.0
         self.readers = 0
         self._grace = grace
         self._on_abandoned = on_abandoned
+
+    @abstractmethod
+    def append(self, text: str) -> None:
+        """Record one SSE event (without id); readers see it with the next id."""
+
+    @abstractmethod
+    def finish(self) -> None:
+        """No more events: readers end after the last one."""
+
+    @abstractmethod
+    def _events(self, after: int, heartbeat: float) -> Iterator[str]:
+        """Events after id ``after`` with their ``id:`` lines; a heartbeat after each quiet interval."""
+
+    def _read_elsewhere(self) -> bool:
+        """Whether a reader in another process still holds the stream (only a shared log knows)."""
+        return False
+
+    def read(self, after: int, heartbeat: float) -> Iterator[str]:
+        """Events after id ``after``, waiting for new ones (heartbeats meanwhile) until the end."""
+        self.readers += 1
+        try:
+            yield from self._events(max(0, after), heartbeat)
+        finally:
+            self.readers -= 1
+            if not self.readers and not self.finished and self._on_abandoned is not None:
+                gevent.spawn_later(self._grace, self._abandon_if_unread)
+
+    def _abandon_if_unread(self) -> None:
+        if not self.readers and not self.finished and not self._read_elsewhere():
+            self._on_abandoned()
+
+
+class MemoryStreamLog(StreamLog):
+    """The log in this process's memory."""
+
+    def __init__(self, stream_id: str, grace: float, on_abandoned: Callable[[], None]) -> None:
+        super().__init__(stream_id, grace, on_abandoned)
+        self.events: list[str] = []
+        self.finished_at = 0.0
         self._changed = gevent.event.Event()
 
     def append(self, text: str) -> None:
-        """Record one SSE event (without id); readers see it with the next id."""
         self.events.append(f"id: {len(self.events) + 1}\n{text}")
         self._changed.set()
 
@@ -44,47 +85,32 @@ class StreamLog:
         self.finished_at = time.monotonic()
         self._changed.set()
 
-    def read(self, after: int, heartbeat: float) -> Iterator[str]:
-        """Events after id ``after``, waiting for new ones (heartbeats meanwhile) until the end."""
-        self.readers += 1
-        try:
-            position = max(0, after)
-            while True:
-                while position < len(self.events):
-                    position += 1
-                    yield self.events[position - 1]
-                if self.finished:
-                    return
-                self._changed.clear()
-                if not self._changed.wait(heartbeat) and position == len(self.events):
-                    yield sse.HEARTBEAT
-        finally:
-            self.readers -= 1
-            if not self.readers and not self.finished:
-                gevent.spawn_later(self._grace, self._abandon_if_unread)
-
-    def _abandon_if_unread(self) -> None:
-        if not self.readers and not self.finished:
-            self._on_abandoned()
+    def _events(self, after: int, heartbeat: float) -> Iterator[str]:
+        position = after
+        while True:
+            while position < len(self.events):
+                position += 1
+                yield self.events[position - 1]
+            if self.finished:
+                return
+            self._changed.clear()
+            if not self._changed.wait(heartbeat) and position == len(self.events):
+                yield sse.HEARTBEAT
 
 
-class RedisStreamLog:
-    """The same log in a Redis stream (entry ids ``n-0``), expiring ``keep_seconds``
+class RedisStreamLog(StreamLog):
+    """The log in a Redis stream (entry ids ``n-0``), expiring ``keep_seconds``
     after it finished. Readers on any instance renew a short lease key, so the
     instance generating the stream knows whether anybody still reads it."""
 
     def __init__(self, client, stream_id: str, grace: float, keep_seconds: float,
                  on_abandoned: Callable[[], None] | None = None) -> None:
-        self.stream_id = stream_id
+        super().__init__(stream_id, grace, on_abandoned)
         self.key = f"wsgi-infer:stream:{stream_id}"
         self._lease = f"{self.key}:reader"
         self._client = client
-        self._grace = grace
         self._keep = keep_seconds
-        self._on_abandoned = on_abandoned
         self._next = 1
-        self.readers = 0
-        self.finished = False
 
     def append(self, text: str) -> None:
         self._client.xadd(self.key, {"event": text}, id=f"{self._next}-0")
@@ -95,29 +121,22 @@ class RedisStreamLog:
         self._client.expire(self.key, max(1, int(self._keep)))
         self.finished = True
 
-    def read(self, after: int, heartbeat: float) -> Iterator[str]:
-        self.readers += 1
-        last = f"{max(0, after)}-0"
-        try:
-            while True:
-                self._client.set(self._lease, "1", px=int(2000 * max(heartbeat, self._grace)))
-                reply = self._client.xread({self.key: last}, block=int(1000 * heartbeat), count=256)
-                if not reply:
-                    yield sse.HEARTBEAT
-                    continue
-                for entry_id, fields in reply[0][1]:
-                    last = entry_id
-                    if b"end" in fields:
-                        return
-                    yield f"id: {entry_id.split(b'-')[0].decode()}\n{fields[b'event'].decode()}"
-        finally:
-            self.readers -= 1
-            if not self.readers and self._on_abandoned is not None and not self.finished:
-                gevent.spawn_later(self._grace, self._abandon_if_unread)
+    def _events(self, after: int, heartbeat: float) -> Iterator[str]:
+        last = f"{after}-0"
+        while True:
+            self._client.set(self._lease, "1", px=int(2000 * max(heartbeat, self._grace)))
+            reply = self._client.xread({self.key: last}, block=int(1000 * heartbeat), count=256)
+            if not reply:
+                yield sse.HEARTBEAT
+                continue
+            for entry_id, fields in reply[0][1]:
+                last = entry_id
+                if b"end" in fields:
+                    return
+                yield f"id: {entry_id.split(b'-')[0].decode()}\n{fields[b'event'].decode()}"
 
-    def _abandon_if_unread(self) -> None:
-        if not self.readers and not self.finished and not self._client.exists(self._lease):
-            self._on_abandoned()
+    def _read_elsewhere(self) -> bool:
+        return bool(self._client.exists(self._lease))
 
 
 class StreamLogs:
@@ -127,23 +146,23 @@ class StreamLogs:
     def __init__(self, keep_seconds: float, grace: float, redis_url: str | None = None) -> None:
         self.keep_seconds = keep_seconds
         self.grace = grace
-        self._logs: dict[str, StreamLog] = {}
+        self._logs: dict[str, MemoryStreamLog] = {}
         self._redis = None
         if redis_url:
             import redis  # optional: pip install "wsgi-infer[redis]"
 
             self._redis = redis.Redis.from_url(redis_url)
 
-    def create(self, on_abandoned: Callable[[], None]) -> StreamLog | RedisStreamLog:
+    def create(self, on_abandoned: Callable[[], None]) -> StreamLog:
         stream_id = uuid.uuid4().hex
         if self._redis is not None:
             return RedisStreamLog(self._redis, stream_id, self.grace, self.keep_seconds, on_abandoned)
         self._expire()
-        log = StreamLog(stream_id, self.grace, on_abandoned)
+        log = MemoryStreamLog(stream_id, self.grace, on_abandoned)
         self._logs[stream_id] = log
         return log
 
-    def get(self, stream_id: str) -> StreamLog | RedisStreamLog | None:
+    def get(self, stream_id: str) -> StreamLog | None:
         if self._redis is not None:
             log = RedisStreamLog(self._redis, stream_id, self.grace, self.keep_seconds)
             return log if self._redis.exists(log.key) else None

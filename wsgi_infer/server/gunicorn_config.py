@@ -2,7 +2,7 @@
 
 The top-level gunicorn.conf.py imports everything from here, so
 `gunicorn -c gunicorn.conf.py` and `wsgi-infer serve` (which loads this module
-as `python:wsgi_infer.gunicorn_config`) run the same configuration.
+as `python:wsgi_infer.server.gunicorn_config`) run the same configuration.
 Command-line flags and GUNICORN_CMD_ARGS override these settings; the engine
 is configured by WSGI_INFER_* variables (README).
 """
@@ -11,22 +11,24 @@ import os
 import shutil
 import tempfile
 
+from wsgi_infer.server.extension import manager_of
+
 # Read in the master before any worker exists (and before torch is imported anywhere).
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="wsgi-infer-metrics-")
     os.environ["WSGI_INFER_OWNS_METRICS_DIR"] = "1"
 
-wsgi_app = "wsgi_infer.wsgi:app"
+wsgi_app = "wsgi_infer.server.wsgi:app"
 bind = "127.0.0.1:8000"
 workers = 1
-worker_class = "wsgi_infer.worker.InferenceWorker"  # gunicorn's gevent worker, with a drain
+worker_class = "wsgi_infer.server.worker.InferenceWorker"  # gunicorn's gevent worker, with a drain
 worker_connections = 1000  # greenlets per worker, idle keep-alive connections included
 timeout = 60  # the hub never runs model work, so this only fires on a hung worker
 graceful_timeout = 30
 keepalive = 5
 accesslog = "-"
-logger_class = "wsgi_infer.gunicorn_logging.ProxyAwareLogger"  # real client address behind nginx
+logger_class = "wsgi_infer.server.gunicorn_logging.ProxyAwareLogger"  # real client address behind nginx
 errorlog = "-"
 loglevel = "info"
 
@@ -40,7 +42,7 @@ def pre_fork(server, worker):
 def post_worker_init(worker):
     """In the worker, after gevent patched it: start the engine thread (it loads the model)."""
     _share_gunicorn_logging(worker)
-    manager = worker.wsgi.extensions["wsgi_infer"]
+    manager = manager_of(worker.wsgi)
     settings = manager.settings
     _place_engine(worker, settings)
     worker.drain_seconds = settings.drain_seconds or max(1.0, worker.cfg.graceful_timeout - worker.cfg.keepalive - 2)
@@ -54,13 +56,13 @@ def post_worker_init(worker):
 
 
 def worker_exit(server, worker):
-    app = getattr(worker, "wsgi", None)
-    if app is not None and hasattr(app, "extensions"):  # in the worker, with the app loaded
-        app.extensions["wsgi_infer"].close()
+    manager = manager_of(getattr(worker, "wsgi", None))
+    if manager is not None:  # in the worker, with the app loaded
+        manager.close()
 
 
 def child_exit(server, worker):
-    from wsgi_infer import metrics
+    from wsgi_infer.server import metrics
 
     metrics.mark_worker_dead(worker.pid)
 

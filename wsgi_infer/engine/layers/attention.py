@@ -4,14 +4,16 @@ The KV cache of one layer is a flat tensor of slots ``[num_blocks * block_size,
 num_kv_heads, head_dim]``; a sequence's token at position p lives in slot
 ``block_table[p // block_size] * block_size + p % block_size``.
 
-One step mixes decodes (one query token each, batched into a single attention
-call over their gathered blocks, padded to the longest) and prefill chunks (several query tokens each,
-attended one sequence at a time with a causal mask offset by the cached prefix).
-The flat token order of a step is: all decode tokens, then each prefill chunk.
+One step mixes single-token sequences (one query token each: decodes, and
+prefill chunks of one token; batched into a single attention call over their
+gathered blocks, padded to the longest) and prefill chunks (several query
+tokens each, attended one sequence at a time with a causal mask offset by the
+cached prefix). The flat token order of a step is: all single tokens, then
+each prefill chunk.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -30,10 +32,10 @@ class AttentionMetadata:
 
     block_size: int
     slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V is written
-    num_decode_tokens: int
-    decode_blocks: torch.Tensor | None  # [num_decodes * max_blocks] block ids, padded
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
-    prefills: list[PrefillChunk]
+    num_single_token_seqs: int
+    single_token_blocks: torch.Tensor | None = None  # [num_single_token_seqs * max_blocks] block ids, padded
+    single_token_mask: torch.Tensor | None = None  # [num_single_token_seqs, 1, 1, max_blocks * block_size] bool
+    prefills: list[PrefillChunk] = field(default_factory=list)
 
 
 def paged_attention(
@@ -53,17 +55,17 @@ def paged_attention(
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
     outputs = []
-    num_decode = meta.num_decode_tokens
-    if num_decode:
-        keys = _gather_blocks(k_cache, meta, num_decode)
-        values = _gather_blocks(v_cache, meta, num_decode)
+    num_single = meta.num_single_token_seqs
+    if num_single:
+        keys = _gather_blocks(k_cache, meta, num_single)
+        values = _gather_blocks(v_cache, meta, num_single)
         # Grouped-query attention without repeating K/V: the query heads sharing a
         # KV head become that head's query rows ([B, kv_heads, group, D]).
         num_kv_heads = k_cache.shape[1]
-        grouped_q = q[:num_decode].view(num_decode, num_kv_heads, -1, q.shape[-1])
-        out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=meta.decode_mask, scale=scale)
+        grouped_q = q[:num_single].view(num_single, num_kv_heads, -1, q.shape[-1])
+        out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=meta.single_token_mask, scale=scale)
         outputs.append(out.flatten(1))
-    start = num_decode
+    start = num_single
     for chunk in meta.prefills:
         end = start + chunk.num_tokens
         keys = k_cache[chunk.context_slots].transpose(0, 1)
@@ -83,5 +85,5 @@ def _gather_blocks(cache: torch.Tensor, meta: AttentionMetadata, batch: int) -> 
     index_select, which is several times faster than gathering slot by slot.
     """
     num_kv_heads, head_dim = cache.shape[1:]
-    blocks = cache.view(-1, meta.block_size * num_kv_heads * head_dim).index_select(0, meta.decode_blocks)
+    blocks = cache.view(-1, meta.block_size * num_kv_heads * head_dim).index_select(0, meta.single_token_blocks)
     return blocks.view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)

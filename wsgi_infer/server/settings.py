@@ -4,7 +4,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .config import EngineConfig
+from ..engine.config import EngineConfig
 
 
 class ServerSettings(BaseSettings):
@@ -37,6 +37,8 @@ class ServerSettings(BaseSettings):
     api_key: str | None = Field(None, description="one key, or several separated by commas; API routes then need `Authorization: Bearer <key>`")
     protect_ops: bool = Field(False, description="with api_key: /health and /metrics need the key too")
     cors_origins: str = Field("", description="origins allowed to call the API from a browser, separated by commas (`*` for any)")
+
+    test_fault_at_step: int = Field(0, ge=0, description="tests only: the engine's step N raises, as a bug would")
 
     @property
     def api_keys(self) -> list[str]:

@@ -1,14 +1,16 @@
 """The engine: ties tokenizer, scheduler, block manager, model runner and sampler.
 
-Its whole API is ``add_request``, ``step``, ``abort`` and ``has_unfinished``,
-plus counters that prove nothing leaks. It is single-threaded: the server
-drives it from one native thread.
+Requests go in with ``add_request`` and leave with ``abort``/``abort_all`` or
+by finishing; ``step`` computes one batch and returns what it did to each
+request; ``has_unfinished`` says whether a step has work. ``tokenize`` and
+``apply_chat_template`` turn text into prompts, and ``counters`` proves that
+nothing leaks. It is single-threaded: the server drives it from one native
+thread.
 """
 from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
 
 import torch
 
@@ -18,7 +20,7 @@ from .detokenizer import IncrementalDetokenizer
 from .device import resolve_device, resolve_dtype
 from .model_loader import eos_token_ids, load_config, load_tokenizer, resolve_model_dir
 from .model_runner import ModelRunner
-from .outputs import RequestDelta
+from .outputs import EngineCounters, RequestDelta, TokenLogprob
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
@@ -26,14 +28,7 @@ from .sequence import Sequence
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class EngineCounters:
-    num_running: int
-    num_waiting: int
-    num_free_blocks: int
-    num_cached_blocks: int
-    num_total_blocks: int
+Prompt = str | list[int]  # text, or token ids
 
 
 class LLMEngine:
@@ -69,7 +64,7 @@ class LLMEngine:
             raise ValueError(f"messages: the chat template failed: {exc}") from exc
         return list(encoded["input_ids"])
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> int:
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> int:
         """Queue a request; return its prompt length. Raises ValueError for bad input."""
         if request_id in self._seqs:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -142,10 +137,8 @@ class LLMEngine:
         tokens, logprobs = self.sampler(logits, sampling)
         return [self._append_token(seq, token, lp) for seq, token, lp in zip(sampling, tokens, logprobs)]
 
-    def _append_token(self, seq: Sequence, token: int, logprob) -> RequestDelta:
+    def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> RequestDelta:
         seq.token_ids.append(token)
-        if logprob is not None:
-            seq.logprobs.append(logprob)
         params = seq.params
         finish_reason = None
         if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
@@ -157,9 +150,7 @@ class LLMEngine:
             elif seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
                 finish_reason = "length"
                 text += seq.detokenizer.flush()
-        seq.output_text += text
         if finish_reason is not None:
-            seq.finish_reason = finish_reason
             self.scheduler.finish(seq)
             del self._seqs[seq.request_id]
         return RequestDelta(

@@ -9,6 +9,7 @@ from flask import Flask, g, request
 from .access import install_access_control
 from .api import native, openai, ops, ui
 from .errors import register_error_handlers
+from .extension import init_app
 from .manager import EngineManager
 from .settings import ServerSettings
 
@@ -16,13 +17,13 @@ _CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def create_app(settings: ServerSettings | None = None) -> Flask:
-    """Build the app. Its EngineManager (``app.extensions["wsgi_infer"]``) is started
+    """Build the app. Its EngineManager (``extension.manager_of(app)``) is started
     separately, by gunicorn's ``post_worker_init`` hook, once per worker."""
     settings = settings or ServerSettings()
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.ensure_ascii = False
-    app.extensions["wsgi_infer"] = EngineManager(settings)
+    init_app(app, EngineManager(settings))
     register_error_handlers(app)
     install_access_control(app, settings)
     for blueprint in (openai.bp, native.bp, ops.bp, ui.bp):

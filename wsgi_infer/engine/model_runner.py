@@ -1,0 +1,149 @@
+"""Runs one scheduled step on the device: inputs, forward pass, logits.
+
+Owns our model module and the paged KV cache. All torch work of the engine
+happens here and in the sampler, on the engine's thread.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import EngineConfig
+from .layers.attention import AttentionMetadata, PrefillChunk
+from .layers.quantization import quantize_linear_layers
+from .model_loader import CheckpointTensors
+from .models import MODEL_REGISTRY
+from .scheduler import ScheduledSequence
+from .sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_CPU_KV_BYTES = 256 << 20
+_CUDA_MEMORY_FRACTION = 0.9
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values) over all slots
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, hf_config, model_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
+        self.device = device
+        self.dtype = dtype
+        self.block_size = config.block_size
+        self.model = self._load_model(hf_config, model_dir)
+        if config.quantization:
+            quantize_linear_layers(self.model, config.quantization, device)
+        self.model.eval()
+        self.max_model_len = min(config.max_model_len or hf_config.max_position_embeddings, self.model.max_positions)
+        self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+        self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+        self.num_layers = hf_config.num_hidden_layers
+        self.num_blocks = config.num_kv_blocks or max(1, self._kv_budget(config) // self._bytes_per_block())
+        self.kv_caches = self._allocate_kv_cache()
+
+    # --- construction: build and load, quantize, size the KV cache, allocate -------
+    def _load_model(self, hf_config, model_dir: Path) -> nn.Module:
+        """Our module for the architecture, built in the target dtype, weights read tensor by tensor."""
+        model_cls = MODEL_REGISTRY[hf_config.model_type]
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)  # build in the target dtype: no float32 copy of the weights
+        try:
+            with torch.device(self.device):
+                model = model_cls(hf_config, hf_config.max_position_embeddings)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        model.load_hf_state_dict(CheckpointTensors(model_dir, self.dtype))
+        return model
+
+    def _bytes_per_block(self) -> int:
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+    def _kv_budget(self, config: EngineConfig) -> int:
+        if config.kv_cache_memory_bytes:
+            return config.kv_cache_memory_bytes
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * _CUDA_MEMORY_FRACTION)
+        return _DEFAULT_CPU_KV_BYTES
+
+    def _allocate_kv_cache(self) -> KVCache:
+        shape = (self.num_blocks * self.block_size, self.num_kv_heads, self.head_dim)
+        caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(self.num_layers)
+        ]
+        log.info(
+            "KV cache: %d blocks of %d tokens (%.0f MiB, %s %s)", self.num_blocks, self.block_size,
+            self.num_blocks * self._bytes_per_block() / 2**20, self.device, self.dtype,
+        )
+        return caches
+
+    # --- one step: prepare inputs, run, select logits ----------------------------------
+    @torch.inference_mode()
+    def execute(self, batch: list[ScheduledSequence]) -> tuple[list[Sequence], torch.Tensor]:
+        """Run the forward pass; return the sequences that sample and their float32 logits rows."""
+        # One query token per item (decodes, and prefill chunks cut down to one token)
+        # first, then the longer prefill chunks: see layers.attention.
+        single_token = [s for s in batch if s.num_new_tokens == 1]
+        ordered = single_token + [s for s in batch if s.num_new_tokens > 1]
+        input_ids, positions, slots = [], [], []
+        for item in ordered:
+            start, end = item.seq.num_computed_tokens, item.seq.num_computed_tokens + item.num_new_tokens
+            input_ids += item.seq.token_ids[start:end]
+            positions += range(start, end)
+            slots.append(self._slots(item.seq.block_table, start, end))
+        meta = AttentionMetadata(block_size=self.block_size, slot_mapping=torch.cat(slots), num_single_token_seqs=len(single_token))
+        self._prepare_single_token(meta, single_token)
+        self._prepare_prefill(meta, ordered[len(single_token):])
+        hidden = self._run(input_ids, positions, meta)
+        return self._select_logits(hidden, ordered)
+
+    def _prepare_single_token(self, meta: AttentionMetadata, items: list[ScheduledSequence]) -> None:
+        """Block tables padded to the longest context, and the mask of each row's real slots."""
+        if not items:
+            return
+        context_lens = [s.seq.num_computed_tokens + 1 for s in items]
+        max_blocks = -(-max(context_lens) // self.block_size)
+        # Pad with block 0: its slots are masked out.
+        padded = [s.seq.block_table[:max_blocks] + [0] * (max_blocks - len(s.seq.block_table)) for s in items]
+        meta.single_token_blocks = torch.tensor(padded, dtype=torch.long, device=self.device).flatten()
+        lens = torch.tensor(context_lens, device=self.device).unsqueeze(1)
+        padded_len = max_blocks * self.block_size
+        meta.single_token_mask = (torch.arange(padded_len, device=self.device) < lens).view(len(items), 1, 1, padded_len)
+
+    def _prepare_prefill(self, meta: AttentionMetadata, items: list[ScheduledSequence]) -> None:
+        """Per chunk: the slots of its whole context, and a causal mask offset by the cached prefix."""
+        for item in items:
+            end = item.seq.num_computed_tokens + item.num_new_tokens
+            query_pos = torch.arange(item.seq.num_computed_tokens, end, device=self.device)
+            meta.prefills.append(
+                PrefillChunk(
+                    num_tokens=item.num_new_tokens,
+                    context_slots=self._slots(item.seq.block_table, 0, end),
+                    causal_mask=torch.arange(end, device=self.device) <= query_pos.unsqueeze(1),
+                )
+            )
+
+    def _run(self, input_ids: list[int], positions: list[int], meta: AttentionMetadata) -> torch.Tensor:
+        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        return self.model(ids, pos, self.kv_caches, meta)
+
+    def _select_logits(self, hidden: torch.Tensor, ordered: list[ScheduledSequence]) -> tuple[list[Sequence], torch.Tensor]:
+        """Only the last token of a sequence that finished its prompt needs logits."""
+        last_rows, sampling, row = [], [], 0
+        for item in ordered:
+            row += item.num_new_tokens
+            if item.samples:
+                last_rows.append(row - 1)
+                sampling.append(item.seq)
+        if not sampling:
+            return [], hidden.new_empty(0)
+        return sampling, self.model.compute_logits(hidden[last_rows]).float()
+
+    def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
+        positions = torch.arange(start, end, device=self.device)
+        table = torch.tensor(block_table, dtype=torch.long, device=self.device)
+        return table[positions // self.block_size] * self.block_size + positions % self.block_size

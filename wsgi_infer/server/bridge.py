@@ -1,0 +1,135 @@
+"""The one place where the engine's native thread meets the gevent hub.
+
+gunicorn's gevent worker monkey-patches ``threading``: a ``threading.Thread``
+would be a greenlet and a ``threading.Event`` a hub-only primitive. The engine
+needs a genuine OS thread (torch work must never block the hub), and that
+thread must hand results to greenlets in a way that wakes the hub. A
+``HubBridge`` is that thread and both directions of its traffic:
+
+- ``start_thread`` uses the original ``_thread.start_new_thread``.
+- ``send`` (hub to thread) puts commands into a ``_queue.SimpleQueue`` (C,
+  never patched): its blocking ``get`` is the native event the idle engine
+  thread sleeps on, in ``commands``.
+- ``post`` (thread to hub) appends to a ``deque`` and sends the hub loop's
+  ``async_`` watcher, whose ``send()`` is thread-safe. Several sends before
+  the hub runs coalesce into one callback, which drains the deque, so nothing
+  is lost and a whole engine step costs one wake-up.
+- The thread's log records go to the hub, which emits them, so the thread
+  never touches logging's patched locks.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+from _queue import SimpleQueue  # C implementation: never monkey-patched
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import gevent
+from gevent.monkey import get_original
+
+_start_new_thread = get_original("_thread", "start_new_thread")
+_native_get_ident: Callable[[], int] = get_original("_thread", "get_ident")
+_LEVELS = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
+
+log = logging.getLogger(__name__)
+
+
+class HubBridge:
+    """A native thread and its link with the hub; ``handler`` gets every posted item, in the hub.
+
+    Create, use and close it in the hub's thread; ``post`` and ``commands`` are
+    for the native thread, ``send`` for any thread.
+    """
+
+    def __init__(self, handler: Callable[[Any], None]) -> None:
+        self._handler = handler
+        self._items: collections.deque[Any] = collections.deque()
+        self._commands: SimpleQueue = SimpleQueue()
+        self._hub_ident = _native_get_ident()
+        self._thread_ident: int | None = None
+        self._watcher = gevent.get_hub().loop.async_()
+        self._watcher.start(self._drain)
+        self._watcher.ref = False  # never keeps the loop alive by itself
+
+    def start_thread(self, target: Callable[[], None], relay_loggers: tuple[str, ...] = ()) -> None:
+        """Run ``target`` on a new OS thread, even in a monkey-patched process.
+
+        Records that loggers under ``relay_loggers`` produce on that thread are
+        handed to the hub (see ``_RelayFilter``).
+        """
+        if relay_loggers:
+            _install_relay(_RelayFilter(self), relay_loggers)
+
+        def run() -> None:
+            self._thread_ident = _native_get_ident()
+            target()
+
+        _start_new_thread(run, ())
+
+    def on_native_thread(self) -> bool:
+        return _native_get_ident() == self._thread_ident
+
+    def on_hub_thread(self) -> bool:
+        return _native_get_ident() == self._hub_ident
+
+    # --- hub to thread --------------------------------------------------------------
+    def send(self, command: Any) -> None:
+        """Any thread: queue a command for the native thread."""
+        self._commands.put(command)
+
+    def commands(self, block: bool) -> Iterator[Any]:
+        """Native thread: every queued command; with ``block``, sleep until the first one."""
+        if block:
+            yield self._commands.get()
+        while not self._commands.empty():
+            yield self._commands.get_nowait()
+
+    # --- thread to hub --------------------------------------------------------------
+    def post(self, item: Any) -> None:
+        """Thread-safe: queue ``item`` and wake the hub."""
+        self._items.append(item)
+        self._watcher.send()
+
+    def _drain(self) -> None:
+        while self._items:
+            item = self._items.popleft()
+            try:
+                if isinstance(item, logging.LogRecord):
+                    logging.getLogger(item.name).handle(item)  # as if it had been logged here
+                else:
+                    self._handler(item)
+            except Exception:  # one bad item must not stop delivery of the rest
+                log.exception("bridge handler failed")
+
+    def close(self) -> None:
+        self._drain()
+        self._watcher.stop()
+        self._watcher.close()
+
+
+class _RelayFilter(logging.Filter):
+    """On the native thread, forward a record to the hub instead of handling it there.
+
+    Logger filters run before any handler lock is taken, so the native thread
+    never touches a (patched) handler lock.
+    """
+
+    def __init__(self, bridge: HubBridge) -> None:
+        super().__init__()
+        self._bridge = bridge
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self._bridge.on_native_thread():
+            return True
+        self._bridge.post(record)
+        return False
+
+
+def _install_relay(relay: _RelayFilter, prefixes: tuple[str, ...]) -> None:
+    names = [name for name in logging.root.manager.loggerDict if name.startswith(prefixes)]
+    for name in {*names, *prefixes}:
+        logger = logging.getLogger(name)
+        logger.addFilter(relay)
+        for level in _LEVELS:
+            logger.isEnabledFor(level)  # warm the level cache: a miss takes logging's module lock

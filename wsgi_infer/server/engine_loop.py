@@ -1,0 +1,122 @@
+"""The engine thread's whole life: load the model, then serve commands and steps.
+
+It runs on the bridge's native thread. While idle it sleeps on the bridge's
+command queue (no polling, no CPU); while busy it takes every queued command
+between steps. After each step it posts everything that happened, in one list,
+to the hub. It never touches gevent: the hub-side ``StreamRouter`` and the
+``EngineManager`` handle what it posts.
+"""
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..engine.config import EngineConfig
+from ..engine.llm_engine import LLMEngine
+from ..engine.outputs import RequestDelta
+from .engine_messages import (
+    Abort,
+    Aborted,
+    Accepted,
+    Admitted,
+    EngineFailed,
+    EngineReady,
+    EngineStopped,
+    Rejected,
+    StepDone,
+    Stop,
+    Submit,
+)
+
+if TYPE_CHECKING:
+    from .bridge import HubBridge
+
+
+class EngineLoop:
+    """``fault_at_step`` (tests only, from the settings) makes that step raise."""
+
+    def __init__(self, config: EngineConfig, bridge: HubBridge, fault_at_step: int = 0) -> None:
+        self._config = config
+        self._bridge = bridge
+        self._fault_at_step = fault_at_step
+
+    def run(self) -> None:
+        """The thread's target: load, serve until ``Stop`` or an error, free the model."""
+        post = self._bridge.post
+        try:
+            engine = LLMEngine(self._config)
+        except Exception as exc:  # a bad model path or file: reported, the worker stays up unready
+            first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+            post([EngineFailed(f"model failed to load: {first_line}", traceback.format_exc()), EngineStopped()])
+            return
+        post([EngineReady(engine.max_model_len, str(engine.model_dir), engine.block_manager.num_blocks)])
+        try:
+            self._serve(engine)
+        except Exception as exc:
+            post([EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}", traceback.format_exc())])
+        finally:
+            # Free the model here: torch destructors must not run during interpreter shutdown.
+            on_cuda = engine.device.type == "cuda"
+            del engine
+            if on_cuda:
+                import torch
+
+                torch.cuda.empty_cache()
+            post([EngineStopped()])
+
+    def _serve(self, engine: LLMEngine) -> None:
+        step = self._step_function(engine)
+        while True:
+            outbox: list = []
+            aborted: list[Aborted] = []  # delivered after the counters they changed
+            for command in self._bridge.commands(block=not engine.has_unfinished()):
+                if isinstance(command, Stop):
+                    engine.abort_all()
+                    return
+                if isinstance(command, Abort):
+                    aborted.append(Aborted(command.request_id, sum(engine.abort(c) for c in command.choice_ids)))
+                else:
+                    outbox.append(_admit(engine, command))
+            deltas = step() if engine.has_unfinished() else []
+            if outbox or deltas or aborted:
+                outbox.append(StepDone(deltas, engine.counters(), _token_texts(engine, deltas)))
+                self._bridge.post(outbox + aborted)
+
+    def _step_function(self, engine: LLMEngine) -> Callable[[], list[RequestDelta]]:
+        if not self._fault_at_step:
+            return engine.step
+        steps = 0
+
+        def faulty_step() -> list[RequestDelta]:
+            nonlocal steps
+            steps += 1
+            if steps == self._fault_at_step:
+                raise RuntimeError(f"fault injected at step {steps} (WSGI_INFER_TEST_FAULT_AT_STEP)")
+            return engine.step()
+
+        return faulty_step
+
+
+def _admit(engine: LLMEngine, command: Submit) -> Admitted:
+    """Queue every choice of every prompt (choice index = prompt * n + j), or none of them."""
+    stream, n = command.stream, len(command.params)
+    try:
+        prompt_ids = [
+            engine.apply_chat_template(p) if command.chat else engine.tokenize(p) if isinstance(p, str) else p
+            for p in command.prompts
+        ]
+        for i, ids in enumerate(prompt_ids):
+            for j, params in enumerate(command.params):
+                engine.add_request(stream.choice_id(i * n + j), ids, params)
+    except ValueError as exc:
+        for choice_id in stream.choice_ids:
+            engine.abort(choice_id)
+        return Admitted(stream, Rejected(str(exc)))
+    return Admitted(stream, Accepted(sum(len(ids) for ids in prompt_ids)))
+
+
+def _token_texts(engine: LLMEngine, deltas: list[RequestDelta]) -> dict[int, str]:
+    """The text of every token the deltas' logprobs mention, decoded here, off the hub."""
+    wanted = {t for d in deltas if d.logprobs for lp in d.logprobs for t in (lp.token_id, *(i for i, _ in lp.top))}
+    return {t: engine.tokenizer.decode([t]) for t in wanted}

@@ -1,0 +1,87 @@
+"""What the hub and the engine thread tell each other, through the bridge.
+
+Commands go to the thread (``Submit``, ``Abort``, ``Stop``); events come back,
+a list per wake-up of the hub. Plain data: this module imports neither torch
+nor gevent, so both sides can share it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..engine.outputs import EngineCounters, RequestDelta
+    from ..engine.sampling_params import SamplingParams
+    from .streams import RequestStream
+
+Conversation = list[dict]  # chat messages, before the chat template
+
+
+# --- commands: hub to engine thread --------------------------------------------------
+@dataclass
+class Submit:
+    stream: RequestStream
+    prompts: list[str | list[int]] | list[Conversation]
+    params: list[SamplingParams]  # one per choice of each prompt (n)
+    chat: bool
+
+
+@dataclass
+class Abort:
+    request_id: str
+    choice_ids: list[str]
+
+
+class Stop:
+    pass
+
+
+# --- events: engine thread to hub -----------------------------------------------------
+@dataclass
+class Accepted:
+    """The engine queued every choice; the prompts had this many tokens."""
+
+    prompt_tokens: int
+
+
+@dataclass
+class Rejected:
+    """The engine refused the request (bad input): a 400 for the client."""
+
+    message: str
+
+
+@dataclass
+class Admitted:
+    stream: RequestStream
+    outcome: Accepted | Rejected
+
+
+@dataclass
+class EngineReady:
+    max_model_len: int
+    model_dir: str
+    num_blocks: int
+
+
+@dataclass
+class EngineFailed:
+    message: str  # one line, safe to show clients
+    detail: str = ""  # the traceback, for the log only
+
+
+@dataclass
+class StepDone:
+    deltas: list[RequestDelta]
+    counters: EngineCounters  # sent with every delivery, so the gauges are right when the engine goes idle
+    token_texts: dict[int, str]  # the text of every token id the deltas' logprobs mention
+
+
+@dataclass
+class Aborted:
+    request_id: str
+    num_choices: int
+
+
+class EngineStopped:
+    pass

@@ -1,0 +1,207 @@
+"""Owns a worker's engine thread and the requests' way to it.
+
+Greenlets call ``submit`` and ``release``; these only send commands through
+the bridge. The engine thread (``EngineLoop``) posts what each step did back
+through the bridge, and the ``StreamRouter`` routes it to the streams in the
+hub. The manager handles the engine's lifecycle: start, readiness, failure,
+graceful drain and quick shutdown.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import gevent.event
+
+from ..engine.model_loader import default_model_path
+from ..engine.sampling_params import SamplingParams
+from . import metrics
+from .bridge import HubBridge
+from .engine_loop import EngineLoop
+from .engine_messages import Abort, Conversation, EngineFailed, EngineReady, EngineStopped, Stop, Submit
+from .router import StreamRouter
+from .settings import ServerSettings
+from .stream_log import StreamLogs
+from .streams import RequestStream
+
+log = logging.getLogger(__name__)
+
+STALL_SECONDS = 60.0  # requests open but no delivery for this long: /health says 503
+STREAM_FLUSH_SECONDS = 0.5  # for streams to write their final event before the thread stops
+RELAYED_LOGGERS = ("wsgi_infer", "transformers")  # what the engine thread logs, emitted in the hub
+
+
+class EngineManager:
+    """``on_engine_death`` runs (in the hub) when the engine thread dies of an error
+    after it was serving; under gunicorn it ends the worker so a fresh one replaces it."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.on_engine_death: Callable[[], None] | None = None
+        self.model_name = settings.served_model_name or _default_name(settings.model)
+        self.model_dir = ""
+        self.max_model_len = 0
+        self.started_at = time.time()
+        self.ready = False
+        self.failure: str | None = None
+        self.draining = False
+        self._closing = False
+        self._bridge: HubBridge | None = None
+        self._router = StreamRouter(
+            {EngineReady: self._on_ready, EngineFailed: self._on_failed, EngineStopped: self._on_stopped}
+        )
+        self._ready_event = gevent.event.Event()
+        self._stopped = gevent.event.Event()
+        self._idle = gevent.event.Event()  # set while no request has an open response
+        self._idle.set()
+        self._open_streams: set[int] = set()  # responses not yet released
+        self._ids = itertools.count()
+        # A stream nobody has read for one heartbeat interval is abandoned (the client left).
+        self.stream_logs = StreamLogs(settings.resume_keep_seconds, grace=settings.heartbeat_seconds, redis_url=settings.redis_url)
+
+    # --- lifecycle (hub) ---------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread; it loads the model, then serves. Returns at once."""
+        if self._bridge is not None:
+            return
+        # Import the heavy modules here, in the hub, so the thread creates no loggers.
+        import transformers  # noqa: F401
+        from transformers import AutoConfig, AutoTokenizer  # noqa: F401
+
+        self._bridge = HubBridge(self._router.deliver)
+        loop = EngineLoop(self.settings.engine_config(), self._bridge, self.settings.test_fault_at_step)
+        self._bridge.start_thread(loop.run, relay_loggers=RELAYED_LOGGERS)
+
+    @property
+    def alive(self) -> bool:
+        """The engine thread is running (or still loading)."""
+        return self._bridge is not None and not self._stopped.is_set()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait (cooperatively) while the model is still loading."""
+        if self.alive and not self.ready and not self.failure:
+            self._ready_event.wait(timeout)
+        return self.ready
+
+    @property
+    def stalled(self) -> bool:
+        """Requests are open but the engine thread has delivered nothing for a long time."""
+        return bool(self._router.streams) and time.monotonic() - self._router.last_delivery_at > STALL_SECONDS
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread (after its current step) and end every open stream.
+
+        Idempotent. From the hub it waits cooperatively (the hub keeps running);
+        from any other thread it only asks the engine thread to stop.
+        """
+        if not self.alive:
+            return
+        self._closing = True
+        self._bridge.send(Stop())
+        if not self._bridge.on_hub_thread():
+            return
+        if self._stopped.wait(timeout):
+            log.info("engine thread stopped")
+        else:
+            log.error("engine thread did not stop within %.0f s", timeout)
+        self.end_streams()
+        self._bridge.close()
+
+    def drain(self, deadline: float) -> None:
+        """Graceful stop (in a greenlet): refuse new work, let open requests finish for
+        up to ``deadline`` seconds, end the rest with a shutdown event, stop the thread."""
+        if self.draining:
+            return
+        self.draining = True
+        log.info("draining: %d open requests, up to %.1f s", self.num_open_requests, deadline)
+        if not self._idle.wait(deadline):
+            ended = self.end_streams()
+            log.info("drain deadline reached: ended %d open requests with a shutdown event", ended)
+            self._idle.wait(STREAM_FLUSH_SECONDS)
+        self.close()
+        log.info("drained")
+
+    def shutdown_now(self) -> None:
+        """Quick stop: every open stream gets its shutdown event at once, then the thread stops."""
+        self.draining = True
+        ended = self.end_streams()
+        log.info("quick shutdown: ended %d open requests", ended)
+        self._idle.wait(STREAM_FLUSH_SECONDS)
+        self.close(timeout=STREAM_FLUSH_SECONDS)
+
+    def end_streams(self) -> int:
+        """Give every open stream a shutdown event; its greenlet ends the response cleanly."""
+        streams = self._router.streams
+        for stream in streams:
+            self._router.terminate(stream, "the server is shutting down; retry the request", "server_shutting_down")
+        return len(streams)
+
+    # --- requests (hub) ---------------------------------------------------------------
+    def submit(
+        self, request_id: str, prompts: list[str | list[int]] | list[Conversation], params: list[SamplingParams],
+        chat: bool = False,
+    ) -> RequestStream:
+        """Queue ``len(params)`` choices of each prompt (choice index = prompt * n + j).
+
+        The stream's first event is Accepted or Rejected; then the choices' deltas.
+        """
+        # The engine keys choices by a number of ours: clients may reuse their request ids.
+        stream = RequestStream(request_id, len(prompts) * len(params), key=str(next(self._ids)))
+        self._router.add(stream)
+        self._open_streams.add(id(stream))
+        self._idle.clear()
+        metrics.open_streams.inc()
+        self._bridge.send(Submit(stream, prompts, params, chat))
+        return stream
+
+    def release(self, stream: RequestStream) -> None:
+        """The response is over (finished, failed or the client left): abort what still runs."""
+        if stream.closed:
+            return
+        stream.closed = True
+        metrics.open_streams.dec()
+        self._open_streams.discard(id(stream))
+        if not self._open_streams:
+            self._idle.set()
+        self._router.remove(stream)
+        unfinished = [cid for i, cid in enumerate(stream.choice_ids) if i not in stream.finish_reasons]
+        if unfinished and self.alive:
+            self._bridge.send(Abort(stream.request_id, unfinished))
+
+    @property
+    def num_open_requests(self) -> int:
+        return len(self._open_streams)
+
+    # --- the engine's lifecycle events (hub) -------------------------------------------------
+    def _on_ready(self, event: EngineReady) -> None:
+        self.max_model_len = event.max_model_len
+        self.model_dir = event.model_dir
+        metrics.kv_blocks_total.set(event.num_blocks)
+        metrics.kv_blocks_free.set(event.num_blocks)
+        self.ready = True
+        self._ready_event.set()
+        log.info("engine ready: serving %s (context %d tokens)", self.model_name, self.max_model_len)
+
+    def _on_failed(self, event: EngineFailed) -> None:
+        self.failure = event.message
+        self._ready_event.set()  # nobody waits for a model that failed
+        log.error("%s\n%s", event.message, event.detail)
+
+    def _on_stopped(self, event: EngineStopped) -> None:
+        was_serving, self.ready = self.ready, False
+        self._stopped.set()
+        if self._closing:
+            self.end_streams()
+        for stream in self._router.streams:
+            self._router.terminate(stream, self.failure or "the engine stopped", "engine_stopped")
+        if was_serving and not self._closing and self.on_engine_death is not None:
+            self.on_engine_death()
+
+
+def _default_name(model: str | None) -> str:
+    """What clients call the model: its directory name, or its file name without .gguf."""
+    path = Path(model) if model else default_model_path()
+    return path.stem if path.suffix == ".gguf" else path.name

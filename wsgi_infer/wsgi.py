@@ -1,4 +1,0 @@
-"""The WSGI entry point gunicorn loads: ``wsgi_infer.wsgi:app``."""
-from .app import create_app
-
-app = create_app()
