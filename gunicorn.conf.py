@@ -3,4 +3,5 @@
 The settings and hooks live in the package (wsgi_infer/server/gunicorn_config.py)
 so that `wsgi-infer serve` runs the very same configuration.
 """
+
 from wsgi_infer.server.gunicorn_config import *  # noqa: F401,F403

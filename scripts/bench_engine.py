@@ -11,6 +11,7 @@ Requests keep a fixed concurrency (closed loop): a new one starts when one
 ends. Every request has a distinct prompt of about 36 tokens and generates
 exactly --output-len tokens (ignore_eos).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,14 @@ import sys
 import time
 
 SUBJECTS = [
-    "a lighthouse keeper", "a robot who learns to paint", "two rival bakers", "a lost dragon",
-    "an old violinist", "a city under the sea", "a detective cat", "the last library on Mars",
+    "a lighthouse keeper",
+    "a robot who learns to paint",
+    "two rival bakers",
+    "a lost dragon",
+    "an old violinist",
+    "a city under the sea",
+    "a detective cat",
+    "the last library on Mars",
 ]
 TEMPLATE = (
     "Write a short story about {subject}. Begin with a vivid description of the place, "
@@ -62,7 +69,9 @@ def run_engine(args) -> dict:
         next_id = 0
         t0 = time.perf_counter()
         while next_id < num_requests or engine.has_unfinished():
-            while next_id < num_requests and engine.counters().num_running + engine.counters().num_waiting < concurrency:
+            while (
+                next_id < num_requests and engine.counters().num_running + engine.counters().num_waiting < concurrency
+            ):
                 rid = str(next_id)
                 engine.add_request(rid, todo[next_id], params)
                 start[rid] = time.perf_counter()
@@ -87,9 +96,14 @@ def run_engine(args) -> dict:
             "mean_prompt_tokens": statistics.mean(prompt_tokens),
             "output_tok_s": total_out / wall,
             "request_s": num_requests / wall,
-            "ttft_mean_ms": 1e3 * statistics.mean(ttft), "ttft_p50_ms": 1e3 * percentile(ttft, 50), "ttft_p99_ms": 1e3 * percentile(ttft, 99),
-            "tpot_mean_ms": 1e3 * statistics.mean(tpot), "tpot_p50_ms": 1e3 * percentile(tpot, 50), "tpot_p99_ms": 1e3 * percentile(tpot, 99),
-            "itl_p50_ms": 1e3 * percentile(gaps, 50), "itl_p99_ms": 1e3 * percentile(gaps, 99),
+            "ttft_mean_ms": 1e3 * statistics.mean(ttft),
+            "ttft_p50_ms": 1e3 * percentile(ttft, 50),
+            "ttft_p99_ms": 1e3 * percentile(ttft, 99),
+            "tpot_mean_ms": 1e3 * statistics.mean(tpot),
+            "tpot_p50_ms": 1e3 * percentile(tpot, 50),
+            "tpot_p99_ms": 1e3 * percentile(tpot, 99),
+            "itl_p50_ms": 1e3 * percentile(gaps, 50),
+            "itl_p99_ms": 1e3 * percentile(gaps, 99),
             "e2el_mean_ms": 1e3 * statistics.mean(e2el),
         }
         print(f"# wsgi-infer c={concurrency}: {results[concurrency]['output_tok_s']:.1f} tok/s", file=sys.stderr)
@@ -160,10 +174,26 @@ def run_profile(args) -> dict:
 
 
 def child(kind: str, args, quant: str = "none") -> dict:
-    cmd = [sys.executable, __file__, "--child", kind, "--dtype", args.dtype, "--quantization", quant,
-           "--output-len", str(args.output_len),
-           "--rounds", str(args.rounds), "--min-requests", str(args.min_requests),
-           "--hf-single-requests", str(args.hf_single_requests), "--concurrency", *map(str, args.concurrency)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        kind,
+        "--dtype",
+        args.dtype,
+        "--quantization",
+        quant,
+        "--output-len",
+        str(args.output_len),
+        "--rounds",
+        str(args.rounds),
+        "--min-requests",
+        str(args.min_requests),
+        "--hf-single-requests",
+        str(args.hf_single_requests),
+        "--concurrency",
+        *map(str, args.concurrency),
+    ]
     if args.model:
         cmd += ["--model", args.model]
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
@@ -179,8 +209,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="requests per concurrency slot")
     parser.add_argument("--min-requests", type=int, default=4)
     parser.add_argument("--hf-single-requests", type=int, default=2)
-    parser.add_argument("--quantization", nargs="+", default=["none", "int8"], choices=["none", "int8"],
-                        help="engine runs to compare (int8: int8 weights for steps of at most 8 tokens)")
+    parser.add_argument(
+        "--quantization",
+        nargs="+",
+        default=["none", "int8"],
+        choices=["none", "int8"],
+        help="engine runs to compare (int8: int8 weights for steps of at most 8 tokens)",
+    )
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--profile", action="store_true", help="also profile one decode step at batch 1 and 64")
     parser.add_argument("--child", choices=["engine", "transformers", "profile"], help=argparse.SUPPRESS)
@@ -193,14 +228,22 @@ def main() -> None:
 
     for quant in args.quantization:
         engine = child("engine", args, quant)
-        print(f"## wsgi-infer engine ({engine['dtype']}, quantization {quant}), {args.output_len} output tokens, "
-              f"peak RSS {engine['peak_rss_mb']:.0f} MB\n")
-        print("| concurrency | requests | prompt tok | out tok/s | req/s | TTFT mean / p99 ms | TPOT mean / p99 ms | ITL p50 / p99 ms |")
+        print(
+            f"## wsgi-infer engine ({engine['dtype']}, quantization {quant}), {args.output_len} output tokens, "
+            f"peak RSS {engine['peak_rss_mb']:.0f} MB\n"
+        )
+        print(
+            "| concurrency | requests | prompt tok | out tok/s | req/s | TTFT mean / p99 ms | TPOT mean / p99 ms "
+            "| ITL p50 / p99 ms |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for c, r in engine["results"].items():
-            print(f"| {c} | {r['requests']} | {r['mean_prompt_tokens']:.0f} | {r['output_tok_s']:.1f} | {r['request_s']:.2f} | "
-                  f"{r['ttft_mean_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_mean_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
-                  f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} |")
+            print(
+                f"| {c} | {r['requests']} | {r['mean_prompt_tokens']:.0f} | {r['output_tok_s']:.1f} "
+                f"| {r['request_s']:.2f} | {r['ttft_mean_ms']:.0f} / {r['ttft_p99_ms']:.0f} "
+                f"| {r['tpot_mean_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
+                f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} |"
+            )
         print()
     if not args.skip_transformers:
         hf = child("transformers", args)

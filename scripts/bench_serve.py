@@ -13,6 +13,7 @@ run, and prints both. Example:
 By default it starts `gunicorn -c gunicorn.conf.py` itself on a free port;
 --url targets a running server instead.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 async def one_request(client: httpx.AsyncClient, model: str, prompt: str, output_len: int) -> dict:
     body = {
-        "model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0, "ignore_eos": True,
-        "stream": True, "stream_options": {"include_usage": True},
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
     }
     start = time.perf_counter()
     times, usage = [], None
@@ -57,17 +63,24 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str, output
     e2el = times[-1] - start
     tokens = usage["completion_tokens"]
     return {
-        "ttft": ttft, "e2el": e2el, "itl": [b - a for a, b in zip(times, times[1:])],
-        "tpot": (e2el - ttft) / (tokens - 1) if tokens > 1 else None, "tokens": tokens,
-        "prompt_tokens": usage["prompt_tokens"], "end": times[-1],
+        "ttft": ttft,
+        "e2el": e2el,
+        "itl": [b - a for a, b in zip(times, times[1:])],
+        "tpot": (e2el - ttft) / (tokens - 1) if tokens > 1 else None,
+        "tokens": tokens,
+        "prompt_tokens": usage["prompt_tokens"],
+        "end": times[-1],
     }
 
 
-async def run_level(url: str, model: str, concurrency: int, num_requests: int, output_len: int, rate: float | None) -> dict:
+async def run_level(
+    url: str, model: str, concurrency: int, num_requests: int, output_len: int, rate: float | None
+) -> dict:
     todo = prompts(num_requests)
     semaphore = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+
         async def limited(prompt: str, delay: float) -> dict:
             await asyncio.sleep(delay)
             async with semaphore:
@@ -96,12 +109,22 @@ def summarize(results: list[dict], wall: float) -> dict:
     e2el = [r["e2el"] for r in results]
     out = sum(r["tokens"] for r in results)
     return {
-        "requests": len(results), "output_tok_s": out / wall, "request_s": len(results) / wall,
+        "requests": len(results),
+        "output_tok_s": out / wall,
+        "request_s": len(results) / wall,
         "total_tok_s": (out + sum(r["prompt_tokens"] for r in results)) / wall,
-        "ttft_mean_ms": 1e3 * statistics.mean(ttft), "ttft_p50_ms": ms(ttft, 50), "ttft_p99_ms": ms(ttft, 99),
-        "tpot_mean_ms": 1e3 * statistics.mean(tpot), "tpot_p50_ms": ms(tpot, 50), "tpot_p99_ms": ms(tpot, 99),
-        "itl_mean_ms": 1e3 * statistics.mean(itl), "itl_p50_ms": ms(itl, 50), "itl_p99_ms": ms(itl, 99),
-        "e2el_mean_ms": 1e3 * statistics.mean(e2el), "e2el_p50_ms": ms(e2el, 50), "e2el_p99_ms": ms(e2el, 99),
+        "ttft_mean_ms": 1e3 * statistics.mean(ttft),
+        "ttft_p50_ms": ms(ttft, 50),
+        "ttft_p99_ms": ms(ttft, 99),
+        "tpot_mean_ms": 1e3 * statistics.mean(tpot),
+        "tpot_p50_ms": ms(tpot, 50),
+        "tpot_p99_ms": ms(tpot, 99),
+        "itl_mean_ms": 1e3 * statistics.mean(itl),
+        "itl_p50_ms": ms(itl, 50),
+        "itl_p99_ms": ms(itl, 99),
+        "e2el_mean_ms": 1e3 * statistics.mean(e2el),
+        "e2el_p50_ms": ms(e2el, 50),
+        "e2el_p99_ms": ms(e2el, 99),
     }
 
 
@@ -119,9 +142,20 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     if args.model:
         env["WSGI_INFER_MODEL"] = args.model
     process = subprocess.Popen(
-        [str(Path(sys.executable).with_name("gunicorn")), "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{port}",
-         "--access-logfile", "/dev/null"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            str(Path(sys.executable).with_name("gunicorn")),
+            "-c",
+            "gunicorn.conf.py",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--access-logfile",
+            "/dev/null",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     ready = threading.Event()
 
@@ -141,12 +175,29 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
 
 
 def engine_alone(args) -> dict:
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_engine.py"), "--child", "engine", "--dtype", args.dtype,
-           "--quantization", args.quantization, "--output-len", str(args.output_len), "--rounds", str(args.rounds),
-           "--min-requests", str(args.min_requests), "--concurrency", *map(str, args.concurrency)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "bench_engine.py"),
+        "--child",
+        "engine",
+        "--dtype",
+        args.dtype,
+        "--quantization",
+        args.quantization,
+        "--output-len",
+        str(args.output_len),
+        "--rounds",
+        str(args.rounds),
+        "--min-requests",
+        str(args.min_requests),
+        "--concurrency",
+        *map(str, args.concurrency),
+    ]
     if args.model:
         cmd += ["--model", args.model]
-    return json.loads(subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1])
+    return json.loads(
+        subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1]
+    )
 
 
 def serve_levels(args) -> dict[int, dict]:
@@ -158,8 +209,11 @@ def serve_levels(args) -> dict[int, dict]:
         for c in args.concurrency:
             n = max(args.min_requests, c * args.rounds)
             results[c] = asyncio.run(run_level(url, model, c, n, args.output_len, args.request_rate))
-            print(f"# server c={c}: {results[c]['output_tok_s']:.1f} tok/s, client CPU {results[c]['client_cpu_frac']:.0%} of a core",
-                  file=sys.stderr)
+            r = results[c]
+            print(
+                f"# server c={c}: {r['output_tok_s']:.1f} tok/s, client CPU {r['client_cpu_frac']:.0%} of a core",
+                file=sys.stderr,
+            )
         return results
     finally:
         if server is not None:
@@ -170,7 +224,11 @@ def serve_levels(args) -> dict[int, dict]:
 def median_runs(runs: list[dict[int, dict]]) -> dict[int, dict]:
     """Per concurrency and metric, the median over runs."""
     return {
-        c: {k: statistics.median(run[c][k] for run in runs) for k in runs[0][c] if isinstance(runs[0][c][k], (int, float))}
+        c: {
+            k: statistics.median(run[c][k] for run in runs)
+            for k in runs[0][c]
+            if isinstance(runs[0][c][k], (int, float))
+        }
         for c in runs[0]
     }
 
@@ -182,7 +240,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", default="none", choices=["none", "int8"])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals per second (capped by concurrency)")
+    parser.add_argument(
+        "--request-rate", type=float, default=None, help="Poisson arrivals per second (capped by concurrency)"
+    )
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2, help="requests per concurrency slot")
     parser.add_argument("--min-requests", type=int, default=4)
@@ -199,24 +259,34 @@ def main() -> None:
     served = median_runs(served_runs)
     alone = median_runs(alone_runs) if alone_runs else None
 
-    print(f"## HTTP server vs engine alone ({args.dtype}, quantization {args.quantization}), {args.output_len} output tokens, "
-          f"median of {args.repeat} alternating runs\n")
-    print("| concurrency | path | out tok/s | req/s | TTFT mean / p50 / p99 ms | TPOT mean / p99 ms | ITL p50 / p99 ms | E2EL mean / p99 ms |")
+    print(
+        f"## HTTP server vs engine alone ({args.dtype}, quantization {args.quantization}), "
+        f"{args.output_len} output tokens, median of {args.repeat} alternating runs\n"
+    )
+    print(
+        "| concurrency | path | out tok/s | req/s | TTFT mean / p50 / p99 ms | TPOT mean / p99 ms "
+        "| ITL p50 / p99 ms | E2EL mean / p99 ms |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for c, r in served.items():
-        print(f"| {c} | HTTP/SSE | {r['output_tok_s']:.1f} | {r['request_s']:.2f} | {r['ttft_mean_ms']:.1f} / {r['ttft_p50_ms']:.1f} / "
-              f"{r['ttft_p99_ms']:.1f} | {r['tpot_mean_ms']:.1f} / {r['tpot_p99_ms']:.1f} | {r['itl_p50_ms']:.1f} / "
-              f"{r['itl_p99_ms']:.1f} | {r['e2el_mean_ms']:.0f} / {r['e2el_p99_ms']:.0f} |")
+        print(
+            f"| {c} | HTTP/SSE | {r['output_tok_s']:.1f} | {r['request_s']:.2f} | {r['ttft_mean_ms']:.1f} / "
+            f"{r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f} | {r['tpot_mean_ms']:.1f} / {r['tpot_p99_ms']:.1f} "
+            f"| {r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | {r['e2el_mean_ms']:.0f} / {r['e2el_p99_ms']:.0f} |"
+        )
         if alone:
             e = alone[c]
-            print(f"| {c} | engine alone | {e['output_tok_s']:.1f} | {e['request_s']:.2f} | {e['ttft_mean_ms']:.1f} / "
-                  f"{e['ttft_p50_ms']:.1f} / {e['ttft_p99_ms']:.1f} | {e['tpot_mean_ms']:.1f} / {e['tpot_p99_ms']:.1f} | "
-                  f"{e['itl_p50_ms']:.1f} / {e['itl_p99_ms']:.1f} | {e['e2el_mean_ms']:.0f} / - |")
+            print(
+                f"| {c} | engine alone | {e['output_tok_s']:.1f} | {e['request_s']:.2f} | {e['ttft_mean_ms']:.1f} / "
+                f"{e['ttft_p50_ms']:.1f} / {e['ttft_p99_ms']:.1f} | {e['tpot_mean_ms']:.1f} / {e['tpot_p99_ms']:.1f} | "
+                f"{e['itl_p50_ms']:.1f} / {e['itl_p99_ms']:.1f} | {e['e2el_mean_ms']:.0f} / - |"
+            )
     if alone:
         print("\n| concurrency | HTTP/SSE cost in output tok/s | TTFT p50 added |\n|---|---|---|")
         for c, r in served.items():
             e = alone[c]
-            print(f"| {c} | {100 * (1 - r['output_tok_s'] / e['output_tok_s']):.1f}% | {r['ttft_p50_ms'] - e['ttft_p50_ms']:+.1f} ms |")
+            cost = 100 * (1 - r["output_tok_s"] / e["output_tok_s"])
+            print(f"| {c} | {cost:.1f}% | {r['ttft_p50_ms'] - e['ttft_p50_ms']:+.1f} ms |")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ bridge; the hub measures the delivery. Example:
 
     .venv/bin/python scripts/bench_wakeup.py --samples 500
 """
+
 from gevent import monkey
 
 monkey.patch_all()

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Save a screenshot of the chat page mid-stream (docs/chat-page.png), default model.
 
-    .venv/bin/python scripts/screenshot_chat.py
+.venv/bin/python scripts/screenshot_chat.py
 """
+
 from __future__ import annotations
 
 import sys

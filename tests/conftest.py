@@ -1,4 +1,5 @@
 """Shared fixtures: tiny random-weight models of each architecture, the real default model."""
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,14 @@ def _tiny_config(arch: str, vocab_size: int):
         return GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=1024, **common)
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
     return cls(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=4096, tie_word_embeddings=arch == "qwen2", **common,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=arch == "qwen2",
+        **common,
     )
 
 

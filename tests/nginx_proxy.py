@@ -1,4 +1,5 @@
 """A real nginx, running the shipped scripts/nginx/wsgi-infer.conf with test addresses."""
+
 from __future__ import annotations
 
 import os
@@ -40,7 +41,9 @@ class NginxProxy:
             assert old in site, f"the shipped config no longer has {old!r}"
             site = site.replace(old, new)
         (self.dir / "site.conf").write_text(site)
-        temp_paths = "\n".join(f"{kind}_temp_path {self.dir}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        temp_paths = "\n".join(
+            f"{kind}_temp_path {self.dir}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+        )
         (self.dir / "nginx.conf").write_text(
             f"user root;\ndaemon off;\nworker_processes 1;\npid {self.dir}/nginx.pid;\n"
             f"error_log {self.dir}/error.log info;\nevents {{ worker_connections 256; }}\n"
@@ -49,8 +52,12 @@ class NginxProxy:
         self.start()
 
     def start(self) -> None:
-        self.process = subprocess.Popen([self.binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [self.binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self._wait_listening()
 
     def cut(self) -> None:
@@ -74,7 +81,7 @@ class NginxProxy:
         self.cut()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "NginxProxy":
+    def __enter__(self) -> NginxProxy:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,4 +1,5 @@
 """A real gunicorn process for end-to-end tests: started, watched through its log, stopped."""
+
 from __future__ import annotations
 
 import os
@@ -37,7 +38,12 @@ class GunicornServer:
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         self.process = subprocess.Popen(
             [GUNICORN, "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{self.port}", *args],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
         self.lines: list[str] = []
         self._eof = False
@@ -68,7 +74,7 @@ class GunicornServer:
                     raise AssertionError(f"no log line matching {pattern!r}; log:\n" + "\n".join(self.lines[-40:]))
                 self._changed.wait(remaining)
 
-    def wait_ready(self) -> "GunicornServer":
+    def wait_ready(self) -> GunicornServer:
         self.wait_for_log(r"engine ready: serving")
         return self
 
@@ -100,7 +106,7 @@ class GunicornServer:
                 self.process.wait()
         return self.process.returncode
 
-    def __enter__(self) -> "GunicornServer":
+    def __enter__(self) -> GunicornServer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,4 +1,5 @@
 """A small SSE reader over httpx, for tests that watch the wire format itself."""
+
 from __future__ import annotations
 
 import json

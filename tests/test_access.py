@@ -1,4 +1,5 @@
 """API keys and CORS on a real server."""
+
 from __future__ import annotations
 
 import openai
@@ -10,8 +11,10 @@ from .server import GunicornServer
 @pytest.fixture(scope="module")
 def server(tiny_model_dirs):
     settings = {
-        "model": tiny_model_dirs["llama"], "dtype": "float32",
-        "api_key": "key-one, key-two", "cors_origins": "http://app.example",
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "api_key": "key-one, key-two",
+        "cors_origins": "http://app.example",
     }
     with GunicornServer(settings) as srv:
         yield srv.wait_ready()
@@ -33,7 +36,9 @@ def test_openai_client_with_a_key_works_and_without_gets_401(server):
         r = http.post("/generate", json={"prompt": "hi"})
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert r.headers["www-authenticate"] == "Bearer"
-        assert http.post("/generate", json={"prompt": "hi"}, headers={"Authorization": "Basic key-one"}).status_code == 401
+        assert (
+            http.post("/generate", json={"prompt": "hi"}, headers={"Authorization": "Basic key-one"}).status_code == 401
+        )
 
 
 def test_health_and_metrics_stay_open_by_default(server):
@@ -44,16 +49,24 @@ def test_health_and_metrics_stay_open_by_default(server):
 
 def test_cors_preflight_and_allowed_origins(server):
     with server.client() as http:
-        preflight = http.options("/v1/chat/completions", headers={
-            "Origin": "http://app.example", "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization, content-type",
-        })
+        preflight = http.options(
+            "/v1/chat/completions",
+            headers={
+                "Origin": "http://app.example",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type",
+            },
+        )
         assert preflight.status_code == 200
         assert preflight.headers["access-control-allow-origin"] == "http://app.example"
         assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
-        other = http.options("/v1/chat/completions", headers={
-            "Origin": "http://evil.example", "Access-Control-Request-Method": "POST",
-        })
+        other = http.options(
+            "/v1/chat/completions",
+            headers={
+                "Origin": "http://evil.example",
+                "Access-Control-Request-Method": "POST",
+            },
+        )
         assert "access-control-allow-origin" not in other.headers
         actual = http.get("/v1/models", headers={"Origin": "http://app.example", "Authorization": "Bearer key-one"})
         assert actual.headers["access-control-allow-origin"] == "http://app.example"
@@ -75,7 +88,9 @@ def test_control_characters_in_headers_never_reach_the_log(server):
 
     for request_id in (b"a\x1b[31mred", b"ok-id\r\nInjected: yes"):
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Request-Id: " + request_id + b"\r\nConnection: close\r\n\r\n")
+            sock.sendall(
+                b"GET /health HTTP/1.1\r\nHost: x\r\nX-Request-Id: " + request_id + b"\r\nConnection: close\r\n\r\n"
+            )
             reply = sock.recv(4096)
         assert reply.startswith(b"HTTP/1.1 ")
     assert not any("\x1b" in line or "Injected" in line for line in server.lines)

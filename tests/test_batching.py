@@ -1,4 +1,5 @@
 """Continuous batching must not change what any request generates."""
+
 from __future__ import annotations
 
 import pytest
@@ -71,7 +72,9 @@ def test_prefix_cache_hit_keeps_output(tiny_model_dirs):
 
 def test_preemption_keeps_outputs(tiny_model_dirs, alone):
     # 24 blocks of 4 tokens cannot hold five growing sequences: some must be preempted.
-    llm = LLM(model=str(tiny_model_dirs["llama"]), dtype="float32", block_size=4, num_kv_blocks=24, max_num_batched_tokens=64)
+    llm = LLM(
+        model=str(tiny_model_dirs["llama"]), dtype="float32", block_size=4, num_kv_blocks=24, max_num_batched_tokens=64
+    )
     outputs = llm.generate(PROMPTS, GREEDY)
     assert llm.engine.scheduler.num_preemptions > 0
     assert {f"r{i}": o.token_ids for i, o in enumerate(outputs)} == alone

@@ -1,4 +1,5 @@
 """Block manager: reference counts, prefix hashing, LRU eviction of cached free blocks."""
+
 from __future__ import annotations
 
 from wsgi_infer.engine.block_manager import BlockManager

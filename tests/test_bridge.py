@@ -1,4 +1,5 @@
 """The native thread ↔ hub bridge, in a monkey-patched subprocess as under gunicorn."""
+
 from __future__ import annotations
 
 import json

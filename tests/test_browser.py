@@ -1,4 +1,5 @@
 """The chat page in a real headless Chromium (Debian's), driven by Playwright."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,14 @@ from .server import GunicornServer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 
@@ -57,7 +64,9 @@ def ask(page, prompt: str, max_tokens: int) -> None:
 
 def test_text_appears_incrementally_and_matches_the_engine(page, tiny_llama):
     prompt = "Tell me about the sea"
-    expected = tiny_llama.chat([{"role": "user", "content": prompt}], SamplingParams(temperature=0, max_tokens=400))[0].text
+    expected = tiny_llama.chat([{"role": "user", "content": prompt}], SamplingParams(temperature=0, max_tokens=400))[
+        0
+    ].text
     ask(page, prompt, 400)
     page.wait_for_function("document.querySelector('.assistant.streaming')?.textContent.length > 0")
     early = len(page.text_content(".assistant"))
@@ -85,7 +94,9 @@ def test_stop_button_aborts_the_request(page, server):
 
 def test_a_cut_connection_resumes_without_losing_or_repeating_tokens(browser, server, tiny_llama):
     prompt = "Keep talking through the cut"
-    expected = tiny_llama.chat([{"role": "user", "content": prompt}], SamplingParams(temperature=0, max_tokens=1500))[0].text
+    expected = tiny_llama.chat([{"role": "user", "content": prompt}], SamplingParams(temperature=0, max_tokens=1500))[
+        0
+    ].text
     with NginxProxy(f"127.0.0.1:{server.port}") as nginx:
         page = browser.new_page()
         page.goto(nginx.url + "/")

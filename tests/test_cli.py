@@ -1,16 +1,15 @@
 """The ``wsgi-infer`` command, run as a user would."""
+
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from wsgi_infer import LLM, SamplingParams
+from wsgi_infer import SamplingParams
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "wsgi_infer.cli", *args], capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([sys.executable, "-m", "wsgi_infer.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_generate_prints_the_greedy_completion(tiny_model_dirs, tiny_llama):
@@ -27,8 +26,10 @@ def test_missing_model_is_one_clear_error_line(tmp_path):
     assert result.returncode == 2
     assert result.stdout == ""
     errors = [line for line in result.stderr.splitlines() if "error" in line]
-    assert errors == [f"wsgi-infer: error: model {missing}: no such file or directory "
-                      "(expected a Hugging Face directory or a .gguf file)"]
+    assert errors == [
+        f"wsgi-infer: error: model {missing}: no such file or directory "
+        "(expected a Hugging Face directory or a .gguf file)"
+    ]
 
 
 def test_unsupported_architecture_names_path_and_expectation(tmp_path):

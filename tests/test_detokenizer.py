@@ -1,4 +1,5 @@
 """Incremental detokenization: whole characters only, nothing lost, stop strings held back."""
+
 from __future__ import annotations
 
 import pytest

@@ -6,6 +6,7 @@ catches what comes in through other modules. The last two rules read the
 modules' import statements instead: a route may well reach gevent and the
 engine, but only through the manager, which ``sys.modules`` cannot tell.
 """
+
 from __future__ import annotations
 
 import ast
@@ -23,8 +24,12 @@ SERVER_ONLY = ("gevent", "flask", "pydantic", "prometheus_client", "gunicorn")
 ENGINE_CORE = ("config", "sampling_params", "outputs", "sequence", "block_manager", "scheduler")
 MASTER_MODULES = ("worker", "gunicorn_config", "gunicorn_logging", "settings")
 # Plain data the server speaks to the engine with; routes use it freely.
-ENGINE_VOCABULARY = ("wsgi_infer.engine", "wsgi_infer.engine.config", "wsgi_infer.engine.sampling_params",
-                     "wsgi_infer.engine.outputs")
+ENGINE_VOCABULARY = (
+    "wsgi_infer.engine",
+    "wsgi_infer.engine.config",
+    "wsgi_infer.engine.sampling_params",
+    "wsgi_infer.engine.outputs",
+)
 NATIVE_THREADING = ("_thread", "_queue", "threading", "gevent.monkey", "gevent.threadpool", "concurrent.futures")
 
 
@@ -74,8 +79,12 @@ def test_what_the_gunicorn_master_imports_has_no_torch(loaded):
 def own_imports(path: Path) -> set[str]:
     """Absolute names of what a module imports itself, at run time (not under TYPE_CHECKING)."""
     tree = ast.parse(path.read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for n in ast.walk(node)}
+    skip = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
     package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path)
     names = set()
     for node in ast.walk(tree):
@@ -111,8 +120,13 @@ def test_only_the_manager_brings_gevent_and_the_engine_together():
     both = []
     for name in graph:
         names = reachable_imports(name, graph, stop=manager)
-        engine = {n for n in names if n.startswith("wsgi_infer.engine")
-                  and n not in ENGINE_VOCABULARY and n.rsplit(".", 1)[0] not in ENGINE_VOCABULARY}
+        engine = {
+            n
+            for n in names
+            if n.startswith("wsgi_infer.engine")
+            and n not in ENGINE_VOCABULARY
+            and n.rsplit(".", 1)[0] not in ENGINE_VOCABULARY
+        }
         if engine and any(n.split(".")[0] == "gevent" for n in names):
             both.append(name)
     assert both == [manager]

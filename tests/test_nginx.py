@@ -1,4 +1,5 @@
 """wsgi-infer behind a real nginx with the shipped configuration."""
+
 from __future__ import annotations
 
 import signal
@@ -52,7 +53,10 @@ def test_a_quiet_stream_outlives_nginx_read_timeout(tiny_model_dirs):
     with GunicornServer(settings) as server, NginxProxy(f"127.0.0.1:{server.port}", read_timeout="1s") as nginx:
         server.wait_ready()
         busy = {"prompt": "busy", "max_tokens": 1500, "ignore_eos": True, "stream": True}
-        with httpx.Client(base_url=server.url, timeout=60) as http, http.stream("POST", "/v1/completions", json=busy) as r:
+        with (
+            httpx.Client(base_url=server.url, timeout=60) as http,
+            http.stream("POST", "/v1/completions", json=busy) as r,
+        ):
             busy_events = events(r)
             assert next(busy_events).data  # the only slot is taken: the next request waits, quiet
             quiet = {"prompt": "patient", "max_tokens": 5, "stream": True}
@@ -67,7 +71,10 @@ def test_sigterm_drain_reaches_the_client_through_nginx(tiny_model_dirs):
         server.wait_ready()
         with NginxProxy(f"127.0.0.1:{server.port}") as nginx:
             body = {"prompt": "endless", "max_tokens": 4000, "ignore_eos": True, "stream": True}
-            with httpx.Client(base_url=nginx.url, timeout=30) as http, http.stream("POST", "/v1/completions", json=body) as r:
+            with (
+                httpx.Client(base_url=nginx.url, timeout=30) as http,
+                http.stream("POST", "/v1/completions", json=body) as r,
+            ):
                 received = events(r)
                 data = [next(e for e in received if e.data)]
                 server.process.send_signal(signal.SIGTERM)
@@ -85,8 +92,11 @@ def test_access_log_shows_the_real_client_and_the_unix_socket_upstream(tiny_mode
         server.wait_ready()
         via_nginx = httpx.HTTPTransport(local_address="127.0.0.2")
         with httpx.Client(base_url=nginx.url, transport=via_nginx, timeout=30) as http:
-            r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2},
-                          headers={"X-Request-Id": "through-nginx", "X-Forwarded-For": "6.6.6.6"})
+            r = http.post(
+                "/v1/completions",
+                json={"prompt": "hi", "max_tokens": 2},
+                headers={"X-Request-Id": "through-nginx", "X-Forwarded-For": "6.6.6.6"},
+            )
         assert r.status_code == 200 and r.headers["x-request-id"] == "through-nginx"
         line = server.wait_for_log(r"^\S+ .*POST /v1/completions").string
         assert line.startswith("127.0.0.2 "), line  # not nginx's 127.0.0.1, not the forged 6.6.6.6

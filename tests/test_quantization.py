@@ -1,4 +1,5 @@
 """Weight-only int8 for small batches: close to the full-precision layer, exact for large ones."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,7 +26,9 @@ def test_int8_linear_small_batches_approximate_large_batches_exact():
 def test_int8_default_model_still_answers(default_model_dir):
     llm = LLM(model=None, dtype="bfloat16", quantization="int8")
     assert isinstance(llm.engine.runner.model.lm_head, Int8Linear)
-    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}], SamplingParams(temperature=0, max_tokens=16))[0]
+    out = llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}], SamplingParams(temperature=0, max_tokens=16)
+    )[0]
     assert "Paris" in out.text
     assert_idle(llm)
 

@@ -1,4 +1,5 @@
 """Greedy outputs equal transformers' greedy generate, token for token (CPU float32)."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,10 +15,8 @@ PROMPTS = ["Hello, my name is", "The quick brown fox jumps over the lazy dog bec
 
 def reference_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     model = load_hf_model(model_dir, torch.float32)
-    out = model.generate(
-        torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0
-    )
-    return out[0, len(prompt_ids):].tolist()
+    out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt_ids) :].tolist()
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHITECTURES)

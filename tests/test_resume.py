@@ -1,4 +1,5 @@
 """Resumable streams: every event has an id; GET /v1/streams/<id> with Last-Event-ID resumes."""
+
 from __future__ import annotations
 
 import os
@@ -14,13 +15,24 @@ from wsgi_infer import SamplingParams
 from .server import GunicornServer, free_port
 from .sse_client import events
 
-BODY = {"prompt": "Resume me", "max_tokens": 300, "ignore_eos": True, "temperature": 0, "stream": True,
-        "stream_options": {"include_usage": True}}
+BODY = {
+    "prompt": "Resume me",
+    "max_tokens": 300,
+    "ignore_eos": True,
+    "temperature": 0,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dirs):
-    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 1.0, "resume_keep_seconds": 1.0}
+    settings = {
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "heartbeat_seconds": 1.0,
+        "resume_keep_seconds": 1.0,
+    }
     with GunicornServer(settings) as srv:
         yield srv.wait_ready()
 
@@ -90,9 +102,21 @@ def redis_url(tmp_path_factory):
         pytest.skip("redis-server is not installed")
     port = free_port()
     process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(tmp_path_factory.mktemp("redis"))],
-        stdout=subprocess.PIPE, text=True,
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path_factory.mktemp("redis")),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     for line in process.stdout:  # redis says when it accepts connections
         if "Ready to accept connections" in line:

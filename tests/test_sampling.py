@@ -1,4 +1,5 @@
 """Sampling parameters: stop strings, seeds, penalties, filters, logprobs, validation."""
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,9 @@ def test_stop_string_truncates_and_is_not_returned(default_llm):
     assert len(words) > 4, free
     stop = " " + words[3]  # a stop string in the middle of the free output, spanning tokens
     cut = free.index(stop)
-    pieces, reason = stream_pieces(default_llm, PROMPT, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop, "zzzz-never"]))
+    pieces, reason = stream_pieces(
+        default_llm, PROMPT, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop, "zzzz-never"])
+    )
     assert "".join(pieces) == free[:cut]
     assert reason == "stop"
     assert all(stop not in p for p in pieces)
@@ -51,7 +54,9 @@ def test_stop_token_ids(tiny_llama):
     free = tiny_llama.generate(PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
     target = free.token_ids[5]
     first = free.token_ids.index(target)
-    out = tiny_llama.generate(PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[target]))[0]
+    out = tiny_llama.generate(
+        PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[target])
+    )[0]
     assert out.token_ids == free.token_ids[: first + 1]
     assert out.finish_reason == "stop"
 
@@ -60,9 +65,13 @@ def test_same_seed_same_output_whatever_the_batch(tiny_llama):
     seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=24, ignore_eos=True)
     alone = tiny_llama.generate(PROMPT, seeded)[0].token_ids
     companions = [SamplingParams(temperature=0.9, max_tokens=n, ignore_eos=True) for n in (5, 30, 12)]
-    batch = tiny_llama.generate(["Hi", PROMPT, "Other text here", PROMPT], [companions[0], seeded, companions[1], companions[2]])
+    batch = tiny_llama.generate(
+        ["Hi", PROMPT, "Other text here", PROMPT], [companions[0], seeded, companions[1], companions[2]]
+    )
     assert batch[1].token_ids == alone
-    other_seed = tiny_llama.generate(PROMPT, SamplingParams(temperature=1.0, seed=4321, max_tokens=24, ignore_eos=True))[0]
+    other_seed = tiny_llama.generate(
+        PROMPT, SamplingParams(temperature=1.0, seed=4321, max_tokens=24, ignore_eos=True)
+    )[0]
     assert other_seed.token_ids != alone
     assert_idle(tiny_llama)
 
@@ -79,16 +88,36 @@ def test_top_k_one_and_tiny_top_p_are_greedy(tiny_llama):
 
 def test_filter_logits_keeps_the_right_tokens():
     logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
-    assert torch.isfinite(filter_logits(logits, top_k=2, top_p=1.0, min_p=0.0)).tolist() == [True, True, False, False, False]
+    assert torch.isfinite(filter_logits(logits, top_k=2, top_p=1.0, min_p=0.0)).tolist() == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
     probs = logits.softmax(-1)  # ~ [0.64, 0.24, 0.09, 0.03, 0.01]
     assert probs[0] < 0.7 < probs[:2].sum()
-    assert torch.isfinite(filter_logits(logits, top_k=0, top_p=0.7, min_p=0.0)).tolist() == [True, True, False, False, False]
-    assert torch.isfinite(filter_logits(logits, top_k=0, top_p=1.0, min_p=0.1)).tolist() == [True, True, True, False, False]
+    assert torch.isfinite(filter_logits(logits, top_k=0, top_p=0.7, min_p=0.0)).tolist() == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert torch.isfinite(filter_logits(logits, top_k=0, top_p=1.0, min_p=0.1)).tolist() == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
 
 
 def test_penalty_arithmetic(tiny_llama):
     engine = tiny_llama.engine
-    engine.add_request("p", [5, 6, 7], SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25))
+    engine.add_request(
+        "p", [5, 6, 7], SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
+    )
     seq = engine.scheduler.waiting[0]
     seq.token_ids += [7, 7, 9]  # outputs: 7 twice, 9 once
     logits = torch.zeros(12)
@@ -107,7 +136,9 @@ def test_penalty_arithmetic(tiny_llama):
 def test_penalties_reduce_repetition(default_llm):
     prompt = "Repeat after me: yes yes yes yes yes yes yes yes"
     plain = default_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0].token_ids
-    penalized = default_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, frequency_penalty=2.0))[0].token_ids
+    penalized = default_llm.generate(
+        prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, frequency_penalty=2.0)
+    )[0].token_ids
     assert max(penalized.count(t) for t in set(penalized)) < max(plain.count(t) for t in set(plain))
 
 

@@ -1,4 +1,5 @@
 """Bad input gets OpenAI-shaped errors with the right status, while another stream goes on unharmed."""
+
 from __future__ import annotations
 
 import threading
@@ -53,16 +54,24 @@ def test_errors_leave_a_concurrent_stream_intact(server, tiny_llama):
     with server.client() as http:
         assert_error(http.post("/v1/completions", content=b'{"prompt": "unterminated'), 400, contains="malformed")
         assert_error(http.post("/v1/completions", content=b"[1, 2]"), 400, contains="JSON object")
-        assert_error(http.post("/v1/completions", json={"prompt": "hi", "max_tokens": limit}), 400,
-                     contains=f"max_tokens ({limit}) exceeds the context window of {limit}")
+        assert_error(
+            http.post("/v1/completions", json={"prompt": "hi", "max_tokens": limit}),
+            400,
+            contains=f"max_tokens ({limit}) exceeds the context window of {limit}",
+        )
         assert_error(http.post("/v1/completions", json={"prompt": "hi", "temperature": 5}), 400, param="temperature")
         assert_error(http.post("/v1/completions", json={"prompt": "hi", "n": 0}), 400, param="n")
         assert_error(http.post("/v1/completions", json={}), 400, param="prompt")
         assert_error(http.post("/v1/completions", json={"prompt": [10**9]}), 400, contains="token ids")
-        assert_error(http.post("/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]}), 400,
-                     param="messages.0.role")
+        assert_error(
+            http.post("/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]}),
+            400,
+            param="messages.0.role",
+        )
         assert_error(http.post("/v1/completions", json={"prompt": "hi", "model": "nope"}), 404, param="model")
-        assert_error(http.post("/v1/completions", json={"prompt": "x" * (BODY_LIMIT + 1)}), 413, contains=str(BODY_LIMIT))
+        assert_error(
+            http.post("/v1/completions", json={"prompt": "x" * (BODY_LIMIT + 1)}), 413, contains=str(BODY_LIMIT)
+        )
         assert_error(http.get("/v1/nothing-here"), 404)
         # Unknown fields are ignored, as OpenAI's server does.
         ok = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "frobnicate": True})

@@ -1,4 +1,5 @@
 """The official openai client against a real gunicorn server: same text as the offline engine."""
+
 from __future__ import annotations
 
 import openai
@@ -42,9 +43,16 @@ def test_completions_equal_offline_engine(client, model, default_llm):
     assert response.usage.prompt_tokens == len(expected.prompt_token_ids)
     assert response.usage.completion_tokens == len(expected.token_ids)
 
-    chunks = list(client.completions.create(
-        model=model, prompt=prompt, max_tokens=20, temperature=0, stream=True, stream_options={"include_usage": True}
-    ))
+    chunks = list(
+        client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     content = [c for c in chunks if c.choices]
     assert "".join(c.choices[0].text for c in content) == expected.text
     assert content[-1].choices[0].finish_reason == expected.finish_reason
@@ -62,12 +70,20 @@ def test_chat_equals_offline_engine(client, model, default_llm):
     assert response.choices[0].message.role == "assistant"
     assert response.usage.completion_tokens == len(expected.token_ids)
 
-    chunks = list(client.chat.completions.create(
-        model=model, messages=QUESTION, max_completion_tokens=24, temperature=0, stream=True,
-        stream_options={"include_usage": True},
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=QUESTION,
+            max_completion_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     content = [c for c in chunks if c.choices]
-    assert content[0].choices[0].delta.role == "assistant" and content[0].choices[0].delta.content  # role with a real token
+    assert (
+        content[0].choices[0].delta.role == "assistant" and content[0].choices[0].delta.content
+    )  # role with a real token
     assert all(c.choices[0].delta.role is None for c in content[1:])
     assert "".join(c.choices[0].delta.content or "" for c in content) == expected.text
     assert content[-1].choices[0].finish_reason == "stop"
@@ -75,10 +91,19 @@ def test_chat_equals_offline_engine(client, model, default_llm):
 
 
 def test_n_choices_stream_interleaved_with_exact_usage(client, model):
-    chunks = list(client.completions.create(
-        model=model, prompt="Once upon a time", max_tokens=8, n=3, temperature=0.8, seed=7, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-    ))
+    chunks = list(
+        client.completions.create(
+            model=model,
+            prompt="Once upon a time",
+            max_tokens=8,
+            n=3,
+            temperature=0.8,
+            seed=7,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     texts = {0: "", 1: "", 2: ""}
     order = []
     for chunk in chunks:

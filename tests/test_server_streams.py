@@ -1,10 +1,10 @@
 """Concurrent streams, disconnects and idle behaviour of a real gunicorn server (tiny model)."""
+
 from __future__ import annotations
 
 import threading
 import time
 
-import httpx
 import psutil
 import pytest
 
@@ -35,13 +35,18 @@ def assert_idle(server: GunicornServer) -> None:
 
 def test_32_concurrent_streams_are_batched_and_correct(server, tiny_llama):
     prompts = [f"Request number {i}: tell me about item {i * 7}" for i in range(32)]
-    expected = [o.text for o in tiny_llama.generate(prompts, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))]
+    expected = [
+        o.text for o in tiny_llama.generate(prompts, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    ]
     texts = [""] * 32
     first_token = threading.Barrier(33)
     running_seen = []
 
     def client(i: int) -> None:
-        with server.client() as http, http.stream("POST", "/v1/completions", json=completion_body(prompts[i], 200, ignore_eos=True)) as r:
+        with (
+            server.client() as http,
+            http.stream("POST", "/v1/completions", json=completion_body(prompts[i], 200, ignore_eos=True)) as r,
+        ):
             assert r.status_code == 200
             waited = False
             for event in events(r):
@@ -67,7 +72,10 @@ def test_32_concurrent_streams_are_batched_and_correct(server, tiny_llama):
 
 def test_disconnect_mid_stream_frees_everything(server):
     mark = len(server.lines)
-    with server.client() as http, http.stream("POST", "/v1/completions", json=completion_body("Hello", 3000, ignore_eos=True)) as r:
+    with (
+        server.client() as http,
+        http.stream("POST", "/v1/completions", json=completion_body("Hello", 3000, ignore_eos=True)) as r,
+    ):
         request_id = r.headers["x-request-id"]
         got = 0
         for event in events(r):
@@ -98,7 +106,9 @@ def test_native_generate_streams_text_or_sse(server, tiny_llama):
         with http.stream("POST", "/generate", json={**body, "stream": True}) as r:
             assert r.headers["content-type"].startswith("text/plain")
             assert "".join(r.iter_text()) == expected
-        with http.stream("POST", "/generate", json={**body, "stream": True}, headers={"Accept": "text/event-stream"}) as r:
+        with http.stream(
+            "POST", "/generate", json={**body, "stream": True}, headers={"Accept": "text/event-stream"}
+        ) as r:
             data = [e for e in events(r) if e.data]
             assert data[-1].data == "[DONE]"
             assert "".join(e.json["text"] for e in data[:-1]) == expected
@@ -118,8 +128,13 @@ def test_idle_worker_uses_no_cpu(server):
 def one_seq_server(tiny_model_dirs):
     """One sequence at a time and small prefill chunks: queued and prefilling states last."""
     settings = {
-        "model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 0.2, "block_size": 4,
-        "max_num_seqs": 1, "max_num_batched_tokens": 1, "max_waiting_requests": 1,
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "heartbeat_seconds": 0.2,
+        "block_size": 4,
+        "max_num_seqs": 1,
+        "max_num_batched_tokens": 1,
+        "max_waiting_requests": 1,
     }
     with GunicornServer(settings) as srv:
         yield srv.wait_ready()
@@ -128,11 +143,17 @@ def one_seq_server(tiny_model_dirs):
 def test_disconnect_while_queued_and_while_prefilling(one_seq_server):
     server = one_seq_server
     mark = len(server.lines)
-    with server.client() as http, http.stream("POST", "/v1/completions", json=completion_body("Busy", 4000, ignore_eos=True)) as busy:
+    with (
+        server.client() as http,
+        http.stream("POST", "/v1/completions", json=completion_body("Busy", 4000, ignore_eos=True)) as busy,
+    ):
         running_id = busy.headers["x-request-id"]
         busy_events = events(busy)  # kept: dropping the iterator would close the connection
         assert next(busy_events).data  # it is running
-        with server.client() as http2, http2.stream("POST", "/v1/completions", json=completion_body("Queued", 5)) as queued:
+        with (
+            server.client() as http2,
+            http2.stream("POST", "/v1/completions", json=completion_body("Queued", 5)) as queued,
+        ):
             queued_id = queued.headers["x-request-id"]
             queued_events = events(queued)
             heartbeat = next(queued_events)
@@ -157,12 +178,17 @@ def test_disconnect_while_queued_and_while_prefilling(one_seq_server):
 
 def test_clients_reusing_a_request_id_do_not_collide(server, tiny_llama):
     prompts = ["First of the twins", "Second of the twins"]
-    expected = [o.text for o in tiny_llama.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))]
+    expected = [
+        o.text for o in tiny_llama.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    ]
     texts = ["", ""]
 
     def client(i: int) -> None:
         body = completion_body(prompts[i], 40, ignore_eos=True)
-        with server.client() as http, http.stream("POST", "/v1/completions", json=body, headers={"X-Request-Id": "same"}) as r:
+        with (
+            server.client() as http,
+            http.stream("POST", "/v1/completions", json=body, headers={"X-Request-Id": "same"}) as r,
+        ):
             for event in events(r):
                 if event.data and event.data != "[DONE]":
                     texts[i] += event.json["choices"][0]["text"]

@@ -1,4 +1,5 @@
 """Engine failure, several workers, and `wsgi-infer serve`, against real gunicorn processes."""
+
 from __future__ import annotations
 
 import signal
@@ -29,7 +30,7 @@ def test_engine_failure_ends_streams_turns_health_503_and_worker_is_replaced(tin
         assert all(e.data != "[DONE]" for e in data)
         server.wait_for_log(r"engine thread died; this worker exits")
         # A fresh worker takes over and serves (until its own step 40).
-        server.wait_for_log(r"Booting worker with pid: (?!%d)" % first_worker)
+        server.wait_for_log(rf"Booting worker with pid: (?!{first_worker})")
         mark = len(server.lines)
         server.wait_for_log(r"engine ready: serving", after=mark - 1)
         with server.client() as http:
@@ -43,7 +44,10 @@ def test_health_is_503_once_the_engine_thread_is_dead(tiny_model_dirs):
     settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "test_fault_at_step": 3}
     with GunicornServer(settings, "--graceful-timeout", "30") as server:
         server.wait_ready()
-        with server.client() as http, http.stream("POST", "/v1/completions", json={"prompt": "x", "max_tokens": 50, "stream": True}) as r:
+        with (
+            server.client() as http,
+            http.stream("POST", "/v1/completions", json={"prompt": "x", "max_tokens": 50, "stream": True}) as r,
+        ):
             list(events(r))  # ends with the error event once the thread died
             # Same keep-alive connection, so the same (dying) worker answers.
             health = http.get("/health")
@@ -77,9 +81,18 @@ def test_metrics_add_up_across_two_workers(tiny_model_dirs):
 def test_wsgi_infer_serve_runs_the_gunicorn_configuration(tiny_model_dirs):
     port = free_port()
     process = subprocess.Popen(
-        [str(Path(sys.executable).with_name("wsgi-infer")), "serve", "--model", str(tiny_model_dirs["llama"]),
-         "--bind", f"127.0.0.1:{port}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            str(Path(sys.executable).with_name("wsgi-infer")),
+            "serve",
+            "--model",
+            str(tiny_model_dirs["llama"]),
+            "--bind",
+            f"127.0.0.1:{port}",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         startup = []

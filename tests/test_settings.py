@@ -1,4 +1,5 @@
 """Settings come from WSGI_INFER_* variables, and the README documents every one."""
+
 from __future__ import annotations
 
 from pathlib import Path

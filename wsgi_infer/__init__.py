@@ -5,6 +5,7 @@ the HTTP side; ``LLM`` (offline generation) and the ``wsgi-infer`` command sit
 here. Names are imported lazily, so the gunicorn master can import the
 server's hooks without importing torch.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -22,11 +23,13 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .engine.config import EngineConfig
-    from .engine.llm_engine import LLMEngine
-    from .engine.outputs import CompletionOutput, RequestDelta, TokenLogprob
-    from .engine.sampling_params import SamplingParams
-    from .llm import LLM
+    from .engine.config import EngineConfig as EngineConfig
+    from .engine.llm_engine import LLMEngine as LLMEngine
+    from .engine.outputs import CompletionOutput as CompletionOutput
+    from .engine.outputs import RequestDelta as RequestDelta
+    from .engine.outputs import TokenLogprob as TokenLogprob
+    from .engine.sampling_params import SamplingParams as SamplingParams
+    from .llm import LLM as LLM
 
 
 def __getattr__(name: str):

@@ -3,6 +3,7 @@
 Imports stay inside the commands: `serve` runs the gunicorn master in this
 process, which must not import torch before forking workers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,10 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="print the completion of one prompt")
     gen.add_argument("prompt")
-    gen.add_argument("--model", default=None, help="Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)")
+    gen.add_argument(
+        "--model", default=None, help="Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)"
+    )
     gen.add_argument("--device", default="auto")
     gen.add_argument("--dtype", default="auto")
-    gen.add_argument("--quantization", choices=QUANTIZATION_METHODS, default=None, help="int8 weights for small batches (CPU)")
+    gen.add_argument(
+        "--quantization", choices=QUANTIZATION_METHODS, default=None, help="int8 weights for small batches (CPU)"
+    )
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")

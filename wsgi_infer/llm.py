@@ -1,4 +1,5 @@
 """The offline API: ``LLM(...).generate(prompts, params)`` and ``.chat(messages, params)``."""
+
 from __future__ import annotations
 
 import itertools

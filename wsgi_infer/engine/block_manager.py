@@ -7,6 +7,7 @@ zero go to the back of the free queue but keep their hash, so a later request
 with the same prefix can take them back; allocation takes from the front, which
 evicts the least recently freed cached block first.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -4,6 +4,7 @@ Built on ``tokenizers.decoders.DecodeStream``, which keeps a small window of
 token offsets, so each new token costs constant work and an incomplete UTF-8
 character is held until its last byte arrives.
 """
+
 from __future__ import annotations
 
 from tokenizers import Tokenizer

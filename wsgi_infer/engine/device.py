@@ -1,4 +1,5 @@
 """Device and dtype selection: CUDA with bf16 when present, else the CPU."""
+
 from __future__ import annotations
 
 import torch

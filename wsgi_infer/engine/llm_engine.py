@@ -7,6 +7,7 @@ request; ``has_unfinished`` says whether a step has work. ``tokenize`` and
 nothing leaks. It is single-threaded: the server drives it from one native
 thread.
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,7 +60,9 @@ class LLMEngine:
         if not self.tokenizer.chat_template:
             raise ValueError("messages: this model has no chat template")
         try:
-            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+            encoded = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=True
+            )
         except Exception as exc:  # jinja errors for malformed conversations
             raise ValueError(f"messages: the chat template failed: {exc}") from exc
         return list(encoded["input_ids"])

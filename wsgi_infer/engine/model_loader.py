@@ -6,6 +6,7 @@ default model), so the first load converts it once into a safetensors
 directory in the user cache, keyed by the file's hash; later loads take under
 a second from there.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -62,7 +63,9 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
     if path.is_dir() and (path / "config.json").is_file():
         return path
     if not path.exists():
-        raise ModelLoadError(f"model {path}: no such file or directory (expected a Hugging Face directory or a .gguf file)")
+        raise ModelLoadError(
+            f"model {path}: no such file or directory (expected a Hugging Face directory or a .gguf file)"
+        )
     raise ModelLoadError(f"model {path}: expected a Hugging Face directory with config.json or a .gguf file")
 
 
@@ -98,7 +101,9 @@ def _converted_gguf_dir(gguf: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        save_file({k: v.contiguous() for k, v in state.items()}, staging / "model.safetensors", metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in state.items()}, staging / "model.safetensors", metadata={"format": "pt"}
+        )
         config.save_pretrained(staging)
         hf_model.generation_config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)

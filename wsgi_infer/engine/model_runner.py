@@ -3,6 +3,7 @@
 Owns our model module and the paged KV cache. All torch work of the engine
 happens here and in the sampler, on the engine's thread.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,7 +29,9 @@ KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values) o
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, hf_config, model_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, config: EngineConfig, hf_config, model_dir: Path, device: torch.device, dtype: torch.dtype
+    ) -> None:
         self.device = device
         self.dtype = dtype
         self.block_size = config.block_size
@@ -71,12 +74,19 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> KVCache:
         shape = (self.num_blocks * self.block_size, self.num_kv_heads, self.head_dim)
         caches = [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
             for _ in range(self.num_layers)
         ]
         log.info(
-            "KV cache: %d blocks of %d tokens (%.0f MiB, %s %s)", self.num_blocks, self.block_size,
-            self.num_blocks * self._bytes_per_block() / 2**20, self.device, self.dtype,
+            "KV cache: %d blocks of %d tokens (%.0f MiB, %s %s)",
+            self.num_blocks,
+            self.block_size,
+            self.num_blocks * self._bytes_per_block() / 2**20,
+            self.device,
+            self.dtype,
         )
         return caches
 
@@ -94,9 +104,11 @@ class ModelRunner:
             input_ids += item.seq.token_ids[start:end]
             positions += range(start, end)
             slots.append(self._slots(item.seq.block_table, start, end))
-        meta = AttentionMetadata(block_size=self.block_size, slot_mapping=torch.cat(slots), num_single_token_seqs=len(single_token))
+        meta = AttentionMetadata(
+            block_size=self.block_size, slot_mapping=torch.cat(slots), num_single_token_seqs=len(single_token)
+        )
         self._prepare_single_token(meta, single_token)
-        self._prepare_prefill(meta, ordered[len(single_token):])
+        self._prepare_prefill(meta, ordered[len(single_token) :])
         hidden = self._run(input_ids, positions, meta)
         return self._select_logits(hidden, ordered)
 
@@ -111,7 +123,9 @@ class ModelRunner:
         meta.single_token_blocks = torch.tensor(padded, dtype=torch.long, device=self.device).flatten()
         lens = torch.tensor(context_lens, device=self.device).unsqueeze(1)
         padded_len = max_blocks * self.block_size
-        meta.single_token_mask = (torch.arange(padded_len, device=self.device) < lens).view(len(items), 1, 1, padded_len)
+        meta.single_token_mask = (torch.arange(padded_len, device=self.device) < lens).view(
+            len(items), 1, 1, padded_len
+        )
 
     def _prepare_prefill(self, meta: AttentionMetadata, items: list[ScheduledSequence]) -> None:
         """Per chunk: the slots of its whole context, and a causal mask offset by the cached prefix."""
@@ -131,7 +145,9 @@ class ModelRunner:
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         return self.model(ids, pos, self.kv_caches, meta)
 
-    def _select_logits(self, hidden: torch.Tensor, ordered: list[ScheduledSequence]) -> tuple[list[Sequence], torch.Tensor]:
+    def _select_logits(
+        self, hidden: torch.Tensor, ordered: list[ScheduledSequence]
+    ) -> tuple[list[Sequence], torch.Tensor]:
         """Only the last token of a sequence that finished its prompt needs logits."""
         last_rows, sampling, row = [], [], 0
         for item in ordered:

@@ -1,4 +1,5 @@
 """What the engine hands back: per-step deltas, finished offline results, counters."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace

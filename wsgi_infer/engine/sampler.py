@@ -3,6 +3,7 @@
 Every request has its own ``torch.Generator``, advanced once per sampled
 token, so a seeded request gives the same text whatever else shares its batch.
 """
+
 from __future__ import annotations
 
 import torch

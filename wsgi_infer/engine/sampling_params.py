@@ -1,4 +1,5 @@
 """Per-request sampling parameters, validated with errors that name the field."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -81,8 +82,4 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return (
-            self.repetition_penalty != 1.0
-            or self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-        )
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

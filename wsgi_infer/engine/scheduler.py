@@ -8,6 +8,7 @@ running sequence needs a block and none is free, the most recently admitted
 sequence is preempted: its blocks are freed and it is recomputed later from its
 tokens, which keeps its output unchanged.
 """
+
 from __future__ import annotations
 
 from collections import deque

@@ -1,4 +1,5 @@
 """One request's state inside the engine: plain data, no torch."""
+
 from __future__ import annotations
 
 import enum

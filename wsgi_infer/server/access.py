@@ -1,4 +1,5 @@
 """Who may call the API: bearer API keys and CORS for browsers."""
+
 from __future__ import annotations
 
 import hmac
@@ -29,8 +30,12 @@ def install_access_control(app: Flask, settings: ServerSettings) -> None:
             # Compare with every key, in constant time, so timing tells nothing.
             matches = [hmac.compare_digest(presented, key) for key in keys]
             if scheme.lower() != "bearer" or not any(matches):
-                raise APIError("missing or invalid API key (send `Authorization: Bearer <key>`)", 401,
-                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                raise APIError(
+                    "missing or invalid API key (send `Authorization: Bearer <key>`)",
+                    401,
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
 
     origins = [origin.strip() for origin in settings.cors_origins.split(",") if origin.strip()]
     if origins:

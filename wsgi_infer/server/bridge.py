@@ -17,6 +17,7 @@ thread must hand results to greenlets in a way that wakes the hub. A
 - The thread's log records go to the hub, which emits them, so the thread
   never touches logging's patched locks.
 """
+
 from __future__ import annotations
 
 import collections

@@ -6,6 +6,7 @@ between steps. After each step it posts everything that happened, in one list,
 to the hub. It never touches gevent: the hub-side ``StreamRouter`` and the
 ``EngineManager`` handle what it posts.
 """
+
 from __future__ import annotations
 
 import traceback

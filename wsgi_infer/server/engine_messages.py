@@ -4,6 +4,7 @@ Commands go to the thread (``Submit``, ``Abort``, ``Stop``); events come back,
 a list per wake-up of the hub. Plain data: this module imports neither torch
 nor gevent, so both sides can share it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -3,6 +3,7 @@
 Body: ``{"error": {"message", "type", "param", "code"}}``; a traceback never
 reaches a client.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,7 +44,9 @@ class APIError(Exception):
 
 
 def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
+    return {
+        "error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}
+    }
 
 
 def _render(error: APIError):

@@ -3,6 +3,7 @@
 Light on purpose: the worker class and the gunicorn hooks, imported by the
 master, reach the manager through here without importing the engine.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -6,6 +6,7 @@ as `python:wsgi_infer.server.gunicorn_config`) run the same configuration.
 Command-line flags and GUNICORN_CMD_ARGS override these settings; the engine
 is configured by WSGI_INFER_* variables (README).
 """
+
 import logging
 import os
 import shutil

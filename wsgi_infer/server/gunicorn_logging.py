@@ -1,4 +1,5 @@
 """gunicorn's logger, with the real client address in the access log behind a proxy."""
+
 from __future__ import annotations
 
 import ipaddress

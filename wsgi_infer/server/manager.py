@@ -6,6 +6,7 @@ through the bridge, and the ``StreamRouter`` routes it to the streams in the
 hub. The manager handles the engine's lifecycle: start, readiness, failure,
 graceful drain and quick shutdown.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -60,7 +61,9 @@ class EngineManager:
         self._open_streams: set[int] = set()  # responses not yet released
         self._ids = itertools.count()
         # A stream nobody has read for one heartbeat interval is abandoned (the client left).
-        self.stream_logs = StreamLogs(settings.resume_keep_seconds, grace=settings.heartbeat_seconds, redis_url=settings.redis_url)
+        self.stream_logs = StreamLogs(
+            settings.resume_keep_seconds, grace=settings.heartbeat_seconds, redis_url=settings.redis_url
+        )
 
     # --- lifecycle (hub) ---------------------------------------------------------------
     def start(self) -> None:
@@ -141,7 +144,10 @@ class EngineManager:
 
     # --- requests (hub) ---------------------------------------------------------------
     def submit(
-        self, request_id: str, prompts: list[str | list[int]] | list[Conversation], params: list[SamplingParams],
+        self,
+        request_id: str,
+        prompts: list[str | list[int]] | list[Conversation],
+        params: list[SamplingParams],
         chat: bool = False,
     ) -> RequestStream:
         """Queue ``len(params)`` choices of each prompt (choice index = prompt * n + j).

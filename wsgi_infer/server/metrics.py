@@ -5,6 +5,7 @@ Under gunicorn with several workers, ``PROMETHEUS_MULTIPROC_DIR`` (set by
 multiprocess mode: each worker writes its own files and ``/metrics`` sums the
 live workers. All updates happen in the hub, never on the engine thread.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,13 +18,36 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    multiprocess,
 )
-from prometheus_client import multiprocess
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
-num_requests_running = Gauge("wsgi_infer:num_requests_running", "Requests in the running batch", multiprocess_mode="livesum")
-num_requests_waiting = Gauge("wsgi_infer:num_requests_waiting", "Requests waiting to be scheduled", multiprocess_mode="livesum")
+num_requests_running = Gauge(
+    "wsgi_infer:num_requests_running", "Requests in the running batch", multiprocess_mode="livesum"
+)
+num_requests_waiting = Gauge(
+    "wsgi_infer:num_requests_waiting", "Requests waiting to be scheduled", multiprocess_mode="livesum"
+)
 kv_cache_usage_perc = Gauge(
     "wsgi_infer:kv_cache_usage_perc", "Fraction of KV blocks in use (the fullest worker)", multiprocess_mode="livemax"
 )

@@ -3,6 +3,7 @@
 Unknown fields are ignored, as OpenAI's server does; known fields with bad
 values give a 400 naming the field.
 """
+
 from __future__ import annotations
 
 from typing import Literal

@@ -5,6 +5,7 @@ engine thread) to ``StreamRouter.deliver``, which dispatches every event by
 its type. The engine's lifecycle events (ready, failed, stopped) go to
 handlers the manager supplies, since they change the manager's state.
 """
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """Server settings, read from ``WSGI_INFER_*`` environment variables."""
+
 from __future__ import annotations
 
 from pydantic import Field
@@ -13,7 +14,9 @@ class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="WSGI_INFER_", extra="ignore")
 
     model: str | None = Field(None, description="Hugging Face directory or .gguf file; empty = SmolLM2-135M-Instruct")
-    served_model_name: str | None = Field(None, description="name clients send as `model`; default: the model's directory or file name")
+    served_model_name: str | None = Field(
+        None, description="name clients send as `model`; default: the model's directory or file name"
+    )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     dtype: str = Field("auto", description="auto, float32, bfloat16 or float16")
     quantization: str | None = Field(None, description="int8: int8 weight copies for steps of at most 8 tokens (CPU)")
@@ -21,22 +24,37 @@ class ServerSettings(BaseSettings):
     max_num_batched_tokens: int = Field(512, ge=1, description="tokens per engine step (prefills are chunked)")
     max_model_len: int | None = Field(None, ge=2, description="context window; default: the model's")
     block_size: int = Field(16, ge=1, description="tokens per KV block")
-    kv_cache_memory_mb: int | None = Field(None, ge=1, description="KV cache budget; default 256 on CPU, 90% of free memory on CUDA")
+    kv_cache_memory_mb: int | None = Field(
+        None, ge=1, description="KV cache budget; default 256 on CPU, 90% of free memory on CUDA"
+    )
     enable_prefix_caching: bool = Field(True, description="reuse KV blocks of identical prompt prefixes")
     seed: int = Field(0, description="seed for requests that give none")
     max_waiting_requests: int = Field(256, ge=0, description="requests queued beyond max_num_seqs before 429")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body (413 above)")
     heartbeat_seconds: float = Field(5.0, gt=0, description="SSE comment interval while a stream has nothing to send")
-    resume_keep_seconds: float = Field(60.0, ge=0, description="how long a finished stream stays resumable (GET /v1/streams/<id>)")
-    redis_url: str | None = Field(None, description="keep resumable streams in this Redis (redis://host:port/db) so any worker or host can resume them")
-    load_wait_seconds: float = Field(30.0, ge=0, description="how long a request waits for a worker that is still loading its model")
+    resume_keep_seconds: float = Field(
+        60.0, ge=0, description="how long a finished stream stays resumable (GET /v1/streams/<id>)"
+    )
+    redis_url: str | None = Field(
+        None,
+        description="keep resumable streams in this Redis (redis://host:port/db) so any worker or host can resume them",
+    )
+    load_wait_seconds: float = Field(
+        30.0, ge=0, description="how long a request waits for a worker that is still loading its model"
+    )
     drain_seconds: float | None = Field(
-        None, gt=0, description="on SIGTERM, how long open requests may finish; default graceful_timeout - keepalive - 2"
+        None,
+        gt=0,
+        description="on SIGTERM, how long open requests may finish; default graceful_timeout - keepalive - 2",
     )
 
-    api_key: str | None = Field(None, description="one key, or several separated by commas; API routes then need `Authorization: Bearer <key>`")
+    api_key: str | None = Field(
+        None, description="one key, or several separated by commas; API routes then need `Authorization: Bearer <key>`"
+    )
     protect_ops: bool = Field(False, description="with api_key: /health and /metrics need the key too")
-    cors_origins: str = Field("", description="origins allowed to call the API from a browser, separated by commas (`*` for any)")
+    cors_origins: str = Field(
+        "", description="origins allowed to call the API from a browser, separated by commas (`*` for any)"
+    )
 
     test_fault_at_step: int = Field(0, ge=0, description="tests only: the engine's step N raises, as a bug would")
 

@@ -1,4 +1,5 @@
 """Server-Sent Events framing (https://html.spec.whatwg.org/multipage/server-sent-events.html)."""
+
 from __future__ import annotations
 
 import json

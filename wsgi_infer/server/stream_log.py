@@ -8,6 +8,7 @@ their stream finished. ``MemoryStreamLog`` keeps them in this process (correct
 with one worker); ``RedisStreamLog`` keeps them in a Redis stream, so that any
 worker or host sharing the Redis serves any resume.
 """
+
 from __future__ import annotations
 
 import time
@@ -103,8 +104,9 @@ class RedisStreamLog(StreamLog):
     after it finished. Readers on any instance renew a short lease key, so the
     instance generating the stream knows whether anybody still reads it."""
 
-    def __init__(self, client, stream_id: str, grace: float, keep_seconds: float,
-                 on_abandoned: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, client, stream_id: str, grace: float, keep_seconds: float, on_abandoned: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(stream_id, grace, on_abandoned)
         self.key = f"wsgi-infer:stream:{stream_id}"
         self._lease = f"{self.key}:reader"
@@ -171,7 +173,9 @@ class StreamLogs:
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for stream_id in [i for i, log in self._logs.items() if log.finished and now - log.finished_at > self.keep_seconds]:
+        for stream_id in [
+            i for i, log in self._logs.items() if log.finished and now - log.finished_at > self.keep_seconds
+        ]:
             del self._logs[stream_id]
 
 

@@ -4,6 +4,7 @@ The manager pushes events into a ``RequestStream`` from the hub's bridge
 callback; the request's greenlet takes everything queued at once, so a slow
 reader gets fewer, larger pieces instead of a growing backlog.
 """
+
 from __future__ import annotations
 
 import time

@@ -9,6 +9,7 @@ the other (or new) workers take new connections, and starts the engine
 manager's drain in a greenlet. SIGINT/SIGQUIT end every stream at once, then
 exit.
 """
+
 from __future__ import annotations
 
 import time
@@ -52,7 +53,9 @@ class InferenceWorker(GeventWorker):
         ssl_args = {"ssl_context": ssl_context(self.cfg)} if self.cfg.is_ssl else {}
         for sock in self.sockets:
             sock.setblocking(1)
-            server = StreamServer(sock, handle=partial(self.handle, sock), spawn=Pool(self.worker_connections), **ssl_args)
+            server = StreamServer(
+                sock, handle=partial(self.handle, sock), spawn=Pool(self.worker_connections), **ssl_args
+            )
             if self.cfg.workers > 1:
                 server.max_accept = 1
             server.start()

@@ -11,6 +11,7 @@ tokens each, attended one sequence at a time with a causal mask offset by the
 cached prefix). The flat token order of a step is: all single tokens, then
 each prefill chunk.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -3,6 +3,7 @@
 torch's fused ``nn.RMSNorm`` rounds differently in bf16; on the default model
 that alone flips near-tied greedy choices away from what transformers produces.
 """
+
 from __future__ import annotations
 
 import torch

@@ -8,6 +8,7 @@ batch 64: 78 vs 118. Large batches are compute-bound, where oneDNN's bf16 GEMM
 wins, so each layer keeps both weights and picks by the number of rows.
 The default GGUF checkpoint is itself 4-bit, so int8 loses nothing it had.
 """
+
 from __future__ import annotations
 
 import torch

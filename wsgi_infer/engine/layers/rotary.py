@@ -3,6 +3,7 @@
 Using ``ROPE_INIT_FUNCTIONS`` keeps every static RoPE variant transformers knows
 (default, linear, llama3, yarn, longrope...) correct without re-deriving them.
 """
+
 from __future__ import annotations
 
 import torch

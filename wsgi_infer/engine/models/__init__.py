@@ -1,4 +1,5 @@
 """Model definitions, looked up by the checkpoint's ``model_type``."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -12,4 +13,3 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "qwen2": LlamaForCausalLM,
     "gpt2": GPT2LMHeadModel,
 }
-

@@ -1,4 +1,5 @@
 """GPT-2: learned positions, pre-LayerNorm, fused QKV (HF Conv1D layout), GELU (tanh) MLP."""
+
 from __future__ import annotations
 
 import torch

@@ -2,6 +2,7 @@
 
 Projections are fused (QKV, gate-up) so a layer runs four matrix multiplies.
 """
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@ Streams Server-Sent Events when the client accepts ``text/event-stream``,
 plain text chunks otherwise (no heartbeats there: a chunked body has no
 comment syntax).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -1,18 +1,23 @@
 """OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models."""
+
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from flask import Blueprint, Response, jsonify, request
 
 from .. import sse
 from ..errors import APIError
 from ..protocol import ChatCompletionRequest, CompletionRequest, parse
-from ..stream_log import spawn_pump
+from ..stream_log import StreamLog, spawn_pump
 from ..streams import ChoiceDelta, RequestStream
 from .serving import Heartbeat, StreamInterrupted, check_model, collect, iter_deltas, manager, start
+
+if TYPE_CHECKING:
+    from ..manager import EngineManager
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
@@ -59,7 +64,7 @@ def chat_completions():
     return _respond(stream, req.stream, req.include_usage, formatter)
 
 
-def _respond(stream: RequestStream, streaming: bool, include_usage: bool, formatter: "_Formatter"):
+def _respond(stream: RequestStream, streaming: bool, include_usage: bool, formatter: _Formatter):
     if not streaming:
         try:
             merged = collect(stream)
@@ -83,19 +88,23 @@ def resume(stream_id: str):
     """Resume a stream after the event the client saw last (Last-Event-ID, as EventSource sends)."""
     log = manager().stream_logs.get(stream_id)
     if log is None:
-        raise APIError(f"stream {stream_id!r} is unknown or has expired", 404, param="stream_id", code="stream_not_found")
+        raise APIError(
+            f"stream {stream_id!r} is unknown or has expired", 404, param="stream_id", code="stream_not_found"
+        )
     last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or "0"
     if not last.isdigit():
         raise APIError("Last-Event-ID must be an event id of this stream", 400, param="Last-Event-ID")
     return _read_log(log, int(last))
 
 
-def _read_log(log, after: int) -> Response:
+def _read_log(log: StreamLog, after: int) -> Response:
     headers = {**sse.STREAM_HEADERS, "X-Stream-Id": log.stream_id}
-    return Response(log.read(after, manager().settings.heartbeat_seconds), mimetype="text/event-stream", headers=headers)
+    return Response(
+        log.read(after, manager().settings.heartbeat_seconds), mimetype="text/event-stream", headers=headers
+    )
 
 
-def _sse(mgr, stream: RequestStream, include_usage: bool, formatter: "_Formatter") -> Iterator[str | None]:
+def _sse(mgr: EngineManager, stream: RequestStream, include_usage: bool, formatter: _Formatter) -> Iterator[str | None]:
     """The events of one response; runs in the pump greenlet (no request context)."""
     try:
         for batch in iter_deltas(stream, mgr.settings.heartbeat_seconds):
@@ -157,7 +166,12 @@ class _CompletionFormatter(_Formatter):
 
     def chunk_choice(self, choice: ChoiceDelta) -> dict:
         d = choice.delta
-        return {"index": choice.index, "text": d.text, "logprobs": self._logprobs(choice), "finish_reason": d.finish_reason}
+        return {
+            "index": choice.index,
+            "text": d.text,
+            "logprobs": self._logprobs(choice),
+            "finish_reason": d.finish_reason,
+        }
 
     final_choice = chunk_choice
 
@@ -194,7 +208,12 @@ class _ChatFormatter(_Formatter):
         if choice.index not in self._role_sent:  # the role comes with the first real token
             self._role_sent.add(choice.index)
             delta = {"role": "assistant", **delta}
-        return {"index": choice.index, "delta": delta, "logprobs": self._logprobs(choice), "finish_reason": choice.delta.finish_reason}
+        return {
+            "index": choice.index,
+            "delta": delta,
+            "logprobs": self._logprobs(choice),
+            "finish_reason": choice.delta.finish_reason,
+        }
 
     def final_choice(self, choice: ChoiceDelta) -> dict:
         return {

@@ -1,4 +1,5 @@
 """Operational routes: /health and /metrics."""
+
 from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify

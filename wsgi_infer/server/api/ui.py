@@ -1,5 +1,6 @@
 """GET /: the chat page (plain HTML, CSS and JavaScript in wsgi_infer/server/static, served
 by Flask's own /static route)."""
+
 from __future__ import annotations
 
 from flask import Blueprint, current_app
