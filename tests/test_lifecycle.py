@@ -1,7 +1,10 @@
 """Every way a server stops, with real signals and real streaming clients."""
+
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,7 +41,8 @@ class StreamResult:
             return False
         error, abort = self.data[-1], self.data[-2]
         return (
-            error.name == "error" and error.retry is not None
+            error.name == "error"
+            and error.retry is not None
             and error.json["error"]["code"] == "server_shutting_down"
             and error.json["error"]["type"] == "server_shutdown"
             and abort.json["choices"][0]["finish_reason"] == "abort"
@@ -63,10 +67,23 @@ def stream(server: GunicornServer, result: StreamResult, max_tokens: int, prompt
     result.first_token.set()
 
 
+def post_with_late_body(server: GunicornServer, path: str, body: dict, send_after: str) -> int:
+    """POST whose headers go at once and whose body goes when a log line appears; the status."""
+    payload = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        sock.sendall(f"{head}\r\n\r\n".encode())
+        server.wait_for_log(send_after)
+        sock.sendall(payload)
+        status_line = sock.makefile("rb").readline()
+    return int(status_line.split()[1])
+
+
 def start_streams(server, max_tokens_list: list[int]) -> tuple[list[StreamResult], list[threading.Thread]]:
     results = [StreamResult() for _ in max_tokens_list]
     threads = [
-        threading.Thread(target=stream, args=(server, r, n, f"Story {i}")) for i, (r, n) in enumerate(zip(results, max_tokens_list))
+        threading.Thread(target=stream, args=(server, r, n, f"Story {i}"))
+        for i, (r, n) in enumerate(zip(results, max_tokens_list))
     ]
     for t in threads:
         t.start()
@@ -82,7 +99,9 @@ def lifecycle_server(tiny_model_dirs, *args, **settings) -> GunicornServer:
 
 def assert_all_gone(pids: list[int]) -> None:
     for pid in pids:
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, f"process {pid} left behind"
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, (
+            f"process {pid} left behind"
+        )
 
 
 def test_sigterm_drains_short_streams_and_ends_endless_ones(tiny_model_dirs, record_property):
@@ -92,8 +111,13 @@ def test_sigterm_drains_short_streams_and_ends_endless_ones(tiny_model_dirs, rec
     keep_alive = httpx.Client(base_url=server.url, timeout=30)
     assert keep_alive.get("/health").status_code == 200  # an open keep-alive connection
     sdk = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
-    sdk_stream = sdk.completions.create(model=sdk.models.list().data[0].id, prompt="endless", max_tokens=4000,
-                                        stream=True, extra_body={"ignore_eos": True})
+    sdk_stream = sdk.completions.create(
+        model=sdk.models.list().data[0].id,
+        prompt="endless",
+        max_tokens=4000,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     next(iter(sdk_stream))
 
     mark = len(server.lines)
@@ -141,7 +165,9 @@ def test_quick_stop_ends_every_stream_at_once(tiny_model_dirs, sig):
     master_exit = time.monotonic() - signalled
     assert master_exit < 3, f"the master took {master_exit:.2f} s to exit"
     assert_all_gone(pids)
-    print(f"{signal.Signals(sig).name}: last client closed after {slowest:.2f} s, master exited after {master_exit:.2f} s")
+    print(
+        f"{signal.Signals(sig).name}: last client closed after {slowest:.2f} s, master exited after {master_exit:.2f} s"
+    )
 
 
 def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dirs):
@@ -154,7 +180,9 @@ def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dir
         deadline = time.monotonic() + DRAIN + 3
         while time.monotonic() < deadline:  # new connections all along the reload
             with httpx.Client(base_url=server.url, timeout=30) as http:
-                served.append(http.post("/v1/completions", json={"prompt": "still there?", "max_tokens": 2}).status_code)
+                served.append(
+                    http.post("/v1/completions", json={"prompt": "still there?", "max_tokens": 2}).status_code
+                )
         for t in threads:
             t.join(30)
         assert served and set(served) == {200}
@@ -168,9 +196,10 @@ def test_max_requests_recycles_the_worker_with_a_drain(tiny_model_dirs):
         server.wait_ready()
         (old_worker,) = server.worker_pids()
         results, threads = start_streams(server, [4000])  # request 1: endless
-        with httpx.Client(base_url=server.url, timeout=60) as http:
-            assert http.post("/v1/completions", json={"prompt": "two", "max_tokens": 2}).status_code == 200
-        server.wait_for_log(r"draining: \d+ open requests")  # request 2 reached max_requests
+        # Request 2 reaches max_requests, which starts the drain before the app runs it; its body
+        # arrives only once the drain has begun, and gunicorn promises to serve it all the same.
+        body = {"prompt": "two", "max_tokens": 2}
+        assert post_with_late_body(server, "/v1/completions", body, r"draining: \d+ open requests") == 200
         # With a single worker, request 3 waits in the listen backlog for the replacement worker.
         with httpx.Client(base_url=server.url, timeout=60) as http:
             assert http.post("/v1/completions", json={"prompt": "three", "max_tokens": 2}).status_code == 200
@@ -204,7 +233,7 @@ def test_sigkill_of_one_worker_leaves_the_other_workers_streams_alone(tiny_model
         assert len(owners) == 2, "the kernel never gave a connection to the second worker"
         victim = owners[0]
         psutil.Process(victim).send_signal(signal.SIGKILL)
-        server.wait_for_log(r"Booting worker with pid: (?!%d)" % victim)
+        server.wait_for_log(rf"Booting worker with pid: (?!{victim})")
         for t in threads:
             t.join(60)
         survivors = [r for r, owner in zip(results, owners) if owner != victim]

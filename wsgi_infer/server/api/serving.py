@@ -3,6 +3,7 @@
 Runs in the request's greenlet; waiting is cooperative (gevent), and the
 engine work happens on the manager's thread.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -27,22 +28,33 @@ def manager() -> EngineManager:
 def check_model(name: str | None) -> None:
     served = manager().model_name
     if name is not None and name != served:
-        raise APIError(f"model {name!r} does not exist; this server serves {served!r}", 404, param="model", code="model_not_found")
+        raise APIError(
+            f"model {name!r} does not exist; this server serves {served!r}", 404, param="model", code="model_not_found"
+        )
 
 
-def start(prompts: list[str | list[int]] | list[Conversation], params: list[SamplingParams], chat: bool = False) -> RequestStream:
+def start(
+    prompts: list[str | list[int]] | list[Conversation], params: list[SamplingParams], chat: bool = False
+) -> RequestStream:
     """Submit and wait for the engine to accept; raise the right APIError otherwise."""
     mgr = manager()
-    if mgr.draining:
-        raise APIError("the server is shutting down; retry the request", 503, code="server_shutting_down",
-                       headers={"Retry-After": "1"})
+    if g.arrived_draining:
+        raise APIError(
+            "the server is shutting down; retry the request",
+            503,
+            code="server_shutting_down",
+            headers={"Retry-After": "1"},
+        )
     # A worker that is still loading (just started, or replacing one on reload) holds the request a while.
     if not mgr.wait_ready(mgr.settings.load_wait_seconds):
         raise APIError("the model is not loaded", 503, code="model_not_ready", headers={"Retry-After": "5"})
     limit = mgr.settings.max_num_seqs + mgr.settings.max_waiting_requests
     if mgr.num_open_requests >= limit:
         raise APIError(
-            f"too many requests in flight ({limit}); retry later", 429, code="too_many_requests", headers={"Retry-After": "1"}
+            f"too many requests in flight ({limit}); retry later",
+            429,
+            code="too_many_requests",
+            headers={"Retry-After": "1"},
         )
     stream = mgr.submit(g.request_id, prompts, params, chat)
     try:
@@ -52,7 +64,9 @@ def start(prompts: list[str | list[int]] | list[Conversation], params: list[Samp
         if isinstance(outcome, Terminated):
             raise APIError(outcome.message, 503, code=outcome.code, headers={"Retry-After": "5"})
         if not isinstance(outcome, Accepted):
-            raise APIError("the engine did not answer in time", 503, code="engine_timeout", headers={"Retry-After": "5"})
+            raise APIError(
+                "the engine did not answer in time", 503, code="engine_timeout", headers={"Retry-After": "5"}
+            )
     except BaseException:
         mgr.release(stream)
         raise
