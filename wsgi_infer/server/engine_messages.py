@@ -16,13 +16,14 @@ if TYPE_CHECKING:
     from .streams import RequestStream
 
 Conversation = list[dict]  # chat messages, before the chat template
+Prompts = list[str | list[int]] | list[Conversation]  # texts or token ids; or conversations
 
 
 # --- commands: hub to engine thread --------------------------------------------------
 @dataclass
 class Submit:
     stream: RequestStream
-    prompts: list[str | list[int]] | list[Conversation]
+    prompts: Prompts
     params: list[SamplingParams]  # one per choice of each prompt (n)
     chat: bool
 

@@ -22,7 +22,7 @@ from ..engine.sampling_params import SamplingParams
 from . import metrics
 from .bridge import HubBridge
 from .engine_loop import EngineLoop
-from .engine_messages import Abort, Conversation, EngineFailed, EngineReady, EngineStopped, Stop, Submit
+from .engine_messages import Abort, EngineFailed, EngineReady, EngineStopped, Prompts, Stop, Submit
 from .router import StreamRouter
 from .settings import ServerSettings
 from .stream_log import StreamLogs
@@ -144,11 +144,7 @@ class EngineManager:
 
     # --- requests (hub) ---------------------------------------------------------------
     def submit(
-        self,
-        request_id: str,
-        prompts: list[str | list[int]] | list[Conversation],
-        params: list[SamplingParams],
-        chat: bool = False,
+        self, request_id: str, prompts: Prompts, params: list[SamplingParams], chat: bool = False
     ) -> RequestStream:
         """Queue ``len(params)`` choices of each prompt (choice index = prompt * n + j).
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from flask import current_app, g
 
 from ...engine.sampling_params import SamplingParams
-from ..engine_messages import Accepted, Conversation, Rejected
+from ..engine_messages import Accepted, Prompts, Rejected
 from ..errors import APIError
 from ..extension import manager_of
 from ..manager import EngineManager
@@ -33,9 +33,7 @@ def check_model(name: str | None) -> None:
         )
 
 
-def start(
-    prompts: list[str | list[int]] | list[Conversation], params: list[SamplingParams], chat: bool = False
-) -> RequestStream:
+def start(prompts: Prompts, params: list[SamplingParams], chat: bool = False) -> RequestStream:
     """Submit and wait for the engine to accept; raise the right APIError otherwise."""
     mgr = manager()
     if g.arrived_draining:
