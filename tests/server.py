@@ -19,25 +19,27 @@ GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
 
 
 def free_port() -> int:
+    """A port for a server that cannot bind port 0 and report it (nginx, redis); gunicorn does."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 class GunicornServer:
-    """``gunicorn -c gunicorn.conf.py`` on a free loopback port, with WSGI_INFER_* settings.
+    """``gunicorn -c gunicorn.conf.py`` on a loopback port of the kernel's choosing, with
+    WSGI_INFER_* settings; the port comes from gunicorn's own "Listening at" line.
 
     Every log line (gunicorn's and the app's) is kept, and tests wait for lines
     instead of sleeping.
     """
 
-    def __init__(self, settings: dict[str, str], *args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, **{f"WSGI_INFER_{k.upper()}": str(v) for k, v in settings.items()}}
+    def __init__(self, settings: dict[str, str], *args: str, command: list[str] | None = None, **env_vars: str) -> None:
+        """``command`` replaces ``gunicorn -c gunicorn.conf.py`` (for `wsgi-infer serve`); it must
+        bind 127.0.0.1:0 itself. ``env_vars`` go to the environment as they are."""
+        env = {**os.environ, **{f"WSGI_INFER_{k.upper()}": str(v) for k, v in settings.items()}, **env_vars}
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         self.process = subprocess.Popen(
-            [GUNICORN, "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{self.port}", *args],
+            command or [GUNICORN, "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", *args],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -49,6 +51,8 @@ class GunicornServer:
         self._eof = False
         self._changed = threading.Condition()
         threading.Thread(target=self._read_log, daemon=True).start()
+        self.port = int(self.wait_for_log(r"Listening at: http://127\.0\.0\.1:(\d+) ").group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
 
     def _read_log(self) -> None:
         for line in self.process.stdout:
@@ -61,18 +65,34 @@ class GunicornServer:
 
     def wait_for_log(self, pattern: str, timeout: float = 120.0, after: int = 0) -> re.Match:
         """The first log line (from index ``after``) matching ``pattern``; fails on timeout or exit."""
+        return self.wait_for_line(pattern, timeout, after)[1]
+
+    def wait_for_line(self, pattern: str, timeout: float = 120.0, after: int = 0) -> tuple[int, re.Match]:
+        """The index and match of the first log line (from index ``after``) matching ``pattern``."""
         regex = re.compile(pattern)
         deadline = time.monotonic() + timeout
         with self._changed:
             while True:
-                for line in self.lines[after:]:
-                    match = regex.search(line)
+                for index in range(after, len(self.lines)):
+                    match = regex.search(self.lines[index])
                     if match:
-                        return match
+                        return index, match
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._eof:
                     raise AssertionError(f"no log line matching {pattern!r}; log:\n" + "\n".join(self.lines[-40:]))
                 self._changed.wait(remaining)
+
+    def wait_booted(self, after: int = 0, count: int = 1) -> list[int]:
+        """The pids of the next ``count`` workers booted after log line ``after``, once each
+        one's own engine is ready (gunicorn prefixes every line with the process's pid)."""
+        pids = []
+        for _ in range(count):
+            after, match = self.wait_for_line(r"Booting worker with pid: (\d+)", after=after)
+            pids.append(int(match.group(1)))
+            after += 1
+        for pid in pids:
+            self.wait_for_log(rf"\[{pid}\] \[INFO\] engine ready: serving")
+        return pids
 
     def wait_ready(self) -> GunicornServer:
         self.wait_for_log(r"engine ready: serving")
@@ -90,6 +110,16 @@ class GunicornServer:
                 name, value = line.rsplit(" ", 1)
                 values[name] = float(value)
         return values
+
+    def owner_of(self, client_port: int) -> int:
+        """The worker process holding the server side of the connection from ``client_port``."""
+        import psutil
+
+        for pid in self.worker_pids():
+            for conn in psutil.Process(pid).net_connections(kind="tcp"):
+                if conn.raddr and conn.raddr.port == client_port:
+                    return pid
+        raise AssertionError(f"no worker holds the connection from port {client_port}")
 
     def worker_pids(self) -> list[int]:
         import psutil

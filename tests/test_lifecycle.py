@@ -210,17 +210,14 @@ def test_max_requests_recycles_the_worker_with_a_drain(tiny_model_dirs):
 
 def test_sigkill_of_one_worker_leaves_the_other_workers_streams_alone(tiny_model_dirs):
     with lifecycle_server(tiny_model_dirs, "--workers", "2") as server:
-        mark = 0
-        for _ in range(2):
-            mark = server.lines.index(server.wait_for_log(r"engine ready: serving", after=mark).string) + 1
-        workers = server.worker_pids()
+        workers = server.wait_booted(count=2)
         results, threads, owners = [], [], []
         for i in range(40):  # until each worker holds one stream; extra ones are closed at once
             result = StreamResult()
             thread = threading.Thread(target=stream, args=(server, result, 2500, f"s{i}"))
             thread.start()
             assert result.first_token.wait(60)
-            owner = owner_of(result.client_port, workers)
+            owner = server.owner_of(result.client_port)
             if owner in owners:
                 result.cancel.set()
                 thread.join(30)
@@ -232,28 +229,19 @@ def test_sigkill_of_one_worker_leaves_the_other_workers_streams_alone(tiny_model
                 break
         assert len(owners) == 2, "the kernel never gave a connection to the second worker"
         victim = owners[0]
+        killed_at = len(server.lines)
         psutil.Process(victim).send_signal(signal.SIGKILL)
-        server.wait_for_log(rf"Booting worker with pid: (?!{victim})")
+        (replacement,) = server.wait_booted(after=killed_at)
+        assert replacement not in workers
         for t in threads:
             t.join(60)
         survivors = [r for r, owner in zip(results, owners) if owner != victim]
         assert survivors and all(r.done for r in survivors)
-        mark = len(server.lines)
-        server.wait_for_log(r"engine ready: serving", after=mark - 5)
         with httpx.Client(base_url=server.url, timeout=60) as http:
             assert http.post("/v1/completions", json={"prompt": "after", "max_tokens": 2}).status_code == 200
         # The dead worker's gauges are gone (child_exit): two live engines' worth of blocks, not three.
         single = int(server.wait_for_log(r"KV cache: (\d+) blocks").group(1))
         assert server.metrics()["wsgi_infer:kv_blocks_total"] == 2 * single
-
-
-def owner_of(client_port: int, workers: list[int]) -> int:
-    """The worker process holding the server side of the connection from ``client_port``."""
-    for pid in workers:
-        for conn in psutil.Process(pid).net_connections(kind="tcp"):
-            if conn.raddr and conn.raddr.port == client_port:
-                return pid
-    raise AssertionError(f"no worker holds the connection from port {client_port}")
 
 
 def test_hub_is_never_blocked_by_model_work():
@@ -267,6 +255,7 @@ def test_hub_is_never_blocked_by_model_work():
         with httpx.Client(base_url=server.url, timeout=120) as http:
             r = http.post("/v1/completions", json={"prompt": long_prompt, "max_tokens": 2})
         assert r.status_code == 200
-        assert time.monotonic() - started > 2  # the prefill really outlasted the timeout
         assert server.worker_pids() == [worker]
         assert not any("WORKER TIMEOUT" in line for line in server.lines)
+        if time.monotonic() - started <= 2:
+            pytest.skip("this host prefills faster than the 2 s timeout: the test shows nothing here")

@@ -50,7 +50,9 @@ def start_then_cut(server: GunicornServer, after: int = 5) -> tuple[str, list]:
                 received.append(event)
             if len(received) == after:
                 return r.headers["x-stream-id"], received  # leaving the block cuts the connection
-    raise AssertionError("the stream ended before the cut")
+    raise AssertionError(
+        f"the stream ended before the cut: {r.status_code}, {received}\n" + "\n".join(server.lines[-30:])
+    )
 
 
 def test_a_cut_stream_resumes_from_the_next_event(server, tiny_llama):

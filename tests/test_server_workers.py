@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
+import os
 import sys
 from pathlib import Path
 
 import httpx
+import torch
 
-from .server import ROOT, GunicornServer, free_port
+from .server import GunicornServer
 from .sse_client import events
 
 
@@ -28,11 +28,10 @@ def test_engine_failure_ends_streams_turns_health_503_and_worker_is_replaced(tin
         assert "Traceback" not in error["message"]
         assert data[-2].json["choices"][0]["finish_reason"] == "abort"
         assert all(e.data != "[DONE]" for e in data)
-        server.wait_for_log(r"engine thread died; this worker exits")
+        died, _ = server.wait_for_line(r"engine thread died; this worker exits")
         # A fresh worker takes over and serves (until its own step 40).
-        server.wait_for_log(rf"Booting worker with pid: (?!{first_worker})")
-        mark = len(server.lines)
-        server.wait_for_log(r"engine ready: serving", after=mark - 1)
+        (replacement,) = server.wait_booted(after=died)
+        assert replacement != first_worker
         with server.client() as http:
             assert http.get("/health").status_code == 200
             ok = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
@@ -58,18 +57,27 @@ def test_health_is_503_once_the_engine_thread_is_dead(tiny_model_dirs):
 def test_metrics_add_up_across_two_workers(tiny_model_dirs):
     settings = {"model": tiny_model_dirs["llama"], "dtype": "float32"}
     with GunicornServer(settings, "--workers", "2") as server:
-        server.wait_for_log(r"engine ready: serving")
-        mark = next(i for i, line in enumerate(server.lines) if "engine ready" in line)
-        server.wait_for_log(r"engine ready: serving", after=mark + 1)
+        workers = server.wait_booted(count=2)
         single = int(server.wait_for_log(r"KV cache: (\d+) blocks").group(1))
-        # Two workers on two cores: one torch thread each, so they do not oversubscribe.
-        assert sum("uses the CPU with 1 torch threads" in line for line in server.lines) == 2
+        # Workers share the machine: a GPU each in turn, or the cores split so they do not oversubscribe.
+        if torch.cuda.is_available():
+            expected = [f"worker {i} uses cuda:{i % torch.cuda.device_count()}" for i in range(2)]
+        else:
+            expected = [
+                f"worker {i} uses the CPU with {max(1, (os.cpu_count() or 1) // 2)} torch threads" for i in range(2)
+            ]
+        assert all(any(e in line for line in server.lines) for e in expected), expected
         completion_tokens = prompt_tokens = 0
-        for i in range(8):
-            with httpx.Client(base_url=server.url) as http:  # new connections: both workers get some
-                usage = http.post("/v1/completions", json={"prompt": f"request {i}", "max_tokens": 4}).json()["usage"]
-            completion_tokens += usage["completion_tokens"]
-            prompt_tokens += usage["prompt_tokens"]
+        served_by = set()
+        for i in range(40):  # new connections, until both workers have served some
+            with httpx.Client(base_url=server.url) as http:
+                r = http.post("/v1/completions", json={"prompt": f"request {i}", "max_tokens": 4})
+                served_by.add(server.owner_of(r.extensions["network_stream"].get_extra_info("client_addr")[1]))
+            completion_tokens += r.json()["usage"]["completion_tokens"]
+            prompt_tokens += r.json()["usage"]["prompt_tokens"]
+            if served_by == set(workers) and i >= 7:
+                break
+        assert served_by == set(workers), "the kernel never gave a connection to the second worker"
         metrics = server.metrics()
         assert metrics["wsgi_infer:kv_blocks_total"] == 2 * single  # summed over both live workers
         assert metrics["wsgi_infer:kv_blocks_free"] == 2 * single
@@ -79,32 +87,15 @@ def test_metrics_add_up_across_two_workers(tiny_model_dirs):
 
 
 def test_wsgi_infer_serve_runs_the_gunicorn_configuration(tiny_model_dirs):
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("wsgi-infer")),
-            "serve",
-            "--model",
-            str(tiny_model_dirs["llama"]),
-            "--bind",
-            f"127.0.0.1:{port}",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        startup = []
-        for line in process.stdout:
-            startup.append(line)
-            if "engine ready" in line:
-                break
-        assert any("Using worker: wsgi_infer.server.worker.InferenceWorker" in line for line in startup)
-        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
-        assert health.status_code == 200
-    finally:
-        process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=60)[0]
-    assert process.returncode == 0
-    assert "engine thread stopped" in output
+    """`wsgi-infer serve` with --workers, further flags from GUNICORN_CMD_ARGS, and the default
+    drain (graceful_timeout - keepalive - 2) derived from them."""
+    cli = str(Path(sys.executable).with_name("wsgi-infer"))
+    command = [cli, "serve", "--model", str(tiny_model_dirs["llama"]), "--bind", "127.0.0.1:0", "--workers", "2"]
+    with GunicornServer({}, command=command, GUNICORN_CMD_ARGS="--graceful-timeout 11 --keep-alive 3") as server:
+        workers = server.wait_booted(count=2)
+        assert any("Using worker: wsgi_infer.server.worker.InferenceWorker" in line for line in server.lines)
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+        assert server.stop() == 0
+        for pid in workers:
+            server.wait_for_log(rf"\[{pid}\] \[INFO\] draining: 0 open requests, up to 6\.0 s")
+            server.wait_for_log(rf"\[{pid}\] \[INFO\] engine thread stopped")

@@ -1,6 +1,6 @@
 """A request's stream of engine output, living in the hub.
 
-The manager pushes events into a ``RequestStream`` from the hub's bridge
+The router pushes events into a ``RequestStream`` from the bridge's
 callback; the request's greenlet takes everything queued at once, so a slow
 reader gets fewer, larger pieces instead of a growing backlog.
 """
