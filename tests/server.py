@@ -51,7 +51,7 @@ class GunicornServer:
         self._eof = False
         self._changed = threading.Condition()
         threading.Thread(target=self._read_log, daemon=True).start()
-        self.port = int(self.wait_for_log(r"Listening at: http://127\.0\.0\.1:(\d+) ").group(1))
+        self.port = int(self.wait_for_log(r"Listening at: http://127\.0\.0\.1:(\d+)\b").group(1))
         self.url = f"http://127.0.0.1:{self.port}"
 
     def _read_log(self) -> None:
