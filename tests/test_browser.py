@@ -27,7 +27,7 @@ CHROMIUM_ARGS = [
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dirs):
-    # Heartbeats every 2 s: a stream nobody reads is abandoned after that long, so a resume must come sooner.
+    # A stream nobody reads is abandoned one heartbeat interval after its reader left (Stop included).
     with GunicornServer({"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 2}) as srv:
         yield srv.wait_ready()
 
@@ -92,12 +92,15 @@ def test_stop_button_aborts_the_request(page, server):
     assert metrics["wsgi_infer:kv_blocks_free"] == metrics["wsgi_infer:kv_blocks_total"]
 
 
-def test_a_cut_connection_resumes_without_losing_or_repeating_tokens(browser, server, tiny_llama):
+def test_a_cut_connection_resumes_without_losing_or_repeating_tokens(browser, tiny_model_dirs, tiny_llama):
     prompt = "Keep talking through the cut"
-    expected = tiny_llama.chat([{"role": "user", "content": prompt}], SamplingParams(temperature=0, max_tokens=1500))[
-        0
-    ].text
-    with NginxProxy(f"127.0.0.1:{server.port}") as nginx:
+    params = SamplingParams(temperature=0, max_tokens=1500)
+    expected = tiny_llama.chat([{"role": "user", "content": prompt}], params)[0].text
+    # Heartbeats of 10 s: the cut stream is kept for longer than all of the page's retries
+    # (150 ms x attempt, 10 attempts: 8.25 s in all).
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 10}
+    with GunicornServer(settings) as server, NginxProxy(f"127.0.0.1:{server.port}") as nginx:
+        server.wait_ready()
         page = browser.new_page()
         page.goto(nginx.url + "/")
         page.wait_for_function("document.getElementById('model').textContent === 'tiny-llama0'")

@@ -27,10 +27,12 @@ BODY = {
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dirs):
+    # A cut stream is abandoned one heartbeat interval after its reader left: 10 s is the window a
+    # resume has, far more than it needs. Finished streams expire after 1 s.
     settings = {
         "model": tiny_model_dirs["llama"],
         "dtype": "float32",
-        "heartbeat_seconds": 1.0,
+        "heartbeat_seconds": 10.0,
         "resume_keep_seconds": 1.0,
     }
     with GunicornServer(settings) as srv:
@@ -131,7 +133,12 @@ def redis_url(tmp_path_factory):
 
 def test_a_resume_can_reach_another_instance_sharing_redis(tiny_model_dirs, redis_url, tiny_llama):
     expected = tiny_llama.generate("Resume me", SamplingParams(temperature=0, max_tokens=300, ignore_eos=True))[0].text
-    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 1.0, "redis_url": redis_url}
+    settings = {
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "heartbeat_seconds": 10.0,
+        "redis_url": redis_url,
+    }
     with GunicornServer(settings) as first, GunicornServer(settings) as second:
         first.wait_ready()
         second.wait_ready()
