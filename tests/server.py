@@ -25,21 +25,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class GunicornServer:
-    """``gunicorn -c gunicorn.conf.py`` on a loopback port of the kernel's choosing, with
-    WSGI_INFER_* settings; the port comes from gunicorn's own "Listening at" line.
+class LoggedProcess:
+    """A process whose every output line is kept, so tests wait for lines instead of sleeping."""
 
-    Every log line (gunicorn's and the app's) is kept, and tests wait for lines
-    instead of sleeping.
-    """
-
-    def __init__(self, settings: dict[str, str], *args: str, command: list[str] | None = None, **env_vars: str) -> None:
-        """``command`` replaces ``gunicorn -c gunicorn.conf.py`` (for `wsgi-infer serve`); it must
-        bind 127.0.0.1:0 itself. ``env_vars`` go to the environment as they are."""
-        env = {**os.environ, **{f"WSGI_INFER_{k.upper()}": str(v) for k, v in settings.items()}, **env_vars}
-        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(
-            command or [GUNICORN, "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", *args],
+            argv,
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -51,8 +42,6 @@ class GunicornServer:
         self._eof = False
         self._changed = threading.Condition()
         threading.Thread(target=self._read_log, daemon=True).start()
-        self.port = int(self.wait_for_log(r"Listening at: http://127\.0\.0\.1:(\d+)\b").group(1))
-        self.url = f"http://127.0.0.1:{self.port}"
 
     def _read_log(self) -> None:
         for line in self.process.stdout:
@@ -81,6 +70,37 @@ class GunicornServer:
                 if remaining <= 0 or self._eof:
                     raise AssertionError(f"no log line matching {pattern!r}; log:\n" + "\n".join(self.lines[-40:]))
                 self._changed.wait(remaining)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> LoggedProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class GunicornServer(LoggedProcess):
+    """``gunicorn -c gunicorn.conf.py`` on a loopback port of the kernel's choosing, with
+    WSGI_INFER_* settings; the port comes from gunicorn's own "Listening at" line.
+    """
+
+    def __init__(self, settings: dict[str, str], *args: str, command: list[str] | None = None, **env_vars: str) -> None:
+        """``command`` replaces ``gunicorn -c gunicorn.conf.py`` (for `wsgi-infer serve`); it must
+        bind 127.0.0.1:0 itself. ``env_vars`` go to the environment as they are."""
+        env = {**os.environ, **{f"WSGI_INFER_{k.upper()}": str(v) for k, v in settings.items()}, **env_vars}
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        super().__init__(command or [GUNICORN, "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", *args], env)
+        self.port = int(self.wait_for_log(r"Listening at: http://127\.0\.0\.1:(\d+)\b").group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_booted(self, after: int = 0, count: int = 1) -> list[int]:
         """The pids of the next ``count`` workers booted after log line ``after``, once each
@@ -125,19 +145,3 @@ class GunicornServer:
         import psutil
 
         return [child.pid for child in psutil.Process(self.process.pid).children()]
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        return self.process.returncode
-
-    def __enter__(self) -> GunicornServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

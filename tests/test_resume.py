@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import threading
 import time
 
 import pytest
 
 from wsgi_infer import SamplingParams
 
-from .server import GunicornServer, free_port
+from .server import GunicornServer, LoggedProcess, free_port
 from .sse_client import events
 
 BODY = {
@@ -105,30 +103,10 @@ def redis_url(tmp_path_factory):
             pytest.fail("redis-server is not installed (.ci/run installs Debian's redis-server)")
         pytest.skip("redis-server is not installed")
     port = free_port()
-    process = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path_factory.mktemp("redis")),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    for line in process.stdout:  # redis says when it accepts connections
-        if "Ready to accept connections" in line:
-            break
-    threading.Thread(target=process.stdout.read, daemon=True).start()
-    yield f"redis://127.0.0.1:{port}/0"
-    process.terminate()
-    process.wait(10)
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    with LoggedProcess([*argv, "--dir", str(tmp_path_factory.mktemp("redis"))]) as redis_server:
+        redis_server.wait_for_log(r"Ready to accept connections", timeout=30)
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 def test_a_resume_can_reach_another_instance_sharing_redis(tiny_model_dirs, redis_url, tiny_llama):
