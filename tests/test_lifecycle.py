@@ -67,16 +67,32 @@ def stream(server: GunicornServer, result: StreamResult, max_tokens: int, prompt
     result.first_token.set()
 
 
-def post_with_late_body(server: GunicornServer, path: str, body: dict, send_after: str) -> int:
-    """POST whose headers go at once and whose body goes when a log line appears; the status."""
+def post_on(
+    sock: socket.socket, path: str, body: dict, server: GunicornServer | None = None, body_after: str = ""
+) -> int:
+    """POST on an open connection; with ``body_after``, the body goes only once that log line
+    appears. The response's status."""
     payload = json.dumps(body).encode()
     head = f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}"
-    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
-        sock.sendall(f"{head}\r\n\r\n".encode())
-        server.wait_for_log(send_after)
-        sock.sendall(payload)
-        status_line = sock.makefile("rb").readline()
-    return int(status_line.split()[1])
+    sock.sendall(f"{head}\r\n\r\n".encode())
+    if body_after:
+        server.wait_for_log(body_after)
+    sock.sendall(payload)
+    return int(sock.makefile("rb").readline().split()[1])
+
+
+def holder_of(server: GunicornServer, sock: socket.socket) -> int | None:
+    try:
+        return server.owner_of(sock.getsockname()[1])
+    except AssertionError:  # not accepted yet
+        return None
+
+
+def wait_until(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
 
 
 def start_streams(server, max_tokens_list: list[int]) -> tuple[list[StreamResult], list[threading.Thread]]:
@@ -180,7 +196,14 @@ def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dir
         server.wait_ready()
         (old_worker,) = server.worker_pids()
         results, threads = start_streams(server, [4000] * 2)
+        # A connection the old worker accepted just before the reload, whose request comes
+        # only after that worker began to drain: gunicorn accepted it, so it is served.
+        early = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+        wait_until(lambda: holder_of(server, early) == old_worker)
         server.process.send_signal(signal.SIGHUP)
+        server.wait_for_log(rf"\[{old_worker}\] \[INFO\] draining: \d+ open requests")
+        with early:
+            assert post_on(early, "/v1/completions", {"prompt": "early", "max_tokens": 2}) == 200
         served = []
         deadline = time.monotonic() + DRAIN + 3
         while time.monotonic() < deadline:  # new connections all along the reload
@@ -203,8 +226,9 @@ def test_max_requests_recycles_the_worker_with_a_drain(tiny_model_dirs):
         results, threads = start_streams(server, [4000])  # request 1: endless
         # Request 2 reaches max_requests, which starts the drain before the app runs it; its body
         # arrives only once the drain has begun, and gunicorn promises to serve it all the same.
-        body = {"prompt": "two", "max_tokens": 2}
-        assert post_with_late_body(server, "/v1/completions", body, r"draining: \d+ open requests") == 200
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+            body = {"prompt": "two", "max_tokens": 2}
+            assert post_on(sock, "/v1/completions", body, server, body_after=r"draining: \d+ open requests") == 200
         # With a single worker, request 3 waits in the listen backlog for the replacement worker.
         with httpx.Client(base_url=server.url, timeout=60) as http:
             assert http.post("/v1/completions", json={"prompt": "three", "max_tokens": 2}).status_code == 200

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+import weakref
 
 from flask import Flask, current_app, g, request
 
@@ -34,13 +35,21 @@ def create_app(settings: ServerSettings | None = None) -> Flask:
 
 
 def _install_request_hooks(app: Flask) -> None:
+    kept_alive: weakref.WeakSet = weakref.WeakSet()  # client sockets that have carried a request
+
     @app.before_request
     def _note_arrival() -> None:
-        # Admission is decided when a request arrives, before anything can yield: gunicorn
-        # flips `alive` (starting our drain) before it runs the request that reaches
-        # max_requests, which it promises to serve, and that request may still be reading
-        # its body when the drain greenlet runs.
-        g.arrived_draining = manager_of(current_app).draining
+        # While draining, a request on a kept-alive connection is turned away (503), so that its
+        # client reconnects to a worker that stays. Every other request is one gunicorn has
+        # accepted and promises to serve: the first one on a connection the worker accepted
+        # just before its drain began (a SIGHUP reload), and the one that reaches max_requests,
+        # which gunicorn runs only after flipping `alive` (our drain) and which may still be
+        # reading its body when the drain greenlet runs. So this is decided on arrival, before
+        # anything can yield.
+        connection = request.environ.get("gunicorn.socket")
+        g.turned_away = manager_of(current_app).draining and connection in kept_alive
+        if connection is not None:
+            kept_alive.add(connection)
 
     @app.before_request
     def _request_id() -> None:

@@ -36,7 +36,7 @@ def check_model(name: str | None) -> None:
 def start(prompts: Prompts, params: list[SamplingParams], chat: bool = False) -> RequestStream:
     """Submit and wait for the engine to accept; raise the right APIError otherwise."""
     mgr = manager()
-    if g.arrived_draining:
+    if g.turned_away:
         raise APIError(
             "the server is shutting down; retry the request",
             503,
