@@ -92,7 +92,7 @@ def test_sampling_fields_equal_the_offline_engine(server, tiny_llama, field):
     assert complete(server, prompt=PROMPT, max_tokens=24, **base, **field)["choices"][0]["text"] == expected
 
 
-@pytest.mark.parametrize("field", [{"top_k": 1}, {"top_p": 0.001}])
+@pytest.mark.parametrize("field", [{"top_k": 1}, {"top_p": 1e-9}])
 def test_native_generate_honours_top_k_and_top_p(server, tiny_llama, field):
     # Either filter keeps only the most likely token: sampling at temperature 1 becomes greedy.
     greedy = tiny_llama.generate(PROMPT, SamplingParams(temperature=0, max_tokens=20))[0].text
@@ -133,7 +133,8 @@ def test_settings_are_honoured_on_the_server(tiny_model_dirs):
                 "/v1/completions",
                 headers={"Origin": "https://anywhere.example", "Access-Control-Request-Method": "POST"},
             )
-            assert preflight.headers["access-control-allow-origin"] == "*"
+            # Any origin is allowed (flask-cors echoes it rather than answering "*").
+            assert preflight.headers["access-control-allow-origin"] in ("*", "https://anywhere.example")
 
 
 def test_a_non_streamed_request_gets_a_503_when_the_engine_dies(tiny_model_dirs):
