@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from .nginx_proxy import NginxProxy
@@ -57,6 +58,21 @@ def test_tokens_stream_through_nginx_as_they_are_generated(server):
     assert proxied[-1].data == "[DONE]"
     assert text_of(proxied) == text_of(direct)  # the same greedy text
     print(f"TTFB direct {1e3 * ttfb:.1f} ms, through nginx {1e3 * ttfb_proxied:.1f} ms")
+
+
+def test_nginx_keeps_its_connection_to_gunicorn_alive(server):
+    def upstream_ports() -> set[int]:
+        (worker,) = server.worker_pids()
+        connections = psutil.Process(worker).net_connections(kind="tcp")
+        return {c.raddr.port for c in connections if c.raddr and c.status == psutil.CONN_ESTABLISHED}
+
+    with NginxProxy(f"127.0.0.1:{server.port}") as nginx, httpx.Client(base_url=nginx.url, timeout=30) as http:
+        seen = []
+        for _ in range(3):  # each request on a new client connection to nginx
+            r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}, headers={"Connection": "close"})
+            assert r.status_code == 200
+            seen.append(upstream_ports())
+    assert seen[0] & seen[1] & seen[2], seen  # one upstream connection carried every request
 
 
 def test_a_quiet_stream_outlives_nginx_read_timeout(tiny_model_dirs):

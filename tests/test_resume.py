@@ -41,9 +41,9 @@ def text_of(data_events) -> str:
     return "".join(e.json["choices"][0]["text"] for e in data_events if e.data != "[DONE]" and e.json["choices"])
 
 
-def start_then_cut(server: GunicornServer, after: int = 5) -> tuple[str, list]:
+def start_then_cut(server: GunicornServer, after: int = 5, path: str = "/v1/completions", body: dict = BODY):
     """Start a stream, read ``after`` events, drop the connection; the stream id and the events."""
-    with server.client() as http, http.stream("POST", "/v1/completions", json=BODY) as r:
+    with server.client() as http, http.stream("POST", path, json=body) as r:
         received = []
         for event in events(r):
             if event.data:
@@ -65,6 +65,19 @@ def test_a_cut_stream_resumes_from_the_next_event(server, tiny_llama):
     assert [int(e.id) for e in rest] == list(range(6, 6 + len(rest)))  # nothing lost, nothing repeated
     assert rest[-1].data == "[DONE]" and rest[-2].json["usage"]["completion_tokens"] == 300
     assert text_of(received) + text_of(rest) == expected
+
+
+def test_a_cut_chat_stream_resumes_over_plain_http(server, tiny_llama):
+    messages = [{"role": "user", "content": "Resume this chat"}]
+    expected = tiny_llama.chat(messages, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))[0].text
+    body = {"messages": messages, "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True}
+    stream_id, received = start_then_cut(server, path="/v1/chat/completions", body=body)
+    with server.client() as http, http.stream("GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "5"}) as r:
+        rest = [e for e in events(r) if e.data]
+    assert [int(e.id) for e in rest] == list(range(6, 6 + len(rest))) and rest[-1].data == "[DONE]"
+    chunks = [e.json["choices"][0]["delta"] for e in received + rest[:-1]]
+    assert chunks[0]["role"] == "assistant"
+    assert "".join(c.get("content", "") for c in chunks) == expected
 
 
 def test_a_finished_stream_replays_then_expires(server):
