@@ -4,6 +4,8 @@ without the field, so that a field the server ignored would fail its test."""
 from __future__ import annotations
 
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -145,3 +147,28 @@ def test_a_non_streamed_request_gets_a_503_when_the_engine_dies(tiny_model_dirs)
     assert r.status_code == 503 and r.headers["retry-after"]
     error = r.json()["error"]
     assert error["code"] == "engine_stopped" and "fault injected at step 5" in error["message"]
+
+
+def test_503_while_the_model_loads_and_while_the_engine_stalls():
+    """LOAD_WAIT_SECONDS=0: a request during the (seconds long) load of the default model gets
+    model_not_ready at once. STALL_SECONDS=0.3: /health says stalled during one long prefill step."""
+    settings = {"load_wait_seconds": 0, "stall_seconds": 0.3, "max_num_batched_tokens": 1024}
+    with GunicornServer(settings) as server:
+        server.wait_for_log(r"loading model from")
+        assert httpx.get(f"{server.url}/health", timeout=30).json()["status"] == "loading"
+        r = httpx.post(f"{server.url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}, timeout=30)
+        assert r.status_code == 503 and r.headers["retry-after"]
+        assert r.json()["error"]["code"] == "model_not_ready"
+        server.wait_ready()
+        with ThreadPoolExecutor(1) as pool, server.client() as http:
+            started = time.monotonic()
+            prefill = {"prompt": list(range(1000, 2000)), "max_tokens": 1}  # one step: 1,000 tokens
+            done = pool.submit(http.post, "/v1/completions", json=prefill)
+            seen = set()
+            while not done.done():
+                seen.add(httpx.get(f"{server.url}/health", timeout=30).json()["status"])
+            assert done.result().status_code == 200
+        if time.monotonic() - started < 1.0:
+            pytest.skip("this host prefills 1,000 tokens in under a second: too quick to watch a stall")
+        assert "stalled" in seen
+        assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200  # healthy again

@@ -30,7 +30,6 @@ from .streams import RequestStream
 
 log = logging.getLogger(__name__)
 
-STALL_SECONDS = 60.0  # requests open but no delivery for this long: /health says 503
 STREAM_FLUSH_SECONDS = 0.5  # for streams to write their final event before the thread stops
 RELAYED_LOGGERS = ("wsgi_infer", "transformers")  # what the engine thread logs, emitted in the hub
 
@@ -92,7 +91,8 @@ class EngineManager:
     @property
     def stalled(self) -> bool:
         """Requests are open but the engine thread has delivered nothing for a long time."""
-        return bool(self._router.streams) and time.monotonic() - self._router.last_delivery_at > STALL_SECONDS
+        quiet_for = time.monotonic() - self._router.last_delivery_at
+        return bool(self._router.streams) and quiet_for > self.settings.stall_seconds
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the thread (after its current step) and end every open stream.

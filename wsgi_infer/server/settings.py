@@ -39,6 +39,9 @@ class ServerSettings(BaseSettings):
         None,
         description="keep resumable streams in this Redis (redis://host:port/db) so any worker or host can resume them",
     )
+    stall_seconds: float = Field(
+        60.0, gt=0, description="requests open but no output from the engine for this long: /health says 503"
+    )
     load_wait_seconds: float = Field(
         30.0, ge=0, description="how long a request waits for a worker that is still loading its model"
     )
