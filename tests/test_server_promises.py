@@ -102,8 +102,21 @@ def test_native_generate_honours_top_k_and_top_p(server, tiny_llama, field):
     assert body["text"] == greedy
 
 
+def prefix_hits_of_a_repeated_prompt(server: GunicornServer) -> float:
+    """Send one 40-token prompt twice; how many prompt tokens the prefix cache gave."""
+    before = server.metrics()["wsgi_infer:prefix_cache_hits_total"]
+    for _ in range(2):
+        complete(server, prompt=list(range(100, 140)), max_tokens=1)
+    return server.metrics()["wsgi_infer:prefix_cache_hits_total"] - before
+
+
+def test_a_repeated_prompt_prefix_comes_from_the_cache(server):
+    assert prefix_hits_of_a_repeated_prompt(server) == 32  # two full blocks of 16; the last is recomputed
+
+
 def test_settings_are_honoured_on_the_server(tiny_model_dirs):
-    """SERVED_MODEL_NAME, MAX_MODEL_LEN, SEED, QUANTIZATION and CORS_ORIGINS=* on one server."""
+    """SERVED_MODEL_NAME, MAX_MODEL_LEN, SEED, QUANTIZATION, ENABLE_PREFIX_CACHING=false and
+    CORS_ORIGINS=* on one server."""
     model = str(tiny_model_dirs["llama"])
     offline = LLM(model=model, dtype="float32", quantization="int8", seed=1234)
     sampled = SamplingParams(temperature=1.0, max_tokens=12)
@@ -119,6 +132,7 @@ def test_settings_are_honoured_on_the_server(tiny_model_dirs):
         "seed": 1234,
         "quantization": "int8",
         "cors_origins": "*",
+        "enable_prefix_caching": "false",
     }
     with GunicornServer(settings) as server:
         server.wait_ready()
@@ -137,6 +151,7 @@ def test_settings_are_honoured_on_the_server(tiny_model_dirs):
             )
             # Any origin is allowed (flask-cors echoes it rather than answering "*").
             assert preflight.headers["access-control-allow-origin"] in ("*", "https://anywhere.example")
+        assert prefix_hits_of_a_repeated_prompt(server) == 0
 
 
 def test_a_non_streamed_request_gets_a_503_when_the_engine_dies(tiny_model_dirs):

@@ -123,6 +123,7 @@ class LLMEngine:
             num_free_blocks=bm.num_free_blocks,
             num_cached_blocks=bm.num_cached_blocks,
             num_total_blocks=bm.num_blocks,
+            num_prefix_hit_tokens=bm.num_prefix_hit_blocks * bm.block_size,
         )
 
     # --- the step --------------------------------------------------------------------

@@ -73,3 +73,4 @@ class EngineCounters:
     num_free_blocks: int
     num_cached_blocks: int
     num_total_blocks: int
+    num_prefix_hit_tokens: int  # prompt tokens taken from the prefix cache since the engine started

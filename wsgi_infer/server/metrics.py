@@ -65,6 +65,7 @@ e2e_request_latency = Histogram(
 )
 request_success = Counter("wsgi_infer:request_success", "Finished requests", ["finished_reason"])
 prompt_tokens = Counter("wsgi_infer:prompt_tokens", "Prompt tokens processed")
+prefix_cache_hits = Counter("wsgi_infer:prefix_cache_hits", "Prompt tokens whose KV came from the prefix cache")
 generation_tokens = Counter("wsgi_infer:generation_tokens", "Tokens generated")
 
 

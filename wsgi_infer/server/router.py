@@ -31,6 +31,7 @@ class StreamRouter:
             **lifecycle_handlers,
         }
         self.last_delivery_at = time.monotonic()
+        self._prefix_hit_tokens = 0  # the engine's cumulative count, as last seen
 
     # --- the routing table --------------------------------------------------------------
     def add(self, stream: RequestStream) -> None:
@@ -57,6 +58,7 @@ class StreamRouter:
     # --- deliveries -----------------------------------------------------------------------
     def deliver(self, events: list) -> None:
         self.last_delivery_at = time.monotonic()
+        self._prefix_hit_tokens = 0  # the engine's cumulative count, as last seen
         for event in events:
             self._handlers[type(event)](event)
 
@@ -76,6 +78,8 @@ class StreamRouter:
         metrics.num_requests_waiting.set(counters.num_waiting)
         metrics.kv_blocks_free.set(counters.num_free_blocks)
         metrics.kv_cache_usage_perc.set(1 - counters.num_free_blocks / counters.num_total_blocks)
+        metrics.prefix_cache_hits.inc(counters.num_prefix_hit_tokens - self._prefix_hit_tokens)
+        self._prefix_hit_tokens = counters.num_prefix_hit_tokens
         for delta in step.deltas:
             target = self._targets.get(delta.request_id)
             if target is None:  # released while the step ran
