@@ -24,7 +24,7 @@ def test_int8_linear_small_batches_approximate_large_batches_exact():
 
 
 def test_int8_default_model_still_answers(default_model_dir):
-    llm = LLM(model=None, dtype="bfloat16", quantization="int8")
+    llm = LLM(model=None, device="cpu", dtype="bfloat16", quantization="int8")  # int8 is for the CPU
     assert isinstance(llm.engine.runner.model.lm_head, Int8Linear)
     out = llm.chat(
         [{"role": "user", "content": "What is the capital of France?"}], SamplingParams(temperature=0, max_tokens=16)

@@ -118,14 +118,17 @@ def test_settings_are_honoured_on_the_server(tiny_model_dirs):
     """SERVED_MODEL_NAME, MAX_MODEL_LEN, SEED, QUANTIZATION, ENABLE_PREFIX_CACHING=false and
     CORS_ORIGINS=* on one server."""
     model = str(tiny_model_dirs["llama"])
-    offline = LLM(model=model, dtype="float32", quantization="int8", seed=1234)
+    offline = LLM(model=model, device="cpu", dtype="float32", quantization="int8", seed=1234)  # int8: CPU only
     sampled = SamplingParams(temperature=1.0, max_tokens=12)
     first_unseeded = offline.generate(PROMPT, sampled)[0].text  # the first request draws the first seed
     quantized_greedy = offline.generate(PROMPT, SamplingParams(temperature=0, max_tokens=24))[0].text
-    plain = LLM(model=model, dtype="float32").generate(PROMPT, SamplingParams(temperature=0, max_tokens=24))[0]
+    plain = LLM(model=model, device="cpu", dtype="float32").generate(
+        PROMPT, SamplingParams(temperature=0, max_tokens=24)
+    )[0]
     assert quantized_greedy != plain.text, "int8 changes nothing here: the test would show nothing"
     settings = {
         "model": model,
+        "device": "cpu",
         "dtype": "float32",
         "served_model_name": "house-model",
         "max_model_len": 48,
