@@ -68,7 +68,13 @@ class RequestStream:
 
     @property
     def finished(self) -> bool:
+        """Every choice has ended (as pushed; its reader may not have taken it yet)."""
         return len(self.finish_reasons) == self.num_choices
+
+    @property
+    def drained(self) -> bool:
+        """Every choice has ended and the reader has taken every event."""
+        return self.finished and not self._queue
 
     def push(self, event: StreamEvent) -> None:
         """Hub only (bridge callback or a greenlet)."""

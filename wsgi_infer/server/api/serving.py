@@ -90,7 +90,8 @@ def iter_deltas(stream: RequestStream, heartbeat: float) -> Iterator[list[Choice
     ``manager().release(stream)`` when done, also on error or disconnect.
     """
     carry: list[ChoiceDelta] = []
-    while not stream.finished:
+    # Not `finished`: the last pieces may be pushed while the caller is busy with earlier ones.
+    while not stream.drained:
         events = stream.take(heartbeat)
         if not events:
             yield Heartbeat()
