@@ -13,6 +13,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from wsgi_infer import LLM  # noqa: E402
 from wsgi_infer.engine.model_loader import load_tokenizer, resolve_model_dir  # noqa: E402
 
+from .server import GunicornServer  # noqa: E402
+
 TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2")
 
 
@@ -73,3 +75,22 @@ def tiny_llama(tiny_model_dirs) -> LLM:
 @pytest.fixture(scope="session")
 def default_llm(default_model_dir) -> LLM:
     return LLM(model=None, dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def server():
+    """The default model served in float32 (so it equals ``default_llm``), shared by the API tests."""
+    with GunicornServer({"dtype": "float32"}) as srv:
+        yield srv.wait_ready()
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="not-needed", max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def model(client) -> str:
+    return client.models.list().data[0].id

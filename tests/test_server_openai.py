@@ -7,25 +7,7 @@ import pytest
 
 from wsgi_infer import SamplingParams
 
-from .server import GunicornServer
-
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def server():
-    with GunicornServer({"dtype": "float32"}) as srv:
-        yield srv.wait_ready()
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="not-needed", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(client) -> str:
-    return client.models.list().data[0].id
 
 
 def test_models_lists_the_served_model_with_root(client, model):

@@ -3,6 +3,7 @@
 It knows nothing of HTTP, gevent or gunicorn (tests/test_layout.py checks).
 Its core (``config``, ``sampling_params``, ``outputs``, ``sequence``,
 ``block_manager``, ``scheduler``) is plain Python without torch; the torch work
-is in ``model_runner``, ``sampler``, ``layers/`` and ``models/``, and
-``llm_engine`` ties them together.
+is in ``model_runner``, ``sampler`` (with ``grammar``, llguidance's
+constrained decoding), ``layers/`` and ``models/``, and ``llm_engine`` ties
+them together.
 """

@@ -19,11 +19,12 @@ from .block_manager import BlockManager
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .device import resolve_device, resolve_dtype
+from .grammar import GrammarCompiler
 from .model_loader import eos_token_ids, load_config, load_tokenizer, resolve_model_dir
 from .model_runner import ModelRunner
 from .outputs import EngineCounters, RequestDelta, TokenLogprob
 from .sampler import Sampler
-from .sampling_params import SamplingParams
+from .sampling_params import InvalidParameter, SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
 
@@ -49,7 +50,15 @@ class LLMEngine:
         self.sampler = Sampler()
         self._seqs: dict[str, Sequence] = {}
         self._seed_source = random.Random(config.seed)
+        self._grammars: GrammarCompiler | None = None
         log.info("model ready: %s, max_model_len %d", self.hf_config.model_type, self.max_model_len)
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The constraint compiler for this tokenizer, built on first use (about 0.4 s)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.hf_config.vocab_size)
+        return self._grammars
 
     # --- requests ------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
@@ -90,12 +99,15 @@ class LLMEngine:
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds "
                 f"the KV cache capacity of {capacity} tokens"
             )
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise InvalidParameter("logit_bias", f"logit_bias token ids must be below the vocabulary size {vocab}")
+        matcher = self.grammars.matcher(params.structured_output) if params.structured_output else None
         generator = torch.Generator(device=self.device)
         generator.manual_seed(params.seed if params.seed is not None else self._seed_source.getrandbits(63))
         detokenizer = IncrementalDetokenizer(
             self.tokenizer.backend_tokenizer, prompt_ids, params.stop, params.skip_special_tokens
         )
-        seq = Sequence(request_id, prompt_ids, params, max_tokens, detokenizer, generator)
+        seq = Sequence(request_id, prompt_ids, params, max_tokens, detokenizer, generator, matcher)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
         return len(prompt_ids)
@@ -143,17 +155,7 @@ class LLMEngine:
 
     def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> RequestDelta:
         seq.token_ids.append(token)
-        params = seq.params
-        finish_reason = None
-        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
-            finish_reason, text = "stop", seq.detokenizer.flush()
-        else:
-            text = seq.detokenizer.push(token)
-            if seq.detokenizer.stopped:
-                finish_reason = "stop"
-            elif seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
-                finish_reason = "length"
-                text += seq.detokenizer.flush()
+        finish_reason, text = self._advance(seq, token)
         if finish_reason is not None:
             self.scheduler.finish(seq)
             del self._seqs[seq.request_id]
@@ -166,3 +168,18 @@ class LLMEngine:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
         )
+
+    def _advance(self, seq: Sequence, token: int) -> tuple[str | None, str]:
+        """Feed the new token to the detokenizer and grammar; return (finish_reason, text)."""
+        params = seq.params
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            return "stop", seq.detokenizer.flush()
+        text = seq.detokenizer.push(token)
+        if seq.detokenizer.stopped:
+            return "stop", text
+        # A complete grammar allows nothing more: the choice ends without waiting for EOS.
+        if seq.matcher is not None and (not seq.matcher.consume_token(token) or seq.matcher.is_stopped()):
+            return "stop", text + seq.detokenizer.flush()
+        if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length", text + seq.detokenizer.flush()
+        return None, text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .grammar import apply_grammar_masks
 from .outputs import TokenLogprob
 from .sequence import Sequence
 
@@ -23,6 +24,13 @@ def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
     if (params.presence_penalty or params.frequency_penalty) and seq.num_output_tokens:
         counts = torch.bincount(torch.tensor(seq.output_token_ids, device=logits.device), minlength=logits.numel())
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+
+
+def apply_logit_bias(logits: torch.Tensor, seq: Sequence) -> None:
+    """In place: the request's bias added to each named token's logit."""
+    bias = seq.params.logit_bias
+    ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
+    logits.index_add_(0, ids, torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device))
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
@@ -43,15 +51,12 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) 
 
 
 class Sampler:
+    @torch.inference_mode()  # the runner's logits are inference tensors, processed in place
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
         """One next token per row; the logprobs the request asked for (model distribution)."""
         want_logprobs = any(s.params.logprobs is not None for s in seqs)
         raw_logprobs = logits.log_softmax(-1) if want_logprobs else None
-        if any(s.params.has_penalties for s in seqs):
-            logits = logits.clone()
-            for row, seq in zip(logits, seqs):
-                if seq.params.has_penalties:
-                    apply_penalties(row, seq)
+        self._process(logits, seqs)
         greedy = logits.argmax(-1).tolist()
         tokens: list[int] = []
         for i, seq in enumerate(seqs):
@@ -74,3 +79,15 @@ class Sampler:
                     top=list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else [],
                 )
         return tokens, logprobs
+
+    @staticmethod
+    def _process(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """In place: penalties, then logit bias, then grammar masks (the raw logprobs are taken)."""
+        for row, seq in zip(logits, seqs):
+            if seq.params.has_penalties:
+                apply_penalties(row, seq)
+            if seq.params.logit_bias:
+                apply_logit_bias(row, seq)
+        constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        if constrained:
+            apply_grammar_masks(logits, constrained, [seqs[i].matcher for i in constrained])

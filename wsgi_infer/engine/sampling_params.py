@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0
 
 
 class InvalidParameter(ValueError):
@@ -15,6 +17,29 @@ class InvalidParameter(ValueError):
         self.param = param
 
 
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on a choice's text, compiled by ``engine.grammar``.
+
+    ``json``: a JSON Schema (dict or JSON text); ``regex``: a regular expression;
+    ``choice``: one of a list of strings; ``grammar``: a Lark grammar (GBNF is
+    converted; a Lark grammar may embed a schema with ``%json {...}``).
+    """
+
+    kind: Literal["json", "regex", "choice", "grammar"]
+    value: object
+
+    def __post_init__(self) -> None:
+        valid = {
+            "json": lambda v: isinstance(v, (dict, str, bool)),
+            "regex": lambda v: isinstance(v, str),
+            "choice": lambda v: isinstance(v, list) and v and all(isinstance(c, str) and c for c in v),
+            "grammar": lambda v: isinstance(v, str) and v.strip(),
+        }
+        if self.kind not in valid or not valid[self.kind](self.value):
+            raise InvalidParameter("structured_outputs", f"structured_outputs.{self.kind} is not valid: {self.value!r}")
+
+
 @dataclass
 class SamplingParams:
     """How one request is decoded.
@@ -22,7 +47,9 @@ class SamplingParams:
     ``temperature == 0`` is greedy. ``top_k <= 0`` and ``top_p == 1`` disable those
     filters. ``max_tokens=None`` means "up to the end of the context window".
     ``logprobs`` is the number of top alternatives returned per token (0 = only the
-    sampled token's logprob, None = no logprobs).
+    sampled token's logprob, None = no logprobs). ``logit_bias`` adds to a token's
+    logit before sampling; ``structured_output`` allows only the tokens that keep
+    the text valid, and ends the choice when it is complete.
     """
 
     temperature: float = 1.0
@@ -39,12 +66,15 @@ class SamplingParams:
     max_tokens: int | None = 16
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
+        self.logit_bias = dict(self.logit_bias)
         self._validate()
 
     def _validate(self) -> None:
@@ -75,6 +105,10 @@ class SamplingParams:
             fail("max_tokens", "must be a positive integer")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             fail("logprobs", f"must be between 0 and {MAX_LOGPROBS}")
+        if any(not isinstance(t, int) or t < 0 for t in self.logit_bias):
+            fail("logit_bias", "must map token ids (non-negative integers) to biases")
+        if any(not isinstance(b, (int, float)) or abs(b) > MAX_LOGIT_BIAS for b in self.logit_bias.values()):
+            fail("logit_bias", f"biases must be numbers between -{MAX_LOGIT_BIAS:g} and {MAX_LOGIT_BIAS:g}")
 
     @property
     def greedy(self) -> bool:

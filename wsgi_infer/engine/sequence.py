@@ -9,6 +9,7 @@ from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
+    from llguidance import LLMatcher
 
     from .detokenizer import IncrementalDetokenizer
 
@@ -25,8 +26,8 @@ class Sequence:
     ``num_computed_tokens`` counts tokens whose KV is in the cache; the tokens
     after it are what the next steps must compute. A token is sampled only when
     a step computes up to the last token. The engine attaches the request's
-    detokenizer and random generator; scheduling and block management never
-    use them.
+    detokenizer, random generator and grammar matcher; scheduling and block
+    management never use them.
     """
 
     def __init__(
@@ -37,6 +38,7 @@ class Sequence:
         max_tokens: int,
         detokenizer: IncrementalDetokenizer | None = None,
         generator: torch.Generator | None = None,
+        matcher: LLMatcher | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
@@ -45,6 +47,7 @@ class Sequence:
         self.max_tokens = max_tokens
         self.detokenizer = detokenizer
         self.generator = generator
+        self.matcher = matcher
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_table: list[int] = []

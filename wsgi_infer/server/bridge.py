@@ -16,6 +16,10 @@ thread must hand results to greenlets in a way that wakes the hub. A
   is lost and a whole engine step costs one wake-up.
 - The thread's log records go to the hub, which emits them, so the thread
   never touches logging's patched locks.
+
+``run_off_hub`` is the other native-thread door: a greenlet runs a call that
+releases the GIL (compiling a grammar) on gevent's pool of OS threads, and
+waits cooperatively, so neither the hub nor the engine thread stalls.
 """
 
 from __future__ import annotations
@@ -73,6 +77,11 @@ class HubBridge:
 
     def on_hub_thread(self) -> bool:
         return _native_get_ident() == self._hub_ident
+
+    @staticmethod
+    def run_off_hub(function: Callable[..., Any], *args: Any) -> Any:
+        """In a greenlet: ``function(*args)`` on a native pool thread; its result, or its exception."""
+        return gevent.get_hub().threadpool.apply(function, args)
 
     # --- hub to thread --------------------------------------------------------------
     def send(self, command: Any) -> None:

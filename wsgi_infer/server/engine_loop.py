@@ -51,7 +51,9 @@ class EngineLoop:
             first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
             post([EngineFailed(f"model failed to load: {first_line}", traceback.format_exc()), EngineStopped()])
             return
-        post([EngineReady(engine.max_model_len, str(engine.model_dir), engine.block_manager.num_blocks)])
+        post(
+            [EngineReady(engine.max_model_len, str(engine.model_dir), engine.block_manager.num_blocks, engine.grammars)]
+        )
         try:
             self._serve(engine)
         except Exception as exc:
@@ -113,7 +115,7 @@ def _admit(engine: LLMEngine, command: Submit) -> Admitted:
     except ValueError as exc:
         for choice_id in stream.choice_ids:
             engine.abort(choice_id)
-        return Admitted(stream, Rejected(str(exc)))
+        return Admitted(stream, Rejected(str(exc), getattr(exc, "param", None)))
     return Admitted(stream, Accepted(sum(len(ids) for ids in prompt_ids)))
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..engine.grammar import GrammarCompiler
     from ..engine.outputs import EngineCounters, RequestDelta
     from ..engine.sampling_params import SamplingParams
     from .streams import RequestStream
@@ -51,6 +52,7 @@ class Rejected:
     """The engine refused the request (bad input): a 400 for the client."""
 
     message: str
+    param: str | None = None  # the field at fault, when the engine knows it
 
 
 @dataclass
@@ -64,6 +66,7 @@ class EngineReady:
     max_model_len: int
     model_dir: str
     num_blocks: int
+    grammars: GrammarCompiler  # thread-safe: the hub compiles constraints before it submits
 
 
 @dataclass

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import gevent.event
 
@@ -27,6 +28,9 @@ from .router import StreamRouter
 from .settings import ServerSettings
 from .stream_log import StreamLogs
 from .streams import RequestStream
+
+if TYPE_CHECKING:
+    from ..engine.grammar import GrammarCompiler
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,7 @@ class EngineManager:
         self.draining = False
         self._closing = False
         self._bridge: HubBridge | None = None
+        self._grammars: GrammarCompiler | None = None
         self._router = StreamRouter(
             {EngineReady: self._on_ready, EngineFailed: self._on_failed, EngineStopped: self._on_stopped}
         )
@@ -143,6 +148,13 @@ class EngineManager:
         return len(streams)
 
     # --- requests (hub) ---------------------------------------------------------------
+    def compile_constraints(self, params: list[SamplingParams]) -> None:
+        """Compile each constraint on a pool thread, so the engine thread finds it cached and no
+        running stream waits for a large schema. Raises InvalidParameter; call once ready."""
+        specs = {id(p.structured_output): p.structured_output for p in params if p.structured_output}
+        for spec in specs.values():
+            self._bridge.run_off_hub(self._grammars.check, spec)
+
     def submit(
         self, request_id: str, prompts: Prompts, params: list[SamplingParams], chat: bool = False
     ) -> RequestStream:
@@ -181,6 +193,7 @@ class EngineManager:
     def _on_ready(self, event: EngineReady) -> None:
         self.max_model_len = event.max_model_len
         self.model_dir = event.model_dir
+        self._grammars = event.grammars
         metrics.kv_blocks_total.set(event.num_blocks)
         metrics.kv_blocks_free.set(event.num_blocks)
         self.ready = True

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..engine.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams
+from ..engine.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams, StructuredOutput
 from .errors import APIError
 
 MAX_CHOICES = 16
@@ -22,6 +22,59 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(_Request):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def constraint(self) -> StructuredOutput | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return StructuredOutput("json", {"type": "object"})
+        if self.json_schema is None:
+            raise APIError("response_format.json_schema is required for type json_schema", param="response_format")
+        # No schema: any JSON object, as OpenAI does.
+        return StructuredOutput("json", self.json_schema.schema_ or {"type": "object"})
+
+
+class StructuredOutputs(_Request):
+    """vLLM's ``structured_outputs``: exactly one of these."""
+
+    json_: dict | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def constraint(self) -> StructuredOutput:
+        given = {
+            kind: value
+            for kind, value in (
+                ("json", self.json_),
+                ("regex", self.regex),
+                ("choice", self.choice),
+                ("grammar", self.grammar),
+            )
+            if value is not None
+        }
+        if self.json_object:
+            given["json"] = {"type": "object"}
+        if len(given) != 1:
+            raise APIError(
+                "structured_outputs takes exactly one of json, regex, choice, grammar, json_object",
+                param="structured_outputs",
+            )
+        [(kind, value)] = given.items()
+        return StructuredOutput(kind, value)
 
 
 class _SamplingRequest(_Request):
@@ -40,6 +93,9 @@ class _SamplingRequest(_Request):
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    logit_bias: dict[int, float] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     @field_validator("stop")
     @classmethod
@@ -52,9 +108,24 @@ class _SamplingRequest(_Request):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def constraint_field(self) -> str:
+        """The field a constraint came from, for errors."""
+        return "structured_outputs" if self.structured_outputs is not None else "response_format"
+
+    def constraint(self) -> StructuredOutput | None:
+        if self.structured_outputs is not None and self.response_format is not None:
+            raise APIError("give response_format or structured_outputs, not both", param="structured_outputs")
+        source = self.structured_outputs or self.response_format
+        try:
+            return source.constraint() if source is not None else None
+        except InvalidParameter as exc:
+            raise APIError(str(exc), param=self.constraint_field) from None
+
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> list[SamplingParams]:
         """One SamplingParams per choice; choice j of a seeded request uses seed + j so choices differ."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        constraint = self.constraint()
         try:
             return [
                 SamplingParams(
@@ -70,6 +141,8 @@ class _SamplingRequest(_Request):
                     ignore_eos=self.ignore_eos,
                     max_tokens=max_tokens,
                     logprobs=logprobs,
+                    logit_bias=self.logit_bias or {},
+                    structured_output=constraint,
                 )
                 for j in range(self.n)
             ]

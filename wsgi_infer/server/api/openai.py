@@ -49,7 +49,9 @@ def models():
 def completions():
     req: CompletionRequest = parse(CompletionRequest, request.get_json(force=True))
     check_model(req.model)
-    stream = start(req.prompts, req.sampling_params(req.max_tokens, req.logprobs))
+    stream = start(
+        req.prompts, req.sampling_params(req.max_tokens, req.logprobs), constraint_field=req.constraint_field
+    )
     formatter = _CompletionFormatter(stream, "text_completion")
     return _respond(stream, req.stream, req.include_usage, formatter)
 
@@ -59,7 +61,8 @@ def chat_completions():
     req: ChatCompletionRequest = parse(ChatCompletionRequest, request.get_json(force=True))
     check_model(req.model)
     messages = [m.as_template_message() for m in req.messages]
-    stream = start([messages], req.sampling_params(req.max_new_tokens, req.num_logprobs), chat=True)
+    params = req.sampling_params(req.max_new_tokens, req.num_logprobs)
+    stream = start([messages], params, chat=True, constraint_field=req.constraint_field)
     formatter = _ChatFormatter(stream, "chat.completion.chunk" if req.stream else "chat.completion")
     return _respond(stream, req.stream, req.include_usage, formatter)
 

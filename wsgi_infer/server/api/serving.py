@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from flask import current_app, g
 
-from ...engine.sampling_params import SamplingParams
+from ...engine.sampling_params import InvalidParameter, SamplingParams
 from ..engine_messages import Accepted, Prompts, Rejected
 from ..errors import APIError
 from ..extension import manager_of
@@ -33,8 +33,13 @@ def check_model(name: str | None) -> None:
         )
 
 
-def start(prompts: Prompts, params: list[SamplingParams], chat: bool = False) -> RequestStream:
-    """Submit and wait for the engine to accept; raise the right APIError otherwise."""
+def start(
+    prompts: Prompts, params: list[SamplingParams], chat: bool = False, constraint_field: str = "structured_outputs"
+) -> RequestStream:
+    """Submit and wait for the engine to accept; raise the right APIError otherwise.
+
+    A constraint that does not compile is a 400 naming ``constraint_field``.
+    """
     mgr = manager()
     if g.turned_away:
         raise APIError(
@@ -54,11 +59,15 @@ def start(prompts: Prompts, params: list[SamplingParams], chat: bool = False) ->
             code="too_many_requests",
             headers={"Retry-After": "1"},
         )
+    try:
+        mgr.compile_constraints(params)
+    except InvalidParameter as exc:
+        raise APIError(str(exc), param=constraint_field) from None
     stream = mgr.submit(g.request_id, prompts, params, chat)
     try:
         outcome = stream.wait_admission(ADMISSION_TIMEOUT_S)
         if isinstance(outcome, Rejected):
-            raise APIError(outcome.message, 400)
+            raise APIError(outcome.message, 400, param=outcome.param)
         if isinstance(outcome, Terminated):
             raise APIError(outcome.message, 503, code=outcome.code, headers={"Retry-After": "5"})
         if not isinstance(outcome, Accepted):

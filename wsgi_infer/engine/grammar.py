@@ -1,0 +1,82 @@
+"""Constrained decoding with llguidance: compile a constraint, mask the logits, follow the tokens.
+
+A ``GrammarCompiler`` turns a ``StructuredOutput`` into an llguidance matcher
+for the model's tokenizer. Compiled grammars are cached by their text, so a
+schema sent with every request compiles once; each choice gets a cheap copy.
+Compiling releases the GIL: the server compiles on a pool thread before it
+submits, and the engine thread then finds the grammar in the cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import llguidance
+import llguidance.hf
+import torch
+from llguidance import LLMatcher
+
+from .sampling_params import InvalidParameter, StructuredOutput
+
+GRAMMAR_CACHE_SIZE = 128
+# Whitespace between JSON tokens is bounded: free whitespace lets a model loop on newlines forever.
+JSON_DEFAULTS = {"whitespace_pattern": r"[ \n]{0,16}"}
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def grammar_text(spec: StructuredOutput) -> str:
+    """The llguidance grammar of a constraint (not yet checked)."""
+    try:
+        if spec.kind == "json":
+            schema = json.loads(spec.value) if isinstance(spec.value, str) else spec.value
+            return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_DEFAULTS)
+        if spec.kind == "regex":
+            return LLMatcher.grammar_from_regex(spec.value)
+        if spec.kind == "choice":
+            return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec.value))
+        lark = llguidance.gbnf_to_lark(spec.value) if "::=" in spec.value else spec.value
+        return LLMatcher.grammar_from_lark(lark)
+    except ValueError as exc:  # not JSON, or a schema that is not an object
+        raise InvalidParameter("structured_outputs", f"the {spec.kind} constraint is not valid: {exc}") from None
+
+
+class GrammarCompiler:
+    """Compiles constraints for one tokenizer. Thread-safe: the cache is ``functools.lru_cache``."""
+
+    def __init__(self, hf_tokenizer, vocab_size: int) -> None:
+        # n_vocab: the model's logits may be wider than the tokenizer's vocabulary.
+        self._tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
+        self.vocab_size = vocab_size
+        self._compiled = functools.lru_cache(maxsize=GRAMMAR_CACHE_SIZE)(self._compile)
+
+    def check(self, spec: StructuredOutput) -> None:
+        """Compile (or find in the cache); InvalidParameter names the problem."""
+        self._compiled(grammar_text(spec))
+
+    def matcher(self, spec: StructuredOutput) -> LLMatcher:
+        """A fresh matcher for one choice."""
+        return self._compiled(grammar_text(spec)).deep_copy()
+
+    def _compile(self, grammar: str) -> LLMatcher:
+        matcher = LLMatcher(self._tokenizer, grammar)
+        if matcher.is_error():
+            first_line = matcher.get_error().strip().splitlines()[0]
+            raise InvalidParameter("structured_outputs", f"the constraint does not compile: {first_line}")
+        return matcher
+
+
+def apply_grammar_masks(logits: torch.Tensor, rows: list[int], matchers: list[LLMatcher]) -> None:
+    """In place: each listed row keeps only the tokens its matcher allows.
+
+    One bitmask row (32 tokens per int32) per matcher, filled by llguidance,
+    then unpacked for the whole batch at once.
+    """
+    words = (logits.shape[1] + 31) // 32
+    bitmask = torch.zeros((len(rows), words), dtype=torch.int32)
+    for k, matcher in enumerate(matchers):
+        row = bitmask[k]
+        matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+    allowed = ((bitmask.unsqueeze(-1) >> _BITS) & 1).view(len(rows), words * 32)[:, : logits.shape[1]]
+    index = torch.tensor(rows, device=logits.device)
+    logits[index] = logits[index].masked_fill(allowed.to(logits.device) == 0, float("-inf"))
