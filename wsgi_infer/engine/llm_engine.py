@@ -64,13 +64,18 @@ class LLMEngine:
     def tokenize(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt, add_special_tokens=True)
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+    @property
+    def template_takes_tools(self) -> bool:
+        """Whether the chat template renders a ``tools`` list itself."""
+        return "tools" in (self.tokenizer.chat_template or "")
+
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Token ids of a conversation through the model's chat template, ready for the reply."""
         if not self.tokenizer.chat_template:
             raise ValueError("messages: this model has no chat template")
         try:
             encoded = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=True
+                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True
             )
         except Exception as exc:  # jinja errors for malformed conversations
             raise ValueError(f"messages: the chat template failed: {exc}") from exc

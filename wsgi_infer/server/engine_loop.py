@@ -21,6 +21,7 @@ from .engine_messages import (
     Aborted,
     Accepted,
     Admitted,
+    Chat,
     EngineFailed,
     EngineReady,
     EngineStopped,
@@ -52,7 +53,15 @@ class EngineLoop:
             post([EngineFailed(f"model failed to load: {first_line}", traceback.format_exc()), EngineStopped()])
             return
         post(
-            [EngineReady(engine.max_model_len, str(engine.model_dir), engine.block_manager.num_blocks, engine.grammars)]
+            [
+                EngineReady(
+                    engine.max_model_len,
+                    str(engine.model_dir),
+                    engine.block_manager.num_blocks,
+                    engine.template_takes_tools,
+                    engine.grammars,
+                )
+            ]
         )
         try:
             self._serve(engine)
@@ -106,7 +115,11 @@ def _admit(engine: LLMEngine, command: Submit) -> Admitted:
     stream, n = command.stream, len(command.params)
     try:
         prompt_ids = [
-            engine.apply_chat_template(p) if command.chat else engine.tokenize(p) if isinstance(p, str) else p
+            engine.apply_chat_template(p.messages, p.tools)
+            if isinstance(p, Chat)
+            else engine.tokenize(p)
+            if isinstance(p, str)
+            else p
             for p in command.prompts
         ]
         for i, ids in enumerate(prompt_ids):

@@ -16,8 +16,16 @@ if TYPE_CHECKING:
     from ..engine.sampling_params import SamplingParams
     from .streams import RequestStream
 
-Conversation = list[dict]  # chat messages, before the chat template
-Prompts = list[str | list[int]] | list[Conversation]  # texts or token ids; or conversations
+
+@dataclass
+class Chat:
+    """A conversation before the chat template; ``tools`` go to templates that take them."""
+
+    messages: list[dict]
+    tools: list[dict] | None = None
+
+
+Prompts = list[str | list[int]] | list[Chat]  # texts or token ids; or conversations
 
 
 # --- commands: hub to engine thread --------------------------------------------------
@@ -26,7 +34,6 @@ class Submit:
     stream: RequestStream
     prompts: Prompts
     params: list[SamplingParams]  # one per choice of each prompt (n)
-    chat: bool
 
 
 @dataclass
@@ -66,6 +73,7 @@ class EngineReady:
     max_model_len: int
     model_dir: str
     num_blocks: int
+    template_takes_tools: bool
     grammars: GrammarCompiler  # thread-safe: the hub compiles constraints before it submits
 
 

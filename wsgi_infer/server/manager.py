@@ -48,6 +48,7 @@ class EngineManager:
         self.model_name = settings.served_model_name or _default_name(settings.model)
         self.model_dir = ""
         self.max_model_len = 0
+        self.template_takes_tools = False
         self.started_at = time.time()
         self.ready = False
         self.failure: str | None = None
@@ -155,9 +156,7 @@ class EngineManager:
         for spec in specs.values():
             self._bridge.run_off_hub(self._grammars.check, spec)
 
-    def submit(
-        self, request_id: str, prompts: Prompts, params: list[SamplingParams], chat: bool = False
-    ) -> RequestStream:
+    def submit(self, request_id: str, prompts: Prompts, params: list[SamplingParams]) -> RequestStream:
         """Queue ``len(params)`` choices of each prompt (choice index = prompt * n + j).
 
         The stream's first event is Accepted or Rejected; then the choices' deltas.
@@ -168,7 +167,7 @@ class EngineManager:
         self._open_streams.add(id(stream))
         self._idle.clear()
         metrics.open_streams.inc()
-        self._bridge.send(Submit(stream, prompts, params, chat))
+        self._bridge.send(Submit(stream, prompts, params))
         return stream
 
     def release(self, stream: RequestStream) -> None:
@@ -194,6 +193,7 @@ class EngineManager:
         self.max_model_len = event.max_model_len
         self.model_dir = event.model_dir
         self._grammars = event.grammars
+        self.template_takes_tools = event.template_takes_tools
         metrics.kv_blocks_total.set(event.num_blocks)
         metrics.kv_blocks_free.set(event.num_blocks)
         self.ready = True

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING
 from flask import Blueprint, Response, jsonify, request
 
 from .. import sse
+from ..engine_messages import Chat
 from ..errors import APIError
 from ..protocol import ChatCompletionRequest, CompletionRequest, parse
 from ..stream_log import StreamLog, spawn_pump
 from ..streams import ChoiceDelta, RequestStream
+from ..tools import ToolCallParser
 from .serving import Heartbeat, StreamInterrupted, check_model, collect, iter_deltas, manager, start
 
 if TYPE_CHECKING:
@@ -60,10 +62,11 @@ def completions():
 def chat_completions():
     req: ChatCompletionRequest = parse(ChatCompletionRequest, request.get_json(force=True))
     check_model(req.model)
-    messages = [m.as_template_message() for m in req.messages]
+    messages, tools = req.conversation(manager().template_takes_tools)
     params = req.sampling_params(req.max_new_tokens, req.num_logprobs)
-    stream = start([messages], params, chat=True, constraint_field=req.constraint_field)
-    formatter = _ChatFormatter(stream, "chat.completion.chunk" if req.stream else "chat.completion")
+    stream = start([Chat(messages, tools)], params, constraint_field=req.constraint_field)
+    obj = "chat.completion.chunk" if req.stream else "chat.completion"
+    formatter = _ChatFormatter(stream, obj, with_tools=req.tool_plan is not None)
     return _respond(stream, req.stream, req.include_usage, formatter)
 
 
@@ -117,7 +120,9 @@ def _sse(mgr: EngineManager, stream: RequestStream, include_usage: bool, formatt
                 yield None
                 continue
             for choice in batch:
-                yield sse.event(formatter.envelope([formatter.chunk_choice(choice)]))
+                chunk = formatter.chunk_choice(choice)
+                if chunk is not None:
+                    yield sse.event(formatter.envelope([chunk]))
         if include_usage:
             yield sse.event(formatter.envelope([], usage=stream.usage))
         yield sse.DONE
@@ -151,7 +156,8 @@ class _Formatter(ABC):
         return body
 
     @abstractmethod
-    def chunk_choice(self, choice: ChoiceDelta) -> dict: ...
+    def chunk_choice(self, choice: ChoiceDelta) -> dict | None:
+        """A streamed choice; None when there is nothing to send yet."""
 
     @abstractmethod
     def final_choice(self, choice: ChoiceDelta) -> dict: ...
@@ -200,14 +206,26 @@ class _CompletionFormatter(_Formatter):
 
 
 class _ChatFormatter(_Formatter):
+    """With tools, each choice's text goes through a ``ToolCallParser``: content or tool calls."""
+
     prefix = "chatcmpl"
 
-    def __init__(self, stream: RequestStream, obj: str) -> None:
+    def __init__(self, stream: RequestStream, obj: str, with_tools: bool = False) -> None:
         super().__init__(stream, obj)
         self._role_sent: set[int] = set()
+        self._parsers = {i: ToolCallParser() for i in range(stream.num_choices)} if with_tools else None
 
-    def chunk_choice(self, choice: ChoiceDelta) -> dict:
+    def chunk_choice(self, choice: ChoiceDelta) -> dict | None:
+        finish_reason = choice.delta.finish_reason
         delta: dict = {"content": choice.delta.text}
+        if self._parsers is not None:
+            parser = self._parsers[choice.index]
+            delta = parser.feed(choice.delta.text)
+            if finish_reason is not None:
+                delta = _merge_deltas(delta, parser.finish())
+                finish_reason = _finish_reason(parser, finish_reason)
+            elif not delta:
+                return None
         if choice.index not in self._role_sent:  # the role comes with the first real token
             self._role_sent.add(choice.index)
             delta = {"role": "assistant", **delta}
@@ -215,15 +233,26 @@ class _ChatFormatter(_Formatter):
             "index": choice.index,
             "delta": delta,
             "logprobs": self._logprobs(choice),
-            "finish_reason": choice.delta.finish_reason,
+            "finish_reason": finish_reason,
         }
 
     def final_choice(self, choice: ChoiceDelta) -> dict:
+        message: dict = {"role": "assistant", "content": choice.delta.text}
+        finish_reason = choice.delta.finish_reason
+        if self._parsers is not None:
+            parser = self._parsers[choice.index]
+            parser.feed(choice.delta.text)
+            parser.finish()
+            message["content"] = parser.content
+            calls = [c.as_openai() for c in parser.calls if c.complete]
+            if calls:
+                message["tool_calls"] = calls
+            finish_reason = _finish_reason(parser, finish_reason)
         return {
             "index": choice.index,
-            "message": {"role": "assistant", "content": choice.delta.text},
+            "message": message,
             "logprobs": self._logprobs(choice),
-            "finish_reason": choice.delta.finish_reason,
+            "finish_reason": finish_reason,
         }
 
     def abort_choice(self, index: int) -> dict:
@@ -245,3 +274,16 @@ class _ChatFormatter(_Formatter):
                 for lp in choice.delta.logprobs
             ]
         }
+
+
+def _finish_reason(parser: ToolCallParser, finish_reason: str) -> str:
+    """A choice that ended its calls (not cut by the length limit) finished with "tool_calls"."""
+    return "tool_calls" if finish_reason == "stop" and parser.calls else finish_reason
+
+
+def _merge_deltas(first: dict, second: dict) -> dict:
+    """Two parser deltas of one chunk: content concatenated, tool-call entries listed in order."""
+    merged = {**first}
+    for key, value in second.items():
+        merged[key] = merged[key] + value if key in merged else value
+    return merged

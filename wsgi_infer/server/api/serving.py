@@ -34,7 +34,7 @@ def check_model(name: str | None) -> None:
 
 
 def start(
-    prompts: Prompts, params: list[SamplingParams], chat: bool = False, constraint_field: str = "structured_outputs"
+    prompts: Prompts, params: list[SamplingParams], constraint_field: str = "structured_outputs"
 ) -> RequestStream:
     """Submit and wait for the engine to accept; raise the right APIError otherwise.
 
@@ -63,7 +63,7 @@ def start(
         mgr.compile_constraints(params)
     except InvalidParameter as exc:
         raise APIError(str(exc), param=constraint_field) from None
-    stream = mgr.submit(g.request_id, prompts, params, chat)
+    stream = mgr.submit(g.request_id, prompts, params)
     try:
         outcome = stream.wait_admission(ADMISSION_TIMEOUT_S)
         if isinstance(outcome, Rejected):
