@@ -138,3 +138,42 @@ def test_logit_bias_over_http_equals_the_offline_engine(client, model, default_l
         model=model, prompt=prompt, max_tokens=6, temperature=0, logit_bias={str(first): -100}
     )
     assert response.choices[0].text == biased.text
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+AUDIO = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+
+
+@pytest.mark.parametrize(
+    ("route", "fields", "param"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [IMAGE]}]}, "messages"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}, AUDIO]}]},
+            "messages",
+        ),
+        ("/v1/chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
+        ("/v1/chat/completions", {"prediction": {"type": "content", "content": "Paris"}}, "prediction"),
+        ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
+        ("/v1/completions", {"suffix": " the end."}, "suffix"),
+        ("/v1/completions", {"best_of": 3}, "best_of"),
+    ],
+)
+def test_fields_that_would_change_the_output_are_refused_by_name(server, route, fields, param):
+    base = {"messages": ASK} if route.endswith("chat/completions") else {"prompt": "Hi"}
+    with server.client() as http:
+        response = http.post(route, json={**base, "max_tokens": 2, **fields})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_fields_that_change_nothing_are_accepted(server):
+    neutral = {"metadata": {"team": "a"}, "store": False, "user": "u1", "service_tier": "auto", "modalities": ["text"]}
+    body = {"messages": ASK, "max_tokens": 6, "temperature": 0}
+    with server.client() as http:
+        plain = http.post("/v1/chat/completions", json=body)
+        with_neutral = http.post("/v1/chat/completions", json={**body, **neutral})
+    assert plain.status_code == with_neutral.status_code == 200
+    assert with_neutral.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]

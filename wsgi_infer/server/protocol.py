@@ -22,6 +22,28 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+# Known OpenAI fields that would change the output and that we do not implement: a 400, never ignored.
+# Fields that change nothing here (metadata, store, user, service_tier, ...) are accepted and ignored.
+UNSUPPORTED = {
+    "audio": "audio output is not supported",
+    "modalities": "only text output is supported",
+    "prediction": "predicted outputs are not supported",
+    "functions": "functions is deprecated and not supported; use tools",
+    "function_call": "function_call is deprecated and not supported; use tool_choice",
+    "web_search_options": "web search is not supported",
+    "suffix": "suffix (fill in the middle) is not supported",
+    "best_of": "best_of is not supported; use n",
+}
+NEUTRAL_VALUES = {"modalities": (["text"],), "best_of": (1,), "suffix": ("",)}
+
+
+def refuse_unsupported(body: dict) -> None:
+    for name, reason in UNSUPPORTED.items():
+        value = body.get(name)
+        if value is not None and value not in NEUTRAL_VALUES.get(name, ()):
+            raise APIError(reason, param=name)
+
+
 class StreamOptions(_Request):
     include_usage: bool = False
 
@@ -295,9 +317,10 @@ def _template_message(message: ChatMessage, template_takes_tools: bool) -> dict:
     if template_takes_tools:
         entry: dict = {"role": message.role, "content": message.text}
         if message.tool_calls:
+            # Templates take arguments as an object, as transformers documents.
             entry["tool_calls"] = [
-                {"type": "function", "function": {"name": c.function.name, "arguments": json.loads(c.function.arguments)}}
-                for c in message.tool_calls
+                {"type": "function", "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                for c in (call.function for call in message.tool_calls)
             ]
         if message.tool_call_id:
             entry["tool_call_id"] = message.tool_call_id
@@ -328,6 +351,7 @@ def parse(schema: type[_Request], body: object) -> _Request:
     """Validate a JSON body; a 400 naming the first bad field otherwise."""
     if not isinstance(body, dict):
         raise APIError("request body must be a JSON object")
+    refuse_unsupported(body)
     try:
         return schema.model_validate(body)
     except ValidationError as exc:
