@@ -52,3 +52,31 @@ def test_sharded_checkpoint_loads_the_same_weights(tiny_model_dirs, tmp_path):
     sharded = LLM(model=str(tmp_path), dtype="float32").generate(PROMPTS, params)
     single = LLM(model=str(source), dtype="float32").generate(PROMPTS, params)
     assert [o.token_ids for o in sharded] == [o.token_ids for o in single]
+
+
+def reference_prompt_logprobs(model_dir, prompt_ids: list[int]) -> torch.Tensor:
+    """transformers' log-softmax at each prompt position, of the prompt token that follows."""
+    model = load_hf_model(model_dir, torch.float32)
+    with torch.no_grad():
+        logprobs = model(torch.tensor([prompt_ids])).logits[0].float().log_softmax(-1)
+    return logprobs[:-1].gather(1, torch.tensor(prompt_ids[1:]).unsqueeze(1)).squeeze(1)
+
+
+def test_prompt_logprobs_match_transformers_across_chunks_cache_and_batches(tiny_llama, tiny_model_dirs):
+    """A 150-token prompt prefilled in 64-token chunks, next to another request, twice (the second
+    time its blocks are cached: prompt logprobs must recompute them all)."""
+    prompt = " ".join(f"word{i}" for i in range(60))
+    ids = tiny_llama.engine.tokenize(prompt)
+    assert len(ids) > 2 * 64
+    expected = reference_prompt_logprobs(tiny_model_dirs["llama"], ids)
+    score = SamplingParams(max_tokens=0, prompt_logprobs=2)
+    for _ in range(2):
+        scored, other = tiny_llama.generate([ids, "Hello"], [score, SamplingParams(temperature=0, max_tokens=8)])
+        assert scored.finish_reason == "length" and scored.token_ids == [] and scored.text == ""
+        assert [lp.token_id for lp in scored.prompt_logprobs] == ids[1:]
+        got = torch.tensor([lp.logprob for lp in scored.prompt_logprobs])
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+        assert all(len(lp.top) == 2 and lp.top[0][1] >= lp.logprob - 1e-5 for lp in scored.prompt_logprobs)
+    generated = tiny_llama.generate(ids, SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=0))[0]
+    assert len(generated.token_ids) == 3 and len(generated.prompt_logprobs) == len(ids) - 1
+    assert_idle(tiny_llama)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
+
 import openai
 import pytest
+import torch
 
 from wsgi_infer import SamplingParams
 
@@ -114,3 +117,67 @@ def test_unknown_model_is_a_404_api_error(client):
     with pytest.raises(openai.NotFoundError) as info:
         client.completions.create(model="gpt-9", prompt="hi", max_tokens=2)
     assert "gpt-9" in str(info.value)
+
+
+def test_echo_scores_a_prompt_like_transformers(server, default_model_dir):
+    """lm-eval-harness's loglikelihood request: echo, logprobs 1, max_tokens 0."""
+    from .test_reference import reference_prompt_logprobs
+
+    prompt = "Paris is the capital and most populous city of France."
+    with server.client() as http:
+        body = http.post(
+            "/v1/completions", json={"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 0}
+        ).json()
+        ids = http.post("/tokenize", json={"prompt": prompt}).json()["tokens"]
+    choice = body["choices"][0]
+    assert choice["text"] == prompt and choice["finish_reason"] == "length"
+    logprobs = choice["logprobs"]
+    assert len(logprobs["tokens"]) == len(ids) and "".join(logprobs["tokens"]) == prompt
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    expected = reference_prompt_logprobs(default_model_dir, ids)
+    torch.testing.assert_close(torch.tensor(logprobs["token_logprobs"][1:]), expected, atol=1e-3, rtol=1e-3)
+    assert all(len(top) == 1 for top in logprobs["top_logprobs"][1:])
+    assert body["usage"]["prompt_tokens"] == len(ids) and body["usage"]["completion_tokens"] == 0
+
+
+def test_echo_with_generation_streamed_and_not(client, model, server):
+    prompts = ["The capital of France is", "Hello"]
+    kwargs = dict(model=model, prompt=prompts, max_tokens=5, temperature=0, echo=True)
+    whole = sorted(client.completions.create(**kwargs).choices, key=lambda c: c.index)
+    texts = ["", ""]
+    for chunk in client.completions.create(**kwargs, stream=True):
+        texts[chunk.choices[0].index] += chunk.choices[0].text
+    assert texts == [c.text for c in whole]
+    assert all(c.text.startswith(p) and len(c.text) > len(p) for c, p in zip(whole, prompts))
+    ids = [9707, 1834, 28]  # a prompt of token ids is echoed as its decoded text
+    echoed = client.completions.create(model=model, prompt=ids, max_tokens=0, echo=True).choices[0].text
+    with server.client() as http:
+        assert echoed == http.post("/detokenize", json={"tokens": ids}).json()["prompt"]
+
+
+def test_tokenize_and_detokenize_round_trip_with_chat_template(server, default_llm):
+    messages = [{"role": "user", "content": "Hi there"}]
+    with server.client() as http:
+        plain = http.post("/tokenize", json={"prompt": "Hello world", "return_token_strs": True}).json()
+        chat = http.post("/tokenize", json={"messages": messages}).json()
+        back = http.post("/detokenize", json={"tokens": plain["tokens"]}).json()
+        bad = http.post("/detokenize", json={"tokens": [10**9]})
+        unknown = http.post("/tokenize", json={"prompt": "x", "model": "nope"})
+    assert plain["count"] == len(plain["tokens"]) and plain["max_model_len"] > 0
+    assert plain["tokens"] == default_llm.engine.tokenize("Hello world")
+    assert len(plain["token_strs"]) == plain["count"]
+    assert back["prompt"] == "Hello world"
+    assert chat["tokens"] == default_llm.apply_chat_template(messages)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    assert unknown.status_code == 404
+
+
+def test_cached_prompt_tokens_are_reported_in_usage(server):
+    prompt = f"{uuid.uuid4().hex} " + "A long shared preamble about gardens and rivers. " * 8
+    with server.client() as http:
+        first, second = (
+            http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1}).json()["usage"] for _ in range(2)
+        )
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < cached < second["prompt_tokens"] and cached % 16 == 0  # whole blocks of the default size

@@ -50,7 +50,15 @@ class LLM:
             for request_id in results:  # on error or interrupt, leave nothing behind
                 self.engine.abort(request_id)
         return [
-            CompletionOutput(r.request_id, prompt_ids[r.request_id], r.text, r.token_ids, r.finish_reason, r.logprobs)
+            CompletionOutput(
+                r.request_id,
+                prompt_ids[r.request_id],
+                r.text,
+                r.token_ids,
+                r.finish_reason,
+                r.logprobs,
+                r.prompt_logprobs,
+            )
             for r in results.values()
         ]
 

@@ -104,6 +104,8 @@ class BlockManager:
             self._ref_counts[block] += 1
         seq.block_table.extend(cached_prefix)
         self.num_prefix_hit_blocks += len(cached_prefix)
+        if cached_prefix and not seq.num_output_tokens:
+            seq.num_cached_tokens = len(cached_prefix) * self.block_size
         seq.num_computed_tokens = num_computed
         for _ in range(needed):
             seq.block_table.append(self._take_free_block())

@@ -23,7 +23,7 @@ from .grammar import GrammarCompiler
 from .model_loader import eos_token_ids, load_config, load_tokenizer, resolve_model_dir
 from .model_runner import ModelRunner
 from .outputs import EngineCounters, RequestDelta, TokenLogprob
-from .sampler import Sampler
+from .sampler import Sampler, prompt_logprobs
 from .sampling_params import InvalidParameter, SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -93,7 +93,7 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         room = self.max_model_len - len(prompt_ids)
         max_tokens = params.max_tokens if params.max_tokens is not None else room
-        if room < 1 or max_tokens > room:
+        if room < 0 or max_tokens > room or (room == 0 and params.max_tokens is None):
             raise ValueError(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds "
                 f"the context window of {self.max_model_len} tokens"
@@ -149,29 +149,47 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        sampling, logits = self.runner.execute(batch)
+        computed = self.runner.execute(batch)
         for item in batch:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.cache_computed_blocks(item.seq)
-        if not sampling:
-            return []
-        tokens, logprobs = self.sampler(logits, sampling)
-        return [self._append_token(seq, token, lp) for seq, token, lp in zip(sampling, tokens, logprobs)]
+        for found in computed.prompt:
+            targets = found.seq.token_ids[found.first : found.first + len(found.logits)]
+            found.seq.prompt_logprobs += prompt_logprobs(found.logits, targets, found.seq.params.prompt_logprobs)
+        # max_tokens=0 only reads the prompt: it ends here without sampling.
+        deltas = [self._finish(seq, "length", [], "", None) for seq in computed.sampling if not seq.max_tokens]
+        rows = [i for i, seq in enumerate(computed.sampling) if seq.max_tokens]
+        if rows:
+            sampling = [computed.sampling[i] for i in rows]
+            logits = computed.logits if len(rows) == len(computed.sampling) else computed.logits[rows]
+            tokens, logprobs = self.sampler(logits, sampling)
+            deltas += [self._append_token(seq, token, lp) for seq, token, lp in zip(sampling, tokens, logprobs)]
+        return deltas
 
     def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> RequestDelta:
         seq.token_ids.append(token)
         finish_reason, text = self._advance(seq, token)
+        return self._finish(seq, finish_reason, [token], text, logprob)
+
+    def _finish(
+        self, seq: Sequence, finish_reason: str | None, tokens: list[int], text: str, logprob: TokenLogprob | None
+    ) -> RequestDelta:
+        """The step's delta for ``seq``; a finished sequence leaves the engine."""
         if finish_reason is not None:
             self.scheduler.finish(seq)
             del self._seqs[seq.request_id]
+        first = seq.num_output_tokens <= 1 and seq.params.prompt_logprobs is not None
         return RequestDelta(
             request_id=seq.request_id,
             text=text,
-            token_ids=[token],
+            token_ids=tokens,
             logprobs=[logprob] if logprob is not None else None,
             finish_reason=finish_reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens] if first else None,
+            prompt_logprobs=list(seq.prompt_logprobs) if first else None,
         )
 
     def _advance(self, seq: Sequence, token: int) -> tuple[str | None, str]:

@@ -7,6 +7,7 @@ happens here and in the sampler, on the engine's thread.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,6 +27,24 @@ _DEFAULT_CPU_KV_BYTES = 256 << 20
 _CUDA_MEMORY_FRACTION = 0.9
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values) over all slots
+
+
+@dataclass
+class PromptLogits:
+    """Logits over prompt positions, for prompt logprobs: row k predicts prompt token ``first + k``."""
+
+    seq: Sequence
+    first: int
+    logits: torch.Tensor
+
+
+@dataclass
+class StepLogits:
+    """What a step computed: one row per sampling sequence, and prompt positions where asked for."""
+
+    sampling: list[Sequence]
+    logits: torch.Tensor
+    prompt: list[PromptLogits] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -92,8 +111,8 @@ class ModelRunner:
 
     # --- one step: prepare inputs, run, select logits ----------------------------------
     @torch.inference_mode()
-    def execute(self, batch: list[ScheduledSequence]) -> tuple[list[Sequence], torch.Tensor]:
-        """Run the forward pass; return the sequences that sample and their float32 logits rows."""
+    def execute(self, batch: list[ScheduledSequence]) -> StepLogits:
+        """Run the forward pass; return float32 logits of the rows that are needed."""
         # One query token per item (decodes, and prefill chunks cut down to one token)
         # first, then the longer prefill chunks: see layers.attention.
         single_token = [s for s in batch if s.num_new_tokens == 1]
@@ -110,7 +129,7 @@ class ModelRunner:
         self._prepare_single_token(meta, single_token)
         self._prepare_prefill(meta, ordered[len(single_token) :])
         hidden = self._run(input_ids, positions, meta)
-        return self._select_logits(hidden, ordered)
+        return StepLogits(*self._select_logits(hidden, ordered), self._prompt_logits(hidden, ordered))
 
     def _prepare_single_token(self, meta: AttentionMetadata, items: list[ScheduledSequence]) -> None:
         """Block tables padded to the longest context, and the mask of each row's real slots."""
@@ -158,6 +177,21 @@ class ModelRunner:
         if not sampling:
             return [], hidden.new_empty(0)
         return sampling, self.model.compute_logits(hidden[last_rows]).float()
+
+    def _prompt_logits(self, hidden: torch.Tensor, ordered: list[ScheduledSequence]) -> list[PromptLogits]:
+        """Rows of the prompt positions whose next-token logprobs are still to be collected."""
+        found, row = [], 0
+        for item in ordered:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            if seq.params.prompt_logprobs is not None:
+                # Position p predicts token p + 1; tokens 1..len(collected) are done (recomputes skip them).
+                lo = max(start, len(seq.prompt_logprobs))
+                hi = min(start + item.num_new_tokens, seq.num_prompt_tokens - 1)
+                if lo < hi:
+                    rows = hidden[row + lo - start : row + hi - start]
+                    found.append(PromptLogits(seq, lo + 1, self.model.compute_logits(rows).float()))
+            row += item.num_new_tokens
+        return found
 
     def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
         positions = torch.arange(start, end, device=self.device)

@@ -30,6 +30,10 @@ class RequestDelta:
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache
+    # On a request's first delta, when it asked for prompt logprobs (of tokens 1..):
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     @property
     def finished(self) -> bool:
@@ -47,6 +51,8 @@ class RequestDelta:
             text=self.text + later.text,
             token_ids=self.token_ids + later.token_ids,
             logprobs=logprobs,
+            prompt_token_ids=self.prompt_token_ids or later.prompt_token_ids,
+            prompt_logprobs=self.prompt_logprobs or later.prompt_logprobs,
             finish_reason=later.finish_reason,
             num_output_tokens=later.num_output_tokens,
         )
@@ -62,6 +68,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None  # of prompt tokens 1..
 
 
 @dataclass

@@ -50,6 +50,19 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) 
     return logits
 
 
+def prompt_logprobs(logits: torch.Tensor, targets: list[int], num_top: int) -> list[TokenLogprob]:
+    """Each row's logprob of the prompt token that follows it, and its top alternatives."""
+    logprobs = logits.log_softmax(-1)
+    chosen = logprobs.gather(1, torch.tensor(targets, device=logits.device).unsqueeze(1)).squeeze(1).tolist()
+    if not num_top:
+        return [TokenLogprob(t, lp) for t, lp in zip(targets, chosen)]
+    top = logprobs.topk(num_top)
+    return [
+        TokenLogprob(t, lp, list(zip(ids, values)))
+        for t, lp, ids, values in zip(targets, chosen, top.indices.tolist(), top.values.tolist())
+    ]
+
+
 class Sampler:
     @torch.inference_mode()  # the runner's logits are inference tensors, processed in place
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:

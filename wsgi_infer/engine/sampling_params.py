@@ -45,9 +45,10 @@ class SamplingParams:
     """How one request is decoded.
 
     ``temperature == 0`` is greedy. ``top_k <= 0`` and ``top_p == 1`` disable those
-    filters. ``max_tokens=None`` means "up to the end of the context window".
-    ``logprobs`` is the number of top alternatives returned per token (0 = only the
-    sampled token's logprob, None = no logprobs). ``logit_bias`` adds to a token's
+    filters. ``max_tokens=None`` means "up to the end of the context window"; 0
+    only reads the prompt. ``logprobs`` is the number of top alternatives returned
+    per token (0 = only the sampled token's logprob, None = no logprobs);
+    ``prompt_logprobs`` the same for every prompt token after the first. ``logit_bias`` adds to a token's
     logit before sampling; ``structured_output`` allows only the tokens that keep
     the text valid, and ends the choice when it is complete.
     """
@@ -65,6 +66,7 @@ class SamplingParams:
     ignore_eos: bool = False
     max_tokens: int | None = 16
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] = field(default_factory=dict)
     structured_output: StructuredOutput | None = None
@@ -101,10 +103,11 @@ class SamplingParams:
             fail("stop", "must be non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             fail("stop_token_ids", "must be non-negative integers")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            fail("max_tokens", "must be a positive integer")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            fail("logprobs", f"must be between 0 and {MAX_LOGPROBS}")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
+            fail("max_tokens", "must be a non-negative integer")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None and not 0 <= getattr(self, name) <= MAX_LOGPROBS:
+                fail(name, f"must be between 0 and {MAX_LOGPROBS}")
         if any(not isinstance(t, int) or t < 0 for t in self.logit_bias):
             fail("logit_bias", "must map token ids (non-negative integers) to biases")
         if any(not isinstance(b, (int, float)) or abs(b) > MAX_LOGIT_BIAS for b in self.logit_bias.values()):

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from llguidance import LLMatcher
 
     from .detokenizer import IncrementalDetokenizer
+    from .outputs import TokenLogprob
 
 
 class SequenceStatus(enum.Enum):
@@ -52,6 +53,8 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []  # chained content hashes of full blocks
+        self.num_cached_tokens = 0  # prompt tokens the prefix cache supplied at admission
+        self.prompt_logprobs: list[TokenLogprob] = []  # of prompt tokens 1.., when asked for
 
     @property
     def num_tokens(self) -> int:

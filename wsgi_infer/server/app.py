@@ -9,7 +9,7 @@ import weakref
 from flask import Flask, current_app, g, request
 
 from .access import install_access_control
-from .api import native, openai, ops, ui
+from .api import native, openai, ops, tokenization, ui
 from .errors import register_error_handlers
 from .extension import init_app, manager_of
 from .manager import EngineManager
@@ -29,7 +29,7 @@ def create_app(settings: ServerSettings | None = None) -> Flask:
     _install_request_hooks(app)  # first: they run before any other hook
     register_error_handlers(app)
     install_access_control(app, settings)
-    for blueprint in (openai.bp, native.bp, ops.bp, ui.bp):
+    for blueprint in (openai.bp, native.bp, tokenization.bp, ops.bp, ui.bp):
         app.register_blueprint(blueprint)
     return app
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..engine.config import EngineConfig
 from ..engine.llm_engine import LLMEngine
+from ..engine.model_loader import load_tokenizer
 from ..engine.outputs import RequestDelta
 from .engine_messages import (
     Abort,
@@ -48,21 +49,12 @@ class EngineLoop:
         post = self._bridge.post
         try:
             engine = LLMEngine(self._config)
+            ready = _ready(engine)
         except Exception as exc:  # a bad model path or file: reported, the worker stays up unready
             first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
             post([EngineFailed(f"model failed to load: {first_line}", traceback.format_exc()), EngineStopped()])
             return
-        post(
-            [
-                EngineReady(
-                    engine.max_model_len,
-                    str(engine.model_dir),
-                    engine.block_manager.num_blocks,
-                    engine.template_takes_tools,
-                    engine.grammars,
-                )
-            ]
-        )
+        post([ready])
         try:
             self._serve(engine)
         except Exception as exc:
@@ -110,6 +102,18 @@ class EngineLoop:
         return faulty_step
 
 
+def _ready(engine: LLMEngine) -> EngineReady:
+    """What the hub needs of a loaded engine, including its own tokenizer and the grammar compiler."""
+    return EngineReady(
+        max_model_len=engine.max_model_len,
+        model_dir=str(engine.model_dir),
+        num_blocks=engine.block_manager.num_blocks,
+        template_takes_tools=engine.template_takes_tools,
+        grammars=engine.grammars,
+        tokenizer=load_tokenizer(engine.model_dir),
+    )
+
+
 def _admit(engine: LLMEngine, command: Submit) -> Admitted:
     """Queue every choice of every prompt (choice index = prompt * n + j), or none of them."""
     stream, n = command.stream, len(command.params)
@@ -133,6 +137,11 @@ def _admit(engine: LLMEngine, command: Submit) -> Admitted:
 
 
 def _token_texts(engine: LLMEngine, deltas: list[RequestDelta]) -> dict[int, str]:
-    """The text of every token the deltas' logprobs mention, decoded here, off the hub."""
-    wanted = {t for d in deltas if d.logprobs for lp in d.logprobs for t in (lp.token_id, *(i for i, _ in lp.top))}
+    """The text of every token the deltas' logprobs mention (prompt ones too), decoded here, off the hub."""
+    wanted = {t for d in deltas for lp in _all_logprobs(d) for t in (lp.token_id, *(i for i, _ in lp.top))}
+    wanted.update(d.prompt_token_ids[0] for d in deltas if d.prompt_token_ids)  # the first has no logprob
     return {t: engine.tokenizer.decode([t]) for t in wanted}
+
+
+def _all_logprobs(delta: RequestDelta) -> list:
+    return (delta.logprobs or []) + (delta.prompt_logprobs or [])

@@ -49,6 +49,7 @@ class EngineManager:
         self.model_dir = ""
         self.max_model_len = 0
         self.template_takes_tools = False
+        self.tokenizer = None  # the hub's own, once ready: for /tokenize, /detokenize and echo
         self.started_at = time.time()
         self.ready = False
         self.failure: str | None = None
@@ -162,7 +163,9 @@ class EngineManager:
         The stream's first event is Accepted or Rejected; then the choices' deltas.
         """
         # The engine keys choices by a number of ours: clients may reuse their request ids.
-        stream = RequestStream(request_id, len(prompts) * len(params), key=str(next(self._ids)))
+        stream = RequestStream(
+            request_id, len(prompts) * len(params), key=str(next(self._ids)), choices_per_prompt=len(params)
+        )
         self._router.add(stream)
         self._open_streams.add(id(stream))
         self._idle.clear()
@@ -194,6 +197,7 @@ class EngineManager:
         self.model_dir = event.model_dir
         self._grammars = event.grammars
         self.template_takes_tools = event.template_takes_tools
+        self.tokenizer = event.tokenizer
         metrics.kv_blocks_total.set(event.num_blocks)
         metrics.kv_blocks_free.set(event.num_blocks)
         self.ready = True

@@ -7,7 +7,7 @@ values give a 400 naming the field.
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -146,7 +146,9 @@ class _SamplingRequest(_Request):
         except InvalidParameter as exc:
             raise APIError(str(exc), param=self.constraint_field) from None
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> list[SamplingParams]:
+    def sampling_params(
+        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> list[SamplingParams]:
         """One SamplingParams per choice; choice j of a seeded request uses seed + j so choices differ."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         constraint = self.constraint()
@@ -165,6 +167,7 @@ class _SamplingRequest(_Request):
                     ignore_eos=self.ignore_eos,
                     max_tokens=max_tokens,
                     logprobs=logprobs,
+                    prompt_logprobs=prompt_logprobs,
                     logit_bias=self.logit_bias or {},
                     structured_output=constraint,
                 )
@@ -176,8 +179,14 @@ class _SamplingRequest(_Request):
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0)  # 0 with echo: score the prompt only
     logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """With echo, the prompt's tokens get logprobs too (lm-eval-harness's loglikelihood)."""
+        return self.logprobs if self.echo else None
 
     @field_validator("prompt")
     @classmethod
@@ -329,6 +338,25 @@ def _template_message(message: ChatMessage, template_takes_tools: bool) -> dict:
         return {"role": "user", "content": f"<tool_response>\n{message.text}\n</tool_response>"}
     calls = "\n".join(call_text(c.function.name, c.function.arguments) for c in message.tool_calls or [])
     return {"role": message.role, "content": "\n".join(t for t in (message.text, calls) if t)}
+
+
+class TokenizeRequest(_Request):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(ChatCompletionRequest):
+    """/tokenize with ``messages``: the chat template applied, as a chat completion would."""
+
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0)]]
 
 
 class GenerateRequest(_Request):

@@ -51,10 +51,12 @@ class RequestStream:
     request_id: str  # the client's (or generated) X-Request-Id: for logs and response ids
     num_choices: int
     key: str  # unique per stream in this worker: the engine's request ids derive from it
+    choices_per_prompt: int = 1  # n: choice index = prompt * n + j
     created: float = field(default_factory=time.monotonic)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reasons: dict[int, str] = field(default_factory=dict)
+    cached_tokens: dict[int, int] = field(default_factory=dict)  # per choice, from the prefix cache
     closed: bool = False
     _queue: list[StreamEvent] = field(default_factory=list)
     _ready: gevent.event.Event = field(default_factory=gevent.event.Event)
@@ -82,6 +84,7 @@ class RequestStream:
             self.prompt_tokens = event.prompt_tokens
         elif isinstance(event, ChoiceDelta):
             self.completion_tokens += len(event.delta.token_ids)
+            self.cached_tokens.setdefault(event.index, event.delta.num_cached_tokens)
             if event.delta.finish_reason is not None:
                 self.finish_reasons[event.index] = event.delta.finish_reason
         self._queue.append(event)
@@ -106,12 +109,14 @@ class RequestStream:
         return events
 
     @property
-    def usage(self) -> dict[str, int]:
-        """Exact usage, counted from token ids."""
+    def usage(self) -> dict:
+        """Exact usage, counted from token ids; a prompt counts once, with its first choice's cache hits."""
+        cached = sum(v for i, v in self.cached_tokens.items() if i % self.choices_per_prompt == 0)
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached},
         }
 
 

@@ -51,10 +51,11 @@ def models():
 def completions():
     req: CompletionRequest = parse(CompletionRequest, request.get_json(force=True))
     check_model(req.model)
-    stream = start(
-        req.prompts, req.sampling_params(req.max_tokens, req.logprobs), constraint_field=req.constraint_field
-    )
-    formatter = _CompletionFormatter(stream, "text_completion")
+    params = req.sampling_params(req.max_tokens, req.logprobs, req.prompt_logprobs)
+    stream = start(req.prompts, params, constraint_field=req.constraint_field)
+    tokenizer = manager().tokenizer
+    echo = [p if isinstance(p, str) else tokenizer.decode(p) for p in req.prompts] if req.echo else None
+    formatter = _CompletionFormatter(stream, "text_completion", echo)
     return _respond(stream, req.stream, req.include_usage, formatter)
 
 
@@ -167,17 +168,26 @@ class _Formatter(ABC):
 
 
 class _CompletionFormatter(_Formatter):
+    """``echo`` holds each prompt's text: it starts that prompt's choices."""
+
     prefix = "cmpl"
 
-    def __init__(self, stream: RequestStream, obj: str) -> None:
+    def __init__(self, stream: RequestStream, obj: str, echo: list[str] | None = None) -> None:
         super().__init__(stream, obj)
         self._text_offset: dict[int, int] = {}
+        self._echo = echo
+        self._n = stream.choices_per_prompt
+        self._echoed: set[int] = set()
 
     def chunk_choice(self, choice: ChoiceDelta) -> dict:
         d = choice.delta
+        text = d.text
+        if self._echo is not None and choice.index not in self._echoed:
+            self._echoed.add(choice.index)
+            text = self._echo[choice.index // self._n] + text
         return {
             "index": choice.index,
-            "text": d.text,
+            "text": text,
             "logprobs": self._logprobs(choice),
             "finish_reason": d.finish_reason,
         }
@@ -188,10 +198,17 @@ class _CompletionFormatter(_Formatter):
         return {"index": index, "text": "", "logprobs": None, "finish_reason": "abort"}
 
     def _logprobs(self, choice: ChoiceDelta) -> dict | None:
-        if choice.delta.logprobs is None:
+        """The legacy shape; prompt tokens first when echoed (the first one has no logprob)."""
+        d = choice.delta
+        if d.logprobs is None and d.prompt_logprobs is None:
             return None
+        entries: list[tuple[int, float | None, list | None]] = []
+        if d.prompt_logprobs is not None:
+            entries.append((d.prompt_token_ids[0], None, None))
+            entries += [(lp.token_id, lp.logprob, lp.top) for lp in d.prompt_logprobs]
+        entries += [(lp.token_id, lp.logprob, lp.top) for lp in d.logprobs or []]
         texts = choice.token_texts
-        tokens = [texts.get(lp.token_id, "") for lp in choice.delta.logprobs]
+        tokens = [texts.get(token_id, "") for token_id, _, _ in entries]
         offsets, offset = [], self._text_offset.get(choice.index, 0)
         for token in tokens:
             offsets.append(offset)
@@ -199,8 +216,8 @@ class _CompletionFormatter(_Formatter):
         self._text_offset[choice.index] = offset
         return {
             "tokens": tokens,
-            "token_logprobs": [lp.logprob for lp in choice.delta.logprobs],
-            "top_logprobs": [{texts.get(t, ""): v for t, v in lp.top} for lp in choice.delta.logprobs],
+            "token_logprobs": [logprob for _, logprob, _ in entries],
+            "top_logprobs": [None if top is None else {texts.get(t, ""): v for t, v in top} for _, _, top in entries],
             "text_offset": offsets,
         }
 

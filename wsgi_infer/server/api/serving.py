@@ -33,6 +33,12 @@ def check_model(name: str | None) -> None:
         )
 
 
+def wait_ready(mgr: EngineManager) -> None:
+    """A worker that is still loading (just started, or replacing one on reload) holds the request a while."""
+    if not mgr.wait_ready(mgr.settings.load_wait_seconds):
+        raise APIError("the model is not loaded", 503, code="model_not_ready", headers={"Retry-After": "5"})
+
+
 def start(
     prompts: Prompts, params: list[SamplingParams], constraint_field: str = "structured_outputs"
 ) -> RequestStream:
@@ -48,9 +54,7 @@ def start(
             code="server_shutting_down",
             headers={"Retry-After": "1"},
         )
-    # A worker that is still loading (just started, or replacing one on reload) holds the request a while.
-    if not mgr.wait_ready(mgr.settings.load_wait_seconds):
-        raise APIError("the model is not loaded", 503, code="model_not_ready", headers={"Retry-After": "5"})
+    wait_ready(mgr)
     limit = mgr.settings.max_num_seqs + mgr.settings.max_waiting_requests
     if mgr.num_open_requests >= limit:
         raise APIError(

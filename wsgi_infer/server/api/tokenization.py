@@ -1,0 +1,56 @@
+"""vLLM's /tokenize and /detokenize: the served model's tokenizer over HTTP.
+
+They run on the worker's own copy of the tokenizer, in the request's greenlet
+(a tokenizer call takes microseconds to a few milliseconds), never on the
+engine thread, so they answer at once even while a long prefill runs.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, jsonify, request
+
+from ..errors import APIError
+from ..protocol import DetokenizeRequest, TokenizeChatRequest, TokenizeRequest, parse
+from .serving import check_model, manager, wait_ready
+
+bp = Blueprint("tokenization", __name__)
+
+
+@bp.post("/tokenize")
+def tokenize():
+    body = request.get_json(force=True)
+    chat = isinstance(body, dict) and "messages" in body
+    req = parse(TokenizeChatRequest if chat else TokenizeRequest, body)
+    check_model(req.model)
+    mgr = manager()
+    wait_ready(mgr)
+    if chat:
+        messages, tools = req.conversation(mgr.template_takes_tools)
+        try:
+            tokens = mgr.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                add_generation_prompt=req.add_generation_prompt,
+                tokenize=True,
+                return_dict=True,
+            )["input_ids"]
+        except Exception as exc:  # jinja errors for malformed conversations
+            raise APIError(f"the chat template failed: {exc}", param="messages") from None
+    else:
+        tokens = mgr.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    body = {"count": len(tokens), "max_model_len": mgr.max_model_len, "tokens": list(tokens), "token_strs": None}
+    if req.return_token_strs:
+        body["token_strs"] = mgr.tokenizer.convert_ids_to_tokens(list(tokens))
+    return jsonify(body)
+
+
+@bp.post("/detokenize")
+def detokenize():
+    req: DetokenizeRequest = parse(DetokenizeRequest, request.get_json(force=True))
+    check_model(req.model)
+    mgr = manager()
+    wait_ready(mgr)
+    vocab = len(mgr.tokenizer)
+    if any(t >= vocab for t in req.tokens):
+        raise APIError(f"tokens must be token ids below {vocab}", param="tokens")
+    return jsonify({"prompt": mgr.tokenizer.decode(req.tokens)})
