@@ -122,13 +122,15 @@ class GunicornServer(LoggedProcess):
         return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 60.0), **kwargs)
 
     def metrics(self) -> dict[str, float]:
-        """The ``wsgi_infer:*`` samples without labels, by name."""
+        """The ``wsgi_infer:*`` samples with no label but ``model_name`` (which every one has), by name."""
+        from prometheus_client.parser import text_string_to_metric_families
+
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
         values = {}
-        for line in text.splitlines():
-            if line.startswith("wsgi_infer:") and "{" not in line:
-                name, value = line.rsplit(" ", 1)
-                values[name] = float(value)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.startswith("wsgi_infer:") and set(sample.labels) == {"model_name"}:
+                    values[sample.name] = sample.value
         return values
 
     def owner_of(self, client_port: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+import httpx
 import openai
 import pytest
 import torch
@@ -181,3 +182,33 @@ def test_cached_prompt_tokens_are_reported_in_usage(server):
     assert first["prompt_tokens_details"]["cached_tokens"] == 0
     cached = second["prompt_tokens_details"]["cached_tokens"]
     assert 0 < cached < second["prompt_tokens"] and cached % 16 == 0  # whole blocks of the default size
+
+
+def test_metrics_carry_the_model_name_and_add_up_per_request(server, model):
+    """vLLM's series under our prefix: per-request histograms, queue time, tokens per step, prefix cache."""
+    prompt = f"{uuid.uuid4().hex} " + "Rivers and gardens, again and again. " * 6
+    before = server.metrics()
+    with server.client() as http:
+        usages = [
+            http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3, "temperature": 0}).json()["usage"]
+            for _ in range(2)
+        ]
+    after = server.metrics()
+
+    def grew(name: str) -> float:
+        return after[f"wsgi_infer:{name}"] - before.get(f"wsgi_infer:{name}", 0)
+
+    assert grew("request_prompt_tokens_count") == 2
+    assert grew("request_prompt_tokens_sum") == sum(u["prompt_tokens"] for u in usages)
+    assert grew("request_generation_tokens_sum") == sum(u["completion_tokens"] for u in usages)
+    assert grew("request_queue_time_seconds_count") == 2
+    computed = sum(
+        u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"] + u["completion_tokens"] - 1 for u in usages
+    )
+    assert grew("iteration_tokens_total_sum") == computed  # every token a step computed, no more
+    assert grew("prefix_cache_queries_total") == 2 * usages[0]["prompt_tokens"]
+    assert grew("prefix_cache_hits_total") == usages[1]["prompt_tokens_details"]["cached_tokens"] > 0
+    text = httpx.get(f"{server.url}/metrics").text
+    series = [line for line in text.splitlines() if line.startswith("wsgi_infer:")]
+    assert series and all(f'model_name="{model}"' in line for line in series)
+    assert "wsgi_infer:num_preemptions_total" in text

@@ -51,6 +51,7 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._seed_source = random.Random(config.seed)
         self._grammars: GrammarCompiler | None = None
+        self.last_step_num_tokens = 0
         log.info("model ready: %s, max_model_len %d", self.hf_config.model_type, self.max_model_len)
 
     @property
@@ -140,13 +141,16 @@ class LLMEngine:
             num_free_blocks=bm.num_free_blocks,
             num_cached_blocks=bm.num_cached_blocks,
             num_total_blocks=bm.num_blocks,
+            num_prefix_query_tokens=bm.num_prefix_query_tokens,
             num_prefix_hit_tokens=bm.num_prefix_hit_blocks * bm.block_size,
+            num_preemptions=self.scheduler.num_preemptions,
         )
 
     # --- the step --------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
         """Compute one batch; return a delta for every request that got a token or ended."""
         batch = self.scheduler.schedule()
+        self.last_step_num_tokens = sum(item.num_new_tokens for item in batch)
         if not batch:
             return []
         computed = self.runner.execute(batch)
@@ -178,7 +182,8 @@ class LLMEngine:
         if finish_reason is not None:
             self.scheduler.finish(seq)
             del self._seqs[seq.request_id]
-        first = seq.num_output_tokens <= 1 and seq.params.prompt_logprobs is not None
+        first = seq.num_output_tokens <= 1
+        wants_prompt = first and seq.params.prompt_logprobs is not None
         return RequestDelta(
             request_id=seq.request_id,
             text=text,
@@ -188,8 +193,9 @@ class LLMEngine:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
             num_cached_tokens=seq.num_cached_tokens,
-            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens] if first else None,
-            prompt_logprobs=list(seq.prompt_logprobs) if first else None,
+            queue_seconds=seq.first_scheduled_time - seq.arrival_time if first else None,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens] if wants_prompt else None,
+            prompt_logprobs=list(seq.prompt_logprobs) if wants_prompt else None,
         )
 
     def _advance(self, seq: Sequence, token: int) -> tuple[str | None, str]:

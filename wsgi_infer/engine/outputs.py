@@ -31,6 +31,7 @@ class RequestDelta:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache
+    queue_seconds: float | None = None  # on the first delta: from add_request to the first step
     # On a request's first delta, when it asked for prompt logprobs (of tokens 1..):
     prompt_token_ids: list[int] | None = None
     prompt_logprobs: list[TokenLogprob] | None = None
@@ -80,4 +81,8 @@ class EngineCounters:
     num_free_blocks: int
     num_cached_blocks: int
     num_total_blocks: int
-    num_prefix_hit_tokens: int  # prompt tokens taken from the prefix cache since the engine started
+    # Cumulative since the engine started:
+    num_prefix_query_tokens: int  # prompt tokens looked up in the prefix cache
+    num_prefix_hit_tokens: int  # prompt tokens taken from the prefix cache
+    num_preemptions: int
+    num_step_tokens: list[int] = field(default_factory=list)  # tokens computed by each step since the last report

@@ -11,6 +11,7 @@ tokens, which keeps its output unchanged.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -76,6 +77,10 @@ class Scheduler:
             if not self.block_manager.allocate(seq, num_new, cached_prefix):
                 break
             self.waiting.popleft()
+            if not wants_all and self.block_manager.enable_prefix_caching:
+                self.block_manager.num_prefix_query_tokens += seq.num_tokens
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled.append(ScheduledSequence(seq, num_new))

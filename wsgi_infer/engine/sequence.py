@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from typing import TYPE_CHECKING
 
 from .sampling_params import SamplingParams
@@ -54,6 +55,8 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []  # chained content hashes of full blocks
         self.num_cached_tokens = 0  # prompt tokens the prefix cache supplied at admission
+        self.arrival_time = time.monotonic()
+        self.first_scheduled_time: float | None = None
         self.prompt_logprobs: list[TokenLogprob] = []  # of prompt tokens 1.., when asked for
 
     @property

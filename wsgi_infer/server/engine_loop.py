@@ -71,6 +71,7 @@ class EngineLoop:
 
     def _serve(self, engine: LLMEngine) -> None:
         step = self._step_function(engine)
+        step_tokens: list[int] = []  # per step, until the next post
         while True:
             outbox: list = []
             aborted: list[Aborted] = []  # delivered after the counters they changed
@@ -82,9 +83,14 @@ class EngineLoop:
                     aborted.append(Aborted(command.request_id, sum(engine.abort(c) for c in command.choice_ids)))
                 else:
                     outbox.append(_admit(engine, command))
-            deltas = step() if engine.has_unfinished() else []
+            deltas = []
+            if engine.has_unfinished():
+                deltas = step()
+                step_tokens.append(engine.last_step_num_tokens)
             if outbox or deltas or aborted:
-                outbox.append(StepDone(deltas, engine.counters(), _token_texts(engine, deltas)))
+                counters = engine.counters()
+                counters.num_step_tokens, step_tokens = step_tokens, []
+                outbox.append(StepDone(deltas, counters, _token_texts(engine, deltas)))
                 self._bridge.post(outbox + aborted)
 
     def _step_function(self, engine: LLMEngine) -> Callable[[], list[RequestDelta]]:

@@ -57,8 +57,10 @@ class EngineManager:
         self._closing = False
         self._bridge: HubBridge | None = None
         self._grammars: GrammarCompiler | None = None
+        self.metrics = metrics.ModelMetrics(self.model_name)
         self._router = StreamRouter(
-            {EngineReady: self._on_ready, EngineFailed: self._on_failed, EngineStopped: self._on_stopped}
+            {EngineReady: self._on_ready, EngineFailed: self._on_failed, EngineStopped: self._on_stopped},
+            self.metrics,
         )
         self._ready_event = gevent.event.Event()
         self._stopped = gevent.event.Event()
@@ -169,7 +171,7 @@ class EngineManager:
         self._router.add(stream)
         self._open_streams.add(id(stream))
         self._idle.clear()
-        metrics.open_streams.inc()
+        self.metrics.open_streams.inc()
         self._bridge.send(Submit(stream, prompts, params))
         return stream
 
@@ -178,7 +180,7 @@ class EngineManager:
         if stream.closed:
             return
         stream.closed = True
-        metrics.open_streams.dec()
+        self.metrics.open_streams.dec()
         self._open_streams.discard(id(stream))
         if not self._open_streams:
             self._idle.set()
@@ -198,8 +200,8 @@ class EngineManager:
         self._grammars = event.grammars
         self.template_takes_tools = event.template_takes_tools
         self.tokenizer = event.tokenizer
-        metrics.kv_blocks_total.set(event.num_blocks)
-        metrics.kv_blocks_free.set(event.num_blocks)
+        self.metrics.kv_blocks_total.set(event.num_blocks)
+        self.metrics.kv_blocks_free.set(event.num_blocks)
         self.ready = True
         self._ready_event.set()
         log.info("engine ready: serving %s (context %d tokens)", self.model_name, self.max_model_len)

@@ -42,31 +42,68 @@ _LATENCY_BUCKETS = (
     80.0,
 )
 
-num_requests_running = Gauge(
-    "wsgi_infer:num_requests_running", "Requests in the running batch", multiprocess_mode="livesum"
-)
-num_requests_waiting = Gauge(
-    "wsgi_infer:num_requests_waiting", "Requests waiting to be scheduled", multiprocess_mode="livesum"
-)
-kv_cache_usage_perc = Gauge(
-    "wsgi_infer:kv_cache_usage_perc", "Fraction of KV blocks in use (the fullest worker)", multiprocess_mode="livemax"
-)
-kv_blocks_free = Gauge("wsgi_infer:kv_blocks_free", "KV blocks no request holds", multiprocess_mode="livesum")
-kv_blocks_total = Gauge("wsgi_infer:kv_blocks_total", "KV blocks in the cache", multiprocess_mode="livesum")
-open_streams = Gauge("wsgi_infer:open_streams", "Requests with an open response stream", multiprocess_mode="livesum")
-time_to_first_token = Histogram(
-    "wsgi_infer:time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS
-)
-inter_token_latency = Histogram(
-    "wsgi_infer:inter_token_latency_seconds", "Time between tokens of a request", buckets=_LATENCY_BUCKETS
-)
-e2e_request_latency = Histogram(
-    "wsgi_infer:e2e_request_latency_seconds", "Request latency from arrival to last token", buckets=_LATENCY_BUCKETS
-)
-request_success = Counter("wsgi_infer:request_success", "Finished requests", ["finished_reason"])
-prompt_tokens = Counter("wsgi_infer:prompt_tokens", "Prompt tokens processed")
-prefix_cache_hits = Counter("wsgi_infer:prefix_cache_hits", "Prompt tokens whose KV came from the prefix cache")
-generation_tokens = Counter("wsgi_infer:generation_tokens", "Tokens generated")
+_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+_MODEL = ("model_name",)  # every series carries it, as vLLM's do
+
+
+def _gauge(name: str, doc: str, mode: str) -> Gauge:
+    return Gauge(f"wsgi_infer:{name}", doc, _MODEL, multiprocess_mode=mode)
+
+
+def _histogram(name: str, doc: str, buckets: tuple) -> Histogram:
+    return Histogram(f"wsgi_infer:{name}", doc, _MODEL, buckets=buckets)
+
+
+def _counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+    return Counter(f"wsgi_infer:{name}", doc, _MODEL + labels)
+
+
+_FAMILIES = {
+    "num_requests_running": _gauge("num_requests_running", "Requests in the running batch", "livesum"),
+    "num_requests_waiting": _gauge("num_requests_waiting", "Requests waiting to be scheduled", "livesum"),
+    "kv_cache_usage_perc": _gauge(
+        "kv_cache_usage_perc", "Fraction of KV blocks in use (the fullest worker)", "livemax"
+    ),
+    "kv_blocks_free": _gauge("kv_blocks_free", "KV blocks no request holds", "livesum"),
+    "kv_blocks_total": _gauge("kv_blocks_total", "KV blocks in the cache", "livesum"),
+    "open_streams": _gauge("open_streams", "Requests with an open response stream", "livesum"),
+    "time_to_first_token": _histogram("time_to_first_token_seconds", "Time to first token", _LATENCY_BUCKETS),
+    "inter_token_latency": _histogram("inter_token_latency_seconds", "Time between tokens", _LATENCY_BUCKETS),
+    "e2e_request_latency": _histogram(
+        "e2e_request_latency_seconds", "Request latency from arrival to last token", _LATENCY_BUCKETS
+    ),
+    "request_queue_time": _histogram(
+        "request_queue_time_seconds", "Time a request waited before its first step", _LATENCY_BUCKETS
+    ),
+    "request_prompt_tokens": _histogram("request_prompt_tokens", "Prompt tokens per finished request", _TOKEN_BUCKETS),
+    "request_generation_tokens": _histogram(
+        "request_generation_tokens", "Generated tokens per finished request", _TOKEN_BUCKETS
+    ),
+    "iteration_tokens": _histogram("iteration_tokens_total", "Tokens computed per engine step", _TOKEN_BUCKETS),
+    "prompt_tokens": _counter("prompt_tokens", "Prompt tokens processed"),
+    "generation_tokens": _counter("generation_tokens", "Tokens generated"),
+    "prefix_cache_queries": _counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
+    "prefix_cache_hits": _counter("prefix_cache_hits", "Prompt tokens whose KV came from the prefix cache"),
+    "num_preemptions": _counter("num_preemptions", "Sequences preempted for lack of KV blocks"),
+}
+_REQUEST_SUCCESS = _counter("request_success", "Finished requests", ("finished_reason",))
+
+
+class ModelMetrics:
+    """Every series of one served model, its ``model_name`` label bound: ``m.prompt_tokens.inc(n)``."""
+
+    def __init__(self, model_name: str) -> None:
+        self._model_name = model_name
+        self._series = {name: family.labels(model_name) for name, family in _FAMILIES.items()}
+
+    def __getattr__(self, name: str):
+        try:
+            return self.__dict__["_series"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def request_success(self, finished_reason: str) -> Counter:
+        return _REQUEST_SUCCESS.labels(self._model_name, finished_reason)
 
 
 def render() -> tuple[bytes, str]:

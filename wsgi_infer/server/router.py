@@ -11,17 +11,29 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import metrics
 from .engine_messages import Aborted, Accepted, Admitted, StepDone
+from .metrics import ModelMetrics
 from .streams import ChoiceDelta, RequestStream, Terminated
+
+if TYPE_CHECKING:
+    from ..engine.outputs import RequestDelta
 
 log = logging.getLogger(__name__)
 
 
+# Engine counters that only grow, and the metric each one's growth is added to.
+CUMULATIVE = {
+    "num_prefix_query_tokens": "prefix_cache_queries",
+    "num_prefix_hit_tokens": "prefix_cache_hits",
+    "num_preemptions": "num_preemptions",
+}
+
+
 class StreamRouter:
-    def __init__(self, lifecycle_handlers: dict[type, Callable[[Any], None]]) -> None:
+    def __init__(self, lifecycle_handlers: dict[type, Callable[[Any], None]], metrics: ModelMetrics) -> None:
+        self._metrics = metrics
         self._targets: dict[str, tuple[RequestStream, int]] = {}  # engine request id -> (stream, choice index)
         self._last_token_at: dict[str, float] = {}
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -31,7 +43,7 @@ class StreamRouter:
             **lifecycle_handlers,
         }
         self.last_delivery_at = time.monotonic()
-        self._prefix_hit_tokens = 0  # the engine's cumulative count, as last seen
+        self._last_seen = dict.fromkeys(CUMULATIVE, 0)  # the engine's cumulative counters, as last seen
 
     # --- the routing table --------------------------------------------------------------
     def add(self, stream: RequestStream) -> None:
@@ -58,13 +70,12 @@ class StreamRouter:
     # --- deliveries -----------------------------------------------------------------------
     def deliver(self, events: list) -> None:
         self.last_delivery_at = time.monotonic()
-        self._prefix_hit_tokens = 0  # the engine's cumulative count, as last seen
         for event in events:
             self._handlers[type(event)](event)
 
     def _on_admitted(self, event: Admitted) -> None:
         if isinstance(event.outcome, Accepted):
-            metrics.prompt_tokens.inc(event.outcome.prompt_tokens)
+            self._metrics.prompt_tokens.inc(event.outcome.prompt_tokens)
         event.stream.push(event.outcome)
 
     @staticmethod
@@ -73,27 +84,42 @@ class StreamRouter:
 
     def _on_step(self, step: StepDone) -> None:
         now = time.monotonic()
-        counters = step.counters
-        metrics.num_requests_running.set(counters.num_running)
-        metrics.num_requests_waiting.set(counters.num_waiting)
-        metrics.kv_blocks_free.set(counters.num_free_blocks)
-        metrics.kv_cache_usage_perc.set(1 - counters.num_free_blocks / counters.num_total_blocks)
-        metrics.prefix_cache_hits.inc(counters.num_prefix_hit_tokens - self._prefix_hit_tokens)
-        self._prefix_hit_tokens = counters.num_prefix_hit_tokens
+        self._record_counters(step)
         for delta in step.deltas:
             target = self._targets.get(delta.request_id)
             if target is None:  # released while the step ran
                 continue
             stream, index = target
-            previous = self._last_token_at.get(delta.request_id)
-            if previous is None:
-                metrics.time_to_first_token.observe(now - stream.created)
-            else:
-                metrics.inter_token_latency.observe(now - previous)
-            self._last_token_at[delta.request_id] = now
-            metrics.generation_tokens.inc(len(delta.token_ids))
-            if delta.finish_reason is not None:
-                metrics.request_success.labels(finished_reason=delta.finish_reason).inc()
-                if len(stream.finish_reasons) + 1 == stream.num_choices:
-                    metrics.e2e_request_latency.observe(now - stream.created)
+            self._record_delta(stream, delta, now)
             stream.push(ChoiceDelta(index, delta, step.token_texts))
+
+    def _record_counters(self, step: StepDone) -> None:
+        m, counters = self._metrics, step.counters
+        m.num_requests_running.set(counters.num_running)
+        m.num_requests_waiting.set(counters.num_waiting)
+        m.kv_blocks_free.set(counters.num_free_blocks)
+        m.kv_cache_usage_perc.set(1 - counters.num_free_blocks / counters.num_total_blocks)
+        for name, metric in CUMULATIVE.items():
+            value = getattr(counters, name)
+            getattr(m, metric).inc(value - self._last_seen[name])
+            self._last_seen[name] = value
+        for num_tokens in counters.num_step_tokens:
+            m.iteration_tokens.observe(num_tokens)
+
+    def _record_delta(self, stream: RequestStream, delta: RequestDelta, now: float) -> None:
+        m = self._metrics
+        previous = self._last_token_at.get(delta.request_id)
+        if previous is None:
+            m.time_to_first_token.observe(now - stream.created)
+        else:
+            m.inter_token_latency.observe(now - previous)
+        if delta.queue_seconds is not None:
+            m.request_queue_time.observe(delta.queue_seconds)
+        self._last_token_at[delta.request_id] = now
+        m.generation_tokens.inc(len(delta.token_ids))
+        if delta.finish_reason is not None:
+            m.request_success(delta.finish_reason).inc()
+            m.request_prompt_tokens.observe(delta.num_prompt_tokens)
+            m.request_generation_tokens.observe(delta.num_output_tokens)
+            if len(stream.finish_reasons) + 1 == stream.num_choices:
+                m.e2e_request_latency.observe(now - stream.created)
