@@ -37,8 +37,11 @@ from bench_engine import percentile, prompts  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def one_request(client: httpx.AsyncClient, model: str, prompt: str, output_len: int) -> dict:
+async def one_request(
+    client: httpx.AsyncClient, model: str, prompt: str, output_len: int, extra_body: dict | None = None
+) -> dict:
     body = {
+        **(extra_body or {}),
         "model": model,
         "prompt": prompt,
         "max_tokens": output_len,
@@ -74,7 +77,13 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str, output
 
 
 async def run_level(
-    url: str, model: str, concurrency: int, num_requests: int, output_len: int, rate: float | None
+    url: str,
+    model: str,
+    concurrency: int,
+    num_requests: int,
+    output_len: int,
+    rate: float | None,
+    extra_body: dict | None = None,
 ) -> dict:
     todo = prompts(num_requests)
     semaphore = asyncio.Semaphore(concurrency)
@@ -84,7 +93,7 @@ async def run_level(
         async def limited(prompt: str, delay: float) -> dict:
             await asyncio.sleep(delay)
             async with semaphore:
-                return await one_request(client, model, prompt, output_len)
+                return await one_request(client, model, prompt, output_len, extra_body)
 
         delays, t = [], 0.0
         for _ in todo:

@@ -1,0 +1,118 @@
+"""Tool calling without a server: the grammar accepts exactly the calls it should, the parser
+splits any cut of the text the same way, and conversations reach templates in the right shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from wsgi_infer.server.protocol import ChatCompletionRequest
+from wsgi_infer.server.tools import ToolCallParser, ToolPlan, call_text
+
+WEATHER = {
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    },
+}
+TIME = {"name": "get_time", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}
+TWO_CALLS = call_text("get_weather", '{"city":"Paris","days":2}') + "\n" + call_text("get_time", "{}")
+
+
+def accepts(plan: ToolPlan, text: str, grammars) -> bool:
+    matcher = grammars.matcher(plan.constraint())
+    tokens = grammars._tokenizer.tokenize_str(text)
+    return matcher.consume_tokens(tokens) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize(
+    ("mode", "parallel", "text", "accepted"),
+    [
+        ("required", True, call_text("get_weather", '{"city":"Paris","days":2}'), True),
+        ("required", True, TWO_CALLS, True),
+        ("required", False, TWO_CALLS, False),
+        ("required", True, call_text("get_weather", '{"city":"Paris","days":9}'), False),  # maximum 7
+        ("required", True, call_text("get_weather", '{"city":"Paris"}'), False),  # days is required
+        ("required", True, call_text("get_weather", '{"city": "Paris", "days": 2}'), False),  # compact JSON only
+        ("required", True, "Sunny in Paris.", False),
+        ("get_time", True, call_text("get_time", "{}"), True),
+        ("get_time", True, call_text("get_weather", '{"city":"Paris","days":2}'), False),
+        ("auto", True, "Sunny in Paris.", True),
+        ("auto", True, TWO_CALLS, True),
+        ("auto", True, "<tool_call>\nnot json\n</tool_call>", False),
+    ],
+)
+def test_the_grammar_allows_exactly_valid_calls(tiny_llama, mode, parallel, text, accepted):
+    assert accepts(ToolPlan([WEATHER, TIME], mode, parallel), text, tiny_llama.engine.grammars) is accepted
+
+
+@pytest.mark.parametrize("piece", [1, 2, 3, 7, 1000])
+def test_any_cut_of_the_text_gives_the_same_calls_and_arguments(piece):
+    parser, streamed = ToolCallParser(), {}
+    for start in range(0, len(TWO_CALLS), piece):
+        delta = parser.feed(TWO_CALLS[start : start + piece])
+        assert "content" not in delta
+        for part in delta.get("tool_calls", []):
+            entry = streamed.setdefault(part["index"], {"name": part["function"].get("name"), "arguments": ""})
+            entry["arguments"] += part["function"]["arguments"]
+    assert parser.finish() == {}
+    assert [(c.name, c.arguments, c.complete) for c in parser.calls] == [
+        ("get_weather", '{"city":"Paris","days":2}', True),
+        ("get_time", "{}", True),
+    ]
+    assert [(s["name"], s["arguments"]) for s in streamed.values()] == [(c.name, c.arguments) for c in parser.calls]
+    assert parser.content is None
+
+
+def test_text_that_only_starts_like_a_call_is_content():
+    parser = ToolCallParser()
+    assert parser.feed("<tool") == {}  # could still become a call
+    assert parser.feed("kit") == {"content": "<toolkit"}
+    assert parser.feed(" is here") == {"content": " is here"}
+    held = ToolCallParser()
+    assert held.feed("<tool_c") == {}
+    assert held.finish() == {"content": "<tool_c"}  # the choice ended: it was text after all
+
+
+def test_a_cut_call_is_not_reported_complete():
+    parser = ToolCallParser()
+    parser.feed(call_text("get_weather", '{"city":"Pa')[: -len("\n</tool_call>")])
+    assert [c.complete for c in parser.calls] == [False]
+
+
+def conversation(template_takes_tools: bool, **fields):
+    history = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+    ]
+    tools = [{"type": "function", "function": WEATHER}, {"type": "function", "function": TIME}]
+    request = ChatCompletionRequest.model_validate({"messages": history, "tools": tools, **fields})
+    return request.conversation(template_takes_tools)
+
+
+def test_templates_that_take_tools_get_them_and_structured_calls():
+    messages, tools = conversation(True)
+    assert [t["function"]["name"] for t in tools] == ["get_weather", "get_time"]
+    assert messages[1]["tool_calls"] == [{"type": "function", "function": {"name": "get_time", "arguments": {}}}]
+    assert messages[2] == {"role": "tool", "content": "12:00", "tool_call_id": "c1"}
+
+
+def test_other_templates_get_our_prompt_and_calls_as_text():
+    messages, tools = conversation(False)
+    assert tools is None
+    assert messages[0]["role"] == "system" and "get_weather" in messages[0]["content"]
+    assert "<tool_call>" in messages[0]["content"]
+    assert messages[2]["content"] == call_text("get_time", "{}")
+    assert messages[3] == {"role": "user", "content": "<tool_response>\n12:00\n</tool_response>"}
+    none_messages, _ = conversation(False, tool_choice="none")
+    assert none_messages[0]["role"] == "user", "tool_choice none: no tool prompt"
+    assert json.loads(messages[0]["content"].split("\n")[1])["name"] == "get_weather"
