@@ -169,8 +169,11 @@ def test_logprobs_match_the_reference_distribution(default_llm, default_model_di
         ({"repetition_penalty": 0}, "repetition_penalty"),
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"frequency_penalty": -2.5}, "frequency_penalty"),
-        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -1}, "max_tokens"),  # 0 is valid: it scores the prompt only
         ({"logprobs": 21}, "logprobs"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"logit_bias": {5: -100.5}}, "logit_bias"),
+        ({"logit_bias": {-5: 1}}, "logit_bias"),
         ({"stop": [""]}, "stop"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
     ],
