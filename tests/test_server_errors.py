@@ -88,3 +88,20 @@ def test_a_model_that_fails_to_load_gives_503_not_a_hang(tmp_path):
             health = http.get("/health")
             assert health.status_code == 503 and health.json()["status"] == "failed"
             assert_error(http.post("/v1/completions", json={"prompt": "hi"}), 503)
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/v1/completions", b'{"prompt": "\\ud800 lone", "max_tokens": 2}'),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udfff"}], "max_tokens": 2}'),
+        ("/tokenize", b'{"prompt": "\\ud800"}'),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_and_the_engine_lives_on(server, route, body):
+    """JSON escapes can spell text no tokenizer takes; it once ended the engine thread."""
+    with server.client() as http:
+        response = http.post(route, content=body, headers={"Content-Type": "application/json"})
+        assert_error(response, 400, contains="unicode")
+        ok = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2

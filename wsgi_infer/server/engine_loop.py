@@ -9,6 +9,7 @@ to the hub. It never touches gevent: the hub-side ``StreamRouter`` and the
 
 from __future__ import annotations
 
+import logging
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -34,6 +35,8 @@ from .engine_messages import (
 
 if TYPE_CHECKING:
     from .bridge import HubBridge
+
+log = logging.getLogger(__name__)
 
 
 class EngineLoop:
@@ -135,10 +138,13 @@ def _admit(engine: LLMEngine, command: Submit) -> Admitted:
         for i, ids in enumerate(prompt_ids):
             for j, params in enumerate(command.params):
                 engine.add_request(stream.choice_id(i * n + j), ids, params)
-    except ValueError as exc:
+    except Exception as exc:  # one request's bad input (or our bug) must not end the engine thread
         for choice_id in stream.choice_ids:
             engine.abort(choice_id)
-        return Admitted(stream, Rejected(str(exc), getattr(exc, "param", None)))
+        if isinstance(exc, ValueError):
+            return Admitted(stream, Rejected(str(exc), getattr(exc, "param", None)))
+        log.exception("request %s could not be admitted", stream.request_id)
+        return Admitted(stream, Rejected(f"the engine could not take this request: {type(exc).__name__}", status=500))
     return Admitted(stream, Accepted(sum(len(ids) for ids in prompt_ids)))
 
 

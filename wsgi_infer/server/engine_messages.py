@@ -60,6 +60,7 @@ class Rejected:
 
     message: str
     param: str | None = None  # the field at fault, when the engine knows it
+    status: int = 400  # 500: the engine failed on this request (a bug), but goes on serving
 
 
 @dataclass

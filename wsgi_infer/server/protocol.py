@@ -379,6 +379,10 @@ def parse(schema: type[_Request], body: object) -> _Request:
     """Validate a JSON body; a 400 naming the first bad field otherwise."""
     if not isinstance(body, dict):
         raise APIError("request body must be a JSON object")
+    try:  # JSON escapes can spell lone surrogates, which no tokenizer takes
+        json.dumps(body, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise APIError("request body has invalid unicode (a lone surrogate escape)") from None
     refuse_unsupported(body)
     try:
         return schema.model_validate(body)

@@ -71,7 +71,7 @@ def start(
     try:
         outcome = stream.wait_admission(ADMISSION_TIMEOUT_S)
         if isinstance(outcome, Rejected):
-            raise APIError(outcome.message, 400, param=outcome.param)
+            raise APIError(outcome.message, outcome.status, param=outcome.param)
         if isinstance(outcome, Terminated):
             raise APIError(outcome.message, 503, code=outcome.code, headers={"Retry-After": "5"})
         if not isinstance(outcome, Accepted):
