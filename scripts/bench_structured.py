@@ -9,6 +9,9 @@
 2. ITL of running streams while a large new schema (hundreds of properties,
    never seen before, so not cached) compiles: the gaps around the compile
    against the gaps before it.
+3. The engine alone, in this process (``--engine``): 16 requests of the
+   same length with and without the schema, alternating, and the time the
+   grammar masks take per step. Far less noisy than HTTP runs on a shared host.
 
     .venv/bin/python scripts/bench_structured.py --concurrency 1 16
 """
@@ -101,6 +104,37 @@ async def compile_stall(url: str, model: str, streams: int, num_fields: int) -> 
     }
 
 
+def engine_cost(args) -> list[tuple[bool, float, float]]:
+    """(constrained, wall seconds, mask ms per step) for alternating batches of 16 in this process."""
+    from wsgi_infer import LLM, SamplingParams
+    from wsgi_infer.engine import grammar, sampler
+    from wsgi_infer.engine.sampling_params import StructuredOutput
+
+    llm = LLM(model=args.model, dtype=args.dtype)
+    spec = StructuredOutput("json", LONG_STRING["json_schema"]["schema"])
+    masks = {"seconds": 0.0, "steps": 0}
+
+    def timed_masks(*call_args) -> None:
+        start = time.perf_counter()
+        grammar.apply_grammar_masks(*call_args)
+        masks["seconds"] += time.perf_counter() - start
+        masks["steps"] += 1
+
+    sampler.apply_grammar_masks = timed_masks
+    llm.engine.grammars.compile(spec)  # one-time costs (tokenizer tables, the compile) out of the runs
+    results = []
+    for constrained in (False, True) * args.repeat:
+        params = SamplingParams(
+            temperature=0, max_tokens=args.output_len, ignore_eos=True, structured_output=spec if constrained else None
+        )
+        masks.update(seconds=0.0, steps=0)
+        start = time.perf_counter()
+        llm.generate([f"Essay {i}:" for i in range(16)], params)
+        per_step = 1e3 * masks["seconds"] / max(1, masks["steps"])
+        results.append((constrained, time.perf_counter() - start, per_step))
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
@@ -113,7 +147,14 @@ def main() -> None:
     parser.add_argument("--quantization", default="none")
     parser.add_argument("--model", default=None)
     parser.add_argument("--server-log", action="store_true")
+    parser.add_argument("--engine", action="store_true", help="only part 3: the engine alone, in this process")
     args = parser.parse_args()
+    if args.engine:
+        print(f"## Engine alone, 16 requests x {args.output_len} tokens, alternating\n")
+        print("| JSON schema | wall s | grammar masks ms per step |\n|---|---|---|")
+        for constrained, wall, per_step in engine_cost(args):
+            print(f"| {'yes' if constrained else 'no'} | {wall:.2f} | {per_step:.2f} |")
+        return
     server, url = start_server(args)
     try:
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import replace
 
 import llguidance
 import llguidance.hf
@@ -50,13 +51,19 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self._compiled = functools.lru_cache(maxsize=GRAMMAR_CACHE_SIZE)(self._compile)
 
-    def check(self, spec: StructuredOutput) -> None:
-        """Compile (or find in the cache); InvalidParameter names the problem."""
-        self._compiled(grammar_text(spec))
+    def compile(self, spec: StructuredOutput) -> StructuredOutput:
+        """The constraint with its compiled grammar (from the cache when it is there).
+
+        Converting and compiling a large schema takes a while: callers that must
+        not wait (the engine thread) get constraints compiled ahead, elsewhere.
+        InvalidParameter names the problem.
+        """
+        return replace(spec, compiled=self._compiled(grammar_text(spec)))
 
     def matcher(self, spec: StructuredOutput) -> LLMatcher:
-        """A fresh matcher for one choice."""
-        return self._compiled(grammar_text(spec)).deep_copy()
+        """A fresh matcher for one choice (microseconds when ``spec`` was compiled ahead)."""
+        compiled = spec.compiled if spec.compiled is not None else self.compile(spec).compiled
+        return compiled.deep_copy()
 
     def _compile(self, grammar: str) -> LLMatcher:
         matcher = LLMatcher(self._tokenizer, grammar)

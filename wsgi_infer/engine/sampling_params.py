@@ -28,6 +28,8 @@ class StructuredOutput:
 
     kind: Literal["json", "regex", "choice", "grammar"]
     value: object
+    # The compiled grammar, when a caller compiled it ahead (the server does, off the engine thread).
+    compiled: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         valid = {

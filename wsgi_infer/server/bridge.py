@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 from _queue import SimpleQueue  # C implementation: never monkey-patched
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,6 +36,8 @@ from gevent.monkey import get_original
 
 _start_new_thread = get_original("_thread", "start_new_thread")
 _native_get_ident: Callable[[], int] = get_original("_thread", "get_ident")
+_native_thread_id: Callable[[], int] = get_original("_thread", "get_native_id")
+BACKGROUND_NICE = 10  # pool threads: below the engine thread, which keeps the default 0
 _LEVELS = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
 
 log = logging.getLogger(__name__)
@@ -80,8 +83,12 @@ class HubBridge:
 
     @staticmethod
     def run_off_hub(function: Callable[..., Any], *args: Any) -> Any:
-        """In a greenlet: ``function(*args)`` on a native pool thread; its result, or its exception."""
-        return gevent.get_hub().threadpool.apply(function, args)
+        """In a greenlet: ``function(*args)`` on a native pool thread; its result, or its exception.
+
+        The pool thread runs at a lower priority, so on a machine with few cores the
+        work takes what the engine thread leaves rather than slowing its steps.
+        """
+        return gevent.get_hub().threadpool.apply(_in_background, (function, *args))
 
     # --- hub to thread --------------------------------------------------------------
     def send(self, command: Any) -> None:
@@ -116,6 +123,14 @@ class HubBridge:
         self._drain()
         self._watcher.stop()
         self._watcher.close()
+
+
+def _in_background(function: Callable[..., Any], *args: Any) -> Any:
+    try:  # Linux: a thread's own nice value (no-op where it is already set or not allowed)
+        os.setpriority(os.PRIO_PROCESS, _native_thread_id(), BACKGROUND_NICE)
+    except (AttributeError, OSError):
+        pass
+    return function(*args)
 
 
 class _RelayFilter(logging.Filter):

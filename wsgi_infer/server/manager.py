@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import gevent.event
 
 from ..engine.model_loader import default_model_path
-from ..engine.sampling_params import SamplingParams
+from ..engine.sampling_params import SamplingParams, StructuredOutput
 from . import metrics
 from .bridge import HubBridge
 from .engine_loop import EngineLoop
@@ -153,11 +153,15 @@ class EngineManager:
 
     # --- requests (hub) ---------------------------------------------------------------
     def compile_constraints(self, params: list[SamplingParams]) -> None:
-        """Compile each constraint on a pool thread, so the engine thread finds it cached and no
-        running stream waits for a large schema. Raises InvalidParameter; call once ready."""
-        specs = {id(p.structured_output): p.structured_output for p in params if p.structured_output}
-        for spec in specs.values():
-            self._bridge.run_off_hub(self._grammars.check, spec)
+        """Compile each constraint on a pool thread, so that the engine thread only copies the
+        result and no running stream waits for a large schema. Raises InvalidParameter; call once ready."""
+        compiled: dict[int, StructuredOutput] = {}
+        for p in params:
+            spec = p.structured_output
+            if spec is not None and spec.compiled is None:
+                if id(spec) not in compiled:
+                    compiled[id(spec)] = self._bridge.run_off_hub(self._grammars.compile, spec)
+                p.structured_output = compiled[id(spec)]
 
     def submit(self, request_id: str, prompts: Prompts, params: list[SamplingParams]) -> RequestStream:
         """Queue ``len(params)`` choices of each prompt (choice index = prompt * n + j).
