@@ -33,7 +33,6 @@ class BlockManager:
         # Insertion order is the LRU order: front = evicted first.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.num_prefix_hit_blocks = 0  # cumulative, for metrics and tests
-        self.num_prefix_query_tokens = 0  # cumulative: prompt tokens of admissions that looked
 
     # --- counters --------------------------------------------------------------
     @property

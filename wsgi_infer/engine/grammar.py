@@ -4,7 +4,8 @@ A ``GrammarCompiler`` turns a ``StructuredOutput`` into an llguidance matcher
 for the model's tokenizer. Compiled grammars are cached by their text, so a
 schema sent with every request compiles once; each choice gets a cheap copy.
 Compiling releases the GIL: the server compiles on a pool thread before it
-submits, and the engine thread then finds the grammar in the cache.
+submits, and the compiled grammar travels with the request, so the engine
+thread only copies it.
 """
 
 from __future__ import annotations

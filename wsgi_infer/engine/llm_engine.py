@@ -20,7 +20,7 @@ from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .device import resolve_device, resolve_dtype
 from .grammar import GrammarCompiler
-from .model_loader import eos_token_ids, load_config, load_tokenizer, resolve_model_dir
+from .model_loader import chat_prompt_ids, eos_token_ids, load_config, load_tokenizer, resolve_model_dir
 from .model_runner import ModelRunner
 from .outputs import EngineCounters, RequestDelta, TokenLogprob
 from .sampler import Sampler, prompt_logprobs
@@ -72,15 +72,7 @@ class LLMEngine:
 
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Token ids of a conversation through the model's chat template, ready for the reply."""
-        if not self.tokenizer.chat_template:
-            raise ValueError("messages: this model has no chat template")
-        try:
-            encoded = self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True
-            )
-        except Exception as exc:  # jinja errors for malformed conversations
-            raise ValueError(f"messages: the chat template failed: {exc}") from exc
-        return list(encoded["input_ids"])
+        return chat_prompt_ids(self.tokenizer, messages, tools)
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> int:
         """Queue a request; return its prompt length. Raises ValueError for bad input."""
@@ -141,7 +133,7 @@ class LLMEngine:
             num_free_blocks=bm.num_free_blocks,
             num_cached_blocks=bm.num_cached_blocks,
             num_total_blocks=bm.num_blocks,
-            num_prefix_query_tokens=bm.num_prefix_query_tokens,
+            num_prefix_query_tokens=self.scheduler.num_prefix_query_tokens,
             num_prefix_hit_tokens=bm.num_prefix_hit_blocks * bm.block_size,
             num_preemptions=self.scheduler.num_preemptions,
         )

@@ -85,4 +85,3 @@ class EngineCounters:
     num_prefix_query_tokens: int  # prompt tokens looked up in the prefix cache
     num_prefix_hit_tokens: int  # prompt tokens taken from the prefix cache
     num_preemptions: int
-    num_step_tokens: list[int] = field(default_factory=list)  # tokens computed by each step since the last report

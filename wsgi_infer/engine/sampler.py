@@ -96,11 +96,11 @@ class Sampler:
     @staticmethod
     def _process(logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """In place: penalties, then logit bias, then grammar masks (the raw logprobs are taken)."""
-        for row, seq in zip(logits, seqs):
+        for i, seq in enumerate(seqs):  # row views only where asked for: this runs every step
             if seq.params.has_penalties:
-                apply_penalties(row, seq)
+                apply_penalties(logits[i], seq)
             if seq.params.logit_bias:
-                apply_logit_bias(row, seq)
+                apply_logit_bias(logits[i], seq)
         constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
         if constrained:
             apply_grammar_masks(logits, constrained, [seqs[i].matcher for i in constrained])

@@ -50,9 +50,10 @@ class SamplingParams:
     filters. ``max_tokens=None`` means "up to the end of the context window"; 0
     only reads the prompt. ``logprobs`` is the number of top alternatives returned
     per token (0 = only the sampled token's logprob, None = no logprobs);
-    ``prompt_logprobs`` the same for every prompt token after the first. ``logit_bias`` adds to a token's
-    logit before sampling; ``structured_output`` allows only the tokens that keep
-    the text valid, and ends the choice when it is complete.
+    ``prompt_logprobs`` the same for every prompt token after the first.
+    ``logit_bias`` adds to a token's logit before sampling; ``structured_output``
+    allows only the tokens that keep the text valid, and ends the choice when it
+    is complete.
     """
 
     temperature: float = 1.0

@@ -38,6 +38,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_prefix_query_tokens = 0  # prompt tokens of admissions that looked in the prefix cache
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -78,7 +79,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             if not wants_all and self.block_manager.enable_prefix_caching:
-                self.block_manager.num_prefix_query_tokens += seq.num_tokens
+                self.num_prefix_query_tokens += seq.num_tokens
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
             seq.status = SequenceStatus.RUNNING

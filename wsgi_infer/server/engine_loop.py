@@ -91,9 +91,8 @@ class EngineLoop:
                 deltas = step()
                 step_tokens.append(engine.last_step_num_tokens)
             if outbox or deltas or aborted:
-                counters = engine.counters()
-                counters.num_step_tokens, step_tokens = step_tokens, []
-                outbox.append(StepDone(deltas, counters, _token_texts(engine, deltas)))
+                outbox.append(StepDone(deltas, engine.counters(), _token_texts(engine, deltas), step_tokens))
+                step_tokens = []
                 self._bridge.post(outbox + aborted)
 
     def _step_function(self, engine: LLMEngine) -> Callable[[], list[RequestDelta]]:

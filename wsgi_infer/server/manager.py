@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import gevent.event
 
-from ..engine.model_loader import default_model_path
+from ..engine.model_loader import chat_prompt_ids, default_model_path
 from ..engine.sampling_params import SamplingParams, StructuredOutput
 from . import metrics
 from .bridge import HubBridge
@@ -152,6 +152,10 @@ class EngineManager:
         return len(streams)
 
     # --- requests (hub) ---------------------------------------------------------------
+    def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> list[int]:
+        """The chat template on this worker's own tokenizer (call once ready); ValueError for a bad conversation."""
+        return chat_prompt_ids(self.tokenizer, messages, tools, add_generation_prompt)
+
     def compile_constraints(self, params: list[SamplingParams]) -> None:
         """Compile each constraint on a pool thread, so that the engine thread only copies the
         result and no running stream waits for a large schema. Raises InvalidParameter; call once ready."""

@@ -103,7 +103,7 @@ class StreamRouter:
             value = getattr(counters, name)
             getattr(m, metric).inc(value - self._last_seen[name])
             self._last_seen[name] = value
-        for num_tokens in counters.num_step_tokens:
+        for num_tokens in step.step_tokens:
             m.iteration_tokens.observe(num_tokens)
 
     def _record_delta(self, stream: RequestStream, delta: RequestDelta, now: float) -> None:

@@ -27,15 +27,9 @@ def tokenize():
     if chat:
         messages, tools = req.conversation(mgr.template_takes_tools)
         try:
-            tokens = mgr.tokenizer.apply_chat_template(
-                messages,
-                tools=tools,
-                add_generation_prompt=req.add_generation_prompt,
-                tokenize=True,
-                return_dict=True,
-            )["input_ids"]
-        except Exception as exc:  # jinja errors for malformed conversations
-            raise APIError(f"the chat template failed: {exc}", param="messages") from None
+            tokens = mgr.chat_prompt_ids(messages, tools, req.add_generation_prompt)
+        except ValueError as exc:
+            raise APIError(str(exc), param="messages") from None
     else:
         tokens = mgr.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
     body = {"count": len(tokens), "max_model_len": mgr.max_model_len, "tokens": list(tokens), "token_strs": None}
