@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
@@ -147,3 +149,24 @@ class GunicornServer(LoggedProcess):
         import psutil
 
         return [child.pid for child in psutil.Process(self.process.pid).children()]
+
+
+class RedisServer(LoggedProcess):
+    """Debian's redis-server on a loopback port, memory only; restart it on the same port with ``again()``."""
+
+    def __init__(self, directory: Path, port: int | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            if os.environ.get("CI"):
+                pytest.fail("redis-server is not installed (.ci/run installs Debian's redis-server)")
+            pytest.skip("redis-server is not installed")
+        self.port = port or free_port()
+        self.directory = directory
+        argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        super().__init__([*argv, "--dir", str(directory)])
+        self.wait_for_log(r"Ready to accept connections", timeout=30)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def again(self) -> RedisServer:
+        """A fresh (empty) redis-server on this one's port, once this one has stopped."""
+        return RedisServer(self.directory, self.port)

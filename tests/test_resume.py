@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 
 import pytest
 
 from wsgi_infer import SamplingParams
 
-from .server import GunicornServer, LoggedProcess, free_port
+from .server import GunicornServer, RedisServer
 from .sse_client import events
 
 BODY = {
@@ -109,17 +107,8 @@ def test_unknown_stream_and_bad_last_event_id(server):
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
-    """Debian's redis-server on a free loopback port, memory only."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is not installed (.ci/run installs Debian's redis-server)")
-        pytest.skip("redis-server is not installed")
-    port = free_port()
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    with LoggedProcess([*argv, "--dir", str(tmp_path_factory.mktemp("redis"))]) as redis_server:
-        redis_server.wait_for_log(r"Ready to accept connections", timeout=30)
-        yield f"redis://127.0.0.1:{port}/0"
+    with RedisServer(tmp_path_factory.mktemp("redis")) as redis_server:
+        yield redis_server.url
 
 
 def test_a_resume_can_reach_another_instance_sharing_redis(tiny_model_dirs, redis_url, tiny_llama):

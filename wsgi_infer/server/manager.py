@@ -70,7 +70,11 @@ class EngineManager:
         self._ids = itertools.count()
         # A stream nobody has read for one heartbeat interval is abandoned (the client left).
         self.stream_logs = StreamLogs(
-            settings.resume_keep_seconds, grace=settings.heartbeat_seconds, redis_url=settings.redis_url
+            settings.resume_keep_seconds,
+            grace=settings.heartbeat_seconds,
+            backlog_bytes=settings.stream_backlog_bytes,
+            redis_url=settings.redis_url,
+            metrics=self.metrics,
         )
 
     # --- lifecycle (hub) ---------------------------------------------------------------

@@ -67,6 +67,9 @@ _FAMILIES = {
     "kv_blocks_free": _gauge("kv_blocks_free", "KV blocks no request holds", "livesum"),
     "kv_blocks_total": _gauge("kv_blocks_total", "KV blocks in the cache", "livesum"),
     "open_streams": _gauge("open_streams", "Requests with an open response stream", "livesum"),
+    "streams_unmirrored": _gauge(
+        "streams_unmirrored", "Streams whose copy in Redis is not complete (running, or waiting for Redis)", "livesum"
+    ),
     "time_to_first_token": _histogram("time_to_first_token_seconds", "Time to first token", _LATENCY_BUCKETS),
     "inter_token_latency": _histogram("inter_token_latency_seconds", "Time between tokens", _LATENCY_BUCKETS),
     "e2e_request_latency": _histogram(

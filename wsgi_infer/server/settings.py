@@ -35,6 +35,11 @@ class ServerSettings(BaseSettings):
     resume_keep_seconds: float = Field(
         60.0, ge=0, description="how long a finished stream stays resumable (GET /v1/streams/<id>)"
     )
+    stream_backlog_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        description="a stream whose client is this far behind (or stopped reading) is aborted with an error event",
+    )
     redis_url: str | None = Field(
         None,
         description="keep resumable streams in this Redis (redis://host:port/db) so any worker or host can resume them",

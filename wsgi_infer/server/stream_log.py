@@ -1,193 +1,173 @@
 """Resumable streams: every SSE event of a response is kept, numbered, in a log.
 
-A pump greenlet turns the engine's output into events and appends them here;
-HTTP responses only read the log from an event id on, so a client that lost
-its connection (EventSource does this by itself, with Last-Event-ID) resumes
-the same generation where it left off. Logs stay readable for a while after
-their stream finished. ``MemoryStreamLog`` keeps them in this process (correct
-with one worker); ``RedisStreamLog`` keeps them in a Redis stream, so that any
-worker or host sharing the Redis serves any resume.
+A pump greenlet turns the engine's output into events and appends them to the
+stream's log in this worker's memory; HTTP responses only read the log from an
+event id on, so a client that lost its connection (EventSource does this by
+itself, with Last-Event-ID) resumes the same generation where it left off.
+Finished logs stay readable for ``keep_seconds``. With ``redis_url``, a mirror
+copies every log to Redis as well (``redis_store``), so that any worker or host
+can serve a resume; the stream itself never waits for Redis.
+
+A stream's memory is bounded: when its reader falls more than
+``backlog_bytes`` behind (or stops reading without closing), the generation is
+aborted and the log ends with an error event.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import gevent
 import gevent.event
 
 from . import sse
+from .errors import error_body
+from .metrics import ModelMetrics
+from .redis_store import RedisStore
+
+log = logging.getLogger(__name__)
 
 
-class StreamLog(ABC):
-    """One stream's numbered events, wherever they are kept.
+class StreamLog:
+    """One stream's events, numbered from 1, in this worker's memory.
 
-    ``on_abandoned`` (given where the stream is generated) runs when the stream
-    is unfinished and nobody has read it for ``grace`` seconds: the client is
-    gone for good, so its generation stops.
+    ``on_abandoned`` runs when the stream is unfinished and nobody has read it
+    for ``grace`` seconds (here, or in another process through ``read_elsewhere``):
+    the client is gone for good, so its generation stops.
     """
 
-    def __init__(self, stream_id: str, grace: float, on_abandoned: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        stream_id: str,
+        grace: float,
+        on_abandoned: Callable[[], None],
+        read_elsewhere: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.stream_id = stream_id
+        self.events: list[str] = []  # without their `id:` lines (the mirror stores them so too)
         self.finished = False
+        self.finished_at = 0.0
         self.readers = 0
+        self.delivered = 0  # events some reader's connection has taken, at most
+        self._ends = [0]  # _ends[i]: bytes of the first i events
         self._grace = grace
         self._on_abandoned = on_abandoned
+        self._read_elsewhere = read_elsewhere
+        self._changed = gevent.event.Event()  # replaced (never cleared) on each change
 
-    @abstractmethod
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes of events no reader has taken yet."""
+        return self._ends[-1] - self._ends[self.delivered]
+
     def append(self, text: str) -> None:
         """Record one SSE event (without id); readers see it with the next id."""
+        self.events.append(text)
+        self._ends.append(self._ends[-1] + len(text.encode()))
+        self._notify()
 
-    @abstractmethod
     def finish(self) -> None:
         """No more events: readers end after the last one."""
+        self.finished = True
+        self.finished_at = time.monotonic()
+        self._notify()
 
-    @abstractmethod
-    def _events(self, after: int, heartbeat: float) -> Iterator[str]:
-        """Events after id ``after`` with their ``id:`` lines; a heartbeat after each quiet interval."""
-
-    def _read_elsewhere(self) -> bool:
-        """Whether a reader in another process still holds the stream (only a shared log knows)."""
-        return False
+    def wait(self, seen: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for an event after the first ``seen``, or the end; True if one came."""
+        changed = self._changed
+        if len(self.events) == seen and not self.finished:
+            changed.wait(timeout)
+        return len(self.events) > seen or self.finished
 
     def read(self, after: int, heartbeat: float) -> Iterator[str]:
         """Events after id ``after``, waiting for new ones (heartbeats meanwhile) until the end."""
         self.readers += 1
         try:
-            yield from self._events(max(0, after), heartbeat)
+            position = max(0, after)
+            while True:
+                while position < len(self.events):
+                    position += 1
+                    yield f"id: {position}\n{self.events[position - 1]}"
+                    self.delivered = max(self.delivered, position)  # the server wrote it: next() came back
+                if self.finished:
+                    return
+                if not self.wait(position, heartbeat):
+                    yield sse.HEARTBEAT
         finally:
             self.readers -= 1
-            if not self.readers and not self.finished and self._on_abandoned is not None:
+            if not self.readers and not self.finished:
                 gevent.spawn_later(self._grace, self._abandon_if_unread)
 
     def _abandon_if_unread(self) -> None:
         if not self.readers and not self.finished and not self._read_elsewhere():
             self._on_abandoned()
 
-
-class MemoryStreamLog(StreamLog):
-    """The log in this process's memory."""
-
-    def __init__(self, stream_id: str, grace: float, on_abandoned: Callable[[], None]) -> None:
-        super().__init__(stream_id, grace, on_abandoned)
-        self.events: list[str] = []
-        self.finished_at = 0.0
-        self._changed = gevent.event.Event()
-
-    def append(self, text: str) -> None:
-        self.events.append(f"id: {len(self.events) + 1}\n{text}")
-        self._changed.set()
-
-    def finish(self) -> None:
-        self.finished = True
-        self.finished_at = time.monotonic()
-        self._changed.set()
-
-    def _events(self, after: int, heartbeat: float) -> Iterator[str]:
-        position = after
-        while True:
-            while position < len(self.events):
-                position += 1
-                yield self.events[position - 1]
-            if self.finished:
-                return
-            self._changed.clear()
-            if not self._changed.wait(heartbeat) and position == len(self.events):
-                yield sse.HEARTBEAT
-
-
-class RedisStreamLog(StreamLog):
-    """The log in a Redis stream (entry ids ``n-0``), expiring ``keep_seconds``
-    after it finished. Readers on any instance renew a short lease key, so the
-    instance generating the stream knows whether anybody still reads it."""
-
-    def __init__(
-        self, client, stream_id: str, grace: float, keep_seconds: float, on_abandoned: Callable[[], None] | None = None
-    ) -> None:
-        super().__init__(stream_id, grace, on_abandoned)
-        self.key = f"wsgi-infer:stream:{stream_id}"
-        self._lease = f"{self.key}:reader"
-        self._client = client
-        self._keep = keep_seconds
-        self._next = 1
-
-    def append(self, text: str) -> None:
-        self._client.xadd(self.key, {"event": text}, id=f"{self._next}-0")
-        self._next += 1
-
-    def finish(self) -> None:
-        self._client.xadd(self.key, {"end": "1"}, id=f"{self._next}-0")
-        self._client.expire(self.key, max(1, int(self._keep)))
-        self.finished = True
-
-    def _events(self, after: int, heartbeat: float) -> Iterator[str]:
-        last = f"{after}-0"
-        while True:
-            self._client.set(self._lease, "1", px=int(2000 * max(heartbeat, self._grace)))
-            reply = self._client.xread({self.key: last}, block=int(1000 * heartbeat), count=256)
-            if not reply:
-                yield sse.HEARTBEAT
-                continue
-            for entry_id, fields in reply[0][1]:
-                last = entry_id
-                if b"end" in fields:
-                    return
-                yield f"id: {entry_id.split(b'-')[0].decode()}\n{fields[b'event'].decode()}"
-
-    def _read_elsewhere(self) -> bool:
-        return bool(self._client.exists(self._lease))
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, gevent.event.Event()
+        changed.set()
 
 
 class StreamLogs:
-    """This worker's way to the logs, by stream id: in-process, or in Redis when
-    ``redis_url`` is set. Finished logs expire after ``keep_seconds``."""
+    """This worker's stream logs by id, and the way to other workers' logs through Redis."""
 
-    def __init__(self, keep_seconds: float, grace: float, redis_url: str | None = None) -> None:
+    def __init__(
+        self, keep_seconds: float, grace: float, backlog_bytes: int, redis_url: str | None, metrics: ModelMetrics
+    ) -> None:
         self.keep_seconds = keep_seconds
         self.grace = grace
-        self._logs: dict[str, MemoryStreamLog] = {}
-        self._redis = None
-        if redis_url:
-            import redis  # optional: pip install "wsgi-infer[redis]"
+        self.backlog_bytes = backlog_bytes
+        self._logs: dict[str, StreamLog] = {}
+        self._store = RedisStore(redis_url, keep_seconds, grace, metrics.streams_unmirrored) if redis_url else None
 
-            self._redis = redis.Redis.from_url(redis_url)
-
-    def create(self, on_abandoned: Callable[[], None]) -> StreamLog:
+    def publish(self, events: Generator[str | None, None, None], on_abandoned: Callable[[], None]) -> StreamLog:
+        """A new log, fed with ``events`` by a pump greenlet (and mirrored to Redis, with a store)."""
+        self._expire()
         stream_id = uuid.uuid4().hex
-        if self._redis is not None:
-            return RedisStreamLog(self._redis, stream_id, self.grace, self.keep_seconds, on_abandoned)
-        self._expire()
-        log = MemoryStreamLog(stream_id, self.grace, on_abandoned)
-        self._logs[stream_id] = log
-        return log
+        read_elsewhere = (lambda: self._store.read_elsewhere(stream_id)) if self._store else (lambda: False)
+        stream_log = StreamLog(stream_id, self.grace, on_abandoned, read_elsewhere)
+        self._logs[stream_id] = stream_log
+        gevent.spawn(self._pump, stream_log, events)
+        if self._store is not None:
+            self._store.mirror(stream_log)
+        return stream_log
 
-    def get(self, stream_id: str) -> StreamLog | None:
-        if self._redis is not None:
-            log = RedisStreamLog(self._redis, stream_id, self.grace, self.keep_seconds)
-            return log if self._redis.exists(log.key) else None
+    def get(self, stream_id: str):
+        """This worker's log, or a reader of Redis's copy; None if unknown. Raises StoreUnavailable."""
         self._expire()
-        return self._logs.get(stream_id)
+        local = self._logs.get(stream_id)
+        if local is not None or self._store is None:
+            return local
+        return self._store.open(stream_id)
+
+    def _pump(self, stream_log: StreamLog, events: Generator[str | None, None, None]) -> None:
+        """Copy ``events`` into the log; None items (heartbeats) are dropped."""
+        try:
+            for text in events:
+                if text is not None:
+                    stream_log.append(text)
+                if stream_log.backlog_bytes > self.backlog_bytes:
+                    events.close()  # its `finally` aborts the generation
+                    stream_log.append(self._overflow_event(stream_log))
+                    return
+        finally:
+            stream_log.finish()
+
+    def _overflow_event(self, stream_log: StreamLog) -> str:
+        log.warning(
+            "stream %s: the client is %d bytes behind (limit %d); generation aborted",
+            stream_log.stream_id,
+            stream_log.backlog_bytes,
+            self.backlog_bytes,
+        )
+        message = f"the client fell more than {self.backlog_bytes} bytes behind the stream; generation aborted"
+        return sse.event(error_body(message, 503, code="stream_backlog_exceeded"), name="error")
 
     def _expire(self) -> None:
         now = time.monotonic()
         for stream_id in [
-            i for i, log in self._logs.items() if log.finished and now - log.finished_at > self.keep_seconds
+            i for i, sl in self._logs.items() if sl.finished and now - sl.finished_at > self.keep_seconds
         ]:
             del self._logs[stream_id]
-
-
-def spawn_pump(log: StreamLog, events: Iterator[str | None]) -> gevent.Greenlet:
-    """Copy ``events`` into ``log`` in a greenlet of its own; None items (heartbeats) are dropped."""
-
-    def pump() -> None:
-        try:
-            for text in events:
-                if text is not None:
-                    log.append(text)
-        finally:
-            log.finish()
-
-    return gevent.spawn(pump)

@@ -13,7 +13,8 @@ from .. import sse
 from ..engine_messages import Chat
 from ..errors import APIError
 from ..protocol import ChatCompletionRequest, CompletionRequest, parse
-from ..stream_log import StreamLog, spawn_pump
+from ..redis_store import RedisStreamReader, StoreUnavailable
+from ..stream_log import StreamLog
 from ..streams import ChoiceDelta, RequestStream
 from ..tools import ToolCallParser
 from .serving import Heartbeat, StreamInterrupted, check_model, collect, iter_deltas, manager, start
@@ -85,15 +86,17 @@ def _respond(stream: RequestStream, streaming: bool, include_usage: bool, format
     # A pump greenlet owns the generation and records its events; this response, and
     # any resume of it, only read that log, so a dropped connection loses nothing.
     mgr = manager()
-    log = mgr.stream_logs.create(on_abandoned=lambda: mgr.release(stream))
-    spawn_pump(log, _sse(mgr, stream, include_usage, formatter))
+    log = mgr.stream_logs.publish(_sse(mgr, stream, include_usage, formatter), on_abandoned=lambda: mgr.release(stream))
     return _read_log(log, 0)
 
 
 @bp.get("/streams/<stream_id>")
 def resume(stream_id: str):
     """Resume a stream after the event the client saw last (Last-Event-ID, as EventSource sends)."""
-    log = manager().stream_logs.get(stream_id)
+    try:
+        log = manager().stream_logs.get(stream_id)
+    except StoreUnavailable as exc:
+        raise APIError(str(exc), 503, code="store_unavailable", headers={"Retry-After": "1"}) from None
     if log is None:
         raise APIError(
             f"stream {stream_id!r} is unknown or has expired", 404, param="stream_id", code="stream_not_found"
@@ -104,7 +107,7 @@ def resume(stream_id: str):
     return _read_log(log, int(last))
 
 
-def _read_log(log: StreamLog, after: int) -> Response:
+def _read_log(log: StreamLog | RedisStreamReader, after: int) -> Response:
     headers = {**sse.STREAM_HEADERS, "X-Stream-Id": log.stream_id}
     return Response(
         log.read(after, manager().settings.heartbeat_seconds), mimetype="text/event-stream", headers=headers

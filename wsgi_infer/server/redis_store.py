@@ -1,0 +1,193 @@
+"""Resumable streams shared through Redis, best effort.
+
+The worker generating a stream keeps its log in memory (``stream_log``); a
+mirror greenlet per stream copies the events into a Redis stream (entry ids
+``n-0``), so that any worker or host sharing the Redis can serve a resume.
+Redis is never on a stream's path: while it is away, streams go on from
+memory, a resume that needs Redis gets ``StoreUnavailable`` (a 503), and when
+it returns each mirror catches up from the last entry Redis holds.
+
+Two short leases tie readers and writers together: the generating worker
+renews ``<key>:producer`` while its stream runs, so a reader elsewhere ends
+with a ``stream_lost`` event soon after that worker died; readers renew
+``<key>:reader``, so the generating worker knows somebody still reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import gevent
+import gevent.event
+
+from . import sse
+from .errors import error_body
+
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
+
+    from .stream_log import StreamLog
+
+log = logging.getLogger(__name__)
+
+RETRY_MS = 1000
+
+
+class StoreUnavailable(Exception):
+    """Redis cannot be reached right now."""
+
+
+class RedisStore:
+    def __init__(self, url: str, keep_seconds: float, heartbeat: float, unmirrored: Gauge) -> None:
+        import redis  # optional: pip install "wsgi-infer[redis]"
+
+        # A blocked read waits one heartbeat; anything slower than that means Redis is unwell.
+        self._client = redis.Redis.from_url(url, socket_timeout=heartbeat + 2, socket_connect_timeout=2)
+        self._errors = (redis.RedisError, OSError)
+        self._keep = keep_seconds
+        self._heartbeat = heartbeat
+        self._lease_ms = int(3000 * heartbeat)
+        self._up = gevent.event.Event()
+        self._up.set()
+        self._probe: gevent.Greenlet | None = None
+        self._unmirrored = unmirrored
+
+    @staticmethod
+    def key(stream_id: str) -> str:
+        return f"wsgi-infer:stream:{stream_id}"
+
+    # --- health ---------------------------------------------------------------------
+    def _down(self, exc: Exception) -> None:
+        """An operation failed: stop using Redis until one probe greenlet reaches it again."""
+        if self._up.is_set():
+            log.warning("Redis is unavailable (%s); streams go on from memory, resumes elsewhere wait", exc)
+            self._up.clear()
+        if self._probe is None or self._probe.dead:
+            self._probe = gevent.spawn(self._wait_until_back)
+
+    def _wait_until_back(self) -> None:
+        delay = 0.05
+        while True:
+            try:
+                self._client.ping()
+                break
+            except self._errors:
+                gevent.sleep(delay)  # a retry back-off, not a wait for an event
+                delay = min(2 * delay, 1.0)
+        log.info("Redis is back; streams are mirrored again")
+        self._up.set()
+
+    # --- the generating worker ----------------------------------------------------------
+    def mirror(self, stream_log: StreamLog) -> None:
+        """Announce the stream (a resume elsewhere finds it as soon as its client has the id),
+        then copy it in a greenlet of its own."""
+        if self._up.is_set():
+            try:
+                self._client.set(f"{self.key(stream_log.stream_id)}:producer", "1", px=self._lease_ms)
+            except self._errors as exc:
+                self._down(exc)
+        self._unmirrored.inc()
+        gevent.spawn(self._mirror, stream_log).link(lambda _: self._unmirrored.dec())
+
+    def _mirror(self, stream_log: StreamLog) -> None:
+        """Copy the log into Redis until it has ended there, or has expired here unmirrored."""
+        sent: int | None = None  # events Redis holds; None: ask it
+        while True:
+            if not self._up.wait(self._heartbeat):
+                if stream_log.finished and time.monotonic() - stream_log.finished_at > self._keep:
+                    return
+                continue
+            try:
+                sent, ended = self._push(stream_log, sent)
+            except self._errors as exc:
+                sent = None
+                self._down(exc)
+                continue
+            if ended:
+                return
+            stream_log.wait(sent, self._heartbeat)
+
+    def _push(self, stream_log: StreamLog, sent: int | None) -> tuple[int, bool]:
+        """Append what Redis lacks and renew the producer lease: the events Redis holds, and
+        whether the end is written too."""
+        key = self.key(stream_log.stream_id)
+        if sent is None:
+            last = self._client.xrevrange(key, count=1)
+            sent = int(last[0][0].split(b"-")[0]) if last else 0
+        total, finished = len(stream_log.events), stream_log.finished
+        pipe = self._client.pipeline(transaction=False)
+        for index in range(sent, total):
+            pipe.xadd(key, {"event": stream_log.events[index]}, id=f"{index + 1}-0")
+        if finished:
+            pipe.xadd(key, {"end": "1"}, id=f"{total + 1}-0")
+            pipe.delete(f"{key}:producer")
+        else:
+            pipe.set(f"{key}:producer", "1", px=self._lease_ms)
+        # Unfinished keys expire too, so a worker that died leaves nothing behind for ever.
+        pipe.expire(key, max(1, int(self._keep + 3 * self._heartbeat)))
+        pipe.execute()
+        return total, finished
+
+    def read_elsewhere(self, stream_id: str) -> bool:
+        """Whether a reader in another process holds the stream (False while Redis is away)."""
+        if not self._up.is_set():
+            return False
+        try:
+            return bool(self._client.exists(f"{self.key(stream_id)}:reader"))
+        except self._errors as exc:
+            self._down(exc)
+            return False
+
+    # --- readers anywhere ---------------------------------------------------------------
+    def open(self, stream_id: str) -> RedisStreamReader | None:
+        """A reader of the stream's copy; None if Redis knows nothing of it. Raises StoreUnavailable."""
+        key = self.key(stream_id)
+        if self._up.is_set():
+            try:
+                if self._client.exists(key, f"{key}:producer"):
+                    return RedisStreamReader(self, stream_id)
+                return None
+            except self._errors as exc:
+                self._down(exc)
+        raise StoreUnavailable("the stream store (Redis) is unavailable; retry the resume")
+
+    def read(self, stream_id: str, after: int, heartbeat: float) -> Iterator[str]:
+        """Events after id ``after`` with their ``id:`` lines, a heartbeat per quiet interval, and an
+        error event if Redis goes away or the generating worker died before the end."""
+        key, last = self.key(stream_id), f"{after}-0"
+        try:
+            while True:
+                self._client.set(f"{key}:reader", "1", px=self._lease_ms)
+                reply = self._client.xread({key: last}, block=int(1000 * heartbeat), count=256)
+                if not reply:
+                    if not self._client.exists(f"{key}:producer"):
+                        yield _error_event("the worker generating this stream is gone", "stream_lost")
+                        return
+                    yield sse.HEARTBEAT
+                    continue
+                for entry_id, fields in reply[0][1]:
+                    last = entry_id
+                    if b"end" in fields:
+                        return
+                    yield f"id: {entry_id.split(b'-')[0].decode()}\n{fields[b'event'].decode()}"
+        except self._errors as exc:
+            self._down(exc)
+            yield _error_event("the stream store (Redis) became unavailable; resume again later", "store_unavailable")
+
+
+class RedisStreamReader:
+    """A stream as Redis holds it, read like a ``StreamLog``."""
+
+    def __init__(self, store: RedisStore, stream_id: str) -> None:
+        self._store = store
+        self.stream_id = stream_id
+
+    def read(self, after: int, heartbeat: float) -> Iterator[str]:
+        return self._store.read(self.stream_id, after, heartbeat)
+
+
+def _error_event(message: str, code: str) -> str:
+    return sse.event(error_body(message, 503, code=code), name="error", retry_ms=RETRY_MS)
