@@ -6,11 +6,12 @@ import re
 import uuid
 import weakref
 
+import gevent
 from flask import Flask, current_app, g, request
 
 from .access import install_access_control
 from .api import native, openai, ops, tokenization, ui
-from .errors import register_error_handlers
+from .errors import APIError, register_error_handlers
 from .extension import init_app, manager_of
 from .manager import EngineManager
 from .settings import ServerSettings
@@ -56,6 +57,15 @@ def _install_request_hooks(app: Flask) -> None:
         # The client's id when it is a sane token (it reaches logs and headers), else ours.
         client_id = request.headers.get("X-Request-Id", "")
         g.request_id = client_id if _CLIENT_REQUEST_ID.match(client_id) else uuid.uuid4().hex
+
+    @app.before_request
+    def _read_body_in_time() -> None:
+        # A client that sends its headers, then trickles or stalls its body, must not hold a
+        # greenlet for ever: the whole body arrives within body_timeout_seconds, or a 408.
+        # (gunicorn bounds the headers themselves by its keep-alive timeout.)
+        limit = manager_of(current_app).settings.body_timeout_seconds
+        with gevent.Timeout(limit, APIError(f"the request body did not arrive within {limit:g} s", 408)):
+            request.get_data(cache=True)
 
     @app.after_request
     def _tag_response(response):

@@ -66,6 +66,13 @@ _FAMILIES = {
     ),
     "kv_blocks_free": _gauge("kv_blocks_free", "KV blocks no request holds", "livesum"),
     "kv_blocks_total": _gauge("kv_blocks_total", "KV blocks in the cache", "livesum"),
+    "greenlets": _gauge(
+        "greenlets", "Request greenlets: one per open connection, stream pump and Redis mirror", "livesum"
+    ),
+    "http_connections": _gauge("http_connections", "Open client connections (one greenlet each)", "livesum"),
+    "http_connections_refused": _counter(
+        "http_connections_refused", "Connections answered 503 because the worker held worker_connections"
+    ),
     "open_streams": _gauge("open_streams", "Requests with an open response stream", "livesum"),
     "streams_unmirrored": _gauge(
         "streams_unmirrored", "Streams whose copy in Redis is not complete (running, or waiting for Redis)", "livesum"

@@ -27,8 +27,7 @@ from . import sse
 from .errors import error_body
 
 if TYPE_CHECKING:
-    from prometheus_client import Gauge
-
+    from .metrics import ModelMetrics
     from .stream_log import StreamLog
 
 log = logging.getLogger(__name__)
@@ -41,7 +40,7 @@ class StoreUnavailable(Exception):
 
 
 class RedisStore:
-    def __init__(self, url: str, keep_seconds: float, heartbeat: float, unmirrored: Gauge) -> None:
+    def __init__(self, url: str, keep_seconds: float, heartbeat: float, metrics: ModelMetrics) -> None:
         import redis  # optional: pip install "wsgi-infer[redis]"
 
         # A blocked read waits one heartbeat; anything slower than that means Redis is unwell.
@@ -53,7 +52,7 @@ class RedisStore:
         self._up = gevent.event.Event()
         self._up.set()
         self._probe: gevent.Greenlet | None = None
-        self._unmirrored = unmirrored
+        self._metrics = metrics
 
     @staticmethod
     def key(stream_id: str) -> str:
@@ -89,8 +88,13 @@ class RedisStore:
                 self._client.set(f"{self.key(stream_log.stream_id)}:producer", "1", px=self._lease_ms)
             except self._errors as exc:
                 self._down(exc)
-        self._unmirrored.inc()
-        gevent.spawn(self._mirror, stream_log).link(lambda _: self._unmirrored.dec())
+        self._metrics.streams_unmirrored.inc()
+        self._metrics.greenlets.inc()
+        gevent.spawn(self._mirror, stream_log).link(self._mirror_ended)
+
+    def _mirror_ended(self, _: gevent.Greenlet) -> None:
+        self._metrics.streams_unmirrored.dec()
+        self._metrics.greenlets.dec()
 
     def _mirror(self, stream_log: StreamLog) -> None:
         """Copy the log into Redis until it has ended there, or has expired here unmirrored."""

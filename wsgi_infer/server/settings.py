@@ -31,6 +31,9 @@ class ServerSettings(BaseSettings):
     seed: int = Field(0, description="seed for requests that give none")
     max_waiting_requests: int = Field(256, ge=0, description="requests queued beyond max_num_seqs before 429")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body (413 above)")
+    body_timeout_seconds: float = Field(
+        30.0, gt=0, description="a request body must arrive whole within this time (408 otherwise; slow clients)"
+    )
     heartbeat_seconds: float = Field(5.0, gt=0, description="SSE comment interval while a stream has nothing to send")
     resume_keep_seconds: float = Field(
         60.0, ge=0, description="how long a finished stream stays resumable (GET /v1/streams/<id>)"

@@ -120,7 +120,8 @@ class StreamLogs:
         self.grace = grace
         self.backlog_bytes = backlog_bytes
         self._logs: dict[str, StreamLog] = {}
-        self._store = RedisStore(redis_url, keep_seconds, grace, metrics.streams_unmirrored) if redis_url else None
+        self._greenlets = metrics.greenlets
+        self._store = RedisStore(redis_url, keep_seconds, grace, metrics) if redis_url else None
 
     def publish(self, events: Generator[str | None, None, None], on_abandoned: Callable[[], None]) -> StreamLog:
         """A new log, fed with ``events`` by a pump greenlet (and mirrored to Redis, with a store)."""
@@ -144,6 +145,7 @@ class StreamLogs:
 
     def _pump(self, stream_log: StreamLog, events: Generator[str | None, None, None]) -> None:
         """Copy ``events`` into the log; None items (heartbeats) are dropped."""
+        self._greenlets.inc()
         try:
             for text in events:
                 if text is not None:
@@ -154,6 +156,7 @@ class StreamLogs:
                     return
         finally:
             stream_log.finish()
+            self._greenlets.dec()
 
     def _overflow_event(self, stream_log: StreamLog) -> str:
         log.warning(

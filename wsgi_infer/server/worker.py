@@ -8,11 +8,20 @@ SIGHUP reload, max_requests, an engine that died) stops accepting at once, so
 the other (or new) workers take new connections, and starts the engine
 manager's drain in a greenlet. SIGINT/SIGQUIT end every stream at once, then
 exit.
+
+Connections are bounded too: past ``worker_connections`` a new connection is
+answered at once with a JSON 503 and Retry-After (gevent would otherwise stop
+accepting, and the client would wait in the listen backlog, unseen). Idle
+connections, and request headers, are bounded by gunicorn's keep-alive timeout.
 """
 
 from __future__ import annotations
 
+import json
+import resource
+import socket
 import time
+from collections.abc import Callable
 from functools import partial
 
 import gevent
@@ -22,7 +31,25 @@ from gunicorn.sock import ssl_context
 from gunicorn.workers.base import Worker
 from gunicorn.workers.ggevent import GeventWorker
 
+from .errors import error_body
 from .extension import manager_of
+
+TURN_AWAY_LINGER_S = 1.0  # how long a refused client may finish sending before the close
+
+
+class ConnectionPool(Pool):
+    """The worker's connection greenlets; past ``limit`` a connection gets ``turn_away``
+    (a short greenlet outside the pool) instead of waiting for a free slot."""
+
+    def __init__(self, limit: int, turn_away: Callable[[socket.socket, tuple], None]) -> None:
+        super().__init__()  # unbounded: the server never stops accepting, we count here
+        self.limit = limit
+        self._turn_away = turn_away
+
+    def spawn(self, run_and_close, handle, close, args):  # gevent's StreamServer calls it so
+        if len(self) >= self.limit:
+            return gevent.spawn(run_and_close, self._turn_away, close, args)
+        return super().spawn(run_and_close, handle, close, args)
 
 
 class InferenceWorker(GeventWorker):
@@ -47,15 +74,18 @@ class InferenceWorker(GeventWorker):
         if manager is not None and not self._quitting:
             gevent.spawn(manager.drain, self.drain_seconds)
 
+    def init_process(self) -> None:
+        _raise_open_files_limit(self.worker_connections, self.log)
+        super().init_process()
+
     def run(self) -> None:
         """GeventWorker.run for gunicorn's own HTTP handling, with the servers kept
         on the worker so that ``alive = False`` can stop accepting immediately."""
         ssl_args = {"ssl_context": ssl_context(self.cfg)} if self.cfg.is_ssl else {}
         for sock in self.sockets:
             sock.setblocking(1)
-            server = StreamServer(
-                sock, handle=partial(self.handle, sock), spawn=Pool(self.worker_connections), **ssl_args
-            )
+            pool = ConnectionPool(self.worker_connections, self._turn_away)
+            server = StreamServer(sock, handle=partial(self.handle, sock), spawn=pool, **ssl_args)
             if self.cfg.workers > 1:
                 server.max_accept = 1
             server.start()
@@ -67,11 +97,48 @@ class InferenceWorker(GeventWorker):
             server.close()
         # Let open connections finish (the drain ends streams before this deadline).
         deadline = time.time() + self.cfg.graceful_timeout
-        while time.time() < deadline and any(s.pool.free_count() != s.pool.size for s in self._servers):
+        while time.time() < deadline and any(len(s.pool) for s in self._servers):
             self.notify()
             gevent.sleep(0.1)
         for server in self._servers:
             server.stop(timeout=1)
+
+    def handle(self, listener, client, addr) -> None:
+        metrics = self._metrics()
+        if metrics is None:  # the app is not loaded yet
+            return super().handle(listener, client, addr)
+        metrics.http_connections.inc()
+        metrics.greenlets.inc()
+        try:
+            super().handle(listener, client, addr)
+        finally:
+            metrics.http_connections.dec()
+            metrics.greenlets.dec()
+
+    def _turn_away(self, client: socket.socket, addr: tuple) -> None:
+        """A 503 without reading the request, then a short linger: closing with unread input
+        would reset the connection, and the client might never see the answer."""
+        metrics = self._metrics()
+        if metrics is not None:
+            metrics.http_connections_refused.inc()
+        message = f"this worker holds its limit of {self.worker_connections} connections; retry later"
+        body = json.dumps(error_body(message, 503, code="too_many_connections")).encode()
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        try:
+            client.sendall(head.encode() + body)
+            client.shutdown(socket.SHUT_WR)
+            with gevent.Timeout(TURN_AWAY_LINGER_S, False):
+                while client.recv(65536):
+                    pass
+        except OSError:
+            pass  # the client is gone already
+
+    def _metrics(self):
+        manager = manager_of(getattr(self, "wsgi", None))
+        return manager.metrics if manager is not None else None
 
     def handle_quit(self, sig, frame) -> None:
         # Out of the signal handler: blocking (cooperatively) is fine in a greenlet.
@@ -83,3 +150,14 @@ class InferenceWorker(GeventWorker):
         if manager is not None:
             manager.shutdown_now()
         Worker.handle_quit(self, sig, frame)  # worker_int hook, then exit
+
+
+def _raise_open_files_limit(connections: int, log) -> None:
+    """Each connection is a file descriptor: lift the soft limit to the hard one (as far as needed)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + 256  # the model's files, the listeners, the log
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        log.warning("open files limited to %d: fewer than worker_connections=%d can be served", hard, connections)
+        wanted = hard
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
