@@ -45,7 +45,7 @@ class ServerSettings(BaseSettings):
     )
     redis_url: str | None = Field(
         None,
-        description="keep resumable streams in this Redis (redis://host:port/db) so any worker or host can resume them",
+        description="also copy resumable streams to this Redis (redis://host:port/db): any worker or host resumes them",
     )
     stall_seconds: float = Field(
         60.0, gt=0, description="requests open but no output from the engine for this long: /health says 503"
