@@ -23,12 +23,14 @@ class Event:
 
 
 def events(response: httpx.Response) -> Iterator[Event]:
-    """Events in arrival order; a comment-only block (heartbeat) comes as an Event with no data."""
+    """Events in arrival order; a comment line between events (a heartbeat) comes as an Event with no data."""
     current = Event()
     for line in response.iter_lines():
         if line == "":
             yield current
             current = Event()
+        elif line.startswith(":") and current == Event():
+            yield Event(comments=[line[1:].strip()])  # a heartbeat: a comment line between events
         elif line.startswith(":"):
             current.comments.append(line[1:].strip())
         else:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-HEARTBEAT = ": ping\n\n"
+# A comment line with no blank line after it: a blank line would end an "event" of its own, and
+# the openai SDK (which keeps the last event id, as the spec says) turns that into an event with
+# empty data mid-stream, then fails to parse it. Comment lines between events are ignored by all.
+HEARTBEAT = ": ping\n"
 DONE = "data: [DONE]\n\n"
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

@@ -1,0 +1,52 @@
+"""A stream's log in the worker's memory, without a server: what its readers get on the wire."""
+
+from __future__ import annotations
+
+import json
+
+import gevent
+from openai._streaming import SSEDecoder
+
+from wsgi_infer.server import sse
+from wsgi_infer.server.stream_log import StreamLog
+
+
+def new_log() -> StreamLog:
+    return StreamLog("s", grace=60.0, on_abandoned=lambda: None)
+
+
+def test_a_heartbeat_between_numbered_events_is_no_event_for_the_openai_sdk():
+    log = new_log()
+    log.append(sse.event({"n": 1}))
+    reader = log.read(0, heartbeat=0.01)
+    wire = [next(reader), next(reader)]  # the event, then a heartbeat: nothing came for a while
+    assert wire[1] == sse.HEARTBEAT
+    log.append(sse.event({"n": 2}))
+    log.finish()
+    wire += list(reader)
+    decoded = list(SSEDecoder().iter_bytes(iter(["".join(wire).encode()])))
+    assert [(e.id, json.loads(e.data)) for e in decoded] == [("1", {"n": 1}), ("2", {"n": 2})]
+
+
+def test_the_backlog_counts_what_no_reader_has_taken():
+    log = new_log()
+    events = [sse.event({"text": "x" * size}) for size in (10, 20, 30)]
+    for text in events:
+        log.append(text)
+    assert log.backlog_bytes == sum(len(e) for e in events)
+    reader = log.read(0, heartbeat=1.0)
+    next(reader)
+    assert log.backlog_bytes == sum(len(e) for e in events)  # handed out, not yet written
+    next(reader)  # the server asks for the next one: the first is written
+    assert log.backlog_bytes == len(events[1]) + len(events[2])
+
+
+def test_a_waiting_reader_wakes_on_append_and_on_finish():
+    log = new_log()
+    taken: list[str] = []
+    reader = gevent.spawn(lambda: taken.extend(log.read(0, heartbeat=30.0)))
+    gevent.sleep(0)  # the reader runs until it waits
+    log.append(sse.event({"n": 1}))
+    log.finish()
+    reader.join(timeout=5)
+    assert reader.dead and taken == [f"id: 1\n{sse.event({'n': 1})}"]
