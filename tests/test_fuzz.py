@@ -133,6 +133,9 @@ def assert_well_formed(response: httpx.Response, route: str) -> None:
         lines = [line for line in response.text.splitlines() if line.startswith("data: ")]
         assert lines and lines[-1] == "data: [DONE]", response.text[-400:]
         return
+    if response.headers.get("content-type", "").startswith("text/plain"):  # /generate streams plain text
+        assert route == "/generate" and response.status_code == 200, (route, response.text[:400])
+        return
     body = response.json()  # every answer is JSON, never an HTML error page
     if response.status_code >= 400:
         assert set(body["error"]) == {"message", "type", "param", "code"}, body
