@@ -10,10 +10,16 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
+import gevent
 import httpx
 import pytest
+import redis
 
 from wsgi_infer import SamplingParams
+from wsgi_infer.server import sse
+from wsgi_infer.server.metrics import ModelMetrics
+from wsgi_infer.server.redis_store import RedisStore
+from wsgi_infer.server.stream_log import StreamLog
 
 from .server import GunicornServer, RedisServer
 from .sse_client import Event, events
@@ -131,3 +137,43 @@ def test_a_resume_elsewhere_ends_when_the_generating_worker_is_killed(instances)
                 os.kill(pid, signal.SIGKILL)
             last = [e for e in iterator if e.data][-1]  # the read timeout bounds the wait
     assert last.name == "error" and last.json["error"]["code"] == "stream_lost"
+
+
+def test_a_mirror_that_slept_through_an_outage_copies_its_whole_log_again(tmp_path, caplog):
+    """Only the mirror that fails sees an outage; one waiting for its stream's next event meanwhile
+    must not trust what the old Redis held once an empty one is back."""
+    redis_server = RedisServer(tmp_path)
+    # A long heartbeat: the sleeping mirror renews nothing, so it never meets the outage itself.
+    store = RedisStore(redis_server.url, keep_seconds=60, heartbeat=30, metrics=ModelMetrics("mirror-test"))
+    client = redis.Redis.from_url(redis_server.url)
+    busy, sleeping = (StreamLog(name, grace=60, on_abandoned=lambda: None) for name in ("busy", "sleeping"))
+
+    def until(condition, what: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, what
+            gevent.sleep(0.01)  # the mirrors are greenlets of this thread: let them run
+
+    def copied(stream_log: StreamLog) -> list[bytes]:
+        try:
+            return [fields.get(b"event", b"<end>") for _, fields in client.xrange(store.key(stream_log.stream_id))]
+        except redis.ConnectionError:
+            return []
+
+    try:
+        for stream_log in (busy, sleeping):
+            stream_log.append(sse.event({"n": 1}))
+            store.mirror(stream_log)
+        until(lambda: copied(busy) and copied(sleeping), "the first events were never mirrored")
+        redis_server.stop(signal.SIGKILL)
+        busy.append(sse.event({"n": 2}))  # its mirror fails, and takes Redis for gone
+        until(lambda: "Redis is unavailable" in caplog.text, "the busy mirror never saw Redis fail")
+        sleeping.append(sse.event({"n": 2}))
+        redis_server = redis_server.again()
+        for stream_log in (busy, sleeping):
+            stream_log.finish()
+        until(lambda: copied(busy)[-1:] == copied(sleeping)[-1:] == [b"<end>"], "the mirrors never ended")
+        for stream_log in (busy, sleeping):
+            assert copied(stream_log) == [e.encode() for e in stream_log.events] + [b"<end>"]
+    finally:
+        redis_server.stop()

@@ -51,6 +51,9 @@ class RedisStore:
         self._lease_ms = int(3000 * heartbeat)
         self._up = gevent.event.Event()
         self._up.set()
+        # Counts Redis's returns: a mirror's idea of what Redis holds is only good within one epoch
+        # (a mirror that never failed itself may have slept through the outage).
+        self._epoch = 0
         self._probe: gevent.Greenlet | None = None
         self._metrics = metrics
 
@@ -77,6 +80,7 @@ class RedisStore:
                 gevent.sleep(delay)  # a retry back-off, not a wait for an event
                 delay = min(2 * delay, 1.0)
         log.info("Redis is back; streams are mirrored again")
+        self._epoch += 1
         self._up.set()
 
     # --- the generating worker ----------------------------------------------------------
@@ -99,11 +103,14 @@ class RedisStore:
     def _mirror(self, stream_log: StreamLog) -> None:
         """Copy the log into Redis until it has ended there, or has expired here unmirrored."""
         sent: int | None = None  # events Redis holds; None: ask it
+        epoch = self._epoch
         while True:
             if not self._up.wait(self._heartbeat):
                 if stream_log.finished and time.monotonic() - stream_log.finished_at > self._keep:
                     return
                 continue
+            if epoch != self._epoch:  # Redis came back, perhaps empty: ask what it holds
+                sent, epoch = None, self._epoch
             try:
                 sent, ended = self._push(stream_log, sent)
             except self._errors as exc:
@@ -120,6 +127,8 @@ class RedisStore:
         key = self.key(stream_log.stream_id)
         if sent is None:
             last = self._client.xrevrange(key, count=1)
+            if last and b"end" in last[0][1]:  # written before a lost reply
+                return len(stream_log.events), True
             sent = int(last[0][0].split(b"-")[0]) if last else 0
         total, finished = len(stream_log.events), stream_log.finished
         pipe = self._client.pipeline(transaction=False)
