@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from wsgi_infer.engine.config import QUANTIZATION_METHODS
+
 SUBJECTS = [
     "a lighthouse keeper",
     "a robot who learns to paint",
@@ -57,7 +59,7 @@ def peak_rss_mb() -> float:
 def run_engine(args) -> dict:
     from wsgi_infer import LLM, SamplingParams
 
-    llm = LLM(model=args.model, dtype=args.dtype, quantization=quantization(args))
+    llm = LLM(model=args.model, dtype=args.dtype, quantization=args.quantization[0])
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     results = {}
@@ -110,10 +112,6 @@ def run_engine(args) -> dict:
     return {"system": "wsgi-infer", "dtype": str(engine.dtype), "results": results, "peak_rss_mb": peak_rss_mb()}
 
 
-def quantization(args) -> str | None:
-    return None if args.quantization[0] == "none" else args.quantization[0]
-
-
 def run_transformers(args) -> dict:
     import torch
 
@@ -151,7 +149,7 @@ def run_profile(args) -> dict:
 
     from wsgi_infer import LLM, SamplingParams
 
-    llm = LLM(model=args.model, dtype=args.dtype, quantization=quantization(args))
+    llm = LLM(model=args.model, dtype=args.dtype, quantization=args.quantization[0])
     engine = llm.engine
     tables = {}
     for batch in (1, 64):
@@ -212,9 +210,9 @@ def main() -> None:
     parser.add_argument(
         "--quantization",
         nargs="+",
-        default=["none", "int8"],
-        choices=["none", "int8"],
-        help="engine runs to compare (int8: int8 weights for steps of at most 8 tokens)",
+        default=["none", "auto"],
+        choices=QUANTIZATION_METHODS,
+        help="engine runs to compare (auto: the GGUF's own 4-bit blocks for small batches, in bf16 on a CPU)",
     )
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--profile", action="store_true", help="also profile one decode step at batch 1 and 64")

@@ -145,9 +145,7 @@ def free_port() -> int:
 
 def start_server(args) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {**os.environ, "WSGI_INFER_DTYPE": args.dtype}
-    if args.quantization != "none":
-        env["WSGI_INFER_QUANTIZATION"] = args.quantization
+    env = {**os.environ, "WSGI_INFER_DTYPE": args.dtype, "WSGI_INFER_QUANTIZATION": args.quantization}
     if args.model:
         env["WSGI_INFER_MODEL"] = args.model
     process = subprocess.Popen(
@@ -247,7 +245,7 @@ def main() -> None:
     parser.add_argument("--url", default=None, help="a running server (default: start one)")
     parser.add_argument("--model", default=None)
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantization", default="none", choices=["none", "int8"])
+    parser.add_argument("--quantization", default="auto", choices=["auto", "none", "int4", "int8"])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument(
         "--request-rate", type=float, default=None, help="Poisson arrivals per second (capped by concurrency)"

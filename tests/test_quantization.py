@@ -1,31 +1,89 @@
-"""Weight-only int8 for small batches: close to the full-precision layer, exact for large ones."""
+"""Packed weights for small batches: int4 from the GGUF's own blocks, int8, and the default choice."""
 
 from __future__ import annotations
 
+import gguf
+import numpy as np
 import pytest
 import torch
 from torch import nn
+from transformers import AutoConfig
+from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from wsgi_infer import LLM, EngineConfig, SamplingParams
-from wsgi_infer.engine.layers.quantization import INT8_MAX_ROWS, Int8Linear
+from wsgi_infer.engine.gguf_checkpoint import read_gguf_weights
+from wsgi_infer.engine.layers.quantization import Int4Groups, Int4Linear, Int8Linear, SmallBatchLinear
+from wsgi_infer.engine.model_loader import default_model_path
 
 from .conftest import assert_idle
 
 
-def test_int8_linear_small_batches_approximate_large_batches_exact():
+def _linear() -> nn.Linear:
     torch.manual_seed(0)
-    linear = nn.Linear(64, 96).to(torch.bfloat16)
-    quantized = Int8Linear(linear)
-    small = torch.randn(INT8_MAX_ROWS, 64, dtype=torch.bfloat16)
-    error = (quantized(small).float() - linear(small).float()).abs().max()
-    assert 0 < error < 0.05 * linear(small).float().abs().max()  # really int8, and close
-    large = torch.randn(INT8_MAX_ROWS + 1, 64, dtype=torch.bfloat16)
-    assert torch.equal(quantized(large), linear(large))
+    return nn.Linear(64, 96).to(torch.bfloat16)
 
 
-def test_int8_default_model_still_answers(default_model_dir):
-    llm = LLM(model=None, device="cpu", dtype="bfloat16", quantization="int8")  # int8 is for the CPU
-    assert isinstance(llm.engine.runner.model.lm_head, Int8Linear)
+@pytest.mark.parametrize("make", [Int8Linear, lambda lin: Int4Linear(lin, Int4Groups.from_weight(lin.weight))])
+def test_packed_weights_serve_small_batches_and_full_weights_large_ones(make):
+    linear = _linear()
+    packed = make(linear)
+    packed.max_rows = 4
+    small = torch.randn(4, 64, dtype=torch.bfloat16)
+    error = (packed(small).float() - linear(small).float()).abs().max()
+    assert 0 < error < 0.1 * linear(small).float().abs().max()  # really packed, and close
+    large = torch.randn(5, 64, dtype=torch.bfloat16)
+    assert torch.equal(packed(large), linear(large))
+
+
+def test_the_int4_kernel_computes_with_the_groups_values():
+    """torch's convention, ``(q - 8) * scale + zero``, is what Int4Groups stores."""
+    linear = _linear()
+    groups = Int4Groups.from_weight(linear.weight)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    expected = x.float() @ groups.dequantize().t() + linear.bias.float()
+    packed = Int4Linear(linear, groups)
+    packed.max_rows = 3
+    assert torch.allclose(packed(x).float(), expected, atol=0.05, rtol=0.02)
+
+
+@pytest.fixture(scope="module")
+def gguf_weights():
+    path = default_model_path()
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    return gguf.GGUFReader(path), config, *read_gguf_weights(path, config)
+
+
+@pytest.mark.parametrize(
+    "gguf_name, hf_name",
+    [
+        ("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),  # Q4_1, rows permuted by llama.cpp
+        ("blk.5.attn_k.weight", "model.layers.5.self_attn.k_proj.weight"),
+        ("blk.29.ffn_down.weight", "model.layers.29.mlp.down_proj.weight"),
+        ("token_embd.weight", "model.embed_tokens.weight"),  # Q8_0
+        ("blk.3.attn_norm.weight", "model.layers.3.input_layernorm.weight"),  # F32
+    ],
+)
+def test_gguf_weights_equal_what_transformers_reads(gguf_weights, gguf_name, hf_name):
+    """gguf-py's dequantization and transformers' row order, bit for bit; 4-bit ones keep their groups."""
+    reader, config, weights, groups = gguf_weights
+    tensor = next(t for t in reader.tensors if t.name == gguf_name)
+    values = gguf.dequantize(tensor.data, tensor.tensor_type)
+    expected = LlamaTensorProcessor(config=config.to_dict()).process(weights=values, name=gguf_name).weights
+    assert torch.equal(weights[hf_name], torch.from_numpy(np.ascontiguousarray(expected)))
+    if tensor.tensor_type.name == "Q4_1":
+        assert torch.allclose(groups[hf_name].dequantize(), weights[hf_name], rtol=0, atol=1e-6)
+        assert groups[hf_name].q.max() <= 15
+    else:
+        assert hf_name not in groups
+
+
+def test_by_default_bf16_on_the_cpu_serves_the_gguf_blocks(default_model_dir):
+    llm = LLM(model=None, device="cpu", dtype="bfloat16")
+    model = llm.engine.runner.model
+    assert isinstance(model.layers[0].self_attn.qkv_proj, Int4Linear)
+    assert isinstance(model.layers[0].mlp.down_proj, Int4Linear)
+    assert isinstance(model.lm_head, Int8Linear)  # the GGUF's embedding is 8-bit (Q8_0): 4 bits would lose it
+    assert model.lm_head.max_rows >= 1  # measured: a decode step of one sequence uses the packed copy
     out = llm.chat(
         [{"role": "user", "content": "What is the capital of France?"}], SamplingParams(temperature=0, max_tokens=16)
     )[0]
@@ -33,6 +91,11 @@ def test_int8_default_model_still_answers(default_model_dir):
     assert_idle(llm)
 
 
+def test_float32_stays_unpacked(default_llm):
+    modules = list(default_llm.engine.runner.model.modules())
+    assert not any(isinstance(m, SmallBatchLinear) for m in modules)
+
+
 def test_unknown_quantization_is_refused():
     with pytest.raises(ValueError, match="quantization"):
-        EngineConfig(quantization="int4")
+        EngineConfig(quantization="int3")

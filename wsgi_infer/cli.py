@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--device", default="auto")
     gen.add_argument("--dtype", default="auto")
     gen.add_argument(
-        "--quantization", choices=QUANTIZATION_METHODS, default=None, help="int8 weights for small batches (CPU)"
+        "--quantization", choices=QUANTIZATION_METHODS, default="auto", help="packed weights for small batches (CPU)"
     )
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-QUANTIZATION_METHODS = ("int8",)  # implemented in layers.quantization
+QUANTIZATION_METHODS = ("auto", "none", "int4", "int8")  # see layers.quantization
 
 
 @dataclass
@@ -20,7 +20,9 @@ class EngineConfig:
     model: str | None = None
     device: str = "auto"
     dtype: str = "auto"
-    quantization: str | None = None  # "int8": weight-only int8 linear layers (CPU)
+    # Packed weight copies for small batches (CPU). "auto": the checkpoint's own 4-bit blocks
+    # (a GGUF's Q4_0/Q4_1) when serving bf16 on a CPU, else none.
+    quantization: str = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
@@ -38,7 +40,7 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be at least 1, got {self.num_kv_blocks}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive")
-        if self.quantization not in (None, *QUANTIZATION_METHODS):
-            raise ValueError(f"quantization must be None or one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
+        if self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")

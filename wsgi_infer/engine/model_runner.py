@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from .config import EngineConfig
+from .gguf_checkpoint import INT4_GROUPS_FILE, load_int4_groups
 from .layers.attention import AttentionMetadata, PrefillChunk
-from .layers.quantization import quantize_linear_layers
+from .layers.quantization import Int4Groups, quantize_linear_layers
 from .model_loader import CheckpointTensors
 from .models import MODEL_REGISTRY
 from .scheduler import ScheduledSequence
@@ -55,8 +56,7 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         self.model = self._load_model(hf_config, model_dir)
-        if config.quantization:
-            quantize_linear_layers(self.model, config.quantization, device)
+        self._quantize(config.quantization, model_dir)
         self.model.eval()
         self.max_model_len = min(config.max_model_len or hf_config.max_position_embeddings, self.model.max_positions)
         self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
@@ -78,6 +78,29 @@ class ModelRunner:
             torch.set_default_dtype(default_dtype)
         model.load_hf_state_dict(CheckpointTensors(model_dir, self.dtype))
         return model
+
+    def _quantize(self, method: str, model_dir: Path) -> None:
+        """Packed small-batch weights: asked for, or by default the checkpoint's own 4-bit blocks
+        when serving bf16 on a CPU (float32 stays exact; GPUs have their own fast GEMMs)."""
+        groups = self._source_groups(model_dir) if method != "int8" else {}
+        if method == "auto":
+            method = "auto" if groups and self.device.type == "cpu" and self.dtype == torch.bfloat16 else "none"
+        if method == "none":
+            return
+        if self.device.type != "cpu":
+            raise ValueError(f"quantization {method!r} is implemented for the CPU only, not {self.device.type}")
+        quantize_linear_layers(self.model, method, groups)
+        log.info("quantization %s: %d layers with int4 groups from the checkpoint", method, len(groups))
+
+    def _source_groups(self, model_dir: Path) -> dict[str, Int4Groups]:
+        """The checkpoint's own int4 groups by our module name (fused layers stack their parts')."""
+        stored = load_int4_groups(model_dir / INT4_GROUPS_FILE)
+        found = {}
+        for name, module in self.model.named_modules():
+            parts = [stored.get(n) for n in self.model.checkpoint_names(name)] if isinstance(module, nn.Linear) else []
+            if parts and all(p is not None for p in parts):
+                found[name] = Int4Groups.cat(parts)
+        return found
 
     def _bytes_per_block(self) -> int:
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize

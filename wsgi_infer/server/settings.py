@@ -19,7 +19,10 @@ class ServerSettings(BaseSettings):
     )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     dtype: str = Field("auto", description="auto, float32, bfloat16 or float16")
-    quantization: str | None = Field(None, description="int8: int8 weight copies for steps of at most 8 tokens (CPU)")
+    quantization: str = Field(
+        "auto",
+        description="packed weights for small batches (CPU): auto (a GGUF's 4-bit blocks in bf16), none, int4, int8",
+    )
     max_num_seqs: int = Field(64, ge=1, description="sequences per engine step")
     max_num_batched_tokens: int = Field(512, ge=1, description="tokens per engine step (prefills are chunked)")
     max_model_len: int | None = Field(None, ge=2, description="context window; default: the model's")
@@ -78,7 +81,7 @@ class ServerSettings(BaseSettings):
             model=self.model or None,
             device=self.device,
             dtype=self.dtype,
-            quantization=self.quantization or None,
+            quantization=self.quantization,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,

@@ -1,48 +1,154 @@
-"""Weight-only int8 linear layers for small batches (CPU).
+"""Packed weight copies for small batches on the CPU: int4 groups or int8 channels.
 
-Decoding a few sequences is bound by reading weights: int8 halves the bytes of
-bf16, and ``torch._weight_int8pack_mm`` multiplies bf16/float activations by
-int8 weights with per-output-channel scales. Measured here on the default model
-(ms per decode step, bf16 vs int8): batch 1: 20 vs 12; batch 16: 30 vs 37;
-batch 64: 78 vs 118. Large batches are compute-bound, where oneDNN's bf16 GEMM
-wins, so each layer keeps both weights and picks by the number of rows.
-The default GGUF checkpoint is itself 4-bit, so int8 loses nothing it had.
+Decoding a few sequences is bound by reading weights, so a smaller copy of each
+weight pays there: ``torch._weight_int4pack_mm_for_cpu`` (4 bits, groups of 32)
+or ``torch._weight_int8pack_mm`` (8 bits per output channel). Large batches are
+compute-bound, where oneDNN's bf16 GEMM (AMX where present) wins, so every layer
+keeps its full-precision weight too and picks by the number of rows in a step.
+The crossing point is measured at load time for each weight shape.
+
+int4 groups come from the GGUF's own 4-bit blocks where the checkpoint has them
+(``Int4Groups.from_gguf_blocks``: Q4_0 and Q4_1 are exactly torch's layout), so
+serving them changes nothing the GGUF held; otherwise from the weights, like Q4_1.
 """
 
 from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-INT8_MAX_ROWS = 8  # steps with at most this many tokens use the int8 weights
+log = logging.getLogger(__name__)
+
+GROUP_SIZE = 32  # GGUF's block size, and one of the group sizes of torch's int4 kernel
+ROWS_MEASURED = (1, 2, 4, 8, 16, 32, 64)
 
 
-class Int8Linear(nn.Module):
-    """A linear layer with an extra int8 copy of its weight (symmetric, per output channel)."""
+@dataclass
+class Int4Groups:
+    """A weight as 4-bit codes: ``w = (q - 8) * scale + zero`` per group of 32 inputs (torch's convention).
+
+    q: uint8 [out, in] with values 0..15; scale, zero: float32 [out, in // 32].
+    """
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor) -> Int4Groups:
+        """Asymmetric min/max codes per group (as GGUF's Q4_1 makes them)."""
+        groups = weight.float().view(weight.shape[0], -1, GROUP_SIZE)
+        low, high = groups.amin(-1), groups.amax(-1)
+        scale = ((high - low) / 15).clamp(min=1e-12)
+        q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8)
+        return cls(q.view_as(weight), scale, low + 8 * scale)
+
+    @classmethod
+    def cat(cls, parts: list[Int4Groups]) -> Int4Groups:
+        """Groups of a fused weight (rows stacked), from its parts'."""
+        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "scale", "zero")))
+
+    def dequantize(self) -> torch.Tensor:
+        scale, zero = (t.repeat_interleave(GROUP_SIZE, dim=1) for t in (self.scale, self.zero))
+        return (self.q.float() - 8) * scale + zero
+
+
+class SmallBatchLinear(nn.Module):
+    """A linear layer that multiplies steps of at most ``max_rows`` rows with a packed copy of its weight."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.weight = linear.weight
         self.bias = linear.bias
+        self.max_rows = 0  # set by measuring: see choose_max_rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[0] > self.max_rows:
+            return F.linear(x, self.weight, self.bias)
+        y = self.packed_mm(rows).view(*x.shape[:-1], -1)
+        return y if self.bias is None else y + self.bias
+
+    def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Int4Linear(SmallBatchLinear):
+    def __init__(self, linear: nn.Linear, groups: Int4Groups) -> None:
+        super().__init__(linear)
+        # innerKTiles 2 packs 2 x 16 codes per group, what the kernel expects for groups of 32.
+        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(groups.q.to(torch.int32), 2))
+        scale_zero = torch.stack([groups.scale, groups.zero], dim=-1).transpose(0, 1)  # [in // 32, out, 2]
+        self.register_buffer("scale_zero", scale_zero.to(linear.weight.dtype).contiguous())
+
+    def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP_SIZE, self.scale_zero)
+
+
+class Int8Linear(SmallBatchLinear):
+    """Symmetric int8 per output channel."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
         w = linear.weight.detach().float()
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
         self.register_buffer("weight_int8", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous())
         self.register_buffer("scale", scale.to(linear.weight.dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] > INT8_MAX_ROWS:
-            return F.linear(x, self.weight, self.bias)
-        y = torch._weight_int8pack_mm(rows, self.weight_int8, self.scale).view(*x.shape[:-1], -1)
-        return y if self.bias is None else y + self.bias
+    def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(rows, self.weight_int8, self.scale)
 
 
-def quantize_linear_layers(model: nn.Module, method: str, device: torch.device) -> None:
-    """Wrap every nn.Linear of ``model`` (the LM head included) in place."""
-    if device.type != "cpu":
-        raise ValueError(f"quantization {method!r} is implemented for the CPU only, not {device.type}")
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear(child))
+def quantize_linear_layers(model: nn.Module, method: str, source_groups: Mapping[str, Int4Groups]) -> None:
+    """Wrap every nn.Linear of ``model`` (the LM head included) in place.
+
+    ``source_groups`` are the checkpoint's own 4-bit blocks by module name. int8: every layer in
+    int8. int4: every layer in int4, from its source groups where present, else from its weights.
+    auto: int4 where the checkpoint is 4-bit, int8 elsewhere (the default GGUF's LM head is 8-bit).
+    """
+    wrapped: list[SmallBatchLinear] = []
+    for name, linear in [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]:
+        groups = source_groups.get(name)
+        if groups is None and method == "int4" and linear.in_features % GROUP_SIZE == 0:
+            groups = Int4Groups.from_weight(linear.weight)
+        layer = Int8Linear(linear) if groups is None or method == "int8" else Int4Linear(linear, groups)
+        model.set_submodule(name, layer)
+        wrapped.append(layer)
+    choose_max_rows(wrapped)
+
+
+def choose_max_rows(layers: list[SmallBatchLinear]) -> None:
+    """Measure each distinct weight shape: the packed copy serves up to the largest row count where it
+    is faster than the full-precision multiply."""
+    chosen: dict[tuple, int] = {}
+    for layer in layers:
+        key = (type(layer), *layer.weight.shape)
+        if key not in chosen:
+            chosen[key] = _measured_max_rows(layer)
+            log.info("%s %s: packed weights for steps of at most %d rows", key[0].__name__, key[1:], chosen[key])
+        layer.max_rows = chosen[key]
+
+
+@torch.inference_mode()
+def _measured_max_rows(layer: SmallBatchLinear) -> int:
+    best = 0
+    for rows in ROWS_MEASURED:
+        x = torch.randn(rows, layer.weight.shape[1], dtype=layer.weight.dtype)
+        if _seconds(layer.packed_mm, x) >= _seconds(F.linear, x, layer.weight):
+            break
+        best = rows
+    return best
+
+
+def _seconds(fn: Callable[..., object], *args: torch.Tensor, repeats: int = 5) -> float:
+    fn(*args)  # warm-up: first calls allocate
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn(*args)
+    return (time.perf_counter() - start) / repeats

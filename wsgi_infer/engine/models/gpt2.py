@@ -64,6 +64,10 @@ class GPT2LMHeadModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
+    def checkpoint_names(self, linear: str) -> list[str]:
+        """None: GPT-2's checkpoints store its projections transposed (Conv1D), so no 4-bit rows map."""
+        return []
+
     @torch.no_grad()
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Copy weights from a transformers ``GPT2LMHeadModel`` (Conv1D weights are [in, out])."""

@@ -61,6 +61,10 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+# Our fused projections, and the checkpoint's weights stacked into each, in row order.
+FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config, max_positions: int) -> None:
         super().__init__()
@@ -85,6 +89,14 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def checkpoint_names(self, linear: str) -> list[str]:
+        """The checkpoint weights our linear layer ``linear`` (a module name) stacks, in row order."""
+        if linear == "lm_head":
+            tied = self.lm_head.weight is self.embed_tokens.weight
+            return ["model.embed_tokens.weight" if tied else "lm_head.weight"]
+        parent, _, name = linear.rpartition(".")
+        return [f"model.{parent}.{part}.weight" for part in FUSED_PROJECTIONS.get(name, (name,))]
 
     @torch.no_grad()
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
