@@ -11,7 +11,15 @@ run, and prints both. Example:
     .venv/bin/python scripts/bench_serve.py --concurrency 1 8 32
 
 By default it starts `gunicorn -c gunicorn.conf.py` itself on a free port;
---url targets a running server instead.
+--url targets a running server instead. --peer NAME=URL adds any other
+OpenAI-compatible server (llama.cpp, transformers serve, vLLM...): every
+system gets the same prompts and lengths, runs alternate between systems, and
+peers without `ignore_eos` get a `logit_bias` of -100 on --eos-token-ids.
+--json and --plot write the medians and a PNG of tok/s and TTFT against
+concurrency, one line per system:
+
+    .venv/bin/python scripts/bench_serve.py --concurrency 1 4 16 64 --skip-engine \
+        --peer llama.cpp=http://127.0.0.1:8001 --json side_by_side.json --plot side_by_side.png
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ async def one_request(
                 usage = chunk["usage"]
     ttft = times[0] - start
     e2el = times[-1] - start
+    usage = usage or {"completion_tokens": len(times), "prompt_tokens": 0}  # a peer without stream usage
     tokens = usage["completion_tokens"]
     return {
         "ttft": ttft,
@@ -207,18 +216,24 @@ def engine_alone(args) -> dict:
     )
 
 
-def serve_levels(args) -> dict[int, dict]:
-    server, url = (None, args.url) if args.url else start_server(args)
+def serve_levels(args, name: str, peer_url: str | None) -> dict[int, dict]:
+    """One run of every concurrency against one system: ours (started here, or --url) or a peer."""
+    server, url = (None, peer_url or args.url) if peer_url or args.url else start_server(args)
+    # Peers may lack ignore_eos: a strongly negative bias on the end tokens has the same effect.
+    extra = {"logit_bias": {str(t): -100 for t in args.eos_token_ids}} if peer_url else None
     try:
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-        asyncio.run(run_level(url, model, 1, 2, 8, None))  # warm-up
+        asyncio.run(run_level(url, model, 1, 2, 8, None, extra))  # warm-up
         results = {}
         for c in args.concurrency:
             n = max(args.min_requests, c * args.rounds)
-            results[c] = asyncio.run(run_level(url, model, c, n, args.output_len, args.request_rate))
+            results[c] = asyncio.run(run_level(url, model, c, n, args.output_len, args.request_rate, extra))
+            if server is not None:
+                results[c]["server_rss_mb"] = tree_rss_mb(server.pid)
             r = results[c]
             print(
-                f"# server c={c}: {r['output_tok_s']:.1f} tok/s, client CPU {r['client_cpu_frac']:.0%} of a core",
+                f"# {name} c={c}: {r['output_tok_s']:.1f} tok/s, TTFT {r['ttft_mean_ms']:.0f} ms, "
+                f"client CPU {r['client_cpu_frac']:.0%} of a core",
                 file=sys.stderr,
             )
         return results
@@ -226,6 +241,14 @@ def serve_levels(args) -> dict[int, dict]:
         if server is not None:
             server.terminate()
             server.wait(60)
+
+
+def tree_rss_mb(pid: int) -> float:
+    """The largest RSS among the server's processes (its worker, with one worker)."""
+    import psutil
+
+    processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    return max(p.memory_info().rss for p in processes) / 2**20
 
 
 def median_runs(runs: list[dict[int, dict]]) -> dict[int, dict]:
@@ -238,6 +261,39 @@ def median_runs(runs: list[dict[int, dict]]) -> dict[int, dict]:
         }
         for c in runs[0]
     }
+
+
+def print_side_by_side(medians: dict[str, dict[int, dict]], args) -> None:
+    names = list(medians)
+    print(f"## Side by side, {args.output_len} output tokens, median of {args.repeat} alternating runs\n")
+    print("| concurrency | " + " | ".join(f"{n}: out tok/s (TTFT mean)" for n in names) + " |")
+    print("|---|" + "---|" * len(names))
+    for c in medians[names[0]]:
+        cells = [f"{medians[n][c]['output_tok_s']:.1f} ({medians[n][c]['ttft_mean_ms'] / 1e3:.2f} s)" for n in names]
+        print(f"| {c} | " + " | ".join(cells) + " |")
+    print()
+
+
+def plot(medians: dict[str, dict[int, dict]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (tok, ttft) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, levels in medians.items():
+        concurrency = sorted(levels)
+        tok.plot(concurrency, [levels[c]["output_tok_s"] for c in concurrency], marker="o", label=name)
+        ttft.plot(concurrency, [levels[c]["ttft_mean_ms"] / 1e3 for c in concurrency], marker="o", label=name)
+    for axis, label in ((tok, "output tok/s"), (ttft, "mean TTFT (s)")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("concurrent streams")
+        axis.set_ylabel(label)
+        axis.grid(alpha=0.3)
+        axis.legend()
+    ttft.set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -256,15 +312,29 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="alternating server / engine runs; medians are reported")
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--server-log", action="store_true", help="copy the server's log to stderr")
+    parser.add_argument("--peer", action="append", default=[], metavar="NAME=URL", help="another server to compare")
+    parser.add_argument("--eos-token-ids", type=int, nargs="+", default=[0, 2], help="biased away for peers")
+    parser.add_argument("--json", default=None, help="write every system's medians here")
+    parser.add_argument("--plot", default=None, help="write a PNG of tok/s and TTFT against concurrency here")
     args = parser.parse_args()
 
-    served_runs, alone_runs = [], []
-    for _ in range(args.repeat):  # alternate the two paths so drift of this shared machine hits both
-        served_runs.append(serve_levels(args))
+    systems = [("wsgi-infer", None)] + [tuple(p.split("=", 1)) for p in args.peer]
+    runs: dict[str, list] = {name: [] for name, _ in systems}
+    alone_runs = []
+    for _ in range(args.repeat):  # alternate the systems so drift of this shared machine hits each of them
+        for name, url in systems:
+            runs[name].append(serve_levels(args, name, url))
         if not args.skip_engine:
             alone_runs.append({int(c): r for c, r in engine_alone(args)["results"].items()})
-    served = median_runs(served_runs)
+    medians = {name: median_runs(r) for name, r in runs.items()}
+    served = medians["wsgi-infer"]
     alone = median_runs(alone_runs) if alone_runs else None
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "systems": medians}, indent=2))
+    if args.plot:
+        plot(medians, args.plot)
+    if len(systems) > 1:
+        print_side_by_side(medians, args)
 
     print(
         f"## HTTP server vs engine alone ({args.dtype}, quantization {args.quantization}), "
