@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 
 from .layers.quantization import Int4Groups
 
@@ -118,17 +120,27 @@ def save_int4_groups(groups: dict[str, Int4Groups], path: Path) -> None:
     save_file(tensors, path)
 
 
-def load_int4_groups(path: Path) -> dict[str, Int4Groups]:
-    """What ``save_int4_groups`` wrote; empty if the file is absent (a checkpoint without 4-bit weights)."""
-    from safetensors.torch import load_file
+class StoredInt4Groups(Mapping):
+    """What ``save_int4_groups`` wrote, read one weight at a time (empty if the file is absent), so
+    that packing a model never holds more than one layer's codes unpacked."""
 
-    if not path.is_file():
-        return {}
-    tensors = load_file(path)
-    groups = {}
-    for key in tensors:
-        if key.endswith(".q4"):
-            name, packed = key[: -len(".q4")], tensors[key]
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._names = []
+        if path.is_file():
+            with safe_open(path, framework="pt") as f:
+                self._names = [k.removesuffix(".q4") for k in f.keys() if k.endswith(".q4")]
+
+    def __getitem__(self, name: str) -> Int4Groups:
+        if name not in self._names:
+            raise KeyError(name)
+        with safe_open(self._path, framework="pt") as f:
+            packed = f.get_tensor(f"{name}.q4")
             q = torch.stack([packed & 0xF, packed >> 4], dim=-1).view(packed.shape[0], -1)
-            groups[name] = Int4Groups(q, tensors[f"{name}.q4_scale"], tensors[f"{name}.q4_zero"])
-    return groups
+            return Int4Groups(q, f.get_tensor(f"{name}.q4_scale"), f.get_tensor(f"{name}.q4_zero"))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -105,22 +106,26 @@ class Int8Linear(SmallBatchLinear):
         return torch._weight_int8pack_mm(rows, self.weight_int8, self.scale)
 
 
-def quantize_linear_layers(model: nn.Module, method: str, source_groups: Mapping[str, Int4Groups]) -> None:
-    """Wrap every nn.Linear of ``model`` (the LM head included) in place.
+def quantize_linear_layers(
+    model: nn.Module, method: str, source_groups: Callable[[str], Int4Groups | None]
+) -> dict[str, int]:
+    """Wrap every nn.Linear of ``model`` (the LM head included) in place; how many layers got each kind.
 
-    ``source_groups`` are the checkpoint's own 4-bit blocks by module name. int8: every layer in
-    int8. int4: every layer in int4, from its source groups where present, else from its weights.
-    auto: int4 where the checkpoint is 4-bit, int8 elsewhere (the default GGUF's LM head is 8-bit).
+    ``source_groups(name)`` gives the checkpoint's own 4-bit blocks for a layer, or None. int8: every
+    layer in int8. int4: every layer in int4, from its source groups where present, else from its
+    weights. auto: int4 where the checkpoint is 4-bit, int8 elsewhere (the default GGUF's LM head
+    is 8-bit).
     """
     wrapped: list[SmallBatchLinear] = []
     for name, linear in [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]:
-        groups = source_groups.get(name)
+        groups = source_groups(name)
         if groups is None and method == "int4" and linear.in_features % GROUP_SIZE == 0:
             groups = Int4Groups.from_weight(linear.weight)
         layer = Int8Linear(linear) if groups is None or method == "int8" else Int4Linear(linear, groups)
         model.set_submodule(name, layer)
         wrapped.append(layer)
     choose_max_rows(wrapped)
+    return dict(Counter(type(layer).__name__ for layer in wrapped))
 
 
 def choose_max_rows(layers: list[SmallBatchLinear]) -> None:
