@@ -16,18 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import cpu_name  # noqa: E402
-
-from wsgi_infer.engine.device import resolve_dtype
+from wsgi_infer.engine.device import cpu_model_name, resolve_dtype
 from wsgi_infer.engine.layers.quantization import Int4Groups, Int4Linear, Int8Linear
 from wsgi_infer.engine.model_loader import load_config, resolve_model_dir
 
@@ -77,7 +72,7 @@ def main() -> None:
     shapes = step_shapes(config)
     found = formats(shapes, dtype)
     rows = []
-    cpu = cpu_name()
+    cpu = cpu_model_name()
     print(f"# {cpu}, {torch.get_num_threads()} threads, {len(shapes)} multiplies per step")
     for batch in args.batch:
         times = {name: step_ms(mult, shapes, batch, dtype, args.repeats) for name, mult in found.items()}

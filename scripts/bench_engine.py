@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from wsgi_infer.engine.config import QUANTIZATION_METHODS
 
@@ -45,14 +43,6 @@ TEMPLATE = (
 
 def prompts(n: int) -> list[str]:
     return [TEMPLATE.format(subject=SUBJECTS[i % len(SUBJECTS)], n=i) for i in range(n)]
-
-
-def cpu_name() -> str:
-    """The CPU's model name (figures are only comparable on the same one)."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def percentile(values: list[float], q: float) -> float:

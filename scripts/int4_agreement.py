@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import cpu_name  # noqa: E402
 
 from wsgi_infer import LLM, SamplingParams
+from wsgi_infer.engine.device import cpu_model_name
 from wsgi_infer.engine.layers.quantization import SmallBatchLinear
 
 TOPICS = ["rain", "volcanoes", "photosynthesis", "black holes", "the printing press", "tides", "vaccines", "bridges"]
@@ -63,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     pairs = reference(args.model, args.tokens)
     results = [agreement(args.model, method, pairs) for method in args.methods]
-    print(json.dumps({"cpu": cpu_name(), "results": results}, indent=2))
+    print(json.dumps({"cpu": cpu_model_name(), "results": results}, indent=2))
     for r in results:
         print(
             f"{r['method']:>5}: {r['packed_layers']} packed layers, top-1 agreement {r['top1_agreement']:.2%} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import torch
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from wsgi_infer import LLM  # noqa: E402
-from wsgi_infer.engine.model_loader import load_tokenizer, resolve_model_dir  # noqa: E402
+from wsgi_infer.engine.model_loader import cache_root, load_tokenizer, resolve_model_dir  # noqa: E402
+from wsgi_infer.engine.model_runner import PACKED_ROWS_FILE  # noqa: E402
 
 from .server import GunicornServer  # noqa: E402
 
@@ -24,6 +26,15 @@ def assert_idle(llm: LLM) -> None:
     assert counters.num_running == 0
     assert counters.num_waiting == 0
     assert counters.num_free_blocks == counters.num_total_blocks
+
+
+def pin_packed_rows(model: str, rows: int) -> None:
+    """Save ``rows`` as this machine's crossing point for every int8 layer of ``model``, in the cache root
+    the environment names (which servers started from the test inherit): on tiny shapes the measured
+    crossing is noise, and may well be 0."""
+    LLM(model=model, device="cpu", dtype="float32", quantization="int8")  # measures each shape, and saves
+    saved = cache_root() / PACKED_ROWS_FILE
+    saved.write_text(json.dumps(dict.fromkeys(json.loads(saved.read_text()), rows)))
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import logging
+
 import gguf
 import numpy as np
 import pytest
@@ -14,8 +17,9 @@ from wsgi_infer import LLM, EngineConfig, SamplingParams
 from wsgi_infer.engine.gguf_checkpoint import read_gguf_weights
 from wsgi_infer.engine.layers.quantization import Int4Groups, Int4Linear, Int8Linear, SmallBatchLinear
 from wsgi_infer.engine.model_loader import default_model_path
+from wsgi_infer.engine.model_runner import PACKED_ROWS_FILE
 
-from .conftest import assert_idle
+from .conftest import assert_idle, pin_packed_rows
 
 
 def _linear() -> nn.Linear:
@@ -99,3 +103,17 @@ def test_float32_stays_unpacked(default_llm):
 def test_unknown_quantization_is_refused():
     with pytest.raises(ValueError, match="quantization"):
         EngineConfig(quantization="int3")
+
+
+def test_crossing_points_are_measured_once_per_machine_then_kept(tiny_model_dirs, tmp_path, monkeypatch, caplog):
+    """A greedy output must not depend on how one start's timings fell: later starts reuse the first's."""
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
+    model = str(tiny_model_dirs["llama"])
+    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.layers.quantization"):
+        pin_packed_rows(model, 3)
+    assert "(measured)" in caplog.text and json.loads((tmp_path / PACKED_ROWS_FILE).read_text())
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.layers.quantization"):
+        llm = LLM(model=model, device="cpu", dtype="float32", quantization="int8")
+    packed = [m for m in llm.engine.runner.model.modules() if isinstance(m, SmallBatchLinear)]
+    assert packed and all(m.max_rows == 3 for m in packed) and "(measured)" not in caplog.text

@@ -12,6 +12,7 @@ import pytest
 
 from wsgi_infer import LLM, SamplingParams
 
+from .conftest import pin_packed_rows
 from .server import GunicornServer
 
 PROMPT = "Tell me something"
@@ -114,10 +115,12 @@ def test_a_repeated_prompt_prefix_comes_from_the_cache(server):
     assert prefix_hits_of_a_repeated_prompt(server) == 32  # two full blocks of 16; the last is recomputed
 
 
-def test_settings_are_honoured_on_the_server(tiny_model_dirs):
+def test_settings_are_honoured_on_the_server(tiny_model_dirs, tmp_path, monkeypatch):
     """SERVED_MODEL_NAME, MAX_MODEL_LEN, SEED, QUANTIZATION, ENABLE_PREFIX_CACHING=false and
     CORS_ORIGINS=* on one server."""
     model = str(tiny_model_dirs["llama"])
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))  # the server below inherits it
+    pin_packed_rows(model, 8)  # int8 serves steps of up to 8 rows, here and in the server
     offline = LLM(model=model, device="cpu", dtype="float32", quantization="int8", seed=1234)  # int8: CPU only
     sampled = SamplingParams(temperature=1.0, max_tokens=12)
     first_unseeded = offline.generate(PROMPT, sampled)[0].text  # the first request draws the first seed

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import torch
 
 _DTYPES = {
@@ -12,6 +14,18 @@ _DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it (timings are only comparable on the same one)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def cpu_has_native_bf16() -> bool:

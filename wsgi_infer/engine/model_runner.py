@@ -18,7 +18,7 @@ from .config import EngineConfig
 from .gguf_checkpoint import INT4_GROUPS_FILE, StoredInt4Groups
 from .layers.attention import AttentionMetadata, PrefillChunk
 from .layers.quantization import Int4Groups, quantize_linear_layers
-from .model_loader import CheckpointTensors
+from .model_loader import CheckpointTensors, cache_root
 from .models import MODEL_REGISTRY
 from .scheduler import ScheduledSequence
 from .sequence import Sequence
@@ -26,6 +26,7 @@ from .sequence import Sequence
 log = logging.getLogger(__name__)
 
 _DEFAULT_CPU_KV_BYTES = 256 << 20
+PACKED_ROWS_FILE = "packed-max-rows.json"  # in the cache root: the crossing points measured on this machine
 _CUDA_MEMORY_FRACTION = 0.9
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values) over all slots
@@ -98,7 +99,7 @@ class ModelRunner:
                 return None
             return Int4Groups.cat([stored[n] for n in names])
 
-        packed = quantize_linear_layers(self.model, method, source_groups)
+        packed = quantize_linear_layers(self.model, method, source_groups, cache_root() / PACKED_ROWS_FILE)
         log.info("quantization %s: %s", method, packed)
         _release_free_heap()
 

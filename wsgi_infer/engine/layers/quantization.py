@@ -5,7 +5,7 @@ weight pays there: ``torch._weight_int4pack_mm_for_cpu`` (4 bits, groups of 32)
 or ``torch._weight_int8pack_mm`` (8 bits per output channel). Large batches are
 compute-bound, where oneDNN's bf16 GEMM (AMX where present) wins, so every layer
 keeps its full-precision weight too and picks by the number of rows in a step.
-The crossing point is measured at load time for each weight shape.
+The crossing point is measured once per weight shape on a machine, and kept.
 
 int4 groups come from the GGUF's own 4-bit blocks where the checkpoint has them
 (``Int4Groups.from_gguf_blocks``: Q4_0 and Q4_1 are exactly torch's layout), so
@@ -14,15 +14,20 @@ serving them changes nothing the GGUF held; otherwise from the weights, like Q4_
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..device import cpu_model_name
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +112,7 @@ class Int8Linear(SmallBatchLinear):
 
 
 def quantize_linear_layers(
-    model: nn.Module, method: str, source_groups: Callable[[str], Int4Groups | None]
+    model: nn.Module, method: str, source_groups: Callable[[str], Int4Groups | None], saved_rows: Path | None = None
 ) -> dict[str, int]:
     """Wrap every nn.Linear of ``model`` (the LM head included) in place; how many layers got each kind.
 
@@ -124,20 +129,46 @@ def quantize_linear_layers(
         layer = Int8Linear(linear) if groups is None or method == "int8" else Int4Linear(linear, groups)
         model.set_submodule(name, layer)
         wrapped.append(layer)
-    choose_max_rows(wrapped)
+    choose_max_rows(wrapped, saved_rows)
     return dict(Counter(type(layer).__name__ for layer in wrapped))
 
 
-def choose_max_rows(layers: list[SmallBatchLinear]) -> None:
-    """Measure each distinct weight shape: the packed copy serves up to the largest row count where it
-    is faster than the full-precision multiply."""
-    chosen: dict[tuple, int] = {}
+def choose_max_rows(layers: list[SmallBatchLinear], saved: Path | None = None) -> None:
+    """The packed copy serves up to the largest row count where it beat the full-precision multiply.
+
+    Measured once per weight shape on this machine, then kept in ``saved`` (JSON): a greedy output must
+    not depend on how a later start's timing happened to fall, and later starts skip the measuring.
+    """
+    known = _read_json(saved)
+    measured = False
     for layer in layers:
-        key = (type(layer), *layer.weight.shape)
-        if key not in chosen:
-            chosen[key] = _measured_max_rows(layer)
-            log.info("%s %s: packed weights for steps of at most %d rows", key[0].__name__, key[1:], chosen[key])
-        layer.max_rows = chosen[key]
+        key = _machine_key(layer)
+        if key not in known:
+            known[key], measured = _measured_max_rows(layer), True
+            log.info("%s: packed weights for steps of at most %d rows (measured)", key, known[key])
+        layer.max_rows = known[key]
+    if measured and saved is not None:
+        _write_json(saved, known)
+
+
+def _machine_key(layer: SmallBatchLinear) -> str:
+    shape = "x".join(map(str, layer.weight.shape))
+    kind = f"{type(layer).__name__} {shape} {str(layer.weight.dtype).removeprefix('torch.')}"
+    return f"{cpu_model_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {kind}"
+
+
+def _read_json(path: Path | None) -> dict[str, int]:
+    try:
+        return json.loads(path.read_text()) if path is not None else {}
+    except (OSError, ValueError):
+        return {}  # absent or torn: measure again
+
+
+def _write_json(path: Path, values: dict[str, int]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(f".{os.getpid()}.tmp")
+    staging.write_text(json.dumps(values, indent=1, sort_keys=True))
+    os.replace(staging, path)  # atomic: concurrent starts each write a whole file
 
 
 @torch.inference_mode()
