@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import time
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ class Int4Groups:
         return (self.q.float() - 8) * scale + zero
 
 
-class SmallBatchLinear(nn.Module):
+class SmallBatchLinear(nn.Module, ABC):
     """A linear layer that multiplies steps of at most ``max_rows`` rows with a packed copy of its weight."""
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -81,8 +82,9 @@ class SmallBatchLinear(nn.Module):
         y = self.packed_mm(rows).view(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias
 
+    @abstractmethod
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """``rows @ weight.T`` with the packed copy."""
 
 
 class Int4Linear(SmallBatchLinear):
