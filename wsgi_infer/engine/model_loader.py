@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .gguf_checkpoint import INT4_GROUPS_FILE, read_gguf_weights, save_int4_groups
+from .gguf_checkpoint import INT4_GROUPS_FILE, read_gguf_config, read_gguf_weights, save_int4_groups
 from .models import MODEL_REGISTRY
 
 log = logging.getLogger(__name__)
@@ -103,15 +103,16 @@ def _converted_gguf_dir(gguf: Path) -> Path:
 
 
 def _convert_gguf(gguf: Path, staging: Path) -> None:
-    """Config and tokenizer through transformers, weights (and 4-bit groups) through gguf_checkpoint."""
+    """Config, tokenizer, weights and 4-bit groups, each read once from the file."""
     from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers import GenerationConfig
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     try:
-        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-        log.info("model %s: config read; reading the tokenizer", gguf.name)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-        log.info("model %s: tokenizer read; reading the weights", gguf.name)
+        config = read_gguf_config(gguf)
+        # Not AutoTokenizer: it would parse the whole file again (gguf-py, about 5 s) to choose this class.
+        tokenizer = TokenizersBackend.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        log.info("model %s: config and tokenizer read; reading the weights", gguf.name)
         weights, groups = read_gguf_weights(gguf, config)
     except Exception as exc:  # transformers and gguf-py raise many kinds for unreadable files
         raise ModelLoadError(f"model {gguf}: cannot read GGUF file ({exc})") from exc
