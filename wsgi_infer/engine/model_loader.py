@@ -2,8 +2,8 @@
 
 A model is a Hugging Face directory (config.json, safetensors, tokenizer files)
 or a ``.gguf`` file. The first load of a GGUF converts it once into such a
-directory in the user cache, keyed by the file's hash (about 15 s for the
-default model: most of it is reading the file's metadata), with its 4-bit
+directory in the user cache, keyed by the file's hash (about 6 s for the
+default model), with its 4-bit
 blocks beside the weights for the int4 kernels; later loads read that
 directory in under a second.
 """
@@ -86,7 +86,7 @@ def _converted_gguf_dir(gguf: Path) -> Path:
     if (target / "config.json").is_file():
         log.info("model %s: using converted copy %s", gguf, target)
         return target
-    log.info("model %s: converting GGUF to safetensors in %s (once; about 15 s)", gguf, target)
+    log.info("model %s: converting GGUF to safetensors in %s (once; about 6 s)", gguf, target)
     started = time.monotonic()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
