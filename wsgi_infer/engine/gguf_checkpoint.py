@@ -1,8 +1,9 @@
 """The weights of a GGUF file under their Hugging Face names: dequantized, and as int4 groups.
 
-transformers reads a GGUF's config and tokenizer (``model_loader``), maps the
-file (its fast reader), and reorders tensors (its tensor processors undo
-llama.cpp's permutation of the query and key rows); gguf-py names them.
+The config comes from the file's metadata through transformers' key mapping;
+transformers' fast reader maps the file, and its tensor processors reorder
+tensors (undoing llama.cpp's permutation of the query and key rows); gguf-py
+names them.
 Dequantizing is done here in torch, exactly as gguf-py computes it; and the
 4-bit blocks (Q4_0, Q4_1) are kept as they are, so the int4 kernels serve the
 file's own weights (``layers.quantization``).
@@ -38,8 +39,8 @@ def read_gguf_config(gguf_file: Path):
 
     metadata, tensor_names = read_gguf_metadata(str(gguf_file))
     architecture = file_architecture = metadata["general.architecture"]
-    if architecture == "llama" and "mistral" in str(metadata.get("general.name", "")).lower():
-        architecture = "mistral"  # llama.cpp files Mistral under llama
+    if architecture == "llama" and metadata.get("general.name") == "mistral":
+        architecture = "mistral"  # the legacy reader's one rule for Mistral, which llama.cpp files as llama
     renames = GGUF_TO_TRANSFORMERS_MAPPING["config"]
     values = {}
     for key, value in metadata.items():
