@@ -160,10 +160,13 @@ class StoredInt4Groups(Mapping):
 
     def __init__(self, path: Path) -> None:
         self._path = path
-        self._names = []
+        self._names: frozenset[str] = frozenset()
         if path.is_file():
             with safe_open(path, framework="pt") as f:
-                self._names = [k.removesuffix(".q4") for k in f.keys() if k.endswith(".q4")]
+                self._names = frozenset(k.removesuffix(".q4") for k in f.keys() if k.endswith(".q4"))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names  # without reading the weight (Mapping's default would)
 
     def __getitem__(self, name: str) -> Int4Groups:
         if name not in self._names:
