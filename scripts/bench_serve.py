@@ -42,6 +42,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import percentile, prompts  # noqa: E402
 
+from wsgi_infer.engine.config import QUANTIZATION_METHODS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -301,7 +303,7 @@ def main() -> None:
     parser.add_argument("--url", default=None, help="a running server (default: start one)")
     parser.add_argument("--model", default=None)
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantization", default="auto", choices=["auto", "none", "int4", "int8"])
+    parser.add_argument("--quantization", default="auto", choices=QUANTIZATION_METHODS)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument(
         "--request-rate", type=float, default=None, help="Poisson arrivals per second (capped by concurrency)"
