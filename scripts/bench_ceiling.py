@@ -4,8 +4,9 @@
 For every batch size, times the multiplies of one step with the model's own
 shapes (each layer's fused QKV, output, gate-up and down projections, and the
 LM head), in every format the engine has on this device: the model dtype
-through ``F.linear`` (bf16 on a CPU with native bf16), int4 groups of 32 and
-int8 per channel. Every layer gets distinct weights, so they do not sit in a
+through ``F.linear`` (bf16 on a CPU with native bf16), int4 groups of 32,
+int8 per channel, and int8 with int8 activations row by row where the CPU
+has VNNI. Every layer gets distinct weights, so they do not sit in a
 cache. The ceiling at a batch is batch / (fastest format's time): no step can
 produce tokens faster, whatever else it does. Example:
 
@@ -23,7 +24,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from wsgi_infer.engine.device import cpu_model_name, resolve_dtype
-from wsgi_infer.engine.layers.quantization import Int4Groups, Int4Linear, Int8Linear
+from wsgi_infer.engine.layers.quantization import (
+    Int4Groups,
+    Int4Linear,
+    Int8Linear,
+    RowwiseInt8Linear,
+    rowwise_int8_available,
+)
 from wsgi_infer.engine.model_loader import load_config, resolve_model_dir
 
 
@@ -44,6 +51,8 @@ def formats(shapes: list[tuple[int, int]], dtype: torch.dtype) -> dict[str, list
     if dtype == torch.bfloat16:
         found["int4"] = [Int4Linear(lin, Int4Groups.from_weight(lin.weight)).packed_mm for lin in linears]
         found["int8"] = [Int8Linear(lin).packed_mm for lin in linears]
+        if rowwise_int8_available():
+            found["int8 rowwise"] = [RowwiseInt8Linear(lin).packed_mm for lin in linears]
     return found
 
 

@@ -15,7 +15,14 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from wsgi_infer import LLM, EngineConfig, SamplingParams
 from wsgi_infer.engine.gguf_checkpoint import read_gguf_weights
-from wsgi_infer.engine.layers.quantization import Int4Groups, Int4Linear, Int8Linear, SmallBatchLinear
+from wsgi_infer.engine.layers.quantization import (
+    Int4Groups,
+    Int4Linear,
+    Int8Linear,
+    RowwiseInt8Linear,
+    SmallBatchLinear,
+    rowwise_int8_available,
+)
 from wsgi_infer.engine.model_loader import default_model_path
 from wsgi_infer.engine.model_runner import PACKED_ROWS_FILE
 
@@ -27,7 +34,17 @@ def _linear() -> nn.Linear:
     return nn.Linear(64, 96).to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("make", [Int8Linear, lambda lin: Int4Linear(lin, Int4Groups.from_weight(lin.weight))])
+needs_rowwise_int8 = pytest.mark.skipif(not rowwise_int8_available(), reason="no fbgemm with VNNI on this CPU")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        Int8Linear,
+        lambda lin: Int4Linear(lin, Int4Groups.from_weight(lin.weight)),
+        pytest.param(RowwiseInt8Linear, marks=needs_rowwise_int8),
+    ],
+)
 def test_packed_weights_serve_small_batches_and_full_weights_large_ones(make):
     linear = _linear()
     packed = make(linear)
@@ -48,6 +65,32 @@ def test_the_int4_kernel_computes_with_the_groups_values():
     packed = Int4Linear(linear, groups)
     packed.max_rows = 3
     assert torch.allclose(packed(x).float(), expected, atol=0.05, rtol=0.02)
+
+
+@needs_rowwise_int8
+def test_rowwise_int8_rows_do_not_depend_on_their_batch():
+    """Each row gets its own activation scale: an outlier in one row leaves the others' results as they were."""
+    packed = RowwiseInt8Linear(_linear())
+    packed.max_rows = 8
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    x[3, 5] = 500.0
+    together = packed(x)
+    assert all(torch.equal(together[i], packed(x[i : i + 1])[0]) for i in range(8))
+
+
+@needs_rowwise_int8
+def test_rowwise_int8_sums_full_8_bit_activations_without_saturating():
+    """Activation codes near 255 times weight codes of 127: pairs of such products overflow a 16-bit sum,
+    which is what the kernel would do on a CPU without VNNI (rowwise_int8_available refuses those)."""
+    linear = nn.Linear(64, 8, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.fill_(0.5)
+    packed = RowwiseInt8Linear(linear)
+    packed.max_rows = 1
+    x = torch.linspace(0, 1, 64, dtype=torch.bfloat16)[None].clone()
+    x[0, 32:] = 1.0  # half the codes at 255
+    expected = (x.float() @ linear.weight.float().t())[0]
+    assert torch.allclose(packed(x)[0].float(), expected, rtol=0.02)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +129,8 @@ def test_by_default_bf16_on_the_cpu_serves_the_gguf_blocks(default_model_dir):
     model = llm.engine.runner.model
     assert isinstance(model.layers[0].self_attn.qkv_proj, Int4Linear)
     assert isinstance(model.layers[0].mlp.down_proj, Int4Linear)
-    assert isinstance(model.lm_head, Int8Linear)  # the GGUF's embedding is 8-bit (Q8_0): 4 bits would lose it
+    # The GGUF's embedding is 8-bit (Q8_0): 4 bits would lose it.
+    assert isinstance(model.lm_head, RowwiseInt8Linear if rowwise_int8_available() else Int8Linear)
     assert model.lm_head.max_rows >= 1  # measured: a decode step of one sequence uses the packed copy
     out = llm.chat(
         [{"role": "user", "content": "What is the capital of France?"}], SamplingParams(temperature=0, max_tokens=16)
