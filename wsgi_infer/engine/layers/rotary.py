@@ -28,20 +28,26 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"unsupported rope_type {rope_type!r}")
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq.float().to(positions.device))
+        cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
+        # Over the whole head, with rotate-half's sign folded into sin (see apply_rotary).
         # Plain attributes, not buffers, so casting the model to bf16 leaves these
         # small tables in float32, where exactness at long positions is kept.
-        self.cos = freqs.cos() * scaling
-        self.sin = freqs.sin() * scaling
+        self.cos = torch.cat((cos, cos), dim=-1)
+        self.sin = torch.cat((-sin, sin), dim=-1)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for these positions, [T, 1, D/2]: looked up once per step, used by every layer."""
+        """cos and signed sin for these positions, [T, 1, D]: looked up once per step, used by every layer."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, D] (half-split layout, as transformers) in float32."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    """Rotate x [T, heads, D] (half-split layout, as transformers) in float32.
+
+    ``x * cos + rotate_half(x) * sin`` with rotate_half's negation in the table: rolling the halves
+    is one op, and each product rounds as transformers' does (negation is exact), in 5 ops, not 9.
+    """
+    rotated = x.float()
+    return (rotated * cos + rotated.roll(x.shape[-1] // 2, dims=-1) * sin).to(x.dtype)
 
 
 def _default_inv_freq(config) -> tuple[torch.Tensor, float]:
