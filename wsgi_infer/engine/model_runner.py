@@ -170,9 +170,8 @@ class ModelRunner:
         meta.single_token_blocks = torch.tensor(padded, dtype=torch.long, device=self.device).flatten()
         lens = torch.tensor(context_lens, device=self.device).unsqueeze(1)
         padded_len = max_blocks * self.block_size
-        meta.single_token_mask = (torch.arange(padded_len, device=self.device) < lens).view(
-            len(items), 1, 1, padded_len
-        )
+        real = (torch.arange(padded_len, device=self.device) < lens).view(len(items), 1, 1, padded_len)
+        meta.single_token_mask = self._additive(real)
 
     def _prepare_prefill(self, meta: AttentionMetadata, items: list[ScheduledSequence]) -> None:
         """Per chunk: the slots of its whole context, and a causal mask offset by the cached prefix."""
@@ -183,9 +182,13 @@ class ModelRunner:
                 PrefillChunk(
                     num_tokens=item.num_new_tokens,
                     context_slots=self._slots(item.seq.block_table, 0, end),
-                    causal_mask=torch.arange(end, device=self.device) <= query_pos.unsqueeze(1),
+                    causal_mask=self._additive(torch.arange(end, device=self.device) <= query_pos.unsqueeze(1)),
                 )
             )
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """A boolean mask as SDPA would turn it into scores to add (0 or -inf), once per step, not per layer."""
+        return torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
 
     def _run(self, input_ids: list[int], positions: list[int], meta: AttentionMetadata) -> torch.Tensor:
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 class PrefillChunk:
     num_tokens: int
     context_slots: torch.Tensor  # [context_len] slots of every token up to the chunk's end
-    causal_mask: torch.Tensor  # [num_tokens, context_len] bool, True = may attend
+    causal_mask: torch.Tensor  # [num_tokens, context_len] added to scores: 0 = may attend, -inf not
 
 
 @dataclass
@@ -35,7 +35,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V is written
     num_single_token_seqs: int
     single_token_blocks: torch.Tensor | None = None  # [num_single_token_seqs * max_blocks] block ids, padded
-    single_token_mask: torch.Tensor | None = None  # [num_single_token_seqs, 1, 1, max_blocks * block_size] bool
+    # [num_single_token_seqs, 1, 1, max_blocks * block_size], added to scores like causal_mask
+    single_token_mask: torch.Tensor | None = None
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
