@@ -118,10 +118,11 @@ class RowwiseInt8Linear(SmallBatchLinear):
 
     fbgemm's dynamic int8 multiply sums int8 products in int32, as llama.cpp does for its 8-bit
     blocks: on the default model's LM head it takes a third of the weight-only kernel's time at one
-    row, and 60% of bf16's at 16. It quantizes its whole input with one scale, where one row's
-    outliers would cost the others their precision (top-1 agreement of a prompt's rows together:
-    64%). So each row is scaled into [-1, 1] first, and one more row spans exactly [-1, 1]: that
-    one scale is then always the same, and a row's result never depends on the rest of its batch.
+    row, and 60% of bf16's at 16. It quantizes its whole input with one scale and zero point, where
+    one row's outliers would cost the others their precision (top-1 agreement of a prompt's rows
+    together: 64%). So each row is mapped onto [0, 1] first (``x = low + width * unit``), and one
+    more row spans exactly [0, 1]: the kernel's codes then run from each row's own minimum to its
+    maximum, always with the same scale, and a row's result never depends on the rest of its batch.
     """
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -133,14 +134,18 @@ class RowwiseInt8Linear(SmallBatchLinear):
             quantized = torch._make_per_channel_quantized_tensor(weight_int8, scale.double(), zero, 0)
             self.packed = torch.ops.quantized.linear_prepack(quantized, None)
         self.span = torch.zeros(1, linear.in_features)
-        self.span[0, :2] = torch.tensor([-1.0, 1.0])
+        self.span[0, 0] = 1.0
+        # W @ low (a constant row) is low * the row sums of W, as the kernel's int8 weights give them.
+        self.row_sums = (weight_int8.float() * scale[:, None]).sum(dim=1)
 
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
         x = rows.float()
-        peak = x.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+        low = x.amin(dim=1, keepdim=True)
+        width = (x.amax(dim=1, keepdim=True) - low).clamp(min=torch.finfo(torch.float32).tiny)
+        unit = torch.cat(((x - low) / width, self.span))
         # reduce_range False: full 8-bit activations, safe where VNNI sums in int32 (rowwise_int8_available).
-        out = torch.ops.quantized.linear_dynamic(torch.cat((x / peak, self.span)), self.packed, False)
-        return (out[:-1] * peak).to(rows.dtype)
+        out = torch.ops.quantized.linear_dynamic(unit, self.packed, False)[:-1]
+        return out.mul_(width).addr_(low.squeeze(1), self.row_sums).to(rows.dtype)
 
 
 def rowwise_int8_available() -> bool:
