@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -80,3 +82,14 @@ def test_prompt_logprobs_match_transformers_across_chunks_cache_and_batches(tiny
     generated = tiny_llama.generate(ids, SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=0))[0]
     assert len(generated.token_ids) == 3 and len(generated.prompt_logprobs) == len(ids) - 1
     assert_idle(tiny_llama)
+
+
+def test_a_weight_the_checkpoint_lacks_is_refused_by_name(tiny_model_dirs, tmp_path):
+    """A config that declares biases its checkpoint does not hold: a clear error, not unset memory."""
+    source = tiny_model_dirs["llama"]
+    for path in source.iterdir():
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "attention_bias": True}))
+    with pytest.raises(ValueError, match=r"layers\.0\.self_attn\.qkv_proj\.bias"):
+        LLM(model=str(tmp_path), dtype="float32")

@@ -82,7 +82,12 @@ class ModelRunner:
             torch.set_default_dtype(default_dtype)
         model.to_empty(device=self.device)  # gives each module its own tensors: shared ones are tied again
         model.tie_weights()
+        for param in model.parameters():
+            param.detach().fill_(float("nan"))  # "not loaded", until the checkpoint writes it
         model.load_hf_state_dict(CheckpointTensors(model_dir, self.dtype))
+        unloaded = [name for name, param in model.named_parameters() if param.isnan().any()]
+        if unloaded:
+            raise ValueError(f"{model_dir}: the checkpoint has no (or NaN) values for {', '.join(unloaded[:5])}")
         return model
 
     def _quantize(self, method: str, model_dir: Path) -> None:
