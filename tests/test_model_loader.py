@@ -1,13 +1,27 @@
-"""The GGUF conversion: as transformers reads the file, done once, then reused."""
+"""Loading: the GGUF conversion (as transformers reads the file, done once, then reused), configs."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import subprocess
+import sys
 
+import pytest
 from transformers import AutoConfig, AutoTokenizer
 
 from wsgi_infer.engine.gguf_checkpoint import read_gguf_config
-from wsgi_infer.engine.model_loader import default_model_path, resolve_model_dir
+from wsgi_infer.engine.model_loader import (
+    FILE_DIGESTS_FILE,
+    RESOLVED_CONFIGS_DIR,
+    _file_digest,
+    default_model_path,
+    load_config,
+    resolve_model_dir,
+)
+
+from .conftest import TINY_ARCHITECTURES
 
 
 def test_a_converted_gguf_is_reused(default_model_dir, caplog):
@@ -33,3 +47,36 @@ def test_a_gguf_is_converted_as_transformers_reads_it(tmp_path):
     converted = resolve_model_dir(None)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         assert (converted / name).read_bytes() == (tmp_path / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+def test_a_config_is_resolved_by_its_class_once_then_read_back_whole(arch, tiny_model_dirs, tmp_path, monkeypatch):
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
+    reference = AutoConfig.from_pretrained(tiny_model_dirs[arch], local_files_only=True)
+    first, again = load_config(tiny_model_dirs[arch]), load_config(tiny_model_dirs[arch])
+    assert len(list((tmp_path / RESOLVED_CONFIGS_DIR).iterdir())) == 1
+    # Every value, aliases (n_embd) included; but use_cache, a generation setting the plain config drops.
+    for name in [*reference.to_dict().keys() - {"use_cache"}, *reference.attribute_map]:
+        assert getattr(first, name) == getattr(again, name) == getattr(reference, name), name
+
+
+def test_a_start_imports_no_architecture_config_class(default_model_dir):
+    """Such an import brings transformers' kernel hub, torch.distributed and dynamo: 1.3 s and 80 MB."""
+    code = (
+        "import sys; from wsgi_infer import LLM; LLM()\n"
+        "heavy = [m for m in ('transformers.models.llama.configuration_llama', 'torch._dynamo') if m in sys.modules]\n"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_gguf_digest_is_remembered_until_the_file_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"first")
+    assert _file_digest(path) == hashlib.sha256(b"first").hexdigest()[:16]
+    path.write_bytes(b"second, longer")
+    assert _file_digest(path) == hashlib.sha256(b"second, longer").hexdigest()[:16]
+    remembered = json.loads((tmp_path / "cache" / FILE_DIGESTS_FILE).read_text())
+    expected = [hashlib.sha256(content).hexdigest()[:16] for content in (b"first", b"second, longer")]
+    assert sorted(remembered.values()) == sorted(expected)

@@ -50,16 +50,9 @@ class LLMEngine:
         self.sampler = Sampler()
         self._seqs: dict[str, Sequence] = {}
         self._seed_source = random.Random(config.seed)
-        self._grammars: GrammarCompiler | None = None
+        self.grammars = GrammarCompiler(self.tokenizer, self.hf_config.vocab_size)
         self.last_step_num_tokens = 0
         log.info("model ready: %s, max_model_len %d", self.hf_config.model_type, self.max_model_len)
-
-    @property
-    def grammars(self) -> GrammarCompiler:
-        """The constraint compiler for this tokenizer, built on first use (about 0.4 s)."""
-        if self._grammars is None:
-            self._grammars = GrammarCompiler(self.tokenizer, self.hf_config.vocab_size)
-        return self._grammars
 
     # --- requests ------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .config import EngineConfig
 from .gguf_checkpoint import INT4_GROUPS_FILE, StoredInt4Groups
@@ -30,6 +31,19 @@ PACKED_ROWS_FILE = "packed-max-rows.json"  # in the cache root: the crossing poi
 _CUDA_MEMORY_FRACTION = 0.9
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values) over all slots
+
+
+class _SkipParameterInit(TorchFunctionMode):
+    """Leaves new parameters as allocated: the checkpoint fills every one (see ``_load_model``).
+
+    Random initialisation would cost 1.2 s for the default model, and building on the meta device
+    instead imports dynamo (1 s, 60 MB), which runs the meta device's init functions.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
 
 
 @dataclass
@@ -74,14 +88,10 @@ class ModelRunner:
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)  # build in the target dtype: no float32 copy of the weights
         try:
-            # Shapes only: every weight comes from the checkpoint, so random initialisation
-            # (1.2 s for the default model) would be thrown away.
-            with torch.device("meta"):
+            with torch.device(self.device), _SkipParameterInit():
                 model = model_cls(hf_config, hf_config.max_position_embeddings)
         finally:
             torch.set_default_dtype(default_dtype)
-        model.to_empty(device=self.device)  # gives each module its own tensors: shared ones are tied again
-        model.tie_weights()
         for param in model.parameters():
             param.detach().fill_(float("nan"))  # "not loaded", until the checkpoint writes it
         model.load_hf_state_dict(CheckpointTensors(model_dir, self.dtype))

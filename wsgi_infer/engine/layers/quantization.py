@@ -14,9 +14,7 @@ serving them changes nothing the GGUF held; otherwise from the weights, like Q4_
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 import warnings
 from abc import ABC, abstractmethod
@@ -29,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..cache_files import read_json, write_json
 from ..device import cpu_has_vnni, cpu_model_name
 
 log = logging.getLogger(__name__)
@@ -136,7 +135,7 @@ class RowwiseInt8Linear(SmallBatchLinear):
         self.span = torch.zeros(1, linear.in_features)
         self.span[0, 0] = 1.0
         # W @ low (a constant row) is low * the row sums of W, as the kernel's int8 weights give them.
-        self.row_sums = (weight_int8.float() * scale[:, None]).sum(dim=1)
+        self.row_sums = weight_int8.sum(dim=1, dtype=torch.int32).float() * scale
 
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
         x = rows.float()
@@ -158,11 +157,18 @@ def rowwise_int8_available() -> bool:
     return packs and "fbgemm" in torch.backends.quantized.supported_engines and cpu_has_vnni()
 
 
-def _int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 codes per output channel, and their float32 scales."""
-    w = weight.detach().float()
-    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous(), scale
+def _int8_per_channel(weight: torch.Tensor, rows_per_chunk: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 codes per output channel, and their float32 scales.
+
+    A chunk of rows at a time stays in cache: the default model's LM head packs in 0.1 s, not 0.8.
+    """
+    w = weight.detach()
+    scale = w.abs().amax(dim=1).float().clamp(min=1e-12) / 127.0  # |w|'s maximum is exact in w's dtype
+    codes = torch.empty(w.shape, dtype=torch.int8)
+    for start in range(0, len(w), rows_per_chunk):
+        chunk = w[start : start + rows_per_chunk].float().div_(scale[start : start + rows_per_chunk, None])
+        codes[start : start + rows_per_chunk] = chunk.round_().clamp_(-127, 127)
+    return codes, scale
 
 
 def quantize_linear_layers(
@@ -194,7 +200,7 @@ def choose_max_rows(layers: list[SmallBatchLinear], saved: Path | None = None) -
     Measured once per weight shape on this machine, then kept in ``saved`` (JSON): a greedy output must
     not depend on how a later start's timing happened to fall, and later starts skip the measuring.
     """
-    known = _read_json(saved)
+    known = read_json(saved) or {}
     measured = False
     for layer in layers:
         key = _machine_key(layer)
@@ -203,27 +209,13 @@ def choose_max_rows(layers: list[SmallBatchLinear], saved: Path | None = None) -
             log.info("%s: packed weights for steps of at most %d rows (measured)", key, known[key])
         layer.max_rows = known[key]
     if measured and saved is not None:
-        _write_json(saved, known)
+        write_json(saved, known)
 
 
 def _machine_key(layer: SmallBatchLinear) -> str:
     shape = "x".join(map(str, layer.weight.shape))
     kind = f"{type(layer).__name__} {shape} {str(layer.weight.dtype).removeprefix('torch.')}"
     return f"{cpu_model_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {kind}"
-
-
-def _read_json(path: Path | None) -> dict[str, int]:
-    try:
-        return json.loads(path.read_text()) if path is not None else {}
-    except (OSError, ValueError):
-        return {}  # absent or torn: measure again
-
-
-def _write_json(path: Path, values: dict[str, int]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(f".{os.getpid()}.tmp")
-    staging.write_text(json.dumps(values, indent=1, sort_keys=True))
-    os.replace(staging, path)  # atomic: concurrent starts each write a whole file
 
 
 @torch.inference_mode()

@@ -23,13 +23,11 @@ class RotaryEmbedding(nn.Module):
         if rope_type == "default":
             inv_freq, scaling = _default_inv_freq(config)
         elif rope_type in ROPE_INIT_FUNCTIONS and rope_type != "dynamic":
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.get_default_device())
         else:
             raise ValueError(f"unsupported rope_type {rope_type!r}")
-        # Built on the CPU whatever device the model is built on (the meta device, for one), and
-        # moved to the positions' device on first use.
-        positions = torch.arange(max_positions, dtype=torch.float32, device="cpu")
-        freqs = torch.outer(positions, inv_freq.float().cpu())
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq.float())
         cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
         # Over the whole head, with rotate-half's sign folded into sin (see apply_rotary).
         # Plain attributes, not buffers, so casting the model to bf16 leaves these
@@ -39,8 +37,6 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin for these positions, [T, 1, D]: looked up once per step, used by every layer."""
-        if self.cos.device != positions.device:
-            self.cos, self.sin = self.cos.to(positions.device), self.sin.to(positions.device)
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
@@ -57,4 +53,4 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 def _default_inv_freq(config) -> tuple[torch.Tensor, float]:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     base = config.rope_parameters["rope_theta"]
-    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim)), 1.0
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)), 1.0

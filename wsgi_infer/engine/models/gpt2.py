@@ -52,12 +52,8 @@ class GPT2LMHeadModel(nn.Module):
         self.h = nn.ModuleList(GPT2Block(config, i) for i in range(config.num_hidden_layers))
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights()
+        self.lm_head.weight = self.wte.weight  # GPT-2 always ties its LM head to the embedding
         self.max_positions = min(max_positions, config.n_positions)
-
-    def tie_weights(self) -> None:
-        """GPT-2 always ties its LM head to the embedding (again after moving off the meta device)."""
-        self.lm_head.weight = self.wte.weight
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x = self.wte(input_ids) + self.wpe(positions)

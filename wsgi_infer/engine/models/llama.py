@@ -72,18 +72,13 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_word_embeddings = config.tie_word_embeddings
-        self.tie_weights()
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(config, max_positions)
         if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
             # Without windowed attention, stay where full attention is exact.
             max_positions = min(max_positions, config.sliding_window)
         self.max_positions = max_positions
-
-    def tie_weights(self) -> None:
-        """The LM head shares the embedding where the config says so (again after moving off the meta device)."""
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)

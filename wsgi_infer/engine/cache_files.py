@@ -1,0 +1,23 @@
+"""Small JSON files kept in the user cache: read back whole or not at all, written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def read_json(path: Path | None) -> Any:
+    """The file's value, or None where it is absent or torn (the caller then computes it again)."""
+    try:
+        return json.loads(path.read_text()) if path is not None else None
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(f".{os.getpid()}.tmp")
+    staging.write_text(json.dumps(value, indent=1, sort_keys=True))
+    os.replace(staging, path)  # atomic: concurrent starts each write a whole file
