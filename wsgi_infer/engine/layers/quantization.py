@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -201,14 +202,17 @@ def choose_max_rows(layers: list[SmallBatchLinear], saved: Path | None = None) -
     not depend on how a later start's timing happened to fall, and later starts skip the measuring.
     """
     known = read_json(saved) or {}
-    measured = False
+    by_key: dict[str, list[SmallBatchLinear]] = {}
     for layer in layers:
-        key = _machine_key(layer)
-        if key not in known:
-            known[key], measured = _measured_max_rows(layer), True
-            log.info("%s: packed weights for steps of at most %d rows (measured)", key, known[key])
-        layer.max_rows = known[key]
-    if measured and saved is not None:
+        by_key.setdefault(_machine_key(layer), []).append(layer)
+    unknown = [key for key in by_key if key not in known]
+    for key in unknown:
+        known[key] = _measured_max_rows(by_key[key])
+        log.info("%s: packed weights for steps of at most %d rows (measured)", key, known[key])
+    for key, same_shape in by_key.items():
+        for layer in same_shape:
+            layer.max_rows = known[key]
+    if unknown and saved is not None:
         write_json(saved, known)
 
 
@@ -219,19 +223,29 @@ def _machine_key(layer: SmallBatchLinear) -> str:
 
 
 @torch.inference_mode()
-def _measured_max_rows(layer: SmallBatchLinear) -> int:
+def _measured_max_rows(same_shape: list[SmallBatchLinear]) -> int:
+    """Timed as a step uses them: every layer of the shape in turn, each weight read from memory
+    rather than from the cache a single layer's repeated calls would leave it in."""
     best = 0
     for rows in ROWS_MEASURED:
-        x = torch.randn(rows, layer.weight.shape[1], dtype=layer.weight.dtype)
-        if _seconds(layer.packed_mm, x) >= _seconds(F.linear, x, layer.weight):
+        x = torch.randn(rows, same_shape[0].weight.shape[1], dtype=same_shape[0].weight.dtype)
+        packed = _seconds([partial(layer.packed_mm, x) for layer in same_shape])
+        full = _seconds([partial(F.linear, x, layer.weight) for layer in same_shape])
+        if packed >= full:
             break
         best = rows
     return best
 
 
-def _seconds(fn: Callable[..., object], *args: torch.Tensor, repeats: int = 5) -> float:
-    fn(*args)  # warm-up: first calls allocate
-    start = time.perf_counter()
+def _seconds(calls: list[Callable[[], object]], repeats: int = 3) -> float:
+    """The fastest of a few runs through ``calls``: the one least disturbed by whatever else the
+    machine was doing (a mean let one slow call move a crossing point from 16 rows to 2)."""
+    for call in calls:
+        call()  # warm-up: first calls allocate
+    fastest = float("inf")
     for _ in range(repeats):
-        fn(*args)
-    return (time.perf_counter() - start) / repeats
+        start = time.perf_counter()
+        for call in calls:
+            call()
+        fastest = min(fastest, time.perf_counter() - start)
+    return fastest
