@@ -231,7 +231,7 @@ def serve_levels(args, name: str, peer_url: str | None) -> dict[int, dict]:
             n = max(args.min_requests, c * args.rounds)
             results[c] = asyncio.run(run_level(url, model, c, n, args.output_len, args.request_rate, extra))
             if server is not None:
-                results[c]["server_rss_mb"] = tree_rss_mb(server.pid)
+                results[c]["server_peak_rss_mb"] = tree_peak_rss_mb(server.pid)
             r = results[c]
             print(
                 f"# {name} c={c}: {r['output_tok_s']:.1f} tok/s, TTFT {r['ttft_mean_ms']:.0f} ms, "
@@ -245,12 +245,19 @@ def serve_levels(args, name: str, peer_url: str | None) -> dict[int, dict]:
             server.wait(60)
 
 
-def tree_rss_mb(pid: int) -> float:
-    """The largest RSS among the server's processes (its worker, with one worker)."""
+def tree_peak_rss_mb(pid: int) -> float:
+    """The largest peak RSS (VmHWM, so far) among the server's processes: its worker, with one worker."""
     import psutil
 
     processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    return max(p.memory_info().rss for p in processes) / 2**20
+    return max(_peak_rss_kb(p.pid) for p in processes) / 1024
+
+
+def _peak_rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
 
 
 def median_runs(runs: list[dict[int, dict]]) -> dict[int, dict]:

@@ -30,7 +30,7 @@ _DEFAULT_CPU_KV_BYTES = 256 << 20
 PACKED_ROWS_FILE = "packed-max-rows.json"  # in the cache root: the crossing points measured on this machine
 _CUDA_MEMORY_FRACTION = 0.9
 
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values) over all slots
+KVCache = list[torch.Tensor]  # per layer: every slot's key heads then value heads (see layers.attention)
 
 
 class _SkipParameterInit(TorchFunctionMode):
@@ -134,14 +134,8 @@ class ModelRunner:
         return _DEFAULT_CPU_KV_BYTES
 
     def _allocate_kv_cache(self) -> KVCache:
-        shape = (self.num_blocks * self.block_size, self.num_kv_heads, self.head_dim)
-        caches = [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-            )
-            for _ in range(self.num_layers)
-        ]
+        shape = (self.num_blocks * self.block_size, 2 * self.num_kv_heads, self.head_dim)
+        caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
         log.info(
             "KV cache: %d blocks of %d tokens (%.0f MiB, %s %s)",
             self.num_blocks,

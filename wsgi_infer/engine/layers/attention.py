@@ -1,7 +1,9 @@
 """Paged attention in plain torch.
 
 The KV cache of one layer is a flat tensor of slots ``[num_blocks * block_size,
-num_kv_heads, head_dim]``; a sequence's token at position p lives in slot
+2 * num_kv_heads, head_dim]``, each slot a token's key heads then its value heads,
+so one op writes a step's keys and values and one copies a context's out; a
+sequence's token at position p lives in slot
 ``block_table[p // block_size] * block_size + p % block_size``.
 
 One step mixes single-token sequences (one query token each: decodes, and
@@ -41,37 +43,30 @@ class AttentionMetadata:
 
 
 def paged_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
+    q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
-    """Write this step's K/V into the cache, then attend over each sequence's context.
+    """Write this step's keys and values into the cache, then attend over each sequence's context.
 
-    q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim].
+    q: [tokens, heads, head_dim]; kv: [tokens, 2 * kv_heads, head_dim], keys then values.
     Returns [tokens, heads * head_dim].
     """
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
+    kv_cache.index_copy_(0, meta.slot_mapping, kv)
+    num_kv_heads = kv_cache.shape[1] // 2
     outputs = []
     num_single = meta.num_single_token_seqs
     if num_single:
-        keys = _gather_blocks(k_cache, meta, num_single)
-        values = _gather_blocks(v_cache, meta, num_single)
+        context = _gather_blocks(kv_cache, meta, num_single)
+        keys, values = context[:, :, :num_kv_heads].transpose(1, 2), context[:, :, num_kv_heads:].transpose(1, 2)
         # Grouped-query attention without repeating K/V: the query heads sharing a
         # KV head become that head's query rows ([B, kv_heads, group, D]).
-        num_kv_heads = k_cache.shape[1]
         grouped_q = q[:num_single].view(num_single, num_kv_heads, -1, q.shape[-1])
         out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=meta.single_token_mask, scale=scale)
         outputs.append(out.flatten(1))
     start = num_single
     for chunk in meta.prefills:
         end = start + chunk.num_tokens
-        keys = k_cache[chunk.context_slots].transpose(0, 1)
-        values = v_cache[chunk.context_slots].transpose(0, 1)
+        context = kv_cache[chunk.context_slots]
+        keys, values = context[:, :num_kv_heads].transpose(0, 1), context[:, num_kv_heads:].transpose(0, 1)
         out = F.scaled_dot_product_attention(
             q[start:end].transpose(0, 1), keys, values, attn_mask=chunk.causal_mask, scale=scale, enable_gqa=True
         )
@@ -81,11 +76,11 @@ def paged_attention(
 
 
 def _gather_blocks(cache: torch.Tensor, meta: AttentionMetadata, batch: int) -> torch.Tensor:
-    """[slots, kv_heads, D] cache -> [batch, kv_heads, padded_context, D].
+    """[slots, 2 * kv_heads, D] cache -> [batch, padded_context, 2 * kv_heads, D].
 
-    Copies whole blocks (contiguous rows of block_size * kv_heads * D) with one
+    Copies whole blocks (contiguous rows of block_size * 2 * kv_heads * D) with one
     index_select, which is several times faster than gathering slot by slot.
     """
-    num_kv_heads, head_dim = cache.shape[1:]
-    blocks = cache.view(-1, meta.block_size * num_kv_heads * head_dim).index_select(0, meta.single_token_blocks)
-    return blocks.view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
+    heads, head_dim = cache.shape[1:]
+    blocks = cache.view(-1, meta.block_size * heads * head_dim).index_select(0, meta.single_token_blocks)
+    return blocks.view(batch, -1, heads, head_dim)

@@ -29,7 +29,7 @@ class RotaryEmbedding(nn.Module):
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq.float())
         cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
-        # Over the whole head, with rotate-half's sign folded into sin (see apply_rotary).
+        # Over the whole head, with rotate-half's sign folded into sin (see apply_rotary_).
         # Plain attributes, not buffers, so casting the model to bf16 leaves these
         # small tables in float32, where exactness at long positions is kept.
         self.cos = torch.cat((cos, cos), dim=-1)
@@ -40,14 +40,15 @@ class RotaryEmbedding(nn.Module):
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, D] (half-split layout, as transformers) in float32.
+def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate x [T, heads, D] (half-split layout, as transformers) in place, computing in float32.
 
     ``x * cos + rotate_half(x) * sin`` with rotate_half's negation in the table: rolling the halves
     is one op, and each product rounds as transformers' does (negation is exact), in 5 ops, not 9.
+    In place, so the rotated keys stay beside the values in the projection's output.
     """
     rotated = x.float()
-    return (rotated * cos + rotated.roll(x.shape[-1] // 2, dims=-1) * sin).to(x.dtype)
+    x.copy_(rotated * cos + rotated.roll(x.shape[-1] // 2, dims=-1) * sin)
 
 
 def _default_inv_freq(config) -> tuple[torch.Tensor, float]:

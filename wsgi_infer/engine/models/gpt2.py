@@ -34,9 +34,10 @@ class GPT2Block(nn.Module):
         self.mlp_proj = nn.Linear(inner, hidden)
         self.act = _ACTIVATIONS[config.activation_function]
 
-    def forward(self, x, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.c_attn(self.ln_1(x)).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
-        x = x + self.c_proj(paged_attention(q, k, v, k_cache, v_cache, meta, self.scale))
+    def forward(self, x, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        qkv = self.c_attn(self.ln_1(x)).view(-1, 3 * self.num_heads, self.head_dim)  # query, key, value heads
+        q, kv = qkv[:, : self.num_heads], qkv[:, self.num_heads :]
+        x = x + self.c_proj(paged_attention(q, kv, kv_cache, meta, self.scale))
         return x + self.mlp_proj(self.act(self.c_fc(self.ln_2(x))))
 
 
@@ -57,8 +58,8 @@ class GPT2LMHeadModel(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x = self.wte(input_ids) + self.wpe(positions)
-        for block, (k_cache, v_cache) in zip(self.h, kv_caches):
-            x = block(x, k_cache, v_cache, meta)
+        for block, kv_cache in zip(self.h, kv_caches):
+            x = block(x, kv_cache, meta)
         return self.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

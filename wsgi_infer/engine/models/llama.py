@@ -11,7 +11,7 @@ from torch import nn
 
 from ..layers.attention import AttentionMetadata, paged_attention
 from ..layers.norm import RMSNorm
-from ..layers.rotary import RotaryEmbedding, apply_rotary
+from ..layers.rotary import RotaryEmbedding, apply_rotary_
 
 
 class LlamaAttention(nn.Module):
@@ -27,13 +27,13 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=getattr(config, "attention_bias", False))
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x, rope, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x, rope, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x).view(x.shape[0], self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-        # Queries and keys are rotated together: one set of elementwise ops per layer.
-        qk = apply_rotary(qkv[:, : self.num_heads + self.num_kv_heads], *rope)
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, self.num_heads + self.num_kv_heads :]
-        return self.o_proj(paged_attention(q, k, v, k_cache, v_cache, meta, self.scale))
+        # Queries and keys are rotated together, in place: one set of elementwise ops per layer,
+        # and the keys and values stay side by side for the cache.
+        apply_rotary_(qkv[:, : self.num_heads + self.num_kv_heads], *rope)
+        q, kv = qkv[:, : self.num_heads], qkv[:, self.num_heads :]
+        return self.o_proj(paged_attention(q, kv, kv_cache, meta, self.scale))
 
 
 class LlamaMLP(nn.Module):
@@ -56,8 +56,8 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, x, rope, k_cache, v_cache, meta) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta)
+    def forward(self, x, rope, kv_cache, meta) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -83,8 +83,8 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         rope = self.rotary(positions)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x = layer(x, rope, k_cache, v_cache, meta)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, rope, kv_cache, meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
