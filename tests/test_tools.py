@@ -25,7 +25,7 @@ TWO_CALLS = call_text("get_weather", '{"city":"Paris","days":2}') + "\n" + call_
 
 def accepts(plan: ToolPlan, text: str, grammars) -> bool:
     matcher = grammars.matcher(plan.constraint())
-    tokens = grammars._tokenizer.tokenize_str(text)
+    tokens = grammars.vocabulary().tokenize_str(text)
     return matcher.consume_tokens(tokens) and matcher.is_accepting()
 
 

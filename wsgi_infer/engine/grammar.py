@@ -50,7 +50,7 @@ class GrammarCompiler:
         self._hf_tokenizer = hf_tokenizer
         self.vocab_size = vocab_size
         # lru_cache, not a lock (gevent would patch one): two racing first compiles both build it, harmlessly.
-        self._vocabulary = functools.lru_cache(maxsize=1)(self._build_vocabulary)
+        self.vocabulary = functools.lru_cache(maxsize=1)(self._build_vocabulary)
         self._compiled = functools.lru_cache(maxsize=GRAMMAR_CACHE_SIZE)(self._compile)
 
     def _build_vocabulary(self) -> llguidance.LLTokenizer:
@@ -74,7 +74,7 @@ class GrammarCompiler:
         return compiled.deep_copy()
 
     def _compile(self, grammar: str) -> LLMatcher:
-        matcher = LLMatcher(self._vocabulary(), grammar)
+        matcher = LLMatcher(self.vocabulary(), grammar)
         if matcher.is_error():
             first_line = matcher.get_error().strip().splitlines()[0]
             raise InvalidParameter("structured_outputs", f"the constraint does not compile: {first_line}")
