@@ -157,7 +157,7 @@ def load_config(model_dir: Path):
     if values is None:
         values = _resolved_config_values(model_dir)
         write_json(resolved_file, values)
-    config = PreTrainedConfig.from_dict(values)
+    config = PreTrainedConfig.from_dict(values | {"_name_or_path": str(model_dir)})  # the same file may be elsewhere
     if config.model_type not in MODEL_REGISTRY:
         raise ModelLoadError(
             f"model {model_dir}: unsupported architecture {config.model_type!r} "

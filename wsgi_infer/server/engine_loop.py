@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from ..engine.config import EngineConfig
 from ..engine.llm_engine import LLMEngine
-from ..engine.model_loader import load_tokenizer
 from ..engine.outputs import RequestDelta
 from .engine_messages import (
     Abort,
@@ -111,14 +110,13 @@ class EngineLoop:
 
 
 def _ready(engine: LLMEngine) -> EngineReady:
-    """What the hub needs of a loaded engine, including its own tokenizer and the grammar compiler."""
+    """What the hub needs of a loaded engine, including the grammar compiler."""
     return EngineReady(
         max_model_len=engine.max_model_len,
         model_dir=str(engine.model_dir),
         num_blocks=engine.block_manager.num_blocks,
         template_takes_tools=engine.template_takes_tools,
         grammars=engine.grammars,
-        tokenizer=load_tokenizer(engine.model_dir),
     )
 
 

@@ -8,7 +8,7 @@ nor gevent, so both sides can share it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..engine.grammar import GrammarCompiler
@@ -76,7 +76,6 @@ class EngineReady:
     num_blocks: int
     template_takes_tools: bool
     grammars: GrammarCompiler  # thread-safe: the hub compiles constraints before it submits
-    tokenizer: Any  # the hub's own instance (tokenizers are not safe to share across threads)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import gevent.event
 
-from ..engine.model_loader import chat_prompt_ids, default_model_path
+from ..engine.model_loader import chat_prompt_ids, default_model_path, load_tokenizer
 from ..engine.sampling_params import SamplingParams, StructuredOutput
 from . import metrics
 from .bridge import HubBridge
@@ -49,7 +49,7 @@ class EngineManager:
         self.model_dir = ""
         self.max_model_len = 0
         self.template_takes_tools = False
-        self.tokenizer = None  # the hub's own, once ready: for /tokenize, /detokenize and echo
+        self._tokenizer = None  # see the tokenizer property
         self.started_at = time.time()
         self.ready = False
         self.failure: str | None = None
@@ -156,6 +156,15 @@ class EngineManager:
         return len(streams)
 
     # --- requests (hub) ---------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        """The hub's own tokenizer (tokenizers are not shared across threads), loaded on a pool thread
+        by its first use: only /tokenize, /detokenize and echo need it, and it holds 40 MB. Call once
+        ready, in a greenlet; two first uses at once both load it, harmlessly."""
+        if self._tokenizer is None:
+            self._tokenizer = self._bridge.run_off_hub(load_tokenizer, Path(self.model_dir))
+        return self._tokenizer
+
     def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> list[int]:
         """The chat template on this worker's own tokenizer (call once ready); ValueError for a bad conversation."""
         return chat_prompt_ids(self.tokenizer, messages, tools, add_generation_prompt)
@@ -211,7 +220,6 @@ class EngineManager:
         self.model_dir = event.model_dir
         self._grammars = event.grammars
         self.template_takes_tools = event.template_takes_tools
-        self.tokenizer = event.tokenizer
         self.metrics.kv_blocks_total.set(event.num_blocks)
         self.metrics.kv_blocks_free.set(event.num_blocks)
         self.ready = True
