@@ -75,7 +75,11 @@ def test_a_gguf_digest_is_remembered_until_the_file_changes(tmp_path, monkeypatc
     monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "model.gguf"
     path.write_bytes(b"first")
-    assert _file_digest(path) == hashlib.sha256(b"first").hexdigest()[:16]
+    first = hashlib.sha256(b"first").hexdigest()[:16]
+    assert _file_digest(path) == first
+    with monkeypatch.context() as patched:  # unchanged: answered without hashing the file again
+        patched.setattr(hashlib, "sha256", lambda *args: pytest.fail("the file was hashed again"))
+        assert _file_digest(path) == first
     path.write_bytes(b"second, longer")
     assert _file_digest(path) == hashlib.sha256(b"second, longer").hexdigest()[:16]
     remembered = json.loads((tmp_path / "cache" / FILE_DIGESTS_FILE).read_text())
