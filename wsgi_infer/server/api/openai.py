@@ -54,8 +54,10 @@ def completions():
     check_model(req.model)
     params = req.sampling_params(req.max_tokens, req.logprobs, req.prompt_logprobs)
     stream = start(req.prompts, params, constraint_field=req.constraint_field)
-    tokenizer = manager().tokenizer
-    echo = [p if isinstance(p, str) else tokenizer.decode(p) for p in req.prompts] if req.echo else None
+    echo = None
+    if req.echo:  # only then: the hub's tokenizer is loaded by its first use
+        tokenizer = manager().tokenizer
+        echo = [p if isinstance(p, str) else tokenizer.decode(p) for p in req.prompts]
     formatter = _CompletionFormatter(stream, "text_completion", echo)
     return _respond(stream, req.stream, req.include_usage, formatter)
 
