@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wsgi_infer.engine.device import cpu_model_name, resolve_dtype
+from wsgi_infer.engine.cpu_info import cpu_model_name
+from wsgi_infer.engine.device import resolve_dtype
 from wsgi_infer.engine.layers.quantization import (
     Int4Groups,
     Int4Linear,

@@ -16,7 +16,7 @@ import argparse
 import json
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine.device import cpu_model_name
+from wsgi_infer.engine.cpu_info import cpu_model_name
 from wsgi_infer.engine.layers.quantization import SmallBatchLinear
 
 TOPICS = ["rain", "volcanoes", "photosynthesis", "black holes", "the printing press", "tides", "vaccines", "bridges"]

@@ -12,7 +12,8 @@ import torch
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from wsgi_infer import LLM  # noqa: E402
-from wsgi_infer.engine.model_loader import cache_root, load_tokenizer, resolve_model_dir  # noqa: E402
+from wsgi_infer.engine.cache_files import cache_root  # noqa: E402
+from wsgi_infer.engine.model_loader import load_tokenizer, resolve_model_dir  # noqa: E402
 from wsgi_infer.engine.model_runner import PACKED_ROWS_FILE  # noqa: E402
 
 from .server import GunicornServer  # noqa: E402

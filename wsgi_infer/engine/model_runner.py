@@ -15,11 +15,13 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from .cache_files import cache_root
 from .config import EngineConfig
 from .gguf_checkpoint import INT4_GROUPS_FILE, StoredInt4Groups
+from .kernels.cpu import attach_kernels, load_cpu_kernels
 from .layers.attention import AttentionMetadata, PrefillChunk
 from .layers.quantization import Int4Groups, quantize_linear_layers
-from .model_loader import CheckpointTensors, cache_root
+from .model_loader import CheckpointTensors
 from .models import MODEL_REGISTRY
 from .scheduler import ScheduledSequence
 from .sequence import Sequence
@@ -73,6 +75,8 @@ class ModelRunner:
         self.block_size = config.block_size
         self.model = self._load_model(hf_config, model_dir)
         self._quantize(config.quantization, model_dir)
+        if device.type == "cpu" and dtype == torch.bfloat16:  # float32 stays on torch's ops, exact
+            attach_kernels(self.model, load_cpu_kernels())
         self.model.eval()
         self.max_model_len = min(config.max_model_len or hf_config.max_position_embeddings, self.model.max_positions)
         self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
@@ -177,9 +181,11 @@ class ModelRunner:
         # Pad with block 0: its slots are masked out.
         padded = [s.seq.block_table[:max_blocks] + [0] * (max_blocks - len(s.seq.block_table)) for s in items]
         meta.single_token_blocks = torch.tensor(padded, dtype=torch.long, device=self.device).flatten()
-        lens = torch.tensor(context_lens, device=self.device).unsqueeze(1)
+        meta.single_token_lens = torch.tensor(context_lens, device=self.device)
         padded_len = max_blocks * self.block_size
-        real = (torch.arange(padded_len, device=self.device) < lens).view(len(items), 1, 1, padded_len)
+        real = (torch.arange(padded_len, device=self.device) < meta.single_token_lens.unsqueeze(1)).view(
+            len(items), 1, 1, padded_len
+        )
         meta.single_token_mask = self._additive(real)
 
     def _prepare_prefill(self, meta: AttentionMetadata, items: list[ScheduledSequence]) -> None:

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 
+from wsgi_infer.engine.kernels.build import build_cpu_kernels
 from wsgi_infer.server.extension import manager_of
 
 # Read in the master before any worker exists (and before torch is imported anywhere).
@@ -34,6 +35,12 @@ accesslog = "-"
 logger_class = "wsgi_infer.server.gunicorn_logging.ProxyAwareLogger"  # real client address behind nginx
 errorlog = "-"
 loglevel = "info"
+
+
+def on_starting(server):
+    """In the master, before any worker: compile the CPU kernels if this machine has none yet.
+    A gevent worker cannot wait for a compiler from its engine thread; it only loads them."""
+    build_cpu_kernels()
 
 
 def pre_fork(server, worker):

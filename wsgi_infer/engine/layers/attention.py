@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..kernels.cpu import CpuKernels
+
 
 @dataclass
 class PrefillChunk:
@@ -37,24 +39,34 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V is written
     num_single_token_seqs: int
     single_token_blocks: torch.Tensor | None = None  # [num_single_token_seqs * max_blocks] block ids, padded
+    single_token_lens: torch.Tensor | None = None  # [num_single_token_seqs] context lengths, this token's included
     # [num_single_token_seqs, 1, 1, max_blocks * block_size], added to scores like causal_mask
     single_token_mask: torch.Tensor | None = None
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
 def paged_attention(
-    q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    kernels: CpuKernels | None = None,
 ) -> torch.Tensor:
     """Write this step's keys and values into the cache, then attend over each sequence's context.
 
     q: [tokens, heads, head_dim]; kv: [tokens, 2 * kv_heads, head_dim], keys then values.
-    Returns [tokens, heads * head_dim].
+    Returns [tokens, heads * head_dim]. With CPU kernels, single-token sequences read the cache in place.
     """
     kv_cache.index_copy_(0, meta.slot_mapping, kv)
     num_kv_heads = kv_cache.shape[1] // 2
     outputs = []
     num_single = meta.num_single_token_seqs
-    if num_single:
+    if num_single and kernels is not None:
+        table = meta.single_token_blocks.view(num_single, -1)
+        lens = meta.single_token_lens
+        outputs.append(kernels.decode_attention(q[:num_single], kv_cache, table, lens, meta.block_size, scale))
+    elif num_single:
         context = _gather_blocks(kv_cache, meta, num_single)
         keys, values = context[:, :, :num_kv_heads].transpose(1, 2), context[:, :, num_kv_heads:].transpose(1, 2)
         # Grouped-query attention without repeating K/V: the query heads sharing a

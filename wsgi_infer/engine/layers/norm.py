@@ -2,6 +2,8 @@
 
 torch's fused ``nn.RMSNorm`` rounds differently in bf16; on the default model
 that alone flips near-tied greedy choices away from what transformers produces.
+The residual add before each norm happens here too (as in vLLM), so the CPU
+kernel can fuse both.
 """
 
 from __future__ import annotations
@@ -10,13 +12,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.cpu import CpuKernels
+
 
 class RMSNorm(nn.Module):
+    kernels: CpuKernels | None = None  # see kernels.cpu.attach_kernels
+
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
         self.shape = (hidden_size,)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * F.rms_norm(x.float(), self.shape, eps=self.eps).to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the norm of x + residual, x + residual): the running sum the next layer adds to."""
+        if self.kernels is not None:
+            return self.kernels.rms_norm(x, self.weight, self.eps, residual)
+        if residual is not None:
+            x = x + residual
+        return self.weight * F.rms_norm(x.float(), self.shape, eps=self.eps).to(x.dtype), x

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache_files import read_json, write_json
-from ..device import cpu_has_vnni, cpu_model_name
+from ..cpu_info import cpu_has_vnni, cpu_model_name
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from ..kernels.cpu import CpuKernels
+
 
 def _rope_type(config) -> str:
     params = getattr(config, "rope_parameters", None) or {}
@@ -40,13 +42,15 @@ class RotaryEmbedding(nn.Module):
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kernels: CpuKernels | None = None) -> None:
     """Rotate x [T, heads, D] (half-split layout, as transformers) in place, computing in float32.
 
     ``x * cos + rotate_half(x) * sin`` with rotate_half's negation in the table: rolling the halves
     is one op, and each product rounds as transformers' does (negation is exact), in 5 ops, not 9.
     In place, so the rotated keys stay beside the values in the projection's output.
     """
+    if kernels is not None:
+        return kernels.rotate_(x, cos, sin)
     rotated = x.float()
     x.copy_(rotated * cos + rotated.roll(x.shape[-1] // 2, dims=-1) * sin)
 

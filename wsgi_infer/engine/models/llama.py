@@ -6,15 +6,18 @@ Projections are fused (QKV, gate-up) so a layer runs four matrix multiplies.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.cpu import CpuKernels
+from ..layers.activation import SiluAndMul
 from ..layers.attention import AttentionMetadata, paged_attention
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding, apply_rotary_
 
 
 class LlamaAttention(nn.Module):
+    kernels: CpuKernels | None = None  # see kernels.cpu.attach_kernels
+
     def __init__(self, config) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -31,9 +34,9 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(x).view(x.shape[0], self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         # Queries and keys are rotated together, in place: one set of elementwise ops per layer,
         # and the keys and values stay side by side for the cache.
-        apply_rotary_(qkv[:, : self.num_heads + self.num_kv_heads], *rope)
+        apply_rotary_(qkv[:, : self.num_heads + self.num_kv_heads], *rope, self.kernels)
         q, kv = qkv[:, : self.num_heads], qkv[:, self.num_heads :]
-        return self.o_proj(paged_attention(q, kv, kv_cache, meta, self.scale))
+        return self.o_proj(paged_attention(q, kv, kv_cache, meta, self.scale, self.kernels))
 
 
 class LlamaMLP(nn.Module):
@@ -42,10 +45,10 @@ class LlamaMLP(nn.Module):
         bias = getattr(config, "mlp_bias", False)
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -56,9 +59,12 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, x, rope, kv_cache, meta) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: what the layer before added (at the first layer, the embeddings), residual: the sum before it
+        (None at the first). Returns this layer's output and the sum before it, which the next norm adds."""
+        h, residual = self.input_layernorm(x, residual)
+        h, residual = self.post_attention_layernorm(self.self_attn(h, rope, kv_cache, meta), residual)
+        return self.mlp(h), residual
 
 
 # Our fused projections, and the checkpoint's weights stacked into each, in row order.
@@ -81,11 +87,11 @@ class LlamaForCausalLM(nn.Module):
         self.max_positions = max_positions
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         rope = self.rotary(positions)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, rope, kv_cache, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, kv_cache, meta)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -1,0 +1,66 @@
+"""Compiling the CPU kernels for this machine, once, into the user cache.
+
+Imports no torch: the gunicorn master builds them before it forks workers
+(``on_starting``), because a gevent worker cannot wait for a child process
+from its engine thread. Offline use (``LLM``) builds them itself. Workers
+only load what is there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from ..cache_files import cache_root
+from ..cpu_info import cpu_flags, cpu_model_name
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+# -march=native: the library is built on, and keyed by, the CPU that runs it. No contraction of a * b + c
+# into one rounding, so the kernels round as the torch ops they replace; no errno or traps, which would
+# keep loops with exp and selects from vectorizing (neither changes a result).
+FLAGS = (
+    "-O3",
+    "-march=native",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+)
+KERNELS_DIR = "kernels"  # in the cache root
+
+
+def library_path() -> Path:
+    """Where the library for this source, these flags and this CPU (its model and instruction sets) lives."""
+    cpu = f"{cpu_model_name()} {' '.join(sorted(cpu_flags()))}"
+    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS).encode(), cpu.encode()]))
+    return cache_root() / KERNELS_DIR / f"cpu_kernels-{key.hexdigest()[:16]}.so"
+
+
+def build_cpu_kernels() -> Path | None:
+    """The compiled library, built now if it is not there yet; None where there is no C compiler
+    or it fails (torch's ops serve then)."""
+    target = library_path()
+    if target.exists():
+        return target
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        log.warning("no C compiler (CC or cc): the CPU kernels are not built, torch ops serve instead")
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_suffix(f".{os.getpid()}.tmp")
+    done = subprocess.run([compiler, *FLAGS, "-o", str(staging), str(SOURCE), "-lm"], capture_output=True, text=True)
+    if done.returncode != 0:
+        log.warning("building the CPU kernels failed, torch ops serve instead:\n%s", done.stderr[-2000:])
+        staging.unlink(missing_ok=True)
+        return None
+    os.replace(staging, target)  # atomic: a concurrent builder's copy is the same
+    log.info("built the CPU kernels: %s", target)
+    return target

@@ -1,0 +1,19 @@
+"""SwiGLU's gate: silu(gate) * up, from the fused gate-up projection's output."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels.cpu import CpuKernels
+
+
+class SiluAndMul(nn.Module):
+    kernels: CpuKernels | None = None  # see kernels.cpu.attach_kernels
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None:
+            return self.kernels.silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
