@@ -95,7 +95,8 @@ def load_cpu_kernels() -> CpuKernels | None:
 
 
 def attach_kernels(model: nn.Module, kernels: CpuKernels | None) -> None:
-    """Hand the kernels to every layer of ``model`` that has a fused path (a ``kernels`` attribute)."""
+    """Hand the kernels to every layer of ``model`` that has a fused path (a ``kernels`` attribute).
+    Attention reads heads 16 values at a time: a head size that is no multiple of 16 keeps torch's ops."""
     for module in model.modules():
         if hasattr(type(module), "kernels"):
-            module.kernels = kernels
+            module.kernels = kernels if getattr(module, "head_dim", 16) % 16 == 0 else None

@@ -1,0 +1,98 @@
+"""The compiled CPU kernels compute what the torch ops they replace compute, and leave when they cannot be built."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from wsgi_infer import LLM
+from wsgi_infer.engine.kernels.build import build_cpu_kernels, library_path
+from wsgi_infer.engine.kernels.cpu import CpuKernels, load_cpu_kernels
+from wsgi_infer.engine.layers.activation import SiluAndMul
+from wsgi_infer.engine.layers.norm import RMSNorm
+from wsgi_infer.engine.layers.rotary import apply_rotary_
+
+from .conftest import assert_idle
+from .test_batching import GREEDY, PROMPTS, run_alone, run_staggered
+
+BF16_ULP = 2**-7  # bf16 keeps 8 significant bits: neighbours differ by 2^-7 relative, at most
+
+
+@pytest.fixture(scope="module")
+def kernels() -> CpuKernels:
+    path = build_cpu_kernels()
+    assert path is not None, "the test machine has a C compiler"
+    return CpuKernels(path)
+
+
+def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape) * scale).bfloat16()
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_and_its_residual_add_round_as_torch(kernels, with_residual):
+    torch.manual_seed(0)
+    x, residual, norm = randn(7, 576, scale=3), randn(7, 576), RMSNorm(576, 1e-5)
+    norm.weight.data = randn(576)
+    expected, expected_sum = norm(x, residual.clone() if with_residual else None)
+    norm.kernels = kernels
+    got, got_sum = norm(x, residual.clone() if with_residual else None)
+    assert torch.equal(got_sum, expected_sum)  # the same bf16 additions
+    # The sum of squares adds in another order, so a value may land one bf16 step away.
+    torch.testing.assert_close(got, expected, rtol=BF16_ULP, atol=0)
+
+
+def test_silu_and_mul_and_rotary_round_as_torch(kernels):
+    torch.manual_seed(0)
+    gate_up, act = randn(5, 3072, scale=4), SiluAndMul()
+    expected = act(gate_up)
+    act.kernels = kernels
+    torch.testing.assert_close(act(gate_up), expected, rtol=BF16_ULP, atol=0)
+    qkv, cos, sin = randn(5, 15, 64), torch.randn(5, 1, 64), torch.randn(5, 1, 64)
+    by_torch, by_kernel = qkv.clone(), qkv.clone()
+    apply_rotary_(by_torch[:, :12], cos, sin)
+    apply_rotary_(by_kernel[:, :12], cos, sin, kernels)
+    assert torch.equal(by_kernel, by_torch)  # the same products and sums, rounded once; values untouched
+
+
+def test_decode_attention_reads_scattered_blocks_as_sdpa_does(kernels):
+    """Three sequences of different lengths over blocks out of order, grouped-query heads (9 over 3)."""
+    torch.manual_seed(0)
+    block_size, kv_heads, heads, head_dim = 4, 3, 9, 64
+    cache = randn(40 * block_size, 2 * kv_heads, head_dim)
+    lens = torch.tensor([1, 13, 30])
+    tables = [torch.randperm(40)[: -(-n // block_size)] for n in lens.tolist()]
+    padded = torch.stack([F.pad(t, (0, 8 - len(t))) for t in tables])
+    q = randn(3, heads + 2 * kv_heads, head_dim)[:, :heads]  # strided rows, as in the projection's output
+    got = kernels.decode_attention(q, cache, padded, lens, block_size, scale=0.125)
+    for row, (table, n) in enumerate(zip(tables, lens.tolist())):
+        slots = (table[:, None] * block_size + torch.arange(block_size)).flatten()[:n]
+        keys, values = cache[slots, :kv_heads].float(), cache[slots, kv_heads:].float()
+        expected = F.scaled_dot_product_attention(
+            q[row].float().view(kv_heads, 3, head_dim), keys.transpose(0, 1), values.transpose(0, 1), scale=0.125
+        )
+        torch.testing.assert_close(got[row].float(), expected.flatten(), rtol=2 * BF16_ULP, atol=1e-3)
+    # Each row alone gives what it gave in the batch.
+    alone = kernels.decode_attention(q[2:], cache, padded[2:], lens[2:], block_size, scale=0.125)
+    assert torch.equal(alone, got[2:])
+
+
+def test_bf16_batches_on_the_kernels_equal_each_request_alone(tiny_model_dirs):
+    llm = LLM(model=str(tiny_model_dirs["llama"]), dtype="bfloat16", block_size=4, max_num_batched_tokens=64)
+    layer = llm.engine.runner.model.layers[0]
+    assert layer.self_attn.kernels is not None and layer.input_layernorm.kernels is not None
+    alone = {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
+    assert run_staggered(llm, PROMPTS) == alone
+    assert_idle(llm)
+
+
+def test_without_a_compiler_torch_ops_serve(tiny_model_dirs, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    assert build_cpu_kernels() is None
+    assert not library_path().exists() and load_cpu_kernels() is None
+    assert "no C compiler" in caplog.text
+    llm = LLM(model=str(tiny_model_dirs["llama"]), dtype="bfloat16")
+    assert llm.engine.runner.model.layers[0].self_attn.kernels is None
+    assert len(llm.generate("Hi", GREEDY)[0].token_ids) == GREEDY.max_tokens
