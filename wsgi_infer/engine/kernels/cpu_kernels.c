@@ -1,4 +1,4 @@
-/* Fused bf16 kernels for a decode step on the CPU (see cpu_kernels.py).
+/* Fused bf16 kernels for a decode step on the CPU (built by build.py, called by cpu.py).
  *
  * Each replaces a chain of small torch ops whose dispatch, not arithmetic, dominated a one-stream step.
  * They round where the torch ops they replace round (bf16 at each op's output, float32 inside), and are
