@@ -220,20 +220,38 @@ def assert_every_stream_beats(streams: list[socket.socket], timeout: float = 120
 
 
 # --- past the connection limit ------------------------------------------------------------------
+def hold_a_connection(server: GunicornServer, timeout: float = 30.0) -> socket.socket:
+    """A keep-alive connection the worker has answered with a 200, so it holds a pool slot.
+
+    A client that closed leaves the pool only when its greenlet reads the close; until then a
+    new connection may be turned away. Such a refusal is retried: it proves nothing yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = connect(server)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
+        sock.settimeout(timeout)
+        head = b""
+        while b"\r\n\r\n" not in head and (chunk := sock.recv(65536)):
+            head += chunk
+        if head.startswith(b"HTTP/1.1 200"):
+            return sock
+        sock.close()
+        assert head.startswith(b"HTTP/1.1 503") and time.monotonic() < deadline, head
+
+
 def test_past_worker_connections_a_client_gets_a_503_with_retry_after(tiny_model_dirs, tiny_llama):
     settings = {"model": tiny_model_dirs["llama"], "dtype": "float32"}
     with GunicornServer(settings, "--worker-connections", "20", "--keep-alive", "60") as server:
         server.wait_ready()
-        idle = [connect(server) for _ in range(19)]
+        held = []
         try:
-            wait_for_metrics(server, lambda v: v["wsgi_infer:http_connections"] == 20)  # and the scrape
-            idle.append(connect(server))  # the 20th: accepted before the next connection (FIFO)
+            held = [hold_a_connection(server) for _ in range(20)]
             with server.client() as http:
                 refused = http.post("/v1/completions", json=HELLO)
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
             assert refused.json()["error"]["code"] == "too_many_connections"
         finally:
-            for sock in idle:
+            for sock in held:
                 sock.close()
         wait_for_metrics(server, lambda v: v["wsgi_infer:http_connections"] <= 1)
         with server.client() as http:
