@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from .server import ROOT, free_port
@@ -65,17 +65,23 @@ class NginxProxy:
         self.process.terminate()
         self.process.wait(10)
 
-    def _wait_listening(self) -> None:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:  # nginx has no readiness signal but its port
+    def _wait_listening(self, timeout: float = 60.0) -> None:
+        """nginx has no readiness signal but its port: wait until it accepts a connection. (Not a
+        proxied request: that would also wait for the upstream, which may still be loading.)"""
+        deadline = time.monotonic() + timeout  # bounds a failure only
+        while True:
             if self.process.poll() is not None:
                 raise AssertionError(f"nginx exited: {self.process.stderr.read()}")
             try:
-                httpx.get(self.url + "/health", timeout=1)
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 return
-            except httpx.TransportError:
+            except OSError:
+                assert time.monotonic() < deadline, f"nginx did not start listening: {self._error_log()}"
                 time.sleep(0.05)
-        raise AssertionError("nginx did not start listening")
+
+    def _error_log(self) -> str:
+        log = self.dir / "error.log"
+        return log.read_text()[-2000:] if log.exists() else "(no error log)"
 
     def stop(self) -> None:
         self.cut()
