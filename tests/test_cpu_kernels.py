@@ -8,9 +8,10 @@ import torch.nn.functional as F
 
 from wsgi_infer import LLM
 from wsgi_infer.engine.kernels.build import build_cpu_kernels, library_path
-from wsgi_infer.engine.kernels.cpu import CpuKernels, load_cpu_kernels
+from wsgi_infer.engine.kernels.cpu import CpuKernels, int4_kernel_layout, load_cpu_kernels
 from wsgi_infer.engine.layers.activation import SiluAndMul
 from wsgi_infer.engine.layers.norm import RMSNorm
+from wsgi_infer.engine.layers.quantization import Int4Groups, SmallBatchLinear
 from wsgi_infer.engine.layers.rotary import apply_rotary_
 
 from .conftest import assert_idle
@@ -76,6 +77,51 @@ def test_decode_attention_reads_scattered_blocks_as_sdpa_does(kernels):
     # Each row alone gives what it gave in the batch.
     alone = kernels.decode_attention(q[2:], cache, padded[2:], lens[2:], block_size, scale=0.125)
     assert torch.equal(alone, got[2:])
+
+
+@pytest.mark.parametrize("extra_flags", [(), ("-mno-avx512bf16",)], ids=["as built", "without AVX512-BF16"])
+def test_int4_mm_multiplies_the_groups_values_and_each_row_alone(extra_flags):
+    """Both ways of summing the codes (vdpbf16ps where the CPU has it, float32 lanes elsewhere) give the
+    dequantized weight's product within bf16 rounding, and a row's result never depends on its batch."""
+    path = build_cpu_kernels(extra_flags)
+    assert path is not None
+    kernels = CpuKernels(path)
+    torch.manual_seed(0)
+    groups = Int4Groups.from_weight(randn(88, 128, scale=0.05))  # outputs: 5 tiles of 16, the last partial
+    layout = int4_kernel_layout(groups.q, groups.scale, groups.zero)
+    x = randn(11, 128)  # more rows than the kernel's tile of 8
+    got = kernels.int4_mm(x, *layout, 88)
+    expected = x.double() @ groups.dequantize().double().t()
+    torch.testing.assert_close(got.double(), expected, rtol=BF16_ULP, atol=1e-3)
+    for row in (0, 9):
+        alone = kernels.int4_mm(x[row : row + 1], *layout, 88)
+        assert torch.equal(alone[0], got[row])
+
+
+def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs):
+    """Steps of single-token rows run every layer in one call; mixed steps run the layers' loop. Each request's
+    tokens are the same either way, in staggered batches and alone, and every KV block is free afterwards."""
+    llm = LLM(
+        model=str(tiny_model_dirs["llama"]),
+        dtype="bfloat16",
+        quantization="int4",
+        block_size=4,
+        max_num_batched_tokens=64,
+    )
+    model = llm.engine.runner.model
+    for layer in model.modules():
+        if isinstance(layer, SmallBatchLinear):
+            layer.max_rows = 64  # every step in int4 (the measured crossing point is noise on tiny shapes)
+    model.kernels = model.kernels  # fuse again, with those crossing points
+    assert model.fused_decoder is not None and model.fused_max_rows == 64
+    fused, calls = model.fused_decoder, []
+    model.fused_decoder = lambda *args: calls.append(args[0].shape[0]) or fused(*args)
+    alone = {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
+    staggered = run_staggered(llm, PROMPTS)
+    assert max(calls) > 1 and 1 in calls  # batches and single rows went through it
+    model.fused_decoder = None
+    assert staggered == alone == {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
+    assert_idle(llm)
 
 
 def test_bf16_batches_on_the_kernels_equal_each_request_alone(tiny_model_dirs):

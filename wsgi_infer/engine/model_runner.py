@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 from .cache_files import cache_root
 from .config import EngineConfig
 from .gguf_checkpoint import INT4_GROUPS_FILE, StoredInt4Groups
-from .kernels.cpu import attach_kernels, load_cpu_kernels
+from .kernels.cpu import CpuKernels, attach_kernels, load_cpu_kernels
 from .layers.attention import AttentionMetadata, PrefillChunk
 from .layers.quantization import Int4Groups, quantize_linear_layers
 from .model_loader import CheckpointTensors
@@ -74,9 +74,11 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         self.model = self._load_model(hf_config, model_dir)
-        self._quantize(config.quantization, model_dir)
-        if device.type == "cpu" and dtype == torch.bfloat16:  # float32 stays on torch's ops, exact
-            attach_kernels(self.model, load_cpu_kernels())
+        # float32 stays on torch's ops, exact
+        kernels = load_cpu_kernels() if device.type == "cpu" and dtype == torch.bfloat16 else None
+        self._quantize(config.quantization, model_dir, kernels)
+        if kernels is not None:
+            attach_kernels(self.model, kernels)
         self.model.eval()
         self.max_model_len = min(config.max_model_len or hf_config.max_position_embeddings, self.model.max_positions)
         self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
@@ -104,7 +106,7 @@ class ModelRunner:
             raise ValueError(f"{model_dir}: the checkpoint has no (or NaN) values for {', '.join(unloaded[:5])}")
         return model
 
-    def _quantize(self, method: str, model_dir: Path) -> None:
+    def _quantize(self, method: str, model_dir: Path, kernels: CpuKernels | None) -> None:
         """Packed small-batch weights: asked for, or by default the checkpoint's own 4-bit blocks
         when serving bf16 on a CPU (float32 stays exact; GPUs have their own fast GEMMs)."""
         stored = StoredInt4Groups(model_dir / INT4_GROUPS_FILE)
@@ -122,7 +124,8 @@ class ModelRunner:
                 return None
             return Int4Groups.cat([stored[n] for n in names])
 
-        packed = quantize_linear_layers(self.model, method, source_groups, cache_root() / PACKED_ROWS_FILE)
+        saved_rows = cache_root() / PACKED_ROWS_FILE
+        packed = quantize_linear_layers(self.model, method, source_groups, saved_rows, kernels)
         log.info("quantization %s: %s", method, packed)
         _release_free_heap()
 

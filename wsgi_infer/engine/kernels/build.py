@@ -37,17 +37,18 @@ FLAGS = (
 KERNELS_DIR = "kernels"  # in the cache root
 
 
-def library_path() -> Path:
+def library_path(extra_flags: tuple[str, ...] = ()) -> Path:
     """Where the library for this source, these flags and this CPU (its model and instruction sets) lives."""
     cpu = f"{cpu_model_name()} {' '.join(sorted(cpu_flags()))}"
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS).encode(), cpu.encode()]))
+    flags = " ".join(FLAGS + extra_flags)
+    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), flags.encode(), cpu.encode()]))
     return cache_root() / KERNELS_DIR / f"cpu_kernels-{key.hexdigest()[:16]}.so"
 
 
-def build_cpu_kernels() -> Path | None:
+def build_cpu_kernels(extra_flags: tuple[str, ...] = ()) -> Path | None:
     """The compiled library, built now if it is not there yet; None where there is no C compiler
-    or it fails (torch's ops serve then)."""
-    target = library_path()
+    or it fails (torch's ops serve then). ``extra_flags``: e.g. to build without an instruction set."""
+    target = library_path(extra_flags)
     if target.exists():
         return target
     compiler = shutil.which(os.environ.get("CC", "cc"))
@@ -56,7 +57,9 @@ def build_cpu_kernels() -> Path | None:
         return None
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_suffix(f".{os.getpid()}.tmp")
-    done = subprocess.run([compiler, *FLAGS, "-o", str(staging), str(SOURCE), "-lm"], capture_output=True, text=True)
+    done = subprocess.run(
+        [compiler, *FLAGS, *extra_flags, "-o", str(staging), str(SOURCE), "-lm"], capture_output=True, text=True
+    )
     if done.returncode != 0:
         log.warning("building the CPU kernels failed, torch ops serve instead:\n%s", done.stderr[-2000:])
         staging.unlink(missing_ok=True)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .build import library_path
@@ -25,6 +27,8 @@ _SIGNATURES = {
     "silu_mul": [_P, _P, _I, _I],
     "rotate": [_P, _I, _P, _P, _I, _I, _I],
     "decode_attention": [_P, _I, _P, _P, _I, _P, _I, _P, _I, _I, _I, _I, _F, ctypes.c_int],
+    "int4_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
+    "decode_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I],
 }
 
 
@@ -83,6 +87,151 @@ class CpuKernels:
             torch.get_num_threads(),
         )
         return out
+
+    def int4_mm(
+        self, x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, n: int
+    ) -> torch.Tensor:
+        """x [rows, k] times an int4 weight [n, k] in the kernels' layout (``int4_kernel_layout``) -> [rows, n]."""
+        x = x.contiguous()
+        out = x.new_empty(x.shape[0], n)
+        self._lib.int4_mm(
+            x.data_ptr(),
+            x.shape[0],
+            codes.data_ptr(),
+            scale.data_ptr(),
+            low.data_ptr(),
+            out.data_ptr(),
+            n,
+            x.shape[1],
+            torch.get_num_threads(),
+        )
+        return out
+
+    def fused_decoder(self, layers: list[DecoderWeights], dims: DecoderDims) -> FusedDecoder:
+        return FusedDecoder(self._lib, layers, dims)
+
+
+def int4_kernel_layout(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """int4 groups of 32 (``w = (q - 8) * scale + zero``, q: uint8 [n, k]) as ``int4_mm`` reads them, 16
+    outputs at a time (n padded to a multiple of 16): codes [n / 16, k / 32, 8, 32], chunk c's byte j holding
+    output j // 2's codes for inputs 2c + j % 2 (low nibble) and 2(c + 8) + j % 2 (high); float32 scale and
+    low (``w = q * scale + low``) [n / 16, k / 32, 16]."""
+    pad = -q.shape[0] % 16
+    q, scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (q, scale.float(), zero.float()))
+    tiles, groups = q.shape[0] // 16, q.shape[1] // 32
+    pairs = q.view(tiles, 16, groups, 16, 2).permute(0, 2, 3, 1, 4).reshape(tiles, groups, 16, 32)
+    codes = (pairs[:, :, :8] | (pairs[:, :, 8:] << 4)).contiguous()
+
+    def by_tile(t: torch.Tensor) -> torch.Tensor:
+        return t.view(tiles, 16, groups).transpose(1, 2).contiguous()
+
+    return codes, by_tile(scale), by_tile(zero - 8 * scale)
+
+
+# --- the fused decoder: a decode step's layers in one call -------------------------------------------------
+class _Int4Weight(ctypes.Structure):
+    _fields_ = [("codes", _P), ("scale", _P), ("low", _P), ("bias", _P), ("n", _I), ("k", _I)]
+
+
+class _DecoderLayer(ctypes.Structure):
+    _fields_ = [("input_norm", _P), ("post_attention_norm", _P)] + [
+        (name, _Int4Weight) for name in ("qkv", "o", "gate_up", "down")
+    ]
+
+
+class _DecoderShape(ctypes.Structure):
+    _fields_ = [
+        *((name, _I) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "block_size")),
+        ("eps", _F),
+        ("scale", _F),
+        ("threads", ctypes.c_int),
+    ]
+
+
+@dataclass
+class DecoderWeights:
+    """One Llama decoder layer as the fused decoder reads it: norms' weights, and four int4 projections,
+    each with ``codes``, ``scale``, ``low`` (``int4_kernel_layout``) and ``bias`` (or None)."""
+
+    input_norm: torch.Tensor
+    post_attention_norm: torch.Tensor
+    qkv: nn.Module
+    o: nn.Module
+    gate_up: nn.Module
+    down: nn.Module
+
+
+@dataclass
+class DecoderDims:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    scale: float
+
+
+class FusedDecoder:
+    """``decode_layers``: every decoder layer of a step of single-token rows, in one call (cpu_kernels.c).
+    The weights' addresses are laid out once; the step's own tensors are passed per call."""
+
+    def __init__(self, lib: ctypes.CDLL, layers: list[DecoderWeights], dims: DecoderDims) -> None:
+        self._lib = lib
+        self._dims = dims
+        self._layers = (_DecoderLayer * len(layers))(*map(self._layer, layers))
+        self._kept = layers  # the addresses above stay valid while the layers live
+        self._caches: list[torch.Tensor] | None = None
+        self._cache_pointers = (_P * len(layers))()
+
+    @staticmethod
+    def _layer(weights: DecoderWeights) -> _DecoderLayer:
+        def int4(linear: nn.Module) -> _Int4Weight:
+            bias = linear.bias.data_ptr() if linear.bias is not None else None
+            n, k = linear.weight.shape
+            return _Int4Weight(linear.codes.data_ptr(), linear.scale.data_ptr(), linear.low.data_ptr(), bias, n, k)
+
+        projections = (int4(weights.qkv), int4(weights.o), int4(weights.gate_up), int4(weights.down))
+        return _DecoderLayer(weights.input_norm.data_ptr(), weights.post_attention_norm.data_ptr(), *projections)
+
+    def __call__(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list[torch.Tensor], meta
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [rows, hidden] embeddings, overwritten; cos, sin: [rows, 1, head_dim]; meta: AttentionMetadata.
+        Returns (the last layer's output, the residual sum before it), as the layers' loop would."""
+        if kv_caches is not self._caches:  # the runner's list: the same one every step
+            self._caches = kv_caches
+            self._cache_pointers[:] = [cache.data_ptr() for cache in kv_caches]
+        rows, d = x.shape[0], self._dims
+        shape = _DecoderShape(
+            d.hidden,
+            d.heads,
+            d.kv_heads,
+            d.head_dim,
+            d.intermediate,
+            meta.block_size,
+            d.eps,
+            d.scale,
+            torch.get_num_threads(),
+        )
+        residual = torch.empty_like(x)
+        table = meta.single_token_blocks
+        self._lib.decode_layers(
+            self._layers,
+            len(self._layers),
+            ctypes.byref(shape),
+            self._cache_pointers,
+            x.data_ptr(),
+            residual.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            meta.slot_mapping.data_ptr(),
+            table.data_ptr(),
+            meta.single_token_lens.data_ptr(),
+            table.numel() // rows,
+            rows,
+        )
+        return x, residual
 
 
 def load_cpu_kernels() -> CpuKernels | None:

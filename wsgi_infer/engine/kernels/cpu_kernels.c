@@ -7,6 +7,9 @@
  */
 #include <math.h>
 #include <stdint.h>
+#if defined(__AVX512BF16__) || defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -163,4 +166,172 @@ void decode_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, co
                         cache + (kv_heads + h / group) * head_dim, offsets + starts[r], context_lens[r], head_dim, scale,
                         out + (r * heads + h) * head_dim);
     free(offsets);
+}
+
+/* --- int4 weights times bf16 rows ------------------------------------------------------------------------
+ * A weight [n, k] in groups of 32 inputs, w = q * scale + low with q in 0..15 (GGUF's Q4_1; torch's int4 groups
+ * with low = zero - 8 * scale), laid out for 16 outputs at a time (int4_kernel_layout in cpu.py):
+ *   codes [n / 16, k / 32, 8, 32] bytes: in chunk c of a group, byte j holds output j / 2's code for input
+ *   2c + j % 2 (low nibble) and 2(c + 8) + j % 2 (high nibble): each nibble half is 16 outputs by 2 inputs;
+ *   scale, low: float32 [n / 16, k / 32, 16].
+ * Per group, y += scale * (q . x) + low * sum(x). The codes' products are exact in float32 (8-bit integers
+ * times bf16), and each output's sums run in one fixed order, whatever the number of rows or threads. */
+#define GROUP 32
+#define TILE 16    /* outputs per vector lane set */
+#define ROW_TILE 8 /* rows sharing one unpacking of the codes */
+
+typedef uint16_t u16x32 __attribute__((vector_size(64)));
+typedef uint8_t u8x32 __attribute__((vector_size(32)));
+
+/* 32 bytes of codes -> 2 x 32 words, each 128 + q: exactly that value's bf16 bits (0x4300 | q). */
+static inline void unpack_codes(const uint8_t *codes, u16x32 *low, u16x32 *high) {
+#ifdef __AVX512BW__ /* one vpmovzxbw, where GCC's generic widening takes four instructions */
+    u16x32 wide = (u16x32)_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)codes));
+#else
+    u8x32 bytes;
+    memcpy(&bytes, codes, sizeof(bytes));
+    u16x32 wide = __builtin_convertvector(bytes, u16x32);
+#endif
+    *low = (wide & 15) | 0x4300;
+    *high = (wide >> 4) | 0x4300;
+}
+
+#ifdef __AVX512BF16__
+/* acc + 16 outputs' products with one pair of inputs (a broadcast bf16 pair), in one vdpbf16ps */
+static inline f32x16 pair_dot(f32x16 acc, u16x32 codes, const bf16 *x_pair) {
+    uint32_t pair;
+    memcpy(&pair, x_pair, 4);
+    return (f32x16)_mm512_dpbf16_ps((__m512)acc, (__m512bh)codes, (__m512bh)_mm512_set1_epi32((int)pair));
+}
+#else
+static inline f32x16 pair_dot(f32x16 acc, u16x32 codes, const bf16 *x_pair) {
+    u32x16 bits = (u32x16)codes; /* lane i: input 2i's code in the low half, 2i + 1's in the high half */
+    f32x16 even = (f32x16)(bits << 16), odd = (f32x16)(bits & 0xffff0000u);
+    return acc + (even * to_float(x_pair[0]) + odd * to_float(x_pair[1]));
+}
+#endif
+#define CODE_BIAS 128.0f
+
+/* 16 outputs (one tile of the weight) for up to ROW_TILE rows of x. Inlined with a constant row count (below),
+ * so that the rows' accumulators stay in registers. */
+static inline __attribute__((always_inline)) void int4_tile(const bf16 *x, const int64_t rows, const uint8_t *codes,
+                                                            const float *scale, const float *low,
+                                                            const float *group_sums, float *out, int64_t k) {
+    int64_t groups = k / GROUP;
+    f32x16 acc[ROW_TILE] = {{0}};
+    for (int64_t g = 0; g < groups; g++) {
+        f32x16 dot_low[ROW_TILE] = {{0}}, dot_high[ROW_TILE] = {{0}}, s, offset;
+        for (int c = 0; c < 8; c++) {
+            u16x32 w_low, w_high;
+            unpack_codes(codes + (g * 8 + c) * 32, &w_low, &w_high);
+            for (int64_t r = 0; r < rows; r++) {
+                const bf16 *xg = x + r * k + g * GROUP;
+                dot_low[r] = pair_dot(dot_low[r], w_low, xg + 2 * c);
+                dot_high[r] = pair_dot(dot_high[r], w_high, xg + 2 * (c + 8));
+            }
+        }
+        memcpy(&s, scale + g * TILE, sizeof(s));
+        memcpy(&offset, low + g * TILE, sizeof(offset));
+        offset -= CODE_BIAS * s; /* the codes carried 128 each */
+        for (int64_t r = 0; r < rows; r++) acc[r] += (dot_low[r] + dot_high[r]) * s + offset * group_sums[r * groups + g];
+    }
+    memcpy(out, acc, rows * sizeof(f32x16));
+}
+
+typedef void (*int4_tile_fn)(const bf16 *, const uint8_t *, const float *, const float *, const float *, float *,
+                             int64_t);
+#define INT4_TILE_ROWS(R)                                                                                          \
+    static void int4_tile_##R(const bf16 *x, const uint8_t *codes, const float *scale, const float *low,           \
+                              const float *group_sums, float *out, int64_t k) {                                    \
+        int4_tile(x, R, codes, scale, low, group_sums, out, k);                                                    \
+    }
+INT4_TILE_ROWS(1) INT4_TILE_ROWS(2) INT4_TILE_ROWS(3) INT4_TILE_ROWS(4)
+INT4_TILE_ROWS(5) INT4_TILE_ROWS(6) INT4_TILE_ROWS(7) INT4_TILE_ROWS(8)
+static const int4_tile_fn int4_tiles[ROW_TILE + 1] = {NULL,          int4_tile_1, int4_tile_2, int4_tile_3, int4_tile_4,
+                                                      int4_tile_5, int4_tile_6, int4_tile_7, int4_tile_8};
+
+/* out [rows, n] = x [rows, k] (contiguous) times the int4 weight [n, k]^T; tiles of outputs spread over threads. */
+void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *scale, const float *low, bf16 *out,
+             int64_t n, int64_t k, int threads) {
+    int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
+    float *group_sums = malloc(rows * groups * sizeof(float));
+    for (int64_t i = 0; i < rows * groups; i++) {
+        float sum = 0.0f;
+        for (int j = 0; j < GROUP; j++) sum += to_float(x[i * GROUP + j]);
+        group_sums[i] = sum;
+    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t t = 0; t < tiles; t++) {
+        float tile_out[ROW_TILE * TILE];
+        for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE) {
+            int64_t tile_rows = rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE;
+            int4_tiles[tile_rows](x + r0 * k, codes + t * groups * 256, scale + t * groups * TILE,
+                                  low + t * groups * TILE, group_sums + r0 * groups, tile_out, k);
+            int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
+            for (int64_t r = 0; r < tile_rows; r++)
+                for (int64_t j = 0; j < width; j++) out[(r0 + r) * n + t * TILE + j] = to_bf16(tile_out[r * TILE + j]);
+        }
+    }
+    free(group_sums);
+}
+
+/* --- a decode step's layers, one call ------------------------------------------------------------------
+ * For steps of single-token rows whose every projection is int4: the Llama layer (llama.py) op for op, each
+ * through the kernel its torch path calls, so a row's result is the same whichever path its step took. What
+ * is left of a step in Python is the embedding, the final norm and the LM head. */
+typedef struct {
+    const uint8_t *codes;
+    const float *scale, *low;
+    const bf16 *bias; /* or NULL */
+    int64_t n, k;
+} Int4Weight;
+
+typedef struct {
+    const bf16 *input_norm, *post_attention_norm;
+    Int4Weight qkv, o, gate_up, down;
+} DecoderLayer;
+
+typedef struct {
+    int64_t hidden, heads, kv_heads, head_dim, intermediate, block_size;
+    float eps, scale;
+    int threads;
+} DecoderShape;
+
+/* out = x w^T (+ bias, added after rounding, as the torch path adds it) */
+static void project(const bf16 *x, int64_t rows, const Int4Weight *w, bf16 *out, int threads) {
+    int4_mm(x, rows, w->codes, w->scale, w->low, out, w->n, w->k, threads);
+    if (w->bias)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < w->n; i++) out[r * w->n + i] = to_bf16(to_float(out[r * w->n + i]) + to_float(w->bias[i]));
+}
+
+/* kv_caches: a layer's [slots, 2 * kv_heads, head_dim] each. x: [rows, hidden], the embeddings in, the last
+ * layer's output out; residual: [rows, hidden], the running sum before that output (the final norm adds them).
+ * cos, sin: [rows, head_dim]; slots: [rows] where each row's key and value go; block_table: [rows, max_blocks];
+ * context_lens: [rows], this token included. */
+void decode_layers(const DecoderLayer *layers, int64_t num_layers, const DecoderShape *shape, bf16 *const *kv_caches,
+                   bf16 *x, bf16 *residual, const float *cos, const float *sin, const int64_t *slots,
+                   const int64_t *block_table, const int64_t *context_lens, int64_t max_blocks, int64_t rows) {
+    int64_t hidden = shape->hidden, head_dim = shape->head_dim, heads = shape->heads, kv_heads = shape->kv_heads;
+    int64_t qkv_width = (heads + 2 * kv_heads) * head_dim, kv_width = 2 * kv_heads * head_dim;
+    bf16 *h = malloc(rows * hidden * sizeof(bf16)), *attn = malloc(rows * heads * head_dim * sizeof(bf16));
+    bf16 *qkv = malloc(rows * qkv_width * sizeof(bf16)), *gate_up = malloc(rows * 2 * shape->intermediate * sizeof(bf16));
+    bf16 *act = malloc(rows * shape->intermediate * sizeof(bf16));
+    for (int64_t l = 0; l < num_layers; l++) {
+        const DecoderLayer *layer = layers + l;
+        if (l == 0) memcpy(residual, x, rows * hidden * sizeof(bf16)); /* the first norm adds nothing */
+        rms_norm(x, l == 0 ? NULL : residual, layer->input_norm, h, rows, hidden, shape->eps);
+        project(h, rows, &layer->qkv, qkv, shape->threads);
+        rotate(qkv, qkv_width, cos, sin, rows, heads + kv_heads, head_dim);
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(kv_caches[l] + slots[r] * kv_width, qkv + r * qkv_width + heads * head_dim, kv_width * sizeof(bf16));
+        decode_attention(qkv, qkv_width, kv_caches[l], block_table, max_blocks, context_lens,
+                         shape->block_size, attn, rows, heads, kv_heads, head_dim, shape->scale, shape->threads);
+        project(attn, rows, &layer->o, x, shape->threads);
+        rms_norm(x, residual, layer->post_attention_norm, h, rows, hidden, shape->eps);
+        project(h, rows, &layer->gate_up, gate_up, shape->threads);
+        silu_mul(gate_up, act, rows, shape->intermediate);
+        project(act, rows, &layer->down, x, shape->threads);
+    }
+    free(h), free(attn), free(qkv), free(gate_up), free(act);
 }

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..cache_files import read_json, write_json
 from ..cpu_info import cpu_has_vnni, cpu_model_name
+from ..kernels.cpu import CpuKernels, int4_kernel_layout
 
 log = logging.getLogger(__name__)
 
@@ -83,20 +84,38 @@ class SmallBatchLinear(nn.Module, ABC):
         y = self.packed_mm(rows).view(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias
 
+    @property
+    def kind(self) -> str:
+        """What the crossing point is measured for: the class, and for int4 which kernel."""
+        return type(self).__name__
+
     @abstractmethod
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
         """``rows @ weight.T`` with the packed copy."""
 
 
 class Int4Linear(SmallBatchLinear):
-    def __init__(self, linear: nn.Linear, groups: Int4Groups) -> None:
+    """int4 groups, multiplied by the CPU kernels where they are built (their own layout), else by torch."""
+
+    def __init__(self, linear: nn.Linear, groups: Int4Groups, kernels: CpuKernels | None = None) -> None:
         super().__init__(linear)
+        self.int4_kernels = kernels
+        if kernels is not None:
+            for name, tensor in zip(("codes", "scale", "low"), int4_kernel_layout(groups.q, groups.scale, groups.zero)):
+                self.register_buffer(name, tensor)
+            return
         # innerKTiles 2 packs 2 x 16 codes per group, what the kernel expects for groups of 32.
         self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(groups.q.to(torch.int32), 2))
         scale_zero = torch.stack([groups.scale, groups.zero], dim=-1).transpose(0, 1)  # [in // 32, out, 2]
         self.register_buffer("scale_zero", scale_zero.to(linear.weight.dtype).contiguous())
 
+    @property
+    def kind(self) -> str:
+        return "Int4Linear (CPU kernels)" if self.int4_kernels is not None else "Int4Linear"
+
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.int4_kernels is not None:
+            return self.int4_kernels.int4_mm(rows, self.codes, self.scale, self.low, self.weight.shape[0])
         return torch._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP_SIZE, self.scale_zero)
 
 
@@ -173,14 +192,19 @@ def _int8_per_channel(weight: torch.Tensor, rows_per_chunk: int = 2048) -> tuple
 
 
 def quantize_linear_layers(
-    model: nn.Module, method: str, source_groups: Callable[[str], Int4Groups | None], saved_rows: Path | None = None
+    model: nn.Module,
+    method: str,
+    source_groups: Callable[[str], Int4Groups | None],
+    saved_rows: Path | None = None,
+    kernels: CpuKernels | None = None,
 ) -> dict[str, int]:
     """Wrap every nn.Linear of ``model`` (the LM head included) in place; how many layers got each kind.
 
     ``source_groups(name)`` gives the checkpoint's own 4-bit blocks for a layer, or None. int8: every
     layer in int8. int4: every layer in int4, from its source groups where present, else from its
     weights. auto: int4 where the checkpoint is 4-bit, int8 elsewhere (the default GGUF's LM head
-    is 8-bit), row by row with int8 activations where the CPU does that well.
+    is 8-bit), row by row with int8 activations where the CPU does that well. With ``kernels``, int4
+    layers multiply through them.
     """
     int8_kind = RowwiseInt8Linear if method == "auto" and rowwise_int8_available() else Int8Linear
     wrapped: list[SmallBatchLinear] = []
@@ -188,11 +212,11 @@ def quantize_linear_layers(
         groups = source_groups(name)
         if groups is None and method == "int4" and linear.in_features % GROUP_SIZE == 0:
             groups = Int4Groups.from_weight(linear.weight)
-        layer = int8_kind(linear) if groups is None or method == "int8" else Int4Linear(linear, groups)
+        layer = int8_kind(linear) if groups is None or method == "int8" else Int4Linear(linear, groups, kernels)
         model.set_submodule(name, layer)
         wrapped.append(layer)
     choose_max_rows(wrapped, saved_rows)
-    return dict(Counter(type(layer).__name__ for layer in wrapped))
+    return dict(Counter(layer.kind for layer in wrapped))
 
 
 def choose_max_rows(layers: list[SmallBatchLinear], saved: Path | None = None) -> None:
@@ -218,7 +242,7 @@ def choose_max_rows(layers: list[SmallBatchLinear], saved: Path | None = None) -
 
 def _machine_key(layer: SmallBatchLinear) -> str:
     shape = "x".join(map(str, layer.weight.shape))
-    kind = f"{type(layer).__name__} {shape} {str(layer.weight.dtype).removeprefix('torch.')}"
+    kind = f"{layer.kind} {shape} {str(layer.weight.dtype).removeprefix('torch.')}"
     return f"{cpu_model_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {kind}"
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels.cpu import CpuKernels
+from ..kernels.cpu import CpuKernels, DecoderDims, DecoderWeights, FusedDecoder
 from ..layers.activation import SiluAndMul
 from ..layers.attention import AttentionMetadata, paged_attention
 from ..layers.norm import RMSNorm
@@ -72,6 +72,10 @@ FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj":
 
 
 class LlamaForCausalLM(nn.Module):
+    _kernels: CpuKernels | None = None
+    fused_decoder: FusedDecoder | None = None  # with the kernels, when every projection is int4 on them too
+    fused_max_rows = 0  # the fewest rows any of those projections serves in int4
+
     def __init__(self, config, max_positions: int) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -81,17 +85,59 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(config, max_positions)
+        self.head_dim = self.layers[0].self_attn.head_dim  # attach_kernels reads it
         if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
             # Without windowed attention, stay where full attention is exact.
             max_positions = min(max_positions, config.sliding_window)
         self.max_positions = max_positions
 
+    @property
+    def kernels(self) -> CpuKernels | None:  # see kernels.cpu.attach_kernels
+        return self._kernels
+
+    @kernels.setter
+    def kernels(self, kernels: CpuKernels | None) -> None:
+        self._kernels = kernels
+        self.fused_decoder, self.fused_max_rows = self._fuse(kernels) if kernels is not None else (None, 0)
+
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
         rope = self.rotary(positions)
+        rows = len(input_ids)
+        if self.fused_decoder is not None and meta.num_single_token_seqs == rows <= self.fused_max_rows:
+            return self.norm(*self.fused_decoder(x, *rope, kv_caches, meta))[0]
         for layer, kv_cache in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, rope, kv_cache, meta)
         return self.norm(x, residual)[0]
+
+    def _fuse(self, kernels: CpuKernels) -> tuple[FusedDecoder | None, int]:
+        """The kernels' decoder for steps of single-token rows: the layers' loop in one call, where every
+        projection multiplies int4 on the kernels (up to the fewest rows any of them does)."""
+        weights = [
+            DecoderWeights(
+                layer.input_layernorm.weight,
+                layer.post_attention_layernorm.weight,
+                layer.self_attn.qkv_proj,
+                layer.self_attn.o_proj,
+                layer.mlp.gate_up_proj,
+                layer.mlp.down_proj,
+            )
+            for layer in self.layers
+        ]
+        projections = [p for w in weights for p in (w.qkv, w.o, w.gate_up, w.down)]
+        if not all(getattr(p, "int4_kernels", None) is not None for p in projections):
+            return None, 0
+        attn, mlp = self.layers[0].self_attn, self.layers[0].mlp
+        dims = DecoderDims(
+            hidden=self.norm.weight.shape[0],
+            heads=attn.num_heads,
+            kv_heads=attn.num_kv_heads,
+            head_dim=attn.head_dim,
+            intermediate=mlp.down_proj.weight.shape[1],
+            eps=self.norm.eps,
+            scale=attn.scale,
+        )
+        return kernels.fused_decoder(weights, dims), min(p.max_rows for p in projections)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
