@@ -4,11 +4,12 @@
 For every batch size, times the multiplies of one step with the model's own
 shapes (each layer's fused QKV, output, gate-up and down projections, and the
 LM head), in every format the engine has on this device: the model dtype
-through ``F.linear`` (bf16 on a CPU with native bf16), int4 groups of 32,
-int8 per channel, and int8 with int8 activations row by row where the CPU
-has VNNI. Every layer gets distinct weights, so they do not sit in a
-cache. The ceiling at a batch is batch / (fastest format's time): no step can
-produce tokens faster, whatever else it does. Example:
+through ``F.linear`` (bf16 on a CPU with native bf16), int4 groups of 32 (by
+torch's kernel, and by the CPU kernels where they build), int8 per channel,
+and int8 with int8 activations row by row where the CPU has VNNI. Every
+layer gets distinct weights, so they do not sit in a cache. The ceiling at a
+batch is batch / (fastest format's time): no step can produce tokens faster,
+whatever else it does. Example:
 
     .venv/bin/python scripts/bench_ceiling.py --batch 1 4 16 64 --out ceiling.json
 """
@@ -25,6 +26,8 @@ from torch import nn
 
 from wsgi_infer.engine.cpu_info import cpu_model_name
 from wsgi_infer.engine.device import resolve_dtype
+from wsgi_infer.engine.kernels.build import build_cpu_kernels
+from wsgi_infer.engine.kernels.cpu import load_cpu_kernels
 from wsgi_infer.engine.layers.quantization import (
     Int4Groups,
     Int4Linear,
@@ -50,7 +53,11 @@ def formats(shapes: list[tuple[int, int]], dtype: torch.dtype) -> dict[str, list
     linears = [nn.Linear(k, n, bias=False, dtype=dtype) for n, k in shapes]
     found = {str(dtype).removeprefix("torch."): [lambda x, w=lin.weight: F.linear(x, w) for lin in linears]}
     if dtype == torch.bfloat16:
-        found["int4"] = [Int4Linear(lin, Int4Groups.from_weight(lin.weight)).packed_mm for lin in linears]
+        groups = [Int4Groups.from_weight(lin.weight) for lin in linears]
+        found["int4"] = [Int4Linear(lin, g).packed_mm for lin, g in zip(linears, groups)]
+        kernels = load_cpu_kernels() if build_cpu_kernels() else None
+        if kernels is not None:
+            found["int4 kernels"] = [Int4Linear(lin, g, kernels).packed_mm for lin, g in zip(linears, groups)]
         found["int8"] = [Int8Linear(lin).packed_mm for lin in linears]
         if rowwise_int8_available():
             found["int8 rowwise"] = [RowwiseInt8Linear(lin).packed_mm for lin in linears]

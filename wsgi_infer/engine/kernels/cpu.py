@@ -2,7 +2,8 @@
 
 A one-stream decode step ran ~1,500 torch ops, most of them tiny: RMSNorm and its residual add are 6 (it rounds as
 transformers does), SiLU-and-mul 4, rotary 7, attention over the paged cache 12. Their dispatch, not their arithmetic,
-was the distance to llama.cpp. Each of these is one call here. They take bf16 tensors on the CPU,
+was the distance to llama.cpp. Each of these is one call here, int4 weights have their own multiply, and
+``FusedDecoder`` runs a step's decoder layers in one call. They take bf16 tensors on the CPU,
 contiguous in their last dimension; the layers hand them nothing else (see ``attach_kernels``).
 """
 
@@ -23,9 +24,9 @@ log = logging.getLogger(__name__)
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
-    "rms_norm": [_P, _P, _P, _P, _I, _I, _F],
-    "silu_mul": [_P, _P, _I, _I],
-    "rotate": [_P, _I, _P, _P, _I, _I, _I],
+    "rms_norm": [_P, _P, _P, _P, _I, _I, _F, ctypes.c_int],
+    "silu_mul": [_P, _P, _I, _I, ctypes.c_int],
+    "rotate": [_P, _I, _P, _P, _I, _I, _I, ctypes.c_int],
     "decode_attention": [_P, _I, _P, _P, _I, _P, _I, _P, _I, _I, _I, _I, _F, ctypes.c_int],
     "int4_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
     "decode_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I],
@@ -45,18 +46,21 @@ class CpuKernels:
         """(RMSNorm of x + residual, x + residual); the sum is written into ``residual`` in place."""
         out = torch.empty_like(x)
         ptr = residual.data_ptr() if residual is not None else None
-        self._lib.rms_norm(x.data_ptr(), ptr, weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
+        self._lib.rms_norm(
+            x.data_ptr(), ptr, weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps, torch.get_num_threads()
+        )
         return out, x if residual is None else residual
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
-        self._lib.silu_mul(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1])
+        self._lib.silu_mul(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1], torch.get_num_threads())
         return out
 
     def rotate_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """x: [tokens, heads, D], rows strided; cos, sin: float32 [tokens, 1, D]."""
         tokens, heads, head_dim = x.shape
-        self._lib.rotate(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), tokens, heads, head_dim)
+        threads = torch.get_num_threads()
+        self._lib.rotate(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), tokens, heads, head_dim, threads)
 
     def decode_attention(
         self,

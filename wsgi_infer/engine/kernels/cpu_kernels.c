@@ -1,6 +1,7 @@
 /* Fused bf16 kernels for a decode step on the CPU (built by build.py, called by cpu.py).
  *
- * Each replaces a chain of small torch ops whose dispatch, not arithmetic, dominated a one-stream step.
+ * Each replaces a chain of small torch ops whose dispatch, not arithmetic, dominated a one-stream step; int4_mm
+ * replaces torch's int4 kernel, and decode_layers runs a whole step's layers through them in one call.
  * They round where the torch ops they replace round (bf16 at each op's output, float32 inside), and are
  * compiled with -ffp-contract=off so a*b+c stays two roundings, as in torch. Rows are independent: a row's
  * result never depends on the other rows of its batch.
@@ -67,7 +68,9 @@ static inline float exp_approx(float x) {
 
 /* out = weight * bf16(rms_norm(float(x))): RMSNorm as transformers rounds it. With a residual, the sum
  * residual + x (rounded to bf16, as torch adds) is normalized, and kept in residual, in place. */
-void rms_norm(const bf16 *x, bf16 *residual, const bf16 *weight, bf16 *out, int64_t rows, int64_t dim, float eps) {
+void rms_norm(const bf16 *x, bf16 *residual, const bf16 *weight, bf16 *out, int64_t rows, int64_t dim, float eps,
+              int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         const bf16 *row = x + r * dim;
         bf16 *dst = out + r * dim;
@@ -88,7 +91,8 @@ void rms_norm(const bf16 *x, bf16 *residual, const bf16 *weight, bf16 *out, int6
 }
 
 /* out = bf16(silu(gate)) * up, from gate_up = [gate | up] per row. */
-void silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t width) {
+void silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t width, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         const bf16 *gate = gate_up + r * 2 * width, *up = gate + width;
         for (int64_t i = 0; i < width; i++) {
@@ -102,10 +106,11 @@ void silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t width) {
 /* Rotate heads [rows, heads, D] (row stride in elements) in place: x * cos + roll(x, D / 2) * sin with each
  * row's table rows [rows, D] (sin signed: see rotary.py), computed in float32, rounded once. */
 void rotate(bf16 *x, int64_t row_stride, const float *cos_rows, const float *sin_rows, int64_t rows, int64_t heads,
-            int64_t head_dim) {
+            int64_t head_dim, int threads) {
     int64_t half = head_dim / 2;
-    float rotated[head_dim];
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
+        float rotated[head_dim];
         const float *c = cos_rows + r * head_dim, *s = sin_rows + r * head_dim;
         for (int64_t h = 0; h < heads; h++) {
             bf16 *v = x + r * row_stride + h * head_dim;
@@ -320,17 +325,17 @@ void decode_layers(const DecoderLayer *layers, int64_t num_layers, const Decoder
     for (int64_t l = 0; l < num_layers; l++) {
         const DecoderLayer *layer = layers + l;
         if (l == 0) memcpy(residual, x, rows * hidden * sizeof(bf16)); /* the first norm adds nothing */
-        rms_norm(x, l == 0 ? NULL : residual, layer->input_norm, h, rows, hidden, shape->eps);
+        rms_norm(x, l == 0 ? NULL : residual, layer->input_norm, h, rows, hidden, shape->eps, shape->threads);
         project(h, rows, &layer->qkv, qkv, shape->threads);
-        rotate(qkv, qkv_width, cos, sin, rows, heads + kv_heads, head_dim);
+        rotate(qkv, qkv_width, cos, sin, rows, heads + kv_heads, head_dim, shape->threads);
         for (int64_t r = 0; r < rows; r++)
             memcpy(kv_caches[l] + slots[r] * kv_width, qkv + r * qkv_width + heads * head_dim, kv_width * sizeof(bf16));
         decode_attention(qkv, qkv_width, kv_caches[l], block_table, max_blocks, context_lens,
                          shape->block_size, attn, rows, heads, kv_heads, head_dim, shape->scale, shape->threads);
         project(attn, rows, &layer->o, x, shape->threads);
-        rms_norm(x, residual, layer->post_attention_norm, h, rows, hidden, shape->eps);
+        rms_norm(x, residual, layer->post_attention_norm, h, rows, hidden, shape->eps, shape->threads);
         project(h, rows, &layer->gate_up, gate_up, shape->threads);
-        silu_mul(gate_up, act, rows, shape->intermediate);
+        silu_mul(gate_up, act, rows, shape->intermediate, shape->threads);
         project(act, rows, &layer->down, x, shape->threads);
     }
     free(h), free(attn), free(qkv), free(gate_up), free(act);

@@ -1,8 +1,8 @@
 """Packed weight copies for small batches on the CPU: int4 groups or int8 channels.
 
 Decoding a few sequences is bound by reading weights, so a smaller copy of each
-weight pays there: ``torch._weight_int4pack_mm_for_cpu`` (4 bits, groups of 32)
-or ``torch._weight_int8pack_mm`` (8 bits per output channel). Large batches are
+weight pays there: int4 groups of 32 (the CPU kernels' ``int4_mm`` where they are
+built, else ``torch._weight_int4pack_mm_for_cpu``) or int8 per output channel. Large batches are
 compute-bound, where oneDNN's bf16 GEMM (AMX where present) wins, so every layer
 keeps its full-precision weight too and picks by the number of rows in a step.
 The crossing point is measured once per weight shape on a machine, and kept.
