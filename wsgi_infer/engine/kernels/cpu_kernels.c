@@ -123,16 +123,24 @@ void rotate(bf16 *x, int64_t row_stride, const float *cos_rows, const float *sin
     }
 }
 
+#define PREFETCH_AHEAD 8 /* tokens */
+
 /* softmax(q k^T * scale) v for one query head over len cached tokens, in float32. The head's scores fit
  * on the stack (a float per token); keys and values are read once per query head, from cache after the
  * first head of a group. head_dim is a multiple of 16 (checked by cpu.py). */
-static void attend_head(const bf16 *q, const bf16 *keys, const bf16 *values, const int64_t *offsets, int64_t len,
-                        int64_t head_dim, float scale, bf16 *out) {
-    int64_t chunks = head_dim / 16;
+static inline __attribute__((always_inline)) void attend_head(const bf16 *q, const bf16 *keys, const bf16 *values,
+                                                              const int64_t *offsets, int64_t len, const int64_t head_dim,
+                                                              float scale, bf16 *out) {
+    const int64_t chunks = head_dim / 16;
     f32x16 query[chunks];
     float scores[len], peak = -INFINITY, total = 0.0f;
     for (int64_t c = 0; c < chunks; c++) query[c] = load16(q + c * 16) * scale;
     for (int64_t t = 0; t < len; t++) {
+        if (t + PREFETCH_AHEAD < len) /* slots are scattered over blocks: fetch ahead, the value too */
+            for (int64_t line = 0; line < head_dim; line += 32) {
+                __builtin_prefetch(keys + offsets[t + PREFETCH_AHEAD] + line);
+                __builtin_prefetch(values + offsets[t + PREFETCH_AHEAD] + line);
+            }
         const bf16 *key = keys + offsets[t];
         f32x16 sum = query[0] * load16(key);
         for (int64_t c = 1; c < chunks; c++) sum += query[c] * load16(key + c * 16);
@@ -141,11 +149,26 @@ static void attend_head(const bf16 *q, const bf16 *keys, const bf16 *values, con
     }
     for (int64_t t = 0; t < len; t++) scores[t] = exp_approx(scores[t] - peak);
     for (int64_t t = 0; t < len; t++) total += scores[t];
-    for (int64_t c = 0; c < chunks; c++) {
-        f32x16 acc = {0};
-        for (int64_t t = 0; t < len; t++) acc += scores[t] * load16(values + offsets[t] + c * 16);
-        for (int j = 0; j < 16; j++) out[c * 16 + j] = to_bf16(acc[j] / total);
+    f32x16 acc[chunks];
+    for (int64_t c = 0; c < chunks; c++) acc[c] = (f32x16){0};
+    for (int64_t t = 0; t < len; t++) /* a chain of additions per chunk: several chunks in flight */
+        for (int64_t c = 0; c < chunks; c++) acc[c] += scores[t] * load16(values + offsets[t] + c * 16);
+    for (int64_t c = 0; c < chunks; c++)
+        for (int j = 0; j < 16; j++) out[c * 16 + j] = to_bf16(acc[c][j] / total);
+}
+
+/* attend_head with the common head sizes as constants, so that a head's query stays in registers */
+typedef void (*attend_fn)(const bf16 *, const bf16 *, const bf16 *, const int64_t *, int64_t, int64_t, float, bf16 *);
+#define ATTEND_HEAD_DIM(D)                                                                                         \
+    static void attend_head_##D(const bf16 *q, const bf16 *keys, const bf16 *values, const int64_t *offsets,      \
+                                int64_t len, int64_t head_dim, float scale, bf16 *out) {                          \
+        (void)head_dim;                                                                                            \
+        attend_head(q, keys, values, offsets, len, D, scale, out);                                                 \
     }
+ATTEND_HEAD_DIM(64) ATTEND_HEAD_DIM(128)
+static void attend_head_any(const bf16 *q, const bf16 *keys, const bf16 *values, const int64_t *offsets, int64_t len,
+                            int64_t head_dim, float scale, bf16 *out) {
+    attend_head(q, keys, values, offsets, len, head_dim, scale, out);
 }
 
 /* One query token per sequence over its cached context (which already holds this token's key and value).
@@ -164,10 +187,11 @@ void decode_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, co
     for (int64_t r = 0; r < rows; r++)
         for (int64_t t = 0; t < context_lens[r]; t++)
             offsets[starts[r] + t] = (block_table[r * max_blocks + t / block_size] * block_size + t % block_size) * slot_width;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (rows > 1)
+    attend_fn attend = head_dim == 64 ? attend_head_64 : head_dim == 128 ? attend_head_128 : attend_head_any;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (total * heads >= 2048)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t h = 0; h < heads; h++)
-            attend_head(q + r * q_row_stride + h * head_dim, cache + (h / group) * head_dim,
+            attend(q + r * q_row_stride + h * head_dim, cache + (h / group) * head_dim,
                         cache + (kv_heads + h / group) * head_dim, offsets + starts[r], context_lens[r], head_dim, scale,
                         out + (r * heads + h) * head_dim);
     free(offsets);
