@@ -132,9 +132,9 @@ def test_by_default_bf16_on_the_cpu_serves_the_gguf_blocks(default_model_dir):
     # The GGUF's embedding is 8-bit (Q8_0): 4 bits would lose it.
     assert isinstance(model.lm_head, RowwiseInt8Linear if rowwise_int8_available() else Int8Linear)
     assert model.lm_head.max_rows >= 1  # measured: a decode step of one sequence uses the packed copy
-    out = llm.chat(
-        [{"role": "user", "content": "What is the capital of France?"}], SamplingParams(temperature=0, max_tokens=16)
-    )[0]
+    # Not the bare question: its first token is a near tie in float32 (0.08 apart), which any rounding may flip.
+    question = "What is the capital of France? Answer in one word."
+    out = llm.chat([{"role": "user", "content": question}], SamplingParams(temperature=0, max_tokens=16))[0]
     assert "Paris" in out.text
     assert_idle(llm)
 
