@@ -98,11 +98,12 @@ def test_int4_mm_multiplies_the_groups_values_and_each_row_alone(extra_flags):
         assert torch.equal(alone[0], got[row])
 
 
-def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs):
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: biases on the QKV projection
+def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs, arch):
     """Steps of single-token rows run every layer in one call; mixed steps run the layers' loop. Each request's
     tokens are the same either way, in staggered batches and alone, and every KV block is free afterwards."""
     llm = LLM(
-        model=str(tiny_model_dirs["llama"]),
+        model=str(tiny_model_dirs[arch]),
         dtype="bfloat16",
         quantization="int4",
         block_size=4,
@@ -112,6 +113,9 @@ def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs):
     for layer in model.modules():
         if isinstance(layer, SmallBatchLinear):
             layer.max_rows = 64  # every step in int4 (the measured crossing point is noise on tiny shapes)
+            if layer.bias is not None:
+                with torch.no_grad():  # transformers initializes biases to zero: make them count
+                    layer.bias.normal_(0, 0.5)
     model.kernels = model.kernels  # fuse again, with those crossing points
     assert model.fused_decoder is not None and model.fused_max_rows == 64
     fused, calls = model.fused_decoder, []

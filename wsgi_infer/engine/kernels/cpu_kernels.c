@@ -284,11 +284,8 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *sca
              int64_t n, int64_t k, int threads) {
     int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
     float *group_sums = malloc(rows * groups * sizeof(float));
-    for (int64_t i = 0; i < rows * groups; i++) {
-        float sum = 0.0f;
-        for (int j = 0; j < GROUP; j++) sum += to_float(x[i * GROUP + j]);
-        group_sums[i] = sum;
-    }
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
+    for (int64_t i = 0; i < rows * groups; i++) group_sums[i] = hsum(load16(x + i * GROUP) + load16(x + i * GROUP + 16));
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
         float tile_out[ROW_TILE * TILE];
