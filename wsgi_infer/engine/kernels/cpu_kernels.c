@@ -192,8 +192,8 @@ void decode_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, co
     for (int64_t r = 0; r < rows; r++)
         for (int64_t h = 0; h < heads; h++)
             attend(q + r * q_row_stride + h * head_dim, cache + (h / group) * head_dim,
-                        cache + (kv_heads + h / group) * head_dim, offsets + starts[r], context_lens[r], head_dim, scale,
-                        out + (r * heads + h) * head_dim);
+                   cache + (kv_heads + h / group) * head_dim, offsets + starts[r], context_lens[r], head_dim, scale,
+                   out + (r * heads + h) * head_dim);
     free(offsets);
 }
 
@@ -343,9 +343,9 @@ void decode_layers(const DecoderLayer *layers, int64_t num_layers, const Decoder
     bf16 *h = malloc(rows * hidden * sizeof(bf16)), *attn = malloc(rows * heads * head_dim * sizeof(bf16));
     bf16 *qkv = malloc(rows * qkv_width * sizeof(bf16)), *gate_up = malloc(rows * 2 * shape->intermediate * sizeof(bf16));
     bf16 *act = malloc(rows * shape->intermediate * sizeof(bf16));
+    memcpy(residual, x, rows * hidden * sizeof(bf16)); /* the first norm adds nothing to the embeddings */
     for (int64_t l = 0; l < num_layers; l++) {
         const DecoderLayer *layer = layers + l;
-        if (l == 0) memcpy(residual, x, rows * hidden * sizeof(bf16)); /* the first norm adds nothing */
         rms_norm(x, l == 0 ? NULL : residual, layer->input_norm, h, rows, hidden, shape->eps, shape->threads);
         project(h, rows, &layer->qkv, qkv, shape->threads);
         rotate(qkv, qkv_width, cos, sin, rows, heads + kv_heads, head_dim, shape->threads);
