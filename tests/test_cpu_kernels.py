@@ -11,7 +11,7 @@ from wsgi_infer.engine.kernels.build import build_cpu_kernels, library_path
 from wsgi_infer.engine.kernels.cpu import CpuKernels, int4_kernel_layout, load_cpu_kernels
 from wsgi_infer.engine.layers.activation import SiluAndMul
 from wsgi_infer.engine.layers.norm import RMSNorm
-from wsgi_infer.engine.layers.quantization import Int4Groups, SmallBatchLinear
+from wsgi_infer.engine.layers.quantization import Int4Groups, Int4Linear, SmallBatchLinear
 from wsgi_infer.engine.layers.rotary import apply_rotary_
 
 from .conftest import assert_idle
@@ -96,6 +96,23 @@ def test_int4_mm_multiplies_the_groups_values_and_each_row_alone(extra_flags):
     for row in (0, 9):
         alone = kernels.int4_mm(x[row : row + 1], *layout, 88)
         assert torch.equal(alone[0], got[row])
+
+
+def test_int4_layers_keep_no_bf16_weight_and_unpack_it_for_large_steps(kernels):
+    """Above its crossing point an int4 layer multiplies in bf16 the weight its codes hold, each value
+    ``q * scale + low`` rounded once: the same weight as its small steps, in the same precision."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(128, 88).bfloat16()  # outputs: 5 tiles of 16, the last partial
+    groups = Int4Groups.from_weight(linear.weight)
+    layer = Int4Linear(linear, groups, kernels)
+    assert layer.weight is None
+    codes, scale, low = int4_kernel_layout(groups.q, groups.scale, groups.zero)
+    per_input = [t.transpose(1, 2).reshape(-1, 4).repeat_interleave(32, dim=1)[:88] for t in (scale, low)]
+    weight = (groups.q.float() * per_input[0] + per_input[1]).bfloat16()
+    assert torch.equal(kernels.int4_dequantize(codes, scale, low, 88), weight)
+    layer.max_rows = 4
+    large = randn(5, 128)
+    assert torch.equal(layer(large), F.linear(large, weight, linear.bias))
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: biases on the QKV projection

@@ -15,6 +15,7 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from wsgi_infer import LLM, EngineConfig, SamplingParams
 from wsgi_infer.engine.gguf_checkpoint import read_gguf_weights
+from wsgi_infer.engine.kernels.cpu import int4_kernel_layout, load_cpu_kernels
 from wsgi_infer.engine.layers.quantization import (
     Int4Groups,
     Int4Linear,
@@ -120,6 +121,12 @@ def test_gguf_weights_equal_what_transformers_reads(gguf_weights, gguf_name, hf_
     if tensor.tensor_type.name == "Q4_1":
         assert torch.allclose(groups[hf_name].dequantize(), weights[hf_name], rtol=0, atol=1e-6)
         assert groups[hf_name].q.max() <= 15
+        # The kernels keep no bf16 copy: what they unpack for large steps is the bf16 weight, bit for bit.
+        kernels = load_cpu_kernels()
+        if kernels is not None:
+            g = groups[hf_name]
+            unpacked = kernels.int4_dequantize(*int4_kernel_layout(g.q, g.scale, g.zero), len(g.q))
+            assert torch.equal(unpacked, weights[hf_name].bfloat16())
     else:
         assert hf_name not in groups
 

@@ -29,6 +29,7 @@ _SIGNATURES = {
     "rotate": [_P, _I, _P, _P, _I, _I, _I, ctypes.c_int],
     "decode_attention": [_P, _I, _P, _P, _I, _P, _I, _P, _I, _I, _I, _I, _F, ctypes.c_int],
     "int4_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
+    "int4_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
     "decode_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I],
 }
 
@@ -39,6 +40,7 @@ class CpuKernels:
         for name, argtypes in _SIGNATURES.items():
             getattr(self._lib, name).argtypes = argtypes
             getattr(self._lib, name).restype = None
+        self._dequantized = torch.empty(0, dtype=torch.bfloat16)  # see int4_dequantize
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
@@ -108,6 +110,19 @@ class CpuKernels:
             n,
             x.shape[1],
             torch.get_num_threads(),
+        )
+        return out
+
+    def int4_dequantize(self, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, n: int) -> torch.Tensor:
+        """The int4 weight [n, k] in the kernels' layout, as bf16 (each value rounded once, to nearest even),
+        in a buffer that the next call overwrites: a fresh one per weight cost 5 to 12 times the unpacking
+        itself in page faults (the allocator hands buffers this large back to the system when they are freed)."""
+        k = codes.shape[1] * 32
+        if self._dequantized.numel() < n * k:
+            self._dequantized = torch.empty(n * k, dtype=torch.bfloat16)
+        out = self._dequantized[: n * k].view(n, k)
+        self._lib.int4_dequantize(
+            codes.data_ptr(), scale.data_ptr(), low.data_ptr(), out.data_ptr(), n, k, torch.get_num_threads()
         )
         return out
 
@@ -192,7 +207,7 @@ class FusedDecoder:
     def _layer(weights: DecoderWeights) -> _DecoderLayer:
         def int4(linear: nn.Module) -> _Int4Weight:
             bias = linear.bias.data_ptr() if linear.bias is not None else None
-            n, k = linear.weight.shape
+            n, k = linear.out_features, linear.in_features
             return _Int4Weight(linear.codes.data_ptr(), linear.scale.data_ptr(), linear.low.data_ptr(), bias, n, k)
 
         projections = (int4(weights.qkv), int4(weights.o), int4(weights.gate_up), int4(weights.down))

@@ -212,15 +212,20 @@ void decode_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, co
 typedef uint16_t u16x32 __attribute__((vector_size(64)));
 typedef uint8_t u8x32 __attribute__((vector_size(32)));
 
-/* 32 bytes of codes -> 2 x 32 words, each 128 + q: exactly that value's bf16 bits (0x4300 | q). */
-static inline void unpack_codes(const uint8_t *codes, u16x32 *low, u16x32 *high) {
+/* 32 bytes of codes as 32 words, each still holding both nibbles */
+static inline u16x32 widen_codes(const uint8_t *codes) {
 #ifdef __AVX512BW__ /* one vpmovzxbw, where GCC's generic widening takes four instructions */
-    u16x32 wide = (u16x32)_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)codes));
+    return (u16x32)_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)codes));
 #else
     u8x32 bytes;
     memcpy(&bytes, codes, sizeof(bytes));
-    u16x32 wide = __builtin_convertvector(bytes, u16x32);
+    return __builtin_convertvector(bytes, u16x32);
 #endif
+}
+
+/* 32 bytes of codes -> 2 x 32 words, each 128 + q: exactly that value's bf16 bits (0x4300 | q). */
+static inline void unpack_codes(const uint8_t *codes, u16x32 *low, u16x32 *high) {
+    u16x32 wide = widen_codes(codes);
     *low = (wide & 15) | 0x4300;
     *high = (wide >> 4) | 0x4300;
 }
@@ -360,4 +365,50 @@ void decode_layers(const DecoderLayer *layers, int64_t num_layers, const Decoder
         project(act, rows, &layer->down, x, shape->threads);
     }
     free(h), free(attn), free(qkv), free(gate_up), free(act);
+}
+
+/* --- int4 weights back to bf16 ------------------------------------------------------------------------------
+ * The weight [n, k] as bf16, q * scale + low rounded to nearest even (the values a GGUF's Q4_1 blocks hold, as
+ * gguf-py computes them, then rounded as torch rounds): for steps too large for int4_mm to win, one weight at a
+ * time, so that no bf16 copy of the model stays in memory. */
+
+/* 16 codes (lane j: output j / 2, one of two adjacent inputs) -> their values' bf16 bits, as 8 pairs */
+static inline u16x16 dequantize_pairs(u16x16 q, f32x16 scale, f32x16 low) {
+    f32x16 value = __builtin_convertvector(q, f32x16) * scale + low;
+    u32x16 bits = (u32x16)value; /* finite: no NaN case */
+    return __builtin_convertvector((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16, u16x16);
+}
+
+/* chunk c of a group: 32 words (byte j: output j / 2, inputs 2c + j % 2) in two halves of 8 outputs each; the
+ * nibble picks inputs 2c or 2(c + 8) (``column``). Each output's pair of values is one 4-byte store. */
+static inline void store_pairs(u16x32 q, const f32x16 scale[2], const f32x16 low[2], bf16 *rows, int64_t k,
+                               int64_t width, int64_t column) {
+    u16x16 half[2];
+    memcpy(half, &q, sizeof(half));
+    for (int h = 0; h < 2; h++) {
+        u16x16 pairs = dequantize_pairs(half[h], scale[h], low[h]);
+        for (int64_t o = 0; o < 8 && 8 * h + o < width; o++)
+            memcpy(rows + (8 * h + o) * k + column, (uint32_t *)&pairs + o, 4);
+    }
+}
+
+void int4_dequantize(const uint8_t *codes, const float *scale, const float *low, bf16 *out, int64_t n, int64_t k,
+                     int threads) {
+    int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE;
+        for (int64_t g = 0; g < groups; g++) {
+            const float *s = scale + (t * groups + g) * TILE, *l = low + (t * groups + g) * TILE;
+            f32x16 pair_scale[2], pair_low[2]; /* lane j of half h: output 8h + j / 2's */
+            for (int j = 0; j < 16; j++)
+                for (int h = 0; h < 2; h++) pair_scale[h][j] = s[8 * h + j / 2], pair_low[h][j] = l[8 * h + j / 2];
+            for (int c = 0; c < 8; c++) {
+                u16x32 wide = widen_codes(codes + ((t * groups + g) * 8 + c) * 32);
+                bf16 *rows = out + t * TILE * k + g * GROUP;
+                store_pairs(wide & 15, pair_scale, pair_low, rows, k, width, 2 * c);
+                store_pairs(wide >> 4, pair_scale, pair_low, rows, k, width, 2 * (c + 8));
+            }
+        }
+    }
 }

@@ -4,8 +4,10 @@ Decoding a few sequences is bound by reading weights, so a smaller copy of each
 weight pays there: int4 groups of 32 (the CPU kernels' ``int4_mm`` where they are
 built, else ``torch._weight_int4pack_mm_for_cpu``) or int8 per output channel. Large batches are
 compute-bound, where oneDNN's bf16 GEMM (AMX where present) wins, so every layer
-keeps its full-precision weight too and picks by the number of rows in a step.
+has a full-precision weight too and picks by the number of rows in a step.
 The crossing point is measured once per weight shape on a machine, and kept.
+Int4 layers on the kernels keep no bf16 copy: they unpack their codes into one
+for each large step (``int4_dequantize``), 200 MB less for the default model.
 
 int4 groups come from the GGUF's own 4-bit blocks where the checkpoint has them
 (``Int4Groups.from_gguf_blocks``: Q4_0 and Q4_1 are exactly torch's layout), so
@@ -71,18 +73,26 @@ class Int4Groups:
 class SmallBatchLinear(nn.Module, ABC):
     """A linear layer that multiplies steps of at most ``max_rows`` rows with a packed copy of its weight."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, keep_weight: bool = True) -> None:
         super().__init__()
-        self.weight = linear.weight
+        self.out_features, self.in_features = linear.weight.shape
+        self.dtype = linear.weight.dtype
+        self.weight = linear.weight if keep_weight else None
         self.bias = linear.bias
         self.max_rows = 0  # set by measuring: see choose_max_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if rows.shape[0] > self.max_rows:
-            return F.linear(x, self.weight, self.bias)
+            return self.full_mm(x)
         y = self.packed_mm(rows).view(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias
+
+    def full_mm(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.full_weight(), self.bias)
+
+    def full_weight(self) -> torch.Tensor:
+        return self.weight
 
     @property
     def kind(self) -> str:
@@ -98,7 +108,7 @@ class Int4Linear(SmallBatchLinear):
     """int4 groups, multiplied by the CPU kernels where they are built (their own layout), else by torch."""
 
     def __init__(self, linear: nn.Linear, groups: Int4Groups, kernels: CpuKernels | None = None) -> None:
-        super().__init__(linear)
+        super().__init__(linear, keep_weight=kernels is None)
         self.int4_kernels = kernels
         if kernels is not None:
             for name, tensor in zip(("codes", "scale", "low"), int4_kernel_layout(groups.q, groups.scale, groups.zero)):
@@ -111,12 +121,19 @@ class Int4Linear(SmallBatchLinear):
 
     @property
     def kind(self) -> str:
-        return "Int4Linear (CPU kernels)" if self.int4_kernels is not None else "Int4Linear"
+        # "dequantized": the full multiply unpacks the weight first, so earlier measurements do not apply
+        return "Int4Linear (CPU kernels, dequantized)" if self.int4_kernels is not None else "Int4Linear"
 
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
         if self.int4_kernels is not None:
-            return self.int4_kernels.int4_mm(rows, self.codes, self.scale, self.low, self.weight.shape[0])
+            return self.int4_kernels.int4_mm(rows, self.codes, self.scale, self.low, self.out_features)
         return torch._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP_SIZE, self.scale_zero)
+
+    def full_weight(self) -> torch.Tensor:
+        if self.int4_kernels is None:
+            return self.weight
+        # valid until the next layer unpacks its own: F.linear uses it at once
+        return self.int4_kernels.int4_dequantize(self.codes, self.scale, self.low, self.out_features)
 
 
 class Int8Linear(SmallBatchLinear):
@@ -241,8 +258,7 @@ def choose_max_rows(layers: list[SmallBatchLinear], saved: Path | None = None) -
 
 
 def _machine_key(layer: SmallBatchLinear) -> str:
-    shape = "x".join(map(str, layer.weight.shape))
-    kind = f"{layer.kind} {shape} {str(layer.weight.dtype).removeprefix('torch.')}"
+    kind = f"{layer.kind} {layer.out_features}x{layer.in_features} {str(layer.dtype).removeprefix('torch.')}"
     return f"{cpu_model_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {kind}"
 
 
@@ -252,9 +268,9 @@ def _measured_max_rows(same_shape: list[SmallBatchLinear]) -> int:
     rather than from the cache a single layer's repeated calls would leave it in."""
     best = 0
     for rows in ROWS_MEASURED:
-        x = torch.randn(rows, same_shape[0].weight.shape[1], dtype=same_shape[0].weight.dtype)
+        x = torch.randn(rows, same_shape[0].in_features, dtype=same_shape[0].dtype)
         packed = _seconds([partial(layer.packed_mm, x) for layer in same_shape])
-        full = _seconds([partial(F.linear, x, layer.weight) for layer in same_shape])
+        full = _seconds([partial(layer.full_mm, x) for layer in same_shape])
         if packed >= full:
             break
         best = rows

@@ -133,7 +133,7 @@ class LlamaForCausalLM(nn.Module):
             heads=attn.num_heads,
             kv_heads=attn.num_kv_heads,
             head_dim=attn.head_dim,
-            intermediate=mlp.down_proj.weight.shape[1],
+            intermediate=mlp.down_proj.in_features,
             eps=self.norm.eps,
             scale=attn.scale,
         )
