@@ -88,7 +88,7 @@ def test_int4_mm_multiplies_the_groups_values_and_each_row_alone(extra_flags):
     kernels = CpuKernels(path)
     torch.manual_seed(0)
     groups = Int4Groups.from_weight(randn(88, 128, scale=0.05))  # outputs: 5 tiles of 16, the last partial
-    layout = int4_kernel_layout(groups.q, groups.scale, groups.zero)
+    layout = int4_kernel_layout(groups.codes, groups.scale, groups.zero)
     x = randn(11, 128)  # more rows than the kernel's tile of 8
     got = kernels.int4_mm(x, *layout, 88)
     expected = x.double() @ groups.dequantize().double().t()
@@ -106,7 +106,7 @@ def test_int4_layers_keep_no_bf16_weight_and_unpack_it_for_large_steps(kernels):
     groups = Int4Groups.from_weight(linear.weight)
     layer = Int4Linear(linear, groups, kernels)
     assert layer.weight is None
-    codes, scale, low = int4_kernel_layout(groups.q, groups.scale, groups.zero)
+    codes, scale, low = int4_kernel_layout(groups.codes, groups.scale, groups.zero)
     per_input = [t.transpose(1, 2).reshape(-1, 4).repeat_interleave(32, dim=1)[:88] for t in (scale, low)]
     weight = (groups.q.float() * per_input[0] + per_input[1]).bfloat16()
     assert torch.equal(kernels.int4_dequantize(codes, scale, low, 88), weight)

@@ -24,7 +24,7 @@ from wsgi_infer.engine.layers.quantization import (
     SmallBatchLinear,
     rowwise_int8_available,
 )
-from wsgi_infer.engine.model_loader import default_model_path
+from wsgi_infer.engine.model_loader import CheckpointTensors, default_model_path
 from wsgi_infer.engine.model_runner import PACKED_ROWS_FILE
 
 from .conftest import assert_idle, pin_packed_rows
@@ -125,17 +125,25 @@ def test_gguf_weights_equal_what_transformers_reads(gguf_weights, gguf_name, hf_
         kernels = load_cpu_kernels()
         if kernels is not None:
             g = groups[hf_name]
-            unpacked = kernels.int4_dequantize(*int4_kernel_layout(g.q, g.scale, g.zero), len(g.q))
+            unpacked = kernels.int4_dequantize(*int4_kernel_layout(g.codes, g.scale, g.zero), len(g.codes))
             assert torch.equal(unpacked, weights[hf_name].bfloat16())
     else:
         assert hf_name not in groups
 
 
-def test_by_default_bf16_on_the_cpu_serves_the_gguf_blocks(default_model_dir):
+def test_by_default_bf16_on_the_cpu_serves_the_gguf_blocks(default_model_dir, monkeypatch):
+    read = []
+    original = CheckpointTensors.__getitem__
+    monkeypatch.setattr(CheckpointTensors, "__getitem__", lambda self, name: read.append(name) or original(self, name))
     llm = LLM(model=None, device="cpu", dtype="bfloat16")
     model = llm.engine.runner.model
     assert isinstance(model.layers[0].self_attn.qkv_proj, Int4Linear)
     assert isinstance(model.layers[0].mlp.down_proj, Int4Linear)
+    if load_cpu_kernels() is not None:
+        # Built from the GGUF's blocks alone: their full-precision weights are neither read nor kept.
+        assert model.layers[0].mlp.down_proj.weight is None
+        assert "model.embed_tokens.weight" in read
+        assert not [name for name in read if "proj" in name]
     # The GGUF's embedding is 8-bit (Q8_0): 4 bits would lose it.
     assert isinstance(model.lm_head, RowwiseInt8Linear if rowwise_int8_available() else Int8Linear)
     assert model.lm_head.max_rows >= 1  # measured: a decode step of one sequence uses the packed copy

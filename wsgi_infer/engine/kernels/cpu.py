@@ -130,21 +130,22 @@ class CpuKernels:
         return FusedDecoder(self._lib, layers, dims)
 
 
-def int4_kernel_layout(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """int4 groups of 32 (``w = (q - 8) * scale + zero``, q: uint8 [n, k]) as ``int4_mm`` reads them, 16
-    outputs at a time (n padded to a multiple of 16): codes [n / 16, k / 32, 8, 32], chunk c's byte j holding
-    output j // 2's codes for inputs 2c + j % 2 (low nibble) and 2(c + 8) + j % 2 (high); float32 scale and
-    low (``w = q * scale + low``) [n / 16, k / 32, 16]."""
-    pad = -q.shape[0] % 16
-    q, scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (q, scale.float(), zero.float()))
-    tiles, groups = q.shape[0] // 16, q.shape[1] // 32
-    pairs = q.view(tiles, 16, groups, 16, 2).permute(0, 2, 3, 1, 4).reshape(tiles, groups, 16, 32)
-    codes = (pairs[:, :, :8] | (pairs[:, :, 8:] << 4)).contiguous()
+def int4_kernel_layout(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Int4 groups (``Int4Groups``: GGUF's block bytes [n, k / 2], ``w = (q - 8) * scale + zero``) as
+    ``int4_mm`` reads them, 16 outputs at a time (n padded to a multiple of 16): codes [n / 16, k / 32, 8, 32],
+    chunk c's byte j holding output j // 2's codes for inputs 2c + j % 2 (low nibble) and 2(c + 8) + j % 2
+    (high), which is that output's block byte 2c + j % 2; float32 scale and low (``w = q * scale + low``)
+    [n / 16, k / 32, 16]. So the codes are the blocks' byte pairs, transposed: no nibble moves."""
+    pad = -codes.shape[0] % 16
+    codes, scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (codes, scale.float(), zero.float()))
+    tiles, groups = codes.shape[0] // 16, codes.shape[1] // 16
+    pairs = codes.view(torch.int16).view(tiles, 16, groups, 8).permute(0, 2, 3, 1)  # [tiles, groups, chunk, out]
+    kernel_codes = pairs.contiguous().view(torch.uint8).view(tiles, groups, 8, 32)
 
     def by_tile(t: torch.Tensor) -> torch.Tensor:
         return t.view(tiles, 16, groups).transpose(1, 2).contiguous()
 
-    return codes, by_tile(scale), by_tile(zero - 8 * scale)
+    return kernel_codes, by_tile(scale), by_tile(zero - 8 * scale)
 
 
 # --- the fused decoder: a decode step's layers in one call -------------------------------------------------

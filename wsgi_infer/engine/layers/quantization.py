@@ -44,10 +44,11 @@ ROWS_MEASURED = (1, 2, 4, 8, 16, 32, 64)
 class Int4Groups:
     """A weight as 4-bit codes: ``w = (q - 8) * scale + zero`` per group of 32 inputs (torch's convention).
 
-    q: uint8 [out, in] with values 0..15; scale, zero: float32 [out, in // 32].
+    codes: uint8 [out, in // 2], as GGUF's 4-bit blocks hold them: byte i of a group has input i's code
+    in its low nibble and input i + 16's in its high one; scale, zero: float32 [out, in // 32].
     """
 
-    q: torch.Tensor
+    codes: torch.Tensor
     scale: torch.Tensor
     zero: torch.Tensor
 
@@ -58,12 +59,19 @@ class Int4Groups:
         low, high = groups.amin(-1), groups.amax(-1)
         scale = ((high - low) / 15).clamp(min=1e-12)
         q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8)
-        return cls(q.view_as(weight), scale, low + 8 * scale)
+        codes = q[..., : GROUP_SIZE // 2] | (q[..., GROUP_SIZE // 2 :] << 4)
+        return cls(codes.view(weight.shape[0], -1), scale, low + 8 * scale)
 
     @classmethod
     def cat(cls, parts: list[Int4Groups]) -> Int4Groups:
         """Groups of a fused weight (rows stacked), from its parts'."""
-        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "scale", "zero")))
+        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("codes", "scale", "zero")))
+
+    @property
+    def q(self) -> torch.Tensor:
+        """The codes one per input: uint8 [out, in], 0..15."""
+        halves = self.codes.view(self.codes.shape[0], -1, GROUP_SIZE // 2)
+        return torch.cat([halves & 15, halves >> 4], dim=-1).view(self.codes.shape[0], -1)
 
     def dequantize(self) -> torch.Tensor:
         scale, zero = (t.repeat_interleave(GROUP_SIZE, dim=1) for t in (self.scale, self.zero))
@@ -111,7 +119,8 @@ class Int4Linear(SmallBatchLinear):
         super().__init__(linear, keep_weight=kernels is None)
         self.int4_kernels = kernels
         if kernels is not None:
-            for name, tensor in zip(("codes", "scale", "low"), int4_kernel_layout(groups.q, groups.scale, groups.zero)):
+            layout = int4_kernel_layout(groups.codes, groups.scale, groups.zero)
+            for name, tensor in zip(("codes", "scale", "low"), layout):
                 self.register_buffer(name, tensor)
             return
         # innerKTiles 2 packs 2 x 16 codes per group, what the kernel expects for groups of 32.
@@ -208,6 +217,15 @@ def _int8_per_channel(weight: torch.Tensor, rows_per_chunk: int = 2048) -> tuple
     return codes, scale
 
 
+def pack_int4_groups(model: nn.Module, source_groups: Callable[[str], Int4Groups | None], kernels: CpuKernels) -> None:
+    """Every nn.Linear of ``model`` that the checkpoint holds as 4-bit groups becomes int4 on the kernels,
+    in place. They need no weights: called before loading, their full-precision weights are never read."""
+    for name, linear in _linear_layers(model):
+        groups = source_groups(name)
+        if groups is not None:
+            model.set_submodule(name, Int4Linear(linear, groups, kernels))
+
+
 def quantize_linear_layers(
     model: nn.Module,
     method: str,
@@ -215,7 +233,8 @@ def quantize_linear_layers(
     saved_rows: Path | None = None,
     kernels: CpuKernels | None = None,
 ) -> dict[str, int]:
-    """Wrap every nn.Linear of ``model`` (the LM head included) in place; how many layers got each kind.
+    """Wrap every nn.Linear of ``model`` (the LM head included) in place, then choose every packed layer's
+    crossing point; how many layers (packed before too) have each kind.
 
     ``source_groups(name)`` gives the checkpoint's own 4-bit blocks for a layer, or None. int8: every
     layer in int8. int4: every layer in int4, from its source groups where present, else from its
@@ -224,16 +243,19 @@ def quantize_linear_layers(
     layers multiply through them.
     """
     int8_kind = RowwiseInt8Linear if method == "auto" and rowwise_int8_available() else Int8Linear
-    wrapped: list[SmallBatchLinear] = []
-    for name, linear in [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]:
+    for name, linear in _linear_layers(model):
         groups = source_groups(name)
         if groups is None and method == "int4" and linear.in_features % GROUP_SIZE == 0:
             groups = Int4Groups.from_weight(linear.weight)
         layer = int8_kind(linear) if groups is None or method == "int8" else Int4Linear(linear, groups, kernels)
         model.set_submodule(name, layer)
-        wrapped.append(layer)
-    choose_max_rows(wrapped, saved_rows)
-    return dict(Counter(layer.kind for layer in wrapped))
+    packed = [module for module in model.modules() if isinstance(module, SmallBatchLinear)]
+    choose_max_rows(packed, saved_rows)
+    return dict(Counter(layer.kind for layer in packed))
+
+
+def _linear_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
+    return [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
 
 
 def choose_max_rows(layers: list[SmallBatchLinear], saved: Path | None = None) -> None:

@@ -159,17 +159,13 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight.copy_(state["lm_head.weight"])
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
-            attn, mlp = layer.self_attn, layer.mlp
-            for suffix in ("weight", "bias"):
-                parts = [state.get(f"{p}self_attn.{n}_proj.{suffix}") for n in "qkv"]
-                if parts[0] is not None:
-                    getattr(attn.qkv_proj, suffix).copy_(torch.cat(parts))
-                if f"{p}self_attn.o_proj.{suffix}" in state:
-                    getattr(attn.o_proj, suffix).copy_(state[f"{p}self_attn.o_proj.{suffix}"])
-                gate_up = [state.get(f"{p}mlp.{n}_proj.{suffix}") for n in ("gate", "up")]
-                if gate_up[0] is not None:
-                    getattr(mlp.gate_up_proj, suffix).copy_(torch.cat(gate_up))
-                if f"{p}mlp.down_proj.{suffix}" in state:
-                    getattr(mlp.down_proj, suffix).copy_(state[f"{p}mlp.down_proj.{suffix}"])
+            for ours in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+                parent, _, name = ours.rpartition(".")
+                for suffix in ("weight", "bias"):
+                    # None: no bias, or a weight packed from the checkpoint's 4-bit blocks (not read at all)
+                    target = getattr(layer.get_submodule(ours), suffix)
+                    parts = [f"{p}{parent}.{part}.{suffix}" for part in FUSED_PROJECTIONS.get(name, (name,))]
+                    if target is not None and parts[0] in state:
+                        target.copy_(torch.cat([state[part] for part in parts]))
             layer.input_layernorm.weight.copy_(state[f"{p}input_layernorm.weight"])
             layer.post_attention_layernorm.weight.copy_(state[f"{p}post_attention_layernorm.weight"])
