@@ -15,7 +15,8 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from wsgi_infer import LLM, EngineConfig, SamplingParams
 from wsgi_infer.engine.gguf_checkpoint import read_gguf_weights
-from wsgi_infer.engine.kernels.cpu import int4_kernel_layout, load_cpu_kernels
+from wsgi_infer.engine.kernels.build import build_cpu_kernels
+from wsgi_infer.engine.kernels.cpu import CpuKernels, int4_kernel_layout, load_cpu_kernels
 from wsgi_infer.engine.layers.quantization import (
     Int4Groups,
     Int4Linear,
@@ -122,11 +123,11 @@ def test_gguf_weights_equal_what_transformers_reads(gguf_weights, gguf_name, hf_
         assert torch.allclose(groups[hf_name].dequantize(), weights[hf_name], rtol=0, atol=1e-6)
         assert groups[hf_name].q.max() <= 15
         # The kernels keep no bf16 copy: what they unpack for large steps is the bf16 weight, bit for bit.
-        kernels = load_cpu_kernels()
-        if kernels is not None:
-            g = groups[hf_name]
-            unpacked = kernels.int4_dequantize(*int4_kernel_layout(g.codes, g.scale, g.zero), len(g.codes))
-            assert torch.equal(unpacked, weights[hf_name].bfloat16())
+        # Built here if no test built them yet: only loading them would skip this check in such a run.
+        kernels = CpuKernels(build_cpu_kernels())
+        g = groups[hf_name]
+        unpacked = kernels.int4_dequantize(*int4_kernel_layout(g.codes, g.scale, g.zero), len(g.codes))
+        assert torch.equal(unpacked, weights[hf_name].bfloat16())
     else:
         assert hf_name not in groups
 
