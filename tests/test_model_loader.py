@@ -5,23 +5,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import subprocess
 import sys
 
 import pytest
 from transformers import AutoConfig, AutoTokenizer
 
+from wsgi_infer.engine.cache_files import cache_root
 from wsgi_infer.engine.gguf_checkpoint import read_gguf_config
-from wsgi_infer.engine.model_loader import (
-    FILE_DIGESTS_FILE,
-    RESOLVED_CONFIGS_DIR,
-    _file_digest,
-    default_model_path,
-    load_config,
-    resolve_model_dir,
-)
+from wsgi_infer.engine.kernels.build import KERNELS_DIR
+from wsgi_infer.engine.model_loader import RESOLVED_CONFIGS_DIR, load_config, resolve_model_dir
+from wsgi_infer.engine.model_paths import CONVERSION_VERSION, FILE_DIGESTS_FILE, default_model_path, file_digest
+from wsgi_infer.engine.model_runner import PACKED_ROWS_FILE
 
 from .conftest import TINY_ARCHITECTURES
+from .server import GunicornServer
 
 
 def test_a_converted_gguf_is_reused(default_model_dir, caplog):
@@ -76,12 +75,33 @@ def test_a_gguf_digest_is_remembered_until_the_file_changes(tmp_path, monkeypatc
     path = tmp_path / "model.gguf"
     path.write_bytes(b"first")
     first = hashlib.sha256(b"first").hexdigest()[:16]
-    assert _file_digest(path) == first
+    assert file_digest(path) == first
     with monkeypatch.context() as patched:  # unchanged: answered without hashing the file again
         patched.setattr(hashlib, "sha256", lambda *args: pytest.fail("the file was hashed again"))
-        assert _file_digest(path) == first
+        assert file_digest(path) == first
     path.write_bytes(b"second, longer")
-    assert _file_digest(path) == hashlib.sha256(b"second, longer").hexdigest()[:16]
+    assert file_digest(path) == hashlib.sha256(b"second, longer").hexdigest()[:16]
     remembered = json.loads((tmp_path / "cache" / FILE_DIGESTS_FILE).read_text())
     expected = [hashlib.sha256(content).hexdigest()[:16] for content in (b"first", b"second, longer")]
     assert sorted(remembered.values()) == sorted(expected)
+
+
+def test_workers_starting_on_a_new_gguf_convert_it_once(default_model_dir, tmp_path):
+    """Two workers load the same new GGUF at once: one converts it under its lock, the other waits
+    for it and reuses the directory, and the class-resolved config is written once, by the converter."""
+    cache = tmp_path / "cache"
+    shutil.copytree(cache_root() / KERNELS_DIR, cache / KERNELS_DIR)  # only the conversion is new
+    shutil.copy(cache_root() / PACKED_ROWS_FILE, cache)
+    with GunicornServer({}, "--workers", "2", WSGI_INFER_CACHE_DIR=str(cache)) as server:
+        workers = server.wait_booted(count=2)
+        conversions = [line for line in server.lines if "converting GGUF to safetensors" in line]
+        assert len(conversions) == 1, conversions
+        (other,) = [pid for pid in workers if f"[{pid}]" not in conversions[0]]
+        server.wait_for_log(rf"\[{other}\] .*using converted copy")
+        for _ in workers:
+            with server.client() as client:
+                reply = client.post("/v1/completions", json={"prompt": "Paris is", "max_tokens": 4})
+            assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
+    converted = [path for path in cache.iterdir() if path.name.endswith(f"-{CONVERSION_VERSION}")]
+    assert [path.name for path in converted] == [default_model_dir.name]
+    assert len(list((cache / RESOLVED_CONFIGS_DIR).iterdir())) == 1

@@ -25,7 +25,8 @@ from wsgi_infer.engine.layers.quantization import (
     SmallBatchLinear,
     rowwise_int8_available,
 )
-from wsgi_infer.engine.model_loader import CheckpointTensors, default_model_path
+from wsgi_infer.engine.model_loader import CheckpointTensors
+from wsgi_infer.engine.model_paths import default_model_path
 from wsgi_infer.engine.model_runner import PACKED_ROWS_FILE
 
 from .conftest import assert_idle, pin_packed_rows

