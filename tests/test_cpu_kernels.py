@@ -77,6 +77,9 @@ def test_decode_attention_reads_scattered_blocks_as_sdpa_does(kernels):
     # Each row alone gives what it gave in the batch.
     alone = kernels.decode_attention(q[2:], cache, padded[2:], lens[2:], block_size, scale=0.125)
     assert torch.equal(alone, got[2:])
+    # And each head what it gives with a key-value head of its own: a group shares reads, not arithmetic.
+    own_heads = torch.cat([cache[:, :kv_heads].repeat_interleave(3, 1), cache[:, kv_heads:].repeat_interleave(3, 1)], 1)
+    assert torch.equal(kernels.decode_attention(q, own_heads, padded, lens, block_size, scale=0.125), got)
 
 
 @pytest.mark.parametrize("extra_flags", [(), ("-mno-avx512bf16",)], ids=["as built", "without AVX512-BF16"])

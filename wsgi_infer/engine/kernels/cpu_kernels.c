@@ -123,57 +123,97 @@ void rotate(bf16 *x, int64_t row_stride, const float *cos_rows, const float *sin
     }
 }
 
-#define PREFETCH_AHEAD 8 /* tokens */
-
-/* softmax(q k^T * scale) v for one query head over len cached tokens, in float32. The head's scores fit
- * on the stack (a float per token); keys and values are read once per query head, from cache after the
- * first head of a group. head_dim is a multiple of 16 (checked by cpu.py). */
-static inline __attribute__((always_inline)) void attend_head(const bf16 *q, const bf16 *keys, const bf16 *values,
-                                                              const int64_t *offsets, int64_t len, const int64_t head_dim,
-                                                              float scale, bf16 *out) {
-    const int64_t chunks = head_dim / 16;
-    f32x16 query[chunks];
-    float scores[len], peak = -INFINITY, total = 0.0f;
-    for (int64_t c = 0; c < chunks; c++) query[c] = load16(q + c * 16) * scale;
-    for (int64_t t = 0; t < len; t++) {
-        if (t + PREFETCH_AHEAD < len) /* slots are scattered over blocks: fetch ahead, the value too */
-            for (int64_t line = 0; line < head_dim; line += 32) {
-                __builtin_prefetch(keys + offsets[t + PREFETCH_AHEAD] + line);
-                __builtin_prefetch(values + offsets[t + PREFETCH_AHEAD] + line);
-            }
-        const bf16 *key = keys + offsets[t];
-        f32x16 sum = query[0] * load16(key);
-        for (int64_t c = 1; c < chunks; c++) sum += query[c] * load16(key + c * 16);
-        scores[t] = hsum(sum);
-        peak = scores[t] > peak ? scores[t] : peak;
-    }
-    for (int64_t t = 0; t < len; t++) scores[t] = exp_approx(scores[t] - peak);
-    for (int64_t t = 0; t < len; t++) total += scores[t];
-    f32x16 acc[chunks];
-    for (int64_t c = 0; c < chunks; c++) acc[c] = (f32x16){0};
-    for (int64_t t = 0; t < len; t++) /* a chain of additions per chunk: several chunks in flight */
-        for (int64_t c = 0; c < chunks; c++) acc[c] += scores[t] * load16(values + offsets[t] + c * 16);
-    for (int64_t c = 0; c < chunks; c++)
-        for (int j = 0; j < 16; j++) out[c * 16 + j] = to_bf16(acc[c][j] / total);
+/* hsum of each of 16 vectors, as one vector (lane t: hsum(v[t])), with every addition hsum makes, in its
+ * order: a transposition by halves, 30 shuffles and 15 additions where 16 hsums take 48 and 64. */
+static inline f32x16 hsum16(const f32x16 v[16]) {
+    f32x16 halves[8], quarters[4], eighths[2];
+    for (int j = 0; j < 8; j++) /* lanes i and i + 8 of two vectors: 8 sums of each */
+        halves[j] = __builtin_shuffle(v[2 * j], v[2 * j + 1], (i32x16){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) +
+                    __builtin_shuffle(v[2 * j], v[2 * j + 1], (i32x16){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+    for (int j = 0; j < 4; j++) /* lanes i and i + 4 of each 8: 4 sums of four vectors */
+        quarters[j] = __builtin_shuffle(halves[2 * j], halves[2 * j + 1], (i32x16){0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}) +
+                      __builtin_shuffle(halves[2 * j], halves[2 * j + 1], (i32x16){4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31});
+    for (int j = 0; j < 2; j++) /* lanes i and i + 2 of each 4 */
+        eighths[j] = __builtin_shuffle(quarters[2 * j], quarters[2 * j + 1], (i32x16){0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}) +
+                     __builtin_shuffle(quarters[2 * j], quarters[2 * j + 1], (i32x16){2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31});
+    return __builtin_shuffle(eighths[0], eighths[1], (i32x16){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}) +
+           __builtin_shuffle(eighths[0], eighths[1], (i32x16){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31});
 }
 
-/* attend_head with the common head sizes as constants, so that a head's query stays in registers */
-typedef void (*attend_fn)(const bf16 *, const bf16 *, const bf16 *, const int64_t *, int64_t, int64_t, float, bf16 *);
+#define PREFETCH_AHEAD 8 /* tokens */
+
+/* softmax(q k^T * scale) v for the group query heads that share one key-value head, over len cached
+ * tokens, in float32. Each token's key and value are widened once for the whole group; each head's sums
+ * run in the order one head alone would run them. Scores fit on the stack (a float per token and head),
+ * computed 16 tokens at a time. q and out: the group's heads, one after another. */
+static inline __attribute__((always_inline)) void attend_group(const bf16 *q, const int64_t group, const bf16 *keys,
+                                                               const bf16 *values, const int64_t *offsets, int64_t len,
+                                                               const int64_t head_dim, float scale, bf16 *out) {
+    const int64_t chunks = head_dim / 16;
+    f32x16 query[group][chunks], sums[group][16];
+    float scores[group][len + 15], peak[group], total[group];
+    for (int64_t h = 0; h < group; h++) {
+        for (int64_t c = 0; c < chunks; c++) query[h][c] = load16(q + h * head_dim + c * 16) * scale;
+        peak[h] = -INFINITY, total[h] = 0.0f;
+    }
+    for (int64_t start = 0; start < len; start += 16) {
+        for (int64_t i = 0; i < 16; i++) {
+            int64_t t = start + i;
+            if (t + PREFETCH_AHEAD < len) /* slots are scattered over blocks: fetch ahead, the value too */
+                for (int64_t line = 0; line < head_dim; line += 32) {
+                    __builtin_prefetch(keys + offsets[t + PREFETCH_AHEAD] + line);
+                    __builtin_prefetch(values + offsets[t + PREFETCH_AHEAD] + line);
+                }
+            f32x16 key[chunks];
+            for (int64_t c = 0; c < chunks; c++) key[c] = t < len ? load16(keys + offsets[t] + c * 16) : (f32x16){0};
+            for (int64_t h = 0; h < group; h++) {
+                sums[h][i] = query[h][0] * key[0];
+                for (int64_t c = 1; c < chunks; c++) sums[h][i] += query[h][c] * key[c];
+            }
+        }
+        for (int64_t h = 0; h < group; h++) {
+            f32x16 block = hsum16(sums[h]);
+            memcpy(scores[h] + start, &block, sizeof(block));
+        }
+    }
+    for (int64_t h = 0; h < group; h++) {
+        for (int64_t t = 0; t < len; t++) peak[h] = scores[h][t] > peak[h] ? scores[h][t] : peak[h];
+        for (int64_t t = 0; t < len; t++) scores[h][t] = exp_approx(scores[h][t] - peak[h]);
+        for (int64_t t = 0; t < len; t++) total[h] += scores[h][t];
+    }
+    f32x16 acc[group][chunks];
+    for (int64_t h = 0; h < group; h++)
+        for (int64_t c = 0; c < chunks; c++) acc[h][c] = (f32x16){0};
+    for (int64_t t = 0; t < len; t++) { /* a chain of additions per head and chunk: several in flight */
+        f32x16 value[chunks];
+        for (int64_t c = 0; c < chunks; c++) value[c] = load16(values + offsets[t] + c * 16);
+        for (int64_t h = 0; h < group; h++)
+            for (int64_t c = 0; c < chunks; c++) acc[h][c] += scores[h][t] * value[c];
+    }
+    for (int64_t h = 0; h < group; h++)
+        for (int64_t c = 0; c < chunks; c++)
+            for (int j = 0; j < 16; j++) out[h * head_dim + c * 16 + j] = to_bf16(acc[h][c][j] / total[h]);
+}
+
+/* attend_group with the common head sizes as constants, so that a head's query stays in registers */
+typedef void (*attend_fn)(const bf16 *, int64_t, const bf16 *, const bf16 *, const int64_t *, int64_t, int64_t, float,
+                          bf16 *);
 #define ATTEND_HEAD_DIM(D)                                                                                         \
-    static void attend_head_##D(const bf16 *q, const bf16 *keys, const bf16 *values, const int64_t *offsets,      \
-                                int64_t len, int64_t head_dim, float scale, bf16 *out) {                          \
+    static void attend_##D(const bf16 *q, int64_t group, const bf16 *keys, const bf16 *values,                    \
+                           const int64_t *offsets, int64_t len, int64_t head_dim, float scale, bf16 *out) {        \
         (void)head_dim;                                                                                            \
-        attend_head(q, keys, values, offsets, len, D, scale, out);                                                 \
+        attend_group(q, group, keys, values, offsets, len, D, scale, out);                                         \
     }
 ATTEND_HEAD_DIM(64) ATTEND_HEAD_DIM(128)
-static void attend_head_any(const bf16 *q, const bf16 *keys, const bf16 *values, const int64_t *offsets, int64_t len,
-                            int64_t head_dim, float scale, bf16 *out) {
-    attend_head(q, keys, values, offsets, len, head_dim, scale, out);
+static void attend_any(const bf16 *q, int64_t group, const bf16 *keys, const bf16 *values, const int64_t *offsets,
+                       int64_t len, int64_t head_dim, float scale, bf16 *out) {
+    attend_group(q, group, keys, values, offsets, len, head_dim, scale, out);
 }
 
 /* One query token per sequence over its cached context (which already holds this token's key and value).
  * q: [rows, heads, D] with a row stride; cache: [slots, 2 * kv_heads, D]; block_table: [rows, max_blocks];
- * out: [rows, heads * D]. Query heads are independent tasks, spread over threads. */
+ * out: [rows, heads * D]. Each row's key-value heads, with their query heads, are independent tasks, spread
+ * over threads. */
 void decode_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, const int64_t *block_table,
                       int64_t max_blocks, const int64_t *context_lens, int64_t block_size, bf16 *out, int64_t rows,
                       int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int threads) {
@@ -187,13 +227,13 @@ void decode_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, co
     for (int64_t r = 0; r < rows; r++)
         for (int64_t t = 0; t < context_lens[r]; t++)
             offsets[starts[r] + t] = (block_table[r * max_blocks + t / block_size] * block_size + t % block_size) * slot_width;
-    attend_fn attend = head_dim == 64 ? attend_head_64 : head_dim == 128 ? attend_head_128 : attend_head_any;
+    attend_fn attend = head_dim == 64 ? attend_64 : head_dim == 128 ? attend_128 : attend_any;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (total * heads >= 2048)
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t h = 0; h < heads; h++)
-            attend(q + r * q_row_stride + h * head_dim, cache + (h / group) * head_dim,
-                   cache + (kv_heads + h / group) * head_dim, offsets + starts[r], context_lens[r], head_dim, scale,
-                   out + (r * heads + h) * head_dim);
+        for (int64_t g = 0; g < kv_heads; g++)
+            attend(q + r * q_row_stride + g * group * head_dim, group, cache + g * head_dim,
+                   cache + (kv_heads + g) * head_dim, offsets + starts[r], context_lens[r], head_dim, scale,
+                   out + (r * heads + g * group) * head_dim);
     free(offsets);
 }
 
