@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 from wsgi_infer import SamplingParams
+from wsgi_infer.engine.kernels.build import library_path
+from wsgi_infer.engine.model_loader import RESOLVED_CONFIGS_DIR
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -38,3 +40,11 @@ def test_unsupported_architecture_names_path_and_expectation(tmp_path):
     assert result.returncode == 2
     assert f"model {tmp_path}: unsupported architecture 'bert' (expected one of: gpt2, llama" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_prepare_does_a_first_starts_work_ahead(tiny_model_dirs, tmp_path, monkeypatch):
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
+    result = run_cli("prepare", "--model", str(tiny_model_dirs["llama"]))
+    assert result.returncode == 0, result.stderr
+    assert library_path().is_file() and library_path().is_relative_to(tmp_path)
+    assert len(list((tmp_path / RESOLVED_CONFIGS_DIR).iterdir())) == 1

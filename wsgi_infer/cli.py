@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     prepare = commands.add_parser(
-        "prepare", help="convert the model into the cache ahead of serving (a first start does it otherwise)"
+        "prepare", help="build the kernels and convert the model into the cache ahead of the first start"
     )
     prepare.add_argument("--model", default=None, help="Hugging Face directory or .gguf file")
     serve = commands.add_parser("serve", help="run the HTTP server (gunicorn, gevent worker)")

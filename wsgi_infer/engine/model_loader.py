@@ -54,7 +54,7 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
 
 
 def _converted_gguf_dir(gguf: Path) -> Path:
-    with conversion_lock(gguf):  # the server's master may be converting it already
+    with conversion_lock(gguf):  # another worker may be converting it already
         target = converted_gguf_dir(gguf, file_digest(gguf))
         if (target / "config.json").is_file():
             log.info("model %s: using converted copy %s", gguf, target)
