@@ -54,21 +54,25 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
 
 
 def _converted_gguf_dir(gguf: Path) -> Path:
-    with conversion_lock(gguf):  # another worker may be converting it already
-        target = converted_gguf_dir(gguf, file_digest(gguf))
-        if (target / "config.json").is_file():
-            log.info("model %s: using converted copy %s", gguf, target)
-            return target
-        log.info("model %s: converting GGUF to safetensors in %s (once; about 4 s)", gguf, target)
-        started = time.monotonic()
-        staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-        try:
-            _convert_gguf(gguf, staging)
-            os.replace(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    log.info("model %s: converted in %.1f s", gguf, time.monotonic() - started)
+    target = converted_gguf_dir(gguf, file_digest(gguf))
+    if not (target / "config.json").is_file():  # the lock only then: a prepared cache may be read-only
+        with conversion_lock(target):
+            if not (target / "config.json").is_file():  # another worker may have converted it meanwhile
+                _convert_gguf_into(gguf, target)
+    log.info("model %s: using converted copy %s", gguf, target)
     return target
+
+
+def _convert_gguf_into(gguf: Path, target: Path) -> None:
+    log.info("model %s: converting GGUF to safetensors in %s (once; about 4 s)", gguf, target)
+    started = time.monotonic()
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        _convert_gguf(gguf, staging)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("model %s: converted in %.1f s", gguf, time.monotonic() - started)
 
 
 def _convert_gguf(gguf: Path, staging: Path) -> None:

@@ -70,9 +70,6 @@ def converted_gguf_dir(gguf: Path, digest: str) -> Path:
     return cache_root() / f"{gguf.stem}-{digest}-{CONVERSION_VERSION}"
 
 
-def conversion_lock(gguf: Path) -> AbstractContextManager[None]:
-    """Held while the file's converted directory is checked and, if absent, written. Keyed by the
-    file's path, not its digest, so that one process hashes a new file, not each."""
-    key = hashlib.sha256(str(gguf.resolve()).encode()).hexdigest()[:16]
-    waiting = f"model {gguf.name}: waiting for another process's conversion"
-    return file_lock(cache_root() / "locks" / f"convert-{key}.lock", waiting)
+def conversion_lock(target: Path) -> AbstractContextManager[None]:
+    """Held while a converted directory is checked and, if absent, written."""
+    return file_lock(cache_root() / "locks" / f"{target.name}.lock", f"{target.name}: waiting for another conversion")
