@@ -55,7 +55,7 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
 
 def _converted_gguf_dir(gguf: Path) -> Path:
     target = converted_gguf_dir(gguf, file_digest(gguf))
-    if not (target / "config.json").is_file():  # the lock only then: a prepared cache may be read-only
+    if not (target / "config.json").is_file():  # the lock only then: reading needs no write access
         with conversion_lock(target):
             if not (target / "config.json").is_file():  # another worker may have converted it meanwhile
                 _convert_gguf_into(gguf, target)
