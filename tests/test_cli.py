@@ -6,8 +6,10 @@ import subprocess
 import sys
 
 from wsgi_infer import SamplingParams
+from wsgi_infer.engine.cache_files import read_json
 from wsgi_infer.engine.kernels.build import library_path
 from wsgi_infer.engine.model_loader import RESOLVED_CONFIGS_DIR
+from wsgi_infer.engine.model_runner import PACKED_ROWS_FILE
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -44,7 +46,9 @@ def test_unsupported_architecture_names_path_and_expectation(tmp_path):
 
 def test_prepare_does_a_first_starts_work_ahead(tiny_model_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("WSGI_INFER_QUANTIZATION", "int8")  # the server's settings apply
     result = run_cli("prepare", "--model", str(tiny_model_dirs["llama"]))
     assert result.returncode == 0, result.stderr
     assert library_path().is_file() and library_path().is_relative_to(tmp_path)
     assert len(list((tmp_path / RESOLVED_CONFIGS_DIR).iterdir())) == 1
+    assert read_json(tmp_path / PACKED_ROWS_FILE)  # the crossing points of this CPU

@@ -28,13 +28,19 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    """What a first start does before it loads (compile the CPU kernels, convert a GGUF, resolve the
-    config), done ahead: in a container image's build, say, so that every start is a later start."""
-    from .engine.kernels.build import build_cpu_kernels
-    from .engine.model_loader import load_config, resolve_model_dir
+    """A first start's work, done ahead for the engine the server's WSGI_INFER_* settings describe:
+    compile the CPU kernels, convert a GGUF, resolve its config and measure the crossing points. In a
+    container image's build, say, so that every start is a later one."""
+    import os
 
+    from .engine.kernels.build import build_cpu_kernels
+    from .engine.llm_engine import LLMEngine
+    from .server.settings import ServerSettings
+
+    if args.model:
+        os.environ["WSGI_INFER_MODEL"] = args.model
     build_cpu_kernels()
-    load_config(resolve_model_dir(args.model))
+    LLMEngine(ServerSettings().engine_config())
     return 0
 
 
@@ -75,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     prepare = commands.add_parser(
         "prepare", help="build the kernels and convert the model into the cache ahead of the first start"
     )
-    prepare.add_argument("--model", default=None, help="Hugging Face directory or .gguf file")
+    prepare.add_argument("--model", default=None, help="sets WSGI_INFER_MODEL; the other WSGI_INFER_* settings apply")
     serve = commands.add_parser("serve", help="run the HTTP server (gunicorn, gevent worker)")
     serve.add_argument("--model", default=None, help="sets WSGI_INFER_MODEL")
     serve.add_argument("--bind", default=None, help="HOST:PORT (default 127.0.0.1:8000)")
