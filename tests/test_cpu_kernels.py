@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from wsgi_infer import LLM
-from wsgi_infer.engine.kernels.build import build_cpu_kernels, library_path
+from wsgi_infer.engine.kernels.build import build_cpu_kernels, build_lock, built_library, library_path
 from wsgi_infer.engine.kernels.cpu import CpuKernels, int4_kernel_layout, load_cpu_kernels
 from wsgi_infer.engine.layers.activation import SiluAndMul
 from wsgi_infer.engine.layers.norm import RMSNorm
@@ -15,6 +18,7 @@ from wsgi_infer.engine.layers.quantization import Int4Groups, Int4Linear, SmallB
 from wsgi_infer.engine.layers.rotary import apply_rotary_
 
 from .conftest import assert_idle
+from .server import GunicornServer
 from .test_batching import GREEDY, PROMPTS, run_alone, run_staggered
 
 BF16_ULP = 2**-7  # bf16 keeps 8 significant bits: neighbours differ by 2^-7 relative, at most
@@ -166,3 +170,37 @@ def test_without_a_compiler_torch_ops_serve(tiny_model_dirs, tmp_path, monkeypat
     llm = LLM(model=str(tiny_model_dirs["llama"]), dtype="bfloat16")
     assert llm.engine.runner.model.layers[0].self_attn.kernels is None
     assert len(llm.generate("Hi", GREEDY)[0].token_ids) == GREEDY.max_tokens
+
+
+def test_a_worker_waits_for_the_build_the_master_started(tmp_path, monkeypatch, caplog):
+    """The master's child holds the build's lock while it compiles; a worker's engine thread waits on it."""
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
+    target, found, waiting = library_path(), [], threading.Event()
+    seen = logging.Handler()
+    seen.emit = lambda record: "waiting for the CPU kernels' build" in record.getMessage() and waiting.set()
+    logging.getLogger("wsgi_infer").addHandler(seen)
+    try:
+        with build_lock(target), caplog.at_level(logging.INFO, logger="wsgi_infer"):
+            waiter = threading.Thread(target=lambda: found.append(built_library()))
+            waiter.start()
+            assert waiting.wait(30)  # logged just before it blocks on the lock
+            assert not found
+            target.write_bytes(b"built")  # what the child leaves before it exits
+        waiter.join(30)
+    finally:
+        logging.getLogger("wsgi_infer").removeHandler(seen)
+    assert found == [target]
+
+
+def test_the_master_compiles_beside_the_workers_imports(tiny_model_dirs, tmp_path):
+    """On a machine without the library, gunicorn's master starts the compiler in a child process and
+    goes on to fork; the worker loads what the child built."""
+    settings = {"model": str(tiny_model_dirs["llama"]), "dtype": "bfloat16"}
+    with GunicornServer(settings, WSGI_INFER_CACHE_DIR=str(tmp_path)) as server:
+        (worker,) = server.wait_booted()
+        (built,) = [line for line in server.lines if "built the CPU kernels" in line]
+        assert f"[{server.process.pid}]" not in built and f"[{worker}]" not in built
+        assert not [line for line in server.lines if "no CPU kernels built" in line]
+        with server.client() as client:
+            reply = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 
-from wsgi_infer.engine.kernels.build import build_cpu_kernels
+from wsgi_infer.engine.kernels.build import start_building_cpu_kernels
 from wsgi_infer.server.extension import manager_of
 
 # Read in the master before any worker exists (and before torch is imported anywhere).
@@ -38,9 +38,10 @@ loglevel = "info"
 
 
 def on_starting(server):
-    """In the master, before any worker: compile the CPU kernels if this machine has none yet.
-    A gevent worker cannot wait for a compiler from its engine thread; it only loads them."""
-    build_cpu_kernels()
+    """In the master, before any worker: start compiling the CPU kernels if this machine has none yet.
+    The compiler runs while the workers import; their engine threads wait for it on the build's lock.
+    A gevent worker could not run it: its engine thread cannot wait for a child process."""
+    start_building_cpu_kernels()
 
 
 def pre_fork(server, worker):

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .build import library_path
+from .build import built_library
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ class FusedDecoder:
 
 def load_cpu_kernels() -> CpuKernels | None:
     """The kernels built for this CPU (see build.py), or None where they are not there."""
-    library = library_path()
+    library = built_library()  # the server's master may still be building it
     if not library.exists():
         log.warning("no CPU kernels built for this CPU (%s): torch ops serve instead", library)
         return None
