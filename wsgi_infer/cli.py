@@ -92,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.gunicorn_args[:1] == ["--"]:
             args.gunicorn_args = args.gunicorn_args[1:]
         return _serve(args)
-    log_format = "%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=logging.INFO, format=log_format, stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         return _prepare(args) if args.command == "prepare" else _generate(args)
     except ValueError as exc:  # ModelLoadError included
