@@ -30,7 +30,7 @@ ENGINE_VOCABULARY = (
     "wsgi_infer.engine.sampling_params",
     "wsgi_infer.engine.outputs",
 )
-# Torch-free engine steps the gunicorn master runs before it forks workers: compiling the CPU kernels.
+# Torch-free engine steps the gunicorn master runs before it forks workers: starting the CPU kernels' build.
 MASTER_STEPS = (
     "wsgi_infer.engine.kernels",
     "wsgi_infer.engine.kernels.build",

@@ -18,7 +18,7 @@ class LLM:
     """Batch generation without a server; the same engine the server drives."""
 
     def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto", **engine_options) -> None:
-        build_cpu_kernels()  # the server's master does this before it forks; here nothing else would
+        build_cpu_kernels()  # in the server, a child of the master does this; here nothing else would
         self.engine = LLMEngine(EngineConfig(model=model, device=device, dtype=dtype, **engine_options))
         self._ids = itertools.count()
 
