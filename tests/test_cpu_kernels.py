@@ -14,7 +14,13 @@ from wsgi_infer.engine.kernels.build import build_cpu_kernels, build_lock, built
 from wsgi_infer.engine.kernels.cpu import CpuKernels, int4_kernel_layout, load_cpu_kernels
 from wsgi_infer.engine.layers.activation import SiluAndMul
 from wsgi_infer.engine.layers.norm import RMSNorm
-from wsgi_infer.engine.layers.quantization import Int4Groups, Int4Linear, SmallBatchLinear
+from wsgi_infer.engine.layers.quantization import (
+    Int4Groups,
+    Int4Linear,
+    RowwiseInt8Linear,
+    SmallBatchLinear,
+    rowwise_int8_available,
+)
 from wsgi_infer.engine.layers.rotary import apply_rotary_
 
 from .conftest import assert_idle
@@ -50,10 +56,12 @@ def test_rms_norm_and_its_residual_add_round_as_torch(kernels, with_residual):
 
 def test_silu_and_mul_and_rotary_round_as_torch(kernels):
     torch.manual_seed(0)
-    gate_up, act = randn(5, 3072, scale=4), SiluAndMul()
-    expected = act(gate_up)
-    act.kernels = kernels
-    torch.testing.assert_close(act(gate_up), expected, rtol=BF16_ULP, atol=0)
+    act = SiluAndMul()
+    for gate_up in (randn(5, 3072, scale=4), randn(3, 80, scale=4)):  # 16 lanes at a time, and a tail of 8
+        act.kernels = None
+        expected = act(gate_up)
+        act.kernels = kernels
+        torch.testing.assert_close(act(gate_up), expected, rtol=BF16_ULP, atol=0)
     qkv, cos, sin = randn(5, 15, 64), torch.randn(5, 1, 64), torch.randn(5, 1, 64)
     by_torch, by_kernel = qkv.clone(), qkv.clone()
     apply_rotary_(by_torch[:, :12], cos, sin)
@@ -84,6 +92,33 @@ def test_decode_attention_reads_scattered_blocks_as_sdpa_does(kernels):
     # And each head what it gives with a key-value head of its own: a group shares reads, not arithmetic.
     own_heads = torch.cat([cache[:, :kv_heads].repeat_interleave(3, 1), cache[:, kv_heads:].repeat_interleave(3, 1)], 1)
     assert torch.equal(kernels.decode_attention(q, own_heads, padded, lens, block_size, scale=0.125), got)
+
+
+@pytest.mark.parametrize("vocab", [49152, 49157, 5])  # whole chunks of 16, a tail, a tail alone
+def test_argmax_picks_what_torch_picks(kernels, vocab):
+    """The first of equal maxima, a NaN before any number, all -inf, infinities, and rows of ties."""
+    torch.manual_seed(0)
+    logits = torch.randn(9, vocab)
+    logits[1, vocab // 2] = logits[1, vocab - 1] = 100.0  # equal maxima far apart
+    logits[2, 3 % vocab] = logits[2, vocab - 2] = float("nan")
+    logits[3] = float("-inf")
+    logits[4, vocab // 3] = float("inf")
+    logits[5] = 1.0
+    logits[6] = logits[6].bfloat16().float() * 0  # zeros and negative zeros
+    logits[7, -1] = 50.0  # in the tail, where there is one
+    assert torch.equal(kernels.argmax(logits), logits.argmax(-1))
+    assert kernels.argmax(logits[7:8]).item() == logits[7].argmax().item()  # one row: no threads
+
+
+@pytest.mark.skipif(not rowwise_int8_available(), reason="no fbgemm with VNNI on this CPU")
+def test_the_lm_heads_int8_rows_rescale_as_torch_ops_round(kernels):
+    torch.manual_seed(0)
+    layer = RowwiseInt8Linear(torch.nn.Linear(576, 1000, bias=False).bfloat16())
+    layer.max_rows = 64
+    x = randn(7, 576, scale=3)
+    expected = layer(x)
+    layer.kernels = kernels
+    assert torch.equal(layer(x), expected)
 
 
 @pytest.mark.parametrize("extra_flags", [(), ("-mno-avx512bf16",)], ids=["as built", "without AVX512-BF16"])

@@ -47,7 +47,7 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.sampler = Sampler()
+        self.sampler = Sampler(self.runner.kernels)
         self._seqs: dict[str, Sequence] = {}
         self._seed_source = random.Random(config.seed)
         self.grammars = GrammarCompiler(self.tokenizer, self.hf_config.vocab_size)

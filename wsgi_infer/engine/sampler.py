@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from .grammar import apply_grammar_masks
+from .kernels.cpu import CpuKernels
 from .outputs import TokenLogprob
 from .sequence import Sequence
 
@@ -64,13 +65,22 @@ def prompt_logprobs(logits: torch.Tensor, targets: list[int], num_top: int) -> l
 
 
 class Sampler:
+    def __init__(self, kernels: CpuKernels | None = None) -> None:
+        self._kernels = kernels  # their argmax, for float32 logits on the CPU
+
+    def greedy(self, logits: torch.Tensor) -> list[int]:
+        """Each row's most likely token."""
+        if self._kernels is not None and logits.device.type == "cpu" and logits.dtype == torch.float32:
+            return self._kernels.argmax(logits.contiguous()).tolist()
+        return logits.argmax(-1).tolist()
+
     @torch.inference_mode()  # the runner's logits are inference tensors, processed in place
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
         """One next token per row; the logprobs the request asked for (model distribution)."""
         want_logprobs = any(s.params.logprobs is not None for s in seqs)
         raw_logprobs = logits.log_softmax(-1) if want_logprobs else None
         self._process(logits, seqs)
-        greedy = logits.argmax(-1).tolist()
+        greedy = self.greedy(logits)
         tokens: list[int] = []
         for i, seq in enumerate(seqs):
             p = seq.params

@@ -31,6 +31,8 @@ _SIGNATURES = {
     "int4_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
     "int4_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
     "decode_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I],
+    "rescale_rows": [_P, _P, _P, _P, _P, _I, _I, ctypes.c_int],
+    "argmax_rows": [_P, _I, _I, _P, ctypes.c_int],
 }
 
 
@@ -124,6 +126,34 @@ class CpuKernels:
         self._lib.int4_dequantize(
             codes.data_ptr(), scale.data_ptr(), low.data_ptr(), out.data_ptr(), n, k, torch.get_num_threads()
         )
+        return out
+
+    def rescale_rows(
+        self, y: torch.Tensor, width: torch.Tensor, low: torch.Tensor, row_sums: torch.Tensor
+    ) -> torch.Tensor:
+        """bf16(y * width + low * row_sums) for float32 y [rows, n], width and low [rows, 1], row_sums [n]:
+        RowwiseInt8Linear's torch ops, rounded as they round, in one pass instead of three."""
+        out = y.new_empty(y.shape, dtype=torch.bfloat16)
+        rows, n = y.shape
+        self._lib.rescale_rows(
+            y.data_ptr(),
+            width.data_ptr(),
+            low.data_ptr(),
+            row_sums.data_ptr(),
+            out.data_ptr(),
+            rows,
+            n,
+            torch.get_num_threads(),
+        )
+        return out
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """torch.argmax over the last dimension of float32 rows [rows, n] (the first of equal maxima; NaN
+        counts as largest), in one vectorized pass: torch's took 2.5 ms for 64 rows of a 49,152-token
+        vocabulary on this machine's EPYC, this 0.3."""
+        rows, n = logits.shape
+        out = torch.empty(rows, dtype=torch.long)
+        self._lib.argmax_rows(logits.data_ptr(), rows, n, out.data_ptr(), torch.get_num_threads())
         return out
 
     def fused_decoder(self, layers: list[DecoderWeights], dims: DecoderDims) -> FusedDecoder:

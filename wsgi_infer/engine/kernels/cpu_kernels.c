@@ -66,6 +66,30 @@ static inline float exp_approx(float x) {
     return (p * r2 + r + 1.0f) * two_k;
 }
 
+static inline f32x16 select16(i32x16 mask, f32x16 a, f32x16 b) {
+    return (f32x16)(((i32x16)a & mask) | ((i32x16)b & ~mask));
+}
+
+/* exp_approx of 16 lanes, each with exactly exp_approx's operations (GCC does not vectorize its floorf) */
+static inline f32x16 exp16(f32x16 x) {
+    const f32x16 zero = {0}, lowest = zero - 87.0f, highest = zero + 88.0f;
+    x = select16(x < lowest, lowest, select16(x > highest, highest, x));
+    f32x16 scaled = x * 1.44269504f + 0.5f, truncated = __builtin_convertvector(__builtin_convertvector(scaled, i32x16), f32x16);
+    f32x16 k = truncated - select16(truncated > scaled, zero + 1.0f, zero); /* floor: |scaled| < 2^23 */
+    f32x16 r = x - k * 0.693359375f + k * 2.12194440e-4f, r2 = r * r;
+    f32x16 p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
+                1.6666665459e-1f) * r + 5.0000001201e-1f;
+    i32x16 bits = (__builtin_convertvector(k, i32x16) + 127) << 23;
+    return (p * r2 + r + 1.0f) * (f32x16)bits;
+}
+
+/* to_bf16 of 16 lanes */
+static inline u16x16 to_bf16x16(f32x16 v) {
+    u32x16 bits = (u32x16)v, rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    i32x16 nan = (i32x16)((bits & 0x7fffffffu) > 0x7f800000u);
+    return __builtin_convertvector((((bits >> 16) | 0x40) & (u32x16)nan) | (rounded & ~(u32x16)nan), u16x16);
+}
+
 /* out = weight * bf16(rms_norm(float(x))): RMSNorm as transformers rounds it. With a residual, the sum
  * residual + x (rounded to bf16, as torch adds) is normalized, and kept in residual, in place. */
 void rms_norm(const bf16 *x, bf16 *residual, const bf16 *weight, bf16 *out, int64_t rows, int64_t dim, float eps,
@@ -95,7 +119,15 @@ void silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t width, int t
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         const bf16 *gate = gate_up + r * 2 * width, *up = gate + width;
-        for (int64_t i = 0; i < width; i++) {
+        int64_t i = 0;
+        for (; i + 16 <= width; i += 16) { /* what the loop below does, 16 at a time */
+            f32x16 g = load16(gate + i);
+            u16x16 silu = to_bf16x16(g / (1.0f + exp16(-g)));
+            u32x16 silu_bits = __builtin_convertvector(silu, u32x16) << 16;
+            u16x16 product = to_bf16x16((f32x16)silu_bits * load16(up + i));
+            memcpy(out + r * width + i, &product, sizeof(product));
+        }
+        for (; i < width; i++) {
             float g = to_float(gate[i]);
             float silu = to_float(to_bf16(g / (1.0f + exp_approx(-g))));
             out[r * width + i] = to_bf16(silu * to_float(up[i]));
@@ -114,10 +146,9 @@ void rotate(bf16 *x, int64_t row_stride, const float *cos_rows, const float *sin
         const float *c = cos_rows + r * head_dim, *s = sin_rows + r * head_dim;
         for (int64_t h = 0; h < heads; h++) {
             bf16 *v = x + r * row_stride + h * head_dim;
-            for (int64_t d = 0; d < head_dim; d++) {
-                float a = to_float(v[d]) * c[d], b = to_float(v[(d + half) % head_dim]) * s[d];
-                rotated[d] = a + b;
-            }
+            for (int64_t d = 0; d < half; d++) /* two halves, so that each loop vectorizes */
+                rotated[d] = to_float(v[d]) * c[d] + to_float(v[d + half]) * s[d];
+            for (int64_t d = half; d < head_dim; d++) rotated[d] = to_float(v[d]) * c[d] + to_float(v[d - half]) * s[d];
             for (int64_t d = 0; d < head_dim; d++) v[d] = to_bf16(rotated[d]);
         }
     }
@@ -178,7 +209,12 @@ static inline __attribute__((always_inline)) void attend_group(const bf16 *q, co
     }
     for (int64_t h = 0; h < group; h++) {
         for (int64_t t = 0; t < len; t++) peak[h] = scores[h][t] > peak[h] ? scores[h][t] : peak[h];
-        for (int64_t t = 0; t < len; t++) scores[h][t] = exp_approx(scores[h][t] - peak[h]);
+        for (int64_t t = 0; t < len; t += 16) { /* the padding past len is computed, never read */
+            f32x16 block;
+            memcpy(&block, scores[h] + t, sizeof(block));
+            block = exp16(block - peak[h]);
+            memcpy(scores[h] + t, &block, sizeof(block));
+        }
         for (int64_t t = 0; t < len; t++) total[h] += scores[h][t];
     }
     f32x16 acc[group][chunks];
@@ -405,6 +441,48 @@ void decode_layers(const DecoderLayer *layers, int64_t num_layers, const Decoder
         project(act, rows, &layer->down, x, shape->threads);
     }
     free(h), free(attn), free(qkv), free(gate_up), free(act);
+}
+
+/* --- the LM head's rows ------------------------------------------------------------------------------------ */
+
+/* out = bf16(y * width + low * row_sums), row by row: RowwiseInt8Linear's rescaling of the int8 kernel's
+ * float32 output, rounded as its torch ops round it (mul_, then addr_, which fuses its multiply-add). */
+void rescale_rows(const float *y, const float *width, const float *low, const float *row_sums, bf16 *out,
+                  int64_t rows, int64_t n, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < n; i++) out[r * n + i] = to_bf16(fmaf(low[r], row_sums[i], y[r * n + i] * width[r]));
+}
+
+/* Each row's index of its largest value, the first where several are equal, as torch.argmax gives it (a NaN
+ * counts as the largest). One pass keeps, per lane, the largest value and where it came first. */
+void argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out, int threads) {
+    const i32x16 lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * n;
+        f32x16 top = {0};
+        i32x16 at = lanes, nan = {0};
+        int64_t i = 0, found = 0;
+        for (int j = 0; j < 16; j++) top[j] = -INFINITY;
+        for (; i + 16 <= n; i += 16) {
+            f32x16 v;
+            memcpy(&v, row + i, sizeof(v));
+            i32x16 larger = v > top;
+            top = select16(larger, v, top);
+            at = (at & ~larger) | ((lanes + (int32_t)i) & larger);
+            nan |= v != v;
+        }
+        float best = -INFINITY;
+        for (int j = 0; j < 16; j++) /* the lanes' maxima; the earliest index among equals */
+            if (top[j] > best || (top[j] == best && at[j] < found)) best = top[j], found = at[j];
+        for (int j = 0; j < 16; j++) nan[0] |= nan[j];
+        for (int64_t j = nan[0] ? 0 : i; j < n; j++) { /* the tail, or the first NaN */
+            if (row[j] != row[j]) { found = j; break; }
+            if (row[j] > best) best = row[j], found = j;
+        }
+        out[r] = found;
+    }
 }
 
 /* --- int4 weights back to bf16 ------------------------------------------------------------------------------

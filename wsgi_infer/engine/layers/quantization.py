@@ -170,6 +170,8 @@ class RowwiseInt8Linear(SmallBatchLinear):
     maximum, always with the same scale, and a row's result never depends on the rest of its batch.
     """
 
+    kernels: CpuKernels | None = None  # rescales the kernel's output in one pass (see kernels.cpu.attach_kernels)
+
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__(linear)
         weight_int8, scale = _int8_per_channel(linear.weight)
@@ -190,6 +192,8 @@ class RowwiseInt8Linear(SmallBatchLinear):
         unit = torch.cat(((x - low) / width, self.span))
         # reduce_range False: full 8-bit activations, safe where VNNI sums in int32 (rowwise_int8_available).
         out = torch.ops.quantized.linear_dynamic(unit, self.packed, False)[:-1]
+        if self.kernels is not None and rows.dtype == torch.bfloat16:
+            return self.kernels.rescale_rows(out, width, low, self.row_sums)
         return out.mul_(width).addr_(low.squeeze(1), self.row_sums).to(rows.dtype)
 
 
