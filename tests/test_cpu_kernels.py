@@ -69,29 +69,31 @@ def test_silu_and_mul_and_rotary_round_as_torch(kernels):
     assert torch.equal(by_kernel, by_torch)  # the same products and sums, rounded once; values untouched
 
 
-def test_decode_attention_reads_scattered_blocks_as_sdpa_does(kernels):
+@pytest.mark.parametrize("head_dim", [64, 80])  # 80: pairs of 32 values and a last 16, padded
+def test_decode_attention_reads_scattered_blocks_as_sdpa_does(kernels, head_dim):
     """Three sequences of different lengths over blocks out of order, grouped-query heads (9 over 3)."""
     torch.manual_seed(0)
-    block_size, kv_heads, heads, head_dim = 4, 3, 9, 64
+    block_size, kv_heads, heads = 4, 3, 9
     cache = randn(40 * block_size, 2 * kv_heads, head_dim)
     lens = torch.tensor([1, 13, 30])
     tables = [torch.randperm(40)[: -(-n // block_size)] for n in lens.tolist()]
     padded = torch.stack([F.pad(t, (0, 8 - len(t))) for t in tables])
     q = randn(3, heads + 2 * kv_heads, head_dim)[:, :heads]  # strided rows, as in the projection's output
-    got = kernels.decode_attention(q, cache, padded, lens, block_size, scale=0.125)
+    got = kernels.decode_attention(q, cache, padded, lens, block_size, scale=head_dim**-0.5)
     for row, (table, n) in enumerate(zip(tables, lens.tolist())):
         slots = (table[:, None] * block_size + torch.arange(block_size)).flatten()[:n]
         keys, values = cache[slots, :kv_heads].float(), cache[slots, kv_heads:].float()
+        query = q[row].float().view(kv_heads, 3, head_dim)
         expected = F.scaled_dot_product_attention(
-            q[row].float().view(kv_heads, 3, head_dim), keys.transpose(0, 1), values.transpose(0, 1), scale=0.125
+            query, keys.transpose(0, 1), values.transpose(0, 1), scale=head_dim**-0.5
         )
         torch.testing.assert_close(got[row].float(), expected.flatten(), rtol=2 * BF16_ULP, atol=1e-3)
     # Each row alone gives what it gave in the batch.
-    alone = kernels.decode_attention(q[2:], cache, padded[2:], lens[2:], block_size, scale=0.125)
+    alone = kernels.decode_attention(q[2:], cache, padded[2:], lens[2:], block_size, scale=head_dim**-0.5)
     assert torch.equal(alone, got[2:])
     # And each head what it gives with a key-value head of its own: a group shares reads, not arithmetic.
     own_heads = torch.cat([cache[:, :kv_heads].repeat_interleave(3, 1), cache[:, kv_heads:].repeat_interleave(3, 1)], 1)
-    assert torch.equal(kernels.decode_attention(q, own_heads, padded, lens, block_size, scale=0.125), got)
+    assert torch.equal(kernels.decode_attention(q, own_heads, padded, lens, block_size, scale=head_dim**-0.5), got)
 
 
 @pytest.mark.parametrize("vocab", [49152, 49157, 5])  # whole chunks of 16, a tail, a tail alone

@@ -35,6 +35,7 @@ typedef float f32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint16_t u16x32 __attribute__((vector_size(64)));
 
 static inline f32x16 load16(const bf16 *p) {
     u16x16 half;
@@ -42,6 +43,24 @@ static inline f32x16 load16(const bf16 *p) {
     u32x16 bits = __builtin_convertvector(half, u32x16) << 16;
     f32x16 v;
     memcpy(&v, &bits, sizeof(v));
+    return v;
+}
+
+/* acc + the products of 16 pairs of bf16 values (lane i: elements 2i and 2i + 1 of a and b), each exact in
+ * float32: one vdpbf16ps where the CPU has it */
+static inline f32x16 dot_pairs(f32x16 acc, u16x32 a, u16x32 b) {
+#ifdef __AVX512BF16__
+    return (f32x16)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b);
+#else
+    u32x16 x = (u32x16)a, y = (u32x16)b;
+    return acc + ((f32x16)(x << 16) * (f32x16)(y << 16) + (f32x16)(x & 0xffff0000u) * (f32x16)(y & 0xffff0000u));
+#endif
+}
+
+/* up to 32 bf16 values, zeros after n */
+static inline u16x32 load32(const bf16 *p, int64_t n) {
+    u16x32 v = {0};
+    memcpy(&v, p, (n < 32 ? n : 32) * sizeof(bf16));
     return v;
 }
 
@@ -174,17 +193,18 @@ static inline f32x16 hsum16(const f32x16 v[16]) {
 #define PREFETCH_AHEAD 8 /* tokens */
 
 /* softmax(q k^T * scale) v for the group query heads that share one key-value head, over len cached
- * tokens, in float32. Each token's key and value are widened once for the whole group; each head's sums
- * run in the order one head alone would run them. Scores fit on the stack (a float per token and head),
+ * tokens, in float32. Scores multiply the keys as stored, pairs of bf16 at a time; each value is widened once
+ * for the whole group. Each head's sums run in the order one head alone would run them. Scores fit on the stack (a float per token and head),
  * computed 16 tokens at a time. q and out: the group's heads, one after another. */
 static inline __attribute__((always_inline)) void attend_group(const bf16 *q, const int64_t group, const bf16 *keys,
                                                                const bf16 *values, const int64_t *offsets, int64_t len,
                                                                const int64_t head_dim, float scale, bf16 *out) {
-    const int64_t chunks = head_dim / 16;
-    f32x16 query[group][chunks], sums[group][16];
+    const int64_t chunks = head_dim / 16, pairs = (head_dim + 31) / 32; /* a last 16 values padded with zeros */
+    u16x32 query[group][pairs];
+    f32x16 sums[group][16];
     float scores[group][len + 15], peak[group], total[group];
     for (int64_t h = 0; h < group; h++) {
-        for (int64_t c = 0; c < chunks; c++) query[h][c] = load16(q + h * head_dim + c * 16) * scale;
+        for (int64_t c = 0; c < pairs; c++) query[h][c] = load32(q + h * head_dim + c * 32, head_dim - c * 32);
         peak[h] = -INFINITY, total[h] = 0.0f;
     }
     for (int64_t start = 0; start < len; start += 16) {
@@ -195,15 +215,16 @@ static inline __attribute__((always_inline)) void attend_group(const bf16 *q, co
                     __builtin_prefetch(keys + offsets[t + PREFETCH_AHEAD] + line);
                     __builtin_prefetch(values + offsets[t + PREFETCH_AHEAD] + line);
                 }
-            f32x16 key[chunks];
-            for (int64_t c = 0; c < chunks; c++) key[c] = t < len ? load16(keys + offsets[t] + c * 16) : (f32x16){0};
-            for (int64_t h = 0; h < group; h++) {
-                sums[h][i] = query[h][0] * key[0];
-                for (int64_t c = 1; c < chunks; c++) sums[h][i] += query[h][c] * key[c];
+            u16x32 key[pairs];
+            for (int64_t c = 0; c < pairs; c++)
+                key[c] = t < len ? load32(keys + offsets[t] + c * 32, head_dim - c * 32) : (u16x32){0};
+            for (int64_t h = 0; h < group; h++) { /* the key as it is stored: no widening, one instruction per pair */
+                sums[h][i] = dot_pairs((f32x16){0}, query[h][0], key[0]);
+                for (int64_t c = 1; c < pairs; c++) sums[h][i] = dot_pairs(sums[h][i], query[h][c], key[c]);
             }
         }
         for (int64_t h = 0; h < group; h++) {
-            f32x16 block = hsum16(sums[h]);
+            f32x16 block = hsum16(sums[h]) * scale;
             memcpy(scores[h] + start, &block, sizeof(block));
         }
     }
@@ -285,7 +306,6 @@ void decode_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, co
 #define TILE 16    /* outputs per vector lane set */
 #define ROW_TILE 8 /* rows sharing one unpacking of the codes */
 
-typedef uint16_t u16x32 __attribute__((vector_size(64)));
 typedef uint8_t u8x32 __attribute__((vector_size(32)));
 
 /* 32 bytes of codes as 32 words, each still holding both nibbles */
@@ -306,20 +326,12 @@ static inline void unpack_codes(const uint8_t *codes, u16x32 *low, u16x32 *high)
     *high = (wide >> 4) | 0x4300;
 }
 
-#ifdef __AVX512BF16__
-/* acc + 16 outputs' products with one pair of inputs (a broadcast bf16 pair), in one vdpbf16ps */
+/* acc + 16 outputs' products with one pair of inputs (a broadcast bf16 pair) */
 static inline f32x16 pair_dot(f32x16 acc, u16x32 codes, const bf16 *x_pair) {
     uint32_t pair;
     memcpy(&pair, x_pair, 4);
-    return (f32x16)_mm512_dpbf16_ps((__m512)acc, (__m512bh)codes, (__m512bh)_mm512_set1_epi32((int)pair));
+    return dot_pairs(acc, codes, (u16x32)((u32x16){0} + pair));
 }
-#else
-static inline f32x16 pair_dot(f32x16 acc, u16x32 codes, const bf16 *x_pair) {
-    u32x16 bits = (u32x16)codes; /* lane i: input 2i's code in the low half, 2i + 1's in the high half */
-    f32x16 even = (f32x16)(bits << 16), odd = (f32x16)(bits & 0xffff0000u);
-    return acc + (even * to_float(x_pair[0]) + odd * to_float(x_pair[1]));
-}
-#endif
 #define CODE_BIAS 128.0f
 
 /* 16 outputs (one tile of the weight) for up to ROW_TILE rows of x. Inlined with a constant row count (below),
