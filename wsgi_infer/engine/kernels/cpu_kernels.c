@@ -93,7 +93,8 @@ static inline f32x16 select16(i32x16 mask, f32x16 a, f32x16 b) {
 static inline f32x16 exp16(f32x16 x) {
     const f32x16 zero = {0}, lowest = zero - 87.0f, highest = zero + 88.0f;
     x = select16(x < lowest, lowest, select16(x > highest, highest, x));
-    f32x16 scaled = x * 1.44269504f + 0.5f, truncated = __builtin_convertvector(__builtin_convertvector(scaled, i32x16), f32x16);
+    f32x16 scaled = x * 1.44269504f + 0.5f;
+    f32x16 truncated = __builtin_convertvector(__builtin_convertvector(scaled, i32x16), f32x16);
     f32x16 k = truncated - select16(truncated > scaled, zero + 1.0f, zero); /* floor: |scaled| < 2^23 */
     f32x16 r = x - k * 0.693359375f + k * 2.12194440e-4f, r2 = r * r;
     f32x16 p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
@@ -192,10 +193,10 @@ static inline f32x16 hsum16(const f32x16 v[16]) {
 
 #define PREFETCH_AHEAD 8 /* tokens */
 
-/* softmax(q k^T * scale) v for the group query heads that share one key-value head, over len cached
- * tokens, in float32. Scores multiply the keys as stored, pairs of bf16 at a time; each value is widened once
- * for the whole group. Each head's sums run in the order one head alone would run them. Scores fit on the stack (a float per token and head),
- * computed 16 tokens at a time. q and out: the group's heads, one after another. */
+/* softmax(q k^T * scale) v for the group query heads that share one key-value head, over len cached tokens, in
+ * float32. Scores multiply the keys as stored, pairs of bf16 at a time; each value is widened once for the whole
+ * group. Each head's sums run in the order one head alone would run them. Scores fit on the stack (a float per
+ * token and head), computed 16 tokens at a time. q and out: the group's heads, one after another. */
 static inline __attribute__((always_inline)) void attend_group(const bf16 *q, const int64_t group, const bf16 *keys,
                                                                const bf16 *values, const int64_t *offsets, int64_t len,
                                                                const int64_t head_dim, float scale, bf16 *out) {
