@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from wsgi_infer import LLM
 from wsgi_infer.engine.kernels.build import build_cpu_kernels, build_lock, built_library, library_path
-from wsgi_infer.engine.kernels.cpu import CpuKernels, int4_kernel_layout, load_cpu_kernels
+from wsgi_infer.engine.kernels.cpu import CacheRows, CpuKernels, int4_kernel_layout, load_cpu_kernels
 from wsgi_infer.engine.layers.activation import SiluAndMul
 from wsgi_infer.engine.layers.norm import RMSNorm
 from wsgi_infer.engine.layers.quantization import (
@@ -70,30 +70,29 @@ def test_silu_and_mul_and_rotary_round_as_torch(kernels):
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])  # 80: pairs of 32 values and a last 16, padded
-def test_decode_attention_reads_scattered_blocks_as_sdpa_does(kernels, head_dim):
-    """Three sequences of different lengths over blocks out of order, grouped-query heads (9 over 3)."""
+def test_paged_attention_reads_scattered_blocks_as_sdpa_does(kernels, head_dim):
+    """Three sequences over blocks out of order, grouped-query heads (9 over 3): two decode a token each, the
+    third runs a prefill chunk of 5 tokens, each of which sees its sequence up to itself."""
     torch.manual_seed(0)
-    block_size, kv_heads, heads = 4, 3, 9
+    block_size, kv_heads, heads, scale = 4, 3, 9, head_dim**-0.5
     cache = randn(40 * block_size, 2 * kv_heads, head_dim)
-    lens = torch.tensor([1, 13, 30])
-    tables = [torch.randperm(40)[: -(-n // block_size)] for n in lens.tolist()]
+    tables = [torch.randperm(40)[: -(-n // block_size)] for n in (1, 13, 30)]
     padded = torch.stack([F.pad(t, (0, 8 - len(t))) for t in tables])
-    q = randn(3, heads + 2 * kv_heads, head_dim)[:, :heads]  # strided rows, as in the projection's output
-    got = kernels.decode_attention(q, cache, padded, lens, block_size, scale=head_dim**-0.5)
-    for row, (table, n) in enumerate(zip(tables, lens.tolist())):
-        slots = (table[:, None] * block_size + torch.arange(block_size)).flatten()[:n]
+    row_seqs, lens = torch.tensor([0, 1, 2, 2, 2, 2, 2]), torch.tensor([1, 13, 26, 27, 28, 29, 30])
+    q = randn(7, heads + 2 * kv_heads, head_dim)[:, :heads]  # strided rows, as in the projection's output
+    got = kernels.paged_attention(q, cache, CacheRows(block_size, padded, row_seqs, lens), scale)
+    for row, (seq, n) in enumerate(zip(row_seqs.tolist(), lens.tolist())):
+        slots = (tables[seq][:, None] * block_size + torch.arange(block_size)).flatten()[:n]
         keys, values = cache[slots, :kv_heads].float(), cache[slots, kv_heads:].float()
         query = q[row].float().view(kv_heads, 3, head_dim)
-        expected = F.scaled_dot_product_attention(
-            query, keys.transpose(0, 1), values.transpose(0, 1), scale=head_dim**-0.5
-        )
+        expected = F.scaled_dot_product_attention(query, keys.transpose(0, 1), values.transpose(0, 1), scale=scale)
         torch.testing.assert_close(got[row].float(), expected.flatten(), rtol=2 * BF16_ULP, atol=1e-3)
-    # Each row alone gives what it gave in the batch.
-    alone = kernels.decode_attention(q[2:], cache, padded[2:], lens[2:], block_size, scale=head_dim**-0.5)
-    assert torch.equal(alone, got[2:])
+    # A chunk's token alone, as a decode over the same context, gives what it gave in the batch.
+    alone = kernels.paged_attention(q[4:5], cache, CacheRows(block_size, padded[2:], row_seqs[:1], lens[4:5]), scale)
+    assert torch.equal(alone, got[4:5])
     # And each head what it gives with a key-value head of its own: a group shares reads, not arithmetic.
     own_heads = torch.cat([cache[:, :kv_heads].repeat_interleave(3, 1), cache[:, kv_heads:].repeat_interleave(3, 1)], 1)
-    assert torch.equal(kernels.decode_attention(q, own_heads, padded, lens, block_size, scale=head_dim**-0.5), got)
+    assert torch.equal(kernels.paged_attention(q, own_heads, CacheRows(block_size, padded, row_seqs, lens), scale), got)
 
 
 @pytest.mark.parametrize("vocab", [49152, 49157, 5])  # whole chunks of 16, a tail, a tail alone
@@ -161,8 +160,9 @@ def test_int4_layers_keep_no_bf16_weight_and_unpack_it_for_large_steps(kernels):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: biases on the QKV projection
 def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs, arch):
-    """Steps of single-token rows run every layer in one call; mixed steps run the layers' loop. Each request's
-    tokens are the same either way, in staggered batches and alone, and every KV block is free afterwards."""
+    """Steps up to the projections' crossing point, prefill chunks included, run every layer in one call;
+    without it the layers' loop runs. Each request's tokens are the same either way, in staggered batches and
+    alone, and every KV block is free afterwards."""
     llm = LLM(
         model=str(tiny_model_dirs[arch]),
         dtype="bfloat16",
@@ -180,10 +180,10 @@ def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs, arch):
     model.kernels = model.kernels  # fuse again, with those crossing points
     assert model.fused_decoder is not None and model.fused_max_rows == 64
     fused, calls = model.fused_decoder, []
-    model.fused_decoder = lambda *args: calls.append(args[0].shape[0]) or fused(*args)
+    model.fused_decoder = lambda x, *args: calls.append((len(x), args[-1].num_single_token_seqs)) or fused(x, *args)
     alone = {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
     staggered = run_staggered(llm, PROMPTS)
-    assert max(calls) > 1 and 1 in calls  # batches and single rows went through it
+    assert (1, 1) in calls and any(rows > single > 1 for rows, single in calls)  # a token, decodes and a chunk
     model.fused_decoder = None
     assert staggered == alone == {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
     assert_idle(llm)

@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 from .cache_files import cache_root
 from .config import EngineConfig
 from .gguf_checkpoint import INT4_GROUPS_FILE, StoredInt4Groups
-from .kernels.cpu import CpuKernels, attach_kernels, load_cpu_kernels
+from .kernels.cpu import CacheRows, CpuKernels, attach_kernels, attention_fits, load_cpu_kernels
 from .layers.attention import AttentionMetadata, PrefillChunk
 from .layers.quantization import Int4Groups, pack_int4_groups, quantize_linear_layers
 from .model_loader import CheckpointTensors
@@ -83,6 +83,7 @@ class ModelRunner:
         self.max_model_len = min(config.max_model_len or hf_config.max_position_embeddings, self.model.max_positions)
         self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
         self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+        self.attends_on_kernels = kernels is not None and attention_fits(self.head_dim)
         self.num_layers = hf_config.num_hidden_layers
         self.num_blocks = config.num_kv_blocks or max(1, self._kv_budget(config) // self._bytes_per_block())
         self.kv_caches = self._allocate_kv_cache()
@@ -164,8 +165,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSequence]) -> StepLogits:
         """Run the forward pass; return float32 logits of the rows that are needed."""
-        # One query token per item (decodes, and prefill chunks cut down to one token)
-        # first, then the longer prefill chunks: see layers.attention.
+        # In torch, one query token per item (decodes, and prefill chunks cut down to one
+        # token) first, then the longer prefill chunks: see layers.attention.
         single_token = [s for s in batch if s.num_new_tokens == 1]
         ordered = single_token + [s for s in batch if s.num_new_tokens > 1]
         input_ids, positions, slots = [], [], []
@@ -176,26 +177,44 @@ class ModelRunner:
             slots += self._slots(item.seq.block_table, start, end)
         meta = AttentionMetadata(
             block_size=self.block_size,
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
+            slot_mapping=self._longs(slots),
             num_single_token_seqs=len(single_token),
         )
-        self._prepare_single_token(meta, single_token)
-        self._prepare_prefill(meta, ordered[len(single_token) :])
+        if self.attends_on_kernels:
+            meta.cache_rows = self._cache_rows(ordered)
+        else:
+            self._prepare_single_token(meta, single_token)
+            self._prepare_prefill(meta, ordered[len(single_token) :])
         hidden = self._run(input_ids, positions, meta)
         return StepLogits(*self._select_logits(hidden, ordered), self._prompt_logits(hidden, ordered))
+
+    def _cache_rows(self, items: list[ScheduledSequence]) -> CacheRows:
+        """For the kernels: each sequence's blocks, and each token's sequence and how far it sees."""
+        padded = self._padded_block_tables(items, [s.seq.num_computed_tokens + s.num_new_tokens for s in items])
+        row_seqs, context_lens = [], []
+        for index, item in enumerate(items):
+            start = item.seq.num_computed_tokens
+            row_seqs += [index] * item.num_new_tokens
+            context_lens += range(start + 1, start + item.num_new_tokens + 1)
+        return CacheRows(self.block_size, *(self._longs(v) for v in (padded, row_seqs, context_lens)))
+
+    def _padded_block_tables(self, items: list[ScheduledSequence], context_lens: list[int]) -> list[list[int]]:
+        """Block tables padded with block 0 to the longest context: the padding's slots are never attended."""
+        max_blocks = -(-max(context_lens) // self.block_size)
+        return [s.seq.block_table[:max_blocks] + [0] * (max_blocks - len(s.seq.block_table)) for s in items]
+
+    def _longs(self, values: list) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
 
     def _prepare_single_token(self, meta: AttentionMetadata, items: list[ScheduledSequence]) -> None:
         """Block tables padded to the longest context, and the mask of each row's real slots."""
         if not items:
             return
         context_lens = [s.seq.num_computed_tokens + 1 for s in items]
-        max_blocks = -(-max(context_lens) // self.block_size)
-        # Pad with block 0: its slots are masked out.
-        padded = [s.seq.block_table[:max_blocks] + [0] * (max_blocks - len(s.seq.block_table)) for s in items]
-        meta.single_token_blocks = torch.tensor(padded, dtype=torch.long, device=self.device).flatten()
-        meta.single_token_lens = torch.tensor(context_lens, device=self.device)
-        padded_len = max_blocks * self.block_size
-        real = (torch.arange(padded_len, device=self.device) < meta.single_token_lens.unsqueeze(1)).view(
+        padded = self._padded_block_tables(items, context_lens)
+        meta.single_token_blocks = self._longs(padded).flatten()
+        padded_len = len(padded[0]) * self.block_size
+        real = (torch.arange(padded_len, device=self.device) < self._longs(context_lens).unsqueeze(1)).view(
             len(items), 1, 1, padded_len
         )
         meta.single_token_mask = self._additive(real)

@@ -27,13 +27,30 @@ _SIGNATURES = {
     "rms_norm": [_P, _P, _P, _P, _I, _I, _F, ctypes.c_int],
     "silu_mul": [_P, _P, _I, _I, ctypes.c_int],
     "rotate": [_P, _I, _P, _P, _I, _I, _I, ctypes.c_int],
-    "decode_attention": [_P, _I, _P, _P, _I, _P, _I, _P, _I, _I, _I, _I, _F, ctypes.c_int],
+    "paged_attention": [_P, _I, _P, _P, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, ctypes.c_int],
     "int4_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
     "int4_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
-    "decode_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I],
+    "decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _I],
     "rescale_rows": [_P, _P, _P, _P, _P, _I, _I, ctypes.c_int],
     "argmax_rows": [_P, _I, _I, _P, ctypes.c_int],
 }
+
+
+@dataclass
+class CacheRows:
+    """Where each token of a step reads the paged cache, as the kernels take it: a padded block table per
+    sequence, and per token its sequence's table row and how many tokens it sees, itself included (a decode
+    sees its whole context; each token of a prefill chunk, the context up to itself)."""
+
+    block_size: int
+    block_tables: torch.Tensor  # [seqs, max_blocks] int64
+    row_seqs: torch.Tensor  # [tokens] int64
+    context_lens: torch.Tensor  # [tokens] int64
+
+    def pointers(self) -> tuple[int, int, int, int, int]:
+        """block_tables, seqs, max_blocks, row_seqs, context_lens: the kernels' arguments, in their order."""
+        seqs, max_blocks = self.block_tables.shape
+        return self.block_tables.data_ptr(), seqs, max_blocks, self.row_seqs.data_ptr(), self.context_lens.data_ptr()
 
 
 class CpuKernels:
@@ -66,28 +83,19 @@ class CpuKernels:
         threads = torch.get_num_threads()
         self._lib.rotate(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), tokens, heads, head_dim, threads)
 
-    def decode_attention(
-        self,
-        q: torch.Tensor,
-        kv_cache: torch.Tensor,
-        block_table: torch.Tensor,
-        context_lens: torch.Tensor,
-        block_size: int,
-        scale: float,
-    ) -> torch.Tensor:
-        """q: [seqs, heads, D], rows strided; block_table: [seqs, max_blocks]; -> [seqs, heads * D]."""
-        seqs, heads, head_dim = q.shape
-        out = q.new_empty(seqs, heads * head_dim)
-        self._lib.decode_attention(
+    def paged_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, rows: CacheRows, scale: float) -> torch.Tensor:
+        """q: [tokens, heads, D], rows strided, each token over its sequence's cache up to itself;
+        -> [tokens, heads * D]."""
+        tokens, heads, head_dim = q.shape
+        out = q.new_empty(tokens, heads * head_dim)
+        self._lib.paged_attention(
             q.data_ptr(),
             q.stride(0),
             kv_cache.data_ptr(),
-            block_table.data_ptr(),
-            block_table.shape[1],
-            context_lens.data_ptr(),
-            block_size,
+            *rows.pointers(),
+            rows.block_size,
             out.data_ptr(),
-            seqs,
+            tokens,
             heads,
             kv_cache.shape[1] // 2,
             head_dim,
@@ -223,7 +231,7 @@ class DecoderDims:
 
 
 class FusedDecoder:
-    """``decode_layers``: every decoder layer of a step of single-token rows, in one call (cpu_kernels.c).
+    """``decoder_layers``: every decoder layer of a step, in one call (cpu_kernels.c).
     The weights' addresses are laid out once; the step's own tensors are passed per call."""
 
     def __init__(self, lib: ctypes.CDLL, layers: list[DecoderWeights], dims: DecoderDims) -> None:
@@ -265,8 +273,7 @@ class FusedDecoder:
             torch.get_num_threads(),
         )
         residual = torch.empty_like(x)
-        table = meta.single_token_blocks
-        self._lib.decode_layers(
+        self._lib.decoder_layers(
             self._layers,
             len(self._layers),
             ctypes.byref(shape),
@@ -276,9 +283,7 @@ class FusedDecoder:
             cos.data_ptr(),
             sin.data_ptr(),
             meta.slot_mapping.data_ptr(),
-            table.data_ptr(),
-            meta.single_token_lens.data_ptr(),
-            table.numel() // rows,
+            *meta.cache_rows.pointers(),
             rows,
         )
         return x, residual
@@ -293,9 +298,14 @@ def load_cpu_kernels() -> CpuKernels | None:
     return CpuKernels(library)
 
 
+def attention_fits(head_dim: int) -> bool:
+    """Attention reads heads 16 values at a time: a head size that is no multiple of 16 keeps torch's ops."""
+    return head_dim % 16 == 0
+
+
 def attach_kernels(model: nn.Module, kernels: CpuKernels | None) -> None:
-    """Hand the kernels to every layer of ``model`` that has a fused path (a ``kernels`` attribute).
-    Attention reads heads 16 values at a time: a head size that is no multiple of 16 keeps torch's ops."""
+    """Hand the kernels to every layer of ``model`` that has a fused path (a ``kernels`` attribute); those
+    that attend (a ``head_dim``) only where ``attention_fits``."""
     for module in model.modules():
         if hasattr(type(module), "kernels"):
-            module.kernels = kernels if getattr(module, "head_dim", 16) % 16 == 0 else None
+            module.kernels = kernels if attention_fits(getattr(module, "head_dim", 16)) else None

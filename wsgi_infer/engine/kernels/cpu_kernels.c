@@ -1,7 +1,7 @@
-/* Fused bf16 kernels for a decode step on the CPU (built by build.py, called by cpu.py).
+/* Fused bf16 kernels for a step on the CPU (built by build.py, called by cpu.py).
  *
  * Each replaces a chain of small torch ops whose dispatch, not arithmetic, dominated a one-stream step; int4_mm
- * replaces torch's int4 kernel, and decode_layers runs a whole step's layers through them in one call.
+ * replaces torch's int4 kernel, and decoder_layers runs a whole step's layers through them in one call.
  * They round where the torch ops they replace round (bf16 at each op's output, float32 inside), and are
  * compiled with -ffp-contract=off so a*b+c stays two roundings, as in torch. Rows are independent: a row's
  * result never depends on the other rows of its batch.
@@ -268,29 +268,35 @@ static void attend_any(const bf16 *q, int64_t group, const bf16 *keys, const bf1
     attend_group(q, group, keys, values, offsets, len, head_dim, scale, out);
 }
 
-/* One query token per sequence over its cached context (which already holds this token's key and value).
- * q: [rows, heads, D] with a row stride; cache: [slots, 2 * kv_heads, D]; block_table: [rows, max_blocks];
- * out: [rows, heads * D]. Each row's key-value heads, with their query heads, are independent tasks, spread
- * over threads. */
-void decode_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, const int64_t *block_table,
-                      int64_t max_blocks, const int64_t *context_lens, int64_t block_size, bf16 *out, int64_t rows,
-                      int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int threads) {
-    int64_t group = heads / kv_heads, slot_width = 2 * kv_heads * head_dim, total = 0;
-    int64_t starts[rows];
+/* Query rows over their sequences' cached contexts, which already hold the rows' own keys and values: a decode's
+ * one token, or each token of a prefill chunk, which sees its sequence up to itself. q: [rows, heads, D] with a
+ * row stride; cache: [slots, 2 * kv_heads, D]; block_table: [seqs, max_blocks]; row_seqs: [rows], each row's
+ * table row; context_lens: [rows], the tokens each row sees, itself included; out: [rows, heads * D]. Each row's
+ * key-value heads, with their query heads, are independent tasks, dealt to threads in turn: a chunk's rows see
+ * more and more tokens. */
+void paged_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, const int64_t *block_table, int64_t seqs,
+                     int64_t max_blocks, const int64_t *row_seqs, const int64_t *context_lens, int64_t block_size,
+                     bf16 *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
+                     int threads) {
+    int64_t group = heads / kv_heads, slot_width = 2 * kv_heads * head_dim, total = 0, work = 0;
+    int64_t lens[seqs], starts[seqs]; /* a sequence's slots, read by all its rows: as many as its last row sees */
+    for (int64_t s = 0; s < seqs; s++) lens[s] = 0;
     for (int64_t r = 0; r < rows; r++) {
-        starts[r] = total;
-        total += context_lens[r];
+        int64_t *len = lens + row_seqs[r];
+        *len = context_lens[r] > *len ? context_lens[r] : *len;
+        work += context_lens[r];
     }
+    for (int64_t s = 0; s < seqs; s++) starts[s] = total, total += lens[s];
     int64_t *offsets = malloc(total * sizeof(int64_t)); /* each token's slot, as an element offset */
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t t = 0; t < context_lens[r]; t++)
-            offsets[starts[r] + t] = (block_table[r * max_blocks + t / block_size] * block_size + t % block_size) * slot_width;
+    for (int64_t s = 0; s < seqs; s++)
+        for (int64_t t = 0; t < lens[s]; t++)
+            offsets[starts[s] + t] = (block_table[s * max_blocks + t / block_size] * block_size + t % block_size) * slot_width;
     attend_fn attend = head_dim == 64 ? attend_64 : head_dim == 128 ? attend_128 : attend_any;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (total * heads >= 2048)
+#pragma omp parallel for collapse(2) schedule(static, 1) num_threads(threads) if (work * heads >= 2048)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t g = 0; g < kv_heads; g++)
             attend(q + r * q_row_stride + g * group * head_dim, group, cache + g * head_dim,
-                   cache + (kv_heads + g) * head_dim, offsets + starts[r], context_lens[r], head_dim, scale,
+                   cache + (kv_heads + g) * head_dim, offsets + starts[row_seqs[r]], context_lens[r], head_dim, scale,
                    out + (r * heads + g * group) * head_dim);
     free(offsets);
 }
@@ -395,9 +401,9 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *sca
     free(group_sums);
 }
 
-/* --- a decode step's layers, one call ------------------------------------------------------------------
- * For steps of single-token rows whose every projection is int4: the Llama layer (llama.py) op for op, each
- * through the kernel its torch path calls, so a row's result is the same whichever path its step took. What
+/* --- a step's layers, one call ------------------------------------------------------------------------
+ * For steps whose every projection is int4 (decodes, and prefill chunks up to as many rows): the Llama layer
+ * (llama.py) op for op, each through the kernel its torch path calls, so a row's result is the same whichever path its step took. What
  * is left of a step in Python is the embedding, the final norm and the LM head. */
 typedef struct {
     const uint8_t *codes;
@@ -427,11 +433,12 @@ static void project(const bf16 *x, int64_t rows, const Int4Weight *w, bf16 *out,
 
 /* kv_caches: a layer's [slots, 2 * kv_heads, head_dim] each. x: [rows, hidden], the embeddings in, the last
  * layer's output out; residual: [rows, hidden], the running sum before that output (the final norm adds them).
- * cos, sin: [rows, head_dim]; slots: [rows] where each row's key and value go; block_table: [rows, max_blocks];
- * context_lens: [rows], this token included. */
-void decode_layers(const DecoderLayer *layers, int64_t num_layers, const DecoderShape *shape, bf16 *const *kv_caches,
-                   bf16 *x, bf16 *residual, const float *cos, const float *sin, const int64_t *slots,
-                   const int64_t *block_table, const int64_t *context_lens, int64_t max_blocks, int64_t rows) {
+ * cos, sin: [rows, head_dim]; slots: [rows] where each row's key and value go; block_table, seqs, max_blocks,
+ * row_seqs, context_lens: as paged_attention reads them. */
+void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const DecoderShape *shape, bf16 *const *kv_caches,
+                    bf16 *x, bf16 *residual, const float *cos, const float *sin, const int64_t *slots,
+                    const int64_t *block_table, int64_t seqs, int64_t max_blocks, const int64_t *row_seqs,
+                    const int64_t *context_lens, int64_t rows) {
     int64_t hidden = shape->hidden, head_dim = shape->head_dim, heads = shape->heads, kv_heads = shape->kv_heads;
     int64_t qkv_width = (heads + 2 * kv_heads) * head_dim, kv_width = 2 * kv_heads * head_dim;
     bf16 *h = malloc(rows * hidden * sizeof(bf16)), *attn = malloc(rows * heads * head_dim * sizeof(bf16));
@@ -445,8 +452,8 @@ void decode_layers(const DecoderLayer *layers, int64_t num_layers, const Decoder
         rotate(qkv, qkv_width, cos, sin, rows, heads + kv_heads, head_dim, shape->threads);
         for (int64_t r = 0; r < rows; r++)
             memcpy(kv_caches[l] + slots[r] * kv_width, qkv + r * qkv_width + heads * head_dim, kv_width * sizeof(bf16));
-        decode_attention(qkv, qkv_width, kv_caches[l], block_table, max_blocks, context_lens,
-                         shape->block_size, attn, rows, heads, kv_heads, head_dim, shape->scale, shape->threads);
+        paged_attention(qkv, qkv_width, kv_caches[l], block_table, seqs, max_blocks, row_seqs, context_lens,
+                        shape->block_size, attn, rows, heads, kv_heads, head_dim, shape->scale, shape->threads);
         project(attn, rows, &layer->o, x, shape->threads);
         rms_norm(x, residual, layer->post_attention_norm, h, rows, hidden, shape->eps, shape->threads);
         project(h, rows, &layer->gate_up, gate_up, shape->threads);

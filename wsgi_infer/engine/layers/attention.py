@@ -6,7 +6,9 @@ so one op writes a step's keys and values and one copies a context's out; a
 sequence's token at position p lives in slot
 ``block_table[p // block_size] * block_size + p % block_size``.
 
-One step mixes single-token sequences (one query token each: decodes, and
+With the CPU kernels, every token of a step (a decode's, or each of a prefill
+chunk's) reads its sequence's blocks in place, in one call per layer. In torch,
+one step mixes single-token sequences (one query token each: decodes, and
 prefill chunks of one token; batched into a single attention call over their
 gathered blocks, padded to the longest) and prefill chunks (several query
 tokens each, attended one sequence at a time with a causal mask offset by the
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..kernels.cpu import CpuKernels
+from ..kernels.cpu import CacheRows, CpuKernels
 
 
 @dataclass
@@ -38,8 +40,9 @@ class AttentionMetadata:
     block_size: int
     slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V is written
     num_single_token_seqs: int
+    cache_rows: CacheRows | None = None  # with the CPU kernels: every token's blocks, read in place
+    # In torch: the single-token sequences' blocks and mask, and the prefill chunks.
     single_token_blocks: torch.Tensor | None = None  # [num_single_token_seqs * max_blocks] block ids, padded
-    single_token_lens: torch.Tensor | None = None  # [num_single_token_seqs] context lengths, this token's included
     # [num_single_token_seqs, 1, 1, max_blocks * block_size], added to scores like causal_mask
     single_token_mask: torch.Tensor | None = None
     prefills: list[PrefillChunk] = field(default_factory=list)
@@ -56,17 +59,15 @@ def paged_attention(
     """Write this step's keys and values into the cache, then attend over each sequence's context.
 
     q: [tokens, heads, head_dim]; kv: [tokens, 2 * kv_heads, head_dim], keys then values.
-    Returns [tokens, heads * head_dim]. With CPU kernels, single-token sequences read the cache in place.
+    Returns [tokens, heads * head_dim]. With CPU kernels, every token reads the cache in place.
     """
     kv_cache.index_copy_(0, meta.slot_mapping, kv)
+    if kernels is not None:
+        return kernels.paged_attention(q, kv_cache, meta.cache_rows, scale)
     num_kv_heads = kv_cache.shape[1] // 2
     outputs = []
     num_single = meta.num_single_token_seqs
-    if num_single and kernels is not None:
-        table = meta.single_token_blocks.view(num_single, -1)
-        lens = meta.single_token_lens
-        outputs.append(kernels.decode_attention(q[:num_single], kv_cache, table, lens, meta.block_size, scale))
-    elif num_single:
+    if num_single:
         context = _gather_blocks(kv_cache, meta, num_single)
         keys, values = context[:, :, :num_kv_heads].transpose(1, 2), context[:, :, num_kv_heads:].transpose(1, 2)
         # Grouped-query attention without repeating K/V: the query heads sharing a

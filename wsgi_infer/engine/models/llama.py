@@ -104,15 +104,15 @@ class LlamaForCausalLM(nn.Module):
         x, residual = self.embed_tokens(input_ids), None
         rope = self.rotary(positions)
         rows = len(input_ids)
-        if self.fused_decoder is not None and meta.num_single_token_seqs == rows <= self.fused_max_rows:
+        if self.fused_decoder is not None and meta.cache_rows is not None and rows <= self.fused_max_rows:
             return self.norm(*self.fused_decoder(x, *rope, kv_caches, meta))[0]
         for layer, kv_cache in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, rope, kv_cache, meta)
         return self.norm(x, residual)[0]
 
     def _fuse(self, kernels: CpuKernels) -> tuple[FusedDecoder | None, int]:
-        """The kernels' decoder for steps of single-token rows: the layers' loop in one call, where every
-        projection multiplies int4 on the kernels (up to the fewest rows any of them does)."""
+        """The kernels' decoder: the layers' loop in one call, where every projection multiplies int4 on the
+        kernels (for steps up to the fewest rows any of them does, prefill chunks included)."""
         weights = [
             DecoderWeights(
                 layer.input_layernorm.weight,
