@@ -7,6 +7,7 @@
  * result never depends on the other rows of its batch.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #if defined(__AVX512BF16__) || defined(__AVX512BW__)
 #include <immintrin.h>
@@ -272,8 +273,8 @@ static void attend_any(const bf16 *q, int64_t group, const bf16 *keys, const bf1
  * one token, or each token of a prefill chunk, which sees its sequence up to itself. q: [rows, heads, D] with a
  * row stride; cache: [slots, 2 * kv_heads, D]; block_table: [seqs, max_blocks]; row_seqs: [rows], each row's
  * table row; context_lens: [rows], the tokens each row sees, itself included; out: [rows, heads * D]. Each row's
- * key-value heads, with their query heads, are independent tasks, dealt to threads in turn: a chunk's rows see
- * more and more tokens. */
+ * key-value heads, with their query heads, are independent tasks. Each thread takes a run of them (a row's heads
+ * read neighbouring lines) holding an equal share of the tokens read: a chunk's rows see more and more. */
 void paged_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, const int64_t *block_table, int64_t seqs,
                      int64_t max_blocks, const int64_t *row_seqs, const int64_t *context_lens, int64_t block_size,
                      bf16 *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
@@ -292,12 +293,16 @@ void paged_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, con
         for (int64_t t = 0; t < lens[s]; t++)
             offsets[starts[s] + t] = (block_table[s * max_blocks + t / block_size] * block_size + t % block_size) * slot_width;
     attend_fn attend = head_dim == 64 ? attend_64 : head_dim == 128 ? attend_128 : attend_any;
-#pragma omp parallel for collapse(2) schedule(static, 1) num_threads(threads) if (work * heads >= 2048)
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t g = 0; g < kv_heads; g++)
-            attend(q + r * q_row_stride + g * group * head_dim, group, cache + g * head_dim,
-                   cache + (kv_heads + g) * head_dim, offsets + starts[row_seqs[r]], context_lens[r], head_dim, scale,
-                   out + (r * heads + g * group) * head_dim);
+#pragma omp parallel num_threads(threads) if (work * heads >= 2048)
+    {
+        int64_t share = omp_get_thread_num(), shares = omp_get_num_threads(), done = 0;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t g = 0; g < kv_heads; g++, done += context_lens[r])
+                if ((2 * done + context_lens[r]) * shares / (2 * work * kv_heads) == share) /* where its middle falls */
+                    attend(q + r * q_row_stride + g * group * head_dim, group, cache + g * head_dim,
+                           cache + (kv_heads + g) * head_dim, offsets + starts[row_seqs[r]], context_lens[r], head_dim,
+                           scale, out + (r * heads + g * group) * head_dim);
+    }
     free(offsets);
 }
 
