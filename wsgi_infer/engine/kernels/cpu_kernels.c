@@ -408,8 +408,8 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *sca
 
 /* --- a step's layers, one call ------------------------------------------------------------------------
  * For steps whose every projection is int4 (decodes, and prefill chunks up to as many rows): the Llama layer
- * (llama.py) op for op, each through the kernel its torch path calls, so a row's result is the same whichever path its step took. What
- * is left of a step in Python is the embedding, the final norm and the LM head. */
+ * (llama.py) op for op, each through the kernel its torch path calls, so a row's result is the same whichever
+ * path its step took. What is left of a step in Python is the embedding, the final norm and the LM head. */
 typedef struct {
     const uint8_t *codes;
     const float *scale, *low;
