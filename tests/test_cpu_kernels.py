@@ -122,10 +122,15 @@ def test_the_lm_heads_int8_rows_rescale_as_torch_ops_round(kernels):
     assert torch.equal(layer(x), expected)
 
 
-@pytest.mark.parametrize("extra_flags", [(), ("-mno-avx512bf16",)], ids=["as built", "without AVX512-BF16"])
+@pytest.mark.parametrize(
+    "extra_flags",
+    [(), ("-mno-avx512bf16",), ("-mno-avx512bf16", "-mno-avx2")],
+    ids=["as built", "without AVX512-BF16", "without AVX2"],
+)
 def test_int4_mm_multiplies_the_groups_values_and_each_row_alone(extra_flags):
-    """Both ways of summing the codes (vdpbf16ps where the CPU has it, float32 lanes elsewhere) give the
-    dequantized weight's product within bf16 rounding, and a row's result never depends on its batch."""
+    """Every way of summing the codes (vdpbf16ps where the CPU has it, else AVX2's multiply-adds of float32
+    rows, else float32 lanes of bf16 pairs) gives the dequantized weight's product within bf16 rounding, and
+    a row's result never depends on its batch."""
     path = build_cpu_kernels(extra_flags)
     assert path is not None
     kernels = CpuKernels(path)

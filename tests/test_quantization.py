@@ -14,15 +14,20 @@ from transformers import AutoConfig
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from wsgi_infer import LLM, EngineConfig, SamplingParams
+from wsgi_infer.engine import device
+from wsgi_infer.engine.device import resolve_dtype
 from wsgi_infer.engine.gguf_checkpoint import read_gguf_weights
 from wsgi_infer.engine.kernels.build import build_cpu_kernels
 from wsgi_infer.engine.kernels.cpu import CpuKernels, int4_kernel_layout, load_cpu_kernels
+from wsgi_infer.engine.layers import quantization
 from wsgi_infer.engine.layers.quantization import (
+    ANY_ROWS,
     Int4Groups,
     Int4Linear,
     Int8Linear,
     RowwiseInt8Linear,
     SmallBatchLinear,
+    choose_max_rows,
     rowwise_int8_available,
 )
 from wsgi_infer.engine.model_loader import CheckpointTensors
@@ -154,6 +159,35 @@ def test_by_default_bf16_on_the_cpu_serves_the_gguf_blocks(default_model_dir, mo
     out = llm.chat([{"role": "user", "content": question}], SamplingParams(temperature=0, max_tokens=16))[0]
     assert "Paris" in out.text
     assert_idle(llm)
+
+
+@pytest.mark.parametrize("avx2_fma", [True, False])
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_auto_dtype_is_bf16_where_the_cpu_serves_packed_weights_fast(monkeypatch, native_bf16, avx2_fma):
+    """Without native bf16, bf16 rows pay only where int4 weights are multiplied on the kernels (AVX2 and
+    FMA widen them in registers); a bf16 weight multiply there is slower than float32's."""
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(device, "cpu_has_avx2_fma", lambda: avx2_fma)
+    cpu = torch.device("cpu")
+    packed = resolve_dtype("auto", cpu, packed_weights=True)
+    assert packed == (torch.bfloat16 if native_bf16 or avx2_fma else torch.float32)
+    assert resolve_dtype("auto", cpu, packed_weights=False) == (torch.bfloat16 if native_bf16 else torch.float32)
+    assert resolve_dtype("float32", cpu, packed_weights=True) == torch.float32
+
+
+def test_without_native_bf16_int4_on_the_kernels_takes_steps_of_any_size(monkeypatch, tmp_path, caplog):
+    """Unmeasured: unpacking into an emulated bf16 GEMM loses at every row count there."""
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setattr(quantization, "cpu_has_native_bf16", lambda: False)
+    linear = nn.Linear(64, 32).bfloat16()
+    layer = Int4Linear(linear, Int4Groups.from_weight(linear.weight), kernels)
+    with caplog.at_level(logging.INFO, logger=quantization.__name__):
+        choose_max_rows([layer], tmp_path / "rows.json")
+    assert layer.max_rows == ANY_ROWS and "of any size" in caplog.text
+    x = torch.randn(600, 64).bfloat16()  # more rows than a step's token budget
+    assert torch.equal(layer(x), layer.packed_mm(x) + linear.bias)
 
 
 def test_float32_stays_unpacked(default_llm):

@@ -66,6 +66,13 @@ class StepLogits:
     prompt: list[PromptLogits] = field(default_factory=list)
 
 
+def serves_packed_weights(method: str, model_dir: Path, device: torch.device) -> bool:
+    """Whether a CPU engine may serve packed small-batch weights: asked for, or by default where the checkpoint
+    holds 4-bit blocks (``_load_and_quantize``)."""
+    stored = method == "auto" and (model_dir / INT4_GROUPS_FILE).is_file()
+    return device.type == "cpu" and (method in ("int4", "int8") or stored)
+
+
 class ModelRunner:
     def __init__(
         self, config: EngineConfig, hf_config, model_dir: Path, device: torch.device, dtype: torch.dtype

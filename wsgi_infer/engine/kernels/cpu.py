@@ -55,6 +55,7 @@ class CacheRows:
 
 class CpuKernels:
     def __init__(self, library: Path) -> None:
+        self.build = library.stem  # names the source, flags and CPU it was built for
         self._lib = ctypes.CDLL(str(library))
         for name, argtypes in _SIGNATURES.items():
             getattr(self._lib, name).argtypes = argtypes

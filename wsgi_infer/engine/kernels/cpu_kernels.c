@@ -9,7 +9,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
-#if defined(__AVX512BF16__) || defined(__AVX512BW__)
+#if defined(__AVX512BF16__) || defined(__AVX512BW__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 #include <stdlib.h>
@@ -315,8 +315,7 @@ void paged_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, con
  * Per group, y += scale * (q . x) + low * sum(x). The codes' products are exact in float32 (8-bit integers
  * times bf16), and each output's sums run in one fixed order, whatever the number of rows or threads. */
 #define GROUP 32
-#define TILE 16    /* outputs per vector lane set */
-#define ROW_TILE 8 /* rows sharing one unpacking of the codes */
+#define TILE 16 /* outputs per vector lane set */
 
 typedef uint8_t u8x32 __attribute__((vector_size(32)));
 
@@ -338,13 +337,18 @@ static inline void unpack_codes(const uint8_t *codes, u16x32 *low, u16x32 *high)
     *high = (wide >> 4) | 0x4300;
 }
 
+#define CODE_BIAS 128.0f
+
+#if !defined(__AVX2__) || !defined(__FMA__) || defined(__AVX512BF16__)
+#define ROW_TILE 8 /* rows sharing one unpacking of the codes */
+typedef bf16 tile_input; /* the rows as given */
+
 /* acc + 16 outputs' products with one pair of inputs (a broadcast bf16 pair) */
 static inline f32x16 pair_dot(f32x16 acc, u16x32 codes, const bf16 *x_pair) {
     uint32_t pair;
     memcpy(&pair, x_pair, 4);
     return dot_pairs(acc, codes, (u16x32)((u32x16){0} + pair));
 }
-#define CODE_BIAS 128.0f
 
 /* 16 outputs (one tile of the weight) for up to ROW_TILE rows of x. Inlined with a constant row count (below),
  * so that the rows' accumulators stay in registers. */
@@ -372,23 +376,87 @@ static inline __attribute__((always_inline)) void int4_tile(const bf16 *x, const
     memcpy(out, acc, rows * sizeof(f32x16));
 }
 
-typedef void (*int4_tile_fn)(const bf16 *, const uint8_t *, const float *, const float *, const float *, float *,
-                             int64_t);
+static const bf16 *tile_inputs(const bf16 *x, int64_t count) { return x; }
+#else
+/* AVX2 without vdpbf16ps: widening a bf16 pair for every product would cost more than the products. So the rows
+ * are widened to float32 once (int4_mm), and each code's float32 value (the same 128 + q) is made from its
+ * nibble in place: a multiply-add per 8 outputs, input and row. The products are exact in float32 as with
+ * vdpbf16ps, so fusing them rounds nothing. Two rows share an unpacking, so that their sums stay in registers. */
+#define ROW_TILE 2
+typedef float tile_input; /* the rows widened to float32 */
+
+/* 16 outputs (one tile of the weight) for up to ROW_TILE rows of x; out holds each row's 16 sums. */
+static inline __attribute__((always_inline)) void int4_tile(const float *x, const int64_t rows, const uint8_t *codes,
+                                                            const float *scale, const float *low,
+                                                            const float *group_sums, float *out, int64_t k) {
+    const __m256i nibble = _mm256_set1_epi32(0x000f000f), bias = _mm256_set1_epi32(0x43004300);
+    const __m256i high_half = _mm256_set1_epi32((int)0xffff0000u);
+    int64_t groups = k / GROUP;
+    for (int64_t i = 0; i < rows * TILE; i++) out[i] = 0.0f;
+    for (int64_t g = 0; g < groups; g++) {
+        __m256 dot_even[ROW_TILE][2], dot_odd[ROW_TILE][2];
+        for (int64_t r = 0; r < rows; r++)
+            for (int v = 0; v < 2; v++) dot_even[r][v] = dot_odd[r][v] = _mm256_setzero_ps();
+        for (int c = 0; c < 8; c++) {
+            __m256i bytes = _mm256_loadu_si256((const __m256i *)(codes + (g * 8 + c) * 32));
+            /* per 32-bit lane, one output's two codes (inputs 2c and 2c + 1): outputs 0-7, then 8-15 */
+            __m256i words[2] = {_mm256_cvtepu8_epi16(_mm256_castsi256_si128(bytes)),
+                                _mm256_cvtepu8_epi16(_mm256_extracti128_si256(bytes, 1))};
+            for (int h = 0; h < 2; h++) { /* low nibbles: inputs 2c, 2c + 1; high: 2(c + 8), 2(c + 8) + 1 */
+                const float *xg = x + g * GROUP + 2 * (c + 8 * h);
+                for (int v = 0; v < 2; v++) {
+                    __m256i q = _mm256_or_si256(_mm256_and_si256(h ? _mm256_srli_epi16(words[v], 4) : words[v], nibble), bias);
+                    __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(q, 16));
+                    __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(q, high_half));
+                    for (int64_t r = 0; r < rows; r++) {
+                        dot_even[r][v] = _mm256_fmadd_ps(even, _mm256_broadcast_ss(xg + r * k), dot_even[r][v]);
+                        dot_odd[r][v] = _mm256_fmadd_ps(odd, _mm256_broadcast_ss(xg + r * k + 1), dot_odd[r][v]);
+                    }
+                }
+            }
+        }
+        for (int v = 0; v < 2; v++) {
+            __m256 s = _mm256_loadu_ps(scale + g * TILE + 8 * v);
+            __m256 offset = _mm256_sub_ps(_mm256_loadu_ps(low + g * TILE + 8 * v), _mm256_mul_ps(_mm256_set1_ps(CODE_BIAS), s));
+            for (int64_t r = 0; r < rows; r++) {
+                __m256 sums = _mm256_add_ps(_mm256_mul_ps(_mm256_add_ps(dot_even[r][v], dot_odd[r][v]), s),
+                                            _mm256_mul_ps(offset, _mm256_set1_ps(group_sums[r * groups + g])));
+                _mm256_storeu_ps(out + r * TILE + 8 * v, _mm256_add_ps(_mm256_loadu_ps(out + r * TILE + 8 * v), sums));
+            }
+        }
+    }
+}
+
+/* the rows as these tiles read them, widened once */
+static const float *tile_inputs(const bf16 *x, int64_t count) {
+    float *wide = malloc(count * sizeof(float));
+    for (int64_t i = 0; i < count; i++) wide[i] = to_float(x[i]);
+    return wide;
+}
+#endif
+
+typedef void (*int4_tile_fn)(const tile_input *, const uint8_t *, const float *, const float *, const float *,
+                             float *, int64_t);
 #define INT4_TILE_ROWS(R)                                                                                          \
-    static void int4_tile_##R(const bf16 *x, const uint8_t *codes, const float *scale, const float *low,           \
+    static void int4_tile_##R(const tile_input *x, const uint8_t *codes, const float *scale, const float *low,     \
                               const float *group_sums, float *out, int64_t k) {                                    \
         int4_tile(x, R, codes, scale, low, group_sums, out, k);                                                    \
     }
-INT4_TILE_ROWS(1) INT4_TILE_ROWS(2) INT4_TILE_ROWS(3) INT4_TILE_ROWS(4)
-INT4_TILE_ROWS(5) INT4_TILE_ROWS(6) INT4_TILE_ROWS(7) INT4_TILE_ROWS(8)
-static const int4_tile_fn int4_tiles[ROW_TILE + 1] = {NULL,          int4_tile_1, int4_tile_2, int4_tile_3, int4_tile_4,
+INT4_TILE_ROWS(1) INT4_TILE_ROWS(2)
+#if ROW_TILE == 8
+INT4_TILE_ROWS(3) INT4_TILE_ROWS(4) INT4_TILE_ROWS(5) INT4_TILE_ROWS(6) INT4_TILE_ROWS(7) INT4_TILE_ROWS(8)
+static const int4_tile_fn int4_tiles[ROW_TILE + 1] = {NULL,        int4_tile_1, int4_tile_2, int4_tile_3, int4_tile_4,
                                                       int4_tile_5, int4_tile_6, int4_tile_7, int4_tile_8};
+#else
+static const int4_tile_fn int4_tiles[ROW_TILE + 1] = {NULL, int4_tile_1, int4_tile_2};
+#endif
 
 /* out [rows, n] = x [rows, k] (contiguous) times the int4 weight [n, k]^T; tiles of outputs spread over threads. */
 void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *scale, const float *low, bf16 *out,
              int64_t n, int64_t k, int threads) {
     int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
     float *group_sums = malloc(rows * groups * sizeof(float));
+    const tile_input *inputs = tile_inputs(x, rows * k);
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
     for (int64_t i = 0; i < rows * groups; i++) group_sums[i] = hsum(load16(x + i * GROUP) + load16(x + i * GROUP + 16));
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -396,7 +464,7 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *sca
         float tile_out[ROW_TILE * TILE];
         for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE) {
             int64_t tile_rows = rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE;
-            int4_tiles[tile_rows](x + r0 * k, codes + t * groups * 256, scale + t * groups * TILE,
+            int4_tiles[tile_rows](inputs + r0 * k, codes + t * groups * 256, scale + t * groups * TILE,
                                   low + t * groups * TILE, group_sums + r0 * groups, tile_out, k);
             int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
             for (int64_t r = 0; r < tile_rows; r++)
@@ -404,6 +472,7 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *sca
         }
     }
     free(group_sums);
+    if ((const void *)inputs != (const void *)x) free((void *)inputs);
 }
 
 /* --- a step's layers, one call ------------------------------------------------------------------------

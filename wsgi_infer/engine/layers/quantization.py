@@ -32,12 +32,14 @@ from torch import nn
 
 from ..cache_files import read_json, write_json
 from ..cpu_info import cpu_has_vnni, cpu_model_name
+from ..device import cpu_has_native_bf16
 from ..kernels.cpu import CpuKernels, int4_kernel_layout
 
 log = logging.getLogger(__name__)
 
 GROUP_SIZE = 32  # GGUF's block size, and one of the group sizes of torch's int4 kernel
 ROWS_MEASURED = (1, 2, 4, 8, 16, 32, 64)
+ANY_ROWS = 2**31 - 1  # a crossing point no step reaches
 
 
 @dataclass
@@ -130,8 +132,9 @@ class Int4Linear(SmallBatchLinear):
 
     @property
     def kind(self) -> str:
-        # "dequantized": the full multiply unpacks the weight first, so earlier measurements do not apply
-        return "Int4Linear (CPU kernels, dequantized)" if self.int4_kernels is not None else "Int4Linear"
+        # "dequantized": the full multiply unpacks the weight first, so earlier measurements do not apply;
+        # and a new build of the kernels is measured anew
+        return f"Int4Linear ({self.int4_kernels.build}, dequantized)" if self.int4_kernels is not None else "Int4Linear"
 
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
         if self.int4_kernels is not None:
@@ -275,7 +278,8 @@ def choose_max_rows(layers: list[SmallBatchLinear], saved: Path | None = None) -
     unknown = [key for key in by_key if key not in known]
     for key in unknown:
         known[key] = _measured_max_rows(by_key[key])
-        log.info("%s: packed weights for steps of at most %d rows (measured)", key, known[key])
+        steps = "of any size" if known[key] == ANY_ROWS else f"of at most {known[key]} rows (measured)"
+        log.info("%s: packed weights for steps %s", key, steps)
     for key, same_shape in by_key.items():
         for layer in same_shape:
             layer.max_rows = known[key]
@@ -294,7 +298,13 @@ def _measured_max_rows(same_shape: list[SmallBatchLinear]) -> int:
     turn, each weight read from memory rather than from the cache a single layer's repeated calls would
     leave it in. Counted down: the packed copy's lead only grows as rows fall (it reads fewer bytes for
     the same products), so where it wins at 64 rows, as int4 on the kernels does, one count is timed,
-    not seven (a first start spent 2.5 s here)."""
+    not seven (a first start spent 2.5 s here).
+
+    Without native bf16, the full multiply of int4 on the kernels (unpacking, then oneDNN's emulated bf16 GEMM)
+    loses at every count (64 rows, the default model's step: 945 ms against 279), and a 512-row prefill step
+    would take seconds: those layers take steps of any size, unmeasured."""
+    if isinstance(same_shape[0], Int4Linear) and same_shape[0].int4_kernels is not None and not cpu_has_native_bf16():
+        return ANY_ROWS
     for rows in sorted(ROWS_MEASURED, reverse=True):
         x = torch.randn(rows, same_shape[0].in_features, dtype=same_shape[0].dtype)
         packed = _seconds([partial(layer.packed_mm, x) for layer in same_shape])
