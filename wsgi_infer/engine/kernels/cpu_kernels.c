@@ -405,7 +405,8 @@ static inline __attribute__((always_inline)) void int4_tile(const float *x, cons
             for (int h = 0; h < 2; h++) { /* low nibbles: inputs 2c, 2c + 1; high: 2(c + 8), 2(c + 8) + 1 */
                 const float *xg = x + g * GROUP + 2 * (c + 8 * h);
                 for (int v = 0; v < 2; v++) {
-                    __m256i q = _mm256_or_si256(_mm256_and_si256(h ? _mm256_srli_epi16(words[v], 4) : words[v], nibble), bias);
+                    __m256i nibbles = h ? _mm256_srli_epi16(words[v], 4) : words[v];
+                    __m256i q = _mm256_or_si256(_mm256_and_si256(nibbles, nibble), bias);
                     __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(q, 16));
                     __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(q, high_half));
                     for (int64_t r = 0; r < rows; r++) {
@@ -417,11 +418,13 @@ static inline __attribute__((always_inline)) void int4_tile(const float *x, cons
         }
         for (int v = 0; v < 2; v++) {
             __m256 s = _mm256_loadu_ps(scale + g * TILE + 8 * v);
-            __m256 offset = _mm256_sub_ps(_mm256_loadu_ps(low + g * TILE + 8 * v), _mm256_mul_ps(_mm256_set1_ps(CODE_BIAS), s));
+            __m256 offset = _mm256_loadu_ps(low + g * TILE + 8 * v); /* the codes carried 128 each */
+            offset = _mm256_sub_ps(offset, _mm256_mul_ps(_mm256_set1_ps(CODE_BIAS), s));
             for (int64_t r = 0; r < rows; r++) {
                 __m256 sums = _mm256_add_ps(_mm256_mul_ps(_mm256_add_ps(dot_even[r][v], dot_odd[r][v]), s),
                                             _mm256_mul_ps(offset, _mm256_set1_ps(group_sums[r * groups + g])));
-                _mm256_storeu_ps(out + r * TILE + 8 * v, _mm256_add_ps(_mm256_loadu_ps(out + r * TILE + 8 * v), sums));
+                float *sum = out + r * TILE + 8 * v;
+                _mm256_storeu_ps(sum, _mm256_add_ps(_mm256_loadu_ps(sum), sums));
             }
         }
     }
