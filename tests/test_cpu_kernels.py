@@ -11,7 +11,13 @@ import torch.nn.functional as F
 
 from wsgi_infer import LLM
 from wsgi_infer.engine.kernels.build import build_cpu_kernels, build_lock, built_library, library_path
-from wsgi_infer.engine.kernels.cpu import CacheRows, CpuKernels, int4_kernel_layout, load_cpu_kernels
+from wsgi_infer.engine.kernels.cpu import (
+    CacheRows,
+    CpuKernels,
+    int4_kernel_layout,
+    int8_kernel_layout,
+    load_cpu_kernels,
+)
 from wsgi_infer.engine.layers.activation import SiluAndMul
 from wsgi_infer.engine.layers.norm import RMSNorm
 from wsgi_infer.engine.layers.quantization import (
@@ -143,6 +149,25 @@ def test_int4_mm_multiplies_the_groups_values_and_each_row_alone(extra_flags):
     torch.testing.assert_close(got.double(), expected, rtol=BF16_ULP, atol=1e-3)
     for row in (0, 9):
         alone = kernels.int4_mm(x[row : row + 1], *layout, 88)
+        assert torch.equal(alone[0], got[row])
+
+
+@pytest.mark.parametrize("extra_flags", [(), ("-mno-avx2",)], ids=["as built", "without AVX2"])
+def test_int8_mm_scales_each_outputs_sum_and_each_row_alone(extra_flags):
+    """int8 codes per output channel times bf16 rows: the scaled product within bf16 rounding, the same for
+    a row alone as in its batch (more rows than the kernel's block of 4, outputs in a partial last tile)."""
+    path = build_cpu_kernels(extra_flags)
+    assert path is not None
+    kernels = CpuKernels(path)
+    torch.manual_seed(0)
+    codes = torch.randint(-127, 128, (88, 96), dtype=torch.int8)
+    scale = torch.rand(88) / 100
+    x = randn(11, 96)
+    got = kernels.int8_mm(x, *int8_kernel_layout(codes, scale), 88)
+    expected = x.double() @ (codes.double() * scale.double()[:, None]).t()
+    torch.testing.assert_close(got.double(), expected, rtol=BF16_ULP, atol=1e-3)
+    for row in (0, 9):
+        alone = kernels.int8_mm(x[row : row + 1], *int8_kernel_layout(codes, scale), 88)
         assert torch.equal(alone[0], got[row])
 
 

@@ -28,6 +28,7 @@ from wsgi_infer.engine.layers.quantization import (
     RowwiseInt8Linear,
     SmallBatchLinear,
     choose_max_rows,
+    quantize_linear_layers,
     rowwise_int8_available,
 )
 from wsgi_infer.engine.model_loader import CheckpointTensors
@@ -175,19 +176,40 @@ def test_auto_dtype_is_bf16_where_the_cpu_serves_packed_weights_fast(monkeypatch
     assert resolve_dtype("float32", cpu, packed_weights=True) == torch.float32
 
 
-def test_without_native_bf16_int4_on_the_kernels_takes_steps_of_any_size(monkeypatch, tmp_path, caplog):
-    """Unmeasured: unpacking into an emulated bf16 GEMM loses at every row count there."""
+@pytest.mark.parametrize("kind", [Int4Linear, Int8Linear])
+def test_without_native_bf16_layers_on_the_kernels_take_steps_of_any_size(monkeypatch, tmp_path, caplog, kind):
+    """Unmeasured: a bf16 GEMM is emulated there, and loses to the kernels at every row count."""
     kernels = load_cpu_kernels()
     if kernels is None:
         pytest.skip("no C compiler")
     monkeypatch.setattr(quantization, "cpu_has_native_bf16", lambda: False)
     linear = nn.Linear(64, 32).bfloat16()
-    layer = Int4Linear(linear, Int4Groups.from_weight(linear.weight), kernels)
+    if kind is Int4Linear:
+        layer = Int4Linear(linear, Int4Groups.from_weight(linear.weight), kernels)
+    else:
+        layer = Int8Linear(linear, kernels)
     with caplog.at_level(logging.INFO, logger=quantization.__name__):
         choose_max_rows([layer], tmp_path / "rows.json")
     assert layer.max_rows == ANY_ROWS and "of any size" in caplog.text
     x = torch.randn(600, 64).bfloat16()  # more rows than a step's token budget
     assert torch.equal(layer(x), layer.packed_mm(x) + linear.bias)
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_8_bit_layers_run_on_the_kernels_only_without_native_bf16(monkeypatch, tmp_path, native_bf16):
+    """Where oneDNN computes bf16 natively, torch's int8 kernel stays (measured there); elsewhere the
+    kernels' is 2.2x faster at one row."""
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setattr(quantization, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(quantization, "rowwise_int8_available", lambda: False)
+    model = nn.Sequential(nn.Linear(64, 48)).bfloat16()
+    quantize_linear_layers(model, "auto", lambda name: None, tmp_path / "rows.json", kernels)
+    assert isinstance(model[0], Int8Linear) and model[0].on_kernels != native_bf16
+    x = torch.randn(3, 64).bfloat16()
+    full = torch.nn.functional.linear(x, model[0].weight)
+    torch.testing.assert_close(model[0].packed_mm(x), full, rtol=0.02, atol=0.02)
 
 
 def test_float32_stays_unpacked(default_llm):

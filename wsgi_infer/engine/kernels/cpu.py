@@ -30,6 +30,7 @@ _SIGNATURES = {
     "paged_attention": [_P, _I, _P, _P, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, ctypes.c_int],
     "int4_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
     "int4_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
+    "int8_mm": [_P, _I, _P, _P, _P, _I, _I, ctypes.c_int],
     "decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _I],
     "rescale_rows": [_P, _P, _P, _P, _P, _I, _I, ctypes.c_int],
     "argmax_rows": [_P, _I, _I, _P, ctypes.c_int],
@@ -124,6 +125,15 @@ class CpuKernels:
         )
         return out
 
+    def int8_mm(self, x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, n: int) -> torch.Tensor:
+        """x [rows, k] times an int8 weight [n, k] in the kernels' layout (``int8_kernel_layout``), scaled per
+        output (float32 ``scale`` [n, padded to 16]) -> [rows, n]."""
+        x = x.contiguous()
+        out = x.new_empty(x.shape[0], n)
+        args = (codes.data_ptr(), scale.data_ptr(), out.data_ptr(), n, x.shape[1], torch.get_num_threads())
+        self._lib.int8_mm(x.data_ptr(), x.shape[0], *args)
+        return out
+
     def int4_dequantize(self, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, n: int) -> torch.Tensor:
         """The int4 weight [n, k] in the kernels' layout, as bf16 (each value rounded once, to nearest even),
         in a buffer that the next call overwrites: a fresh one per weight cost 5 to 12 times the unpacking
@@ -167,6 +177,14 @@ class CpuKernels:
 
     def fused_decoder(self, layers: list[DecoderWeights], dims: DecoderDims) -> FusedDecoder:
         return FusedDecoder(self._lib, layers, dims)
+
+
+def int8_kernel_layout(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 codes [n, k] per output channel as ``int8_mm`` reads them, 16 outputs at a time (n padded to a
+    multiple of 16): [n / 16, k, 16]; and their scales as float32 [n padded]."""
+    pad = -codes.shape[0] % 16
+    codes, scale = F.pad(codes, (0, 0, 0, pad)), F.pad(scale.float(), (0, pad))
+    return codes.view(-1, 16, codes.shape[1]).transpose(1, 2).contiguous(), scale
 
 
 def int4_kernel_layout(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -478,6 +478,69 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *sca
     if ((const void *)inputs != (const void *)x) free((void *)inputs);
 }
 
+/* --- int8 weights times bf16 rows ------------------------------------------------------------------------
+ * Where the CPU has no native bf16, for the layers whose checkpoint is 8-bit (the default model's LM head):
+ * a weight [n, k] in int8 per output channel, laid out [n / 16, k, 16] (int8_kernel_layout in cpu.py), each
+ * input's 16 outputs in one run. out = bf16(scale * sum(q x)), each output's products (exact in float32) summed
+ * in input order, whatever the number of rows or threads. With AVX2 and FMA, 4 rows share each widening of
+ * the codes, and their 8 sums keep the multiply-adds busy; elsewhere plain C, which the compiler vectorizes. */
+#define INT8_ROWS 4
+
+/* sums [rows, 16] of one tile for up to INT8_ROWS rows of the float32 rows x (inlined with a constant count) */
+static inline __attribute__((always_inline)) void int8_tile(const float *x, const int rows, const int8_t *codes,
+                                                            float *sums, int64_t k) {
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[INT8_ROWS][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k; i++) {
+        __m128i q = _mm_loadu_si128((const __m128i *)(codes + i * TILE));
+        __m256 w[2] = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                       _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))};
+        for (int r = 0; r < rows; r++) {
+            __m256 input = _mm256_broadcast_ss(x + r * k + i);
+            for (int v = 0; v < 2; v++) acc[r][v] = _mm256_fmadd_ps(w[v], input, acc[r][v]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < 2; v++) _mm256_storeu_ps(sums + r * TILE + 8 * v, acc[r][v]);
+#else
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < TILE; j++) sums[r * TILE + j] = 0.0f;
+    for (int64_t i = 0; i < k; i++)
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < TILE; j++) sums[r * TILE + j] += (float)codes[i * TILE + j] * x[r * k + i];
+#endif
+}
+
+typedef void (*int8_tile_fn)(const float *, const int8_t *, float *, int64_t);
+#define INT8_TILE_ROWS(R)                                                                                          \
+    static void int8_tile_##R(const float *x, const int8_t *codes, float *sums, int64_t k) {                      \
+        int8_tile(x, R, codes, sums, k);                                                                           \
+    }
+INT8_TILE_ROWS(1) INT8_TILE_ROWS(2) INT8_TILE_ROWS(3) INT8_TILE_ROWS(4)
+static const int8_tile_fn int8_tiles[INT8_ROWS + 1] = {NULL, int8_tile_1, int8_tile_2, int8_tile_3, int8_tile_4};
+
+/* out [rows, n] = x [rows, k] (contiguous) times the int8 weight [n, k]^T, scaled per output */
+void int8_mm(const bf16 *x, int64_t rows, const int8_t *codes, const float *scale, bf16 *out, int64_t n, int64_t k,
+             int threads) {
+    int64_t tiles = (n + TILE - 1) / TILE;
+    float *wide = malloc(rows * k * sizeof(float));
+    for (int64_t i = 0; i < rows * k; i++) wide[i] = to_float(x[i]);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t t = 0; t < tiles; t++) {
+        float sums[INT8_ROWS * TILE];
+        int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
+        for (int64_t r0 = 0; r0 < rows; r0 += INT8_ROWS) {
+            int64_t block = rows - r0 < INT8_ROWS ? rows - r0 : INT8_ROWS;
+            int8_tiles[block](wide + r0 * k, codes + t * k * TILE, sums, k);
+            for (int64_t r = 0; r < block; r++)
+                for (int64_t j = 0; j < width; j++)
+                    out[(r0 + r) * n + t * TILE + j] = to_bf16(scale[t * TILE + j] * sums[r * TILE + j]);
+        }
+    }
+    free(wide);
+}
+
 /* --- a step's layers, one call ------------------------------------------------------------------------
  * For steps whose every projection is int4 (decodes, and prefill chunks up to as many rows): the Llama layer
  * (llama.py) op for op, each through the kernel its torch path calls, so a row's result is the same whichever

@@ -33,7 +33,7 @@ from torch import nn
 from ..cache_files import read_json, write_json
 from ..cpu_info import cpu_has_vnni, cpu_model_name
 from ..device import cpu_has_native_bf16
-from ..kernels.cpu import CpuKernels, int4_kernel_layout
+from ..kernels.cpu import CpuKernels, int4_kernel_layout, int8_kernel_layout
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +106,13 @@ class SmallBatchLinear(nn.Module, ABC):
 
     @property
     def kind(self) -> str:
-        """What the crossing point is measured for: the class, and for int4 which kernel."""
+        """What the crossing point is measured for: the class, and which kernels multiply it."""
         return type(self).__name__
+
+    @property
+    def on_kernels(self) -> bool:
+        """Whether the packed copy is multiplied by the CPU kernels."""
+        return False
 
     @abstractmethod
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
@@ -131,6 +136,10 @@ class Int4Linear(SmallBatchLinear):
         self.register_buffer("scale_zero", scale_zero.to(linear.weight.dtype).contiguous())
 
     @property
+    def on_kernels(self) -> bool:
+        return self.int4_kernels is not None
+
+    @property
     def kind(self) -> str:
         # "dequantized": the full multiply unpacks the weight first, so earlier measurements do not apply;
         # and a new build of the kernels is measured anew
@@ -149,15 +158,32 @@ class Int4Linear(SmallBatchLinear):
 
 
 class Int8Linear(SmallBatchLinear):
-    """Symmetric int8 per output channel; activations stay in the model dtype."""
+    """Symmetric int8 per output channel; activations stay in the model dtype. Multiplied by the CPU kernels
+    where they are given (their own layout), else by torch."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, kernels: CpuKernels | None = None) -> None:
         super().__init__(linear)
+        self.int8_kernels = kernels
         weight_int8, scale = _int8_per_channel(linear.weight)
+        if kernels is not None:
+            codes, scale = int8_kernel_layout(weight_int8, scale)
+            self.register_buffer("codes", codes)
+            self.register_buffer("scale", scale)
+            return
         self.register_buffer("weight_int8", weight_int8)
         self.register_buffer("scale", scale.to(linear.weight.dtype))
 
+    @property
+    def on_kernels(self) -> bool:
+        return self.int8_kernels is not None
+
+    @property
+    def kind(self) -> str:
+        return f"Int8Linear ({self.int8_kernels.build})" if self.int8_kernels is not None else "Int8Linear"
+
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.int8_kernels is not None:
+            return self.int8_kernels.int8_mm(rows, self.codes, self.scale, self.out_features)
         return torch._weight_int8pack_mm(rows, self.weight_int8, self.scale)
 
 
@@ -250,6 +276,8 @@ def quantize_linear_layers(
     layers multiply through them.
     """
     int8_kind = RowwiseInt8Linear if method == "auto" and rowwise_int8_available() else Int8Linear
+    if int8_kind is Int8Linear and kernels is not None and not cpu_has_native_bf16():
+        int8_kind = partial(Int8Linear, kernels=kernels)  # torch's int8 kernel was 2.2x slower at one row there
     for name, linear in _linear_layers(model):
         groups = source_groups(name)
         if groups is None and method == "int4" and linear.in_features % GROUP_SIZE == 0:
@@ -300,10 +328,10 @@ def _measured_max_rows(same_shape: list[SmallBatchLinear]) -> int:
     the same products), so where it wins at 64 rows, as int4 on the kernels does, one count is timed,
     not seven (a first start spent 2.5 s here).
 
-    Without native bf16, the full multiply of int4 on the kernels (unpacking, then oneDNN's emulated bf16 GEMM)
-    loses at every count (64 rows, the default model's step: 945 ms against 279), and a 512-row prefill step
-    would take seconds: those layers take steps of any size, unmeasured."""
-    if isinstance(same_shape[0], Int4Linear) and same_shape[0].int4_kernels is not None and not cpu_has_native_bf16():
+    Without native bf16, oneDNN's bf16 GEMM is emulated, and a full multiply loses to the kernels' packed one at
+    every count (the default model's step of 64 rows: 945 ms against 279 in int4), where a 512-row prefill step
+    would take seconds: layers on the kernels take steps of any size there, unmeasured."""
+    if same_shape[0].on_kernels and not cpu_has_native_bf16():
         return ANY_ROWS
     for rows in sorted(ROWS_MEASURED, reverse=True):
         x = torch.randn(rows, same_shape[0].in_features, dtype=same_shape[0].dtype)
