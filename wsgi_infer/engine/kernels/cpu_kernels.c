@@ -377,55 +377,185 @@ static inline __attribute__((always_inline)) void int4_tile(const bf16 *x, const
 }
 
 static const bf16 *tile_inputs(const bf16 *x, int64_t count) { return x; }
+
+typedef void (*int4_tile_fn)(const bf16 *, const uint8_t *, const float *, const float *, const float *, float *,
+                             int64_t);
+#define INT4_TILE_ROWS(R)                                                                                          \
+    static void int4_tile_##R(const bf16 *x, const uint8_t *codes, const float *scale, const float *low,           \
+                              const float *group_sums, float *out, int64_t k) {                                    \
+        int4_tile(x, R, codes, scale, low, group_sums, out, k);                                                    \
+    }
+INT4_TILE_ROWS(1) INT4_TILE_ROWS(2) INT4_TILE_ROWS(3) INT4_TILE_ROWS(4)
+INT4_TILE_ROWS(5) INT4_TILE_ROWS(6) INT4_TILE_ROWS(7) INT4_TILE_ROWS(8)
+static const int4_tile_fn int4_tiles[ROW_TILE + 1] = {NULL,          int4_tile_1, int4_tile_2, int4_tile_3, int4_tile_4,
+                                                      int4_tile_5, int4_tile_6, int4_tile_7, int4_tile_8};
+
+#define TILE_BLOCK 1 /* tiles a task multiplies at once */
+static inline int64_t tiles_per_task(int64_t rows) { return 1; }
+
+/* sums [tiles][rows, 16]: each tile of the weight for every row, ROW_TILE rows at a time */
+static void int4_tiles_rows(const bf16 *x, int64_t rows, int64_t tiles, const uint8_t *codes, const float *scale,
+                            const float *low, const float *group_sums, float *sums, int64_t k) {
+    int64_t groups = k / GROUP;
+    for (int64_t j = 0; j < tiles; j++)
+        for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE) {
+            int64_t tile_rows = rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE;
+            int4_tiles[tile_rows](x + r0 * k, codes + j * groups * 256, scale + j * groups * TILE,
+                                  low + j * groups * TILE, group_sums + r0 * groups, sums + (j * rows + r0) * TILE, k);
+        }
+}
 #else
 /* AVX2 without vdpbf16ps: widening a bf16 pair for every product would cost more than the products. So the rows
- * are widened to float32 once (int4_mm), and each code's float32 value (the same 128 + q) is made from its
- * nibble in place: a multiply-add per 8 outputs, input and row. The products are exact in float32 as with
- * vdpbf16ps, so fusing them rounds nothing. Two rows share an unpacking, so that their sums stay in registers. */
-#define ROW_TILE 2
+ * are widened to float32 once (int4_mm), and each code becomes its float32 value (the same 128 + q) for a
+ * multiply-add per 8 outputs, input and row. The products are exact in float32 as with vdpbf16ps, so fusing
+ * them rounds nothing. Each output of a row has one sum per group, over its inputs in the order a chunk of
+ * codes holds them (2c, 2c + 1, then 2(c + 8), 2(c + 8) + 1, for c = 0..7), whichever of two ways a step takes:
+ * - one or two rows unpack each chunk into registers as they go, one row for 4 tiles at once and two rows for
+ *   2, so that 8 independent sums keep the multiply-adds busy;
+ * - more rows unpack each group of a tile once into L1, and read it 6 rows at a time, whose 12 sums fill the
+ *   registers with the weight and input being read. */
+#define ROW_BLOCK 6
+#define TILE_BLOCK 4 /* tiles multiplied at once by one row */
+static inline int64_t tiles_per_task(int64_t rows) { return rows == 1 ? TILE_BLOCK : rows == 2 ? TILE_BLOCK / 2 : 1; }
 typedef float tile_input; /* the rows widened to float32 */
 
-/* 16 outputs (one tile of the weight) for up to ROW_TILE rows of x; out holds each row's 16 sums. */
-static inline __attribute__((always_inline)) void int4_tile(const float *x, const int64_t rows, const uint8_t *codes,
-                                                            const float *scale, const float *low,
-                                                            const float *group_sums, float *out, int64_t k) {
+/* half h (0: low nibbles, 1: high) of a chunk of codes as float32: the even and the odd input's, for outputs 0-7
+ * (v = 0) and 8-15 (v = 1) */
+static inline void unpack_half(const uint8_t *codes, int h, __m256 even[2], __m256 odd[2]) {
     const __m256i nibble = _mm256_set1_epi32(0x000f000f), bias = _mm256_set1_epi32(0x43004300);
     const __m256i high_half = _mm256_set1_epi32((int)0xffff0000u);
+    __m256i bytes = _mm256_loadu_si256((const __m256i *)codes);
+    /* per 32-bit lane, one output's two codes: outputs 0-7, then 8-15 */
+    __m256i words[2] = {_mm256_cvtepu8_epi16(_mm256_castsi256_si128(bytes)),
+                        _mm256_cvtepu8_epi16(_mm256_extracti128_si256(bytes, 1))};
+    for (int v = 0; v < 2; v++) {
+        __m256i nibbles = h ? _mm256_srli_epi16(words[v], 4) : words[v];
+        __m256i q = _mm256_or_si256(_mm256_and_si256(nibbles, nibble), bias);
+        even[v] = _mm256_castsi256_ps(_mm256_slli_epi32(q, 16));
+        odd[v] = _mm256_castsi256_ps(_mm256_and_si256(q, high_half));
+    }
+}
+
+/* sums [rows, 16] += a group's sums acc [rows][2], scaled (group_sums: the first row's, rows apart by groups) */
+static inline __attribute__((always_inline)) void add_group(__m256 acc[][2], const int rows, const float *scale,
+                                                            const float *low, const float *group_sums, int64_t groups,
+                                                            float *sums) {
+    for (int v = 0; v < 2; v++) {
+        __m256 s = _mm256_loadu_ps(scale + 8 * v);
+        __m256 offset = _mm256_loadu_ps(low + 8 * v); /* the codes carried 128 each */
+        offset = _mm256_sub_ps(offset, _mm256_mul_ps(_mm256_set1_ps(CODE_BIAS), s));
+        for (int r = 0; r < rows; r++) {
+            __m256 scaled = _mm256_add_ps(_mm256_mul_ps(acc[r][v], s),
+                                          _mm256_mul_ps(offset, _mm256_set1_ps(group_sums[r * groups])));
+            float *sum = sums + r * TILE + 8 * v;
+            _mm256_storeu_ps(sum, _mm256_add_ps(_mm256_loadu_ps(sum), scaled));
+        }
+    }
+}
+
+/* sums [tiles][rows, 16] for one or two rows and up to TILE_BLOCK tiles, chunks unpacked in registers. Inlined
+ * with constant counts. */
+static inline __attribute__((always_inline)) void few_rows(const float *x, const int rows, const int tiles,
+                                                           const uint8_t *codes, const float *scale, const float *low,
+                                                           const float *group_sums, float *sums, int64_t k) {
     int64_t groups = k / GROUP;
-    for (int64_t i = 0; i < rows * TILE; i++) out[i] = 0.0f;
     for (int64_t g = 0; g < groups; g++) {
-        __m256 dot_even[ROW_TILE][2], dot_odd[ROW_TILE][2];
-        for (int64_t r = 0; r < rows; r++)
-            for (int v = 0; v < 2; v++) dot_even[r][v] = dot_odd[r][v] = _mm256_setzero_ps();
-        for (int c = 0; c < 8; c++) {
-            __m256i bytes = _mm256_loadu_si256((const __m256i *)(codes + (g * 8 + c) * 32));
-            /* per 32-bit lane, one output's two codes (inputs 2c and 2c + 1): outputs 0-7, then 8-15 */
-            __m256i words[2] = {_mm256_cvtepu8_epi16(_mm256_castsi256_si128(bytes)),
-                                _mm256_cvtepu8_epi16(_mm256_extracti128_si256(bytes, 1))};
-            for (int h = 0; h < 2; h++) { /* low nibbles: inputs 2c, 2c + 1; high: 2(c + 8), 2(c + 8) + 1 */
-                const float *xg = x + g * GROUP + 2 * (c + 8 * h);
-                for (int v = 0; v < 2; v++) {
-                    __m256i nibbles = h ? _mm256_srli_epi16(words[v], 4) : words[v];
-                    __m256i q = _mm256_or_si256(_mm256_and_si256(nibbles, nibble), bias);
-                    __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(q, 16));
-                    __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(q, high_half));
-                    for (int64_t r = 0; r < rows; r++) {
-                        dot_even[r][v] = _mm256_fmadd_ps(even, _mm256_broadcast_ss(xg + r * k), dot_even[r][v]);
-                        dot_odd[r][v] = _mm256_fmadd_ps(odd, _mm256_broadcast_ss(xg + r * k + 1), dot_odd[r][v]);
+        __m256 acc[TILE_BLOCK][2][2];
+        for (int j = 0; j < tiles; j++)
+            for (int r = 0; r < rows; r++) acc[j][r][0] = acc[j][r][1] = _mm256_setzero_ps();
+        for (int c = 0; c < 8; c++)
+            for (int h = 0; h < 2; h++) {
+                const float *xi = x + g * GROUP + 2 * (c + 8 * h);
+                for (int j = 0; j < tiles; j++) {
+                    __m256 even[2], odd[2];
+                    unpack_half(codes + (j * groups + g) * 256 + c * 32, h, even, odd);
+                    for (int r = 0; r < rows; r++) {
+                        __m256 x_even = _mm256_broadcast_ss(xi + r * k), x_odd = _mm256_broadcast_ss(xi + r * k + 1);
+                        for (int v = 0; v < 2; v++) {
+                            acc[j][r][v] = _mm256_fmadd_ps(even[v], x_even, acc[j][r][v]);
+                            acc[j][r][v] = _mm256_fmadd_ps(odd[v], x_odd, acc[j][r][v]);
+                        }
                     }
                 }
             }
-        }
-        for (int v = 0; v < 2; v++) {
-            __m256 s = _mm256_loadu_ps(scale + g * TILE + 8 * v);
-            __m256 offset = _mm256_loadu_ps(low + g * TILE + 8 * v); /* the codes carried 128 each */
-            offset = _mm256_sub_ps(offset, _mm256_mul_ps(_mm256_set1_ps(CODE_BIAS), s));
-            for (int64_t r = 0; r < rows; r++) {
-                __m256 sums = _mm256_add_ps(_mm256_mul_ps(_mm256_add_ps(dot_even[r][v], dot_odd[r][v]), s),
-                                            _mm256_mul_ps(offset, _mm256_set1_ps(group_sums[r * groups + g])));
-                float *sum = out + r * TILE + 8 * v;
-                _mm256_storeu_ps(sum, _mm256_add_ps(_mm256_loadu_ps(sum), sums));
+        for (int j = 0; j < tiles; j++)
+            add_group(acc[j], rows, scale + (j * groups + g) * TILE, low + (j * groups + g) * TILE, group_sums + g,
+                      groups, sums + j * rows * TILE);
+    }
+}
+
+typedef void (*few_rows_fn)(const float *, const uint8_t *, const float *, const float *, const float *, float *,
+                            int64_t);
+#define FEW_ROWS(R, T)                                                                                             \
+    static void few_rows_##R##x##T(const float *x, const uint8_t *codes, const float *scale, const float *low,     \
+                                   const float *group_sums, float *sums, int64_t k) {                              \
+        few_rows(x, R, T, codes, scale, low, group_sums, sums, k);                                                 \
+    }
+FEW_ROWS(1, 1) FEW_ROWS(1, 2) FEW_ROWS(1, 3) FEW_ROWS(1, 4) FEW_ROWS(2, 1) FEW_ROWS(2, 2)
+
+/* one group of a tile's codes as float32 [input][output] */
+static inline void unpack_group(const uint8_t *codes, float w[GROUP][TILE]) {
+    for (int c = 0; c < 8; c++)
+        for (int h = 0; h < 2; h++) {
+            __m256 even[2], odd[2];
+            unpack_half(codes + c * 32, h, even, odd);
+            for (int v = 0; v < 2; v++) {
+                _mm256_store_ps(&w[2 * (c + 8 * h)][8 * v], even[v]);
+                _mm256_store_ps(&w[2 * (c + 8 * h) + 1][8 * v], odd[v]);
             }
+        }
+}
+
+/* sums [rows, 16] += a group's products for up to ROW_BLOCK rows (x: the first row's group) with its unpacked
+ * codes w. Inlined with a constant row count, so that the sums stay in registers. */
+static inline __attribute__((always_inline)) void row_block(const float (*w)[TILE], const float *x, int64_t k,
+                                                            const int rows, const float *scale, const float *low,
+                                                            const float *group_sums, int64_t groups, float *sums) {
+    __m256 acc[ROW_BLOCK][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int c = 0; c < 8; c++)
+        for (int h = 0; h < 2; h++)
+            for (int parity = 0; parity < 2; parity++) {
+                int input = 2 * (c + 8 * h) + parity;
+                for (int r = 0; r < rows; r++) {
+                    __m256 x_input = _mm256_broadcast_ss(x + r * k + input);
+                    for (int v = 0; v < 2; v++)
+                        acc[r][v] = _mm256_fmadd_ps(_mm256_load_ps(&w[input][8 * v]), x_input, acc[r][v]);
+                }
+            }
+    add_group(acc, rows, scale, low, group_sums, groups, sums);
+}
+
+typedef void (*row_block_fn)(const float (*)[TILE], const float *, int64_t, const float *, const float *,
+                             const float *, int64_t, float *);
+#define ROW_BLOCK_OF(R)                                                                                            \
+    static void row_block_##R(const float (*w)[TILE], const float *x, int64_t k, const float *scale,              \
+                              const float *low, const float *group_sums, int64_t groups, float *sums) {            \
+        row_block(w, x, k, R, scale, low, group_sums, groups, sums);                                               \
+    }
+ROW_BLOCK_OF(1) ROW_BLOCK_OF(2) ROW_BLOCK_OF(3) ROW_BLOCK_OF(4) ROW_BLOCK_OF(5) ROW_BLOCK_OF(6)
+static const row_block_fn row_blocks[ROW_BLOCK + 1] = {NULL,        row_block_1, row_block_2, row_block_3,
+                                                       row_block_4, row_block_5, row_block_6};
+
+/* sums [tiles][rows, 16]: up to TILE_BLOCK tiles (one or two rows) or one tile (more rows) of the weight, for
+ * every row */
+static void int4_tiles_rows(const float *x, int64_t rows, int64_t tiles, const uint8_t *codes, const float *scale,
+                            const float *low, const float *group_sums, float *sums, int64_t k) {
+    memset(sums, 0, tiles * rows * TILE * sizeof(float));
+    if (rows <= 2) {
+        static const few_rows_fn by_rows_and_tiles[3][TILE_BLOCK + 1] = {
+            {NULL}, {NULL, few_rows_1x1, few_rows_1x2, few_rows_1x3, few_rows_1x4}, {NULL, few_rows_2x1, few_rows_2x2}};
+        by_rows_and_tiles[rows][tiles](x, codes, scale, low, group_sums, sums, k);
+        return;
+    }
+    int64_t groups = k / GROUP;
+    float w[GROUP][TILE] __attribute__((aligned(32)));
+    for (int64_t g = 0; g < groups; g++) {
+        unpack_group(codes + g * 256, w);
+        for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
+            int64_t block = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK;
+            row_blocks[block](w, x + r0 * k + g * GROUP, k, scale + g * TILE, low + g * TILE,
+                              group_sums + r0 * groups + g, groups, sums + r0 * TILE);
         }
     }
 }
@@ -438,40 +568,31 @@ static const float *tile_inputs(const bf16 *x, int64_t count) {
 }
 #endif
 
-typedef void (*int4_tile_fn)(const tile_input *, const uint8_t *, const float *, const float *, const float *,
-                             float *, int64_t);
-#define INT4_TILE_ROWS(R)                                                                                          \
-    static void int4_tile_##R(const tile_input *x, const uint8_t *codes, const float *scale, const float *low,     \
-                              const float *group_sums, float *out, int64_t k) {                                    \
-        int4_tile(x, R, codes, scale, low, group_sums, out, k);                                                    \
-    }
-INT4_TILE_ROWS(1) INT4_TILE_ROWS(2)
-#if ROW_TILE == 8
-INT4_TILE_ROWS(3) INT4_TILE_ROWS(4) INT4_TILE_ROWS(5) INT4_TILE_ROWS(6) INT4_TILE_ROWS(7) INT4_TILE_ROWS(8)
-static const int4_tile_fn int4_tiles[ROW_TILE + 1] = {NULL,        int4_tile_1, int4_tile_2, int4_tile_3, int4_tile_4,
-                                                      int4_tile_5, int4_tile_6, int4_tile_7, int4_tile_8};
-#else
-static const int4_tile_fn int4_tiles[ROW_TILE + 1] = {NULL, int4_tile_1, int4_tile_2};
-#endif
+#define ROW_CHUNK 64 /* rows whose inputs the tiles read over and over, while they stay in cache */
 
 /* out [rows, n] = x [rows, k] (contiguous) times the int4 weight [n, k]^T; tiles of outputs spread over threads. */
 void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *scale, const float *low, bf16 *out,
              int64_t n, int64_t k, int threads) {
-    int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
+    int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE, per_task = tiles_per_task(rows);
     float *group_sums = malloc(rows * groups * sizeof(float));
     const tile_input *inputs = tile_inputs(x, rows * k);
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
     for (int64_t i = 0; i < rows * groups; i++) group_sums[i] = hsum(load16(x + i * GROUP) + load16(x + i * GROUP + 16));
+    for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {
+        int64_t chunk = rows - r0 < ROW_CHUNK ? rows - r0 : ROW_CHUNK;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t t = 0; t < tiles; t++) {
-        float tile_out[ROW_TILE * TILE];
-        for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE) {
-            int64_t tile_rows = rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE;
-            int4_tiles[tile_rows](inputs + r0 * k, codes + t * groups * 256, scale + t * groups * TILE,
-                                  low + t * groups * TILE, group_sums + r0 * groups, tile_out, k);
-            int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
-            for (int64_t r = 0; r < tile_rows; r++)
-                for (int64_t j = 0; j < width; j++) out[(r0 + r) * n + t * TILE + j] = to_bf16(tile_out[r * TILE + j]);
+        for (int64_t t0 = 0; t0 < tiles; t0 += per_task) {
+            float sums[TILE_BLOCK * ROW_CHUNK * TILE];
+            int64_t task_tiles = tiles - t0 < per_task ? tiles - t0 : per_task;
+            int4_tiles_rows(inputs + r0 * k, chunk, task_tiles, codes + t0 * groups * 256, scale + t0 * groups * TILE,
+                            low + t0 * groups * TILE, group_sums + r0 * groups, sums, k);
+            for (int64_t t = t0; t < t0 + task_tiles; t++) {
+                int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
+                const float *tile_sums = sums + (t - t0) * chunk * TILE;
+                for (int64_t r = 0; r < chunk; r++)
+                    for (int64_t j = 0; j < width; j++)
+                        out[(r0 + r) * n + t * TILE + j] = to_bf16(tile_sums[r * TILE + j]);
+            }
         }
     }
     free(group_sums);
