@@ -31,6 +31,13 @@ static inline bf16 to_bf16(float f) { /* round to nearest even, as torch does; N
     return (bf16)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
+/* count bf16 values as float32, in a new buffer the caller frees */
+static float *widened(const bf16 *x, int64_t count) {
+    float *wide = malloc(count * sizeof(float));
+    for (int64_t i = 0; i < count; i++) wide[i] = to_float(x[i]);
+    return wide;
+}
+
 /* 16 floats as one vector (GCC's vector extensions: AVX-512 where present, narrower registers elsewhere). */
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
@@ -561,11 +568,7 @@ static void int4_tiles_rows(const float *x, int64_t rows, int64_t tiles, const u
 }
 
 /* the rows as these tiles read them, widened once */
-static const float *tile_inputs(const bf16 *x, int64_t count) {
-    float *wide = malloc(count * sizeof(float));
-    for (int64_t i = 0; i < count; i++) wide[i] = to_float(x[i]);
-    return wide;
-}
+static const float *tile_inputs(const bf16 *x, int64_t count) { return widened(x, count); }
 #endif
 
 #define ROW_CHUNK 64 /* rows whose inputs the tiles read over and over, while they stay in cache */
@@ -645,8 +648,7 @@ static const int8_tile_fn int8_tiles[INT8_ROWS + 1] = {NULL, int8_tile_1, int8_t
 void int8_mm(const bf16 *x, int64_t rows, const int8_t *codes, const float *scale, bf16 *out, int64_t n, int64_t k,
              int threads) {
     int64_t tiles = (n + TILE - 1) / TILE;
-    float *wide = malloc(rows * k * sizeof(float));
-    for (int64_t i = 0; i < rows * k; i++) wide[i] = to_float(x[i]);
+    float *wide = widened(x, rows * k);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
         float sums[INT8_ROWS * TILE];
