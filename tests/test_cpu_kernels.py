@@ -154,18 +154,19 @@ def test_int4_mm_multiplies_the_groups_values_and_each_row_alone(extra_flags):
 @pytest.mark.parametrize("extra_flags", [(), ("-mno-avx2",)], ids=["as built", "without AVX2"])
 def test_int8_mm_scales_each_outputs_sum_and_each_row_alone(extra_flags):
     """int8 codes per output channel times bf16 rows: the scaled product within bf16 rounding, the same for
-    a row alone as in its batch (more rows than the kernel's block of 4, outputs in a partial last tile)."""
+    a row alone as in its batch (more rows than the kernel's chunk of 64, inputs past its runs of 32, outputs
+    in a partial last tile)."""
     path = build_cpu_kernels(extra_flags)
     assert path is not None
     kernels = CpuKernels(path)
     torch.manual_seed(0)
-    codes = torch.randint(-127, 128, (88, 96), dtype=torch.int8)
+    codes = torch.randint(-127, 128, (88, 100), dtype=torch.int8)
     scale = torch.rand(88) / 100
-    x = randn(11, 96)
+    x = randn(70, 100)
     got = kernels.int8_mm(x, *int8_kernel_layout(codes, scale), 88)
     expected = x.double() @ (codes.double() * scale.double()[:, None]).t()
     torch.testing.assert_close(got.double(), expected, rtol=BF16_ULP, atol=1e-3)
-    for rows in (slice(0, 1), slice(9, 10), slice(3, 5)):
+    for rows in (slice(0, 1), slice(9, 10), slice(3, 5), slice(60, 70)):
         assert torch.equal(kernels.int8_mm(x[rows], *int8_kernel_layout(codes, scale), 88), got[rows])
 
 

@@ -606,43 +606,97 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *sca
  * Where the CPU has no native bf16, for the layers whose checkpoint is 8-bit (the default model's LM head):
  * a weight [n, k] in int8 per output channel, laid out [n / 16, k, 16] (int8_kernel_layout in cpu.py), each
  * input's 16 outputs in one run. out = bf16(scale * sum(q x)), each output's products (exact in float32) summed
- * in input order, whatever the number of rows or threads. With AVX2 and FMA, 4 rows share each widening of
- * the codes, and their 8 sums keep the multiply-adds busy; elsewhere plain C, which the compiler vectorizes. */
-#define INT8_ROWS 4
+ * in input order, whatever the number of rows or threads. A tile's codes are widened to float32 into L1, 32
+ * inputs at a time, and read there by every row, INT8_ROWS at a time: with AVX2 and FMA their 12 sums keep the
+ * multiply-adds busy; elsewhere plain C, which the compiler vectorizes. */
+#define INT8_ROWS 6
+#define INT8_INPUTS 32 /* inputs of a tile widened at a time */
 
-/* sums [rows, 16] of one tile for up to INT8_ROWS rows of the float32 rows x (inlined with a constant count) */
-static inline __attribute__((always_inline)) void int8_tile(const float *x, const int rows, const int8_t *codes,
-                                                            float *sums, int64_t k) {
+/* count inputs' codes of one tile as float32 [input][output] */
+static inline void widen_int8(const int8_t *codes, int64_t count, float w[INT8_INPUTS][TILE]) {
+    for (int64_t i = 0; i < count; i++) {
+#if defined(__AVX2__)
+        __m128i q = _mm_loadu_si128((const __m128i *)(codes + i * TILE));
+        _mm256_store_ps(&w[i][0], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+        _mm256_store_ps(&w[i][8], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))));
+#else
+        for (int j = 0; j < TILE; j++) w[i][j] = (float)codes[i * TILE + j];
+#endif
+    }
+}
+
+/* sums [rows, 16] += the products of count inputs of up to INT8_ROWS rows of the float32 rows x (k apart) with
+ * their widened codes w (inlined with a constant row count, so that the sums stay in registers) */
+static inline __attribute__((always_inline)) void int8_rows(const float (*w)[TILE], int64_t count, const float *x,
+                                                            int64_t k, const int rows, float *sums) {
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 acc[INT8_ROWS][2];
-    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < k; i++) {
-        __m128i q = _mm_loadu_si128((const __m128i *)(codes + i * TILE));
-        __m256 w[2] = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
-                       _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))};
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < 2; v++) acc[r][v] = _mm256_loadu_ps(sums + r * TILE + 8 * v);
+    for (int64_t i = 0; i < count; i++) {
+        __m256 codes[2] = {_mm256_load_ps(&w[i][0]), _mm256_load_ps(&w[i][8])};
         for (int r = 0; r < rows; r++) {
             __m256 input = _mm256_broadcast_ss(x + r * k + i);
-            for (int v = 0; v < 2; v++) acc[r][v] = _mm256_fmadd_ps(w[v], input, acc[r][v]);
+            for (int v = 0; v < 2; v++) acc[r][v] = _mm256_fmadd_ps(codes[v], input, acc[r][v]);
         }
     }
     for (int r = 0; r < rows; r++)
         for (int v = 0; v < 2; v++) _mm256_storeu_ps(sums + r * TILE + 8 * v, acc[r][v]);
 #else
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < TILE; j++) sums[r * TILE + j] = 0.0f;
-    for (int64_t i = 0; i < k; i++)
+    for (int64_t i = 0; i < count; i++)
         for (int r = 0; r < rows; r++)
-            for (int j = 0; j < TILE; j++) sums[r * TILE + j] += (float)codes[i * TILE + j] * x[r * k + i];
+            for (int j = 0; j < TILE; j++) sums[r * TILE + j] += w[i][j] * x[r * k + i];
 #endif
 }
 
-typedef void (*int8_tile_fn)(const float *, const int8_t *, float *, int64_t);
-#define INT8_TILE_ROWS(R)                                                                                          \
-    static void int8_tile_##R(const float *x, const int8_t *codes, float *sums, int64_t k) {                      \
-        int8_tile(x, R, codes, sums, k);                                                                           \
+typedef void (*int8_rows_fn)(const float (*)[TILE], int64_t, const float *, int64_t, float *);
+#define INT8_ROWS_OF(R)                                                                                            \
+    static void int8_rows_##R(const float (*w)[TILE], int64_t count, const float *x, int64_t k, float *sums) {    \
+        if (count == INT8_INPUTS) /* a constant count: GCC keeps the sums in registers only then */              \
+            int8_rows(w, INT8_INPUTS, x, k, R, sums);                                                              \
+        else                                                                                                       \
+            int8_rows(w, count, x, k, R, sums);                                                                    \
     }
-INT8_TILE_ROWS(1) INT8_TILE_ROWS(2) INT8_TILE_ROWS(3) INT8_TILE_ROWS(4)
-static const int8_tile_fn int8_tiles[INT8_ROWS + 1] = {NULL, int8_tile_1, int8_tile_2, int8_tile_3, int8_tile_4};
+INT8_ROWS_OF(1) INT8_ROWS_OF(2) INT8_ROWS_OF(3) INT8_ROWS_OF(4) INT8_ROWS_OF(5) INT8_ROWS_OF(6)
+static const int8_rows_fn int8_row_blocks[INT8_ROWS + 1] = {NULL,       int8_rows_1, int8_rows_2, int8_rows_3,
+                                                            int8_rows_4, int8_rows_5, int8_rows_6};
+
+/* sums [16] of one tile for a single row, each code widened in registers as it is read: only once, so that a
+ * copy in L1 would cost stores and loads and save nothing */
+static void int8_single_row(const float *x, const int8_t *codes, float *sums, int64_t k) {
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < k; i++) {
+        __m128i q = _mm_loadu_si128((const __m128i *)(codes + i * TILE));
+        __m256 input = _mm256_broadcast_ss(x + i);
+        acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), input, acc[0]);
+        acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), input, acc[1]);
+    }
+    for (int v = 0; v < 2; v++) _mm256_storeu_ps(sums + 8 * v, acc[v]);
+#else
+    for (int j = 0; j < TILE; j++) sums[j] = 0.0f;
+    for (int64_t i = 0; i < k; i++)
+        for (int j = 0; j < TILE; j++) sums[j] += (float)codes[i * TILE + j] * x[i];
+#endif
+}
+
+/* sums [rows, 16] of one tile (codes [k, 16]) for the float32 rows x */
+static void int8_tile(const float *x, int64_t rows, const int8_t *codes, float *sums, int64_t k) {
+    if (rows == 1) {
+        int8_single_row(x, codes, sums, k);
+        return;
+    }
+    float w[INT8_INPUTS][TILE] __attribute__((aligned(32)));
+    memset(sums, 0, rows * TILE * sizeof(float));
+    for (int64_t i0 = 0; i0 < k; i0 += INT8_INPUTS) {
+        int64_t count = k - i0 < INT8_INPUTS ? k - i0 : INT8_INPUTS;
+        widen_int8(codes + i0 * TILE, count, w);
+        for (int64_t r0 = 0; r0 < rows; r0 += INT8_ROWS) {
+            int64_t block = rows - r0 < INT8_ROWS ? rows - r0 : INT8_ROWS;
+            int8_row_blocks[block](w, count, x + r0 * k + i0, k, sums + r0 * TILE);
+        }
+    }
+}
 
 /* out [rows, n] = x [rows, k] (contiguous) times the int8 weight [n, k]^T, scaled per output */
 void int8_mm(const bf16 *x, int64_t rows, const int8_t *codes, const float *scale, bf16 *out, int64_t n, int64_t k,
@@ -651,12 +705,12 @@ void int8_mm(const bf16 *x, int64_t rows, const int8_t *codes, const float *scal
     float *wide = widened(x, rows * k);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
-        float sums[INT8_ROWS * TILE];
+        float sums[ROW_CHUNK * TILE];
         int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
-        for (int64_t r0 = 0; r0 < rows; r0 += INT8_ROWS) {
-            int64_t block = rows - r0 < INT8_ROWS ? rows - r0 : INT8_ROWS;
-            int8_tiles[block](wide + r0 * k, codes + t * k * TILE, sums, k);
-            for (int64_t r = 0; r < block; r++)
+        for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {
+            int64_t chunk = rows - r0 < ROW_CHUNK ? rows - r0 : ROW_CHUNK;
+            int8_tile(wide + r0 * k, chunk, codes + t * k * TILE, sums, k);
+            for (int64_t r = 0; r < chunk; r++)
                 for (int64_t j = 0; j < width; j++)
                     out[(r0 + r) * n + t * TILE + j] = to_bf16(scale[t * TILE + j] * sums[r * TILE + j]);
         }
