@@ -76,9 +76,14 @@ def test_silu_and_mul_and_rotary_round_as_torch(kernels):
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])  # 80: pairs of 32 values and a last 16, padded
-def test_paged_attention_reads_scattered_blocks_as_sdpa_does(kernels, head_dim):
+@pytest.mark.parametrize("extra_flags", [(), ("-mno-avx2",)], ids=["as built", "without AVX2"])
+def test_paged_attention_reads_scattered_blocks_as_sdpa_does(head_dim, extra_flags):
     """Three sequences over blocks out of order, grouped-query heads (9 over 3): two decode a token each, the
-    third runs a prefill chunk of 5 tokens, each of which sees its sequence up to itself."""
+    third runs a prefill chunk of 5 tokens, each of which sees its sequence up to itself. Values are weighed
+    in 8-lane registers on AVX2, in 16-lane vectors elsewhere."""
+    path = build_cpu_kernels(extra_flags)
+    assert path is not None
+    kernels = CpuKernels(path)
     torch.manual_seed(0)
     block_size, kv_heads, heads, scale = 4, 3, 9, head_dim**-0.5
     cache = randn(40 * block_size, 2 * kv_heads, head_dim)

@@ -201,29 +201,32 @@ static inline f32x16 hsum16(const f32x16 v[16]) {
 
 #define PREFETCH_AHEAD 8 /* tokens */
 
-/* softmax(q k^T * scale) v for the group query heads that share one key-value head, over len cached tokens, in
- * float32. Scores multiply the keys as stored, pairs of bf16 at a time; each value is widened once for the whole
- * group. Each head's sums run in the order one head alone would run them. Scores fit on the stack (a float per
- * token and head), computed 16 tokens at a time. q and out: the group's heads, one after another. */
-static inline __attribute__((always_inline)) void attend_group(const bf16 *q, const int64_t group, const bf16 *keys,
-                                                               const bf16 *values, const int64_t *offsets, int64_t len,
-                                                               const int64_t head_dim, float scale, bf16 *out) {
-    const int64_t chunks = head_dim / 16, pairs = (head_dim + 31) / 32; /* a last 16 values padded with zeros */
+/* slots are scattered over blocks: fetch a token's key and value ahead of their use */
+static inline void prefetch_token(const bf16 *keys, const bf16 *values, const int64_t *offsets, int64_t t,
+                                  int64_t len, int64_t head_dim) {
+    if (t + PREFETCH_AHEAD < len)
+        for (int64_t line = 0; line < head_dim; line += 32) {
+            __builtin_prefetch(keys + offsets[t + PREFETCH_AHEAD] + line);
+            __builtin_prefetch(values + offsets[t + PREFETCH_AHEAD] + line);
+        }
+}
+
+/* scores [group, stride] of the group's heads for each of len tokens (whole blocks of 16 computed): the keys
+ * multiplied as stored, pairs of bf16 at a time (one vdpbf16ps each where the CPU has it), each key read once
+ * for the group, 16 tokens' sums folded into one vector by hsum16 */
+static inline __attribute__((always_inline)) void score_tokens(const bf16 *q, const int64_t group, const bf16 *keys,
+                                                               const bf16 *values, const int64_t *offsets,
+                                                               int64_t len, const int64_t head_dim, float scale,
+                                                               int64_t stride, float *scores) {
+    const int64_t pairs = (head_dim + 31) / 32; /* a last 16 values padded with zeros */
     u16x32 query[group][pairs];
     f32x16 sums[group][16];
-    float scores[group][len + 15], peak[group], total[group];
-    for (int64_t h = 0; h < group; h++) {
+    for (int64_t h = 0; h < group; h++)
         for (int64_t c = 0; c < pairs; c++) query[h][c] = load32(q + h * head_dim + c * 32, head_dim - c * 32);
-        peak[h] = -INFINITY, total[h] = 0.0f;
-    }
     for (int64_t start = 0; start < len; start += 16) {
         for (int64_t i = 0; i < 16; i++) {
             int64_t t = start + i;
-            if (t + PREFETCH_AHEAD < len) /* slots are scattered over blocks: fetch ahead, the value too */
-                for (int64_t line = 0; line < head_dim; line += 32) {
-                    __builtin_prefetch(keys + offsets[t + PREFETCH_AHEAD] + line);
-                    __builtin_prefetch(values + offsets[t + PREFETCH_AHEAD] + line);
-                }
+            prefetch_token(keys, values, offsets, t, len, head_dim);
             u16x32 key[pairs];
             for (int64_t c = 0; c < pairs; c++)
                 key[c] = t < len ? load32(keys + offsets[t] + c * 32, head_dim - c * 32) : (u16x32){0};
@@ -234,10 +237,68 @@ static inline __attribute__((always_inline)) void attend_group(const bf16 *q, co
         }
         for (int64_t h = 0; h < group; h++) {
             f32x16 block = hsum16(sums[h]) * scale;
-            memcpy(scores[h] + start, &block, sizeof(block));
+            memcpy(scores + h * stride + start, &block, sizeof(block));
         }
     }
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) /* 16-lane sums would not fit its registers */
+/* weighed [group, D] = sum over tokens of weights [group, stride] times values (in token order): 16 tokens'
+ * values widened at a time into L1, then each head's sums in 8 registers of 8 lanes, one multiply-add per value */
+static inline __attribute__((always_inline)) void weigh_values(const bf16 *values, const int64_t *offsets,
+                                                               int64_t len, const int64_t group,
+                                                               const int64_t head_dim, int64_t stride,
+                                                               const float *weights, float *weighed) {
+    const int64_t chunks = head_dim / 8;
+    float value[16][head_dim] __attribute__((aligned(32)));
+    for (int64_t d = 0; d < group * head_dim; d++) weighed[d] = 0.0f;
+    for (int64_t start = 0; start < len; start += 16) {
+        int64_t block = len - start < 16 ? len - start : 16;
+        for (int64_t i = 0; i < block; i++)
+            for (int64_t d = 0; d < head_dim; d++) value[i][d] = to_float(values[offsets[start + i] + d]);
+        for (int64_t h = 0; h < group; h++) {
+            __m256 acc[chunks];
+            for (int64_t c = 0; c < chunks; c++) acc[c] = _mm256_loadu_ps(weighed + h * head_dim + 8 * c);
+            for (int64_t i = 0; i < block; i++) {
+                __m256 weight = _mm256_broadcast_ss(weights + h * stride + start + i);
+                for (int64_t c = 0; c < chunks; c++) acc[c] = _mm256_fmadd_ps(weight, _mm256_load_ps(value[i] + 8 * c), acc[c]);
+            }
+            for (int64_t c = 0; c < chunks; c++) _mm256_storeu_ps(weighed + h * head_dim + 8 * c, acc[c]);
+        }
+    }
+}
+#else
+/* weighed [group, D] = sum over tokens of weights [group, stride] times values (in token order), each value
+ * widened once for the group's heads, their sums a chain per head and 16 dimensions, several in flight */
+static inline __attribute__((always_inline)) void weigh_values(const bf16 *values, const int64_t *offsets,
+                                                               int64_t len, const int64_t group,
+                                                               const int64_t head_dim, int64_t stride,
+                                                               const float *weights, float *weighed) {
+    const int64_t chunks = head_dim / 16;
+    f32x16 acc[group][chunks];
+    for (int64_t h = 0; h < group; h++)
+        for (int64_t c = 0; c < chunks; c++) acc[h][c] = (f32x16){0};
+    for (int64_t t = 0; t < len; t++) {
+        f32x16 value[chunks];
+        for (int64_t c = 0; c < chunks; c++) value[c] = load16(values + offsets[t] + c * 16);
+        for (int64_t h = 0; h < group; h++)
+            for (int64_t c = 0; c < chunks; c++) acc[h][c] += weights[h * stride + t] * value[c];
+    }
+    memcpy(weighed, acc, sizeof(acc));
+}
+#endif
+
+/* softmax(q k^T * scale) v for the group query heads that share one key-value head, over len cached tokens, in
+ * float32. Each key and value is read once for the whole group, and each head's sums run in the order one head
+ * alone would run them. Scores fit on the stack (a float per token and head, in whole blocks of 16). q and out: the group's heads, one after another. */
+static inline __attribute__((always_inline)) void attend_group(const bf16 *q, const int64_t group, const bf16 *keys,
+                                                               const bf16 *values, const int64_t *offsets, int64_t len,
+                                                               const int64_t head_dim, float scale, bf16 *out) {
+    const int64_t stride = len + 15;
+    float scores[group][stride], peak[group], total[group];
+    score_tokens(q, group, keys, values, offsets, len, head_dim, scale, stride, &scores[0][0]);
     for (int64_t h = 0; h < group; h++) {
+        peak[h] = -INFINITY, total[h] = 0.0f;
         for (int64_t t = 0; t < len; t++) peak[h] = scores[h][t] > peak[h] ? scores[h][t] : peak[h];
         for (int64_t t = 0; t < len; t += 16) { /* the padding past len is computed, never read */
             f32x16 block;
@@ -247,18 +308,10 @@ static inline __attribute__((always_inline)) void attend_group(const bf16 *q, co
         }
         for (int64_t t = 0; t < len; t++) total[h] += scores[h][t];
     }
-    f32x16 acc[group][chunks];
+    float weighed[group][head_dim];
+    weigh_values(values, offsets, len, group, head_dim, stride, &scores[0][0], &weighed[0][0]);
     for (int64_t h = 0; h < group; h++)
-        for (int64_t c = 0; c < chunks; c++) acc[h][c] = (f32x16){0};
-    for (int64_t t = 0; t < len; t++) { /* a chain of additions per head and chunk: several in flight */
-        f32x16 value[chunks];
-        for (int64_t c = 0; c < chunks; c++) value[c] = load16(values + offsets[t] + c * 16);
-        for (int64_t h = 0; h < group; h++)
-            for (int64_t c = 0; c < chunks; c++) acc[h][c] += scores[h][t] * value[c];
-    }
-    for (int64_t h = 0; h < group; h++)
-        for (int64_t c = 0; c < chunks; c++)
-            for (int j = 0; j < 16; j++) out[h * head_dim + c * 16 + j] = to_bf16(acc[h][c][j] / total[h]);
+        for (int64_t d = 0; d < head_dim; d++) out[h * head_dim + d] = to_bf16(weighed[h][d] / total[h]);
 }
 
 /* attend_group with the common head sizes as constants, so that a head's query stays in registers */
