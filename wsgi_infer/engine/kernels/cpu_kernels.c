@@ -93,29 +93,58 @@ static inline float exp_approx(float x) {
     return (p * r2 + r + 1.0f) * two_k;
 }
 
-static inline f32x16 select16(i32x16 mask, f32x16 a, f32x16 b) {
-    return (f32x16)(((i32x16)a & mask) | ((i32x16)b & ~mask));
+/* Vectors of the CPU's own width, for code with comparisons: GCC splits wider vectors into registers for
+ * arithmetic, but compares them one lane at a time, with a branch each. */
+#ifdef __AVX512F__
+#define LANES 16
+#else
+#define LANES 8
+#endif
+typedef float f32v __attribute__((vector_size(LANES * 4)));
+typedef int32_t i32v __attribute__((vector_size(LANES * 4)));
+typedef uint32_t u32v __attribute__((vector_size(LANES * 4)));
+typedef uint16_t u16v __attribute__((vector_size(LANES * 2)));
+
+static inline f32v select_v(i32v mask, f32v a, f32v b) { return (f32v)(((i32v)a & mask) | ((i32v)b & ~mask)); }
+
+/* exp_approx of each lane, with exactly exp_approx's operations (GCC does not vectorize its floorf) */
+static inline f32v exp_v(f32v x) {
+    const f32v zero = {0}, lowest = zero - 87.0f, highest = zero + 88.0f;
+    x = select_v(x < lowest, lowest, select_v(x > highest, highest, x));
+    f32v scaled = x * 1.44269504f + 0.5f;
+    f32v truncated = __builtin_convertvector(__builtin_convertvector(scaled, i32v), f32v);
+    f32v k = truncated - select_v(truncated > scaled, zero + 1.0f, zero); /* floor: |scaled| < 2^23 */
+    f32v r = x - k * 0.693359375f + k * 2.12194440e-4f, r2 = r * r;
+    f32v p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
+              1.6666665459e-1f) * r + 5.0000001201e-1f;
+    i32v bits = (__builtin_convertvector(k, i32v) + 127) << 23;
+    return (p * r2 + r + 1.0f) * (f32v)bits;
 }
 
-/* exp_approx of 16 lanes, each with exactly exp_approx's operations (GCC does not vectorize its floorf) */
+/* to_bf16 of each lane */
+static inline u16v to_bf16_v(f32v v) {
+    u32v bits = (u32v)v, rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    i32v nan = (i32v)((bits & 0x7fffffffu) > 0x7f800000u);
+    return __builtin_convertvector((((bits >> 16) | 0x40) & (u32v)nan) | (rounded & ~(u32v)nan), u16v);
+}
+
+/* exp_v and to_bf16_v of 16 lanes, a register's width at a time */
 static inline f32x16 exp16(f32x16 x) {
-    const f32x16 zero = {0}, lowest = zero - 87.0f, highest = zero + 88.0f;
-    x = select16(x < lowest, lowest, select16(x > highest, highest, x));
-    f32x16 scaled = x * 1.44269504f + 0.5f;
-    f32x16 truncated = __builtin_convertvector(__builtin_convertvector(scaled, i32x16), f32x16);
-    f32x16 k = truncated - select16(truncated > scaled, zero + 1.0f, zero); /* floor: |scaled| < 2^23 */
-    f32x16 r = x - k * 0.693359375f + k * 2.12194440e-4f, r2 = r * r;
-    f32x16 p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
-                1.6666665459e-1f) * r + 5.0000001201e-1f;
-    i32x16 bits = (__builtin_convertvector(k, i32x16) + 127) << 23;
-    return (p * r2 + r + 1.0f) * (f32x16)bits;
+    f32v piece[16 / LANES];
+    memcpy(piece, &x, sizeof(x));
+    for (int i = 0; i < 16 / LANES; i++) piece[i] = exp_v(piece[i]);
+    memcpy(&x, piece, sizeof(x));
+    return x;
 }
 
-/* to_bf16 of 16 lanes */
 static inline u16x16 to_bf16x16(f32x16 v) {
-    u32x16 bits = (u32x16)v, rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    i32x16 nan = (i32x16)((bits & 0x7fffffffu) > 0x7f800000u);
-    return __builtin_convertvector((((bits >> 16) | 0x40) & (u32x16)nan) | (rounded & ~(u32x16)nan), u16x16);
+    f32v piece[16 / LANES];
+    u16v rounded[16 / LANES];
+    u16x16 out;
+    memcpy(piece, &v, sizeof(v));
+    for (int i = 0; i < 16 / LANES; i++) rounded[i] = to_bf16_v(piece[i]);
+    memcpy(&out, rounded, sizeof(out));
+    return out;
 }
 
 /* out = weight * bf16(rms_norm(float(x))): RMSNorm as transformers rounds it. With a residual, the sum
@@ -847,26 +876,27 @@ void rescale_rows(const float *y, const float *width, const float *low, const fl
 /* Each row's index of its largest value, the first where several are equal, as torch.argmax gives it (a NaN
  * counts as the largest). One pass keeps, per lane, the largest value and where it came first. */
 void argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out, int threads) {
-    const i32x16 lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    i32v lanes;
+    for (int j = 0; j < LANES; j++) lanes[j] = j;
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         const float *row = x + r * n;
-        f32x16 top = {0};
-        i32x16 at = lanes, nan = {0};
+        f32v top = {0};
+        i32v at = lanes, nan = {0};
         int64_t i = 0, found = 0;
-        for (int j = 0; j < 16; j++) top[j] = -INFINITY;
-        for (; i + 16 <= n; i += 16) {
-            f32x16 v;
+        for (int j = 0; j < LANES; j++) top[j] = -INFINITY;
+        for (; i + LANES <= n; i += LANES) {
+            f32v v;
             memcpy(&v, row + i, sizeof(v));
-            i32x16 larger = v > top;
-            top = select16(larger, v, top);
+            i32v larger = v > top;
+            top = select_v(larger, v, top);
             at = (at & ~larger) | ((lanes + (int32_t)i) & larger);
             nan |= v != v;
         }
         float best = -INFINITY;
-        for (int j = 0; j < 16; j++) /* the lanes' maxima; the earliest index among equals */
+        for (int j = 0; j < LANES; j++) /* the lanes' maxima; the earliest index among equals */
             if (top[j] > best || (top[j] == best && at[j] < found)) best = top[j], found = at[j];
-        for (int j = 0; j < 16; j++) nan[0] |= nan[j];
+        for (int j = 0; j < LANES; j++) nan[0] |= nan[j];
         for (int64_t j = nan[0] ? 0 : i; j < n; j++) { /* the tail, or the first NaN */
             if (row[j] != row[j]) { found = j; break; }
             if (row[j] > best) best = row[j], found = j;
