@@ -213,6 +213,29 @@ void rotate(bf16 *x, int64_t row_stride, const float *cos_rows, const float *sin
 
 /* hsum of each of 16 vectors, as one vector (lane t: hsum(v[t])), with every addition hsum makes, in its
  * order: a transposition by halves, 30 shuffles and 15 additions where 16 hsums take 48 and 64. */
+#if LANES == 8 /* the same additions on 8-lane halves, whose shuffles GCC keeps in registers */
+static inline f32x16 hsum16(const f32x16 v[16]) {
+    typedef int32_t i32x8 __attribute__((vector_size(32)));
+    f32v halves[16], quarters[8], eighths[4], sums[2];
+    for (int t = 0; t < 16; t++) { /* lanes i and i + 8 of each vector */
+        f32v piece[2];
+        memcpy(piece, &v[t], sizeof(v[t]));
+        halves[t] = piece[0] + piece[1];
+    }
+    for (int j = 0; j < 8; j++) /* lanes i and i + 4: two vectors' 4 sums each */
+        quarters[j] = __builtin_shuffle(halves[2 * j], halves[2 * j + 1], (i32x8){0, 1, 2, 3, 8, 9, 10, 11}) +
+                      __builtin_shuffle(halves[2 * j], halves[2 * j + 1], (i32x8){4, 5, 6, 7, 12, 13, 14, 15});
+    for (int j = 0; j < 4; j++) /* lanes i and i + 2 of each 4 */
+        eighths[j] = __builtin_shuffle(quarters[2 * j], quarters[2 * j + 1], (i32x8){0, 1, 4, 5, 8, 9, 12, 13}) +
+                     __builtin_shuffle(quarters[2 * j], quarters[2 * j + 1], (i32x8){2, 3, 6, 7, 10, 11, 14, 15});
+    for (int j = 0; j < 2; j++)
+        sums[j] = __builtin_shuffle(eighths[2 * j], eighths[2 * j + 1], (i32x8){0, 2, 4, 6, 8, 10, 12, 14}) +
+                  __builtin_shuffle(eighths[2 * j], eighths[2 * j + 1], (i32x8){1, 3, 5, 7, 9, 11, 13, 15});
+    f32x16 out;
+    memcpy(&out, sums, sizeof(out));
+    return out;
+}
+#else
 static inline f32x16 hsum16(const f32x16 v[16]) {
     f32x16 halves[8], quarters[4], eighths[2];
     for (int j = 0; j < 8; j++) /* lanes i and i + 8 of two vectors: 8 sums of each */
@@ -227,6 +250,7 @@ static inline f32x16 hsum16(const f32x16 v[16]) {
     return __builtin_shuffle(eighths[0], eighths[1], (i32x16){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}) +
            __builtin_shuffle(eighths[0], eighths[1], (i32x16){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31});
 }
+#endif
 
 #define PREFETCH_AHEAD 8 /* tokens */
 
