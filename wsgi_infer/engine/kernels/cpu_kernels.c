@@ -314,7 +314,8 @@ static inline __attribute__((always_inline)) void weigh_values(const bf16 *value
             for (int64_t c = 0; c < chunks; c++) acc[c] = _mm256_loadu_ps(weighed + h * head_dim + 8 * c);
             for (int64_t i = 0; i < block; i++) {
                 __m256 weight = _mm256_broadcast_ss(weights + h * stride + start + i);
-                for (int64_t c = 0; c < chunks; c++) acc[c] = _mm256_fmadd_ps(weight, _mm256_load_ps(value[i] + 8 * c), acc[c]);
+                for (int64_t c = 0; c < chunks; c++)
+                    acc[c] = _mm256_fmadd_ps(weight, _mm256_load_ps(value[i] + 8 * c), acc[c]);
             }
             for (int64_t c = 0; c < chunks; c++) _mm256_storeu_ps(weighed + h * head_dim + 8 * c, acc[c]);
         }
@@ -343,7 +344,8 @@ static inline __attribute__((always_inline)) void weigh_values(const bf16 *value
 
 /* softmax(q k^T * scale) v for the group query heads that share one key-value head, over len cached tokens, in
  * float32. Each key and value is read once for the whole group, and each head's sums run in the order one head
- * alone would run them. Scores fit on the stack (a float per token and head, in whole blocks of 16). q and out: the group's heads, one after another. */
+ * alone would run them. Scores fit on the stack (a float per token and head, in whole blocks of 16). q and out:
+ * the group's heads, one after another. */
 static inline __attribute__((always_inline)) void attend_group(const bf16 *q, const int64_t group, const bf16 *keys,
                                                                const bf16 *values, const int64_t *offsets, int64_t len,
                                                                const int64_t head_dim, float scale, bf16 *out) {
