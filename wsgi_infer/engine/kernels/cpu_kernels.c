@@ -770,10 +770,10 @@ INT8_ROWS_OF(1) INT8_ROWS_OF(2) INT8_ROWS_OF(3) INT8_ROWS_OF(4) INT8_ROWS_OF(5) 
 static const int8_rows_fn int8_row_blocks[INT8_ROWS + 1] = {NULL,       int8_rows_1, int8_rows_2, int8_rows_3,
                                                             int8_rows_4, int8_rows_5, int8_rows_6};
 
+#if defined(__AVX2__) && defined(__FMA__)
 /* sums [16] of one tile for a single row, each code widened in registers as it is read: only once, so that a
  * copy in L1 would cost stores and loads and save nothing */
 static void int8_single_row(const float *x, const int8_t *codes, float *sums, int64_t k) {
-#if defined(__AVX2__) && defined(__FMA__)
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t i = 0; i < k; i++) {
         __m128i q = _mm_loadu_si128((const __m128i *)(codes + i * TILE));
@@ -782,19 +782,17 @@ static void int8_single_row(const float *x, const int8_t *codes, float *sums, in
         acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), input, acc[1]);
     }
     for (int v = 0; v < 2; v++) _mm256_storeu_ps(sums + 8 * v, acc[v]);
-#else
-    for (int j = 0; j < TILE; j++) sums[j] = 0.0f;
-    for (int64_t i = 0; i < k; i++)
-        for (int j = 0; j < TILE; j++) sums[j] += (float)codes[i * TILE + j] * x[i];
-#endif
 }
+#endif
 
 /* sums [rows, 16] of one tile (codes [k, 16]) for the float32 rows x */
 static void int8_tile(const float *x, int64_t rows, const int8_t *codes, float *sums, int64_t k) {
+#if defined(__AVX2__) && defined(__FMA__)
     if (rows == 1) {
         int8_single_row(x, codes, sums, k);
         return;
     }
+#endif
     float w[INT8_INPUTS][TILE] __attribute__((aligned(32)));
     memset(sums, 0, rows * TILE * sizeof(float));
     for (int64_t i0 = 0; i0 < k; i0 += INT8_INPUTS) {
