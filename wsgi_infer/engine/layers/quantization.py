@@ -104,15 +104,18 @@ class SmallBatchLinear(nn.Module, ABC):
     def full_weight(self) -> torch.Tensor:
         return self.weight
 
+    packed_kernels: CpuKernels | None = None  # the CPU kernels that multiply the packed copy, where they do
+
     @property
     def kind(self) -> str:
-        """What the crossing point is measured for: the class, and which kernels multiply it."""
-        return type(self).__name__
+        """What the crossing point is measured for: the class, and which build of the kernels multiplies it
+        (a new build is measured anew)."""
+        name = type(self).__name__
+        return name if self.packed_kernels is None else f"{name} ({self.packed_kernels.build})"
 
     @property
     def on_kernels(self) -> bool:
-        """Whether the packed copy is multiplied by the CPU kernels."""
-        return False
+        return self.packed_kernels is not None
 
     @abstractmethod
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
@@ -124,7 +127,7 @@ class Int4Linear(SmallBatchLinear):
 
     def __init__(self, linear: nn.Linear, groups: Int4Groups, kernels: CpuKernels | None = None) -> None:
         super().__init__(linear, keep_weight=kernels is None)
-        self.int4_kernels = kernels
+        self.packed_kernels = kernels
         if kernels is not None:
             layout = int4_kernel_layout(groups.codes, groups.scale, groups.zero)
             for name, tensor in zip(("codes", "scale", "low"), layout):
@@ -136,25 +139,20 @@ class Int4Linear(SmallBatchLinear):
         self.register_buffer("scale_zero", scale_zero.to(linear.weight.dtype).contiguous())
 
     @property
-    def on_kernels(self) -> bool:
-        return self.int4_kernels is not None
-
-    @property
     def kind(self) -> str:
-        # "dequantized": the full multiply unpacks the weight first, so earlier measurements do not apply;
-        # and a new build of the kernels is measured anew
-        return f"Int4Linear ({self.int4_kernels.build}, dequantized)" if self.int4_kernels is not None else "Int4Linear"
+        # "dequantized": the full multiply unpacks the weight first, so earlier measurements do not apply
+        return f"Int4Linear ({self.packed_kernels.build}, dequantized)" if self.on_kernels else "Int4Linear"
 
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.int4_kernels is not None:
-            return self.int4_kernels.int4_mm(rows, self.codes, self.scale, self.low, self.out_features)
+        if self.packed_kernels is not None:
+            return self.packed_kernels.int4_mm(rows, self.codes, self.scale, self.low, self.out_features)
         return torch._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP_SIZE, self.scale_zero)
 
     def full_weight(self) -> torch.Tensor:
-        if self.int4_kernels is None:
+        if self.packed_kernels is None:
             return self.weight
         # valid until the next layer unpacks its own: F.linear uses it at once
-        return self.int4_kernels.int4_dequantize(self.codes, self.scale, self.low, self.out_features)
+        return self.packed_kernels.int4_dequantize(self.codes, self.scale, self.low, self.out_features)
 
 
 class Int8Linear(SmallBatchLinear):
@@ -163,7 +161,7 @@ class Int8Linear(SmallBatchLinear):
 
     def __init__(self, linear: nn.Linear, kernels: CpuKernels | None = None) -> None:
         super().__init__(linear)
-        self.int8_kernels = kernels
+        self.packed_kernels = kernels
         weight_int8, scale = _int8_per_channel(linear.weight)
         if kernels is not None:
             codes, scale = int8_kernel_layout(weight_int8, scale)
@@ -173,17 +171,9 @@ class Int8Linear(SmallBatchLinear):
         self.register_buffer("weight_int8", weight_int8)
         self.register_buffer("scale", scale.to(linear.weight.dtype))
 
-    @property
-    def on_kernels(self) -> bool:
-        return self.int8_kernels is not None
-
-    @property
-    def kind(self) -> str:
-        return f"Int8Linear ({self.int8_kernels.build})" if self.int8_kernels is not None else "Int8Linear"
-
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.int8_kernels is not None:
-            return self.int8_kernels.int8_mm(rows, self.codes, self.scale, self.out_features)
+        if self.packed_kernels is not None:
+            return self.packed_kernels.int8_mm(rows, self.codes, self.scale, self.out_features)
         return torch._weight_int8pack_mm(rows, self.weight_int8, self.scale)
 
 

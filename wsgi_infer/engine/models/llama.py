@@ -12,6 +12,7 @@ from ..kernels.cpu import CpuKernels, DecoderDims, DecoderWeights, FusedDecoder
 from ..layers.activation import SiluAndMul
 from ..layers.attention import AttentionMetadata, paged_attention
 from ..layers.norm import RMSNorm
+from ..layers.quantization import Int4Linear
 from ..layers.rotary import RotaryEmbedding, apply_rotary_
 
 
@@ -125,7 +126,7 @@ class LlamaForCausalLM(nn.Module):
             for layer in self.layers
         ]
         projections = [p for w in weights for p in (w.qkv, w.o, w.gate_up, w.down)]
-        if not all(getattr(p, "int4_kernels", None) is not None for p in projections):
+        if not all(isinstance(p, Int4Linear) and p.on_kernels for p in projections):
             return None, 0
         attn, mlp = self.layers[0].self_attn, self.layers[0].mlp
         dims = DecoderDims(
