@@ -139,9 +139,10 @@ def test_the_lm_heads_int8_rows_rescale_as_torch_ops_round(kernels):
     ids=["as built", "without AVX512-BF16", "without AVX2"],
 )
 def test_int4_mm_multiplies_the_groups_values_and_each_row_alone(extra_flags):
-    """Every way of summing the codes (vdpbf16ps where the CPU has it, else AVX2's multiply-adds of float32
-    rows, else float32 lanes of bf16 pairs) gives the dequantized weight's product within bf16 rounding, and
-    a row's result never depends on its batch."""
+    """Every way of summing the codes (vdpbf16ps where the CPU has it, else AVX2's integer multiply-adds of
+    each group's inputs scaled to 16 bits, else float32 lanes of bf16 pairs) gives the dequantized weight's
+    product within bf16 rounding, and a row's result never depends on its batch. Groups of zeros, of one
+    outlier among tiny values, and of a NaN keep their meaning."""
     path = build_cpu_kernels(extra_flags)
     assert path is not None
     kernels = CpuKernels(path)
@@ -149,9 +150,15 @@ def test_int4_mm_multiplies_the_groups_values_and_each_row_alone(extra_flags):
     groups = Int4Groups.from_weight(randn(88, 128, scale=0.05))  # outputs: 5 tiles of 16, the last partial
     layout = int4_kernel_layout(groups.codes, groups.scale, groups.zero)
     x = randn(11, 128)  # more rows than the kernel's tile of 8
+    x[6, 32:64] = 0
+    x[7, :32] *= 1e-4
+    x[7, 5] = 3000.0
+    x[8, :] = 1e-38  # all but subnormal
     got = kernels.int4_mm(x, *layout, 88)
     expected = x.double() @ groups.dequantize().double().t()
     torch.testing.assert_close(got.double(), expected, rtol=BF16_ULP, atol=1e-3)
+    x[10, 70] = float("nan")
+    assert kernels.int4_mm(x[10:], *layout, 88).isnan().all()
     for rows in (slice(0, 1), slice(9, 10), slice(3, 5)):  # each way the kernel takes few rows
         assert torch.equal(kernels.int4_mm(x[rows], *layout, 88), got[rows])
 

@@ -427,8 +427,8 @@ void paged_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, con
  *   codes [n / 16, k / 32, 8, 32] bytes: in chunk c of a group, byte j holds output j / 2's code for input
  *   2c + j % 2 (low nibble) and 2(c + 8) + j % 2 (high nibble): each nibble half is 16 outputs by 2 inputs;
  *   scale, low: float32 [n / 16, k / 32, 16].
- * Per group, y += scale * (q . x) + low * sum(x). The codes' products are exact in float32 (8-bit integers
- * times bf16), and each output's sums run in one fixed order, whatever the number of rows or threads. */
+ * Per group, y += scale * (q . x) + low * sum(x), each output's sums in one fixed order, whatever the number of
+ * rows or threads. */
 #define GROUP 32
 #define TILE 16 /* outputs per vector lane set */
 
@@ -445,6 +445,8 @@ static inline u16x32 widen_codes(const uint8_t *codes) {
 #endif
 }
 
+#if !defined(__AVX2__) || !defined(__FMA__) || defined(__AVX512BF16__)
+#define ROW_TILE 8 /* rows sharing one unpacking of the codes */
 /* 32 bytes of codes -> 2 x 32 words, each 128 + q: exactly that value's bf16 bits (0x4300 | q). */
 static inline void unpack_codes(const uint8_t *codes, u16x32 *low, u16x32 *high) {
     u16x32 wide = widen_codes(codes);
@@ -454,8 +456,6 @@ static inline void unpack_codes(const uint8_t *codes, u16x32 *low, u16x32 *high)
 
 #define CODE_BIAS 128.0f
 
-#if !defined(__AVX2__) || !defined(__FMA__) || defined(__AVX512BF16__)
-#define ROW_TILE 8 /* rows sharing one unpacking of the codes */
 typedef bf16 tile_input; /* the rows as given */
 
 /* acc + 16 outputs' products with one pair of inputs (a broadcast bf16 pair) */
@@ -491,7 +491,8 @@ static inline __attribute__((always_inline)) void int4_tile(const bf16 *x, const
     memcpy(out, acc, rows * sizeof(f32x16));
 }
 
-static const bf16 *tile_inputs(const bf16 *x, int64_t count) { return x; }
+static const bf16 *tile_inputs(const bf16 *x, int64_t rows, int64_t k, int threads) { return x; }
+static inline int64_t inputs_per_row(int64_t k) { return k; }
 
 typedef void (*int4_tile_fn)(const bf16 *, const uint8_t *, const float *, const float *, const float *, float *,
                              int64_t);
@@ -520,49 +521,76 @@ static void int4_tiles_rows(const bf16 *x, int64_t rows, int64_t tiles, const ui
         }
 }
 #else
-/* AVX2 without vdpbf16ps: widening a bf16 pair for every product would cost more than the products. So the rows
- * are widened to float32 once (int4_mm), and each code becomes its float32 value (the same 128 + q) for a
- * multiply-add per 8 outputs, input and row. The products are exact in float32 as with vdpbf16ps, so fusing
- * them rounds nothing. Each output of a row has one sum per group, over its inputs in the order a chunk of
- * codes holds them (2c, 2c + 1, then 2(c + 8), 2(c + 8) + 1, for c = 0..7), whichever of two ways a step takes:
+/* AVX2 without vdpbf16ps: integer multiply-adds, twice as many per instruction as float32's on as many ports.
+ * Each row's group of 32 inputs becomes 16-bit integers once per step (int4_mm), x * 2^e with e per group such
+ * that the largest magnitude lands in [2^14, 2^15): bf16 keeps 8 significant bits, so every input within 2^7 of
+ * its group's largest is exact, and a smaller one is off by 2^-15 of the largest at most. vpmaddwd multiplies
+ * the codes of a chunk half (per 32-bit lane, one output's two codes) by a pair of inputs and adds the two
+ * products. A group's sum is an exact integer (below 32 * 15 * 2^15 < 2^24, so exact in float32 too) whatever
+ * its order, and each output's sums over groups run in group order, the same whichever of two ways a step takes:
  * - one or two rows unpack each chunk into registers as they go, one row for 4 tiles at once and two rows for
  *   2, so that 8 independent sums keep the multiply-adds busy;
- * - more rows unpack each group of a tile once into L1, and read it 5 rows at a time: their 10 sums, the weight
- *   and the input being read fit AVX2's 16 registers with room for GCC's moves (6 rows' 12 sums were 12% slower
- *   at 16 and 64 rows, 4 rows' slower still). */
-#define ROW_BLOCK 5
+ * - more rows unpack each group of a tile once into L1, and read it 4 rows at a time, 4 input pairs per loop
+ *   turn: GCC then keeps the 8 sums in registers (5 or 6 rows spilled some, 30-40% slower at 16 and 64 rows). */
+#define ROW_BLOCK 4
 #define TILE_BLOCK 4 /* tiles multiplied at once by one row */
 static inline int64_t tiles_per_task(int64_t rows) { return rows == 1 ? TILE_BLOCK : rows == 2 ? TILE_BLOCK / 2 : 1; }
-typedef float tile_input; /* the rows widened to float32 */
+typedef struct {
+    int16_t q[GROUP]; /* x * 2^e, rounded to nearest even */
+    float scale;      /* 2^-e */
+} tile_input;
+static inline int64_t inputs_per_row(int64_t k) { return k / GROUP; }
 
-/* half h (0: low nibbles, 1: high) of a chunk of codes as float32: the even and the odd input's, for outputs 0-7
- * (v = 0) and 8-15 (v = 1) */
-static inline void unpack_half(const uint8_t *codes, int h, __m256 even[2], __m256 odd[2]) {
-    const __m256i nibble = _mm256_set1_epi32(0x000f000f), bias = _mm256_set1_epi32(0x43004300);
-    const __m256i high_half = _mm256_set1_epi32((int)0xffff0000u);
-    __m256i bytes = _mm256_loadu_si256((const __m256i *)codes);
-    /* per 32-bit lane, one output's two codes: outputs 0-7, then 8-15 */
-    __m256i words[2] = {_mm256_cvtepu8_epi16(_mm256_castsi256_si128(bytes)),
-                        _mm256_cvtepu8_epi16(_mm256_extracti128_si256(bytes, 1))};
-    for (int v = 0; v < 2; v++) {
-        __m256i nibbles = h ? _mm256_srli_epi16(words[v], 4) : words[v];
-        __m256i q = _mm256_or_si256(_mm256_and_si256(nibbles, nibble), bias);
-        even[v] = _mm256_castsi256_ps(_mm256_slli_epi32(q, 16));
-        odd[v] = _mm256_castsi256_ps(_mm256_and_si256(q, high_half));
-    }
+/* one group of 32 bf16 inputs as integers and their scale */
+static void quantize_group(const bf16 *x, tile_input *group) {
+    uint16_t largest = 0; /* bf16 magnitudes order as their bits do */
+    for (int i = 0; i < GROUP; i++) largest = (x[i] & 0x7fff) > largest ? (x[i] & 0x7fff) : largest;
+    int exponent = largest >> 7; /* biased: e = 141 - exponent; below 15 (under 2^-112) as 15, so 2^e stays finite */
+    if (exponent < 15) exponent = 15;
+    float up, down; /* 2^e and 2^-e */
+    uint32_t up_bits = (uint32_t)(268 - exponent) << 23, down_bits = (uint32_t)(exponent - 14) << 23;
+    memcpy(&up, &up_bits, 4);
+    memcpy(&down, &down_bits, 4);
+    group->scale = exponent == 255 ? NAN : down; /* an infinity or NaN makes the group's outputs NaN */
+    for (int i = 0; i < GROUP; i++) group->q[i] = exponent == 255 ? 0 : (int16_t)nearbyintf(to_float(x[i]) * up);
 }
 
-/* sums [rows, 16] += a group's sums acc [rows][2], scaled (group_sums: the first row's, rows apart by groups) */
-static inline __attribute__((always_inline)) void add_group(__m256 acc[][2], const int rows, const float *scale,
-                                                            const float *low, const float *group_sums, int64_t groups,
-                                                            float *sums) {
+/* the rows' groups as these tiles read them, in a new buffer the caller frees */
+static const tile_input *tile_inputs(const bf16 *x, int64_t rows, int64_t k, int threads) {
+    tile_input *groups = malloc(rows * k / GROUP * sizeof(tile_input));
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
+    for (int64_t g = 0; g < rows * k / GROUP; g++) quantize_group(x + g * GROUP, &groups[g]);
+    return groups;
+}
+
+/* half h (0: low nibbles, 1: high) of a chunk of codes as 16-bit integers, per 32-bit lane one output's two:
+ * outputs 0-7 (v = 0) and 8-15 (v = 1) */
+static inline void unpack_half(const uint8_t *codes, int h, __m256i q[2]) {
+    const __m256i nibble = _mm256_set1_epi16(0x000f);
+    __m256i bytes = _mm256_loadu_si256((const __m256i *)codes);
+    __m256i words[2] = {_mm256_cvtepu8_epi16(_mm256_castsi256_si128(bytes)),
+                        _mm256_cvtepu8_epi16(_mm256_extracti128_si256(bytes, 1))};
+    for (int v = 0; v < 2; v++) q[v] = _mm256_and_si256(h ? _mm256_srli_epi16(words[v], 4) : words[v], nibble);
+}
+
+/* acc [2] += 16 outputs' products with the inputs pair (of a tile_input) */
+static inline void madd_pair(__m256i acc[2], const __m256i q[2], const int16_t *pair) {
+    int32_t both;
+    memcpy(&both, pair, 4);
+    __m256i x = _mm256_set1_epi32(both);
+    for (int v = 0; v < 2; v++) acc[v] = _mm256_add_epi32(acc[v], _mm256_madd_epi16(q[v], x));
+}
+
+/* sums [rows, 16] += a group's integer sums acc [rows][2], scaled (x, group_sums: the first row's, rows apart
+ * by groups) */
+static inline __attribute__((always_inline)) void add_group(__m256i acc[][2], const int rows, const float *scale,
+                                                            const float *low, const tile_input *x,
+                                                            const float *group_sums, int64_t groups, float *sums) {
     for (int v = 0; v < 2; v++) {
-        __m256 s = _mm256_loadu_ps(scale + 8 * v);
-        __m256 offset = _mm256_loadu_ps(low + 8 * v); /* the codes carried 128 each */
-        offset = _mm256_sub_ps(offset, _mm256_mul_ps(_mm256_set1_ps(CODE_BIAS), s));
+        __m256 s = _mm256_loadu_ps(scale + 8 * v), offset = _mm256_loadu_ps(low + 8 * v);
         for (int r = 0; r < rows; r++) {
-            __m256 scaled = _mm256_add_ps(_mm256_mul_ps(acc[r][v], s),
-                                          _mm256_mul_ps(offset, _mm256_set1_ps(group_sums[r * groups])));
+            __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), _mm256_mul_ps(s, _mm256_set1_ps(x[r * groups].scale)));
+            __m256 scaled = _mm256_fmadd_ps(offset, _mm256_set1_ps(group_sums[r * groups]), dot);
             float *sum = sums + r * TILE + 8 * v;
             _mm256_storeu_ps(sum, _mm256_add_ps(_mm256_loadu_ps(sum), scaled));
         }
@@ -571,92 +599,69 @@ static inline __attribute__((always_inline)) void add_group(__m256 acc[][2], con
 
 /* sums [tiles][rows, 16] for one or two rows and up to TILE_BLOCK tiles, chunks unpacked in registers. Inlined
  * with constant counts. */
-static inline __attribute__((always_inline)) void few_rows(const float *x, const int rows, const int tiles,
+static inline __attribute__((always_inline)) void few_rows(const tile_input *x, const int rows, const int tiles,
                                                            const uint8_t *codes, const float *scale, const float *low,
                                                            const float *group_sums, float *sums, int64_t k) {
     int64_t groups = k / GROUP;
     for (int64_t g = 0; g < groups; g++) {
-        __m256 acc[TILE_BLOCK][2][2];
+        __m256i acc[TILE_BLOCK][2][2];
         for (int j = 0; j < tiles; j++)
-            for (int r = 0; r < rows; r++) acc[j][r][0] = acc[j][r][1] = _mm256_setzero_ps();
+            for (int r = 0; r < rows; r++) acc[j][r][0] = acc[j][r][1] = _mm256_setzero_si256();
         for (int c = 0; c < 8; c++)
-            for (int h = 0; h < 2; h++) {
-                const float *xi = x + g * GROUP + 2 * (c + 8 * h);
+            for (int h = 0; h < 2; h++)
                 for (int j = 0; j < tiles; j++) {
-                    __m256 even[2], odd[2];
-                    unpack_half(codes + (j * groups + g) * 256 + c * 32, h, even, odd);
-                    for (int r = 0; r < rows; r++) {
-                        __m256 x_even = _mm256_broadcast_ss(xi + r * k), x_odd = _mm256_broadcast_ss(xi + r * k + 1);
-                        for (int v = 0; v < 2; v++) {
-                            acc[j][r][v] = _mm256_fmadd_ps(even[v], x_even, acc[j][r][v]);
-                            acc[j][r][v] = _mm256_fmadd_ps(odd[v], x_odd, acc[j][r][v]);
-                        }
-                    }
+                    __m256i q[2];
+                    unpack_half(codes + (j * groups + g) * 256 + c * 32, h, q);
+                    for (int r = 0; r < rows; r++) madd_pair(acc[j][r], q, x[r * groups + g].q + 2 * (c + 8 * h));
                 }
-            }
         for (int j = 0; j < tiles; j++)
-            add_group(acc[j], rows, scale + (j * groups + g) * TILE, low + (j * groups + g) * TILE, group_sums + g,
-                      groups, sums + j * rows * TILE);
+            add_group(acc[j], rows, scale + (j * groups + g) * TILE, low + (j * groups + g) * TILE, x + g,
+                      group_sums + g, groups, sums + j * rows * TILE);
     }
 }
 
-typedef void (*few_rows_fn)(const float *, const uint8_t *, const float *, const float *, const float *, float *,
-                            int64_t);
+typedef void (*few_rows_fn)(const tile_input *, const uint8_t *, const float *, const float *, const float *,
+                            float *, int64_t);
 #define FEW_ROWS(R, T)                                                                                             \
-    static void few_rows_##R##x##T(const float *x, const uint8_t *codes, const float *scale, const float *low,     \
+    static void few_rows_##R##x##T(const tile_input *x, const uint8_t *codes, const float *scale, const float *low, \
                                    const float *group_sums, float *sums, int64_t k) {                              \
         few_rows(x, R, T, codes, scale, low, group_sums, sums, k);                                                 \
     }
 FEW_ROWS(1, 1) FEW_ROWS(1, 2) FEW_ROWS(1, 3) FEW_ROWS(1, 4) FEW_ROWS(2, 1) FEW_ROWS(2, 2)
 
-/* one group of a tile's codes as float32 [input][output] */
-static inline void unpack_group(const uint8_t *codes, float w[GROUP][TILE]) {
+/* one group of a tile's codes as [chunk half][2] vectors of 16-bit integers, as unpack_half gives them */
+static inline void unpack_group(const uint8_t *codes, __m256i w[16][2]) {
     for (int c = 0; c < 8; c++)
-        for (int h = 0; h < 2; h++) {
-            __m256 even[2], odd[2];
-            unpack_half(codes + c * 32, h, even, odd);
-            for (int v = 0; v < 2; v++) {
-                _mm256_store_ps(&w[2 * (c + 8 * h)][8 * v], even[v]);
-                _mm256_store_ps(&w[2 * (c + 8 * h) + 1][8 * v], odd[v]);
-            }
-        }
+        for (int h = 0; h < 2; h++) unpack_half(codes + c * 32, h, w[c + 8 * h]);
 }
 
-/* sums [rows, 16] += a group's products for up to ROW_BLOCK rows (x: the first row's group) with its unpacked
- * codes w. Inlined with a constant row count, so that the sums stay in registers. */
-static inline __attribute__((always_inline)) void row_block(const float (*w)[TILE], const float *x, int64_t k,
-                                                            const int rows, const float *scale, const float *low,
+/* sums [rows, 16] += a group's products for up to ROW_BLOCK rows (x: the first row's group, rows apart by
+ * groups) with its unpacked codes w. Inlined with a constant row count, so that the sums stay in registers. */
+static inline __attribute__((always_inline)) void row_block(const __m256i (*w)[2], const tile_input *x, const int rows,
+                                                            const float *scale, const float *low,
                                                             const float *group_sums, int64_t groups, float *sums) {
-    __m256 acc[ROW_BLOCK][2];
-    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int c = 0; c < 8; c++)
-        for (int h = 0; h < 2; h++)
-            for (int parity = 0; parity < 2; parity++) {
-                int input = 2 * (c + 8 * h) + parity;
-                for (int r = 0; r < rows; r++) {
-                    __m256 x_input = _mm256_broadcast_ss(x + r * k + input);
-                    for (int v = 0; v < 2; v++)
-                        acc[r][v] = _mm256_fmadd_ps(_mm256_load_ps(&w[input][8 * v]), x_input, acc[r][v]);
-                }
-            }
-    add_group(acc, rows, scale, low, group_sums, groups, sums);
+    __m256i acc[ROW_BLOCK][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int half = 0; half < 16; half++) /* inputs 2 half, 2 half + 1 */
+        for (int r = 0; r < rows; r++) madd_pair(acc[r], w[half], x[r * groups].q + 2 * half);
+    add_group(acc, rows, scale, low, x, group_sums, groups, sums);
 }
 
-typedef void (*row_block_fn)(const float (*)[TILE], const float *, int64_t, const float *, const float *,
-                             const float *, int64_t, float *);
+typedef void (*row_block_fn)(const __m256i (*)[2], const tile_input *, const float *, const float *, const float *,
+                             int64_t, float *);
 #define ROW_BLOCK_OF(R)                                                                                            \
-    static void row_block_##R(const float (*w)[TILE], const float *x, int64_t k, const float *scale,              \
-                              const float *low, const float *group_sums, int64_t groups, float *sums) {            \
-        row_block(w, x, k, R, scale, low, group_sums, groups, sums);                                               \
+    static void row_block_##R(const __m256i (*w)[2], const tile_input *x, const float *scale, const float *low,    \
+                              const float *group_sums, int64_t groups, float *sums) {                              \
+        row_block(w, x, R, scale, low, group_sums, groups, sums);                                                  \
     }
-ROW_BLOCK_OF(1) ROW_BLOCK_OF(2) ROW_BLOCK_OF(3) ROW_BLOCK_OF(4) ROW_BLOCK_OF(5)
-static const row_block_fn row_blocks[ROW_BLOCK + 1] = {NULL, row_block_1, row_block_2, row_block_3, row_block_4,
-                                                       row_block_5};
+ROW_BLOCK_OF(1) ROW_BLOCK_OF(2) ROW_BLOCK_OF(3) ROW_BLOCK_OF(4)
+static const row_block_fn row_blocks[ROW_BLOCK + 1] = {NULL, row_block_1, row_block_2, row_block_3, row_block_4};
 
 /* sums [tiles][rows, 16]: up to TILE_BLOCK tiles (one or two rows) or one tile (more rows) of the weight, for
  * every row */
-static void int4_tiles_rows(const float *x, int64_t rows, int64_t tiles, const uint8_t *codes, const float *scale,
-                            const float *low, const float *group_sums, float *sums, int64_t k) {
+static void int4_tiles_rows(const tile_input *x, int64_t rows, int64_t tiles, const uint8_t *codes,
+                            const float *scale, const float *low, const float *group_sums, float *sums, int64_t k) {
     memset(sums, 0, tiles * rows * TILE * sizeof(float));
     if (rows <= 2) {
         static const few_rows_fn by_rows_and_tiles[3][TILE_BLOCK + 1] = {
@@ -665,19 +670,16 @@ static void int4_tiles_rows(const float *x, int64_t rows, int64_t tiles, const u
         return;
     }
     int64_t groups = k / GROUP;
-    float w[GROUP][TILE] __attribute__((aligned(32)));
+    __m256i w[16][2];
     for (int64_t g = 0; g < groups; g++) {
         unpack_group(codes + g * 256, w);
         for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
             int64_t block = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK;
-            row_blocks[block](w, x + r0 * k + g * GROUP, k, scale + g * TILE, low + g * TILE,
+            row_blocks[block]((const __m256i(*)[2])w, x + r0 * groups + g, scale + g * TILE, low + g * TILE,
                               group_sums + r0 * groups + g, groups, sums + r0 * TILE);
         }
     }
 }
-
-/* the rows as these tiles read them, widened once */
-static const float *tile_inputs(const bf16 *x, int64_t count) { return widened(x, count); }
 #endif
 
 #define ROW_CHUNK 64 /* rows whose inputs the tiles read over and over, while they stay in cache */
@@ -687,7 +689,7 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *sca
              int64_t n, int64_t k, int threads) {
     int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE, per_task = tiles_per_task(rows);
     float *group_sums = malloc(rows * groups * sizeof(float));
-    const tile_input *inputs = tile_inputs(x, rows * k);
+    const tile_input *inputs = tile_inputs(x, rows, k, threads);
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
     for (int64_t i = 0; i < rows * groups; i++) group_sums[i] = hsum(load16(x + i * GROUP) + load16(x + i * GROUP + 16));
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {
@@ -696,7 +698,7 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *sca
         for (int64_t t0 = 0; t0 < tiles; t0 += per_task) {
             float sums[TILE_BLOCK * ROW_CHUNK * TILE];
             int64_t task_tiles = tiles - t0 < per_task ? tiles - t0 : per_task;
-            int4_tiles_rows(inputs + r0 * k, chunk, task_tiles, codes + t0 * groups * 256, scale + t0 * groups * TILE,
+            int4_tiles_rows(inputs + r0 * inputs_per_row(k), chunk, task_tiles, codes + t0 * groups * 256, scale + t0 * groups * TILE,
                             low + t0 * groups * TILE, group_sums + r0 * groups, sums, k);
             for (int64_t t = t0; t < t0 + task_tiles; t++) {
                 int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
