@@ -31,13 +31,6 @@ static inline bf16 to_bf16(float f) { /* round to nearest even, as torch does; N
     return (bf16)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-/* count bf16 values as float32, in a new buffer the caller frees */
-static float *widened(const bf16 *x, int64_t count) {
-    float *wide = malloc(count * sizeof(float));
-    for (int64_t i = 0; i < count; i++) wide[i] = to_float(x[i]);
-    return wide;
-}
-
 /* 16 floats as one vector (GCC's vector extensions: AVX-512 where present, narrower registers elsewhere). */
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
@@ -421,6 +414,135 @@ void paged_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, con
     free(offsets);
 }
 
+/* --- bf16 rows as 16-bit integers, for AVX2's integer multiply-adds ----------------------------------------
+ * Without vdpbf16ps, vpmaddwd makes twice as many multiply-adds per instruction as float32's FMA, on as many
+ * ports. Each row's group of 32 inputs becomes 16-bit integers once per step, x * 2^e with e per group such that
+ * the largest magnitude lands in [2^14, 2^15): bf16 keeps 8 significant bits, so every input within 2^7 of its
+ * group's largest is exact, and a smaller one is off by 2^-15 of the largest at most. vpmaddwd multiplies, per
+ * 32-bit lane, one output's two weights (16-bit integers) by a pair of inputs and adds the two products. A
+ * group's sum is an exact integer whatever its order; each output's sums over groups run in group order, so a
+ * row's result never depends on its batch. A weight's group is unpacked once into L1, as [pair][2] vectors
+ * (outputs 0-7, 8-15), and read there 4 rows at a time, 4 input pairs per loop turn: GCC then keeps the 8 sums
+ * in registers (5 or 6 rows spilled some, 30-40% slower at 16 and 64 rows). */
+#define GROUP 32
+#define TILE 16 /* outputs per vector lane set */
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define ROW_BLOCK 4
+typedef struct {
+    int16_t q[GROUP]; /* x * 2^e, rounded to nearest even; zeros past a row's last input */
+    float scale;      /* 2^-e */
+} int16_group;
+
+/* the largest of 16 lanes of 16 bits */
+static inline uint16_t max_epu16(__m256i v) {
+    __m128i m = _mm_max_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    m = _mm_max_epu16(m, _mm_srli_si128(m, 8));
+    m = _mm_max_epu16(m, _mm_srli_si128(m, 4));
+    m = _mm_max_epu16(m, _mm_srli_si128(m, 2));
+    return (uint16_t)_mm_extract_epi16(m, 0);
+}
+
+/* count (up to 32) bf16 inputs as integers and their scale */
+static void quantize_group(const bf16 *x, int64_t count, int16_group *group) {
+    bf16 padded[GROUP] = {0};
+    if (count < GROUP) x = memcpy(padded, x, count * sizeof(bf16));
+    const __m256i magnitude = _mm256_set1_epi16(0x7fff);
+    __m256i halves[2] = {_mm256_loadu_si256((const __m256i *)x), _mm256_loadu_si256((const __m256i *)(x + 16))};
+    /* bf16 magnitudes order as their bits do */
+    int exponent = max_epu16(_mm256_max_epu16(_mm256_and_si256(halves[0], magnitude),
+                                              _mm256_and_si256(halves[1], magnitude))) >> 7;
+    if (exponent < 15) exponent = 15; /* biased: e = 141 - exponent; under 2^-112 as 2^-112, so 2^e stays finite */
+    float up, down;                   /* 2^e and 2^-e */
+    uint32_t up_bits = (uint32_t)(268 - exponent) << 23, down_bits = (uint32_t)(exponent - 14) << 23;
+    memcpy(&up, &up_bits, 4);
+    memcpy(&down, &down_bits, 4);
+    group->scale = exponent == 255 ? NAN : down; /* an infinity or NaN makes the group's outputs NaN */
+    __m256 factor = _mm256_set1_ps(exponent == 255 ? 0.0f : up);
+    for (int h = 0; h < 2; h++) { /* 8 + 8 floats, rounded to nearest even, packed to 16 bits (in-lane) */
+        __m256i low = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(halves[h]));
+        __m256i high = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(halves[h], 1));
+        __m256i ints[2];
+        for (int i = 0; i < 2; i++) {
+            __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(i ? high : low, 16));
+            ints[i] = _mm256_cvtps_epi32(_mm256_mul_ps(f, factor));
+        }
+        __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(ints[0], ints[1]), 0xd8);
+        _mm256_storeu_si256((__m256i *)(group->q + 16 * h), packed);
+    }
+}
+
+/* x [rows, k] as [rows][ceil(k / 32)] groups, in a new buffer the caller frees */
+static int16_group *quantize_rows(const bf16 *x, int64_t rows, int64_t k, int threads) {
+    int64_t groups = (k + GROUP - 1) / GROUP;
+    int16_group *out = malloc(rows * groups * sizeof(int16_group));
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
+    for (int64_t i = 0; i < rows * groups; i++) {
+        int64_t r = i / groups, g = i % groups, start = g * GROUP;
+        quantize_group(x + r * k + start, k - start < GROUP ? k - start : GROUP, &out[i]);
+    }
+    return out;
+}
+
+/* acc [2] += 16 outputs' products with a pair of inputs (two adjacent q of an int16_group) */
+static inline void madd_pair(__m256i acc[2], const __m256i w[2], const int16_t *pair) {
+    int32_t both;
+    memcpy(&both, pair, 4);
+    __m256i x = _mm256_set1_epi32(both);
+    for (int v = 0; v < 2; v++) acc[v] = _mm256_add_epi32(acc[v], _mm256_madd_epi16(w[v], x));
+}
+
+/* sums [rows, 16] += a group's integer sums acc [rows][2] times scale (16 outputs') and the rows' 2^-e, plus
+ * low * group_sums where the weight has an offset (low not NULL). x, group_sums: the first row's, rows apart by
+ * groups. */
+static inline __attribute__((always_inline)) void add_group(__m256i acc[][2], const int rows, const float *scale,
+                                                            const float *low, const int16_group *x,
+                                                            const float *group_sums, int64_t groups, float *sums) {
+    for (int v = 0; v < 2; v++) {
+        __m256 s = _mm256_loadu_ps(scale + 8 * v);
+        for (int r = 0; r < rows; r++) {
+            __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), _mm256_mul_ps(s, _mm256_set1_ps(x[r * groups].scale)));
+            if (low) dot = _mm256_fmadd_ps(_mm256_loadu_ps(low + 8 * v), _mm256_set1_ps(group_sums[r * groups]), dot);
+            float *sum = sums + r * TILE + 8 * v;
+            _mm256_storeu_ps(sum, _mm256_add_ps(_mm256_loadu_ps(sum), dot));
+        }
+    }
+}
+
+/* sums [rows, 16] += a group's products for up to ROW_BLOCK rows with its unpacked weight w. Inlined with a
+ * constant row count, so that the sums stay in registers. */
+static inline __attribute__((always_inline)) void row_block(const __m256i (*w)[2], const int16_group *x, const int rows,
+                                                            const float *scale, const float *low,
+                                                            const float *group_sums, int64_t groups, float *sums) {
+    __m256i acc[ROW_BLOCK][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int pair = 0; pair < GROUP / 2; pair++)
+        for (int r = 0; r < rows; r++) madd_pair(acc[r], w[pair], x[r * groups].q + 2 * pair);
+    add_group(acc, rows, scale, low, x, group_sums, groups, sums);
+}
+
+typedef void (*row_block_fn)(const __m256i (*)[2], const int16_group *, const float *, const float *, const float *,
+                             int64_t, float *);
+#define ROW_BLOCK_OF(R)                                                                                            \
+    static void row_block_##R(const __m256i (*w)[2], const int16_group *x, const float *scale, const float *low,   \
+                              const float *group_sums, int64_t groups, float *sums) {                              \
+        row_block(w, x, R, scale, low, group_sums, groups, sums);                                                  \
+    }
+ROW_BLOCK_OF(1) ROW_BLOCK_OF(2) ROW_BLOCK_OF(3) ROW_BLOCK_OF(4)
+
+/* sums [rows, 16] += one group's products for every row (x: the first row's group, rows apart by groups) */
+static void group_times_rows(const __m256i (*w)[2], const int16_group *x, int64_t rows, const float *scale,
+                             const float *low, const float *group_sums, int64_t groups, float *sums) {
+    static const row_block_fn row_blocks[ROW_BLOCK + 1] = {NULL, row_block_1, row_block_2, row_block_3, row_block_4};
+    for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
+        int64_t block = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK;
+        row_blocks[block](w, x + r0 * groups, scale, low, group_sums ? group_sums + r0 * groups : NULL, groups,
+                          sums + r0 * TILE);
+    }
+}
+#endif
+
 /* --- int4 weights times bf16 rows ------------------------------------------------------------------------
  * A weight [n, k] in groups of 32 inputs, w = q * scale + low with q in 0..15 (GGUF's Q4_1; torch's int4 groups
  * with low = zero - 8 * scale), laid out for 16 outputs at a time (int4_kernel_layout in cpu.py):
@@ -429,9 +551,6 @@ void paged_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, con
  *   scale, low: float32 [n / 16, k / 32, 16].
  * Per group, y += scale * (q . x) + low * sum(x), each output's sums in one fixed order, whatever the number of
  * rows or threads. */
-#define GROUP 32
-#define TILE 16 /* outputs per vector lane set */
-
 typedef uint8_t u8x32 __attribute__((vector_size(32)));
 
 /* 32 bytes of codes as 32 words, each still holding both nibbles */
@@ -521,46 +640,17 @@ static void int4_tiles_rows(const bf16 *x, int64_t rows, int64_t tiles, const ui
         }
 }
 #else
-/* AVX2 without vdpbf16ps: integer multiply-adds, twice as many per instruction as float32's on as many ports.
- * Each row's group of 32 inputs becomes 16-bit integers once per step (int4_mm), x * 2^e with e per group such
- * that the largest magnitude lands in [2^14, 2^15): bf16 keeps 8 significant bits, so every input within 2^7 of
- * its group's largest is exact, and a smaller one is off by 2^-15 of the largest at most. vpmaddwd multiplies
- * the codes of a chunk half (per 32-bit lane, one output's two codes) by a pair of inputs and adds the two
- * products. A group's sum is an exact integer (below 32 * 15 * 2^15 < 2^24, so exact in float32 too) whatever
- * its order, and each output's sums over groups run in group order, the same whichever of two ways a step takes:
- * - one or two rows unpack each chunk into registers as they go, one row for 4 tiles at once and two rows for
- *   2, so that 8 independent sums keep the multiply-adds busy;
- * - more rows unpack each group of a tile once into L1, and read it 4 rows at a time, 4 input pairs per loop
- *   turn: GCC then keeps the 8 sums in registers (5 or 6 rows spilled some, 30-40% slower at 16 and 64 rows). */
-#define ROW_BLOCK 4
+/* AVX2 without vdpbf16ps: the rows as 16-bit integers (above), each chunk half of codes unpacked to 16-bit
+ * integers, per 32-bit lane one output's two codes. A group's sum stays below 32 * 15 * 2^15 < 2^24, so it is
+ * exact in float32 too. One or two rows unpack each chunk into registers as they go, one row for 4 tiles at once
+ * and two rows for 2, so that 8 independent sums keep the multiply-adds busy; more rows unpack each group of a
+ * tile once into L1, for group_times_rows. */
 #define TILE_BLOCK 4 /* tiles multiplied at once by one row */
 static inline int64_t tiles_per_task(int64_t rows) { return rows == 1 ? TILE_BLOCK : rows == 2 ? TILE_BLOCK / 2 : 1; }
-typedef struct {
-    int16_t q[GROUP]; /* x * 2^e, rounded to nearest even */
-    float scale;      /* 2^-e */
-} tile_input;
+typedef int16_group tile_input;
 static inline int64_t inputs_per_row(int64_t k) { return k / GROUP; }
-
-/* one group of 32 bf16 inputs as integers and their scale */
-static void quantize_group(const bf16 *x, tile_input *group) {
-    uint16_t largest = 0; /* bf16 magnitudes order as their bits do */
-    for (int i = 0; i < GROUP; i++) largest = (x[i] & 0x7fff) > largest ? (x[i] & 0x7fff) : largest;
-    int exponent = largest >> 7; /* biased: e = 141 - exponent; below 15 (under 2^-112) as 15, so 2^e stays finite */
-    if (exponent < 15) exponent = 15;
-    float up, down; /* 2^e and 2^-e */
-    uint32_t up_bits = (uint32_t)(268 - exponent) << 23, down_bits = (uint32_t)(exponent - 14) << 23;
-    memcpy(&up, &up_bits, 4);
-    memcpy(&down, &down_bits, 4);
-    group->scale = exponent == 255 ? NAN : down; /* an infinity or NaN makes the group's outputs NaN */
-    for (int i = 0; i < GROUP; i++) group->q[i] = exponent == 255 ? 0 : (int16_t)nearbyintf(to_float(x[i]) * up);
-}
-
-/* the rows' groups as these tiles read them, in a new buffer the caller frees */
 static const tile_input *tile_inputs(const bf16 *x, int64_t rows, int64_t k, int threads) {
-    tile_input *groups = malloc(rows * k / GROUP * sizeof(tile_input));
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
-    for (int64_t g = 0; g < rows * k / GROUP; g++) quantize_group(x + g * GROUP, &groups[g]);
-    return groups;
+    return quantize_rows(x, rows, k, threads);
 }
 
 /* half h (0: low nibbles, 1: high) of a chunk of codes as 16-bit integers, per 32-bit lane one output's two:
@@ -571,30 +661,6 @@ static inline void unpack_half(const uint8_t *codes, int h, __m256i q[2]) {
     __m256i words[2] = {_mm256_cvtepu8_epi16(_mm256_castsi256_si128(bytes)),
                         _mm256_cvtepu8_epi16(_mm256_extracti128_si256(bytes, 1))};
     for (int v = 0; v < 2; v++) q[v] = _mm256_and_si256(h ? _mm256_srli_epi16(words[v], 4) : words[v], nibble);
-}
-
-/* acc [2] += 16 outputs' products with the inputs pair (of a tile_input) */
-static inline void madd_pair(__m256i acc[2], const __m256i q[2], const int16_t *pair) {
-    int32_t both;
-    memcpy(&both, pair, 4);
-    __m256i x = _mm256_set1_epi32(both);
-    for (int v = 0; v < 2; v++) acc[v] = _mm256_add_epi32(acc[v], _mm256_madd_epi16(q[v], x));
-}
-
-/* sums [rows, 16] += a group's integer sums acc [rows][2], scaled (x, group_sums: the first row's, rows apart
- * by groups) */
-static inline __attribute__((always_inline)) void add_group(__m256i acc[][2], const int rows, const float *scale,
-                                                            const float *low, const tile_input *x,
-                                                            const float *group_sums, int64_t groups, float *sums) {
-    for (int v = 0; v < 2; v++) {
-        __m256 s = _mm256_loadu_ps(scale + 8 * v), offset = _mm256_loadu_ps(low + 8 * v);
-        for (int r = 0; r < rows; r++) {
-            __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), _mm256_mul_ps(s, _mm256_set1_ps(x[r * groups].scale)));
-            __m256 scaled = _mm256_fmadd_ps(offset, _mm256_set1_ps(group_sums[r * groups]), dot);
-            float *sum = sums + r * TILE + 8 * v;
-            _mm256_storeu_ps(sum, _mm256_add_ps(_mm256_loadu_ps(sum), scaled));
-        }
-    }
 }
 
 /* sums [tiles][rows, 16] for one or two rows and up to TILE_BLOCK tiles, chunks unpacked in registers. Inlined
@@ -629,35 +695,6 @@ typedef void (*few_rows_fn)(const tile_input *, const uint8_t *, const float *, 
     }
 FEW_ROWS(1, 1) FEW_ROWS(1, 2) FEW_ROWS(1, 3) FEW_ROWS(1, 4) FEW_ROWS(2, 1) FEW_ROWS(2, 2)
 
-/* one group of a tile's codes as [chunk half][2] vectors of 16-bit integers, as unpack_half gives them */
-static inline void unpack_group(const uint8_t *codes, __m256i w[16][2]) {
-    for (int c = 0; c < 8; c++)
-        for (int h = 0; h < 2; h++) unpack_half(codes + c * 32, h, w[c + 8 * h]);
-}
-
-/* sums [rows, 16] += a group's products for up to ROW_BLOCK rows (x: the first row's group, rows apart by
- * groups) with its unpacked codes w. Inlined with a constant row count, so that the sums stay in registers. */
-static inline __attribute__((always_inline)) void row_block(const __m256i (*w)[2], const tile_input *x, const int rows,
-                                                            const float *scale, const float *low,
-                                                            const float *group_sums, int64_t groups, float *sums) {
-    __m256i acc[ROW_BLOCK][2];
-    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-    for (int half = 0; half < 16; half++) /* inputs 2 half, 2 half + 1 */
-        for (int r = 0; r < rows; r++) madd_pair(acc[r], w[half], x[r * groups].q + 2 * half);
-    add_group(acc, rows, scale, low, x, group_sums, groups, sums);
-}
-
-typedef void (*row_block_fn)(const __m256i (*)[2], const tile_input *, const float *, const float *, const float *,
-                             int64_t, float *);
-#define ROW_BLOCK_OF(R)                                                                                            \
-    static void row_block_##R(const __m256i (*w)[2], const tile_input *x, const float *scale, const float *low,    \
-                              const float *group_sums, int64_t groups, float *sums) {                              \
-        row_block(w, x, R, scale, low, group_sums, groups, sums);                                                  \
-    }
-ROW_BLOCK_OF(1) ROW_BLOCK_OF(2) ROW_BLOCK_OF(3) ROW_BLOCK_OF(4)
-static const row_block_fn row_blocks[ROW_BLOCK + 1] = {NULL, row_block_1, row_block_2, row_block_3, row_block_4};
-
 /* sums [tiles][rows, 16]: up to TILE_BLOCK tiles (one or two rows) or one tile (more rows) of the weight, for
  * every row */
 static void int4_tiles_rows(const tile_input *x, int64_t rows, int64_t tiles, const uint8_t *codes,
@@ -670,14 +707,12 @@ static void int4_tiles_rows(const tile_input *x, int64_t rows, int64_t tiles, co
         return;
     }
     int64_t groups = k / GROUP;
-    __m256i w[16][2];
+    __m256i w[GROUP / 2][2]; /* chunk c's halves are the pairs c and c + 8 */
     for (int64_t g = 0; g < groups; g++) {
-        unpack_group(codes + g * 256, w);
-        for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
-            int64_t block = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK;
-            row_blocks[block]((const __m256i(*)[2])w, x + r0 * groups + g, scale + g * TILE, low + g * TILE,
-                              group_sums + r0 * groups + g, groups, sums + r0 * TILE);
-        }
+        for (int c = 0; c < 8; c++)
+            for (int h = 0; h < 2; h++) unpack_half(codes + g * 256 + c * 32, h, w[c + 8 * h]);
+        group_times_rows((const __m256i(*)[2])w, x + g, rows, scale + g * TILE, low + g * TILE, group_sums + g,
+                         groups, sums);
     }
 }
 #endif
@@ -716,115 +751,79 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *sca
 /* --- int8 weights times bf16 rows ------------------------------------------------------------------------
  * Where the CPU has no native bf16, for the layers whose checkpoint is 8-bit (the default model's LM head):
  * a weight [n, k] in int8 per output channel, laid out [n / 16, k, 16] (int8_kernel_layout in cpu.py), each
- * input's 16 outputs in one run. out = bf16(scale * sum(q x)), each output's products (exact in float32) summed
- * in input order, whatever the number of rows or threads. A tile's codes are widened to float32 into L1, 32
- * inputs at a time, and read there by every row, INT8_ROWS at a time: with AVX2 and FMA their 12 sums keep the
- * multiply-adds busy; elsewhere plain C, which the compiler vectorizes. */
-#define INT8_ROWS 6
-#define INT8_INPUTS 32 /* inputs of a tile widened at a time */
+ * input's 16 outputs in one run. out = bf16(scale * sum(q x)), each output's sums in one fixed order, whatever
+ * the number of rows or threads:
+ * - with AVX2 and FMA, the rows as 16-bit integers (above); a tile's group of 32 inputs sign-extended into
+ *   vpmaddwd's pairs in L1, for group_times_rows;
+ * - elsewhere, the rows widened to float32 and plain C, which the compiler vectorizes. */
+#if defined(__AVX2__) && defined(__FMA__)
+typedef int16_group int8_input;
+static inline int64_t int8_inputs_per_row(int64_t k) { return (k + GROUP - 1) / GROUP; }
+static int8_input *int8_inputs(const bf16 *x, int64_t rows, int64_t k, int threads) {
+    return quantize_rows(x, rows, k, threads);
+}
 
-/* count inputs' codes of one tile as float32 [input][output] */
-static inline void widen_int8(const int8_t *codes, int64_t count, float w[INT8_INPUTS][TILE]) {
-    for (int64_t i = 0; i < count; i++) {
-#if defined(__AVX2__)
-        __m128i q = _mm_loadu_si128((const __m128i *)(codes + i * TILE));
-        _mm256_store_ps(&w[i][0], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
-        _mm256_store_ps(&w[i][8], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))));
-#else
-        for (int j = 0; j < TILE; j++) w[i][j] = (float)codes[i * TILE + j];
-#endif
+/* a tile's inputs 2p and 2p + 1 of a group (count inputs, up to 32), p = 0..15, as [pair][2]; zeros past count */
+static void unpack_int8_group(const int8_t *codes, int64_t count, __m256i w[GROUP / 2][2]) {
+    for (int p = 0; p < GROUP / 2; p++) {
+        __m128i even = 2 * p < count ? _mm_loadu_si128((const __m128i *)(codes + 2 * p * TILE)) : _mm_setzero_si128();
+        __m128i odd = 2 * p + 1 < count ? _mm_loadu_si128((const __m128i *)(codes + (2 * p + 1) * TILE))
+                                        : _mm_setzero_si128();
+        w[p][0] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(even, odd));
+        w[p][1] = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(even, odd));
     }
 }
 
-/* sums [rows, 16] += the products of count inputs of up to INT8_ROWS rows of the float32 rows x (k apart) with
- * their widened codes w (inlined with a constant row count, so that the sums stay in registers) */
-static inline __attribute__((always_inline)) void int8_rows(const float (*w)[TILE], int64_t count, const float *x,
-                                                            int64_t k, const int rows, float *sums) {
-#if defined(__AVX2__) && defined(__FMA__)
-    __m256 acc[INT8_ROWS][2];
-    for (int r = 0; r < rows; r++)
-        for (int v = 0; v < 2; v++) acc[r][v] = _mm256_loadu_ps(sums + r * TILE + 8 * v);
-    for (int64_t i = 0; i < count; i++) {
-        __m256 codes[2] = {_mm256_load_ps(&w[i][0]), _mm256_load_ps(&w[i][8])};
-        for (int r = 0; r < rows; r++) {
-            __m256 input = _mm256_broadcast_ss(x + r * k + i);
-            for (int v = 0; v < 2; v++) acc[r][v] = _mm256_fmadd_ps(codes[v], input, acc[r][v]);
-        }
-    }
-    for (int r = 0; r < rows; r++)
-        for (int v = 0; v < 2; v++) _mm256_storeu_ps(sums + r * TILE + 8 * v, acc[r][v]);
-#else
-    for (int64_t i = 0; i < count; i++)
-        for (int r = 0; r < rows; r++)
-            for (int j = 0; j < TILE; j++) sums[r * TILE + j] += w[i][j] * x[r * k + i];
-#endif
-}
-
-typedef void (*int8_rows_fn)(const float (*)[TILE], int64_t, const float *, int64_t, float *);
-#define INT8_ROWS_OF(R)                                                                                            \
-    static void int8_rows_##R(const float (*w)[TILE], int64_t count, const float *x, int64_t k, float *sums) {    \
-        if (count == INT8_INPUTS) /* a constant count: GCC keeps the sums in registers only then */              \
-            int8_rows(w, INT8_INPUTS, x, k, R, sums);                                                              \
-        else                                                                                                       \
-            int8_rows(w, count, x, k, R, sums);                                                                    \
-    }
-INT8_ROWS_OF(1) INT8_ROWS_OF(2) INT8_ROWS_OF(3) INT8_ROWS_OF(4) INT8_ROWS_OF(5) INT8_ROWS_OF(6)
-static const int8_rows_fn int8_row_blocks[INT8_ROWS + 1] = {NULL,       int8_rows_1, int8_rows_2, int8_rows_3,
-                                                            int8_rows_4, int8_rows_5, int8_rows_6};
-
-#if defined(__AVX2__) && defined(__FMA__)
-/* sums [16] of one tile for a single row, each code widened in registers as it is read: only once, so that a
- * copy in L1 would cost stores and loads and save nothing */
-static void int8_single_row(const float *x, const int8_t *codes, float *sums, int64_t k) {
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < k; i++) {
-        __m128i q = _mm_loadu_si128((const __m128i *)(codes + i * TILE));
-        __m256 input = _mm256_broadcast_ss(x + i);
-        acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), input, acc[0]);
-        acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), input, acc[1]);
-    }
-    for (int v = 0; v < 2; v++) _mm256_storeu_ps(sums + 8 * v, acc[v]);
-}
-#endif
-
-/* sums [rows, 16] of one tile (codes [k, 16]) for the float32 rows x */
-static void int8_tile(const float *x, int64_t rows, const int8_t *codes, float *sums, int64_t k) {
-#if defined(__AVX2__) && defined(__FMA__)
-    if (rows == 1) {
-        int8_single_row(x, codes, sums, k);
-        return;
-    }
-#endif
-    float w[INT8_INPUTS][TILE] __attribute__((aligned(32)));
+/* sums [rows, 16] of one tile (codes [k, 16], scale: its 16 outputs') for the rows x */
+static void int8_tile(const int8_input *x, int64_t rows, const int8_t *codes, const float *scale, float *sums,
+                      int64_t k) {
+    int64_t groups = int8_inputs_per_row(k);
+    __m256i w[GROUP / 2][2];
     memset(sums, 0, rows * TILE * sizeof(float));
-    for (int64_t i0 = 0; i0 < k; i0 += INT8_INPUTS) {
-        int64_t count = k - i0 < INT8_INPUTS ? k - i0 : INT8_INPUTS;
-        widen_int8(codes + i0 * TILE, count, w);
-        for (int64_t r0 = 0; r0 < rows; r0 += INT8_ROWS) {
-            int64_t block = rows - r0 < INT8_ROWS ? rows - r0 : INT8_ROWS;
-            int8_row_blocks[block](w, count, x + r0 * k + i0, k, sums + r0 * TILE);
-        }
+    for (int64_t g = 0; g < groups; g++) {
+        unpack_int8_group(codes + g * GROUP * TILE, k - g * GROUP < GROUP ? k - g * GROUP : GROUP, w);
+        group_times_rows((const __m256i(*)[2])w, x + g, rows, scale, NULL, NULL, groups, sums);
     }
 }
+#else
+typedef float int8_input;
+static inline int64_t int8_inputs_per_row(int64_t k) { return k; }
+/* the rows widened to float32, in a new buffer the caller frees */
+static int8_input *int8_inputs(const bf16 *x, int64_t rows, int64_t k, int threads) {
+    float *wide = malloc(rows * k * sizeof(float));
+    for (int64_t i = 0; i < rows * k; i++) wide[i] = to_float(x[i]);
+    return wide;
+}
+
+/* sums [rows, 16] of one tile (codes [k, 16], scale: its 16 outputs') for the float32 rows x */
+static void int8_tile(const int8_input *x, int64_t rows, const int8_t *codes, const float *scale, float *sums,
+                      int64_t k) {
+    for (int64_t r = 0; r < rows; r++) {
+        float acc[TILE] = {0};
+        for (int64_t i = 0; i < k; i++)
+            for (int j = 0; j < TILE; j++) acc[j] += (float)codes[i * TILE + j] * x[r * k + i];
+        for (int j = 0; j < TILE; j++) sums[r * TILE + j] = scale[j] * acc[j];
+    }
+}
+#endif
 
 /* out [rows, n] = x [rows, k] (contiguous) times the int8 weight [n, k]^T, scaled per output */
 void int8_mm(const bf16 *x, int64_t rows, const int8_t *codes, const float *scale, bf16 *out, int64_t n, int64_t k,
              int threads) {
     int64_t tiles = (n + TILE - 1) / TILE;
-    float *wide = widened(x, rows * k);
+    int8_input *inputs = int8_inputs(x, rows, k, threads);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
         float sums[ROW_CHUNK * TILE];
         int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
         for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {
             int64_t chunk = rows - r0 < ROW_CHUNK ? rows - r0 : ROW_CHUNK;
-            int8_tile(wide + r0 * k, chunk, codes + t * k * TILE, sums, k);
+            int8_tile(inputs + r0 * int8_inputs_per_row(k), chunk, codes + t * k * TILE, scale + t * TILE, sums, k);
             for (int64_t r = 0; r < chunk; r++)
-                for (int64_t j = 0; j < width; j++)
-                    out[(r0 + r) * n + t * TILE + j] = to_bf16(scale[t * TILE + j] * sums[r * TILE + j]);
+                for (int64_t j = 0; j < width; j++) out[(r0 + r) * n + t * TILE + j] = to_bf16(sums[r * TILE + j]);
         }
     }
-    free(wide);
+    free(inputs);
 }
 
 /* --- a step's layers, one call ------------------------------------------------------------------------
