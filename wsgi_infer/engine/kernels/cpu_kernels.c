@@ -733,8 +733,8 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *sca
         for (int64_t t0 = 0; t0 < tiles; t0 += per_task) {
             float sums[TILE_BLOCK * ROW_CHUNK * TILE];
             int64_t task_tiles = tiles - t0 < per_task ? tiles - t0 : per_task;
-            int4_tiles_rows(inputs + r0 * inputs_per_row(k), chunk, task_tiles, codes + t0 * groups * 256, scale + t0 * groups * TILE,
-                            low + t0 * groups * TILE, group_sums + r0 * groups, sums, k);
+            int4_tiles_rows(inputs + r0 * inputs_per_row(k), chunk, task_tiles, codes + t0 * groups * 256,
+                            scale + t0 * groups * TILE, low + t0 * groups * TILE, group_sums + r0 * groups, sums, k);
             for (int64_t t = t0; t < t0 + task_tiles; t++) {
                 int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
                 const float *tile_sums = sums + (t - t0) * chunk * TILE;
