@@ -434,6 +434,9 @@ typedef struct {
     float scale;      /* 2^-e */
 } int16_group;
 
+/* the int16_groups of a row of k inputs, the last one padded with zeros */
+static inline int64_t groups_of(int64_t k) { return (k + GROUP - 1) / GROUP; }
+
 /* the largest of 16 lanes of 16 bits */
 static inline uint16_t max_epu16(__m256i v) {
     __m128i m = _mm_max_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -474,7 +477,7 @@ static void quantize_group(const bf16 *x, int64_t count, int16_group *group) {
 
 /* x [rows, k] as [rows][ceil(k / 32)] groups, in a new buffer the caller frees */
 static int16_group *quantize_rows(const bf16 *x, int64_t rows, int64_t k, int threads) {
-    int64_t groups = (k + GROUP - 1) / GROUP;
+    int64_t groups = groups_of(k);
     int16_group *out = malloc(rows * groups * sizeof(int16_group));
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
     for (int64_t i = 0; i < rows * groups; i++) {
@@ -648,7 +651,7 @@ static void int4_tiles_rows(const bf16 *x, int64_t rows, int64_t tiles, const ui
 #define TILE_BLOCK 4 /* tiles multiplied at once by one row */
 static inline int64_t tiles_per_task(int64_t rows) { return rows == 1 ? TILE_BLOCK : rows == 2 ? TILE_BLOCK / 2 : 1; }
 typedef int16_group tile_input;
-static inline int64_t inputs_per_row(int64_t k) { return k / GROUP; }
+static inline int64_t inputs_per_row(int64_t k) { return groups_of(k); }
 static const tile_input *tile_inputs(const bf16 *x, int64_t rows, int64_t k, int threads) {
     return quantize_rows(x, rows, k, threads);
 }
@@ -758,7 +761,7 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *sca
  * - elsewhere, the rows widened to float32 and plain C, which the compiler vectorizes. */
 #if defined(__AVX2__) && defined(__FMA__)
 typedef int16_group int8_input;
-static inline int64_t int8_inputs_per_row(int64_t k) { return (k + GROUP - 1) / GROUP; }
+static inline int64_t int8_inputs_per_row(int64_t k) { return groups_of(k); }
 static int8_input *int8_inputs(const bf16 *x, int64_t rows, int64_t k, int threads) {
     return quantize_rows(x, rows, k, threads);
 }
