@@ -5,6 +5,11 @@
  * They round where the torch ops they replace round (bf16 at each op's output, float32 inside), and are
  * compiled with -ffp-contract=off so a*b+c stays two roundings, as in torch. Rows are independent: a row's
  * result never depends on the other rows of its batch.
+ *
+ * The large loops (tiles of a weight, attention's heads) hand out their tasks dynamically, to whichever thread is
+ * free: there are as many threads as cores, and when the OS runs something else on one core (the server's hub, a
+ * client), a static share would hold the whole team at the loop's end. A task's result never depends on the
+ * thread that computes it.
  */
 #include <math.h>
 #include <omp.h>
@@ -381,8 +386,8 @@ static void attend_any(const bf16 *q, int64_t group, const bf16 *keys, const bf1
  * one token, or each token of a prefill chunk, which sees its sequence up to itself. q: [rows, heads, D] with a
  * row stride; cache: [slots, 2 * kv_heads, D]; block_table: [seqs, max_blocks]; row_seqs: [rows], each row's
  * table row; context_lens: [rows], the tokens each row sees, itself included; out: [rows, heads * D]. Each row's
- * key-value heads, with their query heads, are independent tasks. Each thread takes a run of them (a row's heads
- * read neighbouring lines) holding an equal share of the tokens read: a chunk's rows see more and more. */
+ * key-value heads, with their query heads, are independent tasks, handed out dynamically (see the top):
+ * a prefill chunk's rows see more and more tokens. */
 void paged_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, const int64_t *block_table, int64_t seqs,
                      int64_t max_blocks, const int64_t *row_seqs, const int64_t *context_lens, int64_t block_size,
                      bf16 *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
@@ -401,15 +406,12 @@ void paged_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, con
         for (int64_t t = 0; t < lens[s]; t++)
             offsets[starts[s] + t] = (block_table[s * max_blocks + t / block_size] * block_size + t % block_size) * slot_width;
     attend_fn attend = head_dim == 64 ? attend_64 : head_dim == 128 ? attend_128 : attend_any;
-#pragma omp parallel num_threads(threads) if (work * heads >= 2048)
-    {
-        int64_t share = omp_get_thread_num(), shares = omp_get_num_threads(), done = 0;
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t g = 0; g < kv_heads; g++, done += context_lens[r])
-                if ((2 * done + context_lens[r]) * shares / (2 * work * kv_heads) == share) /* where its middle falls */
-                    attend(q + r * q_row_stride + g * group * head_dim, group, cache + g * head_dim,
-                           cache + (kv_heads + g) * head_dim, offsets + starts[row_seqs[r]], context_lens[r], head_dim,
-                           scale, out + (r * heads + g * group) * head_dim);
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (work * heads >= 2048)
+    for (int64_t task = 0; task < rows * kv_heads; task++) {
+        int64_t r = task / kv_heads, g = task % kv_heads;
+        attend(q + r * q_row_stride + g * group * head_dim, group, cache + g * head_dim,
+               cache + (kv_heads + g) * head_dim, offsets + starts[row_seqs[r]], context_lens[r], head_dim, scale,
+               out + (r * heads + g * group) * head_dim);
     }
     free(offsets);
 }
@@ -722,6 +724,13 @@ static void int4_tiles_rows(const tile_input *x, int64_t rows, int64_t tiles, co
 
 #define ROW_CHUNK 64 /* rows whose inputs the tiles read over and over, while they stay in cache */
 
+/* tasks a thread takes at once, of count: with few rows, the weight streams from memory, and each thread reads
+ * best one long run (an equal share; grabs of 4 tiles were 10-15% slower at 2 and 4 rows); with more, the
+ * multiplies are the bound, and single tasks balance best */
+static inline int64_t tasks_per_grab(int64_t rows, int64_t count, int threads) {
+    return rows > 8 ? 1 : (count + threads - 1) / threads;
+}
+
 /* out [rows, n] = x [rows, k] (contiguous) times the int4 weight [n, k]^T; tiles of outputs spread over threads. */
 void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *scale, const float *low, bf16 *out,
              int64_t n, int64_t k, int threads) {
@@ -732,7 +741,7 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *sca
     for (int64_t i = 0; i < rows * groups; i++) group_sums[i] = hsum(load16(x + i * GROUP) + load16(x + i * GROUP + 16));
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {
         int64_t chunk = rows - r0 < ROW_CHUNK ? rows - r0 : ROW_CHUNK;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, tasks_per_grab(chunk, (tiles + per_task - 1) / per_task, threads)) num_threads(threads)
         for (int64_t t0 = 0; t0 < tiles; t0 += per_task) {
             float sums[TILE_BLOCK * ROW_CHUNK * TILE];
             int64_t task_tiles = tiles - t0 < per_task ? tiles - t0 : per_task;
@@ -815,7 +824,7 @@ void int8_mm(const bf16 *x, int64_t rows, const int8_t *codes, const float *scal
              int threads) {
     int64_t tiles = (n + TILE - 1) / TILE;
     int8_input *inputs = int8_inputs(x, rows, k, threads);
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, tasks_per_grab(rows, tiles, threads)) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
         float sums[ROW_CHUNK * TILE];
         int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
