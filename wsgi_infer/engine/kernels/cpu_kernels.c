@@ -731,8 +731,8 @@ static void int4_tiles_rows(const tile_input *x, int64_t rows, int64_t tiles, co
 #define ROW_CHUNK 64 /* rows whose inputs the tiles read over and over, while they stay in cache */
 
 /* tasks a thread takes at once, of count: with few rows, the weight streams from memory, and each thread reads
- * best one long run (an equal share; grabs of 4 tiles were 10-15% slower at 2 and 4 rows); with more, the
- * multiplies are the bound, and single tasks balance best */
+ * best one long run (an equal share: over 30 layers, grabs of 4 tiles were 9-13% slower at 2 and 4 rows, single
+ * tiles 10-35%); with more, the multiplies are the bound, and single tasks balance best */
 static inline int64_t tasks_per_grab(int64_t rows, int64_t count, int threads) {
     return rows > 8 ? 1 : (count + threads - 1) / threads;
 }
