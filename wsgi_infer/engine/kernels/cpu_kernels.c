@@ -12,7 +12,6 @@
  * thread that computes it.
  */
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #if defined(__AVX512BF16__) || defined(__AVX512BW__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -741,13 +740,14 @@ static inline int64_t tasks_per_grab(int64_t rows, int64_t count, int threads) {
 void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *scale, const float *low, bf16 *out,
              int64_t n, int64_t k, int threads) {
     int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE, per_task = tiles_per_task(rows);
+    int64_t tasks = (tiles + per_task - 1) / per_task;
     float *group_sums = malloc(rows * groups * sizeof(float));
     const tile_input *inputs = tile_inputs(x, rows, k, threads);
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
     for (int64_t i = 0; i < rows * groups; i++) group_sums[i] = hsum(load16(x + i * GROUP) + load16(x + i * GROUP + 16));
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {
         int64_t chunk = rows - r0 < ROW_CHUNK ? rows - r0 : ROW_CHUNK;
-#pragma omp parallel for schedule(dynamic, tasks_per_grab(chunk, (tiles + per_task - 1) / per_task, threads)) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, tasks_per_grab(chunk, tasks, threads)) num_threads(threads)
         for (int64_t t0 = 0; t0 < tiles; t0 += per_task) {
             float sums[TILE_BLOCK * ROW_CHUNK * TILE];
             int64_t task_tiles = tiles - t0 < per_task ? tiles - t0 : per_task;
