@@ -180,11 +180,12 @@ class CpuKernels:
 
 
 def int8_kernel_layout(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 codes [n, k] per output channel as ``int8_mm`` reads them, 16 outputs at a time (n padded to a
-    multiple of 16): [n / 16, k, 16]; and their scales as float32 [n padded]."""
-    pad = -codes.shape[0] % 16
-    codes, scale = F.pad(codes, (0, 0, 0, pad)), F.pad(scale.float(), (0, pad))
-    return codes.view(-1, 16, codes.shape[1]).transpose(1, 2).contiguous(), scale
+    """int8 codes [n, k] per output channel as ``int8_mm`` reads them, 16 outputs at a time and inputs in pairs
+    (n padded to a multiple of 16, k to one of 32, with zeros): [n / 16, k / 2, 16, 2]; and their scales as
+    float32 [n padded]."""
+    codes = F.pad(codes, (0, -codes.shape[1] % 32, 0, -codes.shape[0] % 16))
+    scale = F.pad(scale.float(), (0, -scale.shape[0] % 16))
+    return codes.view(-1, 16, codes.shape[1] // 2, 2).transpose(1, 2).contiguous(), scale
 
 
 def int4_kernel_layout(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -428,6 +428,9 @@ void paged_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, con
 #define GROUP 32
 #define TILE 16 /* outputs per vector lane set */
 
+/* the groups of a row of k inputs, the last one padded with zeros */
+static inline int64_t groups_of(int64_t k) { return (k + GROUP - 1) / GROUP; }
+
 #if defined(__AVX2__) && defined(__FMA__)
 #define ROW_BLOCK 4
 typedef struct {
@@ -435,8 +438,6 @@ typedef struct {
     float scale;      /* 2^-e */
 } int16_group;
 
-/* the int16_groups of a row of k inputs, the last one padded with zeros */
-static inline int64_t groups_of(int64_t k) { return (k + GROUP - 1) / GROUP; }
 
 /* the largest of 16 lanes of 16 bits */
 static inline uint16_t max_epu16(__m256i v) {
@@ -770,11 +771,12 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *sca
 
 /* --- int8 weights times bf16 rows ------------------------------------------------------------------------
  * Where the CPU has no native bf16, for the layers whose checkpoint is 8-bit (the default model's LM head):
- * a weight [n, k] in int8 per output channel, laid out [n / 16, k, 16] (int8_kernel_layout in cpu.py), each
- * input's 16 outputs in one run. out = bf16(scale * sum(q x)), each output's sums in one fixed order, whatever
- * the number of rows or threads:
- * - with AVX2 and FMA, the rows as 16-bit integers (above); a tile's group of 32 inputs sign-extended into
- *   vpmaddwd's pairs in L1, for group_times_rows;
+ * a weight [n, k] in int8 per output channel, k padded with zeros to whole groups of 32, laid out
+ * [n / 16, k / 2, 16, 2] (int8_kernel_layout in cpu.py): each pair of inputs' 16 outputs in one run of 32 bytes,
+ * as vpmaddwd pairs them. out = bf16(scale * sum(q x)), each output's sums in one fixed order, whatever the number
+ * of rows or threads:
+ * - with AVX2 and FMA, the rows as 16-bit integers (above); a pair's run sign-extended straight into registers for
+ *   one row, and a tile's group of 32 inputs into L1 for more, for group_times_rows;
  * - elsewhere, the rows widened to float32 and plain C, which the compiler vectorizes. */
 #if defined(__AVX2__) && defined(__FMA__)
 typedef int16_group int8_input;
@@ -783,26 +785,31 @@ static int8_input *int8_inputs(const bf16 *x, int64_t rows, int64_t k, int threa
     return quantize_rows(x, rows, k, threads);
 }
 
-/* a tile's inputs 2p and 2p + 1 of a group (count inputs, up to 32), p = 0..15, as [pair][2]; zeros past count */
-static void unpack_int8_group(const int8_t *codes, int64_t count, __m256i w[GROUP / 2][2]) {
-    for (int p = 0; p < GROUP / 2; p++) {
-        __m128i even = 2 * p < count ? _mm_loadu_si128((const __m128i *)(codes + 2 * p * TILE)) : _mm_setzero_si128();
-        __m128i odd = 2 * p + 1 < count ? _mm_loadu_si128((const __m128i *)(codes + (2 * p + 1) * TILE))
-                                        : _mm_setzero_si128();
-        w[p][0] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(even, odd));
-        w[p][1] = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(even, odd));
-    }
+/* a tile's pair of inputs (its 32-byte run) as 16-bit integers: outputs 0-7 ([0]) and 8-15 ([1]) */
+static inline void unpack_int8_pair(const int8_t *run, __m256i w[2]) {
+    for (int v = 0; v < 2; v++) w[v] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(run + 16 * v)));
 }
 
-/* sums [rows, 16] of one tile (codes [k, 16], scale: its 16 outputs') for the rows x */
+/* sums [rows, 16] of one tile (codes [k / 2, 16, 2], scale: its 16 outputs') for the rows x. One row multiplies
+ * each pair as it is widened: through L1 it took 2.5 times the instructions, and the LM head streams from memory. */
 static void int8_tile(const int8_input *x, int64_t rows, const int8_t *codes, const float *scale, float *sums,
                       int64_t k) {
     int64_t groups = int8_inputs_per_row(k);
     __m256i w[GROUP / 2][2];
     memset(sums, 0, rows * TILE * sizeof(float));
     for (int64_t g = 0; g < groups; g++) {
-        unpack_int8_group(codes + g * GROUP * TILE, k - g * GROUP < GROUP ? k - g * GROUP : GROUP, w);
-        group_times_rows((const __m256i(*)[2])w, x + g, rows, scale, NULL, NULL, groups, sums);
+        const int8_t *group = codes + g * GROUP * TILE;
+        if (rows > 1) {
+            for (int p = 0; p < GROUP / 2; p++) unpack_int8_pair(group + p * 2 * TILE, w[p]);
+            group_times_rows((const __m256i(*)[2])w, x + g, rows, scale, NULL, NULL, groups, sums);
+            continue;
+        }
+        __m256i acc[1][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()}};
+        for (int p = 0; p < GROUP / 2; p++) {
+            unpack_int8_pair(group + p * 2 * TILE, w[0]);
+            madd_pair(acc[0], w[0], x[g].q + 2 * p);
+        }
+        add_group(acc, 1, scale, NULL, x + g, NULL, groups, sums);
     }
 }
 #else
@@ -815,13 +822,13 @@ static int8_input *int8_inputs(const bf16 *x, int64_t rows, int64_t k, int threa
     return wide;
 }
 
-/* sums [rows, 16] of one tile (codes [k, 16], scale: its 16 outputs') for the float32 rows x */
+/* sums [rows, 16] of one tile (codes [k / 2, 16, 2], scale: its 16 outputs') for the float32 rows x */
 static void int8_tile(const int8_input *x, int64_t rows, const int8_t *codes, const float *scale, float *sums,
                       int64_t k) {
     for (int64_t r = 0; r < rows; r++) {
         float acc[TILE] = {0};
         for (int64_t i = 0; i < k; i++)
-            for (int j = 0; j < TILE; j++) acc[j] += (float)codes[i * TILE + j] * x[r * k + i];
+            for (int j = 0; j < TILE; j++) acc[j] += (float)codes[(i / 2) * 2 * TILE + 2 * j + i % 2] * x[r * k + i];
         for (int j = 0; j < TILE; j++) sums[r * TILE + j] = scale[j] * acc[j];
     }
 }
@@ -830,7 +837,7 @@ static void int8_tile(const int8_input *x, int64_t rows, const int8_t *codes, co
 /* out [rows, n] = x [rows, k] (contiguous) times the int8 weight [n, k]^T, scaled per output */
 void int8_mm(const bf16 *x, int64_t rows, const int8_t *codes, const float *scale, bf16 *out, int64_t n, int64_t k,
              int threads) {
-    int64_t tiles = (n + TILE - 1) / TILE;
+    int64_t tiles = (n + TILE - 1) / TILE, tile_codes = groups_of(k) * GROUP * TILE;
     int8_input *inputs = int8_inputs(x, rows, k, threads);
 #pragma omp parallel for schedule(dynamic, tasks_per_grab(rows, tiles, threads)) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
@@ -838,7 +845,8 @@ void int8_mm(const bf16 *x, int64_t rows, const int8_t *codes, const float *scal
         int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
         for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {
             int64_t chunk = rows - r0 < ROW_CHUNK ? rows - r0 : ROW_CHUNK;
-            int8_tile(inputs + r0 * int8_inputs_per_row(k), chunk, codes + t * k * TILE, scale + t * TILE, sums, k);
+            int8_tile(inputs + r0 * int8_inputs_per_row(k), chunk, codes + t * tile_codes, scale + t * TILE,
+                      sums, k);
             for (int64_t r = 0; r < chunk; r++)
                 for (int64_t j = 0; j < width; j++) out[(r0 + r) * n + t * TILE + j] = to_bf16(sums[r * TILE + j]);
         }
