@@ -139,6 +139,16 @@ def test_gguf_weights_equal_what_transformers_reads(gguf_weights, gguf_name, hf_
         assert hf_name not in groups
 
 
+def test_the_kernels_half_precision_scales_hold_every_gguf_block_exactly(gguf_weights):
+    """The kernels read each group's scale and low in float16: a GGUF's d and m, which it stores in float16."""
+    *_, groups = gguf_weights
+    assert len(groups) == 30 * 7  # every projection of every layer
+    for g in groups.values():
+        low = g.zero - 8 * g.scale
+        assert torch.equal(g.scale.half().float(), g.scale)
+        assert torch.equal(low.half().float(), low)
+
+
 def test_by_default_bf16_on_the_cpu_serves_the_gguf_blocks(default_model_dir, monkeypatch):
     read = []
     original = CheckpointTensors.__getitem__

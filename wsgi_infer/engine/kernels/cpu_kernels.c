@@ -13,7 +13,7 @@
  */
 #include <math.h>
 #include <stdint.h>
-#if defined(__AVX512BF16__) || defined(__AVX512BW__) || defined(__AVX2__)
+#if defined(__AVX512BF16__) || defined(__AVX512BW__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 #include <stdlib.h>
@@ -26,6 +26,32 @@ static inline float to_float(bf16 x) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
+}
+
+typedef uint16_t f16; /* IEEE half precision: int4 weights' scale and low, as a GGUF's blocks store them */
+
+static inline float half_to_float(f16 h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, bits = (uint32_t)(h & 0x7fffu) << 13;
+    float f;
+    if (bits >= 0x0f800000u) { /* infinity or NaN */
+        bits |= 0x7f800000u;
+    } else { /* the float with the half's exponent field, times 2^(127 - 15): exact, subnormals included */
+        memcpy(&f, &bits, 4);
+        f *= 0x1p112f;
+        memcpy(&bits, &f, 4);
+    }
+    bits |= sign;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* a group's 16 halves (one tile's scales, or lows) as floats: vcvtph2ps, where the CPU has it */
+static inline void tile_halves(const f16 *h, float f[16]) {
+#ifdef __F16C__
+    for (int i = 0; i < 16; i += 8) _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#else
+    for (int i = 0; i < 16; i++) f[i] = half_to_float(h[i]);
+#endif
 }
 
 static inline bf16 to_bf16(float f) { /* round to nearest even, as torch does; NaN stays NaN */
@@ -553,7 +579,7 @@ static void group_times_rows(const __m256i (*w)[2], const int16_group *x, int64_
  * with low = zero - 8 * scale), laid out for 16 outputs at a time (int4_kernel_layout in cpu.py):
  *   codes [n / 16, k / 32, 8, 32] bytes: in chunk c of a group, byte j holds output j / 2's code for input
  *   2c + j % 2 (low nibble) and 2(c + 8) + j % 2 (high nibble): each nibble half is 16 outputs by 2 inputs;
- *   scale, low: float32 [n / 16, k / 32, 16].
+ *   scale, low: float16 [n / 16, k / 32, 16], a GGUF's own d and m (see int4_kernel_layout).
  * Per group, y += scale * (q . x) + low * sum(x), each output's sums in one fixed order, whatever the number of
  * rows or threads. */
 typedef uint8_t u8x32 __attribute__((vector_size(32)));
@@ -592,7 +618,7 @@ static inline f32x16 pair_dot(f32x16 acc, u16x32 codes, const bf16 *x_pair) {
 /* 16 outputs (one tile of the weight) for up to ROW_TILE rows of x. Inlined with a constant row count (below),
  * so that the rows' accumulators stay in registers. */
 static inline __attribute__((always_inline)) void int4_tile(const bf16 *x, const int64_t rows, const uint8_t *codes,
-                                                            const float *scale, const float *low,
+                                                            const f16 *scale, const f16 *low,
                                                             const float *group_sums, float *out, int64_t k) {
     int64_t groups = k / GROUP;
     f32x16 acc[ROW_TILE] = {{0}};
@@ -607,8 +633,11 @@ static inline __attribute__((always_inline)) void int4_tile(const bf16 *x, const
                 dot_high[r] = pair_dot(dot_high[r], w_high, xg + 2 * (c + 8));
             }
         }
-        memcpy(&s, scale + g * TILE, sizeof(s));
-        memcpy(&offset, low + g * TILE, sizeof(offset));
+        float group_scale[TILE], group_low[TILE];
+        tile_halves(scale + g * TILE, group_scale);
+        tile_halves(low + g * TILE, group_low);
+        memcpy(&s, group_scale, sizeof(s));
+        memcpy(&offset, group_low, sizeof(offset));
         offset -= CODE_BIAS * s; /* the codes carried 128 each */
         for (int64_t r = 0; r < rows; r++) acc[r] += (dot_low[r] + dot_high[r]) * s + offset * group_sums[r * groups + g];
     }
@@ -618,10 +647,10 @@ static inline __attribute__((always_inline)) void int4_tile(const bf16 *x, const
 static const bf16 *tile_inputs(const bf16 *x, int64_t rows, int64_t k, int threads) { return x; }
 static inline int64_t inputs_per_row(int64_t k) { return k; }
 
-typedef void (*int4_tile_fn)(const bf16 *, const uint8_t *, const float *, const float *, const float *, float *,
+typedef void (*int4_tile_fn)(const bf16 *, const uint8_t *, const f16 *, const f16 *, const float *, float *,
                              int64_t);
 #define INT4_TILE_ROWS(R)                                                                                          \
-    static void int4_tile_##R(const bf16 *x, const uint8_t *codes, const float *scale, const float *low,           \
+    static void int4_tile_##R(const bf16 *x, const uint8_t *codes, const f16 *scale, const f16 *low,               \
                               const float *group_sums, float *out, int64_t k) {                                    \
         int4_tile(x, R, codes, scale, low, group_sums, out, k);                                                    \
     }
@@ -634,8 +663,8 @@ static const int4_tile_fn int4_tiles[ROW_TILE + 1] = {NULL,          int4_tile_1
 static inline int64_t tiles_per_task(int64_t rows) { return 1; }
 
 /* sums [tiles][rows, 16]: each tile of the weight for every row, ROW_TILE rows at a time */
-static void int4_tiles_rows(const bf16 *x, int64_t rows, int64_t tiles, const uint8_t *codes, const float *scale,
-                            const float *low, const float *group_sums, float *sums, int64_t k) {
+static void int4_tiles_rows(const bf16 *x, int64_t rows, int64_t tiles, const uint8_t *codes, const f16 *scale,
+                            const f16 *low, const float *group_sums, float *sums, int64_t k) {
     int64_t groups = k / GROUP;
     for (int64_t j = 0; j < tiles; j++)
         for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE) {
@@ -672,7 +701,7 @@ static inline void unpack_chunk(const uint8_t *codes, __m256i low[2], __m256i hi
 /* sums [tiles][rows, 16] for one or two rows and up to TILE_BLOCK tiles, chunks unpacked in registers. Inlined
  * with constant counts. */
 static inline __attribute__((always_inline)) void few_rows(const tile_input *x, const int rows, const int tiles,
-                                                           const uint8_t *codes, const float *scale, const float *low,
+                                                           const uint8_t *codes, const f16 *scale, const f16 *low,
                                                            const float *group_sums, float *sums, int64_t k) {
     int64_t groups = k / GROUP;
     for (int64_t g = 0; g < groups; g++) {
@@ -694,16 +723,19 @@ static inline __attribute__((always_inline)) void few_rows(const tile_input *x, 
                 for (int r = 0; r < rows; r++) madd_pair(acc[j][r], low, x[r * groups + g].q + 2 * c);
                 for (int r = 0; r < rows; r++) madd_pair(acc[j][r], high, x[r * groups + g].q + 2 * (c + 8));
             }
-        for (int j = 0; j < tiles; j++)
-            add_group(acc[j], rows, scale + (j * groups + g) * TILE, low + (j * groups + g) * TILE, x + g,
-                      group_sums + g, groups, sums + j * rows * TILE);
+        for (int j = 0; j < tiles; j++) {
+            float group_scale[TILE], group_low[TILE];
+            tile_halves(scale + (j * groups + g) * TILE, group_scale);
+            tile_halves(low + (j * groups + g) * TILE, group_low);
+            add_group(acc[j], rows, group_scale, group_low, x + g, group_sums + g, groups, sums + j * rows * TILE);
+        }
     }
 }
 
-typedef void (*few_rows_fn)(const tile_input *, const uint8_t *, const float *, const float *, const float *,
-                            float *, int64_t);
+typedef void (*few_rows_fn)(const tile_input *, const uint8_t *, const f16 *, const f16 *, const float *, float *,
+                            int64_t);
 #define FEW_ROWS(R, T)                                                                                             \
-    static void few_rows_##R##x##T(const tile_input *x, const uint8_t *codes, const float *scale, const float *low, \
+    static void few_rows_##R##x##T(const tile_input *x, const uint8_t *codes, const f16 *scale, const f16 *low,     \
                                    const float *group_sums, float *sums, int64_t k) {                              \
         few_rows(x, R, T, codes, scale, low, group_sums, sums, k);                                                 \
     }
@@ -712,7 +744,7 @@ FEW_ROWS(1, 1) FEW_ROWS(1, 2) FEW_ROWS(1, 3) FEW_ROWS(1, 4) FEW_ROWS(2, 1) FEW_R
 /* sums [tiles][rows, 16]: up to TILE_BLOCK tiles (one or two rows) or one tile (more rows) of the weight, for
  * every row */
 static void int4_tiles_rows(const tile_input *x, int64_t rows, int64_t tiles, const uint8_t *codes,
-                            const float *scale, const float *low, const float *group_sums, float *sums, int64_t k) {
+                            const f16 *scale, const f16 *low, const float *group_sums, float *sums, int64_t k) {
     memset(sums, 0, tiles * rows * TILE * sizeof(float));
     if (rows <= 2) {
         static const few_rows_fn by_rows_and_tiles[3][TILE_BLOCK + 1] = {
@@ -723,9 +755,11 @@ static void int4_tiles_rows(const tile_input *x, int64_t rows, int64_t tiles, co
     int64_t groups = k / GROUP;
     __m256i w[GROUP / 2][2]; /* chunk c's halves are the pairs c and c + 8 */
     for (int64_t g = 0; g < groups; g++) {
+        float group_scale[TILE], group_low[TILE];
         for (int c = 0; c < 8; c++) unpack_chunk(codes + g * 256 + c * 32, w[c], w[c + 8]);
-        group_times_rows((const __m256i(*)[2])w, x + g, rows, scale + g * TILE, low + g * TILE, group_sums + g,
-                         groups, sums);
+        tile_halves(scale + g * TILE, group_scale);
+        tile_halves(low + g * TILE, group_low);
+        group_times_rows((const __m256i(*)[2])w, x + g, rows, group_scale, group_low, group_sums + g, groups, sums);
     }
 }
 #endif
@@ -740,7 +774,7 @@ static inline int64_t tasks_per_grab(int64_t rows, int64_t count, int threads) {
 }
 
 /* out [rows, n] = x [rows, k] (contiguous) times the int4 weight [n, k]^T; tiles of outputs spread over threads. */
-void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const float *scale, const float *low, bf16 *out,
+void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const f16 *scale, const f16 *low, bf16 *out,
              int64_t n, int64_t k, int threads) {
     int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE, per_task = tiles_per_task(rows);
     int64_t tasks = (tiles + per_task - 1) / per_task;
@@ -860,7 +894,7 @@ void int8_mm(const bf16 *x, int64_t rows, const int8_t *codes, const float *scal
  * path its step took. What is left of a step in Python is the embedding, the final norm and the LM head. */
 typedef struct {
     const uint8_t *codes;
-    const float *scale, *low;
+    const f16 *scale, *low;
     const bf16 *bias; /* or NULL */
     int64_t n, k;
 } Int4Weight;
@@ -984,14 +1018,16 @@ static inline void store_pairs(u16x32 q, const f32x16 scale[2], const f32x16 low
     }
 }
 
-void int4_dequantize(const uint8_t *codes, const float *scale, const float *low, bf16 *out, int64_t n, int64_t k,
+void int4_dequantize(const uint8_t *codes, const f16 *scale, const f16 *low, bf16 *out, int64_t n, int64_t k,
                      int threads) {
     int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
         int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE;
         for (int64_t g = 0; g < groups; g++) {
-            const float *s = scale + (t * groups + g) * TILE, *l = low + (t * groups + g) * TILE;
+            float s[TILE], l[TILE];
+            tile_halves(scale + (t * groups + g) * TILE, s);
+            tile_halves(low + (t * groups + g) * TILE, l);
             f32x16 pair_scale[2], pair_low[2]; /* lane j of half h: output 8h + j / 2's */
             for (int j = 0; j < 16; j++)
                 for (int h = 0; h < 2; h++) pair_scale[h][j] = s[8 * h + j / 2], pair_low[h][j] = l[8 * h + j / 2];

@@ -47,7 +47,8 @@ class Int4Groups:
     """A weight as 4-bit codes: ``w = (q - 8) * scale + zero`` per group of 32 inputs (torch's convention).
 
     codes: uint8 [out, in // 2], as GGUF's 4-bit blocks hold them: byte i of a group has input i's code
-    in its low nibble and input i + 16's in its high one; scale, zero: float32 [out, in // 32].
+    in its low nibble and input i + 16's in its high one; scale, zero: float32 [out, in // 32], whose scale
+    and ``zero - 8 * scale`` (the group's lowest value) are float16 values, as a GGUF's blocks store them.
     """
 
     codes: torch.Tensor
@@ -56,11 +57,12 @@ class Int4Groups:
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor) -> Int4Groups:
-        """Asymmetric min/max codes per group (as GGUF's Q4_1 makes them)."""
+        """Asymmetric min/max codes per group, as GGUF's Q4_1 makes them: scale and minimum in float16."""
         groups = weight.float().view(weight.shape[0], -1, GROUP_SIZE)
-        low, high = groups.amin(-1), groups.amax(-1)
-        scale = ((high - low) / 15).clamp(min=1e-12)
-        q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8)
+        low = groups.amin(-1).half().float()
+        scale = ((groups.amax(-1) - low) / 15).half().float()
+        steps = (groups - low[..., None]) / scale.clamp(min=2**-24)[..., None]  # scale 0 (a constant group): any code
+        q = steps.round().clamp(0, 15).to(torch.uint8)
         codes = q[..., : GROUP_SIZE // 2] | (q[..., GROUP_SIZE // 2 :] << 4)
         return cls(codes.view(weight.shape[0], -1), scale, low + 8 * scale)
 
