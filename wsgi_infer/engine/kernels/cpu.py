@@ -195,7 +195,7 @@ def int4_kernel_layout(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Ten
     (high), which is that output's block byte 2c + j % 2; float16 scale and low (``w = q * scale + low``)
     [n / 16, k / 32, 16]. So the codes are the blocks' byte pairs, transposed: no nibble moves. A GGUF stores each
     block's ``d`` and ``m`` in float16, and ``Int4Groups.from_weight`` rounds them there too, so half precision
-    holds them exactly, in 20 bytes per 32 weights where float32 took 24 (at one row, 5% faster from memory)."""
+    holds them exactly, in 20 bytes per 32 weights where float32 took 24 (one row over 30 layers: 13-14% less time)."""
     pad = -codes.shape[0] % 16
     codes, scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (codes, scale.float(), zero.float()))
     tiles, groups = codes.shape[0] // 16, codes.shape[1] // 16
