@@ -45,13 +45,19 @@ static inline float half_to_float(f16 h) {
     return f;
 }
 
-/* a group's 16 halves (one tile's scales, or lows) as floats: vcvtph2ps, where the CPU has it */
-static inline void tile_halves(const f16 *h, float f[16]) {
+/* 16 halves as floats: vcvtph2ps, where the CPU has it */
+static inline void halves_to_floats(const f16 *h, float f[16]) {
 #ifdef __F16C__
     for (int i = 0; i < 16; i += 8) _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
 #else
     for (int i = 0; i < 16; i++) f[i] = half_to_float(h[i]);
 #endif
+}
+
+/* an int4 weight's group (its 16 outputs' scales and lows, from element `at` on) as floats */
+static inline void group_scale_low(const f16 *scale, const f16 *low, int64_t at, float s[16], float l[16]) {
+    halves_to_floats(scale + at, s);
+    halves_to_floats(low + at, l);
 }
 
 static inline bf16 to_bf16(float f) { /* round to nearest even, as torch does; NaN stays NaN */
@@ -633,8 +639,7 @@ static inline __attribute__((always_inline)) void int4_tile(const bf16 *x, const
             }
         }
         float group_scale[TILE], group_low[TILE];
-        tile_halves(scale + g * TILE, group_scale);
-        tile_halves(low + g * TILE, group_low);
+        group_scale_low(scale, low, g * TILE, group_scale, group_low);
         memcpy(&s, group_scale, sizeof(s));
         memcpy(&offset, group_low, sizeof(offset));
         offset -= CODE_BIAS * s; /* the codes carried 128 each */
@@ -724,8 +729,7 @@ static inline __attribute__((always_inline)) void few_rows(const tile_input *x, 
             }
         for (int j = 0; j < tiles; j++) {
             float group_scale[TILE], group_low[TILE];
-            tile_halves(scale + (j * groups + g) * TILE, group_scale);
-            tile_halves(low + (j * groups + g) * TILE, group_low);
+            group_scale_low(scale, low, (j * groups + g) * TILE, group_scale, group_low);
             add_group(acc[j], rows, group_scale, group_low, x + g, group_sums + g, groups, sums + j * rows * TILE);
         }
     }
@@ -756,8 +760,7 @@ static void int4_tiles_rows(const tile_input *x, int64_t rows, int64_t tiles, co
     for (int64_t g = 0; g < groups; g++) {
         float group_scale[TILE], group_low[TILE];
         for (int c = 0; c < 8; c++) unpack_chunk(codes + g * 256 + c * 32, w[c], w[c + 8]);
-        tile_halves(scale + g * TILE, group_scale);
-        tile_halves(low + g * TILE, group_low);
+        group_scale_low(scale, low, g * TILE, group_scale, group_low);
         group_times_rows((const __m256i(*)[2])w, x + g, rows, group_scale, group_low, group_sums + g, groups, sums);
     }
 }
@@ -1025,8 +1028,7 @@ void int4_dequantize(const uint8_t *codes, const f16 *scale, const f16 *low, bf1
         int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE;
         for (int64_t g = 0; g < groups; g++) {
             float s[TILE], l[TILE];
-            tile_halves(scale + (t * groups + g) * TILE, s);
-            tile_halves(low + (t * groups + g) * TILE, l);
+            group_scale_low(scale, low, (t * groups + g) * TILE, s, l);
             f32x16 pair_scale[2], pair_low[2]; /* lane j of half h: output 8h + j / 2's */
             for (int j = 0; j < 16; j++)
                 for (int h = 0; h < 2; h++) pair_scale[h][j] = s[8 * h + j / 2], pair_low[h][j] = l[8 * h + j / 2];
