@@ -702,6 +702,15 @@ static inline void unpack_chunk(const uint8_t *codes, __m256i low[2], __m256i hi
     }
 }
 
+/* fetch group g of a weight's tiles ahead of its use: each tile is a stream of its own, and a stream's first
+ * groups came too late for the hardware's prefetcher (2 groups ahead: one and two rows 3-6% faster over 30
+ * layers from memory, 16 rows 6-11%) */
+static inline void prefetch_group(const uint8_t *codes, const f16 *scale, const f16 *low, int64_t g) {
+    for (int line = 0; line < 256; line += 64) __builtin_prefetch(codes + g * 256 + line);
+    __builtin_prefetch(scale + g * TILE);
+    __builtin_prefetch(low + g * TILE);
+}
+
 /* sums [tiles][rows, 16] for one or two rows and up to TILE_BLOCK tiles, chunks unpacked in registers. Inlined
  * with constant counts. */
 static inline __attribute__((always_inline)) void few_rows(const tile_input *x, const int rows, const int tiles,
@@ -709,12 +718,7 @@ static inline __attribute__((always_inline)) void few_rows(const tile_input *x, 
                                                            const float *group_sums, float *sums, int64_t k) {
     int64_t groups = k / GROUP;
     for (int64_t g = 0; g < groups; g++) {
-        for (int j = 0; j < tiles; j++) { /* each tile is a stream of its own: fetch 2 groups ahead (3-6% faster) */
-            const int64_t ahead = j * groups + g + 2;
-            for (int line = 0; line < 256; line += 64) __builtin_prefetch(codes + ahead * 256 + line);
-            __builtin_prefetch(scale + ahead * TILE);
-            __builtin_prefetch(low + ahead * TILE);
-        }
+        for (int j = 0; j < tiles; j++) prefetch_group(codes, scale, low, j * groups + g + 2);
         __m256i acc[TILE_BLOCK][2][2];
         for (int j = 0; j < tiles; j++)
             for (int r = 0; r < rows; r++) acc[j][r][0] = acc[j][r][1] = _mm256_setzero_si256();
@@ -759,6 +763,7 @@ static void int4_tiles_rows(const tile_input *x, int64_t rows, int64_t tiles, co
     __m256i w[GROUP / 2][2]; /* chunk c's halves are the pairs c and c + 8 */
     for (int64_t g = 0; g < groups; g++) {
         float group_scale[TILE], group_low[TILE];
+        prefetch_group(codes, scale, low, g + 2);
         for (int c = 0; c < 8; c++) unpack_chunk(codes + g * 256 + c * 32, w[c], w[c + 8]);
         group_scale_low(scale, low, g * TILE, group_scale, group_low);
         group_times_rows((const __m256i(*)[2])w, x + g, rows, group_scale, group_low, group_sums + g, groups, sums);
@@ -835,7 +840,8 @@ static void int8_tile(const int8_input *x, int64_t rows, const int8_t *codes, co
     memset(sums, 0, rows * TILE * sizeof(float));
     for (int64_t g = 0; g < groups; g++) {
         const int8_t *group = codes + g * GROUP * TILE;
-        if (rows > 1) {
+        if (rows > 1) { /* the next groups fetched ahead, as prefetch_group does (2 to 64 rows: 3-6% faster) */
+            for (int line = 0; line < GROUP * TILE; line += 64) __builtin_prefetch(group + 2 * GROUP * TILE + line);
             for (int p = 0; p < GROUP / 2; p++) unpack_int8_pair(group + p * 2 * TILE, w[p]);
             group_times_rows((const __m256i(*)[2])w, x + g, rows, scale, NULL, NULL, groups, sums);
             continue;
