@@ -243,7 +243,7 @@ void rotate(bf16 *x, int64_t row_stride, const float *cos_rows, const float *sin
 /* hsum of each of 16 vectors, as one vector (lane t: hsum(v[t])), with every addition hsum makes, in its
  * order: a transposition by halves, 30 shuffles and 15 additions where 16 hsums take 48 and 64. */
 #if LANES == 8 /* the same additions on 8-lane halves, whose shuffles GCC keeps in registers */
-static inline f32x16 hsum16(const f32x16 v[16]) {
+static inline __attribute__((always_inline)) f32x16 hsum16(const f32x16 v[16]) {
     typedef int32_t i32x8 __attribute__((vector_size(32)));
     f32v halves[16], quarters[8], eighths[4], sums[2];
     for (int t = 0; t < 16; t++) { /* lanes i and i + 8 of each vector */
@@ -265,7 +265,7 @@ static inline f32x16 hsum16(const f32x16 v[16]) {
     return out;
 }
 #else
-static inline f32x16 hsum16(const f32x16 v[16]) {
+static inline __attribute__((always_inline)) f32x16 hsum16(const f32x16 v[16]) {
     f32x16 halves[8], quarters[4], eighths[2];
     for (int j = 0; j < 8; j++) /* lanes i and i + 8 of two vectors: 8 sums of each */
         halves[j] = __builtin_shuffle(v[2 * j], v[2 * j + 1], (i32x16){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) +
@@ -293,6 +293,75 @@ static inline void prefetch_token(const bf16 *keys, const bf16 *values, const in
         }
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) /* 16-lane sums would not fit its registers */
+/* 8 bf16 as float32 */
+static inline __m256 widen8(const bf16 *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* scores [group, stride] of the group's heads for each of len tokens (whole blocks of 16 computed): each key
+ * widened once into registers for the group, each head's query read from L1 in float32, one multiply-add per 8
+ * products (a product of two bf16 is exact in float32, so it rounds as a multiply and an add would); a token's
+ * sums in two halves of 8 lanes (even and odd runs of 8 dimensions), 16 tokens' sums folded by hsum16 */
+static inline __attribute__((always_inline)) void score_tokens(const bf16 *q, const int64_t group, const bf16 *keys,
+                                                               const bf16 *values, const int64_t *offsets,
+                                                               int64_t len, const int64_t head_dim, float scale,
+                                                               int64_t stride, float *scores) {
+    const int64_t runs = head_dim / 8; /* even: head_dim is a multiple of 16 (attention_fits) */
+    float query[group][head_dim] __attribute__((aligned(32)));
+    for (int64_t d = 0; d < group * head_dim; d++) query[0][d] = to_float(q[d]);
+    for (int64_t start = 0; start < len; start += 16) {
+        f32x16 sums[group][16];
+        for (int64_t i = 0; i < 16; i++) {
+            int64_t t = start + i;
+            if (t >= len) {
+                for (int64_t h = 0; h < group; h++) sums[h][i] = (f32x16){0};
+                continue;
+            }
+            prefetch_token(keys, values, offsets, t, len, head_dim);
+            __m256 key[runs];
+            for (int64_t c = 0; c < runs; c++) key[c] = widen8(keys + offsets[t] + 8 * c);
+            for (int64_t h = 0; h < group; h++) {
+                __m256 acc[2] = {_mm256_mul_ps(_mm256_load_ps(query[h]), key[0]),
+                                 _mm256_mul_ps(_mm256_load_ps(query[h] + 8), key[1])};
+                for (int64_t c = 2; c < runs; c++)
+                    acc[c % 2] = _mm256_fmadd_ps(_mm256_load_ps(query[h] + 8 * c), key[c], acc[c % 2]);
+                memcpy(&sums[h][i], acc, sizeof(acc));
+            }
+        }
+        for (int64_t h = 0; h < group; h++) {
+            f32x16 block = hsum16(sums[h]) * scale;
+            memcpy(scores + h * stride + start, &block, sizeof(block));
+        }
+    }
+}
+
+/* weighed [group, D] = sum over tokens of weights [group, stride] times values (in token order): 16 tokens'
+ * values widened at a time into L1, then each head's sums in 8 registers of 8 lanes, one multiply-add per value */
+static inline __attribute__((always_inline)) void weigh_values(const bf16 *values, const int64_t *offsets,
+                                                               int64_t len, const int64_t group,
+                                                               const int64_t head_dim, int64_t stride,
+                                                               const float *weights, float *weighed) {
+    const int64_t chunks = head_dim / 8;
+    float value[16][head_dim] __attribute__((aligned(32)));
+    for (int64_t d = 0; d < group * head_dim; d++) weighed[d] = 0.0f;
+    for (int64_t start = 0; start < len; start += 16) {
+        int64_t block = len - start < 16 ? len - start : 16;
+        for (int64_t i = 0; i < block; i++)
+            for (int64_t d = 0; d < head_dim; d++) value[i][d] = to_float(values[offsets[start + i] + d]);
+        for (int64_t h = 0; h < group; h++) {
+            __m256 acc[chunks];
+            for (int64_t c = 0; c < chunks; c++) acc[c] = _mm256_loadu_ps(weighed + h * head_dim + 8 * c);
+            for (int64_t i = 0; i < block; i++) {
+                __m256 weight = _mm256_broadcast_ss(weights + h * stride + start + i);
+                for (int64_t c = 0; c < chunks; c++)
+                    acc[c] = _mm256_fmadd_ps(weight, _mm256_load_ps(value[i] + 8 * c), acc[c]);
+            }
+            for (int64_t c = 0; c < chunks; c++) _mm256_storeu_ps(weighed + h * head_dim + 8 * c, acc[c]);
+        }
+    }
+}
+#else
 /* scores [group, stride] of the group's heads for each of len tokens (whole blocks of 16 computed): the keys
  * multiplied as stored, pairs of bf16 at a time (one vdpbf16ps each where the CPU has it), each key read once
  * for the group, 16 tokens' sums folded into one vector by hsum16 */
@@ -324,33 +393,6 @@ static inline __attribute__((always_inline)) void score_tokens(const bf16 *q, co
     }
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) /* 16-lane sums would not fit its registers */
-/* weighed [group, D] = sum over tokens of weights [group, stride] times values (in token order): 16 tokens'
- * values widened at a time into L1, then each head's sums in 8 registers of 8 lanes, one multiply-add per value */
-static inline __attribute__((always_inline)) void weigh_values(const bf16 *values, const int64_t *offsets,
-                                                               int64_t len, const int64_t group,
-                                                               const int64_t head_dim, int64_t stride,
-                                                               const float *weights, float *weighed) {
-    const int64_t chunks = head_dim / 8;
-    float value[16][head_dim] __attribute__((aligned(32)));
-    for (int64_t d = 0; d < group * head_dim; d++) weighed[d] = 0.0f;
-    for (int64_t start = 0; start < len; start += 16) {
-        int64_t block = len - start < 16 ? len - start : 16;
-        for (int64_t i = 0; i < block; i++)
-            for (int64_t d = 0; d < head_dim; d++) value[i][d] = to_float(values[offsets[start + i] + d]);
-        for (int64_t h = 0; h < group; h++) {
-            __m256 acc[chunks];
-            for (int64_t c = 0; c < chunks; c++) acc[c] = _mm256_loadu_ps(weighed + h * head_dim + 8 * c);
-            for (int64_t i = 0; i < block; i++) {
-                __m256 weight = _mm256_broadcast_ss(weights + h * stride + start + i);
-                for (int64_t c = 0; c < chunks; c++)
-                    acc[c] = _mm256_fmadd_ps(weight, _mm256_load_ps(value[i] + 8 * c), acc[c]);
-            }
-            for (int64_t c = 0; c < chunks; c++) _mm256_storeu_ps(weighed + h * head_dim + 8 * c, acc[c]);
-        }
-    }
-}
-#else
 /* weighed [group, D] = sum over tokens of weights [group, stride] times values (in token order), each value
  * widened once for the group's heads, their sums a chain per head and 16 dimensions, several in flight */
 static inline __attribute__((always_inline)) void weigh_values(const bf16 *values, const int64_t *offsets,
