@@ -76,11 +76,16 @@ def test_silu_and_mul_and_rotary_round_as_torch(kernels):
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])  # 80: pairs of 32 values and a last 16, padded
-@pytest.mark.parametrize("extra_flags", [(), ("-mno-avx2",)], ids=["as built", "without AVX2"])
+@pytest.mark.parametrize(
+    "extra_flags",
+    [(), ("-mno-avx512f",), ("-mno-avx2",)],
+    ids=["as built", "AVX2 without AVX-512", "without AVX2"],
+)
 def test_paged_attention_reads_scattered_blocks_as_sdpa_does(head_dim, extra_flags):
     """Three sequences over blocks out of order, grouped-query heads (9 over 3): two decode a token each, the
-    third runs a prefill chunk of 5 tokens, each of which sees its sequence up to itself. Values are weighed
-    in 8-lane registers on AVX2, in 16-lane vectors elsewhere."""
+    third runs a prefill chunk of 5 tokens, each of which sees its sequence up to itself. On AVX2 without
+    AVX-512, keys are widened to float32 and values weighed in 8-lane registers; elsewhere, keys are multiplied
+    as bf16 pairs and values weighed in 16-lane vectors."""
     path = build_cpu_kernels(extra_flags)
     assert path is not None
     kernels = CpuKernels(path)

@@ -293,7 +293,7 @@ static inline void prefetch_token(const bf16 *keys, const bf16 *values, const in
         }
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) /* 16-lane sums would not fit its registers */
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) /* 8-lane registers and no vdpbf16ps */
 /* 8 bf16 as float32 */
 static inline __m256 widen8(const bf16 *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
@@ -337,7 +337,8 @@ static inline __attribute__((always_inline)) void score_tokens(const bf16 *q, co
 }
 
 /* weighed [group, D] = sum over tokens of weights [group, stride] times values (in token order): 16 tokens'
- * values widened at a time into L1, then each head's sums in 8 registers of 8 lanes, one multiply-add per value */
+ * values widened at a time into L1, then each head's sums in 8 registers of 8 lanes (16-lane sums would not fit
+ * the 16 registers), one multiply-add per value */
 static inline __attribute__((always_inline)) void weigh_values(const bf16 *values, const int64_t *offsets,
                                                                int64_t len, const int64_t group,
                                                                const int64_t head_dim, int64_t stride,
