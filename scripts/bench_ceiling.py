@@ -4,9 +4,9 @@
 For every batch size, times the multiplies of one step with the model's own
 shapes (each layer's fused QKV, output, gate-up and down projections, and the
 LM head), in every format the engine has on this device: the model dtype
-through ``F.linear`` (bf16 on a CPU with native bf16), int4 groups of 32 (by
-torch's kernel, and by the CPU kernels where they build), int8 per channel,
-and int8 with int8 activations row by row where the CPU has VNNI. Every
+through ``F.linear`` (bf16 on a CPU with native bf16), int4 and int8 groups
+of 32 on the CPU kernels where they build, and torch's int4 groups and int8
+channels. Every
 layer gets distinct weights, so they do not sit in a cache. The ceiling at a
 batch is batch / (fastest format's time): no step can produce tokens faster,
 whatever else it does. Example:
@@ -28,13 +28,8 @@ from wsgi_infer.engine.cpu_info import cpu_model_name
 from wsgi_infer.engine.device import resolve_dtype
 from wsgi_infer.engine.kernels.build import build_cpu_kernels
 from wsgi_infer.engine.kernels.cpu import load_cpu_kernels
-from wsgi_infer.engine.layers.quantization import (
-    Int4Groups,
-    Int4Linear,
-    Int8Linear,
-    RowwiseInt8Linear,
-    rowwise_int8_available,
-)
+from wsgi_infer.engine.layers.quantization import PackedLinear, TorchInt4Linear, TorchInt8Linear
+from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
 from wsgi_infer.engine.model_loader import load_config, resolve_model_dir
 
 
@@ -54,13 +49,13 @@ def formats(shapes: list[tuple[int, int]], dtype: torch.dtype) -> dict[str, list
     found = {str(dtype).removeprefix("torch."): [lambda x, w=lin.weight: F.linear(x, w) for lin in linears]}
     if dtype == torch.bfloat16:
         groups = [Int4Groups.from_weight(lin.weight) for lin in linears]
-        found["int4"] = [Int4Linear(lin, g).packed_mm for lin, g in zip(linears, groups)]
+        found["int4 torch"] = [TorchInt4Linear(lin, g).packed_mm for lin, g in zip(linears, groups)]
+        found["int8 torch"] = [TorchInt8Linear(lin).packed_mm for lin in linears]
         kernels = load_cpu_kernels() if build_cpu_kernels() else None
         if kernels is not None:
-            found["int4 kernels"] = [Int4Linear(lin, g, kernels).packed_mm for lin, g in zip(linears, groups)]
-        found["int8"] = [Int8Linear(lin).packed_mm for lin in linears]
-        if rowwise_int8_available():
-            found["int8 rowwise"] = [RowwiseInt8Linear(lin).packed_mm for lin in linears]
+            found["int4 kernels"] = [PackedLinear(lin, g, kernels).packed_mm for lin, g in zip(linears, groups)]
+            int8 = [Int8Groups.from_weight(lin.weight) for lin in linears]
+            found["int8 kernels"] = [PackedLinear(lin, g, kernels).packed_mm for lin, g in zip(linears, int8)]
     return found
 
 

@@ -11,25 +11,16 @@ import torch.nn.functional as F
 
 from wsgi_infer import LLM
 from wsgi_infer.engine.kernels.build import build_cpu_kernels, build_lock, built_library, library_path
-from wsgi_infer.engine.kernels.cpu import (
-    CacheRows,
-    CpuKernels,
-    int4_kernel_layout,
-    int8_kernel_layout,
-    load_cpu_kernels,
-)
+from wsgi_infer.engine.kernels.cpu import CacheRows, CpuKernels, load_cpu_kernels
+from wsgi_infer.engine.kernels.layouts import kernel_weight
 from wsgi_infer.engine.layers.activation import SiluAndMul
 from wsgi_infer.engine.layers.norm import RMSNorm
-from wsgi_infer.engine.layers.quantization import (
-    Int4Groups,
-    Int4Linear,
-    RowwiseInt8Linear,
-    SmallBatchLinear,
-    rowwise_int8_available,
-)
+from wsgi_infer.engine.layers.quantization import PackedLinear, SmallBatchLinear
 from wsgi_infer.engine.layers.rotary import apply_rotary_
+from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
 
 from .conftest import assert_idle
+from .gguf_files import MIXED_TYPES, write_tiny_gguf
 from .server import GunicornServer
 from .test_batching import GREEDY, PROMPTS, run_alone, run_staggered
 
@@ -127,23 +118,28 @@ def test_argmax_picks_what_torch_picks(kernels, vocab):
     assert kernels.argmax(logits[7:8]).item() == logits[7].argmax().item()  # one row: no threads
 
 
-@pytest.mark.skipif(not rowwise_int8_available(), reason="no fbgemm with VNNI on this CPU")
-def test_the_lm_heads_int8_rows_rescale_as_torch_ops_round(kernels):
-    torch.manual_seed(0)
-    layer = RowwiseInt8Linear(torch.nn.Linear(576, 1000, bias=False).bfloat16())
-    layer.max_rows = 64
-    x = randn(7, 576, scale=3)
-    expected = layer(x)
-    layer.kernels = kernels
-    assert torch.equal(layer(x), expected)
+def _groups(kind: str, weight: torch.Tensor) -> Int4Groups | Int8Groups:
+    """int4 (Q4_1's min/max), int8 (Q8_0's symmetric codes), or int8 with an offset per group (as Q5_1 and Q5_K
+    have: codes 0..31 above each group's low)."""
+    if kind == "int4":
+        return Int4Groups.from_weight(weight)
+    if kind == "int8":
+        return Int8Groups.from_weight(weight)
+    groups = Int4Groups.from_weight(weight)
+    return Int8Groups((groups.q * 2).to(torch.int8), groups.scale / 2, groups.low)
 
 
-@pytest.mark.parametrize(
+KINDS = ["int4", "int8", "int8 with lows"]
+BUILDS = pytest.mark.parametrize(
     "extra_flags",
     [(), ("-mno-avx512bf16",), ("-mno-avx512bf16", "-mno-avx2")],
     ids=["as built", "without AVX512-BF16", "without AVX2"],
 )
-def test_int4_mm_multiplies_the_groups_values_and_each_row_alone(extra_flags):
+
+
+@BUILDS
+@pytest.mark.parametrize("kind", KINDS)
+def test_packed_mm_multiplies_the_groups_values_and_each_row_alone(extra_flags, kind):
     """Every way of summing the codes (vdpbf16ps where the CPU has it, else AVX2's integer multiply-adds of
     each group's inputs scaled to 16 bits, else float32 lanes of bf16 pairs) gives the dequantized weight's
     product within bf16 rounding, and a row's result never depends on its batch. Groups of zeros, of one
@@ -152,74 +148,61 @@ def test_int4_mm_multiplies_the_groups_values_and_each_row_alone(extra_flags):
     assert path is not None
     kernels = CpuKernels(path)
     torch.manual_seed(0)
-    groups = Int4Groups.from_weight(randn(88, 128, scale=0.05))  # outputs: 5 tiles of 16, the last partial
-    layout = int4_kernel_layout(groups.codes, groups.scale, groups.zero)
-    x = randn(11, 128)  # more rows than the kernel's tile of 8
+    groups = _groups(kind, randn(88, 128, scale=0.05))  # outputs: 5 tiles of 16, the last partial
+    weight = kernel_weight(groups)
+    x = randn(70, 128)  # more rows than the kernels' tiles of 8 and chunks of 64
     x[6, 32:64] = 0
     x[7, :32] *= 1e-4
     x[7, 5] = 3000.0
     x[8, :] = 1e-38  # all but subnormal
-    got = kernels.int4_mm(x, *layout, 88)
+    got = kernels.packed_mm(x, weight, 88)
     expected = x.double() @ groups.dequantize().double().t()
     torch.testing.assert_close(got.double(), expected, rtol=BF16_ULP, atol=1e-3)
     x[10, 70] = float("nan")
-    assert kernels.int4_mm(x[10:], *layout, 88).isnan().all()
-    for rows in (slice(0, 1), slice(9, 10), slice(3, 5)):  # each way the kernel takes few rows
-        assert torch.equal(kernels.int4_mm(x[rows], *layout, 88), got[rows])
+    assert kernels.packed_mm(x[10:11], weight, 88).isnan().all()
+    for rows in (slice(0, 1), slice(9, 10), slice(3, 5), slice(1, 4), slice(60, 70)):  # each way of few rows
+        assert torch.equal(kernels.packed_mm(x[rows], weight, 88), got[rows])
 
 
-@pytest.mark.parametrize("extra_flags", [(), ("-mno-avx2",)], ids=["as built", "without AVX2"])
-def test_int8_mm_scales_each_outputs_sum_and_each_row_alone(extra_flags):
-    """int8 codes per output channel times bf16 rows: the scaled product within bf16 rounding, the same for
-    a row alone as in its batch (more rows than the kernel's chunk of 64, inputs past its runs of 32, outputs
-    in a partial last tile)."""
-    path = build_cpu_kernels(extra_flags)
-    assert path is not None
-    kernels = CpuKernels(path)
-    torch.manual_seed(0)
-    codes = torch.randint(-127, 128, (88, 100), dtype=torch.int8)
-    scale = torch.rand(88) / 100
-    x = randn(70, 100)
-    got = kernels.int8_mm(x, *int8_kernel_layout(codes, scale), 88)
-    expected = x.double() @ (codes.double() * scale.double()[:, None]).t()
-    torch.testing.assert_close(got.double(), expected, rtol=BF16_ULP, atol=1e-3)
-    for rows in (slice(0, 1), slice(9, 10), slice(3, 5), slice(60, 70)):
-        assert torch.equal(kernels.int8_mm(x[rows], *int8_kernel_layout(codes, scale), 88), got[rows])
-
-
-def test_int4_layers_keep_no_bf16_weight_and_unpack_it_for_large_steps(kernels):
-    """Above its crossing point an int4 layer multiplies in bf16 the weight its codes hold, each value
+@pytest.mark.parametrize("kind", KINDS)
+def test_packed_layers_keep_no_bf16_weight_and_unpack_it_for_large_steps(kernels, kind):
+    """Above its crossing point a packed layer multiplies in bf16 the weight its codes hold, each value
     ``q * scale + low`` rounded once: the same weight as its small steps, in the same precision."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(128, 88).bfloat16()  # outputs: 5 tiles of 16, the last partial
-    groups = Int4Groups.from_weight(linear.weight)
-    layer = Int4Linear(linear, groups, kernels)
+    groups = _groups(kind, linear.weight)
+    layer = PackedLinear(linear, groups, kernels)
     assert layer.weight is None
-    codes, scale, low = int4_kernel_layout(groups.codes, groups.scale, groups.zero)
-    per_input = [t.transpose(1, 2).reshape(-1, 4).repeat_interleave(32, dim=1)[:88] for t in (scale, low)]
-    weight = (groups.q.float() * per_input[0] + per_input[1]).bfloat16()
-    assert torch.equal(kernels.int4_dequantize(codes, scale, low, 88), weight)
+    weight = groups.dequantize().bfloat16()
+    assert torch.equal(kernels.dequantize(layer.packed, 88, 128), weight)
     layer.max_rows = 4
     large = randn(5, 128)
     assert torch.equal(layer(large), F.linear(large, weight, linear.bias))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: biases on the QKV projection
-def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs, arch):
+@pytest.fixture(scope="module")
+def mixed_gguf(tmp_path_factory) -> str:
+    return str(write_tiny_gguf(tmp_path_factory.mktemp("mixed") / "mixed.gguf", MIXED_TYPES).path)
+
+
+@pytest.mark.parametrize(
+    "arch, quantization", [("llama", "int4"), ("qwen2", "int4"), ("llama", "int8"), ("mixed GGUF", "auto")]
+)  # qwen2: biases on the QKV projection; the GGUF: 4- and 8-bit projections in each layer
+def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs, mixed_gguf, arch, quantization):
     """Steps up to the projections' crossing point, prefill chunks included, run every layer in one call;
     without it the layers' loop runs. Each request's tokens are the same either way, in staggered batches and
     alone, and every KV block is free afterwards."""
     llm = LLM(
-        model=str(tiny_model_dirs[arch]),
+        model=mixed_gguf if arch == "mixed GGUF" else str(tiny_model_dirs[arch]),
         dtype="bfloat16",
-        quantization="int4",
+        quantization=quantization,
         block_size=4,
         max_num_batched_tokens=64,
     )
     model = llm.engine.runner.model
     for layer in model.modules():
         if isinstance(layer, SmallBatchLinear):
-            layer.max_rows = 64  # every step in int4 (the measured crossing point is noise on tiny shapes)
+            layer.max_rows = 64  # every step packed (the measured crossing point is noise on tiny shapes)
             if layer.bias is not None:
                 with torch.no_grad():  # transformers initializes biases to zero: make them count
                     layer.bias.normal_(0, 0.5)

@@ -1,4 +1,5 @@
-"""Packed weights for small batches: int4 from the GGUF's own blocks, int8, and the default choice."""
+"""Packed weights for small batches: the GGUF's own blocks, 8-bit groups from 16- and 32-bit weights, torch's
+kernels without ours, and the default choice of dtype."""
 
 from __future__ import annotations
 
@@ -18,19 +19,12 @@ from wsgi_infer.engine import device
 from wsgi_infer.engine.device import resolve_dtype
 from wsgi_infer.engine.gguf_checkpoint import read_gguf_weights
 from wsgi_infer.engine.kernels.build import build_cpu_kernels
-from wsgi_infer.engine.kernels.cpu import CpuKernels, int4_kernel_layout, load_cpu_kernels
-from wsgi_infer.engine.layers import quantization
-from wsgi_infer.engine.layers.quantization import (
-    ANY_ROWS,
-    Int4Groups,
-    Int4Linear,
-    Int8Linear,
-    RowwiseInt8Linear,
-    SmallBatchLinear,
-    choose_max_rows,
-    quantize_linear_layers,
-    rowwise_int8_available,
-)
+from wsgi_infer.engine.kernels.cpu import CpuKernels, load_cpu_kernels
+from wsgi_infer.engine.kernels.layouts import kernel_weight
+from wsgi_infer.engine.layers import crossing_points
+from wsgi_infer.engine.layers.crossing_points import ANY_ROWS, choose_max_rows
+from wsgi_infer.engine.layers.quantization import PackedLinear, SmallBatchLinear, TorchInt4Linear, TorchInt8Linear
+from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
 from wsgi_infer.engine.model_loader import CheckpointTensors
 from wsgi_infer.engine.model_paths import default_model_path
 from wsgi_infer.engine.model_runner import PACKED_ROWS_FILE
@@ -43,18 +37,12 @@ def _linear() -> nn.Linear:
     return nn.Linear(64, 96).to(torch.bfloat16)
 
 
-needs_rowwise_int8 = pytest.mark.skipif(not rowwise_int8_available(), reason="no fbgemm with VNNI on this CPU")
+def _torch_int4(linear: nn.Linear) -> TorchInt4Linear:
+    return TorchInt4Linear(linear, Int4Groups.from_weight(linear.weight))
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        Int8Linear,
-        lambda lin: Int4Linear(lin, Int4Groups.from_weight(lin.weight)),
-        pytest.param(RowwiseInt8Linear, marks=needs_rowwise_int8),
-    ],
-)
-def test_packed_weights_serve_small_batches_and_full_weights_large_ones(make):
+@pytest.mark.parametrize("make", [TorchInt8Linear, _torch_int4])
+def test_torch_packed_weights_serve_small_batches_and_full_weights_large_ones(make):
     linear = _linear()
     packed = make(linear)
     packed.max_rows = 4
@@ -71,35 +59,19 @@ def test_the_int4_kernel_computes_with_the_groups_values():
     groups = Int4Groups.from_weight(linear.weight)
     x = torch.randn(3, 64, dtype=torch.bfloat16)
     expected = x.float() @ groups.dequantize().t() + linear.bias.float()
-    packed = Int4Linear(linear, groups)
+    packed = TorchInt4Linear(linear, groups)
     packed.max_rows = 3
     assert torch.allclose(packed(x).float(), expected, atol=0.05, rtol=0.02)
 
 
-@needs_rowwise_int8
-def test_rowwise_int8_rows_do_not_depend_on_their_batch():
-    """Each row gets its own activation scale: an outlier in one row leaves the others' results as they were."""
-    packed = RowwiseInt8Linear(_linear())
-    packed.max_rows = 8
-    x = torch.randn(8, 64, dtype=torch.bfloat16)
-    x[3, 5] = 500.0
-    together = packed(x)
-    assert all(torch.equal(together[i], packed(x[i : i + 1])[0]) for i in range(8))
-
-
-@needs_rowwise_int8
-def test_rowwise_int8_sums_full_8_bit_activations_without_saturating():
-    """Activation codes near 255 times weight codes of 127: pairs of such products overflow a 16-bit sum,
-    which is what the kernel would do on a CPU without VNNI (rowwise_int8_available refuses those)."""
-    linear = nn.Linear(64, 8, bias=False).to(torch.bfloat16)
-    with torch.no_grad():
-        linear.weight.fill_(0.5)
-    packed = RowwiseInt8Linear(linear)
-    packed.max_rows = 1
-    x = torch.linspace(0, 1, 64, dtype=torch.bfloat16)[None].clone()
-    x[0, 32:] = 1.0  # half the codes at 255
-    expected = (x.float() @ linear.weight.float().t())[0]
-    assert torch.allclose(packed(x)[0].float(), expected, rtol=0.02)
+def test_8_bit_groups_are_made_as_gguf_makes_q8_0():
+    """Symmetric codes against a float16 scale of each group's largest magnitude / 127: within half a step."""
+    weight = torch.randn(8, 96) * torch.logspace(-3, 1, 8)[:, None]  # rows of very different sizes
+    groups = Int8Groups.from_weight(weight)
+    assert groups.low is None and groups.codes.abs().max() == 127
+    assert torch.equal(groups.scale, groups.scale.half().float())
+    step = groups.scale.repeat_interleave(32, dim=1)
+    assert ((groups.dequantize() - weight).abs() <= step / 2 * (1 + 2**-10)).all()
 
 
 @pytest.fixture(scope="module")
@@ -120,33 +92,33 @@ def gguf_weights():
     ],
 )
 def test_gguf_weights_equal_what_transformers_reads(gguf_weights, gguf_name, hf_name):
-    """gguf-py's dequantization and transformers' row order, bit for bit; 4-bit ones keep their groups."""
+    """gguf-py's dequantization and transformers' row order, bit for bit; 4- and 8-bit blocks keep their groups,
+    and what the kernels unpack of them for large steps is the bf16 weight, bit for bit."""
     reader, config, weights, groups = gguf_weights
     tensor = next(t for t in reader.tensors if t.name == gguf_name)
     values = gguf.dequantize(tensor.data, tensor.tensor_type)
     expected = LlamaTensorProcessor(config=config.to_dict()).process(weights=values, name=gguf_name).weights
     assert torch.equal(weights[hf_name], torch.from_numpy(np.ascontiguousarray(expected)))
-    if tensor.tensor_type.name == "Q4_1":
-        assert torch.allclose(groups[hf_name].dequantize(), weights[hf_name], rtol=0, atol=1e-6)
-        assert groups[hf_name].q.max() <= 15
-        # The kernels keep no bf16 copy: what they unpack for large steps is the bf16 weight, bit for bit.
-        # Built here if no test built them yet: only loading them would skip this check in such a run.
-        kernels = CpuKernels(build_cpu_kernels())
-        g = groups[hf_name]
-        unpacked = kernels.int4_dequantize(*int4_kernel_layout(g.codes, g.scale, g.zero), len(g.codes))
-        assert torch.equal(unpacked, weights[hf_name].bfloat16())
-    else:
+    if tensor.tensor_type.name == "F32":
         assert hf_name not in groups
+        return
+    g = groups[hf_name]
+    assert isinstance(g, Int4Groups if tensor.tensor_type.name == "Q4_1" else Int8Groups)
+    assert torch.equal(g.dequantize(), weights[hf_name])
+    # Built here if no test built them yet: only loading them would skip this check in such a run.
+    kernels = CpuKernels(build_cpu_kernels())
+    assert torch.equal(
+        kernels.dequantize(kernel_weight(g), *g.codes.shape[:1], weights[hf_name].shape[1]), weights[hf_name].bfloat16()
+    )
 
 
 def test_the_kernels_half_precision_scales_hold_every_gguf_block_exactly(gguf_weights):
     """The kernels read each group's scale and low in float16: a GGUF's d and m, which it stores in float16."""
     *_, groups = gguf_weights
-    assert len(groups) == 30 * 7  # every projection of every layer
+    assert len(groups) == 30 * 7 + 1  # every projection of every layer (Q4_1), and the embedding (Q8_0)
     for g in groups.values():
-        low = g.zero - 8 * g.scale
-        assert torch.equal(g.scale.half().float(), g.scale)
-        assert torch.equal(low.half().float(), low)
+        for t in (g.scale, g.low):
+            assert t is None or torch.equal(t.half().float(), t)
 
 
 def test_by_default_bf16_on_the_cpu_serves_the_gguf_blocks(default_model_dir, monkeypatch):
@@ -155,15 +127,17 @@ def test_by_default_bf16_on_the_cpu_serves_the_gguf_blocks(default_model_dir, mo
     monkeypatch.setattr(CheckpointTensors, "__getitem__", lambda self, name: read.append(name) or original(self, name))
     llm = LLM(model=None, device="cpu", dtype="bfloat16")
     model = llm.engine.runner.model
-    assert isinstance(model.layers[0].self_attn.qkv_proj, Int4Linear)
-    assert isinstance(model.layers[0].mlp.down_proj, Int4Linear)
     if load_cpu_kernels() is not None:
         # Built from the GGUF's blocks alone: their full-precision weights are neither read nor kept.
-        assert model.layers[0].mlp.down_proj.weight is None
+        for layer in (model.layers[0].mlp.down_proj, model.lm_head):
+            assert isinstance(layer, PackedLinear) and layer.weight is None
+        assert model.layers[0].self_attn.qkv_proj.bits == 4
+        assert model.lm_head.bits == 8  # the GGUF's embedding is 8-bit (Q8_0): 4 bits would lose it
         assert "model.embed_tokens.weight" in read
         assert not [name for name in read if "proj" in name]
-    # The GGUF's embedding is 8-bit (Q8_0): 4 bits would lose it.
-    assert isinstance(model.lm_head, RowwiseInt8Linear if rowwise_int8_available() else Int8Linear)
+    else:
+        assert isinstance(model.layers[0].self_attn.qkv_proj, TorchInt4Linear)
+        assert isinstance(model.lm_head, TorchInt8Linear)
     assert model.lm_head.max_rows >= 1  # measured: a decode step of one sequence uses the packed copy
     # Not the bare question: its first token is a near tie in float32 (0.08 apart), which any rounding may flip.
     question = "What is the capital of France? Answer in one word."
@@ -172,54 +146,68 @@ def test_by_default_bf16_on_the_cpu_serves_the_gguf_blocks(default_model_dir, mo
     assert_idle(llm)
 
 
+@pytest.mark.parametrize("saved_as", [torch.float32, torch.bfloat16])
+def test_a_hugging_face_directory_is_served_packed(tiny_model_dirs, tmp_path, saved_as, caplog):
+    """16- and 32-bit checkpoints are packed at load as 8-bit groups (as GGUF's Q8_0 is made), from their own
+    values: on a CPU without native bf16 too, where the kernels then serve every step in bf16."""
+    from transformers import AutoModelForCausalLM
+
+    source = tiny_model_dirs["llama"]
+    AutoModelForCausalLM.from_pretrained(source, dtype=saved_as).save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((source / name).read_bytes())
+    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.model_runner"):
+        llm = LLM(model=str(tmp_path), device="cpu")
+    if load_cpu_kernels() is None:
+        pytest.skip("no C compiler")
+    assert llm.engine.dtype == torch.bfloat16
+    model = llm.engine.runner.model
+    packed = [m for m in model.modules() if isinstance(m, SmallBatchLinear)]
+    assert len(packed) == 2 * 4 + 1 and all(isinstance(m, PackedLinear) and m.bits == 8 for m in packed)
+    assert "quantization auto: {'PackedLinear int8" in caplog.text
+    values = CheckpointTensors(tmp_path, torch.float32)
+    expected = Int8Groups.from_weight(values["model.layers.0.mlp.down_proj.weight"])
+    assert torch.equal(model.layers[0].mlp.down_proj.packed.codes, kernel_weight(expected).codes)
+    assert len(llm.generate("Hi", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0].token_ids) == 4
+
+
 @pytest.mark.parametrize("avx2_fma", [True, False])
 @pytest.mark.parametrize("native_bf16", [True, False])
-def test_auto_dtype_is_bf16_where_the_cpu_serves_packed_weights_fast(monkeypatch, native_bf16, avx2_fma):
-    """Without native bf16, bf16 rows pay only where int4 weights are multiplied on the kernels (AVX2 and
-    FMA widen them in registers); a bf16 weight multiply there is slower than float32's."""
+def test_auto_dtype_is_bf16_where_the_cpu_or_its_kernels_serve_it_fast(monkeypatch, native_bf16, avx2_fma):
+    """Without native bf16, bf16 rows pay only where the kernels serve every layer (AVX2 and FMA multiply them
+    as 16-bit integers); bf16 through torch there is emulated, slower than float32."""
     monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: native_bf16)
     monkeypatch.setattr(device, "cpu_has_avx2_fma", lambda: avx2_fma)
     cpu = torch.device("cpu")
-    packed = resolve_dtype("auto", cpu, packed_weights=True)
+    packed = resolve_dtype("auto", cpu, on_kernels=True)
     assert packed == (torch.bfloat16 if native_bf16 or avx2_fma else torch.float32)
-    assert resolve_dtype("auto", cpu, packed_weights=False) == (torch.bfloat16 if native_bf16 else torch.float32)
-    assert resolve_dtype("float32", cpu, packed_weights=True) == torch.float32
+    assert resolve_dtype("auto", cpu, on_kernels=False) == (torch.bfloat16 if native_bf16 else torch.float32)
+    assert resolve_dtype("float32", cpu, on_kernels=True) == torch.float32
 
 
-@pytest.mark.parametrize("kind", [Int4Linear, Int8Linear])
-def test_without_native_bf16_layers_on_the_kernels_take_steps_of_any_size(monkeypatch, tmp_path, caplog, kind):
+def test_without_packing_or_kernels_the_cpu_computes_in_float32(tiny_model_dirs, monkeypatch):
+    """quantization none, or an architecture the kernels do not serve (GPT-2): float32 on a CPU without native
+    bf16, never bf16 through torch there."""
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: False)
+    assert LLM(model=str(tiny_model_dirs["llama"]), device="cpu", quantization="none").engine.dtype == torch.float32
+    assert LLM(model=str(tiny_model_dirs["gpt2"]), device="cpu").engine.dtype == torch.float32
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_without_native_bf16_layers_on_the_kernels_take_steps_of_any_size(monkeypatch, tmp_path, caplog, bits):
     """Unmeasured: a bf16 GEMM is emulated there, and loses to the kernels at every row count."""
     kernels = load_cpu_kernels()
     if kernels is None:
         pytest.skip("no C compiler")
-    monkeypatch.setattr(quantization, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(crossing_points, "cpu_has_native_bf16", lambda: False)
     linear = nn.Linear(64, 32).bfloat16()
-    if kind is Int4Linear:
-        layer = Int4Linear(linear, Int4Groups.from_weight(linear.weight), kernels)
-    else:
-        layer = Int8Linear(linear, kernels)
-    with caplog.at_level(logging.INFO, logger=quantization.__name__):
+    groups = (Int4Groups if bits == 4 else Int8Groups).from_weight(linear.weight)
+    layer = PackedLinear(linear, groups, kernels)
+    with caplog.at_level(logging.INFO, logger=crossing_points.__name__):
         choose_max_rows([layer], tmp_path / "rows.json")
     assert layer.max_rows == ANY_ROWS and "of any size" in caplog.text
     x = torch.randn(600, 64).bfloat16()  # more rows than a step's token budget
     assert torch.equal(layer(x), layer.packed_mm(x) + linear.bias)
-
-
-@pytest.mark.parametrize("native_bf16", [True, False])
-def test_8_bit_layers_run_on_the_kernels_only_without_native_bf16(monkeypatch, tmp_path, native_bf16):
-    """Where oneDNN computes bf16 natively, torch's int8 kernel stays (measured there); elsewhere the
-    kernels' is 2.2x faster at one row."""
-    kernels = load_cpu_kernels()
-    if kernels is None:
-        pytest.skip("no C compiler")
-    monkeypatch.setattr(quantization, "cpu_has_native_bf16", lambda: native_bf16)
-    monkeypatch.setattr(quantization, "rowwise_int8_available", lambda: False)
-    model = nn.Sequential(nn.Linear(64, 48)).bfloat16()
-    quantize_linear_layers(model, "auto", lambda name: None, tmp_path / "rows.json", kernels)
-    assert isinstance(model[0], Int8Linear) and model[0].on_kernels != native_bf16
-    x = torch.randn(3, 64).bfloat16()
-    full = torch.nn.functional.linear(x, model[0].weight)
-    torch.testing.assert_close(model[0].packed_mm(x), full, rtol=0.02, atol=0.02)
 
 
 def test_float32_stays_unpacked(default_llm):
@@ -236,11 +224,11 @@ def test_crossing_points_are_measured_once_per_machine_then_kept(tiny_model_dirs
     """A greedy output must not depend on how one start's timings fell: later starts reuse the first's."""
     monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
     model = str(tiny_model_dirs["llama"])
-    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.layers.quantization"):
+    with caplog.at_level(logging.INFO, logger=crossing_points.__name__):
         pin_packed_rows(model, 3)
     assert "(measured)" in caplog.text and json.loads((tmp_path / PACKED_ROWS_FILE).read_text())
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.layers.quantization"):
+    with caplog.at_level(logging.INFO, logger=crossing_points.__name__):
         llm = LLM(model=model, device="cpu", dtype="float32", quantization="int8")
     packed = [m for m in llm.engine.runner.model.modules() if isinstance(m, SmallBatchLinear)]
     assert packed and all(m.max_rows == 3 for m in packed) and "(measured)" not in caplog.text

@@ -33,15 +33,15 @@ def resolve_device(device: str) -> torch.device:
     return resolved
 
 
-def resolve_dtype(dtype: str, device: torch.device, packed_weights: bool = False) -> torch.dtype:
-    """``auto``: bf16 on CUDA and on a CPU that computes it natively. On other x86 CPUs, bf16 only where the
-    weights are served packed (``packed_weights``: int4 or int8 copies): the CPU kernels multiply bf16 rows by
-    int4 weights in float32 lanes with AVX2 and FMA, 5x faster than float32 weights at one row, while a bf16
-    weight multiply there is slower than a float32 one."""
+def resolve_dtype(dtype: str, device: torch.device, on_kernels: bool = False) -> torch.dtype:
+    """``auto``: bf16 on CUDA and on a CPU that computes it natively. On other x86 CPUs, bf16 only where the CPU
+    kernels serve every layer (``on_kernels``: packed weights, norms, attention): with AVX2 and FMA they multiply
+    bf16 rows by int4 and int8 weights as 16-bit integers, 5x faster than float32 weights at one row, while bf16
+    through torch there is emulated, slower than float32."""
     if dtype == "auto":
         if device.type == "cuda" or cpu_has_native_bf16():
             return torch.bfloat16
-        return torch.bfloat16 if packed_weights and cpu_has_avx2_fma() else torch.float32
+        return torch.bfloat16 if on_kernels and cpu_has_avx2_fma() else torch.float32
     try:
         return _DTYPES[dtype]
     except KeyError:

@@ -1,12 +1,11 @@
-"""The weights of a GGUF file under their Hugging Face names: dequantized, and as int4 groups.
+"""The weights of a GGUF file under their Hugging Face names: dequantized, and as packed groups.
 
-The config comes from the file's metadata through transformers' key mapping;
-transformers' fast reader maps the file, and its tensor processors reorder
-tensors (undoing llama.cpp's permutation of the query and key rows); gguf-py
-names them.
-Dequantizing is done here in torch, exactly as gguf-py computes it; and the
-4-bit blocks (Q4_0, Q4_1) are kept as they are, so the int4 kernels serve the
-file's own weights (``layers.quantization``).
+The config comes from the file's metadata through transformers' key mapping
+and fast reader; gguf-py reads the tensors and dequantizes every block type it
+knows; transformers' tensor processors reorder them (undoing llama.cpp's
+permutation of the query and key rows). The blocks that map onto the packed
+formats (``gguf_blocks``) are kept as groups beside the weights, so the CPU
+kernels serve the file's own weights.
 """
 
 from __future__ import annotations
@@ -14,20 +13,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 from safetensors import safe_open
 
-from .layers.quantization import Int4Groups
+from .gguf_blocks import groups_from_blocks
+from .layers.weight_groups import Int4Groups, Int8Groups, WeightGroups
 
 log = logging.getLogger(__name__)
-
-# ggml type ids, and the bytes of their 32-weight blocks: fp16 scale (and min for Q4_1), then codes.
-_Q4_0, _Q4_1, _Q8_0 = 2, 3, 8
-_Q4_TYPES = (_Q4_0, _Q4_1)
-_BLOCK_BYTES = {_Q4_0: 18, _Q4_1: 20, _Q8_0: 34}
 
 
 def read_gguf_config(gguf_file: Path):
@@ -56,39 +53,83 @@ def read_gguf_config(gguf_file: Path):
     return AutoConfig.for_model(**values)
 
 
-def read_gguf_weights(gguf_file: Path, config) -> tuple[dict[str, torch.Tensor], dict[str, Int4Groups]]:
-    """Every tensor as float32 by its Hugging Face name, and the int4 groups of the 4-bit ones."""
-    from transformers.integrations.gguf import GgufHeader, load_gguf_state_dict
-    from transformers.integrations.gguf.dequant import dequantize
+def read_gguf_weights(gguf_file: Path, config) -> tuple[dict[str, torch.Tensor], dict[str, WeightGroups]]:
+    """Every tensor as float32 by its Hugging Face name (gguf-py dequantizes every block type it knows), and
+    the packed groups of those whose blocks map onto them (``gguf_blocks``)."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    header = GgufHeader.from_file(str(gguf_file))
-    stored = load_gguf_state_dict(header)  # lazy: each tensor is read from the mapped file when asked
-    processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config.to_dict())
-    names = _hf_names(header.architecture, config)
+    architecture, tensors = _tensor_table(gguf_file)
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    names = _hf_names(architecture, config)
     weights, groups = {}, {}
     started = time.monotonic()
-    for index, info in enumerate(header.tensors):
-        if info.name not in names:
+    for index, tensor in enumerate(tensors):
+        if tensor.name not in names:
             continue  # e.g. precomputed rope frequencies: our model computes them
 
-        def reorder(tensor: torch.Tensor, name: str = info.name) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(processor.process(weights=tensor.numpy(), name=name).weights))
+        def reorder(t: torch.Tensor, name: str = tensor.name) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(processor.process(weights=t.numpy(), name=name).weights))
 
-        name, raw = names[info.name], stored[info.name][()]
-        if info.ggml_type in _Q4_TYPES:
-            found, weight = _read_q4(raw, info.ggml_type)
-            groups[name] = Int4Groups(*(reorder(t) for t in (found.codes, found.scale, found.zero)))
-            weights[name] = reorder(weight)
-        elif info.ggml_type == _Q8_0:
-            weights[name] = reorder(_dequantize_q8_0(raw))
-        elif raw.is_floating_point():
-            weights[name] = reorder(raw.float())
-        else:
-            weights[name] = reorder(dequantize(raw.reshape(-1), info.ggml_type).view(info.shape))
+        name, values = names[tensor.name], tensor.values()
+        weights[name] = reorder(values)
+        if values.dim() == 2:
+            try:
+                found = groups_from_blocks(torch.from_numpy(tensor.raw.copy()), tensor.ggml_type, values)
+            except ValueError as exc:
+                raise ValueError(f"tensor {tensor.name} ({tensor.ggml_type.name}): {exc}") from exc
+            if found is not None:
+                groups[name] = type(found)(*(None if t is None else reorder(t) for t in astuple(found)))
         if time.monotonic() - started > 2 and index % 50 == 0:
-            log.info("GGUF %s: %d of %d tensors read", gguf_file.name, index, len(header.tensors))
+            log.info("GGUF %s: %d of %d tensors read", gguf_file.name, index, len(tensors))
     return weights, groups
+
+
+@dataclass
+class _StoredTensor:
+    name: str
+    ggml_type: GGMLQuantizationType
+    shape: tuple[int, ...]  # in torch's order
+    raw: np.ndarray  # its bytes in the mapped file, [rows, bytes per row]
+
+    def values(self) -> torch.Tensor:
+        """float32 values in torch's shape; ValueError naming a type gguf-py cannot read."""
+        from gguf.quants import dequantize
+
+        try:
+            values = dequantize(self.raw, self.ggml_type)
+        except NotImplementedError:
+            raise ValueError(
+                f"tensor {self.name}: ggml type {self.ggml_type.name} ({int(self.ggml_type)}) cannot be read "
+                "(gguf-py does not dequantize it)"
+            ) from None
+        return torch.from_numpy(values.astype(np.float32)).reshape(self.shape)
+
+
+def _tensor_table(gguf_file: Path) -> tuple[str, list[_StoredTensor]]:
+    """The file's architecture and tensors, mapped, not read. Parsed with transformers' fast GGUF reader, which
+    walks past the vocabulary's strings: gguf-py's ``GGUFReader`` builds a field for each (3.3 s per file), and the
+    tensor table's byte counts come from gguf-py's sizes of every type, where transformers' cover fewer."""
+    from gguf import GGML_QUANT_SIZES
+    from transformers.integrations.gguf.reader import _mapped, _read_metadata, _read_tensor_table
+
+    blob = _mapped(str(gguf_file))
+    metadata, count, pos = _read_metadata(blob, str(gguf_file))
+    entries, pos = _read_tensor_table(blob, count, pos)
+    alignment = metadata.get("general.alignment", 32)
+    data_start = (pos + alignment - 1) // alignment * alignment
+    tensors = []
+    for name, shape, type_id, offset in entries:
+        try:
+            ggml_type = GGMLQuantizationType(type_id)
+            block_weights, block_bytes = GGML_QUANT_SIZES[ggml_type]
+        except (ValueError, KeyError):
+            raise ValueError(f"tensor {name}: ggml type {type_id} is unknown to gguf-py") from None
+        row_bytes = shape[-1] // block_weights * block_bytes
+        rows = int(np.prod(shape[:-1]))
+        start = data_start + offset
+        raw = blob[start : start + rows * row_bytes].reshape(rows, row_bytes)
+        tensors.append(_StoredTensor(name, ggml_type, shape, raw))
+    return metadata["general.architecture"], tensors
 
 
 def _hf_names(architecture: str, config) -> dict[str, str]:
@@ -110,69 +151,43 @@ def _hf_names(architecture: str, config) -> dict[str, str]:
     return names
 
 
-def _blocks(raw: torch.Tensor, ggml_type: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[rows, blocks, bytes] of a tensor's raw blocks, and their first fp16 scale as float32."""
-    blocks = raw.reshape(raw.shape[0], -1, _BLOCK_BYTES[ggml_type])
-    return blocks, blocks[..., 0:2].contiguous().view(torch.float16)[..., 0].float()
+PACKED_GROUPS_FILE = "packed_groups.safetensors"  # beside model.safetensors in a converted GGUF's directory
+# The tensors of each format's fields, by suffix: ``{name}.q4`` and so on (an absent offset is no offset).
+_SUFFIXES = {Int4Groups: ("q4", "q4_scale", "q4_zero"), Int8Groups: ("q8", "q8_scale", "q8_low")}
 
 
-def _read_q4(raw: torch.Tensor, ggml_type: int) -> tuple[Int4Groups, torch.Tensor]:
-    """The int4 groups of a 4-bit tensor, and its float32 values computed as gguf-py computes them.
-
-    Q4_1 is ``d * q + m``, Q4_0 ``d * (q - 8)``: in torch's ``(q - 8) * scale + zero``, scale = d
-    and zero = m + 8d (or 0). Low nibbles hold a block's first 16 codes, high nibbles the last 16.
-    """
-    blocks, d = _blocks(raw, ggml_type)
-    if ggml_type == _Q4_1:
-        m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0].float()
-        codes = blocks[..., 4:]
-    else:
-        m, codes = -8 * d, blocks[..., 2:]
-    q = torch.cat([codes & 0xF, codes >> 4], dim=-1)  # [rows, blocks, 32]
-    weight = d[..., None] * q.float() + m[..., None] if ggml_type == _Q4_1 else d[..., None] * (q.float() - 8)
-    groups = Int4Groups(codes.reshape(raw.shape[0], -1), d, m + 8 * d)
-    return groups, weight.view(raw.shape[0], -1)
-
-
-def _dequantize_q8_0(raw: torch.Tensor) -> torch.Tensor:
-    blocks, d = _blocks(raw, _Q8_0)
-    codes = blocks[..., 2:].contiguous().view(torch.int8).float()
-    return (codes * d[..., None]).view(raw.shape[0], -1)
-
-
-INT4_GROUPS_FILE = "int4_groups.safetensors"  # beside model.safetensors in a converted GGUF's directory
-
-
-def save_int4_groups(groups: dict[str, Int4Groups], path: Path) -> None:
-    """The groups' codes as GGUF's blocks hold them (``Int4Groups``), and their scales and zeros."""
+def save_packed_groups(groups: dict[str, WeightGroups], path: Path) -> None:
     from safetensors.torch import save_file
 
     tensors = {}
     for name, g in groups.items():
-        tensors[f"{name}.q4"] = g.codes.contiguous()
-        tensors[f"{name}.q4_scale"], tensors[f"{name}.q4_zero"] = g.scale.contiguous(), g.zero.contiguous()
+        for suffix, t in zip(_SUFFIXES[type(g)], astuple(g)):
+            if t is not None:
+                tensors[f"{name}.{suffix}"] = t.contiguous()
     save_file(tensors, path)
 
 
-class StoredInt4Groups(Mapping):
-    """What ``save_int4_groups`` wrote, read one weight at a time (empty if the file is absent)."""
+class StoredGroups(Mapping):
+    """What ``save_packed_groups`` wrote, read one weight at a time (empty if the file is absent)."""
 
     def __init__(self, path: Path) -> None:
         # One handle for every read: opening the file parses its header, 2 ms a time, 0.5 s for every weight.
         self._file = safe_open(path, framework="pt") if path.is_file() else None
-        keys = self._file.keys() if self._file is not None else []
-        self._names = frozenset(k.removesuffix(".q4") for k in keys if k.endswith(".q4"))
+        self._keys = frozenset(self._file.keys() if self._file is not None else [])
+        self._formats = {}
+        for kind, (codes, *_) in _SUFFIXES.items():
+            self._formats |= {k.removesuffix(f".{codes}"): kind for k in self._keys if k.endswith(f".{codes}")}
 
     def __contains__(self, name: object) -> bool:
-        return name in self._names  # without reading the weight (Mapping's default would)
+        return name in self._formats  # without reading the weight (Mapping's default would)
 
-    def __getitem__(self, name: str) -> Int4Groups:
-        if name not in self._names:
-            raise KeyError(name)
-        return Int4Groups(*(self._file.get_tensor(f"{name}.{suffix}") for suffix in ("q4", "q4_scale", "q4_zero")))
+    def __getitem__(self, name: str) -> WeightGroups:
+        kind = self._formats[name]
+        keys = [f"{name}.{suffix}" for suffix in _SUFFIXES[kind]]
+        return kind(*(self._file.get_tensor(k) if k in self._keys else None for k in keys))
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
+        return iter(self._formats)
 
     def __len__(self) -> int:
-        return len(self._names)
+        return len(self._formats)

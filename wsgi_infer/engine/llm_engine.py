@@ -21,7 +21,7 @@ from .detokenizer import IncrementalDetokenizer
 from .device import resolve_device, resolve_dtype
 from .grammar import GrammarCompiler
 from .model_loader import chat_prompt_ids, eos_token_ids, load_config, load_tokenizer, resolve_model_dir
-from .model_runner import ModelRunner, serves_packed_weights
+from .model_runner import ModelRunner, kernels_serve
 from .outputs import EngineCounters, RequestDelta, TokenLogprob
 from .sampler import Sampler, prompt_logprobs
 from .sampling_params import InvalidParameter, SamplingParams
@@ -38,10 +38,9 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         self.device = resolve_device(config.device)
         self.model_dir = resolve_model_dir(config.model)
-        packed = serves_packed_weights(config.quantization, self.model_dir, self.device)
-        self.dtype = resolve_dtype(config.dtype, self.device, packed)
-        log.info("loading model from %s on %s as %s", self.model_dir, self.device, self.dtype)
         self.hf_config = load_config(self.model_dir)
+        self.dtype = resolve_dtype(config.dtype, self.device, kernels_serve(config, self.hf_config, self.device))
+        log.info("loading model from %s on %s as %s", self.model_dir, self.device, self.dtype)
         self.tokenizer = load_tokenizer(self.model_dir)
         self.eos_token_ids = eos_token_ids(self.model_dir, self.hf_config, self.tokenizer)
         self.runner = ModelRunner(config, self.hf_config, self.model_dir, self.device, self.dtype)

@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 
 from .cache_files import cache_root, read_json, write_json
-from .gguf_checkpoint import INT4_GROUPS_FILE, read_gguf_config, read_gguf_weights, save_int4_groups
+from .gguf_checkpoint import PACKED_GROUPS_FILE, read_gguf_config, read_gguf_weights, save_packed_groups
 from .model_paths import (
     ModelLoadError,
     conversion_lock,
@@ -92,7 +92,7 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     save_file({k: v.contiguous() for k, v in weights.items()}, staging / "model.safetensors", metadata={"format": "pt"})
-    save_int4_groups(groups, staging / INT4_GROUPS_FILE)
+    save_packed_groups(groups, staging / PACKED_GROUPS_FILE)
     config.save_pretrained(staging)
     _resolve_config(staging)  # while its class is imported: the worker that waited on us need not import it
     GenerationConfig.from_model_config(config).save_pretrained(staging)

@@ -17,12 +17,15 @@ from torch.overrides import TorchFunctionMode
 
 from .cache_files import cache_root
 from .config import EngineConfig
-from .gguf_checkpoint import INT4_GROUPS_FILE, StoredInt4Groups
+from .gguf_checkpoint import PACKED_GROUPS_FILE, StoredGroups
+from .kernels.build import built_library
 from .kernels.cpu import CacheRows, CpuKernels, attach_kernels, attention_fits, load_cpu_kernels
 from .layers.attention import AttentionMetadata, PrefillChunk
-from .layers.quantization import Int4Groups, pack_int4_groups, quantize_linear_layers
+from .layers.crossing_points import choose_max_rows
+from .layers.quantization import kinds, pack_on_kernels, packed_layers, quantize_with_torch
 from .model_loader import CheckpointTensors
 from .models import MODEL_REGISTRY
+from .packing import layer_groups, stored_int4
 from .scheduler import ScheduledSequence
 from .sequence import Sequence
 
@@ -66,11 +69,12 @@ class StepLogits:
     prompt: list[PromptLogits] = field(default_factory=list)
 
 
-def serves_packed_weights(method: str, model_dir: Path, device: torch.device) -> bool:
-    """Whether a CPU engine may serve packed small-batch weights: asked for, or by default where the checkpoint
-    holds 4-bit blocks (``_load_and_quantize``)."""
-    stored = method == "auto" and (model_dir / INT4_GROUPS_FILE).is_file()
-    return device.type == "cpu" and (method in ("int4", "int8") or stored)
+def kernels_serve(config: EngineConfig, hf_config, device: torch.device) -> bool:
+    """Whether a CPU engine's every linear layer would be packed on the CPU kernels (and its step run there): the
+    kernels are built, the architecture runs on them, and packing is not turned off. Where the CPU has no native
+    bf16, bf16 then pays (``device.resolve_dtype``)."""
+    on_kernels = getattr(MODEL_REGISTRY[hf_config.model_type], "runs_on_kernels", False)
+    return device.type == "cpu" and config.quantization != "none" and on_kernels and built_library().exists()
 
 
 class ModelRunner:
@@ -108,32 +112,31 @@ class ModelRunner:
             torch.set_default_dtype(default_dtype)
 
     def _load_and_quantize(self, method: str, model_dir: Path, kernels: CpuKernels | None) -> None:
-        """Packed small-batch weights: asked for, or by default the checkpoint's own 4-bit blocks
-        when serving bf16 on a CPU (float32 stays exact; GPUs have their own fast GEMMs).
-
-        Int4 layers on the kernels need only those blocks, so they are built before the weights load,
-        and their full-precision weights are never read: a start of the default model reads
-        190 MB of its converted files, not 620."""
-        stored = StoredInt4Groups(model_dir / INT4_GROUPS_FILE)
-        if method == "auto":
-            method = "auto" if stored and self.device.type == "cpu" and self.dtype == torch.bfloat16 else "none"
+        """Packed weights for small steps. On the kernels: every linear layer (``packing``), built from the
+        checkpoint before the other weights load, so no full-precision copy of a projection is read into the model
+        or kept (a start of the default model reads 190 MB of its converted files, not 620). Without them, torch's
+        packed copies beside the weights: asked for, or by default a checkpoint's own 4-bit blocks when serving
+        bf16 on a CPU. float32 stays exact; GPUs have their own fast GEMMs."""
         if method != "none" and self.device.type != "cpu":
             raise ValueError(f"quantization {method!r} is implemented for the CPU only, not {self.device.type}")
-
-        def source_groups(linear: str) -> Int4Groups | None:
-            """The checkpoint's own groups for one of our layers (fused layers stack their parts')."""
-            names = self.model.checkpoint_names(linear)
-            if method == "int8" or not names or not all(n in stored for n in names):
-                return None
-            return Int4Groups.cat([stored[n] for n in names])
-
-        if method != "none" and kernels is not None:
-            pack_int4_groups(self.model, source_groups, kernels)
+        stored = StoredGroups(model_dir / PACKED_GROUPS_FILE)
+        names = self.model.checkpoint_names
+        if kernels is not None and method != "none":
+            values = CheckpointTensors(model_dir, torch.float32)
+            pack_on_kernels(self.model, lambda linear: layer_groups(method, names(linear), stored, values), kernels)
         self._load_weights(model_dir)
-        if method != "none":
-            packed = quantize_linear_layers(self.model, method, source_groups, cache_root() / PACKED_ROWS_FILE, kernels)
-            log.info("quantization %s: %s", method, packed)
+        if kernels is None and method == "auto" and not (stored and self.dtype == torch.bfloat16):
+            method = "none"
+        if kernels is None and method != "none":
+            quantize_with_torch(self.model, method, lambda linear: stored_int4(names(linear), stored))
+        layers = packed_layers(self.model)
+        if layers:
+            choose_max_rows(layers, cache_root() / PACKED_ROWS_FILE)
+            log.info("quantization %s: %s", method, kinds(layers))
             _release_free_heap()
+        unpacked = [name for name, m in self.model.named_modules() if isinstance(m, nn.Linear)]
+        if layers and unpacked:
+            log.warning("%d linear layers stay unpacked (inputs not in groups of 32): %s", len(unpacked), unpacked[:3])
 
     def _load_weights(self, model_dir: Path) -> None:
         """The checkpoint's tensors, read one by one into the model's parameters."""

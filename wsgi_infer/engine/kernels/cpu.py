@@ -2,8 +2,8 @@
 
 A one-stream decode step ran ~1,500 torch ops, most of them tiny: RMSNorm and its residual add are 6 (it rounds as
 transformers does), SiLU-and-mul 4, rotary 7, attention over the paged cache 12. Their dispatch, not their arithmetic,
-was the distance to llama.cpp. Each of these is one call here, int4 weights have their own multiply, and
-``FusedDecoder`` runs a step's decoder layers in one call. They take bf16 tensors on the CPU,
+was the distance to llama.cpp. Each of these is one call here, packed weights (int4 and int8 groups) have their
+own multiply, and ``FusedDecoder`` runs a step's decoder layers in one call. They take bf16 tensors on the CPU,
 contiguous in their last dimension; the layers hand them nothing else (see ``attach_kernels``).
 """
 
@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .build import built_library
+from .fused_decoder import DecoderDims, DecoderWeights, FusedDecoder
+from .layouts import KernelWeight
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,9 @@ _SIGNATURES = {
     "paged_attention": [_P, _I, _P, _P, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, ctypes.c_int],
     "int4_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
     "int4_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
-    "int8_mm": [_P, _I, _P, _P, _P, _I, _I, ctypes.c_int],
+    "int8_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
+    "int8_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
     "decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _I],
-    "rescale_rows": [_P, _P, _P, _P, _P, _I, _I, ctypes.c_int],
     "argmax_rows": [_P, _I, _I, _P, ctypes.c_int],
 }
 
@@ -106,64 +107,26 @@ class CpuKernels:
         )
         return out
 
-    def int4_mm(
-        self, x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, n: int
-    ) -> torch.Tensor:
-        """x [rows, k] times an int4 weight [n, k] in the kernels' layout (``int4_kernel_layout``) -> [rows, n]."""
+    def packed_mm(self, x: torch.Tensor, weight: KernelWeight, n: int) -> torch.Tensor:
+        """x [rows, k] times a packed weight [n, k] (``layouts.KernelWeight``) -> [rows, n]."""
         x = x.contiguous()
         out = x.new_empty(x.shape[0], n)
-        self._lib.int4_mm(
-            x.data_ptr(),
-            x.shape[0],
-            codes.data_ptr(),
-            scale.data_ptr(),
-            low.data_ptr(),
-            out.data_ptr(),
-            n,
-            x.shape[1],
-            torch.get_num_threads(),
-        )
+        multiply = self._lib.int4_mm if weight.bits == 4 else self._lib.int8_mm
+        low = None if weight.low is None else weight.low.data_ptr()
+        args = (weight.codes.data_ptr(), weight.scale.data_ptr(), low, out.data_ptr(), n, x.shape[1])
+        multiply(x.data_ptr(), x.shape[0], *args, torch.get_num_threads())
         return out
 
-    def int8_mm(self, x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, n: int) -> torch.Tensor:
-        """x [rows, k] times an int8 weight [n, k] in the kernels' layout (``int8_kernel_layout``), scaled per
-        output (float32 ``scale`` [n, padded to 16]) -> [rows, n]."""
-        x = x.contiguous()
-        out = x.new_empty(x.shape[0], n)
-        args = (codes.data_ptr(), scale.data_ptr(), out.data_ptr(), n, x.shape[1], torch.get_num_threads())
-        self._lib.int8_mm(x.data_ptr(), x.shape[0], *args)
-        return out
-
-    def int4_dequantize(self, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, n: int) -> torch.Tensor:
-        """The int4 weight [n, k] in the kernels' layout, as bf16 (each value rounded once, to nearest even),
-        in a buffer that the next call overwrites: a fresh one per weight cost 5 to 12 times the unpacking
-        itself in page faults (the allocator hands buffers this large back to the system when they are freed)."""
-        k = codes.shape[1] * 32
+    def dequantize(self, weight: KernelWeight, n: int, k: int) -> torch.Tensor:
+        """The packed weight [n, k] as bf16 (each value rounded once, to nearest even), in a buffer that the next
+        call overwrites: a fresh one per weight cost 5 to 12 times the unpacking itself in page faults (the
+        allocator hands buffers this large back to the system when they are freed)."""
         if self._dequantized.numel() < n * k:
             self._dequantized = torch.empty(n * k, dtype=torch.bfloat16)
         out = self._dequantized[: n * k].view(n, k)
-        self._lib.int4_dequantize(
-            codes.data_ptr(), scale.data_ptr(), low.data_ptr(), out.data_ptr(), n, k, torch.get_num_threads()
-        )
-        return out
-
-    def rescale_rows(
-        self, y: torch.Tensor, width: torch.Tensor, low: torch.Tensor, row_sums: torch.Tensor
-    ) -> torch.Tensor:
-        """bf16(y * width + low * row_sums) for float32 y [rows, n], width and low [rows, 1], row_sums [n]:
-        RowwiseInt8Linear's torch ops, rounded as they round, in one pass instead of three."""
-        out = y.new_empty(y.shape, dtype=torch.bfloat16)
-        rows, n = y.shape
-        self._lib.rescale_rows(
-            y.data_ptr(),
-            width.data_ptr(),
-            low.data_ptr(),
-            row_sums.data_ptr(),
-            out.data_ptr(),
-            rows,
-            n,
-            torch.get_num_threads(),
-        )
+        unpack = self._lib.int4_dequantize if weight.bits == 4 else self._lib.int8_dequantize
+        low = None if weight.low is None else weight.low.data_ptr()
+        unpack(weight.codes.data_ptr(), weight.scale.data_ptr(), low, out.data_ptr(), n, k, torch.get_num_threads())
         return out
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
@@ -177,138 +140,6 @@ class CpuKernels:
 
     def fused_decoder(self, layers: list[DecoderWeights], dims: DecoderDims) -> FusedDecoder:
         return FusedDecoder(self._lib, layers, dims)
-
-
-def int8_kernel_layout(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 codes [n, k] per output channel as ``int8_mm`` reads them, 16 outputs at a time and inputs in pairs
-    (n padded to a multiple of 16, k to one of 32, with zeros): [n / 16, k / 2, 16, 2]; and their scales as
-    float32 [n padded]."""
-    codes = F.pad(codes, (0, -codes.shape[1] % 32, 0, -codes.shape[0] % 16))
-    scale = F.pad(scale.float(), (0, -scale.shape[0] % 16))
-    return codes.view(-1, 16, codes.shape[1] // 2, 2).transpose(1, 2).contiguous(), scale
-
-
-def int4_kernel_layout(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Int4 groups (``Int4Groups``: GGUF's block bytes [n, k / 2], ``w = (q - 8) * scale + zero``) as
-    ``int4_mm`` reads them, 16 outputs at a time (n padded to a multiple of 16): codes [n / 16, k / 32, 8, 32],
-    chunk c's byte j holding output j // 2's codes for inputs 2c + j % 2 (low nibble) and 2(c + 8) + j % 2
-    (high), which is that output's block byte 2c + j % 2; float16 scale and low (``w = q * scale + low``)
-    [n / 16, k / 32, 16]. So the codes are the blocks' byte pairs, transposed: no nibble moves. A GGUF stores each
-    block's ``d`` and ``m`` in float16, and ``Int4Groups.from_weight`` rounds them there too, so half precision
-    holds them exactly, in 20 bytes per 32 weights where float32 took 24 (one row over 30 layers: 13-14% less time)."""
-    pad = -codes.shape[0] % 16
-    codes, scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (codes, scale.float(), zero.float()))
-    tiles, groups = codes.shape[0] // 16, codes.shape[1] // 16
-    pairs = codes.view(torch.int16).view(tiles, 16, groups, 8).permute(0, 2, 3, 1)  # [tiles, groups, chunk, out]
-    kernel_codes = pairs.contiguous().view(torch.uint8).view(tiles, groups, 8, 32)
-
-    def by_tile(t: torch.Tensor) -> torch.Tensor:
-        return t.view(tiles, 16, groups).transpose(1, 2).contiguous()
-
-    return kernel_codes, by_tile(scale).half(), by_tile(zero - 8 * scale).half()
-
-
-# --- the fused decoder: a decode step's layers in one call -------------------------------------------------
-class _Int4Weight(ctypes.Structure):
-    _fields_ = [("codes", _P), ("scale", _P), ("low", _P), ("bias", _P), ("n", _I), ("k", _I)]
-
-
-class _DecoderLayer(ctypes.Structure):
-    _fields_ = [("input_norm", _P), ("post_attention_norm", _P)] + [
-        (name, _Int4Weight) for name in ("qkv", "o", "gate_up", "down")
-    ]
-
-
-class _DecoderShape(ctypes.Structure):
-    _fields_ = [
-        *((name, _I) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "block_size")),
-        ("eps", _F),
-        ("scale", _F),
-        ("threads", ctypes.c_int),
-    ]
-
-
-@dataclass
-class DecoderWeights:
-    """One Llama decoder layer as the fused decoder reads it: norms' weights, and four int4 projections,
-    each with ``codes``, ``scale``, ``low`` (``int4_kernel_layout``) and ``bias`` (or None)."""
-
-    input_norm: torch.Tensor
-    post_attention_norm: torch.Tensor
-    qkv: nn.Module
-    o: nn.Module
-    gate_up: nn.Module
-    down: nn.Module
-
-
-@dataclass
-class DecoderDims:
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    eps: float
-    scale: float
-
-
-class FusedDecoder:
-    """``decoder_layers``: every decoder layer of a step, in one call (cpu_kernels.c).
-    The weights' addresses are laid out once; the step's own tensors are passed per call."""
-
-    def __init__(self, lib: ctypes.CDLL, layers: list[DecoderWeights], dims: DecoderDims) -> None:
-        self._lib = lib
-        self._dims = dims
-        self._layers = (_DecoderLayer * len(layers))(*map(self._layer, layers))
-        self._kept = layers  # the addresses above stay valid while the layers live
-        self._caches: list[torch.Tensor] | None = None
-        self._cache_pointers = (_P * len(layers))()
-
-    @staticmethod
-    def _layer(weights: DecoderWeights) -> _DecoderLayer:
-        def int4(linear: nn.Module) -> _Int4Weight:
-            bias = linear.bias.data_ptr() if linear.bias is not None else None
-            n, k = linear.out_features, linear.in_features
-            return _Int4Weight(linear.codes.data_ptr(), linear.scale.data_ptr(), linear.low.data_ptr(), bias, n, k)
-
-        projections = (int4(weights.qkv), int4(weights.o), int4(weights.gate_up), int4(weights.down))
-        return _DecoderLayer(weights.input_norm.data_ptr(), weights.post_attention_norm.data_ptr(), *projections)
-
-    def __call__(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list[torch.Tensor], meta
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: [rows, hidden] embeddings, overwritten; cos, sin: [rows, 1, head_dim]; meta: AttentionMetadata.
-        Returns (the last layer's output, the residual sum before it), as the layers' loop would."""
-        if kv_caches is not self._caches:  # the runner's list: the same one every step
-            self._caches = kv_caches
-            self._cache_pointers[:] = [cache.data_ptr() for cache in kv_caches]
-        rows, d = x.shape[0], self._dims
-        shape = _DecoderShape(
-            d.hidden,
-            d.heads,
-            d.kv_heads,
-            d.head_dim,
-            d.intermediate,
-            meta.block_size,
-            d.eps,
-            d.scale,
-            torch.get_num_threads(),
-        )
-        residual = torch.empty_like(x)
-        self._lib.decoder_layers(
-            self._layers,
-            len(self._layers),
-            ctypes.byref(shape),
-            self._cache_pointers,
-            x.data_ptr(),
-            residual.data_ptr(),
-            cos.data_ptr(),
-            sin.data_ptr(),
-            meta.slot_mapping.data_ptr(),
-            *meta.cache_rows.pointers(),
-            rows,
-        )
-        return x, residual
 
 
 def load_cpu_kernels() -> CpuKernels | None:

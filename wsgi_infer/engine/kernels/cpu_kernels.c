@@ -54,10 +54,13 @@ static inline void halves_to_floats(const f16 *h, float f[16]) {
 #endif
 }
 
-/* an int4 weight's group (its 16 outputs' scales and lows, from element `at` on) as floats */
+/* a packed weight's group (its 16 outputs' scales and lows, from element `at` on) as floats; low NULL: zeros */
 static inline void group_scale_low(const f16 *scale, const f16 *low, int64_t at, float s[16], float l[16]) {
     halves_to_floats(scale + at, s);
-    halves_to_floats(low + at, l);
+    if (low)
+        halves_to_floats(low + at, l);
+    else
+        memset(l, 0, 16 * sizeof(float));
 }
 
 static inline bf16 to_bf16(float f) { /* round to nearest even, as torch does; NaN stays NaN */
@@ -506,7 +509,7 @@ void paged_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, con
 /* the groups of a row of k inputs, the last one padded with zeros */
 static inline int64_t groups_of(int64_t k) { return (k + GROUP - 1) / GROUP; }
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512BF16__) /* the packed weights' path below */
 #define ROW_BLOCK 4
 typedef struct {
     int16_t q[GROUP]; /* x * 2^e, rounded to nearest even; zeros past a row's last input */
@@ -622,14 +625,19 @@ static void group_times_rows(const __m256i (*w)[2], const int16_group *x, int64_
 }
 #endif
 
-/* --- int4 weights times bf16 rows ------------------------------------------------------------------------
- * A weight [n, k] in groups of 32 inputs, w = q * scale + low with q in 0..15 (GGUF's Q4_1; torch's int4 groups
- * with low = zero - 8 * scale), laid out for 16 outputs at a time (int4_kernel_layout in cpu.py):
- *   codes [n / 16, k / 32, 8, 32] bytes: in chunk c of a group, byte j holds output j / 2's code for input
- *   2c + j % 2 (low nibble) and 2(c + 8) + j % 2 (high nibble): each nibble half is 16 outputs by 2 inputs;
- *   scale, low: float16 [n / 16, k / 32, 16], a GGUF's own d and m (see int4_kernel_layout).
- * Per group, y += scale * (q . x) + low * sum(x), each output's sums in one fixed order, whatever the number of
- * rows or threads. */
+/* --- packed weights times bf16 rows: int4 and int8 groups ----------------------------------------------------
+ * A weight [n, k] in groups of 32 inputs, w = q * scale + low per group, laid out for 16 outputs at a time
+ * (int4_kernel_layout and int8_kernel_layout in cpu.py):
+ * - int4, q in 0..15 (GGUF's Q4_0, Q4_1, Q4_K): codes [n / 16, k / 32, 8, 32] bytes; in chunk c of a group, byte j
+ *   holds output j / 2's code for input 2c + j % 2 (low nibble) and 2(c + 8) + j % 2 (high nibble);
+ * - int8, q in -128..127 (Q8_0, Q5_0, Q5_1, Q5_K, IQ4_NL, IQ4_XS, and weights quantized as Q8_0 is made): codes
+ *   [n / 16, k / 2, 16, 2]; pair p of a group (inputs 2p and 2p + 1) is one run of 32 bytes, byte j holding output
+ *   j / 2's code for input 2p + j % 2.
+ * So a tile's group is 8 steps of two input pairs, s and s + 8: a chunk's two nibble halves, or two runs.
+ * scale, low: float16 [n / 16, k / 32, 16], a GGUF's own d and m where it has them (int4 always has a low; an int8
+ * weight without offsets passes NULL). Per group, y += scale * (q . x) + low * sum(x), each output's sums in one
+ * fixed order, whatever the number of rows or threads. */
+#define GROUP_BYTES(bits) ((bits) * GROUP * TILE / 8) /* a tile's group of codes: 256 bytes of int4, 512 of int8 */
 typedef uint8_t u8x32 __attribute__((vector_size(32)));
 
 /* 32 bytes of codes as 32 words, each still holding both nibbles */
@@ -645,14 +653,31 @@ static inline u16x32 widen_codes(const uint8_t *codes) {
 
 #if !defined(__AVX2__) || !defined(__FMA__) || defined(__AVX512BF16__)
 #define ROW_TILE 8 /* rows sharing one unpacking of the codes */
-/* 32 bytes of codes -> 2 x 32 words, each 128 + q: exactly that value's bf16 bits (0x4300 | q). */
-static inline void unpack_codes(const uint8_t *codes, u16x32 *low, u16x32 *high) {
-    u16x32 wide = widen_codes(codes);
-    *low = (wide & 15) | 0x4300;
-    *high = (wide >> 4) | 0x4300;
+#define CODE_BIAS 128.0f /* int4 codes unpacked as bf16 carry 128 each (below) */
+typedef int8_t i8x32 __attribute__((vector_size(32)));
+typedef float f32x32 __attribute__((vector_size(128)));
+typedef uint32_t u32x32 __attribute__((vector_size(128)));
+
+/* a run of 32 int8 codes as their bf16 bits: each is exact in bf16 (at most 8 significant bits) */
+static inline u16x32 int8_as_bf16(const uint8_t *run) {
+    i8x32 bytes;
+    memcpy(&bytes, run, sizeof(bytes));
+    return __builtin_convertvector((u32x32)__builtin_convertvector(bytes, f32x32) >> 16, u16x32);
 }
 
-#define CODE_BIAS 128.0f
+/* step s of a tile's group as bf16 bits: pairs s (*a) and s + 8 (*b). An int4 code becomes 0x4300 | q, exactly
+ * the bits of 128 + q. */
+static inline __attribute__((always_inline)) void unpack_step(const uint8_t *group, const int bits, const int s,
+                                                              u16x32 *a, u16x32 *b) {
+    if (bits == 4) {
+        u16x32 wide = widen_codes(group + s * 32);
+        *a = (wide & 15) | 0x4300;
+        *b = (wide >> 4) | 0x4300;
+    } else {
+        *a = int8_as_bf16(group + s * 32);
+        *b = int8_as_bf16(group + (s + 8) * 32);
+    }
+}
 
 typedef bf16 tile_input; /* the rows as given */
 
@@ -663,18 +688,18 @@ static inline f32x16 pair_dot(f32x16 acc, u16x32 codes, const bf16 *x_pair) {
     return dot_pairs(acc, codes, (u16x32)((u32x16){0} + pair));
 }
 
-/* 16 outputs (one tile of the weight) for up to ROW_TILE rows of x. Inlined with a constant row count (below),
- * so that the rows' accumulators stay in registers. */
-static inline __attribute__((always_inline)) void int4_tile(const bf16 *x, const int64_t rows, const uint8_t *codes,
-                                                            const f16 *scale, const f16 *low,
-                                                            const float *group_sums, float *out, int64_t k) {
+/* 16 outputs (one tile of the weight) for up to ROW_TILE rows of x. Inlined with constant bits and row count
+ * (below), so that the rows' accumulators stay in registers. */
+static inline __attribute__((always_inline)) void packed_tile(const bf16 *x, const int64_t rows, const int bits,
+                                                              const uint8_t *codes, const f16 *scale, const f16 *low,
+                                                              const float *group_sums, float *out, int64_t k) {
     int64_t groups = k / GROUP;
     f32x16 acc[ROW_TILE] = {{0}};
     for (int64_t g = 0; g < groups; g++) {
         f32x16 dot_low[ROW_TILE] = {{0}}, dot_high[ROW_TILE] = {{0}}, s, offset;
         for (int c = 0; c < 8; c++) {
             u16x32 w_low, w_high;
-            unpack_codes(codes + (g * 8 + c) * 32, &w_low, &w_high);
+            unpack_step(codes + g * GROUP_BYTES(bits), bits, c, &w_low, &w_high);
             for (int64_t r = 0; r < rows; r++) {
                 const bf16 *xg = x + r * k + g * GROUP;
                 dot_low[r] = pair_dot(dot_low[r], w_low, xg + 2 * c);
@@ -685,8 +710,10 @@ static inline __attribute__((always_inline)) void int4_tile(const bf16 *x, const
         group_scale_low(scale, low, g * TILE, group_scale, group_low);
         memcpy(&s, group_scale, sizeof(s));
         memcpy(&offset, group_low, sizeof(offset));
-        offset -= CODE_BIAS * s; /* the codes carried 128 each */
-        for (int64_t r = 0; r < rows; r++) acc[r] += (dot_low[r] + dot_high[r]) * s + offset * group_sums[r * groups + g];
+        if (bits == 4) offset -= CODE_BIAS * s;
+        for (int64_t r = 0; r < rows; r++)
+            acc[r] += low ? (dot_low[r] + dot_high[r]) * s + offset * group_sums[r * groups + g]
+                          : (dot_low[r] + dot_high[r]) * s;
     }
     memcpy(out, acc, rows * sizeof(f32x16));
 }
@@ -694,38 +721,45 @@ static inline __attribute__((always_inline)) void int4_tile(const bf16 *x, const
 static const bf16 *tile_inputs(const bf16 *x, int64_t rows, int64_t k, int threads) { return x; }
 static inline int64_t inputs_per_row(int64_t k) { return k; }
 
-typedef void (*int4_tile_fn)(const bf16 *, const uint8_t *, const f16 *, const f16 *, const float *, float *,
-                             int64_t);
-#define INT4_TILE_ROWS(R)                                                                                          \
-    static void int4_tile_##R(const bf16 *x, const uint8_t *codes, const f16 *scale, const f16 *low,               \
-                              const float *group_sums, float *out, int64_t k) {                                    \
-        int4_tile(x, R, codes, scale, low, group_sums, out, k);                                                    \
+typedef void (*packed_tile_fn)(const bf16 *, const uint8_t *, const f16 *, const f16 *, const float *, float *,
+                               int64_t);
+#define PACKED_TILE(B, R)                                                                                          \
+    static void packed_tile_##B##_##R(const bf16 *x, const uint8_t *codes, const f16 *scale, const f16 *low,       \
+                                      const float *group_sums, float *out, int64_t k) {                            \
+        packed_tile(x, R, B, codes, scale, low, group_sums, out, k);                                               \
     }
-INT4_TILE_ROWS(1) INT4_TILE_ROWS(2) INT4_TILE_ROWS(3) INT4_TILE_ROWS(4)
-INT4_TILE_ROWS(5) INT4_TILE_ROWS(6) INT4_TILE_ROWS(7) INT4_TILE_ROWS(8)
-static const int4_tile_fn int4_tiles[ROW_TILE + 1] = {NULL,          int4_tile_1, int4_tile_2, int4_tile_3, int4_tile_4,
-                                                      int4_tile_5, int4_tile_6, int4_tile_7, int4_tile_8};
+#define PACKED_TILES(B)                                                                                            \
+    PACKED_TILE(B, 1) PACKED_TILE(B, 2) PACKED_TILE(B, 3) PACKED_TILE(B, 4)                                        \
+    PACKED_TILE(B, 5) PACKED_TILE(B, 6) PACKED_TILE(B, 7) PACKED_TILE(B, 8)
+PACKED_TILES(4) PACKED_TILES(8)
+static const packed_tile_fn packed_tiles[2][ROW_TILE + 1] = {
+    {NULL, packed_tile_4_1, packed_tile_4_2, packed_tile_4_3, packed_tile_4_4, packed_tile_4_5, packed_tile_4_6,
+     packed_tile_4_7, packed_tile_4_8},
+    {NULL, packed_tile_8_1, packed_tile_8_2, packed_tile_8_3, packed_tile_8_4, packed_tile_8_5, packed_tile_8_6,
+     packed_tile_8_7, packed_tile_8_8}};
 
 #define TILE_BLOCK 1 /* tiles a task multiplies at once */
 static inline int64_t tiles_per_task(int64_t rows) { return 1; }
 
 /* sums [tiles][rows, 16]: each tile of the weight for every row, ROW_TILE rows at a time */
-static void int4_tiles_rows(const bf16 *x, int64_t rows, int64_t tiles, const uint8_t *codes, const f16 *scale,
-                            const f16 *low, const float *group_sums, float *sums, int64_t k) {
+static void tiles_rows(const int bits, const bf16 *x, int64_t rows, int64_t tiles, const uint8_t *codes,
+                       const f16 *scale, const f16 *low, const float *group_sums, float *sums, int64_t k) {
     int64_t groups = k / GROUP;
     for (int64_t j = 0; j < tiles; j++)
         for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE) {
             int64_t tile_rows = rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE;
-            int4_tiles[tile_rows](x + r0 * k, codes + j * groups * 256, scale + j * groups * TILE,
-                                  low + j * groups * TILE, group_sums + r0 * groups, sums + (j * rows + r0) * TILE, k);
+            packed_tiles[bits == 8][tile_rows](x + r0 * k, codes + j * groups * GROUP_BYTES(bits),
+                                               scale + j * groups * TILE, low ? low + j * groups * TILE : NULL,
+                                               low ? group_sums + r0 * groups : NULL, sums + (j * rows + r0) * TILE,
+                                               k);
         }
 }
 #else
-/* AVX2 without vdpbf16ps: the rows as 16-bit integers (above), each chunk half of codes unpacked to 16-bit
- * integers, per 32-bit lane one output's two codes. A group's sum stays below 32 * 15 * 2^15 < 2^24, so it is
- * exact in float32 too. One or two rows unpack each chunk into registers as they go, one row for 4 tiles at once
- * and two rows for 2, so that 8 independent sums keep the multiply-adds busy; more rows unpack each group of a
- * tile once into L1, for group_times_rows. */
+/* AVX2 without vdpbf16ps: the rows as 16-bit integers (above), each pair of codes widened to 16-bit integers, per
+ * 32-bit lane one output's two. A group's sum stays below 32 * 128 * 2^15 = 2^27 in magnitude (2^24 for int4), and
+ * is an exact integer. One or two rows widen each step into registers as they go, one row for 4 tiles at once
+ * and two rows for 2, so that 8 independent sums keep the multiply-adds busy; more rows widen each group of a tile
+ * once into L1, for group_times_rows. */
 #define TILE_BLOCK 4 /* tiles multiplied at once by one row */
 static inline int64_t tiles_per_task(int64_t rows) { return rows == 1 ? TILE_BLOCK : rows == 2 ? TILE_BLOCK / 2 : 1; }
 typedef int16_group tile_input;
@@ -734,8 +768,8 @@ static const tile_input *tile_inputs(const bf16 *x, int64_t rows, int64_t k, int
     return quantize_rows(x, rows, k, threads);
 }
 
-/* a chunk of codes as 16-bit integers, per 32-bit lane one output's two: its low nibbles and its high ones, each
- * as outputs 0-7 ([0]) and 8-15 ([1]); every byte is widened once */
+/* a chunk of int4 codes as 16-bit integers, per 32-bit lane one output's two: its low nibbles and its high ones,
+ * each as outputs 0-7 ([0]) and 8-15 ([1]); every byte is widened once */
 static inline void unpack_chunk(const uint8_t *codes, __m256i low[2], __m256i high[2]) {
     const __m256i nibble = _mm256_set1_epi16(0x000f);
     for (int v = 0; v < 2; v++) {
@@ -745,71 +779,93 @@ static inline void unpack_chunk(const uint8_t *codes, __m256i low[2], __m256i hi
     }
 }
 
+/* a run of int8 codes (one input pair) as 16-bit integers: outputs 0-7 ([0]) and 8-15 ([1]) */
+static inline void unpack_int8_pair(const uint8_t *run, __m256i w[2]) {
+    for (int v = 0; v < 2; v++) w[v] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(run + 16 * v)));
+}
+
+/* step s of a tile's group: pairs s (a) and s + 8 (b) as 16-bit integers */
+static inline __attribute__((always_inline)) void unpack_step(const uint8_t *group, const int bits, const int s,
+                                                              __m256i a[2], __m256i b[2]) {
+    if (bits == 4) {
+        unpack_chunk(group + s * 32, a, b);
+    } else {
+        unpack_int8_pair(group + s * 32, a);
+        unpack_int8_pair(group + (s + 8) * 32, b);
+    }
+}
+
 /* fetch group g of a weight's tiles ahead of its use: each tile is a stream of its own, and a stream's first
  * groups came too late for the hardware's prefetcher (2 groups ahead: one and two rows 3-6% faster over 30
  * layers from memory, 16 rows 6-11%) */
-static inline void prefetch_group(const uint8_t *codes, const f16 *scale, const f16 *low, int64_t g) {
-    for (int line = 0; line < 256; line += 64) __builtin_prefetch(codes + g * 256 + line);
+static inline void prefetch_group(const int bits, const uint8_t *codes, const f16 *scale, const f16 *low, int64_t g) {
+    for (int line = 0; line < GROUP_BYTES(bits); line += 64) __builtin_prefetch(codes + g * GROUP_BYTES(bits) + line);
     __builtin_prefetch(scale + g * TILE);
-    __builtin_prefetch(low + g * TILE);
+    if (low) __builtin_prefetch(low + g * TILE);
 }
 
-/* sums [tiles][rows, 16] for one or two rows and up to TILE_BLOCK tiles, chunks unpacked in registers. Inlined
+/* sums [tiles][rows, 16] for one or two rows and up to TILE_BLOCK tiles, steps widened in registers. Inlined
  * with constant counts. */
 static inline __attribute__((always_inline)) void few_rows(const tile_input *x, const int rows, const int tiles,
-                                                           const uint8_t *codes, const f16 *scale, const f16 *low,
-                                                           const float *group_sums, float *sums, int64_t k) {
+                                                           const int bits, const uint8_t *codes, const f16 *scale,
+                                                           const f16 *low, const float *group_sums, float *sums,
+                                                           int64_t k) {
     int64_t groups = k / GROUP;
     for (int64_t g = 0; g < groups; g++) {
-        for (int j = 0; j < tiles; j++) prefetch_group(codes, scale, low, j * groups + g + 2);
+        for (int j = 0; j < tiles; j++) prefetch_group(bits, codes, scale, low, j * groups + g + 2);
         __m256i acc[TILE_BLOCK][2][2];
         for (int j = 0; j < tiles; j++)
             for (int r = 0; r < rows; r++) acc[j][r][0] = acc[j][r][1] = _mm256_setzero_si256();
-        /* a chunk's two halves right after each other: fewer registers live than half by half over the tiles,
+        /* a step's two pairs right after each other: fewer registers live than pair by pair over the tiles,
          * which spilled the sums (one row from L3 0.42 -> 0.33 ms, over 30 layers from memory 10-16% faster) */
         for (int c = 0; c < 8; c++)
             for (int j = 0; j < tiles; j++) {
-                __m256i low[2], high[2];
-                unpack_chunk(codes + (j * groups + g) * 256 + c * 32, low, high);
-                for (int r = 0; r < rows; r++) madd_pair(acc[j][r], low, x[r * groups + g].q + 2 * c);
-                for (int r = 0; r < rows; r++) madd_pair(acc[j][r], high, x[r * groups + g].q + 2 * (c + 8));
+                __m256i a[2], b[2];
+                unpack_step(codes + (j * groups + g) * GROUP_BYTES(bits), bits, c, a, b);
+                for (int r = 0; r < rows; r++) madd_pair(acc[j][r], a, x[r * groups + g].q + 2 * c);
+                for (int r = 0; r < rows; r++) madd_pair(acc[j][r], b, x[r * groups + g].q + 2 * (c + 8));
             }
         for (int j = 0; j < tiles; j++) {
             float group_scale[TILE], group_low[TILE];
             group_scale_low(scale, low, (j * groups + g) * TILE, group_scale, group_low);
-            add_group(acc[j], rows, group_scale, group_low, x + g, group_sums + g, groups, sums + j * rows * TILE);
+            add_group(acc[j], rows, group_scale, low ? group_low : NULL, x + g, low ? group_sums + g : NULL, groups,
+                      sums + j * rows * TILE);
         }
     }
 }
 
 typedef void (*few_rows_fn)(const tile_input *, const uint8_t *, const f16 *, const f16 *, const float *, float *,
                             int64_t);
-#define FEW_ROWS(R, T)                                                                                             \
-    static void few_rows_##R##x##T(const tile_input *x, const uint8_t *codes, const f16 *scale, const f16 *low,     \
-                                   const float *group_sums, float *sums, int64_t k) {                              \
-        few_rows(x, R, T, codes, scale, low, group_sums, sums, k);                                                 \
+#define FEW_ROWS(B, R, T)                                                                                          \
+    static void few_rows_##B##_##R##x##T(const tile_input *x, const uint8_t *codes, const f16 *scale,              \
+                                         const f16 *low, const float *group_sums, float *sums, int64_t k) {        \
+        few_rows(x, R, T, B, codes, scale, low, group_sums, sums, k);                                              \
     }
-FEW_ROWS(1, 1) FEW_ROWS(1, 2) FEW_ROWS(1, 3) FEW_ROWS(1, 4) FEW_ROWS(2, 1) FEW_ROWS(2, 2)
+#define FEW_ROWS_OF(B)                                                                                             \
+    FEW_ROWS(B, 1, 1) FEW_ROWS(B, 1, 2) FEW_ROWS(B, 1, 3) FEW_ROWS(B, 1, 4) FEW_ROWS(B, 2, 1) FEW_ROWS(B, 2, 2)
+FEW_ROWS_OF(4) FEW_ROWS_OF(8)
+static const few_rows_fn by_bits_rows_and_tiles[2][3][TILE_BLOCK + 1] = {
+    {{NULL}, {NULL, few_rows_4_1x1, few_rows_4_1x2, few_rows_4_1x3, few_rows_4_1x4}, {NULL, few_rows_4_2x1, few_rows_4_2x2}},
+    {{NULL}, {NULL, few_rows_8_1x1, few_rows_8_1x2, few_rows_8_1x3, few_rows_8_1x4}, {NULL, few_rows_8_2x1, few_rows_8_2x2}}};
 
 /* sums [tiles][rows, 16]: up to TILE_BLOCK tiles (one or two rows) or one tile (more rows) of the weight, for
  * every row */
-static void int4_tiles_rows(const tile_input *x, int64_t rows, int64_t tiles, const uint8_t *codes,
-                            const f16 *scale, const f16 *low, const float *group_sums, float *sums, int64_t k) {
+static void tiles_rows(const int bits, const tile_input *x, int64_t rows, int64_t tiles, const uint8_t *codes,
+                       const f16 *scale, const f16 *low, const float *group_sums, float *sums, int64_t k) {
     memset(sums, 0, tiles * rows * TILE * sizeof(float));
     if (rows <= 2) {
-        static const few_rows_fn by_rows_and_tiles[3][TILE_BLOCK + 1] = {
-            {NULL}, {NULL, few_rows_1x1, few_rows_1x2, few_rows_1x3, few_rows_1x4}, {NULL, few_rows_2x1, few_rows_2x2}};
-        by_rows_and_tiles[rows][tiles](x, codes, scale, low, group_sums, sums, k);
+        by_bits_rows_and_tiles[bits == 8][rows][tiles](x, codes, scale, low, group_sums, sums, k);
         return;
     }
     int64_t groups = k / GROUP;
-    __m256i w[GROUP / 2][2]; /* chunk c's halves are the pairs c and c + 8 */
+    __m256i w[GROUP / 2][2]; /* step c's pairs are c and c + 8 */
     for (int64_t g = 0; g < groups; g++) {
         float group_scale[TILE], group_low[TILE];
-        prefetch_group(codes, scale, low, g + 2);
-        for (int c = 0; c < 8; c++) unpack_chunk(codes + g * 256 + c * 32, w[c], w[c + 8]);
+        prefetch_group(bits, codes, scale, low, g + 2);
+        for (int c = 0; c < 8; c++) unpack_step(codes + g * GROUP_BYTES(bits), bits, c, w[c], w[c + 8]);
         group_scale_low(scale, low, g * TILE, group_scale, group_low);
-        group_times_rows((const __m256i(*)[2])w, x + g, rows, group_scale, group_low, group_sums + g, groups, sums);
+        group_times_rows((const __m256i(*)[2])w, x + g, rows, group_scale, low ? group_low : NULL,
+                         low ? group_sums + g : NULL, groups, sums);
     }
 }
 #endif
@@ -823,23 +879,27 @@ static inline int64_t tasks_per_grab(int64_t rows, int64_t count, int threads) {
     return rows > 8 ? 1 : (count + threads - 1) / threads;
 }
 
-/* out [rows, n] = x [rows, k] (contiguous) times the int4 weight [n, k]^T; tiles of outputs spread over threads. */
-void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const f16 *scale, const f16 *low, bf16 *out,
-             int64_t n, int64_t k, int threads) {
+/* out [rows, n] = x [rows, k] (contiguous) times the packed weight [n, k]^T; tiles of outputs spread over threads. */
+static void packed_mm(const int bits, const bf16 *x, int64_t rows, const uint8_t *codes, const f16 *scale,
+                      const f16 *low, bf16 *out, int64_t n, int64_t k, int threads) {
     int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE, per_task = tiles_per_task(rows);
     int64_t tasks = (tiles + per_task - 1) / per_task;
-    float *group_sums = malloc(rows * groups * sizeof(float));
+    float *group_sums = low ? malloc(rows * groups * sizeof(float)) : NULL;
     const tile_input *inputs = tile_inputs(x, rows, k, threads);
+    if (low) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
-    for (int64_t i = 0; i < rows * groups; i++) group_sums[i] = hsum(load16(x + i * GROUP) + load16(x + i * GROUP + 16));
+        for (int64_t i = 0; i < rows * groups; i++)
+            group_sums[i] = hsum(load16(x + i * GROUP) + load16(x + i * GROUP + 16));
+    }
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {
         int64_t chunk = rows - r0 < ROW_CHUNK ? rows - r0 : ROW_CHUNK;
 #pragma omp parallel for schedule(dynamic, tasks_per_grab(chunk, tasks, threads)) num_threads(threads)
         for (int64_t t0 = 0; t0 < tiles; t0 += per_task) {
             float sums[TILE_BLOCK * ROW_CHUNK * TILE];
             int64_t task_tiles = tiles - t0 < per_task ? tiles - t0 : per_task;
-            int4_tiles_rows(inputs + r0 * inputs_per_row(k), chunk, task_tiles, codes + t0 * groups * 256,
-                            scale + t0 * groups * TILE, low + t0 * groups * TILE, group_sums + r0 * groups, sums, k);
+            tiles_rows(bits, inputs + r0 * inputs_per_row(k), chunk, task_tiles, codes + t0 * groups * GROUP_BYTES(bits),
+                       scale + t0 * groups * TILE, low ? low + t0 * groups * TILE : NULL,
+                       low ? group_sums + r0 * groups : NULL, sums, k);
             for (int64_t t = t0; t < t0 + task_tiles; t++) {
                 int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
                 const float *tile_sums = sums + (t - t0) * chunk * TILE;
@@ -853,106 +913,32 @@ void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const f16 *scale
     if ((const void *)inputs != (const void *)x) free((void *)inputs);
 }
 
-/* --- int8 weights times bf16 rows ------------------------------------------------------------------------
- * Where the CPU has no native bf16, for the layers whose checkpoint is 8-bit (the default model's LM head):
- * a weight [n, k] in int8 per output channel, k padded with zeros to whole groups of 32, laid out
- * [n / 16, k / 2, 16, 2] (int8_kernel_layout in cpu.py): each pair of inputs' 16 outputs in one run of 32 bytes,
- * as vpmaddwd pairs them. out = bf16(scale * sum(q x)), each output's sums in one fixed order, whatever the number
- * of rows or threads:
- * - with AVX2 and FMA, the rows as 16-bit integers (above); a pair's run sign-extended straight into registers for
- *   one row, and a tile's group of 32 inputs into L1 for more, for group_times_rows;
- * - elsewhere, the rows widened to float32 and plain C, which the compiler vectorizes. */
-#if defined(__AVX2__) && defined(__FMA__)
-typedef int16_group int8_input;
-static inline int64_t int8_inputs_per_row(int64_t k) { return groups_of(k); }
-static int8_input *int8_inputs(const bf16 *x, int64_t rows, int64_t k, int threads) {
-    return quantize_rows(x, rows, k, threads);
+void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const f16 *scale, const f16 *low, bf16 *out,
+             int64_t n, int64_t k, int threads) {
+    packed_mm(4, x, rows, codes, scale, low, out, n, k, threads);
 }
 
-/* a tile's pair of inputs (its 32-byte run) as 16-bit integers: outputs 0-7 ([0]) and 8-15 ([1]) */
-static inline void unpack_int8_pair(const int8_t *run, __m256i w[2]) {
-    for (int v = 0; v < 2; v++) w[v] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(run + 16 * v)));
-}
-
-/* sums [rows, 16] of one tile (codes [k / 2, 16, 2], scale: its 16 outputs') for the rows x. One row multiplies
- * each pair as it is widened (through L1, the default model's LM head took 13% longer at one row). */
-static void int8_tile(const int8_input *x, int64_t rows, const int8_t *codes, const float *scale, float *sums,
-                      int64_t k) {
-    int64_t groups = int8_inputs_per_row(k);
-    __m256i w[GROUP / 2][2];
-    memset(sums, 0, rows * TILE * sizeof(float));
-    for (int64_t g = 0; g < groups; g++) {
-        const int8_t *group = codes + g * GROUP * TILE;
-        if (rows > 1) { /* the next groups fetched ahead, as prefetch_group does (2 to 64 rows: 3-6% faster) */
-            for (int line = 0; line < GROUP * TILE; line += 64) __builtin_prefetch(group + 2 * GROUP * TILE + line);
-            for (int p = 0; p < GROUP / 2; p++) unpack_int8_pair(group + p * 2 * TILE, w[p]);
-            group_times_rows((const __m256i(*)[2])w, x + g, rows, scale, NULL, NULL, groups, sums);
-            continue;
-        }
-        __m256i acc[1][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()}};
-        for (int p = 0; p < GROUP / 2; p++) {
-            unpack_int8_pair(group + p * 2 * TILE, w[0]);
-            madd_pair(acc[0], w[0], x[g].q + 2 * p);
-        }
-        add_group(acc, 1, scale, NULL, x + g, NULL, groups, sums);
-    }
-}
-#else
-typedef float int8_input;
-static inline int64_t int8_inputs_per_row(int64_t k) { return k; }
-/* the rows widened to float32, in a new buffer the caller frees */
-static int8_input *int8_inputs(const bf16 *x, int64_t rows, int64_t k, int threads) {
-    float *wide = malloc(rows * k * sizeof(float));
-    for (int64_t i = 0; i < rows * k; i++) wide[i] = to_float(x[i]);
-    return wide;
-}
-
-/* sums [rows, 16] of one tile (codes [k / 2, 16, 2], scale: its 16 outputs') for the float32 rows x */
-static void int8_tile(const int8_input *x, int64_t rows, const int8_t *codes, const float *scale, float *sums,
-                      int64_t k) {
-    for (int64_t r = 0; r < rows; r++) {
-        float acc[TILE] = {0};
-        for (int64_t i = 0; i < k; i++)
-            for (int j = 0; j < TILE; j++) acc[j] += (float)codes[(i / 2) * 2 * TILE + 2 * j + i % 2] * x[r * k + i];
-        for (int j = 0; j < TILE; j++) sums[r * TILE + j] = scale[j] * acc[j];
-    }
-}
-#endif
-
-/* out [rows, n] = x [rows, k] (contiguous) times the int8 weight [n, k]^T, scaled per output */
-void int8_mm(const bf16 *x, int64_t rows, const int8_t *codes, const float *scale, bf16 *out, int64_t n, int64_t k,
-             int threads) {
-    int64_t tiles = (n + TILE - 1) / TILE, tile_codes = groups_of(k) * GROUP * TILE;
-    int8_input *inputs = int8_inputs(x, rows, k, threads);
-#pragma omp parallel for schedule(dynamic, tasks_per_grab(rows, tiles, threads)) num_threads(threads)
-    for (int64_t t = 0; t < tiles; t++) {
-        float sums[ROW_CHUNK * TILE];
-        int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
-        for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {
-            int64_t chunk = rows - r0 < ROW_CHUNK ? rows - r0 : ROW_CHUNK;
-            int8_tile(inputs + r0 * int8_inputs_per_row(k), chunk, codes + t * tile_codes, scale + t * TILE,
-                      sums, k);
-            for (int64_t r = 0; r < chunk; r++)
-                for (int64_t j = 0; j < width; j++) out[(r0 + r) * n + t * TILE + j] = to_bf16(sums[r * TILE + j]);
-        }
-    }
-    free(inputs);
+void int8_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const f16 *scale, const f16 *low, bf16 *out,
+             int64_t n, int64_t k, int threads) {
+    packed_mm(8, x, rows, codes, scale, low, out, n, k, threads);
 }
 
 /* --- a step's layers, one call ------------------------------------------------------------------------
- * For steps whose every projection is int4 (decodes, and prefill chunks up to as many rows): the Llama layer
- * (llama.py) op for op, each through the kernel its torch path calls, so a row's result is the same whichever
- * path its step took. What is left of a step in Python is the embedding, the final norm and the LM head. */
+ * For steps whose every projection is packed on the kernels (decodes, and prefill chunks up to as many rows): the
+ * Llama layer (llama.py) op for op, each through the kernel its torch path calls, so a row's result is the same
+ * whichever path its step took. What is left of a step in Python is the embedding, the final norm and the LM
+ * head. */
 typedef struct {
     const uint8_t *codes;
-    const f16 *scale, *low;
-    const bf16 *bias; /* or NULL */
+    const f16 *scale, *low; /* low: NULL where an int8 weight has no offsets */
+    const bf16 *bias;       /* or NULL */
     int64_t n, k;
-} Int4Weight;
+    int64_t bits; /* 4 or 8 */
+} PackedWeight;
 
 typedef struct {
     const bf16 *input_norm, *post_attention_norm;
-    Int4Weight qkv, o, gate_up, down;
+    PackedWeight qkv, o, gate_up, down;
 } DecoderLayer;
 
 typedef struct {
@@ -962,8 +948,8 @@ typedef struct {
 } DecoderShape;
 
 /* out = x w^T (+ bias, added after rounding, as the torch path adds it) */
-static void project(const bf16 *x, int64_t rows, const Int4Weight *w, bf16 *out, int threads) {
-    int4_mm(x, rows, w->codes, w->scale, w->low, out, w->n, w->k, threads);
+static void project(const bf16 *x, int64_t rows, const PackedWeight *w, bf16 *out, int threads) {
+    packed_mm((int)w->bits, x, rows, w->codes, w->scale, w->low, out, w->n, w->k, threads);
     if (w->bias)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t i = 0; i < w->n; i++) out[r * w->n + i] = to_bf16(to_float(out[r * w->n + i]) + to_float(w->bias[i]));
@@ -1001,16 +987,7 @@ void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const Decode
     free(h), free(attn), free(qkv), free(gate_up), free(act);
 }
 
-/* --- the LM head's rows ------------------------------------------------------------------------------------ */
-
-/* out = bf16(y * width + low * row_sums), row by row: RowwiseInt8Linear's rescaling of the int8 kernel's
- * float32 output, rounded as its torch ops round it (mul_, then addr_, which fuses its multiply-add). */
-void rescale_rows(const float *y, const float *width, const float *low, const float *row_sums, bf16 *out,
-                  int64_t rows, int64_t n, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t i = 0; i < n; i++) out[r * n + i] = to_bf16(fmaf(low[r], row_sums[i], y[r * n + i] * width[r]));
-}
+/* --- the sampler's rows ------------------------------------------------------------------------------------ */
 
 /* Each row's index of its largest value, the first where several are equal, as torch.argmax gives it (a NaN
  * counts as the largest). One pass keeps, per lane, the largest value and where it came first. */
@@ -1087,6 +1064,25 @@ void int4_dequantize(const uint8_t *codes, const f16 *scale, const f16 *low, bf1
                 store_pairs(wide & 15, pair_scale, pair_low, rows, k, width, 2 * c);
                 store_pairs(wide >> 4, pair_scale, pair_low, rows, k, width, 2 * (c + 8));
             }
+        }
+    }
+}
+
+/* The int8 weight [n, k] in the kernels' layout as bf16: q * scale + low, two roundings as Int8Groups.dequantize
+ * makes them in torch, then rounded to nearest even. */
+void int8_dequantize(const int8_t *codes, const f16 *scale, const f16 *low, bf16 *out, int64_t n, int64_t k,
+                     int threads) {
+    int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE;
+        for (int64_t g = 0; g < groups; g++) {
+            float s[TILE], l[TILE];
+            group_scale_low(scale, low, (t * groups + g) * TILE, s, l);
+            const int8_t *group = codes + (t * groups + g) * GROUP * TILE;
+            for (int64_t o = 0; o < width; o++)
+                for (int i = 0; i < GROUP; i++)
+                    out[(t * TILE + o) * k + g * GROUP + i] = to_bf16(group[i / 2 * 2 * TILE + 2 * o + i % 2] * s[o] + l[o]);
         }
     }
 }

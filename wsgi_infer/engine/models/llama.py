@@ -8,11 +8,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels.cpu import CpuKernels, DecoderDims, DecoderWeights, FusedDecoder
+from ..kernels.cpu import CpuKernels
+from ..kernels.fused_decoder import DecoderDims, DecoderWeights, FusedDecoder
 from ..layers.activation import SiluAndMul
 from ..layers.attention import AttentionMetadata, paged_attention
 from ..layers.norm import RMSNorm
-from ..layers.quantization import Int4Linear
+from ..layers.quantization import PackedLinear
 from ..layers.rotary import RotaryEmbedding, apply_rotary_
 
 
@@ -73,9 +74,10 @@ FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj":
 
 
 class LlamaForCausalLM(nn.Module):
+    runs_on_kernels = True  # its layers have the CPU kernels' paths (see kernels.cpu.attach_kernels)
     _kernels: CpuKernels | None = None
-    fused_decoder: FusedDecoder | None = None  # with the kernels, when every projection is int4 on them too
-    fused_max_rows = 0  # the fewest rows any of those projections serves in int4
+    fused_decoder: FusedDecoder | None = None  # with the kernels, when every projection is packed on them too
+    fused_max_rows = 0  # the fewest rows any of those projections serves packed
 
     def __init__(self, config, max_positions: int) -> None:
         super().__init__()
@@ -83,7 +85,8 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
+        self.tied_embeddings = config.tie_word_embeddings
+        if self.tied_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(config, max_positions)
         self.head_dim = self.layers[0].self_attn.head_dim  # attach_kernels reads it
@@ -112,8 +115,8 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x, residual)[0]
 
     def _fuse(self, kernels: CpuKernels) -> tuple[FusedDecoder | None, int]:
-        """The kernels' decoder: the layers' loop in one call, where every projection multiplies int4 on the
-        kernels (for steps up to the fewest rows any of them does, prefill chunks included)."""
+        """The kernels' decoder: the layers' loop in one call, where every projection is packed on the kernels
+        (for steps up to the fewest rows any of them serves packed, prefill chunks included)."""
         weights = [
             DecoderWeights(
                 layer.input_layernorm.weight,
@@ -126,7 +129,7 @@ class LlamaForCausalLM(nn.Module):
             for layer in self.layers
         ]
         projections = [p for w in weights for p in (w.qkv, w.o, w.gate_up, w.down)]
-        if not all(isinstance(p, Int4Linear) and p.on_kernels for p in projections):
+        if not all(isinstance(p, PackedLinear) for p in projections):
             return None, 0
         attn, mlp = self.layers[0].self_attn, self.layers[0].mlp
         dims = DecoderDims(
@@ -146,8 +149,7 @@ class LlamaForCausalLM(nn.Module):
     def checkpoint_names(self, linear: str) -> list[str]:
         """The checkpoint weights our linear layer ``linear`` (a module name) stacks, in row order."""
         if linear == "lm_head":
-            tied = self.lm_head.weight is self.embed_tokens.weight
-            return ["model.embed_tokens.weight" if tied else "lm_head.weight"]
+            return ["model.embed_tokens.weight" if self.tied_embeddings else "lm_head.weight"]
         parent, _, name = linear.rpartition(".")
         return [f"model.{parent}.{part}.weight" for part in FUSED_PROJECTIONS.get(name, (name,))]
 
@@ -156,7 +158,7 @@ class LlamaForCausalLM(nn.Module):
         """Copy weights from a transformers ``*ForCausalLM`` state dict, fusing projections."""
         self.embed_tokens.weight.copy_(state["model.embed_tokens.weight"])
         self.norm.weight.copy_(state["model.norm.weight"])
-        if self.lm_head.weight is not self.embed_tokens.weight:
+        if not self.tied_embeddings and self.lm_head.weight is not None:  # None: packed from the checkpoint
             self.lm_head.weight.copy_(state["lm_head.weight"])
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."

@@ -1,0 +1,154 @@
+"""Every GGUF tensor type gguf-py reads loads; blocks map onto the packed groups as their scales say; and the
+packed layers multiply what the file holds."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+from wsgi_infer import LLM, SamplingParams
+from wsgi_infer.engine.gguf_blocks import MAPPED_TYPES, groups_from_blocks
+from wsgi_infer.engine.gguf_checkpoint import PACKED_GROUPS_FILE, StoredGroups
+from wsgi_infer.engine.layers.quantization import PackedLinear
+from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
+from wsgi_infer.engine.model_loader import CheckpointTensors, load_hf_model
+from wsgi_infer.engine.model_paths import ModelLoadError
+
+from .conftest import assert_idle
+from .gguf_files import ALL_TYPES, MIXED_TYPES, PROJECTIONS, TinyGGUF, blocks_of, write_tiny_gguf
+
+# Blocks whose scales the packed groups hold as they are; K-quants' and IQ4_XS's are products rounded to float16.
+EXACT = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL}
+INT4 = {Q.Q4_0, Q.Q4_1, Q.Q4_K}
+HALF_ROUNDING = 2**-11  # float16 keeps 11 significant bits: a rounded value is within 2^-11 of it, relative
+
+
+@pytest.fixture(scope="module")
+def tiny_ggufs(tmp_path_factory) -> dict[str, TinyGGUF]:
+    folder = tmp_path_factory.mktemp("gguf")
+    return {name: write_tiny_gguf(folder / f"tiny-{name}.gguf", name) for name in ALL_TYPES}
+
+
+@pytest.mark.parametrize("type_name", ALL_TYPES)
+def test_every_type_loads_as_gguf_py_reads_it_and_packs_what_it_holds(tiny_ggufs, type_name):
+    """The converted weights are gguf-py's values bit for bit (in transformers' row order). Where the blocks map
+    onto groups, the groups hold those values, exactly or within one float16 rounding of each group's scale and
+    low. In bf16 on the CPU kernels every projection is packed (4-bit blocks as int4, other mapped blocks as int8,
+    the rest as 8-bit groups made from the values), keeps no full-precision copy, and multiplies the file's
+    weights within bf16 rounding (within 8-bit rounding where its groups were made from the values)."""
+    tiny, ggml_type = tiny_ggufs[type_name], Q[type_name]
+    llm = LLM(model=str(tiny.path), device="cpu")
+    model_dir = llm.engine.model_dir
+    values, stored = CheckpointTensors(model_dir, torch.float32), StoredGroups(model_dir / PACKED_GROUPS_FILE)
+    processor = LlamaTensorProcessor(config=llm.engine.hf_config.to_dict())
+    for gguf_name, (written_type, raw) in tiny.tensors.items():
+        if not gguf_name.startswith("blk.0."):
+            continue
+        hf_name = _hf_name(gguf_name)
+        read = processor.process(weights=gguf.dequantize(raw, written_type), name=gguf_name).weights
+        expected = torch.from_numpy(np.ascontiguousarray(read))
+        assert torch.equal(values[hf_name], expected), gguf_name
+        assert (hf_name in stored) == (ggml_type in MAPPED_TYPES)
+        if hf_name in stored:
+            _assert_groups_hold(stored[hf_name], expected, exact=ggml_type in EXACT)
+            assert isinstance(stored[hf_name], Int4Groups if ggml_type in INT4 else Int8Groups)
+    if llm.engine.runner.kernels is None:
+        pytest.skip("no C compiler")
+    model = llm.engine.runner.model
+    torch.manual_seed(0)
+    for name, layer in model.named_modules():
+        if not isinstance(layer, PackedLinear) or name == "lm_head":
+            continue
+        assert layer.weight is None and layer.bits == (4 if ggml_type in INT4 else 8), name
+        weight = torch.cat([values[n] for n in model.checkpoint_names(name)])
+        x = torch.randn(3, layer.in_features).bfloat16()
+        expected = x.double() @ weight.double().t()
+        error = (layer.packed_mm(x).double() - expected).norm() / expected.norm()
+        assert error < (2**-8 if ggml_type in MAPPED_TYPES else 2**-6), (name, error)
+    out = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4
+    assert_idle(llm)
+
+
+def _assert_groups_hold(g: Int4Groups | Int8Groups, values: torch.Tensor, exact: bool) -> None:
+    if exact:
+        assert torch.equal(g.dequantize(), values)
+        return
+    scale, low = _per_weight(g.scale), _per_weight(_low(g))
+    codes = g.q if isinstance(g, Int4Groups) else g.codes
+    bound = 2 * HALF_ROUNDING * (scale.abs() * codes.float().abs() + low.abs()) + 1e-12
+    assert ((g.dequantize() - values).abs() <= bound).all()
+
+
+def test_q4_k_maps_onto_int4_groups_block_by_block():
+    """Each super-block's 8 sub-blocks become 8 groups: codes exactly the block's nibbles (sub-block 2c in the low
+    nibbles of bytes 32c..32c+31, 2c + 1 in the high ones), scale d * sc and low -dmin * m, each rounded once to
+    float16. Extremes included: sub-block scales and mins of 0 and 63."""
+    rng = np.random.default_rng(1)
+    raw = blocks_of(Q.Q4_K, 4, 512, rng)
+    blocks = raw.reshape(4, 2, 144)
+    blocks[0, :, 4:16] = 0  # every scale and min 0: the blocks are all zeros
+    blocks[1, :, 4:16] = 0xFF  # every scale and min 63
+    values = torch.from_numpy(gguf.dequantize(raw, Q.Q4_K))
+    groups = groups_from_blocks(torch.from_numpy(raw), Q.Q4_K, values)
+    assert isinstance(groups, Int4Groups)
+    qs = torch.from_numpy(raw).view(4, 2, 144)[..., 16:].reshape(4, 2, 4, 32).long()  # [rows, blocks, chunk, byte]
+    nibbles = torch.stack([qs & 15, qs >> 4], dim=3)  # [rows, blocks, chunk, half, byte]: sub-block 2c + half
+    scaled = _per_weight(groups.scale) != 0  # a sub-block of scale 0 holds zeros, whatever its nibbles: codes 0
+    assert torch.equal(groups.q.long()[scaled], nibbles.reshape(4, 512)[scaled]) and (groups.q[~scaled] == 0).all()
+    d, dmin = (torch.from_numpy(blocks[..., at : at + 2].copy()).view(torch.float16).float() for at in (0, 2))
+    assert (groups.scale[0] == 0).all() and (groups.low[0] == 0).all()
+    assert torch.equal(groups.scale[1], (d[1] * 63).half().float().repeat_interleave(8))
+    assert torch.equal(groups.low[1], (-dmin[1] * 63).half().float().repeat_interleave(8))
+    _assert_groups_hold(groups, values, exact=False)
+    assert torch.equal(groups.dequantize()[0], values[0])  # a block of zeros stays zeros
+
+
+def test_a_mix_of_types_is_exact_in_float32_against_transformers(tmp_path):
+    """A Q4_K_M-like file: each projection its own type. float32 without packing is transformers' output on the
+    same dequantized weights, token for token; in bf16 a layer stacking 4- and 8-bit parts is 8-bit."""
+    path = write_tiny_gguf(tmp_path / "mix.gguf", MIXED_TYPES, embedding="Q8_0").path
+    llm = LLM(model=str(path), dtype="float32", quantization="none")
+    prompt = llm.engine.tokenize("The quick brown fox")
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    reference = load_hf_model(llm.engine.model_dir, torch.float32)
+    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert out.token_ids == expected[0, len(prompt) :].tolist()
+    packed = LLM(model=str(path), device="cpu").engine.runner.model
+    if isinstance(packed.layers[0].mlp.gate_up_proj, PackedLinear):
+        assert packed.layers[0].mlp.gate_up_proj.bits == 4 and packed.layers[0].self_attn.qkv_proj.bits == 8
+
+
+def test_an_unreadable_type_is_a_clear_error(tmp_path):
+    """Q8_1 is a type gguf-py does not dequantize: the error names the tensor and its type."""
+    path = write_tiny_gguf(tmp_path / "q8_1.gguf", dict.fromkeys(PROJECTIONS, "Q8_0") | {"ffn_up": "Q8_1"}).path
+    with pytest.raises(ModelLoadError, match=r"blk\.0\.ffn_up\.weight: ggml type Q8_1 \(9\) cannot be read"):
+        LLM(model=str(path), device="cpu")
+
+
+def _hf_name(gguf_name: str) -> str:
+    layer, part = gguf_name.split(".")[1:3]
+    names = {
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+    }
+    return f"model.layers.{layer}.{names[part]}.weight"
+
+
+def _per_weight(t: torch.Tensor) -> torch.Tensor:
+    return t.repeat_interleave(32, dim=1)
+
+
+def _low(g: Int4Groups | Int8Groups) -> torch.Tensor:
+    return g.low if g.low is not None else torch.zeros_like(g.scale)

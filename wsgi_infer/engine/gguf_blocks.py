@@ -1,0 +1,88 @@
+"""A GGUF tensor's blocks as the packed formats' groups of 32 (``layers.weight_groups``), where they map.
+
+gguf-py dequantizes every block type; this module only reads each block's scales, and takes the codes from
+gguf-py's values (``(value - low) / scale`` is an integer, exactly), so the bit layouts of the codes are gguf-py's
+alone. Per type:
+- Q4_0, Q4_1: int4 groups, byte for byte (Q4_1's ``d * q + m`` is ``(q - 8) * d + (m + 8d)``);
+- Q4_K: int4 groups; each 32-weight sub-block's 6-bit scale and min under the super-block's ``d`` and ``dmin``
+  give ``scale = d * sc`` and ``low = -dmin * m``, rounded to float16 (2^-11 of each, relative, at most);
+- Q8_0, Q5_0 (codes -16..15), Q5_1 (0..31 and an offset), IQ4_NL (codes from its table of 16 levels): int8 groups,
+  exactly; Q5_K and IQ4_XS (``d * (ls - 32)``): int8 groups, scales rounded to float16 as for Q4_K;
+- every other type (F32, F16, BF16, Q6_K's 16-weight sub-blocks, Q2_K, Q3_K, ...): None, and the layer is
+  quantized from its values when it loads.
+"""
+
+from __future__ import annotations
+
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from .layers.weight_groups import GROUP_SIZE, Int4Groups, Int8Groups, WeightGroups, as_half_values
+
+_BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34, Q.Q5_0: 22, Q.Q5_1: 24, Q.IQ4_NL: 18, Q.Q4_K: 144, Q.Q5_K: 176}
+_BLOCK_BYTES[Q.IQ4_XS] = 136
+_SUB_BLOCKS = 8  # groups of 32 in a K-quant's super-block of 256
+MAPPED_TYPES = frozenset(_BLOCK_BYTES)
+
+
+def groups_from_blocks(raw: torch.Tensor, ggml_type: Q, values: torch.Tensor) -> WeightGroups | None:
+    """The groups of a 2-D tensor's blocks (uint8 [rows, bytes]), given gguf-py's values of them (float32
+    [rows, in]); None where its type does not map. ValueError where the values are not what the scales say."""
+    if ggml_type not in MAPPED_TYPES:
+        return None
+    blocks = raw.reshape(raw.shape[0], -1, _BLOCK_BYTES[ggml_type])
+    if ggml_type in (Q.Q4_0, Q.Q4_1):
+        d = _half(blocks, 0)
+        m = _half(blocks, 2) if ggml_type == Q.Q4_1 else -8 * d
+        return Int4Groups(blocks[..., 4 if ggml_type == Q.Q4_1 else 2 :].reshape(raw.shape[0], -1), d, m + 8 * d)
+    scale, low = _scales(blocks, ggml_type)
+    codes = _codes(values, scale, low)
+    scale, low = as_half_values(scale), None if low is None else as_half_values(low)
+    if not (scale.isfinite().all() and (low is None or low.isfinite().all())):
+        return None  # a scale beyond float16's range: quantized from the values instead
+    if ggml_type == Q.Q4_K:
+        return Int4Groups.from_codes(codes.to(torch.uint8), scale, low)
+    return Int8Groups(codes.to(torch.int8), scale, low)
+
+
+def _half(blocks: torch.Tensor, at: int) -> torch.Tensor:
+    """Each block's float16 field at byte ``at``, as float32 [rows, blocks]."""
+    return blocks[..., at : at + 2].contiguous().view(torch.float16)[..., 0].float()
+
+
+def _scales(blocks: torch.Tensor, ggml_type: Q) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each group's scale and low (None: none), float32 [rows, groups], exact: where a super-block's ``d``
+    multiplies a sub-block's scale, the product of an 11-bit and a 6-bit significand."""
+    rows = blocks.shape[0]
+    d = _half(blocks, 0)
+    if ggml_type in (Q.Q8_0, Q.Q5_0, Q.IQ4_NL):
+        return d, None
+    if ggml_type == Q.Q5_1:
+        return d, _half(blocks, 2)
+    if ggml_type == Q.IQ4_XS:
+        high = blocks[..., 2:4].contiguous().view(torch.int16)[..., 0].to(torch.int32) & 0xFFFF
+        low_bits = blocks[..., 4:8].to(torch.int32).repeat_interleave(2, dim=-1)  # sub-block i: byte i // 2
+        nibble = torch.arange(_SUB_BLOCKS) % 2 * 4
+        ls = (low_bits >> nibble) & 0xF | ((high[..., None] >> (2 * torch.arange(_SUB_BLOCKS))) & 3) << 4
+        return (d[..., None] * (ls - 32)).view(rows, -1), None
+    sc, m = _k_scales(blocks[..., 4:16])  # Q4_K, Q5_K
+    return (d[..., None] * sc).view(rows, -1), (-_half(blocks, 2)[..., None] * m).view(rows, -1)
+
+
+def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 8 sub-blocks' 6-bit scales and mins from a K-quant's 12 bytes (ggml's ``get_scale_min_k4``)."""
+    p = packed.to(torch.int32)
+    sc = torch.cat([p[..., :4] & 63, (p[..., 8:12] & 0xF) | ((p[..., 0:4] >> 6) << 4)], dim=-1)
+    m = torch.cat([p[..., 4:8] & 63, (p[..., 8:12] >> 4) | ((p[..., 4:8] >> 6) << 4)], dim=-1)
+    return sc.float(), m.float()
+
+
+def _codes(values: torch.Tensor, scale: torch.Tensor, low: torch.Tensor | None) -> torch.Tensor:
+    """The integer codes of values [rows, in] under each group's exact scale and low."""
+    groups = values.view(values.shape[0], -1, GROUP_SIZE)
+    offset = groups if low is None else groups - low[..., None]
+    codes = torch.where(scale[..., None] == 0, 0, offset / scale[..., None]).round()
+    rebuilt = codes * scale[..., None] + (0 if low is None else low[..., None])
+    if not torch.allclose(rebuilt, groups, rtol=2**-20, atol=1e-6 * groups.abs().amax().item()):
+        raise ValueError("its blocks' values do not match their scales")
+    return codes.view(values.shape)

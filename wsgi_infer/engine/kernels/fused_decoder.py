@@ -1,0 +1,123 @@
+"""``decoder_layers`` (cpu_kernels.c): every decoder layer of a step in one call, for steps whose projections
+are all packed on the kernels (``layers.quantization.PackedLinear``: int4 or int8 groups, mixed as a checkpoint
+mixes them). The weights' addresses are laid out once; the step's own tensors are passed per call."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class _PackedWeight(ctypes.Structure):
+    _fields_ = [("codes", _P), ("scale", _P), ("low", _P), ("bias", _P), ("n", _I), ("k", _I), ("bits", _I)]
+
+
+class _DecoderLayer(ctypes.Structure):
+    _fields_ = [("input_norm", _P), ("post_attention_norm", _P)] + [
+        (name, _PackedWeight) for name in ("qkv", "o", "gate_up", "down")
+    ]
+
+
+class _DecoderShape(ctypes.Structure):
+    _fields_ = [
+        *((name, _I) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "block_size")),
+        ("eps", _F),
+        ("scale", _F),
+        ("threads", ctypes.c_int),
+    ]
+
+
+@dataclass
+class DecoderWeights:
+    """One Llama decoder layer as the fused decoder reads it: norms' weights, and four packed projections,
+    each with ``bits``, ``codes``, ``scale``, ``low`` (``layouts.KernelWeight``) and ``bias`` (or None)."""
+
+    input_norm: torch.Tensor
+    post_attention_norm: torch.Tensor
+    qkv: nn.Module
+    o: nn.Module
+    gate_up: nn.Module
+    down: nn.Module
+
+
+@dataclass
+class DecoderDims:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    scale: float
+
+
+def _address(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class FusedDecoder:
+    def __init__(self, lib: ctypes.CDLL, layers: list[DecoderWeights], dims: DecoderDims) -> None:
+        self._lib = lib
+        self._dims = dims
+        self._layers = (_DecoderLayer * len(layers))(*map(self._layer, layers))
+        self._kept = layers  # the addresses above stay valid while the layers live
+        self._caches: list[torch.Tensor] | None = None
+        self._cache_pointers = (_P * len(layers))()
+
+    @staticmethod
+    def _layer(weights: DecoderWeights) -> _DecoderLayer:
+        def packed(linear: nn.Module) -> _PackedWeight:
+            w = linear.packed
+            return _PackedWeight(
+                w.codes.data_ptr(),
+                w.scale.data_ptr(),
+                _address(w.low),
+                _address(linear.bias),
+                linear.out_features,
+                linear.in_features,
+                w.bits,
+            )
+
+        projections = (packed(weights.qkv), packed(weights.o), packed(weights.gate_up), packed(weights.down))
+        return _DecoderLayer(weights.input_norm.data_ptr(), weights.post_attention_norm.data_ptr(), *projections)
+
+    def __call__(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list[torch.Tensor], meta
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [rows, hidden] embeddings, overwritten; cos, sin: [rows, 1, head_dim]; meta: AttentionMetadata.
+        Returns (the last layer's output, the residual sum before it), as the layers' loop would."""
+        if kv_caches is not self._caches:  # the runner's list: the same one every step
+            self._caches = kv_caches
+            self._cache_pointers[:] = [cache.data_ptr() for cache in kv_caches]
+        rows, d = x.shape[0], self._dims
+        shape = _DecoderShape(
+            d.hidden,
+            d.heads,
+            d.kv_heads,
+            d.head_dim,
+            d.intermediate,
+            meta.block_size,
+            d.eps,
+            d.scale,
+            torch.get_num_threads(),
+        )
+        residual = torch.empty_like(x)
+        self._lib.decoder_layers(
+            self._layers,
+            len(self._layers),
+            ctypes.byref(shape),
+            self._cache_pointers,
+            x.data_ptr(),
+            residual.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            meta.slot_mapping.data_ptr(),
+            *meta.cache_rows.pointers(),
+            rows,
+        )
+        return x, residual

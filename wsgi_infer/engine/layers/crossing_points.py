@@ -1,0 +1,104 @@
+"""How many rows a packed layer serves: the crossing point where the full-precision multiply wins.
+
+Decoding a few sequences is bound by reading weights, so a smaller copy of each weight pays there; large
+batches are compute-bound, where oneDNN's bf16 GEMM (AMX where present) wins. The crossing point is measured
+once per weight shape on a machine, and kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from ..cache_files import read_json, write_json
+from ..cpu_info import cpu_model_name
+from ..device import cpu_has_native_bf16
+
+log = logging.getLogger(__name__)
+
+ROWS_MEASURED = (1, 2, 4, 8, 16, 32, 64)
+ANY_ROWS = 2**31 - 1  # a crossing point no step reaches
+
+
+class SmallBatchLinear(Protocol):
+    """What is measured: a layer with a packed copy (``quantization.SmallBatchLinear``)."""
+
+    kind: str
+    out_features: int
+    in_features: int
+    dtype: torch.dtype
+    on_kernels: bool
+    max_rows: int
+
+    def packed_mm(self, rows: torch.Tensor) -> torch.Tensor: ...
+
+    def full_mm(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+def choose_max_rows(layers: list[SmallBatchLinear], saved: Path | None = None) -> None:
+    """The packed copy serves up to the largest row count where it beat the full-precision multiply.
+
+    Measured once per weight shape on this machine, then kept in ``saved`` (JSON): a greedy output must
+    not depend on how a later start's timing happened to fall, and later starts skip the measuring.
+    """
+    known = read_json(saved) or {}
+    by_key: dict[str, list[SmallBatchLinear]] = {}
+    for layer in layers:
+        by_key.setdefault(_machine_key(layer), []).append(layer)
+    unknown = [key for key in by_key if key not in known]
+    for key in unknown:
+        known[key] = _measured_max_rows(by_key[key])
+        steps = "of any size" if known[key] == ANY_ROWS else f"of at most {known[key]} rows (measured)"
+        log.info("%s: packed weights for steps %s", key, steps)
+    for key, same_shape in by_key.items():
+        for layer in same_shape:
+            layer.max_rows = known[key]
+    if unknown and saved is not None:
+        write_json(saved, known)
+
+
+def _machine_key(layer: SmallBatchLinear) -> str:
+    kind = f"{layer.kind} {layer.out_features}x{layer.in_features} {str(layer.dtype).removeprefix('torch.')}"
+    return f"{cpu_model_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {kind}"
+
+
+@torch.inference_mode()
+def _measured_max_rows(same_shape: list[SmallBatchLinear]) -> int:
+    """The most rows where the packed copy wins, timed as a step uses them: every layer of the shape in
+    turn, each weight read from memory rather than from the cache a single layer's repeated calls would
+    leave it in. Counted down: the packed copy's lead only grows as rows fall (it reads fewer bytes for
+    the same products), so where it wins at 64 rows, as int4 on the kernels does, one count is timed,
+    not seven (a first start spent 2.5 s here).
+
+    Without native bf16, oneDNN's bf16 GEMM is emulated, and a full multiply loses to the kernels' packed one at
+    every count (the default model's step of 64 rows: 945 ms against 279 in int4), where a 512-row prefill step
+    would take seconds: layers on the kernels take steps of any size there, unmeasured."""
+    if same_shape[0].on_kernels and not cpu_has_native_bf16():
+        return ANY_ROWS
+    for rows in sorted(ROWS_MEASURED, reverse=True):
+        x = torch.randn(rows, same_shape[0].in_features, dtype=same_shape[0].dtype)
+        packed = _seconds([partial(layer.packed_mm, x) for layer in same_shape])
+        full = _seconds([partial(layer.full_mm, x) for layer in same_shape])
+        if packed < full:
+            return rows
+    return 0
+
+
+def _seconds(calls: list[Callable[[], object]], repeats: int = 3) -> float:
+    """The fastest of a few runs through ``calls``: the one least disturbed by whatever else the
+    machine was doing (a mean let one slow call move a crossing point from 16 rows to 2)."""
+    for call in calls:
+        call()  # warm-up: first calls allocate
+    fastest = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for call in calls:
+            call()
+        fastest = min(fastest, time.perf_counter() - start)
+    return fastest
