@@ -15,11 +15,14 @@ By default it starts `gunicorn -c gunicorn.conf.py` itself on a free port;
 OpenAI-compatible server (llama.cpp, transformers serve, vLLM...): every
 system gets the same prompts and lengths, runs alternate between systems, and
 peers without `ignore_eos` get a `logit_bias` of -100 on --eos-token-ids.
+--llama-server BINARY starts llama.cpp's own server as one more peer, on the
+same GGUF (--peer-model for another file: a Hugging Face --model's BF16 GGUF),
+with as many threads as this machine has cores and a slot per stream.
 --json and --plot write the medians and a PNG of tok/s and TTFT against
 concurrency, one line per system:
 
-    .venv/bin/python scripts/bench_serve.py --concurrency 1 4 16 64 --skip-engine \
-        --peer llama.cpp=http://127.0.0.1:8001 --json side_by_side.json --plot side_by_side.png
+    .venv/bin/python scripts/bench_serve.py --concurrency 1 16 --skip-engine --model smol-q8_0.gguf \
+        --llama-server llama.cpp/build/bin/llama-server --json side_by_side.json --plot side_by_side.png
 """
 
 from __future__ import annotations
@@ -95,10 +98,14 @@ async def run_level(
     output_len: int,
     rate: float | None,
     extra_body: dict | None = None,
+    keep_alive: bool = True,
 ) -> dict:
     todo = prompts(num_requests)
     semaphore = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    # A peer's connections are not reused: llama-server (cpp-httplib) closes a kept-alive connection after 5
+    # requests, and a request sent on it just then fails ("Server disconnected without sending a response").
+    keep = concurrency + 4 if keep_alive else 0
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=keep)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
 
         async def limited(prompt: str, delay: float) -> dict:
@@ -192,6 +199,29 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     return process, f"http://127.0.0.1:{port}"
 
 
+def start_llama_server(args) -> tuple[subprocess.Popen, str]:
+    """llama.cpp's llama-server on the peer model: 2048 tokens of context per slot, one slot per stream."""
+    model = args.peer_model or args.model
+    if not model or not model.endswith(".gguf"):
+        raise SystemExit("--llama-server needs a GGUF: --model FILE.gguf, or --peer-model FILE.gguf")
+    port, slots = free_port(), max(args.concurrency)
+    command = [args.llama_server, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+    command += ["-t", str(os.cpu_count()), "-np", str(slots), "-c", str(2048 * slots)]
+    log = open(os.environ.get("LLAMA_SERVER_LOG", os.devnull), "w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise SystemExit(f"llama-server did not become healthy: {' '.join(command)}")
+
+
 def engine_alone(args) -> dict:
     cmd = [
         sys.executable,
@@ -225,11 +255,13 @@ def serve_levels(args, name: str, peer_url: str | None) -> dict[int, dict]:
     extra = {"logit_bias": {str(t): -100 for t in args.eos_token_ids}} if peer_url else None
     try:
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-        asyncio.run(run_level(url, model, 1, 2, 8, None, extra))  # warm-up
+        keep_alive = peer_url is None
+        asyncio.run(run_level(url, model, 1, 2, 8, None, extra, keep_alive))  # warm-up
         results = {}
         for c in args.concurrency:
             n = max(args.min_requests, c * args.rounds)
-            results[c] = asyncio.run(run_level(url, model, c, n, args.output_len, args.request_rate, extra))
+            level = run_level(url, model, c, n, args.output_len, args.request_rate, extra, keep_alive)
+            results[c] = asyncio.run(level)
             if server is not None:
                 results[c]["server_peak_rss_mb"] = tree_peak_rss_mb(server.pid)
             r = results[c]
@@ -322,19 +354,30 @@ def main() -> None:
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--server-log", action="store_true", help="copy the server's log to stderr")
     parser.add_argument("--peer", action="append", default=[], metavar="NAME=URL", help="another server to compare")
+    parser.add_argument("--llama-server", metavar="BINARY", help="start llama.cpp's llama-server as a peer")
+    parser.add_argument("--peer-model", help="the GGUF llama-server serves (default: --model)")
     parser.add_argument("--eos-token-ids", type=int, nargs="+", default=[0, 2], help="biased away for peers")
     parser.add_argument("--json", default=None, help="write every system's medians here")
     parser.add_argument("--plot", default=None, help="write a PNG of tok/s and TTFT against concurrency here")
     args = parser.parse_args()
 
     systems = [("wsgi-infer", None)] + [tuple(p.split("=", 1)) for p in args.peer]
+    llama_server = None
+    if args.llama_server:
+        llama_server, url = start_llama_server(args)
+        systems.append(("llama-server", url))
     runs: dict[str, list] = {name: [] for name, _ in systems}
     alone_runs = []
-    for _ in range(args.repeat):  # alternate the systems so drift of this shared machine hits each of them
-        for name, url in systems:
-            runs[name].append(serve_levels(args, name, url))
-        if not args.skip_engine:
-            alone_runs.append({int(c): r for c, r in engine_alone(args)["results"].items()})
+    try:
+        for _ in range(args.repeat):  # alternate the systems so drift of this shared machine hits each of them
+            for name, url in systems:
+                runs[name].append(serve_levels(args, name, url))
+            if not args.skip_engine:
+                alone_runs.append({int(c): r for c, r in engine_alone(args)["results"].items()})
+    finally:
+        if llama_server is not None:
+            llama_server.terminate()
+            llama_server.wait(60)
     medians = {name: median_runs(r) for name, r in runs.items()}
     served = medians["wsgi-infer"]
     alone = median_runs(alone_runs) if alone_runs else None

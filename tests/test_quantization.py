@@ -53,6 +53,16 @@ def test_torch_packed_weights_serve_small_batches_and_full_weights_large_ones(ma
     assert torch.equal(packed(large), linear(large))
 
 
+def test_packing_a_float32_layer_leaves_its_weight_as_it_was():
+    linear = nn.Linear(64, 96)
+    weight = linear.weight.detach().clone()
+    packed = TorchInt8Linear(linear)
+    assert torch.equal(packed.weight, weight)
+    packed.max_rows = 4
+    x = torch.randn(4, 64)
+    torch.testing.assert_close(packed(x), linear(x), rtol=0.02, atol=0.02)
+
+
 def test_the_int4_kernel_computes_with_the_groups_values():
     """torch's convention, ``(q - 8) * scale + zero``, is what Int4Groups stores."""
     linear = _linear()

@@ -123,7 +123,12 @@ def _int8_per_channel(weight: torch.Tensor, rows_per_chunk: int = 2048) -> tuple
     scale = w.abs().amax(dim=1).float().clamp(min=1e-12) / 127.0  # |w|'s maximum is exact in w's dtype
     codes = torch.empty(w.shape, dtype=torch.int8)
     for start in range(0, len(w), rows_per_chunk):
-        chunk = w[start : start + rows_per_chunk].float().div_(scale[start : start + rows_per_chunk, None])
+        # a copy: .float() of a float32 weight is the weight itself, which the division would change
+        chunk = (
+            w[start : start + rows_per_chunk]
+            .to(torch.float32, copy=True)
+            .div_(scale[start : start + rows_per_chunk, None])
+        )
         codes[start : start + rows_per_chunk] = chunk.round_().clamp_(-127, 127)
     return codes, scale
 
