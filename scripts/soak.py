@@ -778,8 +778,9 @@ def parse_args() -> argparse.Namespace:
         "--dtype",
         default="float32",
         help="the server's dtype; float32 by default, as greedy texts are compared with references made in "
-        "another batch, and in bf16 on the CPU the batch's shape changes the output",
+        "another batch, and in bf16 through torch on the CPU the batch's shape changes the output",
     )
+    parser.add_argument("--quantization", default="auto", help="the server's packed weights (auto, none, int4, int8)")
     parser.add_argument("--concurrency", type=int, default=8, help="client loops")
     parser.add_argument("--kv-cache-mb", type=int, default=None, help="the server's KV cache (default: its own)")
     parser.add_argument("--out", type=Path, default=Path("soak-out"), help="directory for soak.json, soak.png")
@@ -799,7 +800,12 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    settings = {"dtype": args.dtype, "model": args.model, "kv_cache_memory_mb": args.kv_cache_mb}
+    settings = {
+        "dtype": args.dtype,
+        "quantization": args.quantization,
+        "model": args.model,
+        "kv_cache_memory_mb": args.kv_cache_mb,
+    }
     settings = {name: value for name, value in settings.items() if value is not None}
     server = GunicornServer(settings, "--access-logfile", "/dev/null")
     try:

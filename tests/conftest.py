@@ -81,18 +81,24 @@ def tiny_model_dirs(tmp_path_factory, default_model_dir) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_model_dirs) -> LLM:
-    return LLM(model=str(tiny_model_dirs["llama"]), dtype="float32", block_size=4, max_num_batched_tokens=64)
+    return LLM(
+        model=str(tiny_model_dirs["llama"]),
+        dtype="float32",
+        quantization="none",
+        block_size=4,
+        max_num_batched_tokens=64,
+    )
 
 
 @pytest.fixture(scope="session")
 def default_llm(default_model_dir) -> LLM:
-    return LLM(model=None, dtype="float32")
+    return LLM(model=None, dtype="float32", quantization="none")
 
 
 @pytest.fixture(scope="session")
 def server():
     """The default model served in float32 (so it equals ``default_llm``), shared by the API tests."""
-    with GunicornServer({"dtype": "float32"}) as srv:
+    with GunicornServer({"dtype": "float32", "quantization": "none"}) as srv:
         yield srv.wait_ready()
 
 

@@ -13,6 +13,7 @@ def server(tiny_model_dirs):
     settings = {
         "model": tiny_model_dirs["llama"],
         "dtype": "float32",
+        "quantization": "none",
         "api_key": "key-one, key-two",
         "cors_origins": "http://app.example",
     }
@@ -74,7 +75,13 @@ def test_cors_preflight_and_allowed_origins(server):
 
 
 def test_protected_ops(tiny_model_dirs):
-    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "api_key": "k", "protect_ops": "true"}
+    settings = {
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "quantization": "none",
+        "api_key": "k",
+        "protect_ops": "true",
+    }
     with GunicornServer(settings) as server:
         server.wait_ready()
         with server.client() as http:

@@ -60,11 +60,11 @@ def test_prefix_cache_hit_keeps_output(tiny_model_dirs):
     model = str(tiny_model_dirs["llama"])
     shared = "Once upon a time, in a land far away, there lived a king who"
     prompts = [shared + " ruled", shared + " loved"]
-    cached = LLM(model=model, dtype="float32", block_size=4)
+    cached = LLM(model=model, dtype="float32", quantization="none", block_size=4)
     with_cache = [cached.generate(p, GREEDY)[0].token_ids for p in prompts]  # second reuses the first's blocks
     shared_blocks = len(cached.engine.tokenize(shared)) // 4
     assert cached.engine.block_manager.num_prefix_hit_blocks >= shared_blocks
-    uncached = LLM(model=model, dtype="float32", block_size=4, enable_prefix_caching=False)
+    uncached = LLM(model=model, dtype="float32", quantization="none", block_size=4, enable_prefix_caching=False)
     assert with_cache == [uncached.generate(p, GREEDY)[0].token_ids for p in prompts]
     assert uncached.engine.block_manager.num_prefix_hit_blocks == 0
     assert_idle(cached)
@@ -73,7 +73,12 @@ def test_prefix_cache_hit_keeps_output(tiny_model_dirs):
 def test_preemption_keeps_outputs(tiny_model_dirs, alone):
     # 24 blocks of 4 tokens cannot hold five growing sequences: some must be preempted.
     llm = LLM(
-        model=str(tiny_model_dirs["llama"]), dtype="float32", block_size=4, num_kv_blocks=24, max_num_batched_tokens=64
+        model=str(tiny_model_dirs["llama"]),
+        dtype="float32",
+        quantization="none",
+        block_size=4,
+        num_kv_blocks=24,
+        max_num_batched_tokens=64,
     )
     outputs = llm.generate(PROMPTS, GREEDY)
     assert llm.engine.counters().num_preemptions == llm.engine.scheduler.num_preemptions > 0  # what metrics read
@@ -83,7 +88,13 @@ def test_preemption_keeps_outputs(tiny_model_dirs, alone):
 
 def test_chunked_prefill_never_stalls_decodes(tiny_model_dirs):
     budget = 16
-    llm = LLM(model=str(tiny_model_dirs["llama"]), dtype="float32", block_size=4, max_num_batched_tokens=budget)
+    llm = LLM(
+        model=str(tiny_model_dirs["llama"]),
+        dtype="float32",
+        quantization="none",
+        block_size=4,
+        max_num_batched_tokens=budget,
+    )
     engine = llm.engine
     engine.add_request("decoder", "Hello", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
     engine.step()  # prefill of the short prompt

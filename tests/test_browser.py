@@ -28,7 +28,9 @@ CHROMIUM_ARGS = [
 @pytest.fixture(scope="module")
 def server(tiny_model_dirs):
     # A stream nobody reads is abandoned one heartbeat interval after its reader left (Stop included).
-    with GunicornServer({"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 2}) as srv:
+    with GunicornServer(
+        {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "heartbeat_seconds": 2}
+    ) as srv:
         yield srv.wait_ready()
 
 
@@ -98,7 +100,7 @@ def test_a_cut_connection_resumes_without_losing_or_repeating_tokens(browser, ti
     expected = tiny_llama.chat([{"role": "user", "content": prompt}], params)[0].text
     # Heartbeats of 10 s: the cut stream is kept for longer than all of the page's retries
     # (150 ms x attempt, 10 attempts: 8.25 s in all).
-    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 10}
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "heartbeat_seconds": 10}
     with GunicornServer(settings) as server, NginxProxy(f"127.0.0.1:{server.port}") as nginx:
         server.wait_ready()
         page = browser.new_page()

@@ -18,7 +18,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_generate_prints_the_greedy_completion(tiny_model_dirs, tiny_llama):
     model = str(tiny_model_dirs["llama"])
-    result = run_cli("generate", "Hello there", "--model", model, "--dtype", "float32", "--max-tokens", "8")
+    result = run_cli(
+        "generate", "Hello there", "--model", model, "--dtype", "float32", "--quantization", "none", "--max-tokens", "8"
+    )
     assert result.returncode == 0, result.stderr
     expected = tiny_llama.generate("Hello there", SamplingParams(temperature=0, max_tokens=8))[0].text
     assert result.stdout == expected + "\n"

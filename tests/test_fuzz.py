@@ -123,7 +123,7 @@ requests = st.sampled_from(sorted(VALID)).flatmap(
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dirs):
-    with GunicornServer({"model": tiny_model_dirs["llama"], "dtype": "float32"}) as srv:
+    with GunicornServer({"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none"}) as srv:
         yield srv.wait_ready()
 
 

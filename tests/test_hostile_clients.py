@@ -85,6 +85,7 @@ def strict(tiny_model_dirs):
     settings = {
         "model": tiny_model_dirs["llama"],
         "dtype": "float32",
+        "quantization": "none",
         "body_timeout_seconds": 1.0,
         "stream_backlog_bytes": BACKLOG_LIMIT,
     }
@@ -140,6 +141,7 @@ def crowd(tiny_model_dirs):
     settings = {
         "model": tiny_model_dirs["llama"],
         "dtype": "float32",
+        "quantization": "none",
         "heartbeat_seconds": 1.0,
         "max_num_seqs": 2,
         "max_waiting_requests": CROWD,
@@ -240,7 +242,7 @@ def hold_a_connection(server: GunicornServer, timeout: float = 30.0) -> socket.s
 
 
 def test_past_worker_connections_a_client_gets_a_503_with_retry_after(tiny_model_dirs, tiny_llama):
-    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32"}
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none"}
     with GunicornServer(settings, "--worker-connections", "20", "--keep-alive", "60") as server:
         server.wait_ready()
         held = []

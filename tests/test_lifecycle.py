@@ -109,7 +109,13 @@ def start_streams(server, max_tokens_list: list[int]) -> tuple[list[StreamResult
 
 
 def lifecycle_server(tiny_model_dirs, *args, **settings) -> GunicornServer:
-    base = {"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 0.5, "drain_seconds": DRAIN}
+    base = {
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "quantization": "none",
+        "heartbeat_seconds": 0.5,
+        "drain_seconds": DRAIN,
+    }
     return GunicornServer({**base, **settings}, "--graceful-timeout", str(GRACEFUL), "--keep-alive", "2", *args)
 
 

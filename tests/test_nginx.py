@@ -19,7 +19,9 @@ from .sse_client import events
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dirs):
-    with GunicornServer({"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 0.3}) as srv:
+    with GunicornServer(
+        {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "heartbeat_seconds": 0.3}
+    ) as srv:
         yield srv.wait_ready()
 
 
@@ -78,7 +80,13 @@ def test_nginx_keeps_its_connection_to_gunicorn_alive(server):
 def test_a_quiet_stream_outlives_nginx_read_timeout(tiny_model_dirs):
     """A queued request sends only heartbeats; more of them than fit in nginx's read timeout go by
     before its first token, and it still completes through nginx."""
-    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 0.3, "max_num_seqs": 1}
+    settings = {
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "quantization": "none",
+        "heartbeat_seconds": 0.3,
+        "max_num_seqs": 1,
+    }
     waited = threading.Event()
     quiet_events: list = []
 
@@ -110,7 +118,13 @@ def test_a_quiet_stream_outlives_nginx_read_timeout(tiny_model_dirs):
 
 
 def test_sigterm_drain_reaches_the_client_through_nginx(tiny_model_dirs):
-    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 0.3, "drain_seconds": 1}
+    settings = {
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "quantization": "none",
+        "heartbeat_seconds": 0.3,
+        "drain_seconds": 1,
+    }
     with GunicornServer(settings, "--graceful-timeout", "6", "--keep-alive", "1") as server:
         server.wait_ready()
         with NginxProxy(f"127.0.0.1:{server.port}") as nginx:
@@ -131,7 +145,7 @@ def test_sigterm_drain_reaches_the_client_through_nginx(tiny_model_dirs):
 
 def test_access_log_shows_the_real_client_and_the_unix_socket_upstream(tiny_model_dirs):
     sock = Path(tempfile.mkdtemp()) / "gunicorn.sock"
-    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32"}
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none"}
     with GunicornServer(settings, "--bind", f"unix:{sock}") as server, NginxProxy(f"unix:{sock}") as nginx:
         server.wait_ready()
         via_nginx = httpx.HTTPTransport(local_address="127.0.0.2")

@@ -41,6 +41,7 @@ def instances(tiny_model_dirs, tmp_path_factory):
     settings = {
         "model": tiny_model_dirs["llama"],
         "dtype": "float32",
+        "quantization": "none",
         "heartbeat_seconds": HEARTBEAT_S,
         "redis_url": redis_servers[0].url,
     }

@@ -23,7 +23,7 @@ def reference_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int) -> l
 
 @pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
 def test_tiny_models_match_transformers(arch, tiny_model_dirs):
-    llm = LLM(model=str(tiny_model_dirs[arch]), dtype="float32", block_size=4)
+    llm = LLM(model=str(tiny_model_dirs[arch]), dtype="float32", quantization="none", block_size=4)
     params = SamplingParams(temperature=0, max_tokens=20)
     outputs = llm.generate(PROMPTS, params)
     for prompt, out in zip(PROMPTS, outputs):
@@ -51,8 +51,8 @@ def test_sharded_checkpoint_loads_the_same_weights(tiny_model_dirs, tmp_path):
         (tmp_path / name).write_bytes((source / name).read_bytes())
     assert (tmp_path / "model.safetensors.index.json").is_file()
     params = SamplingParams(temperature=0, max_tokens=12)
-    sharded = LLM(model=str(tmp_path), dtype="float32").generate(PROMPTS, params)
-    single = LLM(model=str(source), dtype="float32").generate(PROMPTS, params)
+    sharded = LLM(model=str(tmp_path), dtype="float32", quantization="none").generate(PROMPTS, params)
+    single = LLM(model=str(source), dtype="float32", quantization="none").generate(PROMPTS, params)
     assert [o.token_ids for o in sharded] == [o.token_ids for o in single]
 
 
@@ -92,4 +92,4 @@ def test_a_weight_the_checkpoint_lacks_is_refused_by_name(tiny_model_dirs, tmp_p
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "attention_bias": True}))
     with pytest.raises(ValueError, match=r"layers\.0\.self_attn\.qkv_proj\.bias"):
-        LLM(model=str(tmp_path), dtype="float32")
+        LLM(model=str(tmp_path), dtype="float32", quantization="none")

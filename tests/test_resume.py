@@ -28,6 +28,7 @@ def server(tiny_model_dirs):
     settings = {
         "model": tiny_model_dirs["llama"],
         "dtype": "float32",
+        "quantization": "none",
         "heartbeat_seconds": 10.0,
         "resume_keep_seconds": 1.0,
     }
@@ -116,6 +117,7 @@ def test_a_resume_can_reach_another_instance_sharing_redis(tiny_model_dirs, redi
     settings = {
         "model": tiny_model_dirs["llama"],
         "dtype": "float32",
+        "quantization": "none",
         "heartbeat_seconds": 10.0,
         "redis_url": redis_url,
     }

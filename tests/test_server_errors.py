@@ -17,7 +17,12 @@ BODY_LIMIT = 4096
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dirs):
-    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "max_body_bytes": BODY_LIMIT}
+    settings = {
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "quantization": "none",
+        "max_body_bytes": BODY_LIMIT,
+    }
     with GunicornServer(settings) as srv:
         yield srv.wait_ready()
 

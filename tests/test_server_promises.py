@@ -20,7 +20,7 @@ PROMPT = "Tell me something"
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dirs):
-    with GunicornServer({"model": tiny_model_dirs["llama"], "dtype": "float32"}) as srv:
+    with GunicornServer({"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none"}) as srv:
         yield srv.wait_ready()
 
 
@@ -125,7 +125,7 @@ def test_settings_are_honoured_on_the_server(tiny_model_dirs, tmp_path, monkeypa
     sampled = SamplingParams(temperature=1.0, max_tokens=12)
     first_unseeded = offline.generate(PROMPT, sampled)[0].text  # the first request draws the first seed
     quantized_greedy = offline.generate(PROMPT, SamplingParams(temperature=0, max_tokens=24))[0].text
-    plain = LLM(model=model, device="cpu", dtype="float32").generate(
+    plain = LLM(model=model, device="cpu", dtype="float32", quantization="none").generate(
         PROMPT, SamplingParams(temperature=0, max_tokens=24)
     )[0]
     assert quantized_greedy != plain.text, "int8 changes nothing here: the test would show nothing"
@@ -161,7 +161,7 @@ def test_settings_are_honoured_on_the_server(tiny_model_dirs, tmp_path, monkeypa
 
 
 def test_a_non_streamed_request_gets_a_503_when_the_engine_dies(tiny_model_dirs):
-    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "test_fault_at_step": 5}
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "test_fault_at_step": 5}
     with GunicornServer(settings, "--graceful-timeout", "30") as server:
         server.wait_ready()
         r = httpx.post(f"{server.url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 50}, timeout=60)

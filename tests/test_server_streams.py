@@ -16,7 +16,13 @@ from .sse_client import events
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dirs):
-    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "heartbeat_seconds": 0.2, "block_size": 4}
+    settings = {
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "quantization": "none",
+        "heartbeat_seconds": 0.2,
+        "block_size": 4,
+    }
     with GunicornServer(settings) as srv:
         yield srv.wait_ready()
 
@@ -130,6 +136,7 @@ def one_seq_server(tiny_model_dirs):
     settings = {
         "model": tiny_model_dirs["llama"],
         "dtype": "float32",
+        "quantization": "none",
         "heartbeat_seconds": 0.2,
         "block_size": 4,
         "max_num_seqs": 1,

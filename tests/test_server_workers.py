@@ -14,7 +14,7 @@ from .sse_client import events
 
 
 def test_engine_failure_ends_streams_turns_health_503_and_worker_is_replaced(tiny_model_dirs):
-    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "test_fault_at_step": 40}
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "test_fault_at_step": 40}
     with GunicornServer(settings) as server:
         server.wait_ready()
         (first_worker,) = server.worker_pids()
@@ -40,7 +40,7 @@ def test_engine_failure_ends_streams_turns_health_503_and_worker_is_replaced(tin
 
 def test_health_is_503_once_the_engine_thread_is_dead(tiny_model_dirs):
     # A long graceful period keeps the dying worker around long enough to ask it.
-    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "test_fault_at_step": 3}
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "test_fault_at_step": 3}
     with GunicornServer(settings, "--graceful-timeout", "30") as server:
         server.wait_ready()
         with (
@@ -55,7 +55,7 @@ def test_health_is_503_once_the_engine_thread_is_dead(tiny_model_dirs):
 
 
 def test_metrics_add_up_across_two_workers(tiny_model_dirs):
-    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32"}
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none"}
     with GunicornServer(settings, "--workers", "2") as server:
         workers = server.wait_booted(count=2)
         single = int(server.wait_for_log(r"KV cache: (\d+) blocks").group(1))

@@ -14,7 +14,7 @@ def test_a_minute_of_mixed_load_with_a_reload(tiny_model_dirs, tmp_path):
     argv = [
         sys.executable,
         str(ROOT / "scripts" / "soak.py"),
-        *("--duration", "60", "--model", str(tiny_model_dirs["llama"]), "--dtype", "float32"),
+        *("--duration", "60", "--model", str(tiny_model_dirs["llama"]), "--dtype", "float32", "--quantization", "none"),
         *("--sample-every", "5", "--request-timeout", "180", "--out", str(tmp_path)),
     ]
     run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)

@@ -31,9 +31,3 @@ def cpu_flags() -> set[str]:
 def cpu_has_vnni() -> bool:
     """True when the CPU multiplies int8 into int32 sums directly (AVX512-VNNI or AVX-VNNI)."""
     return bool({"avx512_vnni", "avx_vnni"} & cpu_flags())
-
-
-def cpu_has_avx2_fma() -> bool:
-    """True when the CPU has AVX2 and FMA: the CPU kernels then multiply bf16 rows by int4 weights in float32
-    lanes, where it has no native bf16."""
-    return {"avx2", "fma"} <= cpu_flags()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from .cpu_info import cpu_has_avx2_fma
-
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -34,14 +32,13 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device, on_kernels: bool = False) -> torch.dtype:
-    """``auto``: bf16 on CUDA and on a CPU that computes it natively. On other x86 CPUs, bf16 only where the CPU
-    kernels serve every layer (``on_kernels``: packed weights, norms, attention): with AVX2 and FMA they multiply
-    bf16 rows by int4 and int8 weights as 16-bit integers, 5x faster than float32 weights at one row, while bf16
-    through torch there is emulated, slower than float32."""
+    """``auto``: bf16 on CUDA. On a CPU, float32 where the CPU kernels serve every layer (``on_kernels``: packed
+    weights, float32 activations), and where they do not but the CPU lacks native bf16 (bf16 through torch there
+    is emulated, slower than float32); bf16 through torch on a CPU that computes it natively (AVX512-BF16, AMX)."""
     if dtype == "auto":
-        if device.type == "cuda" or cpu_has_native_bf16():
+        if device.type == "cuda":
             return torch.bfloat16
-        return torch.bfloat16 if on_kernels and cpu_has_avx2_fma() else torch.float32
+        return torch.bfloat16 if cpu_has_native_bf16() and not on_kernels else torch.float32
     try:
         return _DTYPES[dtype]
     except KeyError:

@@ -70,9 +70,8 @@ class StepLogits:
 
 
 def kernels_serve(config: EngineConfig, hf_config, device: torch.device) -> bool:
-    """Whether a CPU engine's every linear layer would be packed on the CPU kernels (and its step run there): the
-    kernels are built, the architecture runs on them, and packing is not turned off. Where the CPU has no native
-    bf16, bf16 then pays (``device.resolve_dtype``)."""
+    """Whether a CPU engine's every linear layer would be packed on the CPU kernels (and its step run there, in
+    float32 rows): the kernels are built, the architecture runs on them, and packing is not turned off."""
     on_kernels = getattr(MODEL_REGISTRY[hf_config.model_type], "runs_on_kernels", False)
     return device.type == "cpu" and config.quantization != "none" and on_kernels and built_library().exists()
 
@@ -84,8 +83,10 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.block_size = config.block_size
-        # float32 stays on torch's ops, exact
-        self.kernels = kernels = load_cpu_kernels() if device.type == "cpu" and dtype == torch.bfloat16 else None
+        # Float32 rows on packed weights; unpacked models stay on torch's ops (float32 exact).
+        on_kernels = kernels_serve(config, hf_config, device) and dtype == torch.float32
+        self.kernels = kernels = load_cpu_kernels() if on_kernels else None
+        self.kv_dtype = torch.bfloat16 if kernels is not None else dtype  # half the cache, 0.0-0.1% of agreement
         self.model = self._build_model(hf_config)
         self._load_and_quantize(config.quantization, model_dir, kernels)
         if kernels is not None:
@@ -117,8 +118,10 @@ class ModelRunner:
         or kept (a start of the default model reads 190 MB of its converted files, not 620). Without them, torch's
         packed copies beside the weights: asked for, or by default a checkpoint's own 4-bit blocks when serving
         bf16 on a CPU. float32 stays exact; GPUs have their own fast GEMMs."""
-        if method != "none" and self.device.type != "cpu":
-            raise ValueError(f"quantization {method!r} is implemented for the CPU only, not {self.device.type}")
+        if self.device.type != "cpu":
+            if method != "auto" and method != "none":
+                raise ValueError(f"quantization {method!r} is implemented for the CPU only, not {self.device.type}")
+            method = "none"
         stored = StoredGroups(model_dir / PACKED_GROUPS_FILE)
         names = self.model.checkpoint_names
         if kernels is not None and method != "none":
@@ -148,7 +151,7 @@ class ModelRunner:
             raise ValueError(f"{model_dir}: the checkpoint has no (or NaN) values for {', '.join(unloaded[:5])}")
 
     def _bytes_per_block(self) -> int:
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self.kv_dtype.itemsize
 
     def _kv_budget(self, config: EngineConfig) -> int:
         if config.kv_cache_memory_bytes:
@@ -160,14 +163,14 @@ class ModelRunner:
 
     def _allocate_kv_cache(self) -> KVCache:
         shape = (self.num_blocks * self.block_size, 2 * self.num_kv_heads, self.head_dim)
-        caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(self.num_layers)]
         log.info(
             "KV cache: %d blocks of %d tokens (%.0f MiB, %s %s)",
             self.num_blocks,
             self.block_size,
             self.num_blocks * self._bytes_per_block() / 2**20,
             self.device,
-            self.dtype,
+            self.kv_dtype,
         )
         return caches
 

@@ -2,10 +2,10 @@
 
 A fused layer (qkv, gate-up) stacks its checkpoint weights' rows, so its groups stack theirs. Each part comes
 from the checkpoint's own blocks where a GGUF's map onto a packed format (``gguf_blocks``), else from its float32
-values, quantized as GGUF's Q8_0 is made: 8-bit groups keep 16- and 32-bit weights (a Hugging Face directory, an
-F16 or BF16 GGUF) and 6-, 3- and 2-bit blocks close to what they were. A layer whose parts are all 4-bit is
-4-bit; a mix is 8-bit (4-bit parts exactly so). ``int4`` asks for 4-bit everywhere (other parts quantized as Q4_1
-is made), ``int8`` for 8-bit everywhere.
+values, quantized to 8-bit groups with offsets (``Int8Groups.from_weight``), which keep 16- and 32-bit weights (a
+Hugging Face directory, an F16 or BF16 GGUF) and 6-, 3- and 2-bit blocks close to what they were. A layer whose
+parts are all 4-bit is 4-bit; a mix is 8-bit (4-bit parts exactly so). ``int4`` asks for 4-bit everywhere (other
+parts quantized as Q4_1 is made), ``int8`` for 8-bit everywhere.
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 A one-stream decode step ran ~1,500 torch ops, most of them tiny: RMSNorm and its residual add are 6 (it rounds as
 transformers does), SiLU-and-mul 4, rotary 7, attention over the paged cache 12. Their dispatch, not their arithmetic,
 was the distance to llama.cpp. Each of these is one call here, packed weights (int4 and int8 groups) have their
-own multiply, and ``FusedDecoder`` runs a step's decoder layers in one call. They take bf16 tensors on the CPU,
-contiguous in their last dimension; the layers hand them nothing else (see ``attach_kernels``).
+own multiply, and ``FusedDecoder`` runs a step's decoder layers in one call. Activations are float32 (bf16 ones
+cost a 135M model's greedy output 1-3% of its top-1 agreement with float32, whatever the weights); the KV cache is
+bf16. They take CPU tensors contiguous in their last dimension, which the layers give them (see
+``attach_kernels``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,16 @@ _SIGNATURES = {
 }
 
 
+def _check(t: torch.Tensor, what: str, dtype: torch.dtype = torch.float32) -> None:
+    """The kernels read CPU tensors of one dtype with a contiguous last dimension: anything else is a bug upstream,
+    which must not become a read past a buffer."""
+    if t.dtype != dtype or t.device.type != "cpu" or t.stride(-1) != 1:
+        raise TypeError(
+            f"{what}: expected {dtype} on the CPU, last dimension contiguous; got {t.dtype} on "
+            f"{t.device}, strides {t.stride()}"
+        )
+
+
 @dataclass
 class CacheRows:
     """Where each token of a step reads the paged cache, as the kernels take it: a padded block table per
@@ -68,6 +80,10 @@ class CpuKernels:
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(RMSNorm of x + residual, x + residual); the sum is written into ``residual`` in place."""
+        for t, what in ((x, "x"), (weight, "weight"), (residual, "residual")):
+            if t is not None:
+                _check(t, f"rms_norm {what}")
+        x = x.contiguous()
         out = torch.empty_like(x)
         ptr = residual.data_ptr() if residual is not None else None
         self._lib.rms_norm(
@@ -76,19 +92,29 @@ class CpuKernels:
         return out, x if residual is None else residual
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        _check(gate_up, "silu_mul")
+        gate_up = gate_up.contiguous()
         out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
         self._lib.silu_mul(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1], torch.get_num_threads())
         return out
 
     def rotate_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """x: [tokens, heads, D], rows strided; cos, sin: float32 [tokens, 1, D]."""
+        for t, what in ((x, "x"), (cos, "cos"), (sin, "sin")):
+            _check(t, f"rotate {what}")
+        if x.stride(1) != x.shape[2]:
+            raise TypeError(f"rotate x: heads must be contiguous in a row, got strides {x.stride()}")
         tokens, heads, head_dim = x.shape
         threads = torch.get_num_threads()
         self._lib.rotate(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), tokens, heads, head_dim, threads)
 
     def paged_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, rows: CacheRows, scale: float) -> torch.Tensor:
-        """q: [tokens, heads, D], rows strided, each token over its sequence's cache up to itself;
-        -> [tokens, heads * D]."""
+        """q: float32 [tokens, heads, D], rows strided, each token over its sequence's bf16 cache up to itself;
+        -> float32 [tokens, heads * D]."""
+        _check(q, "paged_attention q")
+        _check(kv_cache, "paged_attention cache", torch.bfloat16)
+        if q.stride(1) != q.shape[2] or not kv_cache.is_contiguous():
+            raise TypeError("paged_attention: a row's heads and the cache must be contiguous")
         tokens, heads, head_dim = q.shape
         out = q.new_empty(tokens, heads * head_dim)
         self._lib.paged_attention(
@@ -109,6 +135,9 @@ class CpuKernels:
 
     def packed_mm(self, x: torch.Tensor, weight: KernelWeight, n: int) -> torch.Tensor:
         """x [rows, k] times a packed weight [n, k] (``layouts.KernelWeight``) -> [rows, n]."""
+        _check(x, "packed_mm x")
+        if x.shape[1] != weight.k:
+            raise TypeError(f"packed_mm: {x.shape[1]} inputs for a weight of {weight.k}")
         x = x.contiguous()
         out = x.new_empty(x.shape[0], n)
         multiply = self._lib.int4_mm if weight.bits == 4 else self._lib.int8_mm
@@ -133,6 +162,8 @@ class CpuKernels:
         """torch.argmax over the last dimension of float32 rows [rows, n] (the first of equal maxima; NaN
         counts as largest), in one vectorized pass: torch's took 2.5 ms for 64 rows of a 49,152-token
         vocabulary on this machine's EPYC, this 0.3."""
+        _check(logits, "argmax")
+        logits = logits.contiguous()
         rows, n = logits.shape
         out = torch.empty(rows, dtype=torch.long)
         self._lib.argmax_rows(logits.data_ptr(), rows, n, out.data_ptr(), torch.get_num_threads())

@@ -1,10 +1,11 @@
-/* Fused bf16 kernels for a step on the CPU (built by build.py, called by cpu.py).
+/* Fused kernels for a step on the CPU (built by build.py, called by cpu.py): float32 activations, packed weights
+ * (int4 and int8 groups), a bf16 KV cache.
  *
  * Each replaces a chain of small torch ops whose dispatch, not arithmetic, dominated a one-stream step; int4_mm
- * replaces torch's int4 kernel, and decoder_layers runs a whole step's layers through them in one call.
- * They round where the torch ops they replace round (bf16 at each op's output, float32 inside), and are
- * compiled with -ffp-contract=off so a*b+c stays two roundings, as in torch. Rows are independent: a row's
- * result never depends on the other rows of its batch.
+ * and int8_mm multiply the packed weights, and decoder_layers runs a whole step's layers through them in one call.
+ * They compute as transformers does in float32, up to the order of sums, and are compiled with -ffp-contract=off
+ * so a*b+c stays two roundings wherever it is written. Rows are independent: a row's result never depends on the
+ * other rows of its batch.
  *
  * The large loops (tiles of a weight, attention's heads) hand out their tasks dynamically, to whichever thread is
  * free: there are as many threads as cores, and when the OS runs something else on one core (the server's hub, a
@@ -70,6 +71,11 @@ static inline bf16 to_bf16(float f) { /* round to nearest even, as torch does; N
     return (bf16)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
+/* count floats as bf16 (the KV cache's), each rounded to nearest even */
+static inline void store_bf16(bf16 *out, const float *x, int64_t count) {
+    for (int64_t i = 0; i < count; i++) out[i] = to_bf16(x[i]);
+}
+
 /* 16 floats as one vector (GCC's vector extensions: AVX-512 where present, narrower registers elsewhere). */
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
@@ -77,30 +83,19 @@ typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint16_t u16x32 __attribute__((vector_size(64)));
 
+static inline f32x16 load16f(const float *p) {
+    f32x16 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+/* 16 bf16 values (the KV cache's) as floats */
 static inline f32x16 load16(const bf16 *p) {
     u16x16 half;
     memcpy(&half, p, sizeof(half));
     u32x16 bits = __builtin_convertvector(half, u32x16) << 16;
     f32x16 v;
     memcpy(&v, &bits, sizeof(v));
-    return v;
-}
-
-/* acc + the products of 16 pairs of bf16 values (lane i: elements 2i and 2i + 1 of a and b), each exact in
- * float32: one vdpbf16ps where the CPU has it */
-static inline f32x16 dot_pairs(f32x16 acc, u16x32 a, u16x32 b) {
-#ifdef __AVX512BF16__
-    return (f32x16)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b);
-#else
-    u32x16 x = (u32x16)a, y = (u32x16)b;
-    return acc + ((f32x16)(x << 16) * (f32x16)(y << 16) + (f32x16)(x & 0xffff0000u) * (f32x16)(y & 0xffff0000u));
-#endif
-}
-
-/* up to 32 bf16 values, zeros after n */
-static inline u16x32 load32(const bf16 *p, int64_t n) {
-    u16x32 v = {0};
-    memcpy(&v, p, (n < 32 ? n : 32) * sizeof(bf16));
     return v;
 }
 
@@ -153,14 +148,7 @@ static inline f32v exp_v(f32v x) {
     return (p * r2 + r + 1.0f) * (f32v)bits;
 }
 
-/* to_bf16 of each lane */
-static inline u16v to_bf16_v(f32v v) {
-    u32v bits = (u32v)v, rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    i32v nan = (i32v)((bits & 0x7fffffffu) > 0x7f800000u);
-    return __builtin_convertvector((((bits >> 16) | 0x40) & (u32v)nan) | (rounded & ~(u32v)nan), u16v);
-}
-
-/* exp_v and to_bf16_v of 16 lanes, a register's width at a time */
+/* exp_v of 16 lanes, a register's width at a time */
 static inline f32x16 exp16(f32x16 x) {
     f32v piece[16 / LANES];
     memcpy(piece, &x, sizeof(x));
@@ -169,64 +157,50 @@ static inline f32x16 exp16(f32x16 x) {
     return x;
 }
 
-static inline u16x16 to_bf16x16(f32x16 v) {
-    f32v piece[16 / LANES];
-    u16v rounded[16 / LANES];
-    u16x16 out;
-    memcpy(piece, &v, sizeof(v));
-    for (int i = 0; i < 16 / LANES; i++) rounded[i] = to_bf16_v(piece[i]);
-    memcpy(&out, rounded, sizeof(out));
-    return out;
-}
-
-/* out = weight * bf16(rms_norm(float(x))): RMSNorm as transformers rounds it. With a residual, the sum
- * residual + x (rounded to bf16, as torch adds) is normalized, and kept in residual, in place. */
-void rms_norm(const bf16 *x, bf16 *residual, const bf16 *weight, bf16 *out, int64_t rows, int64_t dim, float eps,
+/* out = weight * rms_norm(x) in float32, as transformers computes it (the sum of squares in another order). With
+ * a residual, the sum residual + x is normalized, and kept in residual, in place. */
+void rms_norm(const float *x, float *residual, const float *weight, float *out, int64_t rows, int64_t dim, float eps,
               int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
-        const bf16 *row = x + r * dim;
-        bf16 *dst = out + r * dim;
+        const float *row = x + r * dim;
+        float *dst = out + r * dim;
         if (residual) {
-            bf16 *sum = residual + r * dim;
-            for (int64_t i = 0; i < dim; i++) sum[i] = to_bf16(to_float(sum[i]) + to_float(row[i]));
+            float *sum = residual + r * dim;
+            for (int64_t i = 0; i < dim; i++) sum[i] += row[i];
             row = sum;
         }
         f32x16 lanes = {0};
         float squares = 0.0f;
         int64_t i = 0;
-        for (; i + 16 <= dim; i += 16) lanes += load16(row + i) * load16(row + i);
-        for (; i < dim; i++) squares += to_float(row[i]) * to_float(row[i]);
+        for (; i + 16 <= dim; i += 16) {
+            f32x16 v = load16f(row + i);
+            lanes += v * v;
+        }
+        for (; i < dim; i++) squares += row[i] * row[i];
         squares += hsum(lanes);
         float inv = 1.0f / sqrtf(squares / (float)dim + eps);
-        for (int64_t i = 0; i < dim; i++) dst[i] = to_bf16(to_float(weight[i]) * to_float(to_bf16(to_float(row[i]) * inv)));
+        for (int64_t i = 0; i < dim; i++) dst[i] = weight[i] * (row[i] * inv);
     }
 }
 
-/* out = bf16(silu(gate)) * up, from gate_up = [gate | up] per row. */
-void silu_mul(const bf16 *gate_up, bf16 *out, int64_t rows, int64_t width, int threads) {
+/* out = silu(gate) * up, from gate_up = [gate | up] per row. */
+void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t width, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
-        const bf16 *gate = gate_up + r * 2 * width, *up = gate + width;
+        const float *gate = gate_up + r * 2 * width, *up = gate + width;
         int64_t i = 0;
         for (; i + 16 <= width; i += 16) { /* what the loop below does, 16 at a time */
-            f32x16 g = load16(gate + i);
-            u16x16 silu = to_bf16x16(g / (1.0f + exp16(-g)));
-            u32x16 silu_bits = __builtin_convertvector(silu, u32x16) << 16;
-            u16x16 product = to_bf16x16((f32x16)silu_bits * load16(up + i));
+            f32x16 g = load16f(gate + i), product = g / (1.0f + exp16(-g)) * load16f(up + i);
             memcpy(out + r * width + i, &product, sizeof(product));
         }
-        for (; i < width; i++) {
-            float g = to_float(gate[i]);
-            float silu = to_float(to_bf16(g / (1.0f + exp_approx(-g))));
-            out[r * width + i] = to_bf16(silu * to_float(up[i]));
-        }
+        for (; i < width; i++) out[r * width + i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
     }
 }
 
 /* Rotate heads [rows, heads, D] (row stride in elements) in place: x * cos + roll(x, D / 2) * sin with each
- * row's table rows [rows, D] (sin signed: see rotary.py), computed in float32, rounded once. */
-void rotate(bf16 *x, int64_t row_stride, const float *cos_rows, const float *sin_rows, int64_t rows, int64_t heads,
+ * row's table rows [rows, D] (sin signed: see rotary.py). */
+void rotate(float *x, int64_t row_stride, const float *cos_rows, const float *sin_rows, int64_t rows, int64_t heads,
             int64_t head_dim, int threads) {
     int64_t half = head_dim / 2;
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
@@ -234,11 +208,11 @@ void rotate(bf16 *x, int64_t row_stride, const float *cos_rows, const float *sin
         float rotated[head_dim];
         const float *c = cos_rows + r * head_dim, *s = sin_rows + r * head_dim;
         for (int64_t h = 0; h < heads; h++) {
-            bf16 *v = x + r * row_stride + h * head_dim;
+            float *v = x + r * row_stride + h * head_dim;
             for (int64_t d = 0; d < half; d++) /* two halves, so that each loop vectorizes */
-                rotated[d] = to_float(v[d]) * c[d] + to_float(v[d + half]) * s[d];
-            for (int64_t d = half; d < head_dim; d++) rotated[d] = to_float(v[d]) * c[d] + to_float(v[d - half]) * s[d];
-            for (int64_t d = 0; d < head_dim; d++) v[d] = to_bf16(rotated[d]);
+                rotated[d] = v[d] * c[d] + v[d + half] * s[d];
+            for (int64_t d = half; d < head_dim; d++) rotated[d] = v[d] * c[d] + v[d - half] * s[d];
+            memcpy(v, rotated, head_dim * sizeof(float));
         }
     }
 }
@@ -296,23 +270,23 @@ static inline void prefetch_token(const bf16 *keys, const bf16 *values, const in
         }
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) /* 8-lane registers and no vdpbf16ps */
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) /* 8-lane registers: 16-lane sums would spill */
 /* 8 bf16 as float32 */
 static inline __m256 widen8(const bf16 *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
 /* scores [group, stride] of the group's heads for each of len tokens (whole blocks of 16 computed): each key
- * widened once into registers for the group, each head's query read from L1 in float32, one multiply-add per 8
- * products (a product of two bf16 is exact in float32, so it rounds as a multiply and an add would); a token's
- * sums in two halves of 8 lanes (even and odd runs of 8 dimensions), 16 tokens' sums folded by hsum16 */
-static inline __attribute__((always_inline)) void score_tokens(const bf16 *q, const int64_t group, const bf16 *keys,
+ * widened once into registers for the group, each head's query read from L1 (aligned), one multiply-add per 8
+ * products; a token's sums in two halves of 8 lanes (even and odd runs of 8 dimensions), 16 tokens' sums folded
+ * by hsum16 */
+static inline __attribute__((always_inline)) void score_tokens(const float *q, const int64_t group, const bf16 *keys,
                                                                const bf16 *values, const int64_t *offsets,
                                                                int64_t len, const int64_t head_dim, float scale,
                                                                int64_t stride, float *scores) {
     const int64_t runs = head_dim / 8; /* even: head_dim is a multiple of 16 (attention_fits) */
     float query[group][head_dim] __attribute__((aligned(32)));
-    for (int64_t d = 0; d < group * head_dim; d++) query[0][d] = to_float(q[d]);
+    memcpy(query, q, sizeof(query));
     for (int64_t start = 0; start < len; start += 16) {
         f32x16 sums[group][16];
         for (int64_t i = 0; i < 16; i++) {
@@ -366,28 +340,24 @@ static inline __attribute__((always_inline)) void weigh_values(const bf16 *value
     }
 }
 #else
-/* scores [group, stride] of the group's heads for each of len tokens (whole blocks of 16 computed): the keys
- * multiplied as stored, pairs of bf16 at a time (one vdpbf16ps each where the CPU has it), each key read once
- * for the group, 16 tokens' sums folded into one vector by hsum16 */
-static inline __attribute__((always_inline)) void score_tokens(const bf16 *q, const int64_t group, const bf16 *keys,
+/* scores [group, stride] of the group's heads for each of len tokens (whole blocks of 16 computed): each key
+ * widened once for the group, 16 dimensions at a time, 16 tokens' sums folded into one vector by hsum16 */
+static inline __attribute__((always_inline)) void score_tokens(const float *q, const int64_t group, const bf16 *keys,
                                                                const bf16 *values, const int64_t *offsets,
                                                                int64_t len, const int64_t head_dim, float scale,
                                                                int64_t stride, float *scores) {
-    const int64_t pairs = (head_dim + 31) / 32; /* a last 16 values padded with zeros */
-    u16x32 query[group][pairs];
+    const int64_t chunks = head_dim / 16; /* head_dim is a multiple of 16 (attention_fits) */
     f32x16 sums[group][16];
-    for (int64_t h = 0; h < group; h++)
-        for (int64_t c = 0; c < pairs; c++) query[h][c] = load32(q + h * head_dim + c * 32, head_dim - c * 32);
     for (int64_t start = 0; start < len; start += 16) {
         for (int64_t i = 0; i < 16; i++) {
             int64_t t = start + i;
             prefetch_token(keys, values, offsets, t, len, head_dim);
-            u16x32 key[pairs];
-            for (int64_t c = 0; c < pairs; c++)
-                key[c] = t < len ? load32(keys + offsets[t] + c * 32, head_dim - c * 32) : (u16x32){0};
-            for (int64_t h = 0; h < group; h++) { /* the key as it is stored: no widening, one instruction per pair */
-                sums[h][i] = dot_pairs((f32x16){0}, query[h][0], key[0]);
-                for (int64_t c = 1; c < pairs; c++) sums[h][i] = dot_pairs(sums[h][i], query[h][c], key[c]);
+            f32x16 key[chunks];
+            for (int64_t c = 0; c < chunks; c++) key[c] = t < len ? load16(keys + offsets[t] + c * 16) : (f32x16){0};
+            for (int64_t h = 0; h < group; h++) {
+                f32x16 acc = load16f(q + h * head_dim) * key[0];
+                for (int64_t c = 1; c < chunks; c++) acc += load16f(q + h * head_dim + c * 16) * key[c];
+                sums[h][i] = acc;
             }
         }
         for (int64_t h = 0; h < group; h++) {
@@ -421,9 +391,9 @@ static inline __attribute__((always_inline)) void weigh_values(const bf16 *value
  * float32. Each key and value is read once for the whole group, and each head's sums run in the order one head
  * alone would run them. Scores fit on the stack (a float per token and head, in whole blocks of 16). q and out:
  * the group's heads, one after another. */
-static inline __attribute__((always_inline)) void attend_group(const bf16 *q, const int64_t group, const bf16 *keys,
+static inline __attribute__((always_inline)) void attend_group(const float *q, const int64_t group, const bf16 *keys,
                                                                const bf16 *values, const int64_t *offsets, int64_t len,
-                                                               const int64_t head_dim, float scale, bf16 *out) {
+                                                               const int64_t head_dim, float scale, float *out) {
     const int64_t stride = len + 15;
     float scores[group][stride], peak[group], total[group];
     score_tokens(q, group, keys, values, offsets, len, head_dim, scale, stride, &scores[0][0]);
@@ -441,21 +411,21 @@ static inline __attribute__((always_inline)) void attend_group(const bf16 *q, co
     float weighed[group][head_dim];
     weigh_values(values, offsets, len, group, head_dim, stride, &scores[0][0], &weighed[0][0]);
     for (int64_t h = 0; h < group; h++)
-        for (int64_t d = 0; d < head_dim; d++) out[h * head_dim + d] = to_bf16(weighed[h][d] / total[h]);
+        for (int64_t d = 0; d < head_dim; d++) out[h * head_dim + d] = weighed[h][d] / total[h];
 }
 
 /* attend_group with the common head sizes as constants, so that a head's query stays in registers */
-typedef void (*attend_fn)(const bf16 *, int64_t, const bf16 *, const bf16 *, const int64_t *, int64_t, int64_t, float,
-                          bf16 *);
+typedef void (*attend_fn)(const float *, int64_t, const bf16 *, const bf16 *, const int64_t *, int64_t, int64_t,
+                          float, float *);
 #define ATTEND_HEAD_DIM(D)                                                                                         \
-    static void attend_##D(const bf16 *q, int64_t group, const bf16 *keys, const bf16 *values,                    \
-                           const int64_t *offsets, int64_t len, int64_t head_dim, float scale, bf16 *out) {        \
+    static void attend_##D(const float *q, int64_t group, const bf16 *keys, const bf16 *values,                   \
+                           const int64_t *offsets, int64_t len, int64_t head_dim, float scale, float *out) {       \
         (void)head_dim;                                                                                            \
         attend_group(q, group, keys, values, offsets, len, D, scale, out);                                         \
     }
 ATTEND_HEAD_DIM(64) ATTEND_HEAD_DIM(128)
-static void attend_any(const bf16 *q, int64_t group, const bf16 *keys, const bf16 *values, const int64_t *offsets,
-                       int64_t len, int64_t head_dim, float scale, bf16 *out) {
+static void attend_any(const float *q, int64_t group, const bf16 *keys, const bf16 *values, const int64_t *offsets,
+                       int64_t len, int64_t head_dim, float scale, float *out) {
     attend_group(q, group, keys, values, offsets, len, head_dim, scale, out);
 }
 
@@ -465,10 +435,10 @@ static void attend_any(const bf16 *q, int64_t group, const bf16 *keys, const bf1
  * table row; context_lens: [rows], the tokens each row sees, itself included; out: [rows, heads * D]. Each row's
  * key-value heads, with their query heads, are independent tasks, handed out dynamically (see the top):
  * a prefill chunk's rows see more and more tokens. */
-void paged_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, const int64_t *block_table, int64_t seqs,
-                     int64_t max_blocks, const int64_t *row_seqs, const int64_t *context_lens, int64_t block_size,
-                     bf16 *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
-                     int threads) {
+void paged_attention(const float *q, int64_t q_row_stride, const bf16 *cache, const int64_t *block_table,
+                     int64_t seqs, int64_t max_blocks, const int64_t *row_seqs, const int64_t *context_lens,
+                     int64_t block_size, float *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                     float scale, int threads) {
     int64_t group = heads / kv_heads, slot_width = 2 * kv_heads * head_dim, total = 0, work = 0;
     int64_t lens[seqs], starts[seqs]; /* a sequence's slots, read by all its rows: as many as its last row sees */
     for (int64_t s = 0; s < seqs; s++) lens[s] = 0;
@@ -493,47 +463,50 @@ void paged_attention(const bf16 *q, int64_t q_row_stride, const bf16 *cache, con
     free(offsets);
 }
 
-/* --- bf16 rows as 16-bit integers, for AVX2's integer multiply-adds ----------------------------------------
- * Without vdpbf16ps, vpmaddwd makes twice as many multiply-adds per instruction as float32's FMA, on as many
- * ports. Each row's group of 32 inputs becomes 16-bit integers once per step, x * 2^e with e per group such that
- * the largest magnitude lands in [2^14, 2^15): bf16 keeps 8 significant bits, so every input within 2^7 of its
- * group's largest is exact, and a smaller one is off by 2^-15 of the largest at most. vpmaddwd multiplies, per
- * 32-bit lane, one output's two weights (16-bit integers) by a pair of inputs and adds the two products. A
- * group's sum is an exact integer whatever its order; each output's sums over groups run in group order, so a
- * row's result never depends on its batch. A weight's group is unpacked once into L1, as [pair][2] vectors
- * (outputs 0-7, 8-15), and read there 4 rows at a time, 4 input pairs per loop turn: GCC then keeps the 8 sums
- * in registers (5 or 6 rows spilled some, 30-40% slower at 16 and 64 rows). */
+/* --- float32 rows as 16-bit integers, for AVX2's integer multiply-adds ---------------------------------------
+ * vpmaddwd makes twice as many multiply-adds per instruction as float32's FMA, on as many ports. Each row's group
+ * of 32 inputs becomes 16-bit integers once per step, x * 2^e rounded to nearest, with e per group such that the
+ * largest magnitude lands in [2^14, 2^15): each input is off by 2^-16 of the group's largest at most (bf16 rows
+ * would be off by 2^-9 of each value). vpmaddwd multiplies, per 32-bit lane, one output's two weights (16-bit
+ * integers) by a pair of inputs and adds the two products. A group's sum is an exact integer whatever its order;
+ * each output's sums over groups run in group order, so a row's result never depends on its batch. A weight's
+ * group is unpacked once into L1, as [pair][2] vectors (outputs 0-7, 8-15), and read there 4 rows at a time, 4
+ * input pairs per loop turn: GCC then keeps the 8 sums in registers (5 or 6 rows spilled some, 30-40% slower at
+ * 16 and 64 rows). */
 #define GROUP 32
 #define TILE 16 /* outputs per vector lane set */
 
 /* the groups of a row of k inputs, the last one padded with zeros */
 static inline int64_t groups_of(int64_t k) { return (k + GROUP - 1) / GROUP; }
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512BF16__) /* the packed weights' path below */
+#if defined(__AVX2__) && defined(__FMA__) /* the packed weights' path below */
 #define ROW_BLOCK 4
 typedef struct {
     int16_t q[GROUP]; /* x * 2^e, rounded to nearest even; zeros past a row's last input */
     float scale;      /* 2^-e */
 } int16_group;
 
-/* the largest of 16 lanes of 16 bits */
-static inline uint16_t max_epu16(__m256i v) {
-    __m128i m = _mm_max_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    m = _mm_max_epu16(m, _mm_srli_si128(m, 8));
-    m = _mm_max_epu16(m, _mm_srli_si128(m, 4));
-    m = _mm_max_epu16(m, _mm_srli_si128(m, 2));
-    return (uint16_t)_mm_extract_epi16(m, 0);
+/* the largest of 8 lanes of 32 bits */
+static inline uint32_t max_epu32(__m256i v) {
+    __m128i m = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    m = _mm_max_epu32(m, _mm_srli_si128(m, 8));
+    m = _mm_max_epu32(m, _mm_srli_si128(m, 4));
+    return (uint32_t)_mm_cvtsi128_si32(m);
 }
 
-/* count (up to 32) bf16 inputs as integers and their scale */
-static void quantize_group(const bf16 *x, int64_t count, int16_group *group) {
-    bf16 padded[GROUP] = {0};
-    if (count < GROUP) x = memcpy(padded, x, count * sizeof(bf16));
-    const __m256i magnitude = _mm256_set1_epi16(0x7fff);
-    __m256i halves[2] = {_mm256_loadu_si256((const __m256i *)x), _mm256_loadu_si256((const __m256i *)(x + 16))};
-    /* bf16 magnitudes order as their bits do */
-    int exponent = max_epu16(_mm256_max_epu16(_mm256_and_si256(halves[0], magnitude),
-                                              _mm256_and_si256(halves[1], magnitude))) >> 7;
+/* count (up to 32) inputs as integers and their scale (a largest magnitude of 2^15 - 1/2 or more, rounded up to
+ * 2^15, saturates to 2^15 - 1) */
+static void quantize_group(const float *x, int64_t count, int16_group *group) {
+    float padded[GROUP] = {0};
+    if (count < GROUP) x = memcpy(padded, x, count * sizeof(float));
+    const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+    __m256 v[4];
+    __m256i largest = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) { /* float magnitudes order as their bits do */
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        largest = _mm256_max_epu32(largest, _mm256_and_si256(_mm256_castps_si256(v[i]), magnitude));
+    }
+    int exponent = (int)(max_epu32(largest) >> 23);
     if (exponent < 15) exponent = 15; /* biased: e = 141 - exponent; under 2^-112 as 2^-112, so 2^e stays finite */
     float up, down;                   /* 2^e and 2^-e */
     uint32_t up_bits = (uint32_t)(268 - exponent) << 23, down_bits = (uint32_t)(exponent - 14) << 23;
@@ -542,20 +515,15 @@ static void quantize_group(const bf16 *x, int64_t count, int16_group *group) {
     group->scale = exponent == 255 ? NAN : down; /* an infinity or NaN makes the group's outputs NaN */
     __m256 factor = _mm256_set1_ps(exponent == 255 ? 0.0f : up);
     for (int h = 0; h < 2; h++) { /* 8 + 8 floats, rounded to nearest even, packed to 16 bits (in-lane) */
-        __m256i low = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(halves[h]));
-        __m256i high = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(halves[h], 1));
-        __m256i ints[2];
-        for (int i = 0; i < 2; i++) {
-            __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(i ? high : low, 16));
-            ints[i] = _mm256_cvtps_epi32(_mm256_mul_ps(f, factor));
-        }
-        __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(ints[0], ints[1]), 0xd8);
+        __m256i low = _mm256_cvtps_epi32(_mm256_mul_ps(v[2 * h], factor));
+        __m256i high = _mm256_cvtps_epi32(_mm256_mul_ps(v[2 * h + 1], factor));
+        __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(low, high), 0xd8);
         _mm256_storeu_si256((__m256i *)(group->q + 16 * h), packed);
     }
 }
 
 /* x [rows, k] as [rows][ceil(k / 32)] groups, in a new buffer the caller frees */
-static int16_group *quantize_rows(const bf16 *x, int64_t rows, int64_t k, int threads) {
+static int16_group *quantize_rows(const float *x, int64_t rows, int64_t k, int threads) {
     int64_t groups = groups_of(k);
     int16_group *out = malloc(rows * groups * sizeof(int16_group));
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
@@ -630,7 +598,7 @@ static void group_times_rows(const __m256i (*w)[2], const int16_group *x, int64_
  * (int4_kernel_layout and int8_kernel_layout in cpu.py):
  * - int4, q in 0..15 (GGUF's Q4_0, Q4_1, Q4_K): codes [n / 16, k / 32, 8, 32] bytes; in chunk c of a group, byte j
  *   holds output j / 2's code for input 2c + j % 2 (low nibble) and 2(c + 8) + j % 2 (high nibble);
- * - int8, q in -128..127 (Q8_0, Q5_0, Q5_1, Q5_K, IQ4_NL, IQ4_XS, and weights quantized as Q8_0 is made): codes
+ * - int8, q in -128..127 (Q8_0, Q5_0, Q5_1, Q5_K, IQ4_NL, IQ4_XS, and weights quantized from their values): codes
  *   [n / 16, k / 2, 16, 2]; pair p of a group (inputs 2p and 2p + 1) is one run of 32 bytes, byte j holding output
  *   j / 2's code for input 2p + j % 2.
  * So a tile's group is 8 steps of two input pairs, s and s + 8: a chunk's two nibble halves, or two runs.
@@ -651,80 +619,72 @@ static inline u16x32 widen_codes(const uint8_t *codes) {
 #endif
 }
 
-#if !defined(__AVX2__) || !defined(__FMA__) || defined(__AVX512BF16__)
+#if !defined(__AVX2__) || !defined(__FMA__)
+/* Without AVX2: float32 lanes, each one output's products with one input of a pair (lane j: output j / 2, input
+ * j % 2), in plain C that the compiler vectorizes. */
 #define ROW_TILE 8 /* rows sharing one unpacking of the codes */
-#define CODE_BIAS 128.0f /* int4 codes unpacked as bf16 carry 128 each (below) */
-typedef int8_t i8x32 __attribute__((vector_size(32)));
 typedef float f32x32 __attribute__((vector_size(128)));
-typedef uint32_t u32x32 __attribute__((vector_size(128)));
+typedef int8_t i8x32 __attribute__((vector_size(32)));
+typedef float tile_input; /* the rows as given */
 
-/* a run of 32 int8 codes as their bf16 bits: each is exact in bf16 (at most 8 significant bits) */
-static inline u16x32 int8_as_bf16(const uint8_t *run) {
-    i8x32 bytes;
-    memcpy(&bytes, run, sizeof(bytes));
-    return __builtin_convertvector((u32x32)__builtin_convertvector(bytes, f32x32) >> 16, u16x32);
-}
-
-/* step s of a tile's group as bf16 bits: pairs s (*a) and s + 8 (*b). An int4 code becomes 0x4300 | q, exactly
- * the bits of 128 + q. */
+/* step s of a tile's group as floats: pairs s (*a) and s + 8 (*b) */
 static inline __attribute__((always_inline)) void unpack_step(const uint8_t *group, const int bits, const int s,
-                                                              u16x32 *a, u16x32 *b) {
+                                                              f32x32 *a, f32x32 *b) {
     if (bits == 4) {
         u16x32 wide = widen_codes(group + s * 32);
-        *a = (wide & 15) | 0x4300;
-        *b = (wide >> 4) | 0x4300;
+        *a = __builtin_convertvector(wide & 15, f32x32);
+        *b = __builtin_convertvector(wide >> 4, f32x32);
     } else {
-        *a = int8_as_bf16(group + s * 32);
-        *b = int8_as_bf16(group + (s + 8) * 32);
+        i8x32 run_a, run_b;
+        memcpy(&run_a, group + s * 32, sizeof(run_a));
+        memcpy(&run_b, group + (s + 8) * 32, sizeof(run_b));
+        *a = __builtin_convertvector(run_a, f32x32);
+        *b = __builtin_convertvector(run_b, f32x32);
     }
 }
 
-typedef bf16 tile_input; /* the rows as given */
-
-/* acc + 16 outputs' products with one pair of inputs (a broadcast bf16 pair) */
-static inline f32x16 pair_dot(f32x16 acc, u16x32 codes, const bf16 *x_pair) {
-    uint32_t pair;
-    memcpy(&pair, x_pair, 4);
-    return dot_pairs(acc, codes, (u16x32)((u32x16){0} + pair));
+/* a pair of inputs in every lane's parity: lane j holds x_pair[j % 2] */
+static inline f32x32 pair_lanes(const float *x_pair) {
+    f32x32 v;
+    for (int j = 0; j < 32; j++) v[j] = x_pair[j % 2];
+    return v;
 }
 
 /* 16 outputs (one tile of the weight) for up to ROW_TILE rows of x. Inlined with constant bits and row count
- * (below), so that the rows' accumulators stay in registers. */
-static inline __attribute__((always_inline)) void packed_tile(const bf16 *x, const int64_t rows, const int bits,
+ * (below), so that the rows' accumulators stay in registers where they fit. */
+static inline __attribute__((always_inline)) void packed_tile(const float *x, const int64_t rows, const int bits,
                                                               const uint8_t *codes, const f16 *scale, const f16 *low,
                                                               const float *group_sums, float *out, int64_t k) {
     int64_t groups = k / GROUP;
-    f32x16 acc[ROW_TILE] = {{0}};
+    float acc[ROW_TILE][TILE] = {{0}};
     for (int64_t g = 0; g < groups; g++) {
-        f32x16 dot_low[ROW_TILE] = {{0}}, dot_high[ROW_TILE] = {{0}}, s, offset;
+        f32x32 dots[ROW_TILE] = {{0}};
         for (int c = 0; c < 8; c++) {
-            u16x32 w_low, w_high;
+            f32x32 w_low, w_high;
             unpack_step(codes + g * GROUP_BYTES(bits), bits, c, &w_low, &w_high);
             for (int64_t r = 0; r < rows; r++) {
-                const bf16 *xg = x + r * k + g * GROUP;
-                dot_low[r] = pair_dot(dot_low[r], w_low, xg + 2 * c);
-                dot_high[r] = pair_dot(dot_high[r], w_high, xg + 2 * (c + 8));
+                const float *xg = x + r * k + g * GROUP;
+                dots[r] += w_low * pair_lanes(xg + 2 * c) + w_high * pair_lanes(xg + 2 * (c + 8));
             }
         }
         float group_scale[TILE], group_low[TILE];
         group_scale_low(scale, low, g * TILE, group_scale, group_low);
-        memcpy(&s, group_scale, sizeof(s));
-        memcpy(&offset, group_low, sizeof(offset));
-        if (bits == 4) offset -= CODE_BIAS * s;
         for (int64_t r = 0; r < rows; r++)
-            acc[r] += low ? (dot_low[r] + dot_high[r]) * s + offset * group_sums[r * groups + g]
-                          : (dot_low[r] + dot_high[r]) * s;
+            for (int o = 0; o < TILE; o++) {
+                float dot = (dots[r][2 * o] + dots[r][2 * o + 1]) * group_scale[o];
+                acc[r][o] += low ? dot + group_low[o] * group_sums[r * groups + g] : dot;
+            }
     }
-    memcpy(out, acc, rows * sizeof(f32x16));
+    memcpy(out, acc, rows * TILE * sizeof(float));
 }
 
-static const bf16 *tile_inputs(const bf16 *x, int64_t rows, int64_t k, int threads) { return x; }
+static const float *tile_inputs(const float *x, int64_t rows, int64_t k, int threads) { return x; }
 static inline int64_t inputs_per_row(int64_t k) { return k; }
 
-typedef void (*packed_tile_fn)(const bf16 *, const uint8_t *, const f16 *, const f16 *, const float *, float *,
+typedef void (*packed_tile_fn)(const float *, const uint8_t *, const f16 *, const f16 *, const float *, float *,
                                int64_t);
 #define PACKED_TILE(B, R)                                                                                          \
-    static void packed_tile_##B##_##R(const bf16 *x, const uint8_t *codes, const f16 *scale, const f16 *low,       \
+    static void packed_tile_##B##_##R(const float *x, const uint8_t *codes, const f16 *scale, const f16 *low,      \
                                       const float *group_sums, float *out, int64_t k) {                            \
         packed_tile(x, R, B, codes, scale, low, group_sums, out, k);                                               \
     }
@@ -742,7 +702,7 @@ static const packed_tile_fn packed_tiles[2][ROW_TILE + 1] = {
 static inline int64_t tiles_per_task(int64_t rows) { return 1; }
 
 /* sums [tiles][rows, 16]: each tile of the weight for every row, ROW_TILE rows at a time */
-static void tiles_rows(const int bits, const bf16 *x, int64_t rows, int64_t tiles, const uint8_t *codes,
+static void tiles_rows(const int bits, const float *x, int64_t rows, int64_t tiles, const uint8_t *codes,
                        const f16 *scale, const f16 *low, const float *group_sums, float *sums, int64_t k) {
     int64_t groups = k / GROUP;
     for (int64_t j = 0; j < tiles; j++)
@@ -755,7 +715,7 @@ static void tiles_rows(const int bits, const bf16 *x, int64_t rows, int64_t tile
         }
 }
 #else
-/* AVX2 without vdpbf16ps: the rows as 16-bit integers (above), each pair of codes widened to 16-bit integers, per
+/* With AVX2 and FMA: the rows as 16-bit integers (above), each pair of codes widened to 16-bit integers, per
  * 32-bit lane one output's two. A group's sum stays below 32 * 128 * 2^15 = 2^27 in magnitude (2^24 for int4), and
  * is an exact integer. One or two rows widen each step into registers as they go, one row for 4 tiles at once
  * and two rows for 2, so that 8 independent sums keep the multiply-adds busy; more rows widen each group of a tile
@@ -764,7 +724,7 @@ static void tiles_rows(const int bits, const bf16 *x, int64_t rows, int64_t tile
 static inline int64_t tiles_per_task(int64_t rows) { return rows == 1 ? TILE_BLOCK : rows == 2 ? TILE_BLOCK / 2 : 1; }
 typedef int16_group tile_input;
 static inline int64_t inputs_per_row(int64_t k) { return groups_of(k); }
-static const tile_input *tile_inputs(const bf16 *x, int64_t rows, int64_t k, int threads) {
+static const tile_input *tile_inputs(const float *x, int64_t rows, int64_t k, int threads) {
     return quantize_rows(x, rows, k, threads);
 }
 
@@ -880,8 +840,8 @@ static inline int64_t tasks_per_grab(int64_t rows, int64_t count, int threads) {
 }
 
 /* out [rows, n] = x [rows, k] (contiguous) times the packed weight [n, k]^T; tiles of outputs spread over threads. */
-static void packed_mm(const int bits, const bf16 *x, int64_t rows, const uint8_t *codes, const f16 *scale,
-                      const f16 *low, bf16 *out, int64_t n, int64_t k, int threads) {
+static void packed_mm(const int bits, const float *x, int64_t rows, const uint8_t *codes, const f16 *scale,
+                      const f16 *low, float *out, int64_t n, int64_t k, int threads) {
     int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE, per_task = tiles_per_task(rows);
     int64_t tasks = (tiles + per_task - 1) / per_task;
     float *group_sums = low ? malloc(rows * groups * sizeof(float)) : NULL;
@@ -889,7 +849,7 @@ static void packed_mm(const int bits, const bf16 *x, int64_t rows, const uint8_t
     if (low) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
         for (int64_t i = 0; i < rows * groups; i++)
-            group_sums[i] = hsum(load16(x + i * GROUP) + load16(x + i * GROUP + 16));
+            group_sums[i] = hsum(load16f(x + i * GROUP) + load16f(x + i * GROUP + 16));
     }
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {
         int64_t chunk = rows - r0 < ROW_CHUNK ? rows - r0 : ROW_CHUNK;
@@ -905,7 +865,7 @@ static void packed_mm(const int bits, const bf16 *x, int64_t rows, const uint8_t
                 const float *tile_sums = sums + (t - t0) * chunk * TILE;
                 for (int64_t r = 0; r < chunk; r++)
                     for (int64_t j = 0; j < width; j++)
-                        out[(r0 + r) * n + t * TILE + j] = to_bf16(tile_sums[r * TILE + j]);
+                        out[(r0 + r) * n + t * TILE + j] = tile_sums[r * TILE + j];
             }
         }
     }
@@ -913,12 +873,12 @@ static void packed_mm(const int bits, const bf16 *x, int64_t rows, const uint8_t
     if ((const void *)inputs != (const void *)x) free((void *)inputs);
 }
 
-void int4_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const f16 *scale, const f16 *low, bf16 *out,
+void int4_mm(const float *x, int64_t rows, const uint8_t *codes, const f16 *scale, const f16 *low, float *out,
              int64_t n, int64_t k, int threads) {
     packed_mm(4, x, rows, codes, scale, low, out, n, k, threads);
 }
 
-void int8_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const f16 *scale, const f16 *low, bf16 *out,
+void int8_mm(const float *x, int64_t rows, const uint8_t *codes, const f16 *scale, const f16 *low, float *out,
              int64_t n, int64_t k, int threads) {
     packed_mm(8, x, rows, codes, scale, low, out, n, k, threads);
 }
@@ -931,13 +891,13 @@ void int8_mm(const bf16 *x, int64_t rows, const uint8_t *codes, const f16 *scale
 typedef struct {
     const uint8_t *codes;
     const f16 *scale, *low; /* low: NULL where an int8 weight has no offsets */
-    const bf16 *bias;       /* or NULL */
+    const float *bias;      /* or NULL */
     int64_t n, k;
     int64_t bits; /* 4 or 8 */
 } PackedWeight;
 
 typedef struct {
-    const bf16 *input_norm, *post_attention_norm;
+    const float *input_norm, *post_attention_norm;
     PackedWeight qkv, o, gate_up, down;
 } DecoderLayer;
 
@@ -947,35 +907,36 @@ typedef struct {
     int threads;
 } DecoderShape;
 
-/* out = x w^T (+ bias, added after rounding, as the torch path adds it) */
-static void project(const bf16 *x, int64_t rows, const PackedWeight *w, bf16 *out, int threads) {
+/* out = x w^T (+ bias) */
+static void project(const float *x, int64_t rows, const PackedWeight *w, float *out, int threads) {
     packed_mm((int)w->bits, x, rows, w->codes, w->scale, w->low, out, w->n, w->k, threads);
     if (w->bias)
         for (int64_t r = 0; r < rows; r++)
-            for (int64_t i = 0; i < w->n; i++) out[r * w->n + i] = to_bf16(to_float(out[r * w->n + i]) + to_float(w->bias[i]));
+            for (int64_t i = 0; i < w->n; i++) out[r * w->n + i] += w->bias[i];
 }
 
-/* kv_caches: a layer's [slots, 2 * kv_heads, head_dim] each. x: [rows, hidden], the embeddings in, the last
- * layer's output out; residual: [rows, hidden], the running sum before that output (the final norm adds them).
- * cos, sin: [rows, head_dim]; slots: [rows] where each row's key and value go; block_table, seqs, max_blocks,
- * row_seqs, context_lens: as paged_attention reads them. */
+/* kv_caches: a layer's [slots, 2 * kv_heads, head_dim] each, bf16. x: [rows, hidden], the embeddings in, the
+ * last layer's output out; residual: [rows, hidden], the running sum before that output (the final norm adds
+ * them). cos, sin: [rows, head_dim]; slots: [rows] where each row's key and value go; block_table, seqs,
+ * max_blocks, row_seqs, context_lens: as paged_attention reads them. */
 void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const DecoderShape *shape, bf16 *const *kv_caches,
-                    bf16 *x, bf16 *residual, const float *cos, const float *sin, const int64_t *slots,
+                    float *x, float *residual, const float *cos, const float *sin, const int64_t *slots,
                     const int64_t *block_table, int64_t seqs, int64_t max_blocks, const int64_t *row_seqs,
                     const int64_t *context_lens, int64_t rows) {
     int64_t hidden = shape->hidden, head_dim = shape->head_dim, heads = shape->heads, kv_heads = shape->kv_heads;
     int64_t qkv_width = (heads + 2 * kv_heads) * head_dim, kv_width = 2 * kv_heads * head_dim;
-    bf16 *h = malloc(rows * hidden * sizeof(bf16)), *attn = malloc(rows * heads * head_dim * sizeof(bf16));
-    bf16 *qkv = malloc(rows * qkv_width * sizeof(bf16)), *gate_up = malloc(rows * 2 * shape->intermediate * sizeof(bf16));
-    bf16 *act = malloc(rows * shape->intermediate * sizeof(bf16));
-    memcpy(residual, x, rows * hidden * sizeof(bf16)); /* the first norm adds nothing to the embeddings */
+    float *h = malloc(rows * hidden * sizeof(float)), *attn = malloc(rows * heads * head_dim * sizeof(float));
+    float *qkv = malloc(rows * qkv_width * sizeof(float));
+    float *gate_up = malloc(rows * 2 * shape->intermediate * sizeof(float));
+    float *act = malloc(rows * shape->intermediate * sizeof(float));
+    memcpy(residual, x, rows * hidden * sizeof(float)); /* the first norm adds nothing to the embeddings */
     for (int64_t l = 0; l < num_layers; l++) {
         const DecoderLayer *layer = layers + l;
         rms_norm(x, l == 0 ? NULL : residual, layer->input_norm, h, rows, hidden, shape->eps, shape->threads);
         project(h, rows, &layer->qkv, qkv, shape->threads);
         rotate(qkv, qkv_width, cos, sin, rows, heads + kv_heads, head_dim, shape->threads);
         for (int64_t r = 0; r < rows; r++)
-            memcpy(kv_caches[l] + slots[r] * kv_width, qkv + r * qkv_width + heads * head_dim, kv_width * sizeof(bf16));
+            store_bf16(kv_caches[l] + slots[r] * kv_width, qkv + r * qkv_width + heads * head_dim, kv_width);
         paged_attention(qkv, qkv_width, kv_caches[l], block_table, seqs, max_blocks, row_seqs, context_lens,
                         shape->block_size, attn, rows, heads, kv_heads, head_dim, shape->scale, shape->threads);
         project(attn, rows, &layer->o, x, shape->threads);

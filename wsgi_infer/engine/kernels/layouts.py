@@ -25,6 +25,11 @@ class KernelWeight:
     scale: torch.Tensor
     low: torch.Tensor | None
 
+    @property
+    def k(self) -> int:
+        """The inputs: the groups of 32 the scales hold."""
+        return self.scale.shape[1] * 32
+
 
 def kernel_weight(groups: WeightGroups) -> KernelWeight:
     if isinstance(groups, Int4Groups):

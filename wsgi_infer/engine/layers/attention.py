@@ -61,14 +61,14 @@ def paged_attention(
     q: [tokens, heads, head_dim]; kv: [tokens, 2 * kv_heads, head_dim], keys then values.
     Returns [tokens, heads * head_dim]. With CPU kernels, every token reads the cache in place.
     """
-    kv_cache.index_copy_(0, meta.slot_mapping, kv)
+    kv_cache.index_copy_(0, meta.slot_mapping, kv.to(kv_cache.dtype))  # a bf16 cache for float32 rows: rounded
     if kernels is not None:
         return kernels.paged_attention(q, kv_cache, meta.cache_rows, scale)
     num_kv_heads = kv_cache.shape[1] // 2
     outputs = []
     num_single = meta.num_single_token_seqs
     if num_single:
-        context = _gather_blocks(kv_cache, meta, num_single)
+        context = _gather_blocks(kv_cache, meta, num_single).to(q.dtype)
         keys, values = context[:, :, :num_kv_heads].transpose(1, 2), context[:, :, num_kv_heads:].transpose(1, 2)
         # Grouped-query attention without repeating K/V: the query heads sharing a
         # KV head become that head's query rows ([B, kv_heads, group, D]).
@@ -78,7 +78,7 @@ def paged_attention(
     start = num_single
     for chunk in meta.prefills:
         end = start + chunk.num_tokens
-        context = kv_cache[chunk.context_slots]
+        context = kv_cache[chunk.context_slots].to(q.dtype)
         keys, values = context[:, :num_kv_heads].transpose(0, 1), context[:, num_kv_heads:].transpose(0, 1)
         out = F.scaled_dot_product_attention(
             q[start:end].transpose(0, 1), keys, values, attn_mask=chunk.causal_mask, scale=scale, enable_gqa=True

@@ -59,8 +59,9 @@ class SmallBatchLinear(nn.Module, ABC):
 
 
 class PackedLinear(SmallBatchLinear):
-    """int4 or int8 groups on the CPU kernels, in their layout (``kernels.layouts``); no full-precision copy:
-    a larger step unpacks the groups into bf16, one weight at a time (20-35 ms for the default model's 120)."""
+    """int4 or int8 groups on the CPU kernels, in their layout (``kernels.layouts``), times float32 rows; no
+    full-precision copy: a larger step unpacks the groups into bf16, one weight at a time (20-35 ms for the default
+    model's 120)."""
 
     on_kernels = True
 
@@ -81,9 +82,12 @@ class PackedLinear(SmallBatchLinear):
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
         return self.kernels.packed_mm(rows, self.packed, self.out_features)
 
-    def full_weight(self) -> torch.Tensor:
-        # valid until the next layer unpacks its own: F.linear uses it at once
-        return self.kernels.dequantize(self.packed, self.out_features, self.in_features)
+    def full_mm(self, x: torch.Tensor) -> torch.Tensor:
+        """The weight unpacked into bf16 (valid until the next layer unpacks its own), times the rows in bf16: where
+        the CPU has native bf16, oneDNN's GEMM there wins for large steps."""
+        weight = self.kernels.dequantize(self.packed, self.out_features, self.in_features)
+        y = F.linear(x.to(weight.dtype), weight).to(x.dtype)
+        return y if self.bias is None else y + self.bias
 
 
 class TorchInt4Linear(SmallBatchLinear):
