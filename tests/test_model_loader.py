@@ -10,11 +10,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from transformers import AutoConfig, AutoTokenizer
 
+from wsgi_infer.engine import model_loader
 from wsgi_infer.engine.cache_files import cache_root
 from wsgi_infer.engine.gguf_checkpoint import read_gguf_config
-from wsgi_infer.engine.model_loader import RESOLVED_CONFIGS_DIR, load_config, resolve_model_dir
+from wsgi_infer.engine.model_loader import RESOLVED_CONFIGS_DIR, CheckpointTensors, load_config, resolve_model_dir
 from wsgi_infer.engine.model_paths import CONVERSION_VERSION, FILE_DIGESTS_FILE, default_model_path, file_digest
 from wsgi_infer.engine.model_runner import PACKED_ROWS_FILE
 
@@ -105,3 +107,14 @@ def test_workers_starting_on_a_new_gguf_convert_it_once(default_model_dir, tmp_p
     converted = [path for path in cache.iterdir() if path.name.endswith(f"-{CONVERSION_VERSION}")]
     assert [path.name for path in converted] == [default_model_dir.name]
     assert len(list((cache / RESOLVED_CONFIGS_DIR).iterdir())) == 1
+
+
+def test_checkpoint_tensors_let_go_of_a_files_mapping_as_they_read(tiny_model_dirs, monkeypatch):
+    """The pages read stay in the process while a file is mapped: past MAPPED_BYTES the handle is dropped (and
+    reopened for the next read), so loading a float32 checkpoint does not hold all of it in the worker."""
+    monkeypatch.setattr(model_loader, "MAPPED_BYTES", 1)
+    tensors = CheckpointTensors(tiny_model_dirs["llama"], torch.float32)
+    first, again = tensors["model.norm.weight"], None
+    assert not tensors._handles  # read, and let go
+    again = tensors["model.norm.weight"]
+    assert torch.equal(first, again)

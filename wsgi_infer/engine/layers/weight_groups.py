@@ -39,11 +39,8 @@ class Int4Groups:
     @classmethod
     def from_weight(cls, weight: torch.Tensor) -> Int4Groups:
         """Asymmetric min/max codes per group, as GGUF's Q4_1 makes them: scale and minimum in float16."""
-        groups = weight.float().view(weight.shape[0], -1, GROUP_SIZE)
-        low = as_half_values(groups.amin(-1))
-        scale = as_half_values((groups.amax(-1) - low) / 15)
-        steps = (groups - low[..., None]) / scale.clamp(min=2**-24)[..., None]  # scale 0 (a constant group): any code
-        return cls.from_codes(steps.round().clamp(0, 15).to(torch.uint8).view(weight.shape[0], -1), scale, low)
+        q, scale, low = _by_rows(weight, _int4_rows)
+        return cls.from_codes(q, scale, low)
 
     @classmethod
     def from_codes(cls, q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> Int4Groups:
@@ -95,12 +92,7 @@ class Int8Groups:
         agreement of a 135M model: 97.3% symmetric, 99.0% with offsets). The scale spans the range about the
         offset as rounded, so no code is clipped; each code is rounded against the float16 scale and offset it
         will be multiplied by."""
-        groups = weight.float().view(weight.shape[0], -1, GROUP_SIZE)
-        lowest, highest = groups.amin(-1), groups.amax(-1)
-        low = as_half_values((lowest + highest) / 2)
-        scale = as_half_values(torch.maximum(highest - low, low - lowest) / 127)
-        steps = (groups - low[..., None]) / scale.clamp(min=2**-24)[..., None]  # scale 0 (a constant group): any code
-        return cls(steps.round().clamp(-127, 127).to(torch.int8).view(weight.shape), scale, low)
+        return cls(*_by_rows(weight, _int8_rows))
 
     @classmethod
     def cat(cls, parts: list[Int8Groups]) -> Int8Groups:
@@ -116,6 +108,32 @@ class Int8Groups:
 
 
 WeightGroups = Int4Groups | Int8Groups
+
+ROWS_AT_ONCE = 2048  # a chunk's float32 temporaries stay a few MB (a 49152-row LM head's took 350 MB at once)
+
+
+def _by_rows(weight: torch.Tensor, make) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``make`` (float32 groups [rows, in // 32, 32] -> codes [rows, in], scale, low) over chunks of rows."""
+    parts = [
+        make(weight[start : start + ROWS_AT_ONCE].float().view(-1, weight.shape[1] // GROUP_SIZE, GROUP_SIZE))
+        for start in range(0, weight.shape[0], ROWS_AT_ONCE)
+    ]
+    return tuple(torch.cat(fields) for fields in zip(*parts))
+
+
+def _int4_rows(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    low = as_half_values(groups.amin(-1))
+    scale = as_half_values((groups.amax(-1) - low) / 15)
+    steps = (groups - low[..., None]) / scale.clamp(min=2**-24)[..., None]  # scale 0 (a constant group): any code
+    return steps.round_().clamp_(0, 15).to(torch.uint8).view(groups.shape[0], -1), scale, low
+
+
+def _int8_rows(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    lowest, highest = groups.amin(-1), groups.amax(-1)
+    low = as_half_values((lowest + highest) / 2)
+    scale = as_half_values(torch.maximum(highest - low, low - lowest) / 127)
+    steps = (groups - low[..., None]) / scale.clamp(min=2**-24)[..., None]  # scale 0 (a constant group): any code
+    return steps.round_().clamp_(-127, 127).to(torch.int8).view(groups.shape[0], -1), scale, low
 
 
 def cat_groups(parts: list[WeightGroups]) -> WeightGroups:
