@@ -13,8 +13,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from wsgi_infer import LLM  # noqa: E402
 from wsgi_infer.engine.cache_files import cache_root  # noqa: E402
+from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE  # noqa: E402
 from wsgi_infer.engine.model_loader import load_tokenizer, resolve_model_dir  # noqa: E402
-from wsgi_infer.engine.model_runner import PACKED_ROWS_FILE  # noqa: E402
 
 from .server import GunicornServer  # noqa: E402
 

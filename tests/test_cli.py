@@ -8,8 +8,8 @@ import sys
 from wsgi_infer import SamplingParams
 from wsgi_infer.engine.cache_files import read_json
 from wsgi_infer.engine.kernels.build import library_path
+from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.model_loader import RESOLVED_CONFIGS_DIR
-from wsgi_infer.engine.model_runner import PACKED_ROWS_FILE
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

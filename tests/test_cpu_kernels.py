@@ -18,6 +18,7 @@ from wsgi_infer.engine.layers.norm import RMSNorm
 from wsgi_infer.engine.layers.quantization import PackedLinear, SmallBatchLinear
 from wsgi_infer.engine.layers.rotary import apply_rotary_
 from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
+from wsgi_infer.engine.step_interrupt import StepInterrupted
 
 from .conftest import assert_idle
 from .gguf_files import MIXED_TYPES, write_tiny_gguf
@@ -216,7 +217,7 @@ def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs, mixed_g
     model.kernels = model.kernels  # fuse again, with those crossing points
     assert model.fused_decoder is not None and model.fused_max_rows == 64
     fused, calls = model.fused_decoder, []
-    model.fused_decoder = lambda x, *args: calls.append((len(x), args[-1].num_single_token_seqs)) or fused(x, *args)
+    model.fused_decoder = lambda x, *args: calls.append((len(x), args[-2].num_single_token_seqs)) or fused(x, *args)
     alone = {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
     staggered = run_staggered(llm, PROMPTS)
     assert (1, 1) in calls and any(rows > single > 1 for rows, single in calls)  # a token, decodes and a chunk
@@ -278,3 +279,29 @@ def test_the_master_compiles_beside_the_workers_imports(tiny_model_dirs, tmp_pat
         with server.client() as client:
             reply = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3})
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
+
+
+def test_an_interrupted_step_stops_before_its_next_layer(tiny_model_dirs):
+    """A stop asked from another thread while a step runs: the fused decoder (in C) and the layers' loop both
+    read the flag before each layer, and the step raises instead of returning half-computed tokens."""
+    llm = LLM(model=str(tiny_model_dirs["llama"]), block_size=4)
+    engine, model = llm.engine, llm.engine.runner.model
+    assert model.fused_decoder is not None
+    engine.add_request("r", "Hello there", GREEDY)
+    ran = []
+    fused = model.fused_decoder
+
+    def watched(x, *args):
+        before = x.clone()
+        out = fused(x, *args)
+        ran.append(not torch.equal(out[0], before))  # a layer changed the rows
+        return out
+
+    model.fused_decoder = watched
+    engine.interrupt()
+    with pytest.raises(StepInterrupted):
+        engine.step()
+    assert ran == [False]  # called, and no layer ran
+    model.fused_decoder = None  # the layers' loop, as for large steps
+    with pytest.raises(StepInterrupted):
+        engine.step()

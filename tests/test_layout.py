@@ -21,7 +21,16 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "wsgi_infer"
 SERVER_ONLY = ("gevent", "flask", "pydantic", "prometheus_client", "gunicorn")
-ENGINE_CORE = ("config", "sampling_params", "outputs", "sequence", "block_manager", "scheduler")
+ENGINE_CORE = (
+    "config",
+    "sampling_params",
+    "outputs",
+    "sequence",
+    "block_manager",
+    "scheduler",
+    "cpu_share",
+    "step_interrupt",
+)
 MASTER_MODULES = ("worker", "gunicorn_config", "gunicorn_logging", "settings")
 # Plain data the server speaks to the engine with; routes use it freely.
 ENGINE_VOCABULARY = (
@@ -36,6 +45,7 @@ MASTER_STEPS = (
     "wsgi_infer.engine.kernels.build",
     "wsgi_infer.engine.cache_files",
     "wsgi_infer.engine.cpu_info",
+    "wsgi_infer.engine.cpu_budget",  # and, in each worker, the threads the engine gets
 )
 NATIVE_THREADING = ("_thread", "_queue", "threading", "gevent.monkey", "gevent.threadpool", "concurrent.futures")
 

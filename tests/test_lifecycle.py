@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -195,6 +197,32 @@ def test_quick_stop_ends_every_stream_at_once(tiny_model_dirs, sig):
     print(
         f"{signal.Signals(sig).name}: last client closed after {slowest:.2f} s, master exited after {master_exit:.2f} s"
     )
+
+
+def test_quick_stop_with_a_busy_process_on_every_cpu_ends_every_stream(tiny_model_dirs):
+    """Beside a busy process per CPU the steps give back threads (the log says so), and a quick stop still ends
+    every stream with its terminal event: the engine thread stops at its step's next layer, the worker exits
+    without being killed."""
+    hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in os.sched_getaffinity(0)]
+    try:
+        server = lifecycle_server(tiny_model_dirs, quantization="auto").wait_ready()  # packed, on the kernels
+        pids = [server.process.pid, *server.worker_pids()]
+        results, threads = start_streams(server, [4000] * 4)
+        server.wait_for_log(r"other processes want these CPUs \(.*\): 1 threads a step")
+        mark = len(server.lines)
+        server.process.send_signal(signal.SIGINT)
+        for t in threads:
+            t.join(60)
+        server.process.wait(GRACEFUL)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert all(r.error is None and r.interrupted for r in results)
+    stopped, _ = server.wait_for_line(r"engine thread stopped", after=mark)
+    assert not any("did not stop within" in line for line in server.lines)
+    server.wait_for_line(r"Worker exiting", after=stopped)
+    assert_all_gone(pids)
 
 
 def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dirs):

@@ -16,9 +16,9 @@ from transformers import AutoConfig, AutoTokenizer
 from wsgi_infer.engine import model_loader
 from wsgi_infer.engine.cache_files import cache_root
 from wsgi_infer.engine.gguf_checkpoint import read_gguf_config
+from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.model_loader import RESOLVED_CONFIGS_DIR, CheckpointTensors, load_config, resolve_model_dir
 from wsgi_infer.engine.model_paths import CONVERSION_VERSION, FILE_DIGESTS_FILE, default_model_path, file_digest
-from wsgi_infer.engine.model_runner import PACKED_ROWS_FILE
 
 from .conftest import TINY_ARCHITECTURES
 from .server import GunicornServer

@@ -25,9 +25,9 @@ from wsgi_infer.engine.layers import crossing_points
 from wsgi_infer.engine.layers.crossing_points import ANY_ROWS, choose_max_rows
 from wsgi_infer.engine.layers.quantization import PackedLinear, SmallBatchLinear, TorchInt4Linear, TorchInt8Linear
 from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
+from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.model_loader import CheckpointTensors
 from wsgi_infer.engine.model_paths import default_model_path
-from wsgi_infer.engine.model_runner import PACKED_ROWS_FILE
 
 from .conftest import assert_idle, pin_packed_rows
 
@@ -168,7 +168,7 @@ def test_a_hugging_face_directory_is_served_packed(tiny_model_dirs, tmp_path, sa
     AutoModelForCausalLM.from_pretrained(source, dtype=saved_as).save_pretrained(tmp_path)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (tmp_path / name).write_bytes((source / name).read_bytes())
-    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.model_runner"):
+    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.model_builder"):
         llm = LLM(model=str(tmp_path), device="cpu")
     if load_cpu_kernels() is None:
         pytest.skip("no C compiler")

@@ -20,8 +20,9 @@ from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .device import resolve_device, resolve_dtype
 from .grammar import GrammarCompiler
+from .model_builder import kernels_serve
 from .model_loader import chat_prompt_ids, eos_token_ids, load_config, load_tokenizer, resolve_model_dir
-from .model_runner import ModelRunner, kernels_serve
+from .model_runner import ModelRunner
 from .outputs import EngineCounters, RequestDelta, TokenLogprob
 from .sampler import Sampler, prompt_logprobs
 from .sampling_params import InvalidParameter, SamplingParams
@@ -117,6 +118,11 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def interrupt(self) -> None:
+        """From any thread: the step in progress (and any later one) raises ``StepInterrupted`` at its next layer,
+        leaving the engine to be aborted and dropped."""
+        self.runner.model.interrupt.request()
 
     def counters(self) -> EngineCounters:
         bm = self.block_manager

@@ -6,49 +6,27 @@ happens here and in the sampler, on the engine's thread.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import nn
-from torch.overrides import TorchFunctionMode
 
-from .cache_files import cache_root
 from .config import EngineConfig
-from .gguf_checkpoint import PACKED_GROUPS_FILE, StoredGroups
-from .kernels.build import built_library
-from .kernels.cpu import CacheRows, CpuKernels, attach_kernels, attention_fits, load_cpu_kernels
+from .cpu_budget import cpu_budget
+from .cpu_share import CpuShare
+from .kernels.cpu import CacheRows, attention_fits, load_cpu_kernels
 from .layers.attention import AttentionMetadata, PrefillChunk
-from .layers.crossing_points import choose_max_rows
-from .layers.quantization import kinds, pack_on_kernels, packed_layers, quantize_with_torch
-from .model_loader import CheckpointTensors
-from .models import MODEL_REGISTRY
-from .packing import layer_groups, stored_int4
+from .model_builder import build_model, kernels_serve
 from .scheduler import ScheduledSequence
 from .sequence import Sequence
 
 log = logging.getLogger(__name__)
 
 _DEFAULT_CPU_KV_BYTES = 256 << 20
-PACKED_ROWS_FILE = "packed-max-rows.json"  # in the cache root: the crossing points measured on this machine
 _CUDA_MEMORY_FRACTION = 0.9
 
 KVCache = list[torch.Tensor]  # per layer: every slot's key heads then value heads (see layers.attention)
-
-
-class _SkipParameterInit(TorchFunctionMode):
-    """Leaves new parameters as allocated: the checkpoint fills every one (see ``_load_weights``).
-
-    Random initialisation would cost 1.2 s for the default model, and building on the meta device
-    instead imports dynamo (1 s, 60 MB), which runs the meta device's init functions.
-    """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__module__", None) == "torch.nn.init":
-            return args[0] if args else kwargs["tensor"]
-        return func(*args, **(kwargs or {}))
 
 
 @dataclass
@@ -69,13 +47,6 @@ class StepLogits:
     prompt: list[PromptLogits] = field(default_factory=list)
 
 
-def kernels_serve(config: EngineConfig, hf_config, device: torch.device) -> bool:
-    """Whether a CPU engine's every linear layer would be packed on the CPU kernels (and its step run there, in
-    float32 rows): the kernels are built, the architecture runs on them, and packing is not turned off."""
-    on_kernels = getattr(MODEL_REGISTRY[hf_config.model_type], "runs_on_kernels", False)
-    return device.type == "cpu" and config.quantization != "none" and on_kernels and built_library().exists()
-
-
 class ModelRunner:
     def __init__(
         self, config: EngineConfig, hf_config, model_dir: Path, device: torch.device, dtype: torch.dtype
@@ -83,15 +54,12 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.block_size = config.block_size
+        self.cpu_share = _cpu_share() if device.type == "cpu" else None
         # Float32 rows on packed weights; unpacked models stay on torch's ops (float32 exact).
         on_kernels = kernels_serve(config, hf_config, device) and dtype == torch.float32
         self.kernels = kernels = load_cpu_kernels() if on_kernels else None
         self.kv_dtype = torch.bfloat16 if kernels is not None else dtype  # half the cache, 0.0-0.1% of agreement
-        self.model = self._build_model(hf_config)
-        self._load_and_quantize(config.quantization, model_dir, kernels)
-        if kernels is not None:
-            attach_kernels(self.model, kernels)
-        self.model.eval()
+        self.model = build_model(hf_config, model_dir, config.quantization, device, dtype, kernels)
         self.max_model_len = min(config.max_model_len or hf_config.max_position_embeddings, self.model.max_positions)
         self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
         self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
@@ -100,56 +68,7 @@ class ModelRunner:
         self.num_blocks = config.num_kv_blocks or max(1, self._kv_budget(config) // self._bytes_per_block())
         self.kv_caches = self._allocate_kv_cache()
 
-    # --- construction: build, load and quantize, size the KV cache, allocate -------
-    def _build_model(self, hf_config) -> nn.Module:
-        """Our module for the architecture, in the target dtype, its parameters allocated but not written."""
-        model_cls = MODEL_REGISTRY[hf_config.model_type]
-        default_dtype = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)  # build in the target dtype: no float32 copy of the weights
-        try:
-            with torch.device(self.device), _SkipParameterInit():
-                return model_cls(hf_config, hf_config.max_position_embeddings)
-        finally:
-            torch.set_default_dtype(default_dtype)
-
-    def _load_and_quantize(self, method: str, model_dir: Path, kernels: CpuKernels | None) -> None:
-        """Packed weights for small steps. On the kernels: every linear layer (``packing``), built from the
-        checkpoint before the other weights load, so no full-precision copy of a projection is read into the model
-        or kept (a start of the default model reads 190 MB of its converted files, not 620). Without them, torch's
-        packed copies beside the weights: asked for, or by default a checkpoint's own 4-bit blocks when serving
-        bf16 on a CPU. float32 stays exact; GPUs have their own fast GEMMs."""
-        if self.device.type != "cpu":
-            if method != "auto" and method != "none":
-                raise ValueError(f"quantization {method!r} is implemented for the CPU only, not {self.device.type}")
-            method = "none"
-        stored = StoredGroups(model_dir / PACKED_GROUPS_FILE)
-        names = self.model.checkpoint_names
-        if kernels is not None and method != "none":
-            values = CheckpointTensors(model_dir, torch.float32)
-            pack_on_kernels(self.model, lambda linear: layer_groups(method, names(linear), stored, values), kernels)
-        self._load_weights(model_dir)
-        if kernels is None and method == "auto" and not (stored and self.dtype == torch.bfloat16):
-            method = "none"
-        if kernels is None and method != "none":
-            quantize_with_torch(self.model, method, lambda linear: stored_int4(names(linear), stored))
-        layers = packed_layers(self.model)
-        if layers:
-            choose_max_rows(layers, cache_root() / PACKED_ROWS_FILE)
-            log.info("quantization %s: %s", method, kinds(layers))
-            _release_free_heap()
-        unpacked = [name for name, m in self.model.named_modules() if isinstance(m, nn.Linear)]
-        if layers and unpacked:
-            log.warning("%d linear layers stay unpacked (inputs not in groups of 32): %s", len(unpacked), unpacked[:3])
-
-    def _load_weights(self, model_dir: Path) -> None:
-        """The checkpoint's tensors, read one by one into the model's parameters."""
-        for param in self.model.parameters():
-            param.detach().fill_(float("nan"))  # "not loaded", until the checkpoint writes it
-        self.model.load_hf_state_dict(CheckpointTensors(model_dir, self.dtype))
-        unloaded = [name for name, param in self.model.named_parameters() if param.isnan().any()]
-        if unloaded:
-            raise ValueError(f"{model_dir}: the checkpoint has no (or NaN) values for {', '.join(unloaded[:5])}")
-
+    # --- construction: size the KV cache, allocate -----------------------------------
     def _bytes_per_block(self) -> int:
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self.kv_dtype.itemsize
 
@@ -178,6 +97,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSequence]) -> StepLogits:
         """Run the forward pass; return float32 logits of the rows that are needed."""
+        if self.cpu_share is not None and self.cpu_share.threads_for_step() != torch.get_num_threads():
+            torch.set_num_threads(self.cpu_share.threads)
         # In torch, one query token per item (decodes, and prefill chunks cut down to one
         # token) first, then the longer prefill chunks: see layers.attention.
         single_token = [s for s in batch if s.num_new_tokens == 1]
@@ -290,9 +211,11 @@ class ModelRunner:
         return [block_table[p // size] * size + p % size for p in range(start, end)]
 
 
-def _release_free_heap() -> None:
-    """Packing leaves ~100 MB of freed, fragmented heap behind (per-layer transients): give it back."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to trim this way
+def _cpu_share() -> CpuShare:
+    """Threads for the CPU's steps: torch's (the server sets them per worker), within the CPUs this process may
+    use (``cpu_budget``), fewer while other work crowds them (``cpu_share``)."""
+    budget = cpu_budget()
+    threads = min(torch.get_num_threads(), budget.threads)
+    torch.set_num_threads(threads)
+    log.info("CPU steps use up to %d threads (%s)", threads, budget.reason)
+    return CpuShare(threads)

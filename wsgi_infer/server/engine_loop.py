@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ..engine.config import EngineConfig
 from ..engine.llm_engine import LLMEngine
 from ..engine.outputs import RequestDelta
+from ..engine.step_interrupt import StepInterrupted
 from .engine_messages import (
     Abort,
     Aborted,
@@ -45,12 +46,23 @@ class EngineLoop:
         self._config = config
         self._bridge = bridge
         self._fault_at_step = fault_at_step
+        self._engine: LLMEngine | None = None
+        self._stopping = False
+
+    def interrupt(self) -> None:
+        """From the hub, after sending ``Stop``: the step in progress stops at its next layer (see
+        ``LLMEngine.interrupt``); the loop then takes the ``Stop``."""
+        self._stopping = True
+        if self._engine is not None:
+            self._engine.interrupt()
 
     def run(self) -> None:
         """The thread's target: load, serve until ``Stop`` or an error, free the model."""
         post = self._bridge.post
         try:
-            engine = LLMEngine(self._config)
+            engine = self._engine = LLMEngine(self._config)
+            if self._stopping:  # asked while the model loaded
+                engine.interrupt()
             ready = _ready(engine)
         except Exception as exc:  # a bad model path or file: reported, the worker stays up unready
             first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
@@ -59,11 +71,14 @@ class EngineLoop:
         post([ready])
         try:
             self._serve(engine)
+        except StepInterrupted:
+            engine.abort_all()  # the Stop that interrupted the step is still queued: nothing else is to be served
         except Exception as exc:
             post([EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}", traceback.format_exc())])
         finally:
             # Free the model here: torch destructors must not run during interpreter shutdown.
             on_cuda = engine.device.type == "cuda"
+            self._engine = None
             del engine
             if on_cuda:
                 import torch

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 
+from wsgi_infer.engine.cpu_budget import cpu_budget
 from wsgi_infer.engine.kernels.build import start_building_cpu_kernels
 from wsgi_infer.server.extension import manager_of
 
@@ -84,7 +85,8 @@ def on_exit(server):
 
 
 def _place_engine(worker, settings):
-    """Workers share the machine: worker i on CUDA device i mod count, CPU threads split evenly."""
+    """Workers share the machine: worker i on CUDA device i mod count, the CPUs this process may use split
+    evenly."""
     import torch
 
     index = getattr(worker, "wsgi_infer_index", 0)
@@ -92,9 +94,10 @@ def _place_engine(worker, settings):
         settings.device = f"cuda:{index % torch.cuda.device_count()}"
         worker.log.info("worker %d uses %s", index, settings.device)
     elif not settings.device.startswith("cuda"):
-        threads = max(1, (os.cpu_count() or 1) // worker.cfg.workers)
+        budget = cpu_budget()  # the affinity mask and cgroup quota, as the JVM and Go runtimes read them
+        threads = max(1, budget.threads // worker.cfg.workers)
         torch.set_num_threads(threads)
-        worker.log.info("worker %d uses the CPU with %d torch threads", index, threads)
+        worker.log.info("worker %d uses the CPU with %d threads (%s)", index, threads, budget.reason)
 
 
 def _share_gunicorn_logging(worker):

@@ -57,6 +57,7 @@ class EngineManager:
         self.draining = False
         self._closing = False
         self._bridge: HubBridge | None = None
+        self._loop: EngineLoop | None = None
         self._grammars: GrammarCompiler | None = None
         self.metrics = metrics.ModelMetrics(self.model_name)
         self._router = StreamRouter(
@@ -88,8 +89,8 @@ class EngineManager:
         from transformers import AutoConfig, AutoTokenizer  # noqa: F401
 
         self._bridge = HubBridge(self._router.deliver)
-        loop = EngineLoop(self.settings.engine_config(), self._bridge, self.settings.test_fault_at_step)
-        self._bridge.start_thread(loop.run, relay_loggers=RELAYED_LOGGERS)
+        self._loop = EngineLoop(self.settings.engine_config(), self._bridge, self.settings.test_fault_at_step)
+        self._bridge.start_thread(self._loop.run, relay_loggers=RELAYED_LOGGERS)
 
     @property
     def alive(self) -> bool:
@@ -109,7 +110,7 @@ class EngineManager:
         return bool(self._router.streams) and quiet_for > self.settings.stall_seconds
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the thread (after its current step) and end every open stream.
+        """Stop the thread (at its current step's next layer) and end every open stream.
 
         Idempotent. From the hub it waits cooperatively (the hub keeps running);
         from any other thread it only asks the engine thread to stop.
@@ -118,6 +119,7 @@ class EngineManager:
             return
         self._closing = True
         self._bridge.send(Stop())
+        self._loop.interrupt()  # a slow step (a crowded CPU, a long prefill) stops at its next layer
         if not self._bridge.on_hub_thread():
             return
         if self._stopped.wait(timeout):

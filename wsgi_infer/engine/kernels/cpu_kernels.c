@@ -918,11 +918,12 @@ static void project(const float *x, int64_t rows, const PackedWeight *w, float *
 /* kv_caches: a layer's [slots, 2 * kv_heads, head_dim] each, bf16. x: [rows, hidden], the embeddings in, the
  * last layer's output out; residual: [rows, hidden], the running sum before that output (the final norm adds
  * them). cos, sin: [rows, head_dim]; slots: [rows] where each row's key and value go; block_table, seqs,
- * max_blocks, row_seqs, context_lens: as paged_attention reads them. */
+ * max_blocks, row_seqs, context_lens: as paged_attention reads them. stop: read before each layer; once set, the
+ * remaining layers are skipped (the caller then discards the step). */
 void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const DecoderShape *shape, bf16 *const *kv_caches,
                     float *x, float *residual, const float *cos, const float *sin, const int64_t *slots,
                     const int64_t *block_table, int64_t seqs, int64_t max_blocks, const int64_t *row_seqs,
-                    const int64_t *context_lens, int64_t rows) {
+                    const int64_t *context_lens, int64_t rows, const volatile int *stop) {
     int64_t hidden = shape->hidden, head_dim = shape->head_dim, heads = shape->heads, kv_heads = shape->kv_heads;
     int64_t qkv_width = (heads + 2 * kv_heads) * head_dim, kv_width = 2 * kv_heads * head_dim;
     float *h = malloc(rows * hidden * sizeof(float)), *attn = malloc(rows * heads * head_dim * sizeof(float));
@@ -930,7 +931,7 @@ void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const Decode
     float *gate_up = malloc(rows * 2 * shape->intermediate * sizeof(float));
     float *act = malloc(rows * shape->intermediate * sizeof(float));
     memcpy(residual, x, rows * hidden * sizeof(float)); /* the first norm adds nothing to the embeddings */
-    for (int64_t l = 0; l < num_layers; l++) {
+    for (int64_t l = 0; l < num_layers && !*stop; l++) { /* stop: set by another thread (step_interrupt.py) */
         const DecoderLayer *layer = layers + l;
         rms_norm(x, l == 0 ? NULL : residual, layer->input_norm, h, rows, hidden, shape->eps, shape->threads);
         project(h, rows, &layer->qkv, qkv, shape->threads);

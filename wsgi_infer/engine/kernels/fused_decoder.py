@@ -87,10 +87,11 @@ class FusedDecoder:
         return _DecoderLayer(weights.input_norm.data_ptr(), weights.post_attention_norm.data_ptr(), *projections)
 
     def __call__(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list[torch.Tensor], meta
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list[torch.Tensor], meta, stop: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: [rows, hidden] embeddings, overwritten; cos, sin: [rows, 1, head_dim]; meta: AttentionMetadata.
-        Returns (the last layer's output, the residual sum before it), as the layers' loop would."""
+        """x: [rows, hidden] embeddings, overwritten; cos, sin: [rows, 1, head_dim]; meta: AttentionMetadata; stop:
+        the address of an int read before each layer (``StepInterrupt``). Returns (the last layer's output, the
+        residual sum before it), as the layers' loop would; where ``stop`` was set, part way."""
         if kv_caches is not self._caches:  # the runner's list: the same one every step
             self._caches = kv_caches
             self._cache_pointers[:] = [cache.data_ptr() for cache in kv_caches]
@@ -119,5 +120,6 @@ class FusedDecoder:
             meta.slot_mapping.data_ptr(),
             *meta.cache_rows.pointers(),
             rows,
+            stop,
         )
         return x, residual

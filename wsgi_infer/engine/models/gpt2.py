@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import AttentionMetadata, paged_attention
+from ..step_interrupt import StepInterrupt
 
 _ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -55,10 +56,12 @@ class GPT2LMHeadModel(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # GPT-2 always ties its LM head to the embedding
         self.max_positions = min(max_positions, config.n_positions)
+        self.interrupt = StepInterrupt()  # see LLMEngine.interrupt
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x = self.wte(input_ids) + self.wpe(positions)
         for block, kv_cache in zip(self.h, kv_caches):
+            self.interrupt.check()
             x = block(x, kv_cache, meta)
         return self.ln_f(x)
 

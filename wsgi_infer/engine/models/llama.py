@@ -15,6 +15,7 @@ from ..layers.attention import AttentionMetadata, paged_attention
 from ..layers.norm import RMSNorm
 from ..layers.quantization import PackedLinear
 from ..layers.rotary import RotaryEmbedding, apply_rotary_
+from ..step_interrupt import StepInterrupt
 
 
 class LlamaAttention(nn.Module):
@@ -94,6 +95,7 @@ class LlamaForCausalLM(nn.Module):
             # Without windowed attention, stay where full attention is exact.
             max_positions = min(max_positions, config.sliding_window)
         self.max_positions = max_positions
+        self.interrupt = StepInterrupt()  # see LLMEngine.interrupt
 
     @property
     def kernels(self) -> CpuKernels | None:  # see kernels.cpu.attach_kernels
@@ -109,8 +111,11 @@ class LlamaForCausalLM(nn.Module):
         rope = self.rotary(positions)
         rows = len(input_ids)
         if self.fused_decoder is not None and meta.cache_rows is not None and rows <= self.fused_max_rows:
-            return self.norm(*self.fused_decoder(x, *rope, kv_caches, meta))[0]
+            x, residual = self.fused_decoder(x, *rope, kv_caches, meta, self.interrupt.address)
+            self.interrupt.check()
+            return self.norm(x, residual)[0]
         for layer, kv_cache in zip(self.layers, kv_caches):
+            self.interrupt.check()
             x, residual = layer(x, residual, rope, kv_cache, meta)
         return self.norm(x, residual)[0]
 

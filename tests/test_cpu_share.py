@@ -1,0 +1,97 @@
+"""The CPUs a worker may use (affinity mask, cgroup quota), and the threads its steps take beside other work."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from wsgi_infer.engine import cpu_budget as budget_module
+from wsgi_infer.engine.cpu_budget import CpuBudget, cgroup_quota, cpu_budget
+from wsgi_infer.engine.cpu_share import CpuShare, Sample
+
+from .server import GUNICORN, GunicornServer
+
+V1_CPU = Path("/sys/fs/cgroup/cpu")
+
+
+def _group(root: Path, path: str, files: dict[str, str]) -> None:
+    (root / path).mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (root / path / name).write_text(text)
+
+
+def test_a_cgroup_v2_quota_is_the_tightest_along_the_hierarchy(tmp_path):
+    _group(tmp_path, "", {"cpu.max": "max 100000\n"})
+    _group(tmp_path, "outer", {"cpu.max": "150000 100000\n"})
+    _group(tmp_path, "outer/inner", {"cpu.max": "max 100000\n"})
+    (tmp_path / "self").write_text("0::/outer/inner\n")
+    assert cgroup_quota(tmp_path / "self", tmp_path) == (1.5, "cgroup CPU quota of 1.5 CPUs (/outer)")
+
+
+def test_a_cgroup_v1_quota_is_read_from_the_cpu_controller(tmp_path):
+    _group(tmp_path, "cpu,cpuacct", {"cpu.cfs_quota_us": "-1\n", "cpu.cfs_period_us": "100000\n"})
+    _group(tmp_path, "cpu,cpuacct/job", {"cpu.cfs_quota_us": "50000\n", "cpu.cfs_period_us": "100000\n"})
+    (tmp_path / "self").write_text("5:memory:/job\n4:cpu,cpuacct:/job\n")
+    assert cgroup_quota(tmp_path / "self", tmp_path) == (0.5, "cgroup CPU quota of 0.5 CPUs (/job)")
+    (tmp_path / "self").write_text("4:cpu,cpuacct:/\n")
+    assert cgroup_quota(tmp_path / "self", tmp_path) is None  # -1: no quota
+
+
+def test_the_budget_is_the_smaller_of_the_affinity_mask_and_the_quota(monkeypatch):
+    monkeypatch.setattr(budget_module.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(budget_module, "cgroup_quota", lambda: (2.5, "cgroup CPU quota of 2.5 CPUs (/x)"))
+    assert cpu_budget() == CpuBudget(2.5, "cgroup CPU quota of 2.5 CPUs (/x)") and cpu_budget().threads == 2
+    monkeypatch.setattr(budget_module, "cgroup_quota", lambda: None)
+    assert cpu_budget() == CpuBudget(4.0, "affinity mask: 4 CPUs")
+    assert CpuBudget(0.3, "tiny quota").threads == 1
+
+
+def test_the_share_gives_a_thread_back_while_other_processes_crowd_and_takes_it_again_when_a_cpu_is_idle():
+    """Per second of stepping: a neighbour busy beside a waiting team costs a thread; a load generator (little CPU
+    of others) does not, however long the team waits for the hub; an idle CPU brings the thread back."""
+    share, at, counters = CpuShare(2), 0.0, {"waited": 0.0, "idle": 0.0, "busy": 0.0, "ours": 0.0}
+
+    def second(waited: float, idle: float, busy: float, ours: float) -> int:
+        nonlocal at
+        at += 1.0
+        for name, value in (("waited", waited), ("idle", idle), ("busy", busy), ("ours", ours)):
+            counters[name] += value
+        share._decide(Sample(at, **counters))
+        return share.threads
+
+    assert second(0, 0, 0, 0) == 2  # the first sample only starts the counting
+    assert second(waited=0.5, idle=0, busy=2.0, ours=1.9) == 2  # the hub and a load generator
+    assert second(waited=0.8, idle=0, busy=2.0, ours=1.3) == 1  # a busy neighbour
+    assert second(waited=0.0, idle=0, busy=2.0, ours=1.0) == 1  # still there
+    assert second(waited=0.0, idle=0.9, busy=1.1, ours=1.0) == 2  # gone
+    assert CpuShare(1).threads_for_step() == 1
+
+
+def test_a_server_under_taskset_sizes_its_steps_to_one_cpu(tiny_model_dirs):
+    if not shutil.which("taskset") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs taskset and two CPUs")
+    command = ["taskset", "-c", "0", GUNICORN, "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0"]
+    with GunicornServer({"model": tiny_model_dirs["llama"]}, command=command) as server:
+        server.wait_for_log(r"worker 0 uses the CPU with 1 threads \(affinity mask: 1 CPU\)")
+        server.wait_for_log(r"CPU steps use up to 1 threads \(affinity mask: 1 CPU\)")
+
+
+def test_a_server_in_a_cgroup_with_half_a_cpu_sizes_its_steps_to_one(tiny_model_dirs, tmp_path):
+    group = V1_CPU / f"wsgi-infer-test-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("50000")
+    except OSError:
+        pytest.skip("needs a writable cgroup v1 cpu controller (root)")
+    command = ["sh", "-c", f"echo $$ > {group}/cgroup.procs && exec {GUNICORN} -c gunicorn.conf.py --bind 127.0.0.1:0"]
+    try:
+        with GunicornServer({"model": tiny_model_dirs["llama"]}, command=command) as server:
+            quota = rf"cgroup CPU quota of 0\.5 CPUs \(/{group.name}\)"
+            server.wait_for_log(rf"worker 0 uses the CPU with 1 threads \({quota}\)")
+            server.wait_for_log(rf"CPU steps use up to 1 threads \({quota}\)")
+    finally:
+        group.rmdir()  # its processes have exited with the server
