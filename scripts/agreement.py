@@ -4,7 +4,7 @@
 For each model (a GGUF of any type, or a Hugging Face directory), the float32 engine without packed weights
 (``quantization="none"``: exactly transformers' output on the file's dequantized weights) writes greedy
 continuations of chat prompts (``--tokens`` in all). The engine as it serves by default (``dtype`` and
-``quantization`` auto: bf16 on the CPU kernels with the file's own blocks where the CPU serves bf16 fast) then
+``quantization`` auto: float32 activations on the CPU kernels over the file's own blocks, KV cache in bf16) then
 reads the same sequences with ``prompt_logprobs=1``, every packed layer forced onto its packed weights (as one
 decode step uses them), and we count the generated positions where its top-1 token is the reference's. Example:
 

@@ -161,13 +161,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args) -> tuple[subprocess.Popen, str]:
+def start_server(args, wrap: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """Our gunicorn on a free port, its command behind `wrap` (taskset, a cgroup) when given."""
     port = free_port()
     env = {**os.environ, "WSGI_INFER_DTYPE": args.dtype, "WSGI_INFER_QUANTIZATION": args.quantization}
     if args.model:
         env["WSGI_INFER_MODEL"] = args.model
     process = subprocess.Popen(
         [
+            *(wrap or []),
             str(Path(sys.executable).with_name("gunicorn")),
             "-c",
             "gunicorn.conf.py",
@@ -199,7 +201,7 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     return process, f"http://127.0.0.1:{port}"
 
 
-def start_llama_server(args) -> tuple[subprocess.Popen, str]:
+def start_llama_server(args, wrap: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     """llama.cpp's llama-server on the peer model: 2048 tokens of context per slot, one slot per stream."""
     model = args.peer_model or args.model
     if not model or not model.endswith(".gguf"):
@@ -208,7 +210,7 @@ def start_llama_server(args) -> tuple[subprocess.Popen, str]:
     command = [args.llama_server, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
     command += ["-t", str(os.cpu_count()), "-np", str(slots), "-c", str(2048 * slots)]
     log = open(os.environ.get("LLAMA_SERVER_LOG", os.devnull), "w")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen([*(wrap or []), *command], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:

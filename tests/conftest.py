@@ -56,7 +56,7 @@ def _tiny_config(arch: str, vocab_size: int):
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=4096,
+        max_position_embeddings=65536,
         tie_word_embeddings=arch == "qwen2",
         **common,
     )

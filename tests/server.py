@@ -18,6 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
+# max_tokens of a stream that must still run when a test acts on it: at least a minute of steps on the tiny
+# models (a step takes over a millisecond of Python however fast the CPU), within their 65,536-token window.
+ENDLESS = 60_000
 
 
 def free_port() -> int:

@@ -16,7 +16,7 @@ import pytest
 
 from wsgi_infer import SamplingParams
 
-from .server import GunicornServer
+from .server import ENDLESS, GunicornServer
 
 BACKLOG_LIMIT = 64 * 1024
 
@@ -181,7 +181,7 @@ def test_5000_idle_connections_do_not_lock_new_clients_out(crowd, tiny_llama):
 
 def test_5000_queued_streams_are_held_on_heartbeats_then_429(crowd):
     before = rss_mb(crowd)
-    body = {"prompt": "Queued", "max_tokens": 4000, "ignore_eos": True, "temperature": 0, "stream": True}
+    body = {"prompt": "Queued", "max_tokens": ENDLESS, "ignore_eos": True, "temperature": 0, "stream": True}
     streams = [connect(crowd) for _ in range(CROWD + 2)]  # 2 run, the rest wait
     try:
         for sock in streams:

@@ -16,7 +16,7 @@ import openai
 import psutil
 import pytest
 
-from .server import GunicornServer
+from .server import ENDLESS, GunicornServer
 from .sse_client import events
 
 GRACEFUL = 12
@@ -136,13 +136,13 @@ def test_sigterm_drains_short_streams_and_ends_endless_ones(tiny_model_dirs, rec
     sdk_stream = sdk.completions.create(
         model=sdk.models.list().data[0].id,
         prompt="endless",
-        max_tokens=4000,
+        max_tokens=ENDLESS,
         stream=True,
         extra_body={"ignore_eos": True},
     )
     next(iter(sdk_stream))
     # Short streams take about 1/50 of the drain here (a wide margin for a loaded CI host); endless ones outlast it.
-    results, threads = start_streams(server, [20] * 8 + [4000] * 8)
+    results, threads = start_streams(server, [20] * 8 + [ENDLESS] * 8)
     keep_alive = httpx.Client(base_url=server.url, timeout=30)
     assert keep_alive.get("/health").status_code == 200  # an open keep-alive connection
 
@@ -179,7 +179,7 @@ def test_quick_stop_ends_every_stream_at_once(tiny_model_dirs, sig):
     """No drain: the worker ends every stream with its terminal event, then exits; no kill needed."""
     server = lifecycle_server(tiny_model_dirs).wait_ready()
     pids = [server.process.pid, *server.worker_pids()]
-    results, threads = start_streams(server, [4000] * 4)
+    results, threads = start_streams(server, [ENDLESS] * 4)
     mark = len(server.lines)
     signalled = time.monotonic()
     server.process.send_signal(sig)
@@ -207,7 +207,7 @@ def test_quick_stop_with_a_busy_process_on_every_cpu_ends_every_stream(tiny_mode
     try:
         server = lifecycle_server(tiny_model_dirs, quantization="auto").wait_ready()  # packed, on the kernels
         pids = [server.process.pid, *server.worker_pids()]
-        results, threads = start_streams(server, [4000] * 4)
+        results, threads = start_streams(server, [ENDLESS] * 4)
         server.wait_for_log(r"other processes want these CPUs \(.*\): 1 threads a step")
         mark = len(server.lines)
         server.process.send_signal(signal.SIGINT)
@@ -229,7 +229,7 @@ def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dir
     with lifecycle_server(tiny_model_dirs) as server:
         server.wait_ready()
         (old_worker,) = server.worker_pids()
-        results, threads = start_streams(server, [4000] * 2)
+        results, threads = start_streams(server, [ENDLESS] * 2)
         # A connection the old worker accepted just before the reload, whose request comes
         # only after that worker began to drain: gunicorn accepted it, so it is served.
         early = socket.create_connection(("127.0.0.1", server.port), timeout=60)
@@ -257,7 +257,7 @@ def test_max_requests_recycles_the_worker_with_a_drain(tiny_model_dirs):
     with lifecycle_server(tiny_model_dirs, "--max-requests", "2") as server:
         server.wait_ready()
         (old_worker,) = server.worker_pids()
-        results, threads = start_streams(server, [4000])  # request 1: endless
+        results, threads = start_streams(server, [ENDLESS])  # request 1: endless
         # Request 2 reaches max_requests, which starts the drain before the app runs it; its body
         # arrives only once the drain has begun, and gunicorn promises to serve it all the same.
         with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from .nginx_proxy import NginxProxy
-from .server import GunicornServer
+from .server import ENDLESS, GunicornServer
 from .sse_client import events
 
 
@@ -42,7 +42,7 @@ def text_of(data_events: list) -> str:
 
 
 def test_tokens_stream_through_nginx_as_they_are_generated(server):
-    endless = {"prompt": "Stream me", "max_tokens": 4000, "ignore_eos": True, "temperature": 0, "stream": True}
+    endless = {"prompt": "Stream me", "max_tokens": ENDLESS, "ignore_eos": True, "temperature": 0, "stream": True}
     short = {**endless, "max_tokens": 40}
     with NginxProxy(f"127.0.0.1:{server.port}") as nginx:
         ttfb, _, direct = first_event_and_total(server.url, short)
@@ -56,7 +56,7 @@ def test_tokens_stream_through_nginx_as_they_are_generated(server):
             # The first token came through while the engine is still generating: nothing buffered it.
             metrics = server.metrics()
             assert metrics["wsgi_infer:num_requests_running"] == 1
-            assert metrics["wsgi_infer:generation_tokens_total"] < 2 * 40 + 4000
+            assert metrics["wsgi_infer:generation_tokens_total"] < 2 * 40 + ENDLESS
     assert proxied[-1].data == "[DONE]"
     assert text_of(proxied) == text_of(direct)  # the same greedy text
     print(f"TTFB direct {1e3 * ttfb:.1f} ms, through nginx {1e3 * ttfb_proxied:.1f} ms")
@@ -100,7 +100,7 @@ def test_a_quiet_stream_outlives_nginx_read_timeout(tiny_model_dirs):
 
     with GunicornServer(settings) as server, NginxProxy(f"127.0.0.1:{server.port}", read_timeout="1s") as nginx:
         server.wait_ready()
-        busy = {"prompt": "busy", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+        busy = {"prompt": "busy", "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}
         with (
             httpx.Client(base_url=server.url, timeout=60) as http,
             http.stream("POST", "/v1/completions", json=busy) as r,
@@ -128,7 +128,7 @@ def test_sigterm_drain_reaches_the_client_through_nginx(tiny_model_dirs):
     with GunicornServer(settings, "--graceful-timeout", "6", "--keep-alive", "1") as server:
         server.wait_ready()
         with NginxProxy(f"127.0.0.1:{server.port}") as nginx:
-            body = {"prompt": "endless", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+            body = {"prompt": "endless", "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}
             with (
                 httpx.Client(base_url=nginx.url, timeout=30) as http,
                 http.stream("POST", "/v1/completions", json=body) as r,

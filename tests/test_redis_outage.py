@@ -21,7 +21,7 @@ from wsgi_infer.server.metrics import ModelMetrics
 from wsgi_infer.server.redis_store import RedisStore
 from wsgi_infer.server.stream_log import StreamLog
 
-from .server import GunicornServer, RedisServer
+from .server import ENDLESS, GunicornServer, RedisServer
 from .sse_client import Event, events
 from .test_resume import text_of
 
@@ -128,7 +128,7 @@ def _cut_after(http: httpx.Client, prompt: str, max_tokens: int = 50) -> str:
 def test_a_resume_elsewhere_ends_when_the_generating_worker_is_killed(instances):
     _, first, second = instances
     with first.client() as http:
-        stream_id = _cut_after(http, "Killed mid-stream", 4000)  # seconds of work: it runs at the kill
+        stream_id = _cut_after(http, "Killed mid-stream", ENDLESS)  # seconds of work: it runs at the kill
     with second.client(timeout=10 * HEARTBEAT_S) as other:
         with other.stream("GET", f"/v1/streams/{stream_id}") as r:
             assert r.status_code == 200

@@ -10,7 +10,7 @@ import pytest
 
 from wsgi_infer import SamplingParams
 
-from .server import GunicornServer
+from .server import ENDLESS, GunicornServer
 from .sse_client import events
 
 
@@ -80,7 +80,7 @@ def test_disconnect_mid_stream_frees_everything(server):
     mark = len(server.lines)
     with (
         server.client() as http,
-        http.stream("POST", "/v1/completions", json=completion_body("Hello", 3000, ignore_eos=True)) as r,
+        http.stream("POST", "/v1/completions", json=completion_body("Hello", ENDLESS, ignore_eos=True)) as r,
     ):
         request_id = r.headers["x-request-id"]
         got = 0
@@ -152,7 +152,7 @@ def test_disconnect_while_queued_and_while_prefilling(one_seq_server):
     mark = len(server.lines)
     with (
         server.client() as http,
-        http.stream("POST", "/v1/completions", json=completion_body("Busy", 4000, ignore_eos=True)) as busy,
+        http.stream("POST", "/v1/completions", json=completion_body("Busy", ENDLESS, ignore_eos=True)) as busy,
     ):
         running_id = busy.headers["x-request-id"]
         busy_events = events(busy)  # kept: dropping the iterator would close the connection
