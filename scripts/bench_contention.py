@@ -157,7 +157,7 @@ def run_condition(args, condition: Condition, name: str, peer_url: str | None) -
             asyncio.run(measure_warm(url, extra))
             with neighbours(condition.neighbours):
                 results = {c: asyncio.run(measure(url, c, args, extra)) for c in args.concurrency}
-                if server is not None:
+                if name == "wsgi-infer" and server is not None:  # our promise; llama-server waits on its slots
                     results["stop_s"] = asyncio.run(timed_stop(server, url, extra, args.stop_signal))
         finally:
             if server is not None and server.poll() is None:
