@@ -236,10 +236,11 @@ def plot(results: dict[str, dict[str, dict[int, dict]]], concurrency: list[int],
 
     counts = {c.name: c.neighbours for c in CONDITIONS if not c.confines and c.name in results}
     fig, axis = plt.subplots(figsize=(7, 4.5))
-    for name in sorted({n for by_system in results.values() for n in by_system}):
-        for c in concurrency:
+    systems = sorted({n for by_system in results.values() for n in by_system}, key="wsgi-infer".__ne__)  # ours first
+    for style, name in zip(("-", "--", ":", "-."), systems):
+        for color, c in enumerate(concurrency):  # a colour per concurrency, a line style per system
             points = [(n, results[cond][name][c]["output_tok_s"]) for cond, n in counts.items()]
-            axis.plot(*zip(*points), marker="o", label=f"{name}, {c} streams")
+            axis.plot(*zip(*points), style, color=f"C{color}", marker="o", label=f"{name}, {c} streams")
     axis.set_xticks(sorted(counts.values()))
     axis.set_xlabel("busy processes beside the server")
     axis.set_ylabel("output tok/s")
