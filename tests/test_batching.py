@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from wsgi_infer import LLM, SamplingParams
@@ -83,6 +85,19 @@ def test_preemption_keeps_outputs(tiny_model_dirs, alone):
     outputs = llm.generate(PROMPTS, GREEDY)
     assert llm.engine.counters().num_preemptions == llm.engine.scheduler.num_preemptions > 0  # what metrics read
     assert {f"r{i}": o.token_ids for i, o in enumerate(outputs)} == alone
+    assert_idle(llm)
+
+
+def test_the_context_window_is_clamped_to_what_the_kv_cache_holds(tiny_model_dirs, caplog):
+    """A 65,536-token window over a 32-token cache: clamped at start, with a warning, so that a request leaving
+    max_tokens open fills the cache instead of being refused."""
+    with caplog.at_level(logging.WARNING, logger="wsgi_infer.engine.model_runner"):
+        llm = LLM(model=str(tiny_model_dirs["llama"]), quantization="none", block_size=4, num_kv_blocks=8)
+    assert llm.engine.max_model_len == 32
+    assert "max_model_len 65536 is more than the KV cache holds: clamped to 32 tokens" in caplog.text
+    prompt = [5, 6, 7]
+    (out,) = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))
+    assert len(out.token_ids) == 32 - len(prompt) and out.finish_reason == "length"
     assert_idle(llm)
 
 

@@ -85,12 +85,6 @@ class LLMEngine:
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds "
                 f"the context window of {self.max_model_len} tokens"
             )
-        capacity = self.block_manager.num_blocks * self.block_manager.block_size
-        if len(prompt_ids) + max_tokens > capacity:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds "
-                f"the KV cache capacity of {capacity} tokens"
-            )
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise InvalidParameter("logit_bias", f"logit_bias token ids must be below the vocabulary size {vocab}")
         matcher = self.grammars.matcher(params.structured_output) if params.structured_output else None

@@ -67,6 +67,7 @@ class ModelRunner:
         self.num_layers = hf_config.num_hidden_layers
         self.num_blocks = config.num_kv_blocks or max(1, self._kv_budget(config) // self._bytes_per_block())
         self.kv_caches = self._allocate_kv_cache()
+        self._fit_max_model_len()
 
     # --- construction: size the KV cache, allocate -----------------------------------
     def _bytes_per_block(self) -> int:
@@ -79,6 +80,19 @@ class ModelRunner:
             free, _ = torch.cuda.mem_get_info(self.device)
             return int(free * _CUDA_MEMORY_FRACTION)
         return _DEFAULT_CPU_KV_BYTES
+
+    def _fit_max_model_len(self) -> None:
+        """A window larger than the cache would refuse every request that leaves max_tokens to fill it: clamp it,
+        as vLLM does, and say how to get more."""
+        capacity = self.num_blocks * self.block_size
+        if self.max_model_len > capacity:
+            log.warning(
+                "max_model_len %d is more than the KV cache holds: clamped to %d tokens "
+                "(WSGI_INFER_KV_CACHE_MEMORY_MB raises it)",
+                self.max_model_len,
+                capacity,
+            )
+            self.max_model_len = capacity
 
     def _allocate_kv_cache(self) -> KVCache:
         shape = (self.num_blocks * self.block_size, 2 * self.num_kv_heads, self.head_dim)
