@@ -534,12 +534,19 @@ static int16_group *quantize_rows(const float *x, int64_t rows, int64_t k, int t
     return out;
 }
 
-/* acc [2] += 16 outputs' products with a pair of inputs (two adjacent q of an int16_group) */
+/* acc [2] += 16 outputs' products with a pair of inputs (two adjacent q of an int16_group). With VNNI one
+ * vpdpwssd does what vpmaddwd and vpaddd do (the same sums: no product pair here reaches 2^31) */
 static inline void madd_pair(__m256i acc[2], const __m256i w[2], const int16_t *pair) {
     int32_t both;
     memcpy(&both, pair, 4);
     __m256i x = _mm256_set1_epi32(both);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    for (int v = 0; v < 2; v++) acc[v] = _mm256_dpwssd_epi32(acc[v], w[v], x);
+#elif defined(__AVXVNNI__)
+    for (int v = 0; v < 2; v++) acc[v] = _mm256_dpwssd_avx_epi32(acc[v], w[v], x);
+#else
     for (int v = 0; v < 2; v++) acc[v] = _mm256_add_epi32(acc[v], _mm256_madd_epi16(w[v], x));
+#endif
 }
 
 /* sums [rows, 16] += a group's integer sums acc [rows][2] times scale (16 outputs') and the rows' 2^-e, plus
