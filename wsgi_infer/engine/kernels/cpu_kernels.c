@@ -472,7 +472,8 @@ void paged_attention(const float *q, int64_t q_row_stride, const bf16 *cache, co
  * each output's sums over groups run in group order, so a row's result never depends on its batch. A weight's
  * group is unpacked once into L1, as [pair][2] vectors (outputs 0-7, 8-15), and read there 4 rows at a time, 4
  * input pairs per loop turn: GCC then keeps the 8 sums in registers (5 or 6 rows spilled some, 30-40% slower at
- * 16 and 64 rows). */
+ * 16 and 64 rows). With AVX-512 VNNI a row's sums are one 512-bit register, and 8 rows fit (against 4 rows: 16
+ * rows 11% faster, 64 rows 18%, on an AMD EPYC Zen 5). */
 #define GROUP 32
 #define TILE 16 /* outputs per vector lane set */
 
@@ -480,7 +481,11 @@ void paged_attention(const float *q, int64_t q_row_stride, const bf16 *cache, co
 static inline int64_t groups_of(int64_t k) { return (k + GROUP - 1) / GROUP; }
 
 #if defined(__AVX2__) && defined(__FMA__) /* the packed weights' path below */
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#define ROW_BLOCK 8 /* a row's sums are one 512-bit register (row_block) */
+#else
 #define ROW_BLOCK 4
+#endif
 typedef struct {
     int16_t q[GROUP]; /* x * 2^e, rounded to nearest even; zeros past a row's last input */
     float scale;      /* 2^-e */
@@ -567,15 +572,34 @@ static inline __attribute__((always_inline)) void add_group(__m256i acc[][2], co
 }
 
 /* sums [rows, 16] += a group's products for up to ROW_BLOCK rows with its unpacked weight w. Inlined with a
- * constant row count, so that the sums stay in registers. */
+ * constant row count, so that the sums stay in registers. With AVX-512 VNNI a pair's 16 outputs (w[pair][0] and
+ * [1], adjacent in L1) are one 512-bit register and one vpdpwssd per row: the same sums, half the instructions. */
 static inline __attribute__((always_inline)) void row_block(const __m256i (*w)[2], const int16_group *x, const int rows,
                                                             const float *scale, const float *low,
                                                             const float *group_sums, int64_t groups, float *sums) {
     __m256i acc[ROW_BLOCK][2];
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+    __m512i wide[ROW_BLOCK];
+    for (int r = 0; r < rows; r++) wide[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int pair = 0; pair < GROUP / 2; pair++) {
+        __m512i weights = _mm512_loadu_si512(w[pair]);
+        for (int r = 0; r < rows; r++) {
+            int32_t both;
+            memcpy(&both, x[r * groups].q + 2 * pair, 4);
+            wide[r] = _mm512_dpwssd_epi32(wide[r], weights, _mm512_set1_epi32(both));
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        acc[r][0] = _mm512_castsi512_si256(wide[r]);
+        acc[r][1] = _mm512_extracti64x4_epi64(wide[r], 1);
+    }
+#else
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int pair = 0; pair < GROUP / 2; pair++)
         for (int r = 0; r < rows; r++) madd_pair(acc[r], w[pair], x[r * groups].q + 2 * pair);
+#endif
     add_group(acc, rows, scale, low, x, group_sums, groups, sums);
 }
 
@@ -587,11 +611,18 @@ typedef void (*row_block_fn)(const __m256i (*)[2], const int16_group *, const fl
         row_block(w, x, R, scale, low, group_sums, groups, sums);                                                  \
     }
 ROW_BLOCK_OF(1) ROW_BLOCK_OF(2) ROW_BLOCK_OF(3) ROW_BLOCK_OF(4)
+#if ROW_BLOCK == 8
+ROW_BLOCK_OF(5) ROW_BLOCK_OF(6) ROW_BLOCK_OF(7) ROW_BLOCK_OF(8)
+#endif
 
 /* sums [rows, 16] += one group's products for every row (x: the first row's group, rows apart by groups) */
 static void group_times_rows(const __m256i (*w)[2], const int16_group *x, int64_t rows, const float *scale,
                              const float *low, const float *group_sums, int64_t groups, float *sums) {
-    static const row_block_fn row_blocks[ROW_BLOCK + 1] = {NULL, row_block_1, row_block_2, row_block_3, row_block_4};
+    static const row_block_fn row_blocks[ROW_BLOCK + 1] = {NULL, row_block_1, row_block_2, row_block_3, row_block_4,
+#if ROW_BLOCK == 8
+                                                          row_block_5, row_block_6, row_block_7, row_block_8
+#endif
+    };
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
         int64_t block = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK;
         row_blocks[block](w, x + r0 * groups, scale, low, group_sums ? group_sums + r0 * groups : NULL, groups,
