@@ -44,3 +44,8 @@ def events(response: httpx.Response) -> Iterator[Event]:
                 current.id = value
             elif key == "retry":
                 current.retry = int(value)
+
+
+def text_of(data_events: list[Event]) -> str:
+    """The completion text a stream's data events carry (choice 0), [DONE] and usage-only chunks skipped."""
+    return "".join(e.json["choices"][0]["text"] for e in data_events if e.data != "[DONE]" and e.json["choices"])

@@ -20,10 +20,10 @@ from wsgi_infer.engine.layers.rotary import apply_rotary_
 from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
 from wsgi_infer.engine.step_interrupt import StepInterrupted
 
+from .batch_runs import GREEDY, PROMPTS, run_alone, run_staggered
 from .conftest import assert_idle
 from .gguf_files import MIXED_TYPES, write_tiny_gguf
 from .server import GunicornServer
-from .test_batching import GREEDY, PROMPTS, run_alone, run_staggered
 
 F32_CLOSE = dict(rtol=1e-5, atol=1e-6)  # float32 sums in another order
 

@@ -158,3 +158,20 @@ def test_only_the_bridge_touches_native_threads():
         if any(n == t or n.startswith(t + ".") for n in own_imports(path) for t in NATIVE_THREADING)
     )
     assert touching == ["wsgi_infer.server.bridge"]
+
+
+def imported_test_modules(path: Path) -> set[str]:
+    """The test modules (tests.test_*) a file under tests/ imports: helpers belong in modules of their own."""
+    return {n for n in own_imports(path) if n.startswith("tests.test_") and n.count(".") == 1}
+
+
+def test_test_modules_import_helpers_never_each_other(tmp_path, monkeypatch):
+    tests = PACKAGE.parent / "tests"
+    assert {module_name(p): imported_test_modules(p) for p in tests.glob("*.py")} == {
+        module_name(p): set() for p in tests.glob("*.py")
+    }
+    planted = tmp_path / "tests" / "test_planted.py"  # the rule fails on a violation
+    planted.parent.mkdir()
+    planted.write_text("from .test_batching import run_alone\nfrom .batch_runs import GREEDY\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "wsgi_infer")
+    assert imported_test_modules(planted) == {"tests.test_batching"}

@@ -14,7 +14,7 @@ import pytest
 
 from .nginx_proxy import NginxProxy
 from .server import ENDLESS, GunicornServer
-from .sse_client import events
+from .sse_client import events, text_of
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +35,6 @@ def first_event_and_total(url: str, body: dict, **client_options) -> tuple[float
                     first = first or time.monotonic()
                     data.append(event)
         return first - start, time.monotonic() - start, data
-
-
-def text_of(data_events: list) -> str:
-    return "".join(e.json["choices"][0]["text"] for e in data_events if e.data != "[DONE]")
 
 
 def test_tokens_stream_through_nginx_as_they_are_generated(server):

@@ -22,8 +22,7 @@ from wsgi_infer.server.redis_store import RedisStore
 from wsgi_infer.server.stream_log import StreamLog
 
 from .server import ENDLESS, GunicornServer, RedisServer
-from .sse_client import Event, events
-from .test_resume import text_of
+from .sse_client import Event, events, text_of
 
 HEARTBEAT_S = 2.0
 LONG = 2000  # tokens: each stream is still generating while Redis dies

@@ -8,17 +8,11 @@ import pytest
 import torch
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine.model_loader import load_hf_model
 
 from .conftest import TINY_ARCHITECTURES, assert_idle
+from .transformers_reference import reference_greedy, reference_prompt_logprobs
 
 PROMPTS = ["Hello, my name is", "The quick brown fox jumps over the lazy dog because", "1, 2, 3,"]
-
-
-def reference_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    model = load_hf_model(model_dir, torch.float32)
-    out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
-    return out[0, len(prompt_ids) :].tolist()
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
@@ -54,14 +48,6 @@ def test_sharded_checkpoint_loads_the_same_weights(tiny_model_dirs, tmp_path):
     sharded = LLM(model=str(tmp_path), dtype="float32", quantization="none").generate(PROMPTS, params)
     single = LLM(model=str(source), dtype="float32", quantization="none").generate(PROMPTS, params)
     assert [o.token_ids for o in sharded] == [o.token_ids for o in single]
-
-
-def reference_prompt_logprobs(model_dir, prompt_ids: list[int]) -> torch.Tensor:
-    """transformers' log-softmax at each prompt position, of the prompt token that follows."""
-    model = load_hf_model(model_dir, torch.float32)
-    with torch.no_grad():
-        logprobs = model(torch.tensor([prompt_ids])).logits[0].float().log_softmax(-1)
-    return logprobs[:-1].gather(1, torch.tensor(prompt_ids[1:]).unsqueeze(1)).squeeze(1)
 
 
 def test_prompt_logprobs_match_transformers_across_chunks_cache_and_batches(tiny_llama, tiny_model_dirs):

@@ -9,7 +9,7 @@ import pytest
 from wsgi_infer import SamplingParams
 
 from .server import GunicornServer, RedisServer
-from .sse_client import events
+from .sse_client import events, text_of
 
 BODY = {
     "prompt": "Resume me",
@@ -34,10 +34,6 @@ def server(tiny_model_dirs):
     }
     with GunicornServer(settings) as srv:
         yield srv.wait_ready()
-
-
-def text_of(data_events) -> str:
-    return "".join(e.json["choices"][0]["text"] for e in data_events if e.data != "[DONE]" and e.json["choices"])
 
 
 def start_then_cut(server: GunicornServer, after: int = 5, path: str = "/v1/completions", body: dict = BODY):

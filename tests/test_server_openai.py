@@ -122,7 +122,7 @@ def test_unknown_model_is_a_404_api_error(client):
 
 def test_echo_scores_a_prompt_like_transformers(server, default_model_dir):
     """lm-eval-harness's loglikelihood request: echo, logprobs 1, max_tokens 0."""
-    from .test_reference import reference_prompt_logprobs
+    from .transformers_reference import reference_prompt_logprobs
 
     prompt = "Paris is the capital and most populous city of France."
     with server.client() as http:
