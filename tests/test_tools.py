@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from wsgi_infer.server.protocol import ChatCompletionRequest
+from wsgi_infer.server.chat_protocol import ChatCompletionRequest
 from wsgi_infer.server.tools import ToolCallParser, ToolPlan, call_text
 
 WEATHER = {

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
 
+from ..chat_protocol import TokenizeChatRequest
 from ..errors import APIError
-from ..protocol import DetokenizeRequest, TokenizeChatRequest, TokenizeRequest, parse
+from ..protocol import DetokenizeRequest, TokenizeRequest, parse
 from .serving import check_model, manager, wait_ready
 
 bp = Blueprint("tokenization", __name__)

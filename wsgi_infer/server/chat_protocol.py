@@ -1,0 +1,158 @@
+"""Request schemas of chat completions (pydantic): messages, tools and tool choice, and how a conversation reaches
+the chat template (tool traffic as text where the template knows no tools)."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from ..engine.sampling_params import MAX_LOGPROBS, StructuredOutput
+from .errors import APIError
+from .protocol import Request, SamplingRequest
+from .tools import ToolPlan, call_text
+
+
+class FunctionDefinition(Request):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(Request):
+    name: str
+
+
+class NamedToolChoice(Request):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class FunctionCall(Request):
+    name: str
+    arguments: str
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_text(cls, value: str) -> str:
+        json.loads(value)  # a ValueError is a 400 naming this field
+        return value
+
+
+class ToolCall(Request):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Request):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @property
+    def text(self) -> str:
+        """Content parts flattened to text (text parts only; other modalities are refused)."""
+        if not isinstance(self.content, list):
+            return self.content or ""
+        texts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise APIError(f"content parts of type {part.get('type')!r} are not supported", param="messages")
+            texts.append(part["text"])
+        return "".join(texts)
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    @property
+    def tool_plan(self) -> ToolPlan | None:
+        """How the model may call the tools; None when it may not (no tools, or tool_choice none)."""
+        choice = self.tool_choice or ("auto" if self.tools else "none")
+        if not self.tools:
+            if choice != "none":
+                raise APIError("tool_choice needs tools", param="tool_choice")
+            return None
+        if choice == "none":
+            return None
+        functions = [t.function.model_dump(exclude_none=True) for t in self.tools]
+        mode = choice if isinstance(choice, str) else choice.function.name
+        if mode not in ("auto", "required") and mode not in {f["name"] for f in functions}:
+            raise APIError(f"tool_choice names {mode!r}, which is not among the tools", param="tool_choice")
+        if self.logprobs:
+            raise APIError("logprobs are not supported together with tool calls", param="logprobs")
+        return ToolPlan(functions, mode, self.parallel_tool_calls)
+
+    @property
+    def constraint_field(self) -> str:
+        return "tools" if self.tool_plan is not None else super().constraint_field
+
+    def constraint(self) -> StructuredOutput | None:
+        plan = self.tool_plan
+        if plan is None:
+            return super().constraint()
+        if self.response_format is not None or self.structured_outputs is not None:
+            raise APIError("response_format and structured_outputs need tool_choice none", param="tool_choice")
+        return plan.constraint()
+
+    def conversation(self, template_takes_tools: bool) -> tuple[list[dict], list[dict] | None]:
+        """The messages for the chat template, and the tools to pass it (when it takes them)."""
+        plan = self.tool_plan
+        messages = [_template_message(m, template_takes_tools) for m in self.messages]
+        if plan is None or template_takes_tools:
+            return messages, [t.model_dump(exclude_none=True) for t in self.tools or []] or None
+        if messages[0]["role"] == "system":
+            messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{plan.system_prompt()}"}
+        else:
+            messages.insert(0, {"role": "system", "content": plan.system_prompt()})
+        return messages, None
+
+
+def _template_message(message: ChatMessage, template_takes_tools: bool) -> dict:
+    """One message as chat templates take it; tool traffic as text when the template knows none."""
+    if template_takes_tools:
+        entry: dict = {"role": message.role, "content": message.text}
+        if message.tool_calls:
+            # Templates take arguments as an object, as transformers documents.
+            entry["tool_calls"] = [
+                {"type": "function", "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                for c in (call.function for call in message.tool_calls)
+            ]
+        if message.tool_call_id:
+            entry["tool_call_id"] = message.tool_call_id
+        return entry
+    if message.role == "tool":
+        return {"role": "user", "content": f"<tool_response>\n{message.text}\n</tool_response>"}
+    calls = "\n".join(call_text(c.function.name, c.function.arguments) for c in message.tool_calls or [])
+    return {"role": message.role, "content": "\n".join(t for t in (message.text, calls) if t)}
+
+
+class TokenizeChatRequest(ChatCompletionRequest):
+    """/tokenize with ``messages``: the chat template applied, as a chat completion would."""
+
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
