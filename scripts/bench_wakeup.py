@@ -19,7 +19,7 @@ import time  # noqa: E402
 
 import gevent.event  # noqa: E402
 
-from wsgi_infer.server.bridge import HubBridge  # noqa: E402
+from wsgi_infer.server.engine_client.bridge import HubBridge  # noqa: E402
 
 
 def main() -> None:

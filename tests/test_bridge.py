@@ -12,7 +12,7 @@ SCRIPT = textwrap.dedent(
     from gevent import monkey; monkey.patch_all()
     import json, time, gevent
     from gevent.monkey import get_original
-    from wsgi_infer.server.bridge import HubBridge
+    from wsgi_infer.server.engine_client.bridge import HubBridge
 
     native_sleep = get_original("time", "sleep")
 

@@ -2,9 +2,11 @@
 
 Each engine module, and each module the gunicorn master imports, is imported
 alone in a fresh interpreter and its ``sys.modules`` is checked, so a rule also
-catches what comes in through other modules. The last two rules read the
-modules' import statements instead: a route may well reach gevent and the
-engine, but only through the manager, which ``sys.modules`` cannot tell.
+catches what comes in through other modules. The other rules read the modules'
+import statements instead (those under ``TYPE_CHECKING`` too, where a rule says
+so): the server's layers, no import cycles, and that a route may well reach
+gevent and the engine, but only through the manager, which ``sys.modules``
+cannot tell. Each of these rules is shown to fail on a planted violation.
 """
 
 from __future__ import annotations
@@ -30,14 +32,29 @@ ENGINE_CORE = (
     "scheduler",
     "cpu_share",
     "step_interrupt",
+    "messages",
+    "chat_template",
 )
-MASTER_MODULES = ("worker", "gunicorn_config", "gunicorn_logging", "settings")
+MASTER_MODULES = ("gunicorn.worker", "gunicorn.config", "gunicorn.logger", "settings")
+# The server's layers, lowest first: a module imports only from its own layer and those below it. Modules in no
+# layer (the package roots, the command line, offline generation) sit above them all.
+LAYERS = (
+    ("wsgi_infer.engine",),
+    ("wsgi_infer.server.errors", "wsgi_infer.server.metrics", "wsgi_infer.server.settings"),
+    ("wsgi_infer.server.streaming",),
+    ("wsgi_infer.server.engine_client",),
+    ("wsgi_infer.server.api",),
+    ("wsgi_infer.server.app", "wsgi_infer.server.wsgi"),
+    ("wsgi_infer.server.gunicorn",),
+)
 # Plain data the server speaks to the engine with; routes use it freely.
 ENGINE_VOCABULARY = (
     "wsgi_infer.engine",
     "wsgi_infer.engine.config",
     "wsgi_infer.engine.sampling_params",
     "wsgi_infer.engine.outputs",
+    "wsgi_infer.engine.messages",
+    "wsgi_infer.engine.chat_template",
 )
 # Torch-free engine steps the gunicorn master runs before it forks workers: starting the CPU kernels' build.
 MASTER_STEPS = (
@@ -95,13 +112,14 @@ def test_what_the_gunicorn_master_imports_has_no_torch(loaded):
         assert not engine, module
 
 
-def own_imports(path: Path) -> set[str]:
-    """Absolute names of what a module imports itself, at run time (not under TYPE_CHECKING)."""
+def own_imports(path: Path, type_checking: bool = False) -> set[str]:
+    """Absolute names of what a module imports itself: at run time, and with ``type_checking`` also under
+    ``TYPE_CHECKING``."""
     tree = ast.parse(path.read_text())
     skip = {
         id(n)
         for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        if not type_checking and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
         for n in ast.walk(node)
     }
     package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path)
@@ -120,6 +138,100 @@ def own_imports(path: Path) -> set[str]:
     return names
 
 
+def module_graph() -> dict[str, set[str]]:
+    """Our modules -> the modules of ours each imports, ``TYPE_CHECKING`` ones included."""
+    paths = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {name: own_imports(path, type_checking=True) & set(paths) - {name} for name, path in paths.items()}
+    # `from package import module` names the package too, which it does not mean
+    return {
+        name: {n for n in imported if not any(m.startswith(n + ".") for m in imported)}
+        for name, imported in graph.items()
+    }
+
+
+def layer_of(module: str) -> int:
+    for rank, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return rank
+    return len(LAYERS)
+
+
+def imports_from_above(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((a, b) for a, imported in graph.items() for b in imported if layer_of(b) > layer_of(a))
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def plant(root: Path, files: dict[str, str]) -> None:
+    """A copy of the package's tree in ``root`` with ``files`` (paths under wsgi_infer/) written into it."""
+    for path in PACKAGE.rglob("*.py"):
+        copy = root / path.relative_to(PACKAGE.parent)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(path.read_text())
+    for relative, text in files.items():
+        (root / "wsgi_infer" / relative).write_text(text)
+
+
+VIOLATIONS = {  # a stream log that reads a schema, and a schema that names it back, for type checking only
+    "server/streaming/planted.py": "from ..api.schemas import Request\n",
+    "server/api/schemas.py": "from typing import TYPE_CHECKING\n\n"
+    "if TYPE_CHECKING:\n    from ..streaming import planted\n",
+}
+
+
+def test_each_layer_imports_only_from_below(tmp_path, monkeypatch):
+    assert imports_from_above(module_graph()) == []
+    plant(tmp_path, VIOLATIONS)  # the rule fails on a violation
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "wsgi_infer")
+    assert imports_from_above(module_graph()) == [
+        ("wsgi_infer.server.streaming.planted", "wsgi_infer.server.api.schemas")
+    ]
+
+
+def test_no_module_imports_itself_through_others_not_even_for_type_checking(tmp_path, monkeypatch):
+    assert import_cycles(module_graph()) == []
+    plant(tmp_path, VIOLATIONS)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "wsgi_infer")
+    assert import_cycles(module_graph()) == [["wsgi_infer.server.api.schemas", "wsgi_infer.server.streaming.planted"]]
+
+
+def test_no_module_is_over_300_lines(tmp_path, monkeypatch):
+    def long_modules() -> list[str]:
+        return [module_name(p) for p in PACKAGE.rglob("*.py") if len(p.read_text().splitlines()) > 300]
+
+    assert long_modules() == []
+    plant(tmp_path, {"server/api/planted.py": "\n" * 301})
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "wsgi_infer")
+    assert long_modules() == ["wsgi_infer.server.api.planted"]
+
+
 def reachable_imports(start: str, graph: dict[str, set[str]], stop: str) -> set[str]:
     """Everything ``start`` imports at run time, following our own modules but not through ``stop``."""
     seen, todo, names = {start}, [start], set()
@@ -135,7 +247,7 @@ def reachable_imports(start: str, graph: dict[str, set[str]], stop: str) -> set[
 def test_only_the_manager_brings_gevent_and_the_engine_together():
     """Beyond the engine's data types, nothing reaches both the engine and gevent except via the manager."""
     graph = {module_name(path): own_imports(path) for path in PACKAGE.rglob("*.py")}
-    manager = "wsgi_infer.server.manager"
+    manager = "wsgi_infer.server.engine_client.manager"
     both = []
     for name in graph:
         names = reachable_imports(name, graph, stop=manager)
@@ -157,7 +269,7 @@ def test_only_the_bridge_touches_native_threads():
         for path in PACKAGE.rglob("*.py")
         if any(n == t or n.startswith(t + ".") for n in own_imports(path) for t in NATIVE_THREADING)
     )
-    assert touching == ["wsgi_infer.server.bridge"]
+    assert touching == ["wsgi_infer.server.engine_client.bridge"]
 
 
 def imported_test_modules(path: Path) -> set[str]:

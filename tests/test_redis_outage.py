@@ -16,10 +16,10 @@ import pytest
 import redis
 
 from wsgi_infer import SamplingParams
-from wsgi_infer.server import sse
+from wsgi_infer.server.streaming import sse
 from wsgi_infer.server.metrics import ModelMetrics
-from wsgi_infer.server.redis_store import RedisStore
-from wsgi_infer.server.stream_log import StreamLog
+from wsgi_infer.server.streaming.redis_store import RedisStore
+from wsgi_infer.server.streaming.stream_log import StreamLog
 
 from .server import ENDLESS, GunicornServer, RedisServer
 from .sse_client import Event, events, text_of

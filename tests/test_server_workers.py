@@ -93,7 +93,7 @@ def test_wsgi_infer_serve_runs_the_gunicorn_configuration(tiny_model_dirs):
     command = [cli, "serve", "--model", str(tiny_model_dirs["llama"]), "--bind", "127.0.0.1:0", "--workers", "2"]
     with GunicornServer({}, command=command, GUNICORN_CMD_ARGS="--graceful-timeout 11 --keep-alive 3") as server:
         workers = server.wait_booted(count=2)
-        assert any("Using worker: wsgi_infer.server.worker.InferenceWorker" in line for line in server.lines)
+        assert any("Using worker: wsgi_infer.server.gunicorn.worker.InferenceWorker" in line for line in server.lines)
         assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
         assert server.stop() == 0
         for pid in workers:

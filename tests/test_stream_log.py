@@ -7,8 +7,8 @@ import json
 import gevent
 from openai._streaming import SSEDecoder
 
-from wsgi_infer.server import sse
-from wsgi_infer.server.stream_log import StreamLog
+from wsgi_infer.server.streaming import sse
+from wsgi_infer.server.streaming.stream_log import StreamLog
 
 
 def new_log() -> StreamLog:

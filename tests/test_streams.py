@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from wsgi_infer.engine.outputs import RequestDelta
 from wsgi_infer.server.api.serving import iter_deltas
-from wsgi_infer.server.streams import ChoiceDelta, RequestStream
+from wsgi_infer.server.engine_client.streams import ChoiceDelta, RequestStream
 
 
 def test_a_reader_that_falls_behind_still_gets_the_end():

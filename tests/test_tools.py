@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from wsgi_infer.server.chat_protocol import ChatCompletionRequest
-from wsgi_infer.server.tools import ToolCallParser, ToolPlan, call_text
+from wsgi_infer.server.api.chat_schemas import ChatCompletionRequest
+from wsgi_infer.server.api.tools import ToolCallParser, ToolPlan, call_text
 
 WEATHER = {
     "name": "get_weather",

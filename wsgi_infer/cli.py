@@ -45,14 +45,14 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """gunicorn with wsgi_infer.server.gunicorn_config, as `gunicorn -c gunicorn.conf.py` would run it."""
+    """gunicorn with wsgi_infer.server.gunicorn.config, as `gunicorn -c gunicorn.conf.py` would run it."""
     import os
 
     from gunicorn.app.wsgiapp import WSGIApplication
 
     if args.model:
         os.environ["WSGI_INFER_MODEL"] = args.model
-    argv = ["gunicorn", "-c", "python:wsgi_infer.server.gunicorn_config"]
+    argv = ["gunicorn", "-c", "python:wsgi_infer.server.gunicorn.config"]
     if args.bind:
         argv += ["--bind", args.bind]
     if args.workers:

@@ -16,12 +16,13 @@ import random
 import torch
 
 from .block_manager import BlockManager
+from .chat_template import chat_prompt_ids
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .device import resolve_device, resolve_dtype
 from .grammar import GrammarCompiler
 from .model_builder import kernels_serve
-from .model_loader import chat_prompt_ids, eos_token_ids, load_config, load_tokenizer, resolve_model_dir
+from .model_loader import eos_token_ids, load_config, load_tokenizer, resolve_model_dir
 from .model_runner import ModelRunner
 from .outputs import EngineCounters, RequestDelta, TokenLogprob
 from .sampler import Sampler, prompt_logprobs

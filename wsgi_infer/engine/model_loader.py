@@ -171,21 +171,6 @@ def load_tokenizer(model_dir: Path):
     return tokenizer
 
 
-def chat_prompt_ids(
-    tokenizer, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True
-) -> list[int]:
-    """Token ids of a conversation through the tokenizer's chat template; ValueError naming ``messages``."""
-    if not tokenizer.chat_template:
-        raise ValueError("messages: this model has no chat template")
-    try:
-        encoded = tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=True
-        )
-    except Exception as exc:  # jinja errors for malformed conversations
-        raise ValueError(f"messages: the chat template failed: {exc}") from exc
-    return list(encoded["input_ids"])
-
-
 MAPPED_BYTES = 64 << 20  # see CheckpointTensors.__getitem__
 
 

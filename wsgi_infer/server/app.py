@@ -9,11 +9,11 @@ import weakref
 import gevent
 from flask import Flask, current_app, g, request
 
-from .access import install_access_control
 from .api import native, openai, ops, tokenization, ui
+from .api.access import install_access_control
+from .engine_client.extension import init_app, manager_of
+from .engine_client.manager import EngineManager
 from .errors import APIError, register_error_handlers
-from .extension import init_app, manager_of
-from .manager import EngineManager
 from .settings import ServerSettings
 
 _CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")

@@ -1,7 +1,7 @@
 """Prometheus metrics, named like vLLM's with our prefix.
 
 Under gunicorn with several workers, ``PROMETHEUS_MULTIPROC_DIR`` (set by
-``gunicorn_config`` in the master, before the workers start) switches prometheus_client to its
+``gunicorn.config`` in the master, before the workers start) switches prometheus_client to its
 multiprocess mode: each worker writes its own files and ``/metrics`` sums the
 live workers. All updates happen in the hub, never on the engine thread.
 """

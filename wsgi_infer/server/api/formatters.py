@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 
-from ..streams import ChoiceDelta, RequestStream
-from ..tools import ToolCallParser
+from ..engine_client.streams import ChoiceDelta, RequestStream
 from .serving import manager
+from .tools import ToolCallParser
 
 
 class Formatter(ABC):

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response, jsonify, request, stream_with_context
 
-from .. import sse
-from ..protocol import GenerateRequest, parse
-from ..streams import RequestStream
+from ..engine_client.streams import RequestStream
+from ..streaming import sse
+from .schemas import GenerateRequest, parse
 from .serving import Heartbeat, StreamInterrupted, collect, iter_deltas, manager, start
 
 bp = Blueprint("native", __name__)

@@ -7,19 +7,19 @@ from typing import TYPE_CHECKING
 
 from flask import Blueprint, Response, jsonify, request
 
-from .. import sse
-from ..chat_protocol import ChatCompletionRequest
-from ..engine_messages import Chat
+from ..engine_client.prompts import Chat
+from ..engine_client.streams import RequestStream
 from ..errors import APIError
-from ..protocol import CompletionRequest, parse
-from ..redis_store import RedisStreamReader, StoreUnavailable
-from ..stream_log import StreamLog
-from ..streams import RequestStream
+from ..streaming import sse
+from ..streaming.redis_store import RedisStreamReader, StoreUnavailable
+from ..streaming.stream_log import StreamLog
+from .chat_schemas import ChatCompletionRequest
 from .formatters import ChatFormatter, CompletionFormatter, Formatter
+from .schemas import CompletionRequest, parse
 from .serving import Heartbeat, StreamInterrupted, check_model, collect, iter_deltas, manager, start
 
 if TYPE_CHECKING:
-    from ..manager import EngineManager
+    from ..engine_client.manager import EngineManager
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
@@ -54,7 +54,7 @@ def completions():
     params = req.sampling_params(req.max_tokens, req.logprobs, req.prompt_logprobs)
     stream = start(req.prompts, params, constraint_field=req.constraint_field)
     echo = None
-    if req.echo:  # only then: the hub's tokenizer is loaded by its first use
+    if req.echo:
         tokenizer = manager().tokenizer
         echo = [p if isinstance(p, str) else tokenizer.decode(p) for p in req.prompts]
     formatter = CompletionFormatter(stream, "text_completion", echo)

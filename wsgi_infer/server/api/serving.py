@@ -11,12 +11,13 @@ from dataclasses import dataclass
 
 from flask import current_app, g
 
+from ...engine.messages import Accepted, Rejected
 from ...engine.sampling_params import InvalidParameter, SamplingParams
-from ..engine_messages import Accepted, Prompts, Rejected
+from ..engine_client.extension import manager_of
+from ..engine_client.manager import EngineManager
+from ..engine_client.prompts import Prompt
+from ..engine_client.streams import ChoiceDelta, RequestStream, Terminated, merge_deltas
 from ..errors import APIError
-from ..extension import manager_of
-from ..manager import EngineManager
-from ..streams import ChoiceDelta, RequestStream, Terminated, merge_deltas
 
 ADMISSION_TIMEOUT_S = 60.0
 
@@ -40,9 +41,9 @@ def wait_ready(mgr: EngineManager) -> None:
 
 
 def start(
-    prompts: Prompts, params: list[SamplingParams], constraint_field: str = "structured_outputs"
+    prompts: list[Prompt], params: list[SamplingParams], constraint_field: str = "structured_outputs"
 ) -> RequestStream:
-    """Submit and wait for the engine to accept; raise the right APIError otherwise.
+    """Tokenize, submit and wait for the engine to accept; raise the right APIError otherwise.
 
     A constraint that does not compile is a 400 naming ``constraint_field``.
     """
@@ -67,7 +68,11 @@ def start(
         mgr.compile_constraints(params)
     except InvalidParameter as exc:
         raise APIError(str(exc), param=constraint_field) from None
-    stream = mgr.submit(g.request_id, prompts, params)
+    try:
+        prompt_ids = mgr.encode(prompts)
+    except InvalidParameter as exc:
+        raise APIError(str(exc), param=exc.param) from None
+    stream = mgr.submit(g.request_id, prompt_ids, params)
     try:
         outcome = stream.wait_admission(ADMISSION_TIMEOUT_S)
         if isinstance(outcome, Rejected):

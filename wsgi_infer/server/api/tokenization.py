@@ -1,17 +1,19 @@
 """vLLM's /tokenize and /detokenize: the served model's tokenizer over HTTP.
 
-They run on the worker's own copy of the tokenizer, in the request's greenlet
-(a tokenizer call takes microseconds to a few milliseconds), never on the
-engine thread, so they answer at once even while a long prefill runs.
+They run on the worker's own copy of the tokenizer, on a pool thread (a long
+text takes tens of milliseconds), never on the hub or the engine thread, so
+they answer at once even while a long prefill runs.
 """
 
 from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
 
-from ..chat_protocol import TokenizeChatRequest
+from ...engine.chat_template import chat_prompt_ids
+from ...engine.sampling_params import InvalidParameter
 from ..errors import APIError
-from ..protocol import DetokenizeRequest, TokenizeRequest, parse
+from .chat_schemas import TokenizeChatRequest
+from .schemas import DetokenizeRequest, TokenizeRequest, parse
 from .serving import check_model, manager, wait_ready
 
 bp = Blueprint("tokenization", __name__)
@@ -28,11 +30,11 @@ def tokenize():
     if chat:
         messages, tools = req.conversation(mgr.template_takes_tools)
         try:
-            tokens = mgr.chat_prompt_ids(messages, tools, req.add_generation_prompt)
-        except ValueError as exc:
-            raise APIError(str(exc), param="messages") from None
+            tokens = mgr.with_tokenizer(chat_prompt_ids, messages, tools, req.add_generation_prompt)
+        except InvalidParameter as exc:
+            raise APIError(str(exc), param=exc.param) from None
     else:
-        tokens = mgr.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        tokens = mgr.with_tokenizer(_encode, req.prompt, req.add_special_tokens)
     body = {"count": len(tokens), "max_model_len": mgr.max_model_len, "tokens": list(tokens), "token_strs": None}
     if req.return_token_strs:
         body["token_strs"] = mgr.tokenizer.convert_ids_to_tokens(list(tokens))
@@ -49,3 +51,7 @@ def detokenize():
     if any(t >= vocab for t in req.tokens):
         raise APIError(f"tokens must be token ids below {vocab}", param="tokens")
     return jsonify({"prompt": mgr.tokenizer.decode(req.tokens)})
+
+
+def _encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)

@@ -7,8 +7,8 @@ import hmac
 from flask import Flask, request
 from flask_cors import CORS
 
-from .errors import APIError
-from .settings import ServerSettings
+from ..errors import APIError
+from ..settings import ServerSettings
 
 API_PATHS = ("/v1/", "/generate")
 OPS_PATHS = ("/health", "/metrics")

@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..engine.sampling_params import InvalidParameter, SamplingParams, StructuredOutput
-from .errors import APIError
+from ...engine.sampling_params import InvalidParameter, SamplingParams, StructuredOutput
+from ..errors import APIError
 
 MAX_CHOICES = 16
 

@@ -31,8 +31,8 @@ from gunicorn.sock import ssl_context
 from gunicorn.workers.base import Worker
 from gunicorn.workers.ggevent import GeventWorker
 
-from .errors import error_body
-from .extension import manager_of
+from ..engine_client.extension import manager_of
+from ..errors import error_body
 
 TURN_AWAY_LINGER_S = 1.0  # how long a refused client may finish sending before the close
 

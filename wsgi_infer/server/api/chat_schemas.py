@@ -8,9 +8,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from ..engine.sampling_params import MAX_LOGPROBS, StructuredOutput
-from .errors import APIError
-from .protocol import Request, SamplingRequest
+from ...engine.sampling_params import MAX_LOGPROBS, StructuredOutput
+from ..errors import APIError
+from .schemas import Request, SamplingRequest
 from .tools import ToolPlan, call_text
 
 

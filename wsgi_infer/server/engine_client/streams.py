@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import gevent.event
 
-from .engine_messages import Accepted, Rejected
+from ...engine.messages import Accepted, Rejected
 
 if TYPE_CHECKING:
-    from ..engine.outputs import RequestDelta
+    from ...engine.outputs import RequestDelta
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 The top-level gunicorn.conf.py imports everything from here, so
 `gunicorn -c gunicorn.conf.py` and `wsgi-infer serve` (which loads this module
-as `python:wsgi_infer.server.gunicorn_config`) run the same configuration.
+as `python:wsgi_infer.server.gunicorn.config`) run the same configuration.
 Command-line flags and GUNICORN_CMD_ARGS override these settings; the engine
 is configured by WSGI_INFER_* variables (README).
 """
@@ -15,7 +15,7 @@ import tempfile
 
 from wsgi_infer.engine.cpu_budget import cpu_budget
 from wsgi_infer.engine.kernels.build import start_building_cpu_kernels
-from wsgi_infer.server.extension import manager_of
+from wsgi_infer.server.engine_client.extension import manager_of
 
 # Read in the master before any worker exists (and before torch is imported anywhere).
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -26,7 +26,7 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 wsgi_app = "wsgi_infer.server.wsgi:app"
 bind = "127.0.0.1:8000"
 workers = 1
-worker_class = "wsgi_infer.server.worker.InferenceWorker"  # gunicorn's gevent worker, with a drain
+worker_class = "wsgi_infer.server.gunicorn.worker.InferenceWorker"  # gunicorn's gevent worker, with a drain
 # Connections per worker (one greenlet each, idle keep-alive ones included); past it a JSON 503.
 # Measured: 12 KB of worker RSS per idle connection, 27 KB per open queued stream (README).
 worker_connections = 10000
@@ -34,7 +34,7 @@ timeout = 60  # the hub never runs model work, so this only fires on a hung work
 graceful_timeout = 30
 keepalive = 5  # idle connections, and request headers, get this long (bodies: body_timeout_seconds)
 accesslog = "-"
-logger_class = "wsgi_infer.server.gunicorn_logging.ProxyAwareLogger"  # real client address behind nginx
+logger_class = "wsgi_infer.server.gunicorn.logger.ProxyAwareLogger"  # real client address behind nginx
 errorlog = "-"
 loglevel = "info"
 

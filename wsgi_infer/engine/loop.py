@@ -1,29 +1,26 @@
-"""The engine thread's whole life: load the model, then serve commands and steps.
+"""An engine thread's whole life: load the model, then serve commands and steps.
 
-It runs on the bridge's native thread. While idle it sleeps on the bridge's
-command queue (no polling, no CPU); while busy it takes every queued command
-between steps. After each step it posts everything that happened, in one list,
-to the hub. It never touches gevent: the hub-side ``StreamRouter`` and the
-``EngineManager`` handle what it posts.
+It runs on a thread of its client's (the server's bridge). While idle it sleeps
+on the channel's command queue (no polling, no CPU); while busy it takes every
+queued command between steps. After each step it posts everything that
+happened, in one list, to the client. It knows nothing of the client's side
+(gevent, for the server); ``messages`` is all they share.
 """
 
 from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
-from ..engine.config import EngineConfig
-from ..engine.llm_engine import LLMEngine
-from ..engine.outputs import RequestDelta
-from ..engine.step_interrupt import StepInterrupted
-from .engine_messages import (
+from .config import EngineConfig
+from .llm_engine import LLMEngine
+from .messages import (
     Abort,
     Aborted,
     Accepted,
     Admitted,
-    Chat,
     EngineFailed,
     EngineReady,
     EngineStopped,
@@ -32,19 +29,28 @@ from .engine_messages import (
     Stop,
     Submit,
 )
-
-if TYPE_CHECKING:
-    from .bridge import HubBridge
+from .outputs import RequestDelta
+from .step_interrupt import StepInterrupted
 
 log = logging.getLogger(__name__)
+
+
+class Channel(Protocol):
+    """The loop's way to its client (the server's ``HubBridge``)."""
+
+    def commands(self, block: bool) -> Iterator[object]:
+        """Every queued command; with ``block``, sleep until the first one."""
+
+    def post(self, item: list) -> None:
+        """Hand a list of events to the client; thread-safe."""
 
 
 class EngineLoop:
     """``fault_at_step`` (tests only, from the settings) makes that step raise."""
 
-    def __init__(self, config: EngineConfig, bridge: HubBridge, fault_at_step: int = 0) -> None:
+    def __init__(self, config: EngineConfig, channel: Channel, fault_at_step: int = 0) -> None:
         self._config = config
-        self._bridge = bridge
+        self._channel = channel
         self._fault_at_step = fault_at_step
         self._engine: LLMEngine | None = None
         self._stopping = False
@@ -58,7 +64,7 @@ class EngineLoop:
 
     def run(self) -> None:
         """The thread's target: load, serve until ``Stop`` or an error, free the model."""
-        post = self._bridge.post
+        post = self._channel.post
         try:
             engine = self._engine = LLMEngine(self._config)
             if self._stopping:  # asked while the model loaded
@@ -92,7 +98,7 @@ class EngineLoop:
         while True:
             outbox: list = []
             aborted: list[Aborted] = []  # delivered after the counters they changed
-            for command in self._bridge.commands(block=not engine.has_unfinished()):
+            for command in self._channel.commands(block=not engine.has_unfinished()):
                 if isinstance(command, Stop):
                     engine.abort_all()
                     return
@@ -107,7 +113,7 @@ class EngineLoop:
             if outbox or deltas or aborted:
                 outbox.append(StepDone(deltas, engine.counters(), _token_texts(engine, deltas), step_tokens))
                 step_tokens = []
-                self._bridge.post(outbox + aborted)
+                self._channel.post(outbox + aborted)
 
     def _step_function(self, engine: LLMEngine) -> Callable[[], list[RequestDelta]]:
         if not self._fault_at_step:
@@ -137,27 +143,21 @@ def _ready(engine: LLMEngine) -> EngineReady:
 
 def _admit(engine: LLMEngine, command: Submit) -> Admitted:
     """Queue every choice of every prompt (choice index = prompt * n + j), or none of them."""
-    stream, n = command.stream, len(command.params)
+    n = len(command.params)
     try:
-        prompt_ids = [
-            engine.apply_chat_template(p.messages, p.tools)
-            if isinstance(p, Chat)
-            else engine.tokenize(p)
-            if isinstance(p, str)
-            else p
-            for p in command.prompts
-        ]
-        for i, ids in enumerate(prompt_ids):
+        for i, ids in enumerate(command.prompts):
             for j, params in enumerate(command.params):
-                engine.add_request(stream.choice_id(i * n + j), ids, params)
+                engine.add_request(command.choice_ids[i * n + j], ids, params)
     except Exception as exc:  # one request's bad input (or our bug) must not end the engine thread
-        for choice_id in stream.choice_ids:
+        for choice_id in command.choice_ids:
             engine.abort(choice_id)
         if isinstance(exc, ValueError):
-            return Admitted(stream, Rejected(str(exc), getattr(exc, "param", None)))
-        log.exception("request %s could not be admitted", stream.request_id)
-        return Admitted(stream, Rejected(f"the engine could not take this request: {type(exc).__name__}", status=500))
-    return Admitted(stream, Accepted(sum(len(ids) for ids in prompt_ids)))
+            return Admitted(command.key, Rejected(str(exc), getattr(exc, "param", None)))
+        log.exception("request %s could not be admitted", command.request_id)
+        return Admitted(
+            command.key, Rejected(f"the engine could not take this request: {type(exc).__name__}", status=500)
+        )
+    return Admitted(command.key, Accepted(sum(len(ids) for ids in command.prompts)))
 
 
 def _token_texts(engine: LLMEngine, deltas: list[RequestDelta]) -> dict[int, str]:

@@ -1,8 +1,10 @@
-"""What the hub and the engine thread tell each other, through the bridge.
+"""What an engine thread and its client tell each other (``EngineLoop`` and the server's manager).
 
 Commands go to the thread (``Submit``, ``Abort``, ``Stop``); events come back,
-a list per wake-up of the hub. Plain data: this module imports neither torch
-nor gevent, so both sides can share it.
+a list per wake-up of the client. Plain data: this module imports neither
+torch nor gevent, so both sides can share it. Prompts arrive as token ids: the
+client tokenizes and applies chat templates, so that no running stream waits
+for a long prompt's tokens.
 """
 
 from __future__ import annotations
@@ -11,29 +13,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..engine.grammar import GrammarCompiler
-    from ..engine.outputs import EngineCounters, RequestDelta
-    from ..engine.sampling_params import SamplingParams
-    from .streams import RequestStream
-
-
-@dataclass
-class Chat:
-    """A conversation before the chat template; ``tools`` go to templates that take them."""
-
-    messages: list[dict]
-    tools: list[dict] | None = None
-
-
-Prompts = list[str | list[int]] | list[Chat]  # texts or token ids; or conversations
+    from .grammar import GrammarCompiler
+    from .outputs import EngineCounters, RequestDelta
+    from .sampling_params import SamplingParams
 
 
 # --- commands: hub to engine thread --------------------------------------------------
 @dataclass
 class Submit:
-    stream: RequestStream
-    prompts: Prompts
-    params: list[SamplingParams]  # one per choice of each prompt (n)
+    """Every choice of every prompt (choice index = prompt * n + j, n = len(params)), or none of them."""
+
+    key: str  # the client's name for this request in ``Admitted``
+    request_id: str  # the request's id in the logs
+    choice_ids: list[str]  # the engine's request id of each choice
+    prompts: list[list[int]]
+    params: list[SamplingParams]  # one per choice of each prompt
 
 
 @dataclass
@@ -65,7 +59,7 @@ class Rejected:
 
 @dataclass
 class Admitted:
-    stream: RequestStream
+    key: str  # the submission's
     outcome: Accepted | Rejected
 
 

@@ -23,9 +23,9 @@ from collections.abc import Callable, Generator, Iterator
 import gevent
 import gevent.event
 
+from ..errors import error_body
+from ..metrics import ModelMetrics
 from . import sse
-from .errors import error_body
-from .metrics import ModelMetrics
 from .redis_store import RedisStore
 
 log = logging.getLogger(__name__)

@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .engine_messages import Aborted, Accepted, Admitted, StepDone
-from .metrics import ModelMetrics
+from ...engine.messages import Aborted, Accepted, Admitted, StepDone
+from ..metrics import ModelMetrics
 from .streams import ChoiceDelta, RequestStream, Terminated
 
 if TYPE_CHECKING:
-    from ..engine.outputs import RequestDelta
+    from ...engine.outputs import RequestDelta
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ class StreamRouter:
     def __init__(self, lifecycle_handlers: dict[type, Callable[[Any], None]], metrics: ModelMetrics) -> None:
         self._metrics = metrics
         self._targets: dict[str, tuple[RequestStream, int]] = {}  # engine request id -> (stream, choice index)
+        self._submitted: dict[str, RequestStream] = {}  # stream key -> stream, until the engine admits it
         self._last_token_at: dict[str, float] = {}
         self._handlers: dict[type, Callable[[Any], None]] = {
             StepDone: self._on_step,
@@ -47,11 +48,13 @@ class StreamRouter:
 
     # --- the routing table --------------------------------------------------------------
     def add(self, stream: RequestStream) -> None:
+        self._submitted[stream.key] = stream
         for index, choice_id in enumerate(stream.choice_ids):
             self._targets[choice_id] = (stream, index)
 
     def remove(self, stream: RequestStream) -> None:
         """Stop routing to ``stream``; what the engine still sends for it is dropped."""
+        self._submitted.pop(stream.key, None)
         for choice_id in stream.choice_ids:
             self._targets.pop(choice_id, None)
             self._last_token_at.pop(choice_id, None)
@@ -63,6 +66,7 @@ class StreamRouter:
 
     def terminate(self, stream: RequestStream, message: str, code: str) -> None:
         """End ``stream`` without finishing it: its greenlet sends the terminal event."""
+        self._submitted.pop(stream.key, None)
         for choice_id in stream.choice_ids:
             self._targets.pop(choice_id, None)
         stream.push(Terminated(message, code))
@@ -76,7 +80,9 @@ class StreamRouter:
     def _on_admitted(self, event: Admitted) -> None:
         if isinstance(event.outcome, Accepted):
             self._metrics.prompt_tokens.inc(event.outcome.prompt_tokens)
-        event.stream.push(event.outcome)
+        stream = self._submitted.pop(event.key, None)
+        if stream is not None:  # else released (or ended) while the engine admitted it
+            stream.push(event.outcome)
 
     @staticmethod
     def _on_aborted(event: Aborted) -> None:

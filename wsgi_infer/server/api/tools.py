@@ -21,7 +21,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from ..engine.sampling_params import StructuredOutput
+from ...engine.sampling_params import StructuredOutput
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
 _HEAD = re.compile(r'<tool_call>\n\{"name": "([A-Za-z0-9_.-]+)", "arguments": ')

@@ -14,24 +14,26 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import gevent
 import gevent.event
 
-from ..engine.model_loader import chat_prompt_ids, load_tokenizer
-from ..engine.model_paths import default_model_path
-from ..engine.sampling_params import SamplingParams, StructuredOutput
-from . import metrics
+from ...engine.loop import EngineLoop
+from ...engine.messages import Abort, EngineFailed, EngineReady, EngineStopped, Stop, Submit
+from ...engine.model_loader import load_tokenizer
+from ...engine.model_paths import default_model_path
+from ...engine.sampling_params import SamplingParams, StructuredOutput
+from .. import metrics
+from ..settings import ServerSettings
+from ..streaming.stream_log import StreamLogs
 from .bridge import HubBridge
-from .engine_loop import EngineLoop
-from .engine_messages import Abort, EngineFailed, EngineReady, EngineStopped, Prompts, Stop, Submit
+from .prompts import Prompt, prompt_ids
 from .router import StreamRouter
-from .settings import ServerSettings
-from .stream_log import StreamLogs
 from .streams import RequestStream
 
 if TYPE_CHECKING:
-    from ..engine.grammar import GrammarCompiler
+    from ...engine.grammar import GrammarCompiler
 
 log = logging.getLogger(__name__)
 
@@ -161,16 +163,18 @@ class EngineManager:
     # --- requests (hub) ---------------------------------------------------------------
     @property
     def tokenizer(self):
-        """The hub's own tokenizer (tokenizers are not shared across threads), loaded on a pool thread
-        by its first use: only /tokenize, /detokenize and echo need it, and it holds 40 MB. Call once
-        ready, in a greenlet; two first uses at once both load it, harmlessly."""
-        if self._tokenizer is None:
-            self._tokenizer = self._bridge.run_off_hub(load_tokenizer, Path(self.model_dir))
+        """The front end's own tokenizer (the engine thread keeps its own, for detokenizing), loaded on a pool
+        thread before the worker is ready: every request's prompt goes through it."""
         return self._tokenizer
 
-    def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> list[int]:
-        """The chat template on this worker's own tokenizer (call once ready); ValueError for a bad conversation."""
-        return chat_prompt_ids(self.tokenizer, messages, tools, add_generation_prompt)
+    def with_tokenizer(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(tokenizer, *args)`` on a pool thread (call once ready, in a greenlet): a long prompt's
+        tokens take tens of milliseconds, which neither the hub nor the engine thread should wait for."""
+        return self._bridge.run_off_hub(function, self.tokenizer, *args)
+
+    def encode(self, prompts: list[Prompt]) -> list[list[int]]:
+        """Each prompt's token ids, off the hub; InvalidParameter for a conversation the template refuses."""
+        return self.with_tokenizer(prompt_ids, prompts)
 
     def compile_constraints(self, params: list[SamplingParams]) -> None:
         """Compile each constraint on a pool thread, so that the engine thread only copies the
@@ -183,7 +187,7 @@ class EngineManager:
                     compiled[id(spec)] = self._bridge.run_off_hub(self._grammars.compile, spec)
                 p.structured_output = compiled[id(spec)]
 
-    def submit(self, request_id: str, prompts: Prompts, params: list[SamplingParams]) -> RequestStream:
+    def submit(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams]) -> RequestStream:
         """Queue ``len(params)`` choices of each prompt (choice index = prompt * n + j).
 
         The stream's first event is Accepted or Rejected; then the choices' deltas.
@@ -196,7 +200,7 @@ class EngineManager:
         self._open_streams.add(id(stream))
         self._idle.clear()
         self.metrics.open_streams.inc()
-        self._bridge.send(Submit(stream, prompts, params))
+        self._bridge.send(Submit(stream.key, request_id, stream.choice_ids, prompts, params))
         return stream
 
     def release(self, stream: RequestStream) -> None:
@@ -225,6 +229,15 @@ class EngineManager:
         self.template_takes_tools = event.template_takes_tools
         self.metrics.kv_blocks_total.set(event.num_blocks)
         self.metrics.kv_blocks_free.set(event.num_blocks)
+        gevent.spawn(self._load_tokenizer)
+
+    def _load_tokenizer(self) -> None:
+        """Then ready: off the hub, as requests will use it."""
+        try:
+            self._tokenizer = self._bridge.run_off_hub(load_tokenizer, Path(self.model_dir))
+        except Exception as exc:  # the engine loaded the same files: only a vanished or broken file gets here
+            self._on_failed(EngineFailed(f"the tokenizer failed to load: {exc}"))
+            return
         self.ready = True
         self._ready_event.set()
         log.info("engine ready: serving %s (context %d tokens)", self.model_name, self.max_model_len)

@@ -18,19 +18,31 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import gevent
 import gevent.event
 
+from ..errors import error_body
 from . import sse
-from .errors import error_body
 
 if TYPE_CHECKING:
-    from .metrics import ModelMetrics
-    from .stream_log import StreamLog
+    from ..metrics import ModelMetrics
 
 log = logging.getLogger(__name__)
+
+
+class MirroredLog(Protocol):
+    """What a mirror reads of a stream's log (``stream_log.StreamLog``)."""
+
+    stream_id: str
+    events: list[str]
+    finished: bool
+    finished_at: float
+
+    def wait(self, seen: int, timeout: float) -> bool:
+        """Until the log holds more than ``seen`` events or has finished."""
+
 
 RETRY_MS = 1000
 
@@ -84,7 +96,7 @@ class RedisStore:
         self._up.set()
 
     # --- the generating worker ----------------------------------------------------------
-    def mirror(self, stream_log: StreamLog) -> None:
+    def mirror(self, stream_log: MirroredLog) -> None:
         """Announce the stream (a resume elsewhere finds it as soon as its client has the id),
         then copy it in a greenlet of its own."""
         if self._up.is_set():
@@ -100,7 +112,7 @@ class RedisStore:
         self._metrics.streams_unmirrored.dec()
         self._metrics.greenlets.dec()
 
-    def _mirror(self, stream_log: StreamLog) -> None:
+    def _mirror(self, stream_log: MirroredLog) -> None:
         """Copy the log into Redis until it has ended there, or has expired here unmirrored."""
         sent: int | None = None  # events Redis holds; None: ask it
         epoch = self._epoch
@@ -121,7 +133,7 @@ class RedisStore:
                 return
             stream_log.wait(sent, self._heartbeat)
 
-    def _push(self, stream_log: StreamLog, sent: int | None) -> tuple[int, bool]:
+    def _push(self, stream_log: MirroredLog, sent: int | None) -> tuple[int, bool]:
         """Append what Redis lacks and renew the producer lease: the events Redis holds, and
         whether the end is written too."""
         key = self.key(stream_log.stream_id)

@@ -1,0 +1,31 @@
+"""What a route asks the engine to continue, and how it becomes token ids: on a pool thread, with the worker's own
+tokenizer, so that neither the hub nor the engine thread waits for a long prompt (68,000 tokens take 0.12 s)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...engine.chat_template import chat_prompt_ids
+
+
+@dataclass
+class Chat:
+    """A conversation before the chat template; ``tools`` go to templates that take them."""
+
+    messages: list[dict]
+    tools: list[dict] | None = None
+
+
+Prompt = str | list[int] | Chat  # a text, token ids, or a conversation
+
+
+def prompt_ids(tokenizer, prompts: list[Prompt]) -> list[list[int]]:
+    """Each prompt's token ids; InvalidParameter naming ``messages`` for a conversation the template refuses."""
+    return [
+        chat_prompt_ids(tokenizer, p.messages, p.tools)
+        if isinstance(p, Chat)
+        else tokenizer.encode(p, add_special_tokens=True)
+        if isinstance(p, str)
+        else list(p)
+        for p in prompts
+    ]
