@@ -114,13 +114,14 @@ def run_engine(args) -> dict:
 
 def run_transformers(args) -> dict:
     import torch
+    from transformers import AutoModelForCausalLM
 
     from wsgi_infer.engine.device import resolve_dtype
-    from wsgi_infer.engine.model_loader import load_hf_model, load_tokenizer, resolve_model_dir
+    from wsgi_infer.engine.model_loader import load_tokenizer, resolve_model_dir
 
     model_dir = resolve_model_dir(args.model)
     dtype = resolve_dtype(args.dtype, torch.device("cpu"))
-    model = load_hf_model(model_dir, dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
     tokenizer = load_tokenizer(model_dir)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

@@ -16,6 +16,7 @@ from wsgi_infer.engine.cache_files import cache_root  # noqa: E402
 from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE  # noqa: E402
 from wsgi_infer.engine.model_loader import load_tokenizer, resolve_model_dir  # noqa: E402
 
+from .in_process import InProcessServer  # noqa: E402
 from .server import GunicornServer  # noqa: E402
 
 TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2")
@@ -97,18 +98,69 @@ def default_llm(default_model_dir) -> LLM:
 
 @pytest.fixture(scope="session")
 def server():
-    """The default model served in float32 (so it equals ``default_llm``), shared by the API tests."""
-    with GunicornServer({"dtype": "float32", "quantization": "none"}) as srv:
-        yield srv.wait_ready()
+    """The default model served in float32 (so it equals ``default_llm``), in this process: the API tests."""
+    with InProcessServer({"dtype": "float32", "quantization": "none"}) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="session")
 def client(server):
+    """The openai SDK, talking to ``server`` in this process."""
     import openai
 
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="not-needed", max_retries=0)
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="not-needed", max_retries=0, http_client=server.client())
 
 
 @pytest.fixture(scope="session")
 def model(client) -> str:
     return client.models.list().data[0].id
+
+
+@pytest.fixture(scope="session")
+def gunicorn_server():
+    """Real servers, started once for every test that asks for the same settings and gunicorn arguments, and
+    stopped at the end of the session. Tests that stop or signal a server start their own."""
+    servers: dict[tuple, GunicornServer] = {}
+
+    def serve(settings: dict, *args: str) -> GunicornServer:
+        key = (tuple(sorted((name, str(value)) for name, value in settings.items())), args)
+        if key not in servers or servers[key].process.poll() is not None:
+            servers[key] = GunicornServer(settings, *args).wait_ready()
+        return servers[key]
+
+    yield serve
+    for server in servers.values():
+        server.stop()
+
+
+def tiny_settings(tiny_model_dirs, **changes) -> dict:
+    """The tiny Llama in float32 on the exact path, heartbeats every 0.2 s, KV blocks of 4 tokens, bodies up to
+    256 KiB: the settings most server tests share (in this process, or on one real server)."""
+    settings = {
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "quantization": "none",
+        "heartbeat_seconds": 0.2,
+        "block_size": 4,
+        "max_body_bytes": 256 << 10,
+    }
+    return {**settings, **changes}
+
+
+@pytest.fixture(scope="session")
+def tiny_server(gunicorn_server, tiny_model_dirs) -> GunicornServer:
+    return gunicorn_server(tiny_settings(tiny_model_dirs))
+
+
+@pytest.fixture(scope="session")
+def tiny_api(tiny_model_dirs):
+    """The app over the tiny Llama (``tiny_settings``), in this process: the fast tier's API tests."""
+    with InProcessServer(tiny_settings(tiny_model_dirs)) as server:
+        yield server
+
+
+def pytest_collection_modifyitems(items):
+    """Tests on the real default model (a float32 135M model generating on this CPU) belong to the full suite."""
+    for item in items:
+        if "default_llm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

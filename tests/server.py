@@ -30,6 +30,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def parse_metrics(text: str, model_name: str | None = None) -> dict[str, float]:
+    """The ``wsgi_infer:*`` samples with no label but ``model_name`` (which every one has), by name; of one
+    model where a process serves several (apps in the test process)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("wsgi_infer:") and set(sample.labels) == {"model_name"}:
+                if model_name in (None, sample.labels["model_name"]):
+                    values[sample.name] = sample.value
+    return values
+
+
 class LoggedProcess:
     """A process whose every output line is kept, so tests wait for lines instead of sleeping."""
 
@@ -127,16 +141,7 @@ class GunicornServer(LoggedProcess):
         return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 60.0), **kwargs)
 
     def metrics(self) -> dict[str, float]:
-        """The ``wsgi_infer:*`` samples with no label but ``model_name`` (which every one has), by name."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        values = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name.startswith("wsgi_infer:") and set(sample.labels) == {"model_name"}:
-                    values[sample.name] = sample.value
-        return values
+        return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=10).text)
 
     def owner_of(self, client_port: int) -> int:
         """The worker process holding the server side of the connection from ``client_port``."""

@@ -7,6 +7,8 @@ import pytest
 
 from .server import GunicornServer
 
+pytestmark = pytest.mark.slow  # real processes
+
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dirs):

@@ -12,6 +12,8 @@ from wsgi_infer import SamplingParams
 from .nginx_proxy import NginxProxy
 from .server import ENDLESS, GunicornServer
 
+pytestmark = pytest.mark.slow  # real processes
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",

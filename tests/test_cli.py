@@ -5,11 +5,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from wsgi_infer import SamplingParams
 from wsgi_infer.engine.cache_files import read_json
 from wsgi_infer.engine.kernels.build import library_path
 from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.model_loader import RESOLVED_CONFIGS_DIR
+
+pytestmark = pytest.mark.slow  # real processes
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

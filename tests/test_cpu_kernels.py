@@ -280,6 +280,7 @@ def test_a_worker_waits_for_the_build_the_master_started(tmp_path, monkeypatch, 
     assert found == [target]
 
 
+@pytest.mark.slow
 def test_the_master_compiles_beside_the_workers_imports(tiny_model_dirs, tmp_path):
     """On a machine without the library, gunicorn's master starts the compiler in a child process and
     goes on to fork; the worker loads what the child built."""

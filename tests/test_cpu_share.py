@@ -14,6 +14,8 @@ from wsgi_infer.engine.cpu_share import CpuShare, Sample
 
 from .server import GUNICORN, GunicornServer
 
+pytestmark = pytest.mark.slow  # real processes
+
 V1_CPU = Path("/sys/fs/cgroup/cpu")
 
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from wsgi_infer import SamplingParams
 
-from .server import GunicornServer
+pytestmark = pytest.mark.slow  # real processes
 
 EXAMPLES = int(os.environ.get("WSGI_INFER_FUZZ_EXAMPLES", "200"))
 RANDOM = os.environ.get("WSGI_INFER_FUZZ_RANDOM") == "1"
@@ -122,9 +122,8 @@ requests = st.sampled_from(sorted(VALID)).flatmap(
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dirs):
-    with GunicornServer({"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none"}) as srv:
-        yield srv.wait_ready()
+def server(tiny_server):
+    return tiny_server
 
 
 def assert_well_formed(response: httpx.Response, route: str) -> None:

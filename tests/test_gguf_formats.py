@@ -15,11 +15,12 @@ from wsgi_infer.engine.gguf_blocks import MAPPED_TYPES, groups_from_blocks
 from wsgi_infer.engine.gguf_checkpoint import PACKED_GROUPS_FILE, StoredGroups
 from wsgi_infer.engine.layers.quantization import PackedLinear
 from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
-from wsgi_infer.engine.model_loader import CheckpointTensors, load_hf_model
+from wsgi_infer.engine.model_loader import CheckpointTensors
 from wsgi_infer.engine.model_paths import ModelLoadError
 
 from .conftest import assert_idle
 from .gguf_files import ALL_TYPES, MIXED_TYPES, PROJECTIONS, TinyGGUF, blocks_of, write_tiny_gguf
+from .transformers_reference import load_hf_model
 
 # Blocks whose scales the packed groups hold as they are; K-quants' and IQ4_XS's are products rounded to float16.
 EXACT = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL}

@@ -18,6 +18,8 @@ from wsgi_infer import SamplingParams
 
 from .server import ENDLESS, GunicornServer
 
+pytestmark = pytest.mark.slow  # real processes
+
 BACKLOG_LIMIT = 64 * 1024
 
 

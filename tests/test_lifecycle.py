@@ -19,6 +19,8 @@ import pytest
 from .server import ENDLESS, GunicornServer
 from .sse_client import events
 
+pytestmark = pytest.mark.slow  # real processes
+
 GRACEFUL = 12
 DRAIN = 6
 

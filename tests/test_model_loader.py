@@ -87,6 +87,7 @@ def test_a_gguf_digest_is_remembered_until_the_file_changes(tmp_path, monkeypatc
     assert sorted(remembered.values()) == sorted(expected)
 
 
+@pytest.mark.slow
 def test_workers_starting_on_a_new_gguf_convert_it_once(default_model_dir, tmp_path):
     """Two workers load the same new GGUF at once: one converts it under its lock, the other waits
     for it and reuses the directory; one class-resolved config is kept."""

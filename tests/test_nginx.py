@@ -16,6 +16,8 @@ from .nginx_proxy import NginxProxy
 from .server import ENDLESS, GunicornServer
 from .sse_client import events, text_of
 
+pytestmark = pytest.mark.slow  # real processes
+
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dirs):

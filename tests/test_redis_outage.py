@@ -16,13 +16,15 @@ import pytest
 import redis
 
 from wsgi_infer import SamplingParams
-from wsgi_infer.server.streaming import sse
 from wsgi_infer.server.metrics import ModelMetrics
+from wsgi_infer.server.streaming import sse
 from wsgi_infer.server.streaming.redis_store import RedisStore
 from wsgi_infer.server.streaming.stream_log import StreamLog
 
 from .server import ENDLESS, GunicornServer, RedisServer
 from .sse_client import Event, events, text_of
+
+pytestmark = pytest.mark.slow  # real processes
 
 HEARTBEAT_S = 2.0
 LONG = 2000  # tokens: each stream is still generating while Redis dies

@@ -11,6 +11,8 @@ from wsgi_infer import SamplingParams
 from .server import GunicornServer, RedisServer
 from .sse_client import events, text_of
 
+pytestmark = pytest.mark.slow  # real processes
+
 BODY = {
     "prompt": "Resume me",
     "max_tokens": 300,

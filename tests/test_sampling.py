@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from wsgi_infer import SamplingParams
-from wsgi_infer.engine.model_loader import load_hf_model
 from wsgi_infer.engine.sampler import apply_penalties, filter_logits
 
 from .conftest import assert_idle
+from .transformers_reference import load_hf_model
 
 PROMPT = "Once upon a time, in a land far away, there lived a"
 

@@ -13,18 +13,19 @@ import pytest
 from wsgi_infer import LLM, SamplingParams
 
 from .conftest import pin_packed_rows
+from .in_process import InProcessServer
 from .server import GunicornServer
+from .sse_client import events
 
 PROMPT = "Tell me something"
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dirs):
-    with GunicornServer({"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none"}) as srv:
-        yield srv.wait_ready()
+def server(tiny_api):
+    return tiny_api
 
 
-def complete(server: GunicornServer, path: str = "/v1/completions", **body) -> dict:
+def complete(server: GunicornServer | InProcessServer, path: str = "/v1/completions", **body) -> dict:
     with server.client() as http:
         r = http.post(path, json=body)
     assert r.status_code == 200, r.text
@@ -111,10 +112,28 @@ def prefix_hits_of_a_repeated_prompt(server: GunicornServer) -> float:
     return server.metrics()["wsgi_infer:prefix_cache_hits_total"] - before
 
 
+def test_native_generate_streams_text_or_sse(server, tiny_llama):
+    expected = tiny_llama.generate("Hello there", SamplingParams(temperature=0, max_tokens=12))[0].text
+    body = {"prompt": "Hello there", "max_new_tokens": 12, "temperature": 0}
+    with server.client() as http:
+        assert http.post("/generate", json=body).json()["text"] == expected
+        with http.stream("POST", "/generate", json={**body, "stream": True}) as r:
+            assert r.headers["content-type"].startswith("text/plain")
+            assert "".join(r.iter_text()) == expected
+        with http.stream(
+            "POST", "/generate", json={**body, "stream": True}, headers={"Accept": "text/event-stream"}
+        ) as r:
+            data = [e for e in events(r) if e.data]
+            assert data[-1].data == "[DONE]"
+            assert "".join(e.json["text"] for e in data[:-1]) == expected
+            assert data[-2].json["usage"]["completion_tokens"] == 12
+
+
 def test_a_repeated_prompt_prefix_comes_from_the_cache(server):
-    assert prefix_hits_of_a_repeated_prompt(server) == 32  # two full blocks of 16; the last is recomputed
+    assert prefix_hits_of_a_repeated_prompt(server) == 36  # nine full blocks of 4; the last is recomputed
 
 
+@pytest.mark.slow
 def test_settings_are_honoured_on_the_server(tiny_model_dirs, tmp_path, monkeypatch):
     """SERVED_MODEL_NAME, MAX_MODEL_LEN, SEED, QUANTIZATION, ENABLE_PREFIX_CACHING=false and
     CORS_ORIGINS=* on one server."""
@@ -160,6 +179,7 @@ def test_settings_are_honoured_on_the_server(tiny_model_dirs, tmp_path, monkeypa
         assert prefix_hits_of_a_repeated_prompt(server) == 0
 
 
+@pytest.mark.slow
 def test_a_non_streamed_request_gets_a_503_when_the_engine_dies(tiny_model_dirs):
     settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "test_fault_at_step": 5}
     with GunicornServer(settings, "--graceful-timeout", "30") as server:
@@ -170,6 +190,7 @@ def test_a_non_streamed_request_gets_a_503_when_the_engine_dies(tiny_model_dirs)
     assert error["code"] == "engine_stopped" and "fault injected at step 5" in error["message"]
 
 
+@pytest.mark.slow
 def test_503_while_the_model_loads_and_while_the_engine_stalls():
     """LOAD_WAIT_SECONDS=0: a request during the (seconds long) load of the default model gets
     model_not_ready at once. STALL_SECONDS=0.3: /health says stalled during one long prefill step."""

@@ -10,21 +10,16 @@ import pytest
 
 from wsgi_infer import SamplingParams
 
+from .conftest import tiny_settings
 from .server import ENDLESS, GunicornServer
 from .sse_client import events
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dirs):
-    settings = {
-        "model": tiny_model_dirs["llama"],
-        "dtype": "float32",
-        "quantization": "none",
-        "heartbeat_seconds": 0.2,
-        "block_size": 4,
-    }
-    with GunicornServer(settings) as srv:
-        yield srv.wait_ready()
+def server(tiny_server):
+    return tiny_server
 
 
 def completion_body(prompt: str, max_tokens: int, **extra) -> dict:
@@ -104,23 +99,6 @@ def test_client_request_id_is_echoed_and_stream_headers_set(server):
         assert r.headers["x-request-id"] != "bad id <script>" and len(r.headers["x-request-id"]) == 32
 
 
-def test_native_generate_streams_text_or_sse(server, tiny_llama):
-    expected = tiny_llama.generate("Hello there", SamplingParams(temperature=0, max_tokens=12))[0].text
-    body = {"prompt": "Hello there", "max_new_tokens": 12, "temperature": 0}
-    with server.client() as http:
-        assert http.post("/generate", json=body).json()["text"] == expected
-        with http.stream("POST", "/generate", json={**body, "stream": True}) as r:
-            assert r.headers["content-type"].startswith("text/plain")
-            assert "".join(r.iter_text()) == expected
-        with http.stream(
-            "POST", "/generate", json={**body, "stream": True}, headers={"Accept": "text/event-stream"}
-        ) as r:
-            data = [e for e in events(r) if e.data]
-            assert data[-1].data == "[DONE]"
-            assert "".join(e.json["text"] for e in data[:-1]) == expected
-            assert data[-2].json["usage"]["completion_tokens"] == 12
-
-
 def test_idle_worker_uses_no_cpu(server):
     (worker,) = [psutil.Process(pid) for pid in server.worker_pids()]
     before = worker.cpu_times()
@@ -131,20 +109,10 @@ def test_idle_worker_uses_no_cpu(server):
 
 
 @pytest.fixture(scope="module")
-def one_seq_server(tiny_model_dirs):
+def one_seq_server(gunicorn_server, tiny_model_dirs):
     """One sequence at a time and small prefill chunks: queued and prefilling states last."""
-    settings = {
-        "model": tiny_model_dirs["llama"],
-        "dtype": "float32",
-        "quantization": "none",
-        "heartbeat_seconds": 0.2,
-        "block_size": 4,
-        "max_num_seqs": 1,
-        "max_num_batched_tokens": 1,
-        "max_waiting_requests": 1,
-    }
-    with GunicornServer(settings) as srv:
-        yield srv.wait_ready()
+    settings = tiny_settings(tiny_model_dirs, max_num_seqs=1, max_num_batched_tokens=1, max_waiting_requests=1)
+    return gunicorn_server(settings)
 
 
 def test_disconnect_while_queued_and_while_prefilling(one_seq_server):
@@ -207,3 +175,24 @@ def test_clients_reusing_a_request_id_do_not_collide(server, tiny_llama):
         t.join(60)
     assert texts == expected
     assert_idle(server)
+
+
+def test_native_generate_streams_through_a_stream_log(server):
+    """Plain text from the same machinery as SSE: a client that leaves aborts the generation, and what it was
+    sent stays resumable (as SSE events) under its X-Stream-Id."""
+    mark, text = len(server.lines), ""
+    body = {"prompt": "Hello", "max_new_tokens": ENDLESS, "ignore_eos": True, "temperature": 0, "stream": True}
+    with server.client() as http:
+        with http.stream("POST", "/generate", json=body, headers={"X-Request-Id": "plain-reader"}) as r:
+            assert r.headers["content-type"].startswith("text/plain")
+            stream_id = r.headers["x-stream-id"]
+            for piece in r.iter_text():
+                text += piece
+                if len(text) > 200:
+                    break  # leave mid-stream
+        server.wait_for_log(r"request plain-reader: response ended early, aborted 1", after=mark, timeout=30)
+        assert_idle(server)
+        with http.stream("GET", f"/v1/streams/{stream_id}") as r:
+            resumed = [e for e in events(r) if e.data]
+    assert "".join(e.json["text"] for e in resumed if e.name is None).startswith(text)
+    assert resumed[-1].name == "error" and resumed[-1].json["error"]["code"] == "stream_abandoned"

@@ -7,10 +7,13 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 
 from .server import GunicornServer
 from .sse_client import events
+
+pytestmark = pytest.mark.slow  # real processes
 
 
 def test_engine_failure_ends_streams_turns_health_503_and_worker_is_replaced(tiny_model_dirs):

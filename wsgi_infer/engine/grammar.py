@@ -40,7 +40,7 @@ def grammar_text(spec: StructuredOutput) -> str:
         lark = llguidance.gbnf_to_lark(spec.value) if "::=" in spec.value else spec.value
         return LLMatcher.grammar_from_lark(lark)
     except ValueError as exc:  # not JSON, or a schema that is not an object
-        raise InvalidParameter("structured_outputs", f"the {spec.kind} constraint is not valid: {exc}") from None
+        raise InvalidParameter(spec.source, f"the {spec.kind} constraint is not valid: {exc}") from None
 
 
 class GrammarCompiler:
@@ -66,7 +66,11 @@ class GrammarCompiler:
         not wait (the engine thread) get constraints compiled ahead, elsewhere.
         InvalidParameter names the problem.
         """
-        return replace(spec, compiled=self._compiled(grammar_text(spec)))
+        text = grammar_text(spec)
+        try:
+            return replace(spec, compiled=self._compiled(text))
+        except ValueError as exc:  # the cache is keyed by the text alone, which knows no request field
+            raise InvalidParameter(spec.source, str(exc)) from None
 
     def matcher(self, spec: StructuredOutput) -> LLMatcher:
         """A fresh matcher for one choice (microseconds when ``spec`` was compiled ahead)."""
@@ -77,7 +81,7 @@ class GrammarCompiler:
         matcher = LLMatcher(self.vocabulary(), grammar)
         if matcher.is_error():
             first_line = matcher.get_error().strip().splitlines()[0]
-            raise InvalidParameter("structured_outputs", f"the constraint does not compile: {first_line}")
+            raise ValueError(f"the constraint does not compile: {first_line}")
         return matcher
 
 

@@ -26,7 +26,7 @@ from .model_loader import eos_token_ids, load_config, load_tokenizer, resolve_mo
 from .model_runner import ModelRunner
 from .outputs import EngineCounters, RequestDelta, TokenLogprob
 from .sampler import Sampler, prompt_logprobs
-from .sampling_params import InvalidParameter, SamplingParams
+from .sampling_params import InvalidParameter, SamplingParams, max_tokens_within
 from .scheduler import Scheduler
 from .sequence import Sequence
 
@@ -79,13 +79,7 @@ class LLMEngine:
         vocab = self.hf_config.vocab_size
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        room = self.max_model_len - len(prompt_ids)
-        max_tokens = params.max_tokens if params.max_tokens is not None else room
-        if room < 0 or max_tokens > room or (room == 0 and params.max_tokens is None):
-            raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds "
-                f"the context window of {self.max_model_len} tokens"
-            )
+        max_tokens = max_tokens_within(len(prompt_ids), params.max_tokens, self.max_model_len)
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise InvalidParameter("logit_bias", f"logit_bias token ids must be below the vocabulary size {vocab}")
         matcher = self.grammars.matcher(params.structured_output) if params.structured_output else None

@@ -218,16 +218,6 @@ class CheckpointTensors(Mapping):
         return len(self._files)
 
 
-def load_hf_model(model_dir: Path, dtype: torch.dtype):
-    """The transformers model for ``model_dir``: the tests' and benchmarks' reference."""
-    from transformers import AutoModelForCausalLM
-
-    try:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
-    except Exception as exc:
-        raise ModelLoadError(f"model {model_dir}: cannot load weights ({exc})") from exc
-
-
 def eos_token_ids(model_dir: Path, config, tokenizer) -> set[int]:
     """Every token id that ends generation: generation_config, config and tokenizer."""
     from transformers import GenerationConfig

@@ -9,6 +9,45 @@ MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field takes: from ``low`` (excluded where ``low_open``) up to ``high`` (or any)."""
+
+    low: float
+    high: float | None = None
+    low_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        return above and (self.high is None or value <= self.high)
+
+    def bounds(self) -> dict[str, float]:
+        """As pydantic's ``Field`` keywords."""
+        return {"gt" if self.low_open else "ge": self.low, **({"le": self.high} if self.high is not None else {})}
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"above {self.low:g}" if self.low_open else f"at least {self.low:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+
+
+# Every numeric field's range, declared here once: SamplingParams checks its values with them, and the API's
+# request schemas take their fields' bounds from them (server/api/schemas.py).
+RANGES = {
+    "temperature": Range(0.0, 2.0),
+    "top_k": Range(-1),  # 0 and -1 disable it
+    "top_p": Range(0.0, 1.0, low_open=True),
+    "min_p": Range(0.0, 1.0),
+    "repetition_penalty": Range(0.0, 10.0, low_open=True),
+    "presence_penalty": Range(-2.0, 2.0),
+    "frequency_penalty": Range(-2.0, 2.0),
+    "max_tokens": Range(0),  # 0 only reads the prompt (its logprobs)
+    "logprobs": Range(0, MAX_LOGPROBS),
+    "prompt_logprobs": Range(0, MAX_LOGPROBS),
+}
+INTEGERS = ("top_k", "max_tokens", "logprobs", "prompt_logprobs", "seed")
+
+
 class InvalidParameter(ValueError):
     """A field with a bad value; ``param`` names it, so an API can point at it."""
 
@@ -28,6 +67,8 @@ class StructuredOutput:
 
     kind: Literal["json", "regex", "choice", "grammar"]
     value: object
+    # The request field it came from, which its errors name (response_format, tools, ...).
+    source: str = field(default="structured_outputs", compare=False)
     # The compiled grammar, when a caller compiled it ahead (the server does, off the engine thread).
     compiled: object = field(default=None, compare=False, repr=False)
 
@@ -39,15 +80,17 @@ class StructuredOutput:
             "grammar": lambda v: isinstance(v, str) and v.strip(),
         }
         if self.kind not in valid or not valid[self.kind](self.value):
-            raise InvalidParameter("structured_outputs", f"structured_outputs.{self.kind} is not valid: {self.value!r}")
+            raise InvalidParameter(
+                self.source, f"{self.source}: the {self.kind} constraint is not valid: {self.value!r}"
+            )
 
 
 @dataclass
 class SamplingParams:
     """How one request is decoded.
 
-    ``temperature == 0`` is greedy. ``top_k <= 0`` and ``top_p == 1`` disable those
-    filters. ``max_tokens=None`` means "up to the end of the context window"; 0
+    ``temperature == 0`` is greedy. ``top_k`` 0 or -1 and ``top_p == 1`` disable
+    those filters. Ranges: ``RANGES``. ``max_tokens=None`` means "up to the end of the context window"; 0
     only reads the prompt. ``logprobs`` is the number of top alternatives returned
     per token (0 = only the sampled token's logprob, None = no logprobs);
     ``prompt_logprobs`` the same for every prompt token after the first.
@@ -81,36 +124,24 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         self.logit_bias = dict(self.logit_bias)
         self._validate()
+        self.top_k = max(self.top_k, 0)  # -1 disables it as 0 does
 
     def _validate(self) -> None:
         def fail(name: str, why: str) -> None:
             raise InvalidParameter(name, f"{name} {why}, got {getattr(self, name)!r}")
 
-        if not 0.0 <= self.temperature <= 100.0:
-            fail("temperature", "must be between 0 and 100")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            fail("top_k", "must be a non-negative integer (0 disables it)")
-        if not 0.0 < self.top_p <= 1.0:
-            fail("top_p", "must be in (0, 1]")
-        if not 0.0 <= self.min_p <= 1.0:
-            fail("min_p", "must be in [0, 1]")
-        if self.seed is not None and not isinstance(self.seed, int):
-            fail("seed", "must be an integer")
-        if not 0.0 < self.repetition_penalty <= 10.0:
-            fail("repetition_penalty", "must be in (0, 10]")
-        if not -2.0 <= self.presence_penalty <= 2.0:
-            fail("presence_penalty", "must be between -2 and 2")
-        if not -2.0 <= self.frequency_penalty <= 2.0:
-            fail("frequency_penalty", "must be between -2 and 2")
+        for name in INTEGERS:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                fail(name, "must be an integer")
+        for name, allowed in RANGES.items():
+            value = getattr(self, name)
+            if value is not None and not allowed.holds(value):
+                fail(name, f"must be {allowed}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             fail("stop", "must be non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             fail("stop_token_ids", "must be non-negative integers")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
-            fail("max_tokens", "must be a non-negative integer")
-        for name in ("logprobs", "prompt_logprobs"):
-            if getattr(self, name) is not None and not 0 <= getattr(self, name) <= MAX_LOGPROBS:
-                fail(name, f"must be between 0 and {MAX_LOGPROBS}")
         if any(not isinstance(t, int) or t < 0 for t in self.logit_bias):
             fail("logit_bias", "must map token ids (non-negative integers) to biases")
         if any(not isinstance(b, (int, float)) or abs(b) > MAX_LOGIT_BIAS for b in self.logit_bias.values()):
@@ -123,3 +154,16 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def max_tokens_within(prompt_len: int, max_tokens: int | None, max_model_len: int) -> int:
+    """``max_tokens``, or (None) all the room the context window leaves; InvalidParameter where they do not fit."""
+    room = max_model_len - prompt_len
+    resolved = max_tokens if max_tokens is not None else room
+    if room < 0 or resolved > room or (room == 0 and max_tokens is None):
+        raise InvalidParameter(
+            "max_tokens" if max_tokens is not None and room >= 0 else "prompt",
+            f"prompt ({prompt_len} tokens) + max_tokens ({resolved}) exceeds the context window "
+            f"of {max_model_len} tokens",
+        )
+    return resolved

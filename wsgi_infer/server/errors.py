@@ -1,7 +1,10 @@
 """OpenAI-shaped errors: routes raise, one set of handlers renders.
 
 Body: ``{"error": {"message", "type", "param", "code"}}``; a traceback never
-reaches a client.
+reaches a client. The engine's ``InvalidParameter`` (a bad sampling value, a
+constraint that does not compile, a conversation the template refuses, a prompt
+too long for the window) is a 400 naming its field: translated here, and
+nowhere else.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import logging
 
 from flask import Flask, jsonify
 from werkzeug.exceptions import HTTPException
+
+from ..engine.sampling_params import InvalidParameter
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,7 @@ def _render(error: APIError):
 
 def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(APIError, _render)
+    app.register_error_handler(InvalidParameter, lambda exc: _render(APIError(str(exc), 400, param=exc.param)))
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):

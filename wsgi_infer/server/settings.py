@@ -1,37 +1,40 @@
-"""Server settings, read from ``WSGI_INFER_*`` environment variables."""
+"""Server settings, read from ``WSGI_INFER_*`` environment variables.
+
+The engine's settings are generated from ``EngineConfig``'s fields (their
+types, defaults, help and bounds); the server's own are declared here.
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import get_type_hints
+
+from pydantic import Field, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ..engine.config import EngineConfig
+from ..engine.config import SETTINGS, EngineConfig
+
+_TYPES = get_type_hints(EngineConfig)
+EngineSettings = create_model(
+    "EngineSettings",
+    __base__=BaseSettings,
+    **{
+        f.name: (_TYPES[f.name], Field(f.default, description=f.metadata["help"], ge=f.metadata.get("ge")))
+        for f in SETTINGS
+    },
+)
 
 
-class ServerSettings(BaseSettings):
+class ServerSettings(EngineSettings):
     """Every field is an environment variable: ``max_num_seqs`` is ``WSGI_INFER_MAX_NUM_SEQS``."""
 
     model_config = SettingsConfigDict(env_prefix="WSGI_INFER_", extra="ignore")
 
-    model: str | None = Field(None, description="Hugging Face directory or .gguf file; empty = SmolLM2-135M-Instruct")
     served_model_name: str | None = Field(
         None, description="name clients send as `model`; default: the model's directory or file name"
     )
-    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
-    dtype: str = Field("auto", description="auto, float32, bfloat16 or float16")
-    quantization: str = Field(
-        "auto",
-        description="packed weights for small batches (CPU): auto (a GGUF's 4-bit blocks in bf16), none, int4, int8",
-    )
-    max_num_seqs: int = Field(64, ge=1, description="sequences per engine step")
-    max_num_batched_tokens: int = Field(512, ge=1, description="tokens per engine step (prefills are chunked)")
-    max_model_len: int | None = Field(None, ge=2, description="context window; default: the model's")
-    block_size: int = Field(16, ge=1, description="tokens per KV block")
     kv_cache_memory_mb: int | None = Field(
         None, ge=1, description="KV cache budget; default 256 on CPU, 90% of free memory on CUDA"
     )
-    enable_prefix_caching: bool = Field(True, description="reuse KV blocks of identical prompt prefixes")
-    seed: int = Field(0, description="seed for requests that give none")
     max_waiting_requests: int = Field(256, ge=0, description="requests queued beyond max_num_seqs before 429")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body (413 above)")
     body_timeout_seconds: float = Field(
@@ -77,16 +80,8 @@ class ServerSettings(BaseSettings):
         return [key.strip() for key in (self.api_key or "").split(",") if key.strip()]
 
     def engine_config(self) -> EngineConfig:
+        engine = {f.name: getattr(self, f.name) for f in SETTINGS}
         return EngineConfig(
-            model=self.model or None,
-            device=self.device,
-            dtype=self.dtype,
-            quantization=self.quantization,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            block_size=self.block_size,
+            **{**engine, "model": self.model or None},
             kv_cache_memory_bytes=self.kv_cache_memory_mb << 20 if self.kv_cache_memory_mb else None,
-            enable_prefix_caching=self.enable_prefix_caching,
-            seed=self.seed,
         )

@@ -8,9 +8,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from ...engine.sampling_params import MAX_LOGPROBS, StructuredOutput
+from ...engine.sampling_params import StructuredOutput
 from ..errors import APIError
-from .schemas import Request, SamplingRequest
+from .schemas import Request, SamplingRequest, engine_field
 from .tools import ToolPlan, call_text
 
 
@@ -73,10 +73,10 @@ class ChatMessage(Request):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = engine_field("max_tokens")  # None: up to the end of the context window
+    max_completion_tokens: int | None = engine_field("max_tokens")
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = engine_field("logprobs")
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
@@ -106,10 +106,6 @@ class ChatCompletionRequest(SamplingRequest):
         if self.logprobs:
             raise APIError("logprobs are not supported together with tool calls", param="logprobs")
         return ToolPlan(functions, mode, self.parallel_tool_calls)
-
-    @property
-    def constraint_field(self) -> str:
-        return "tools" if self.tool_plan is not None else super().constraint_field
 
     def constraint(self) -> StructuredOutput | None:
         plan = self.tool_plan

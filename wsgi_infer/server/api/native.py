@@ -1,20 +1,28 @@
 """The native API: POST /generate.
 
-Streams Server-Sent Events when the client accepts ``text/event-stream``,
-plain text chunks otherwise (no heartbeats there: a chunked body has no
-comment syntax).
+Streamed, it goes through the same machinery as the OpenAI routes: a pump
+greenlet records its events in a stream log (bounded backlog, resumable at
+``/v1/streams/<X-Stream-Id>``, generation aborted once nobody reads it). The
+client gets Server-Sent Events (with heartbeats) when it accepts
+``text/event-stream``, else the plain text of the same events: a plain body
+has no comment syntax, so it carries no heartbeats, and an error just ends it.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from flask import Blueprint, Response, jsonify, request, stream_with_context
+from flask import Blueprint, Response, jsonify, request
 
 from ..engine_client.streams import RequestStream
 from ..streaming import sse
 from .schemas import GenerateRequest, parse
-from .serving import Heartbeat, StreamInterrupted, collect, iter_deltas, manager, start
+from .serving import StreamInterrupted, collect, log_response, manager, pumped, start
+
+if TYPE_CHECKING:
+    from ..engine_client.manager import EngineManager
 
 bp = Blueprint("native", __name__)
 
@@ -23,22 +31,27 @@ bp = Blueprint("native", __name__)
 def generate():
     req: GenerateRequest = parse(GenerateRequest, request.get_json(force=True))
     stream = start([req.prompt], [req.sampling_params()])
+    mgr = manager()
     if not req.stream:
         try:
             choice = collect(stream)[0]
         finally:
-            manager().release(stream)
+            mgr.release(stream)
         return jsonify({"text": choice.delta.text, "finish_reason": choice.delta.finish_reason, "usage": stream.usage})
+    log = mgr.stream_logs.publish(_events(mgr, stream), on_abandoned=lambda: mgr.release(stream))
     if request.accept_mimetypes.best_match(["text/plain", "text/event-stream"]) == "text/event-stream":
-        return Response(stream_with_context(_events(stream)), mimetype="text/event-stream", headers=sse.STREAM_HEADERS)
-    return Response(stream_with_context(_plain(stream)), mimetype="text/plain", headers=sse.STREAM_HEADERS)
+        return log_response(log, 0)
+    frames = log.read(0, mgr.settings.heartbeat_seconds)
+    headers = {**sse.STREAM_HEADERS, "X-Stream-Id": log.stream_id}
+    return Response(_plain_text(frames), mimetype="text/plain", headers=headers)
 
 
-def _events(stream: RequestStream) -> Iterator[str]:
+def _events(mgr: EngineManager, stream: RequestStream) -> Iterator[str | None]:
+    """The events of one response; runs in the pump greenlet (no request context)."""
     try:
-        for batch in iter_deltas(stream, manager().settings.heartbeat_seconds):
-            if isinstance(batch, Heartbeat):
-                yield sse.HEARTBEAT
+        for batch in pumped(mgr, stream):
+            if batch is None:
+                yield None
                 continue
             delta = batch[0].delta
             yield sse.event({"text": delta.text, "finish_reason": delta.finish_reason})
@@ -46,16 +59,13 @@ def _events(stream: RequestStream) -> Iterator[str]:
         yield sse.DONE
     except StreamInterrupted as exc:
         yield sse.event({"error": {"message": exc.message, "type": "server_error", "code": exc.code}}, name="error")
-    finally:
-        manager().release(stream)
 
 
-def _plain(stream: RequestStream) -> Iterator[str]:
-    try:
-        for batch in iter_deltas(stream, manager().settings.heartbeat_seconds):
-            if not isinstance(batch, Heartbeat) and batch[0].delta.text:
-                yield batch[0].delta.text
-    except StreamInterrupted:
-        return  # the body simply ends; plain-text clients cannot be told more
-    finally:
-        manager().release(stream)
+def _plain_text(frames: Iterator[str]) -> Iterator[str]:
+    """The text the log's events carry; heartbeats, the end and errors write nothing."""
+    for frame in frames:
+        name, data = sse.fields(frame)
+        if name is None and data and data != "[DONE]":
+            text = json.loads(data)["text"]
+            if text:
+                yield text

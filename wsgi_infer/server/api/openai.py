@@ -5,18 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, jsonify, request
 
 from ..engine_client.prompts import Chat
 from ..engine_client.streams import RequestStream
 from ..errors import APIError
 from ..streaming import sse
-from ..streaming.redis_store import RedisStreamReader, StoreUnavailable
-from ..streaming.stream_log import StreamLog
+from ..streaming.redis_store import StoreUnavailable
 from .chat_schemas import ChatCompletionRequest
 from .formatters import ChatFormatter, CompletionFormatter, Formatter
 from .schemas import CompletionRequest, parse
-from .serving import Heartbeat, StreamInterrupted, check_model, collect, iter_deltas, manager, start
+from .serving import StreamInterrupted, check_model, collect, log_response, manager, pumped, start
 
 if TYPE_CHECKING:
     from ..engine_client.manager import EngineManager
@@ -52,7 +51,7 @@ def completions():
     req: CompletionRequest = parse(CompletionRequest, request.get_json(force=True))
     check_model(req.model)
     params = req.sampling_params(req.max_tokens, req.logprobs, req.prompt_logprobs)
-    stream = start(req.prompts, params, constraint_field=req.constraint_field)
+    stream = start(req.prompts, params)
     echo = None
     if req.echo:
         tokenizer = manager().tokenizer
@@ -67,7 +66,7 @@ def chat_completions():
     check_model(req.model)
     messages, tools = req.conversation(manager().template_takes_tools)
     params = req.sampling_params(req.max_new_tokens, req.num_logprobs)
-    stream = start([Chat(messages, tools)], params, constraint_field=req.constraint_field)
+    stream = start([Chat(messages, tools)], params)
     obj = "chat.completion.chunk" if req.stream else "chat.completion"
     formatter = ChatFormatter(stream, obj, with_tools=req.tool_plan is not None)
     return _respond(stream, req.stream, req.include_usage, formatter)
@@ -88,7 +87,7 @@ def _respond(stream: RequestStream, streaming: bool, include_usage: bool, format
     # any resume of it, only read that log, so a dropped connection loses nothing.
     mgr = manager()
     log = mgr.stream_logs.publish(_sse(mgr, stream, include_usage, formatter), on_abandoned=lambda: mgr.release(stream))
-    return _read_log(log, 0)
+    return log_response(log, 0)
 
 
 @bp.get("/streams/<stream_id>")
@@ -105,23 +104,14 @@ def resume(stream_id: str):
     last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or "0"
     if not last.isdigit():
         raise APIError("Last-Event-ID must be an event id of this stream", 400, param="Last-Event-ID")
-    return _read_log(log, int(last))
-
-
-def _read_log(log: StreamLog | RedisStreamReader, after: int) -> Response:
-    headers = {**sse.STREAM_HEADERS, "X-Stream-Id": log.stream_id}
-    return Response(
-        log.read(after, manager().settings.heartbeat_seconds), mimetype="text/event-stream", headers=headers
-    )
+    return log_response(log, int(last))
 
 
 def _sse(mgr: EngineManager, stream: RequestStream, include_usage: bool, formatter: Formatter) -> Iterator[str | None]:
     """The events of one response; runs in the pump greenlet (no request context)."""
     try:
-        for batch in iter_deltas(stream, mgr.settings.heartbeat_seconds):
-            if isinstance(batch, Heartbeat):
-                if stream.closed:  # abandoned: nobody reads it any more
-                    return
+        for batch in pumped(mgr, stream):
+            if batch is None:
                 yield None
                 continue
             for choice in batch:
@@ -139,5 +129,3 @@ def _sse(mgr: EngineManager, stream: RequestStream, include_usage: bool, formatt
         kind = "server_shutdown" if exc.code == "server_shutting_down" else "server_error"
         error = {"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code}}
         yield sse.event(error, name="error", retry_ms=RETRY_AFTER_INTERRUPT_MS)
-    finally:
-        mgr.release(stream)

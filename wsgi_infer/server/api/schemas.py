@@ -7,11 +7,11 @@ values give a 400 naming the field.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ...engine.sampling_params import InvalidParameter, SamplingParams, StructuredOutput
+from ...engine.sampling_params import RANGES, SamplingParams, StructuredOutput
 from ..errors import APIError
 
 MAX_CHOICES = 16
@@ -19,6 +19,20 @@ MAX_CHOICES = 16
 
 class Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    def given(self, names: tuple[str, ...]) -> dict[str, Any]:
+        """The named fields the client gave a value (not None)."""
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+def engine_default(name: str) -> Any:
+    """SamplingParams' default for a field, which the API's defaults are."""
+    return SamplingParams.__dataclass_fields__[name].default
+
+
+def engine_field(name: str, default: Any = None) -> Any:
+    """A request field bounded as the engine bounds it (``RANGES``); None: the engine's default."""
+    return Field(default, **RANGES[name].bounds())
 
 
 # Known OpenAI fields that would change the output and that we do not implement: a 400, never ignored.
@@ -62,11 +76,11 @@ class ResponseFormat(Request):
         if self.type == "text":
             return None
         if self.type == "json_object":
-            return StructuredOutput("json", {"type": "object"})
+            return StructuredOutput("json", {"type": "object"}, source="response_format")
         if self.json_schema is None:
             raise APIError("response_format.json_schema is required for type json_schema", param="response_format")
         # No schema: any JSON object, as OpenAI does.
-        return StructuredOutput("json", self.json_schema.schema_ or {"type": "object"})
+        return StructuredOutput("json", self.json_schema.schema_ or {"type": "object"}, source="response_format")
 
 
 class StructuredOutputs(Request):
@@ -102,16 +116,16 @@ class StructuredOutputs(Request):
 
 class SamplingRequest(Request):
     model: str | None = None
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0, le=1)
+    temperature: float | None = engine_field("temperature")
+    top_p: float | None = engine_field("top_p")
+    top_k: int | None = engine_field("top_k")
+    min_p: float | None = engine_field("min_p")
     n: int = Field(1, ge=1, le=MAX_CHOICES)
     stop: str | list[str] | None = None
     seed: int | None = None
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    presence_penalty: float | None = engine_field("presence_penalty")
+    frequency_penalty: float | None = engine_field("frequency_penalty")
+    repetition_penalty: float | None = engine_field("repetition_penalty")
     ignore_eos: bool = False
     user: str | None = None
     stream: bool = False
@@ -131,55 +145,50 @@ class SamplingRequest(Request):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    @property
-    def constraint_field(self) -> str:
-        """The field a constraint came from, for errors."""
-        return "structured_outputs" if self.structured_outputs is not None else "response_format"
-
     def constraint(self) -> StructuredOutput | None:
         if self.structured_outputs is not None and self.response_format is not None:
             raise APIError("give response_format or structured_outputs, not both", param="structured_outputs")
         source = self.structured_outputs or self.response_format
-        try:
-            return source.constraint() if source is not None else None
-        except InvalidParameter as exc:
-            raise APIError(str(exc), param=self.constraint_field) from None
+        return source.constraint() if source is not None else None
 
     def sampling_params(
         self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
     ) -> list[SamplingParams]:
-        """One SamplingParams per choice; choice j of a seeded request uses seed + j so choices differ."""
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        constraint = self.constraint()
-        try:
-            return [
-                SamplingParams(
-                    temperature=1.0 if self.temperature is None else self.temperature,
-                    top_p=1.0 if self.top_p is None else self.top_p,
-                    top_k=max(0, self.top_k or 0),
-                    min_p=self.min_p or 0.0,
-                    seed=None if self.seed is None else self.seed + j,
-                    presence_penalty=self.presence_penalty or 0.0,
-                    frequency_penalty=self.frequency_penalty or 0.0,
-                    repetition_penalty=self.repetition_penalty or 1.0,
-                    stop=stop,
-                    ignore_eos=self.ignore_eos,
-                    max_tokens=max_tokens,
-                    logprobs=logprobs,
-                    prompt_logprobs=prompt_logprobs,
-                    logit_bias=self.logit_bias or {},
-                    structured_output=constraint,
-                )
-                for j in range(self.n)
-            ]
-        except InvalidParameter as exc:
-            raise APIError(str(exc), param=exc.param) from None
+        """One SamplingParams per choice; choice j of a seeded request uses seed + j so choices differ. Fields
+        left out (None) take the engine's defaults; a bad value raises InvalidParameter (errors.py renders it)."""
+        given, constraint = self.given(SAMPLING_FIELDS), self.constraint()
+        return [
+            SamplingParams(
+                **given,
+                seed=None if self.seed is None else self.seed + j,
+                stop=self.stop or [],
+                ignore_eos=self.ignore_eos,
+                max_tokens=max_tokens,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                logit_bias=self.logit_bias or {},
+                structured_output=constraint,
+            )
+            for j in range(self.n)
+        ]
+
+
+# The request fields that are SamplingParams fields of the same name and meaning.
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=0)  # 0 with echo: score the prompt only
-    logprobs: int | None = Field(None, ge=0, le=5)
+    max_tokens: int | None = engine_field("max_tokens", engine_default("max_tokens"))  # 0 with echo: score the prompt
+    logprobs: int | None = engine_field("logprobs")
     echo: bool = False
 
     @property
@@ -218,16 +227,17 @@ class GenerateRequest(Request):
     """The native API: a prompt and a few sampling knobs."""
 
     prompt: str = Field(min_length=1)
-    max_new_tokens: int = Field(64, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_k: int = Field(0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = engine_field("max_tokens", engine_default("max_tokens"))
+    temperature: float | None = engine_field("temperature")
+    top_k: int | None = engine_field("top_k")
+    top_p: float | None = engine_field("top_p")
     stream: bool = False
 
     def sampling_params(self) -> SamplingParams:
-        return SamplingParams(
-            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, max_tokens=self.max_new_tokens
-        )
+        given = {
+            name: getattr(self, name) for name in ("temperature", "top_k", "top_p") if getattr(self, name) is not None
+        }
+        return SamplingParams(**given, max_tokens=self.max_new_tokens)
 
 
 def parse(schema: type[Request], body: object) -> Request:

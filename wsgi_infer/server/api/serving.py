@@ -9,15 +9,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from flask import current_app, g
+from flask import Response, current_app, g
 
 from ...engine.messages import Accepted, Rejected
-from ...engine.sampling_params import InvalidParameter, SamplingParams
+from ...engine.sampling_params import SamplingParams, max_tokens_within
 from ..engine_client.extension import manager_of
 from ..engine_client.manager import EngineManager
 from ..engine_client.prompts import Prompt
 from ..engine_client.streams import ChoiceDelta, RequestStream, Terminated, merge_deltas
 from ..errors import APIError
+from ..streaming import sse
+from ..streaming.redis_store import RedisStreamReader
+from ..streaming.stream_log import StreamLog
 
 ADMISSION_TIMEOUT_S = 60.0
 
@@ -40,13 +43,9 @@ def wait_ready(mgr: EngineManager) -> None:
         raise APIError("the model is not loaded", 503, code="model_not_ready", headers={"Retry-After": "5"})
 
 
-def start(
-    prompts: list[Prompt], params: list[SamplingParams], constraint_field: str = "structured_outputs"
-) -> RequestStream:
-    """Tokenize, submit and wait for the engine to accept; raise the right APIError otherwise.
-
-    A constraint that does not compile is a 400 naming ``constraint_field``.
-    """
+def start(prompts: list[Prompt], params: list[SamplingParams]) -> RequestStream:
+    """Compile the constraint, tokenize, submit and wait for the engine to accept; raise the right APIError
+    otherwise (InvalidParameter for bad input, which errors.py renders)."""
     mgr = manager()
     if g.turned_away:
         raise APIError(
@@ -64,14 +63,10 @@ def start(
             code="too_many_requests",
             headers={"Retry-After": "1"},
         )
-    try:
-        mgr.compile_constraints(params)
-    except InvalidParameter as exc:
-        raise APIError(str(exc), param=constraint_field) from None
-    try:
-        prompt_ids = mgr.encode(prompts)
-    except InvalidParameter as exc:
-        raise APIError(str(exc), param=exc.param) from None
+    mgr.compile_constraints(params)
+    prompt_ids = mgr.encode(prompts)
+    for ids in prompt_ids:  # as the engine would refuse it, but a long prompt then costs the engine thread nothing
+        max_tokens_within(len(ids), params[0].max_tokens, mgr.max_model_len)
     stream = mgr.submit(g.request_id, prompt_ids, params)
     try:
         outcome = stream.wait_admission(ADMISSION_TIMEOUT_S)
@@ -122,6 +117,29 @@ def iter_deltas(stream: RequestStream, heartbeat: float) -> Iterator[list[Choice
             yield ready
         if stop is not None:
             raise StreamInterrupted(stop.message, stop.code)
+
+
+def pumped(mgr: EngineManager, stream: RequestStream) -> Iterator[list[ChoiceDelta] | None]:
+    """``iter_deltas`` for a pump greenlet: None for a quiet heartbeat interval, StreamInterrupted once the
+    stream is abandoned (released: nobody reads it any more); the stream is released when done."""
+    try:
+        for batch in iter_deltas(stream, mgr.settings.heartbeat_seconds):
+            if not isinstance(batch, Heartbeat):
+                yield batch
+            elif stream.closed:
+                raise StreamInterrupted("nobody read this stream for a while; generation aborted", "stream_abandoned")
+            else:
+                yield None
+    finally:
+        mgr.release(stream)
+
+
+def log_response(log: StreamLog | RedisStreamReader, after: int) -> Response:
+    """A stream log's events after id ``after``, as the response's SSE body."""
+    headers = {**sse.STREAM_HEADERS, "X-Stream-Id": log.stream_id}
+    return Response(
+        log.read(after, manager().settings.heartbeat_seconds), mimetype="text/event-stream", headers=headers
+    )
 
 
 def collect(stream: RequestStream) -> dict[int, ChoiceDelta]:

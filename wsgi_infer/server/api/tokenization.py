@@ -10,7 +10,6 @@ from __future__ import annotations
 from flask import Blueprint, jsonify, request
 
 from ...engine.chat_template import chat_prompt_ids
-from ...engine.sampling_params import InvalidParameter
 from ..errors import APIError
 from .chat_schemas import TokenizeChatRequest
 from .schemas import DetokenizeRequest, TokenizeRequest, parse
@@ -29,10 +28,7 @@ def tokenize():
     wait_ready(mgr)
     if chat:
         messages, tools = req.conversation(mgr.template_takes_tools)
-        try:
-            tokens = mgr.with_tokenizer(chat_prompt_ids, messages, tools, req.add_generation_prompt)
-        except InvalidParameter as exc:
-            raise APIError(str(exc), param=exc.param) from None
+        tokens = mgr.with_tokenizer(chat_prompt_ids, messages, tools, req.add_generation_prompt)
     else:
         tokens = mgr.with_tokenizer(_encode, req.prompt, req.add_special_tokens)
     body = {"count": len(tokens), "max_model_len": mgr.max_model_len, "tokens": list(tokens), "token_strs": None}

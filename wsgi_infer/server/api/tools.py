@@ -53,7 +53,7 @@ class ToolPlan:
         start = (
             "start: TEXT | calls\nTEXT: /(.|\\n)+/ & ~/<tool_call>(.|\\n)*/" if self.mode == "auto" else "start: calls"
         )
-        return StructuredOutput("grammar", "\n".join([start, calls, call, *rules]))
+        return StructuredOutput("grammar", "\n".join([start, calls, call, *rules]), source="tools")
 
     def system_prompt(self) -> str:
         """For chat templates that do not take tools: the tools and the call format."""

@@ -23,3 +23,15 @@ def event(data: Any, name: str | None = None, retry_ms: int | None = None) -> st
         lines.append(f"retry: {retry_ms}")
     lines.extend(f"data: {line}" for line in payload.split("\n"))
     return "\n".join(lines) + "\n\n"
+
+
+def fields(frame: str) -> tuple[str | None, str]:
+    """An event's name and data, as ``event`` (with the stream log's ``id:`` line) wrote it; a heartbeat has
+    neither."""
+    name, data = None, []
+    for line in frame.split("\n"):
+        if line.startswith("event: "):
+            name = line[len("event: ") :]
+        elif line.startswith("data: "):
+            data.append(line[len("data: ") :])
+    return name, "\n".join(data)

@@ -1,0 +1,141 @@
+"""The OpenAI API's shapes over the tiny engine, in this process (the fast tier): requests refused by the field
+at fault, chat chunks and usage, and calls and constraints the grammar forces whatever the weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .sse_client import events
+
+ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+UNIT = {"type": "string", "enum": ["celsius", "fahrenheit"]}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"unit": UNIT},
+                "required": ["unit"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+
+
+def test_a_chat_completion_and_its_chunks_carry_the_same_text_and_usage(tiny_api):
+    body = {"messages": ASK, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    with tiny_api.client() as http:
+        whole = http.post("/v1/chat/completions", json=body).json()
+        stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        with http.stream("POST", "/v1/chat/completions", json=stream_body) as r:
+            chunks = [e for e in events(r) if e.data]
+    assert whole["object"] == "chat.completion" and whole["id"].startswith("chatcmpl-")
+    [choice] = whole["choices"]
+    assert choice["message"]["role"] == "assistant" and choice["finish_reason"] == "length"
+    assert whole["usage"]["completion_tokens"] == 8
+    assert chunks[-1].data == "[DONE]"
+    usage_chunk, content = chunks[-2].json, [c.json for c in chunks[:-2]]
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert usage_chunk["choices"] == [] and [usage_chunk["usage"][k] for k in counts] == [
+        whole["usage"][k] for k in counts
+    ]
+    assert usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the same prompt, again
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == content[0]["id"] for c in content)
+    assert content[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in content) == choice["message"]["content"]
+    assert content[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_named_tool_is_called_with_arguments_its_schema_allows(tiny_api):
+    body = {
+        "messages": ASK,
+        "tools": TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": False,
+        "max_tokens": 40,
+        "temperature": 0,
+    }
+    with tiny_api.client() as http:
+        whole = http.post("/v1/chat/completions", json=body).json()
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            chunks = [e.json for e in events(r) if e.data and e.data != "[DONE]"]
+    [choice] = whole["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_") and call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"])["unit"] in UNIT["enum"]
+    parts = [p for c in chunks for p in c["choices"][0]["delta"].get("tool_calls") or []]
+    assert {p["index"] for p in parts} == {0} and parts[0]["function"]["name"] == "get_weather"
+    assert "".join(p["function"].get("arguments") or "" for p in parts) == call["function"]["arguments"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_choice_constraint_holds_streamed_and_not(tiny_api):
+    body = {"prompt": "Yes or no?", "max_tokens": 10, "structured_outputs": {"choice": ["yes", "no", "maybe"]}}
+    with tiny_api.client() as http:
+        whole = http.post("/v1/completions", json=body).json()["choices"][0]
+        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            streamed = "".join(e.json["choices"][0]["text"] for e in events(r) if e.data and e.data != "[DONE]")
+    assert whole["text"] in ("yes", "no", "maybe") and whole["finish_reason"] == "stop"
+    assert streamed in ("yes", "no", "maybe")
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": TOOLS, "logprobs": True}, "logprobs"),
+        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}]}, "tools"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{"}}],
+                    }
+                ]
+            },
+            "messages.0.tool_calls.0.function.arguments",
+        ),
+    ],
+)
+def test_bad_tool_requests_are_400s_naming_the_field(tiny_api, fields, param):
+    with tiny_api.client() as http:
+        response = http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, **fields})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}},
+            "response_format",
+        ),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"structured_outputs": {"regex": "[a-"}}, "structured_outputs"),
+        ({"structured_outputs": {"grammar": "start: missing"}}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+        ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}}, "structured_outputs"),
+        ({"logit_bias": {"49152": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"five": 1}}, "logit_bias.five.[key]"),
+    ],
+)
+def test_a_bad_constraint_or_bias_is_a_400_naming_the_field(tiny_api, fields, param):
+    with tiny_api.client() as http:
+        response = http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, **fields})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param
+        assert http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200

@@ -1,0 +1,71 @@
+"""The front end tokenizes: a long prompt costs the engine thread nothing (in this process, with greenlets)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import gevent
+import pytest
+
+from wsgi_infer.engine.llm_engine import LLMEngine
+
+from .conftest import tiny_settings
+from .in_process import InProcessServer
+from .server import ENDLESS
+from .sse_client import events
+
+
+@pytest.fixture
+def timed_server(tiny_model_dirs, monkeypatch):
+    """The tiny app, its engine noting when each step ended and which choices it gave tokens."""
+    steps: list[tuple[float, set[str]]] = []
+    step = LLMEngine.step
+
+    def timed_step(self):
+        deltas = step(self)
+        steps.append((time.monotonic(), {d.request_id for d in deltas if d.token_ids}))
+        return deltas
+
+    monkeypatch.setattr(LLMEngine, "step", timed_step)
+    with InProcessServer(tiny_settings(tiny_model_dirs)) as server:
+        yield server, steps
+
+
+def test_a_long_prompt_is_tokenized_without_stalling_running_streams(timed_server, tiny_llama):
+    """A 30,000-token prompt takes tens of milliseconds to tokenize: the front end does it on a pool thread, so
+    the engine's steps go on meanwhile, and the running streams' tokens come as often as before. Its max_tokens
+    does not fit the window, so it ends in a 400 once tokenized: what is measured is the tokenizing, not a
+    prefill. The gaps are the engine's, between the steps that gave the streams tokens: what the streams are
+    sent, before the noise of this process's HTTP clients."""
+    server, steps = timed_server
+    words = "lorem ipsum dolor sit amet " * 3_000
+    assert len(tiny_llama.engine.tokenize(words)) >= 30_000
+    counts = [0, 0]
+
+    def read(i: int) -> None:
+        body = {"prompt": f"Stream {i}:", "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}
+        with server.client() as http, http.stream("POST", "/v1/completions", json=body) as r:
+            for event in events(r):
+                counts[i] += bool(event.data)
+                if counts[i] >= 400:
+                    return
+
+    readers = [gevent.spawn(read, i) for i in range(2)]
+    while min(counts) < 100:
+        gevent.sleep(0.01)  # polls the readers' counts, in this hub: no event to wait on
+    with server.client() as http:
+        sent = time.monotonic()
+        response = http.post("/v1/completions", json={"prompt": words, "max_tokens": 40_000})
+        answered = time.monotonic()
+    gevent.joinall(readers, timeout=60, raise_error=True)
+    assert response.status_code == 400 and "context window" in response.json()["error"]["message"]
+    tokens_at = [at for at, ids in steps if len(ids) == 2]  # steps that gave both streams a token
+    gaps = [b - a for a, b in zip(tokens_at, tokens_at[1:])]
+    during = [b - a for a, b in zip(tokens_at, tokens_at[1:]) if b > sent and a < answered]
+    print(
+        f"a 30,000-token prompt tokenized in {(answered - sent) * 1e3:.0f} ms beside 2 streams: their largest gap "
+        f"{max(during) * 1e3:.1f} ms meanwhile, median {statistics.median(gaps) * 1e3:.1f} ms"
+    )
+    assert max(during) <= 2 * statistics.median(gaps)
+    assert len(during) >= 4, "the streams must run while the long prompt is tokenized"
