@@ -159,8 +159,12 @@ def tiny_api(tiny_model_dirs):
         yield server
 
 
+DEFAULT_MODEL_FIXTURES = {"default_llm", "gguf_weights"}  # the real model, loaded in float32 or read whole
+
+
 def pytest_collection_modifyitems(items):
-    """Tests on the real default model (a float32 135M model generating on this CPU) belong to the full suite."""
+    """Tests on the real default model (135M parameters, generating in float32 on this CPU) belong to the full
+    suite; the fast tier keeps the tiny models."""
     for item in items:
-        if "default_llm" in getattr(item, "fixturenames", ()):
+        if DEFAULT_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

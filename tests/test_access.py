@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow  # real processes
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dirs):
+def server(gunicorn_server, tiny_model_dirs):
     settings = {
         "model": tiny_model_dirs["llama"],
         "dtype": "float32",
@@ -19,8 +19,7 @@ def server(tiny_model_dirs):
         "api_key": "key-one, key-two",
         "cors_origins": "http://app.example",
     }
-    with GunicornServer(settings) as srv:
-        yield srv.wait_ready()
+    return gunicorn_server(settings)
 
 
 def sdk(server, key: str) -> openai.OpenAI:

@@ -28,12 +28,11 @@ CHROMIUM_ARGS = [
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dirs):
+def server(gunicorn_server, tiny_model_dirs):
     # A stream nobody reads is abandoned one heartbeat interval after its reader left (Stop included).
-    with GunicornServer(
+    return gunicorn_server(
         {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "heartbeat_seconds": 2}
-    ) as srv:
-        yield srv.wait_ready()
+    )
 
 
 @pytest.fixture(scope="module")

@@ -83,7 +83,7 @@ def rss_mb(server: GunicornServer) -> float:
 
 # --- slow clients, short timeouts ---------------------------------------------------------------
 @pytest.fixture(scope="module")
-def strict(tiny_model_dirs):
+def strict(gunicorn_server, tiny_model_dirs):
     settings = {
         "model": tiny_model_dirs["llama"],
         "dtype": "float32",
@@ -91,8 +91,7 @@ def strict(tiny_model_dirs):
         "body_timeout_seconds": 1.0,
         "stream_backlog_bytes": BACKLOG_LIMIT,
     }
-    with GunicornServer(settings, "--keep-alive", "2") as srv:
-        yield srv.wait_ready()
+    return gunicorn_server(settings, "--keep-alive", "2")
 
 
 def test_a_stalled_body_gets_a_408_and_the_connection_closes(strict):

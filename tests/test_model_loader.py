@@ -34,6 +34,7 @@ def test_a_converted_gguf_is_reused(default_model_dir, caplog):
     assert {path: path.stat().st_mtime_ns for path in again.iterdir()} == files  # nothing rewritten
 
 
+@pytest.mark.slow  # converts the default model's GGUF
 def test_a_gguf_is_converted_as_transformers_reads_it(tmp_path):
     """Our single-pass conversion writes the config and tokenizer that transformers' own GGUF
     loading gives (the weights are compared in test_quantization)."""
@@ -60,6 +61,7 @@ def test_a_config_is_resolved_by_its_class_once_then_read_back_whole(arch, tiny_
         assert getattr(first, name) == getattr(again, name) == getattr(reference, name), name
 
 
+@pytest.mark.slow  # a fresh interpreter loads the default model's config and tokenizer
 def test_a_later_start_imports_no_architecture_config_class(default_model_dir):
     """Such an import brings transformers' kernel hub, torch.distributed and dynamo: 1.3 s and 80 MB."""
     load_config(default_model_dir)  # the first start resolves the config (and imports its class) once

@@ -20,11 +20,10 @@ pytestmark = pytest.mark.slow  # real processes
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dirs):
-    with GunicornServer(
+def server(gunicorn_server, tiny_model_dirs):
+    return gunicorn_server(
         {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "heartbeat_seconds": 0.3}
-    ) as srv:
-        yield srv.wait_ready()
+    )
 
 
 def first_event_and_total(url: str, body: dict, **client_options) -> tuple[float, float, list]:

@@ -24,7 +24,7 @@ BODY = {
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dirs):
+def server(gunicorn_server, tiny_model_dirs):
     # A cut stream is abandoned one heartbeat interval after its reader left: 10 s is the window a
     # resume has, far more than it needs. Finished streams expire after 1 s.
     settings = {
@@ -34,8 +34,7 @@ def server(tiny_model_dirs):
         "heartbeat_seconds": 10.0,
         "resume_keep_seconds": 1.0,
     }
-    with GunicornServer(settings) as srv:
-        yield srv.wait_ready()
+    return gunicorn_server(settings)
 
 
 def start_then_cut(server: GunicornServer, after: int = 5, path: str = "/v1/completions", body: dict = BODY):
