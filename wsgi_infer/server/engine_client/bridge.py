@@ -20,8 +20,8 @@ thread must hand results to greenlets in a way that wakes the hub. A
 ``run_off_hub`` is the other native-thread door: a greenlet runs a call that
 releases the GIL (tokenizing a prompt, compiling a grammar) on gevent's pool
 of OS threads, and waits cooperatively, so neither the hub nor the engine
-thread stalls. Those threads run as SCHED_IDLE: only on a CPU the engine
-leaves idle, so they never take one of its step's threads away.
+thread stalls. Those threads run at a lower priority (nice 10), so on a
+machine with few cores they take what the engine leaves.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ from gevent.monkey import get_original
 _start_new_thread = get_original("_thread", "start_new_thread")
 _native_get_ident: Callable[[], int] = get_original("_thread", "get_ident")
 _native_thread_id: Callable[[], int] = get_original("_thread", "get_native_id")
-BACKGROUND_NICE = 19  # pool threads, where SCHED_IDLE is not to be had
+# Pool threads: below the engine thread (nice 0), never starved. SCHED_IDLE starved them under steady load: a
+# prompt waited minutes for its tokens while both CPUs stepped (the soak's hung requests).
+BACKGROUND_NICE = 10
 _LEVELS = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
 
 log = logging.getLogger(__name__)
@@ -128,15 +130,10 @@ class HubBridge:
 
 
 def _in_background(function: Callable[..., Any], *args: Any) -> Any:
-    # Linux: this thread runs only where no other thread wants the CPU. Nice 10 was not enough: a 70 ms
-    # tokenization beside a step's 2-thread team held up its barriers, and two streams' tokens 40-110 ms.
-    try:
-        os.sched_setscheduler(_native_thread_id(), os.SCHED_IDLE, os.sched_param(0))
+    try:  # Linux: a thread's own nice value (no-op where it is already set or not allowed)
+        os.setpriority(os.PRIO_PROCESS, _native_thread_id(), BACKGROUND_NICE)
     except (AttributeError, OSError):
-        try:
-            os.setpriority(os.PRIO_PROCESS, _native_thread_id(), BACKGROUND_NICE)
-        except (AttributeError, OSError):
-            pass
+        pass
     return function(*args)
 
 
