@@ -6,6 +6,7 @@ import statistics
 import time
 
 import gevent
+import gevent.event
 import pytest
 
 from wsgi_infer.engine.llm_engine import LLMEngine
@@ -41,19 +42,21 @@ def test_a_long_prompt_is_tokenized_without_stalling_running_streams(timed_serve
     server, steps = timed_server
     words = "lorem ipsum dolor sit amet " * 3_000
     assert len(tiny_llama.engine.tokenize(words)) >= 30_000
-    counts = [0, 0]
+    warmed = [gevent.event.Event(), gevent.event.Event()]
 
     def read(i: int) -> None:
         body = {"prompt": f"Stream {i}:", "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}
         with server.client() as http, http.stream("POST", "/v1/completions", json=body) as r:
+            received = 0
             for event in events(r):
-                counts[i] += bool(event.data)
-                if counts[i] >= 400:
+                received += bool(event.data)
+                if received == 100:
+                    warmed[i].set()
+                if received == 400:
                     return
 
     readers = [gevent.spawn(read, i) for i in range(2)]
-    while min(counts) < 100:
-        gevent.sleep(0.01)  # polls the readers' counts, in this hub: no event to wait on
+    assert all(event.wait(60) for event in warmed)
     with server.client() as http:
         sent = time.monotonic()
         response = http.post("/v1/completions", json={"prompt": words, "max_tokens": 40_000})
