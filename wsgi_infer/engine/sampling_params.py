@@ -49,9 +49,9 @@ INTEGERS = ("top_k", "max_tokens", "logprobs", "prompt_logprobs", "seed")
 
 
 class InvalidParameter(ValueError):
-    """A field with a bad value; ``param`` names it, so an API can point at it."""
+    """A field with a bad value; ``param`` names it (where it is known), so an API can point at it."""
 
-    def __init__(self, param: str, message: str) -> None:
+    def __init__(self, param: str | None, message: str) -> None:
         super().__init__(message)
         self.param = param
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from flask import Response, current_app, g
 
 from ...engine.messages import Accepted, Rejected
-from ...engine.sampling_params import SamplingParams, max_tokens_within
+from ...engine.sampling_params import InvalidParameter, SamplingParams, max_tokens_within
 from ..engine_client.extension import manager_of
 from ..engine_client.manager import EngineManager
 from ..engine_client.prompts import Prompt
@@ -70,8 +70,10 @@ def start(prompts: list[Prompt], params: list[SamplingParams]) -> RequestStream:
     stream = mgr.submit(g.request_id, prompt_ids, params)
     try:
         outcome = stream.wait_admission(ADMISSION_TIMEOUT_S)
-        if isinstance(outcome, Rejected):
-            raise APIError(outcome.message, outcome.status, param=outcome.param)
+        if isinstance(outcome, Rejected) and outcome.status == 400:  # bad input: rendered as every other
+            raise InvalidParameter(outcome.param, outcome.message)
+        if isinstance(outcome, Rejected):  # the engine failed on this request, and goes on serving
+            raise APIError(outcome.message, outcome.status)
         if isinstance(outcome, Terminated):
             raise APIError(outcome.message, 503, code=outcome.code, headers={"Retry-After": "5"})
         if not isinstance(outcome, Accepted):
