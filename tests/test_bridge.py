@@ -47,3 +47,42 @@ def test_every_item_arrives_in_order_and_the_hub_keeps_running():
     assert result["received"] == list(range(20_000))
     assert result["ticks"] >= 20
     assert result["max_gap"] < 0.5  # a blocked hub would show one long gap
+
+
+RELAY = textwrap.dedent(
+    """
+    from gevent import monkey; monkey.patch_all()
+    import json, logging, threading
+    import gevent
+    from gevent.monkey import get_original
+    from wsgi_infer.server.engine_client.bridge import HubBridge
+
+    native_ident = get_original("_thread", "get_ident")
+    emitted, lockers = [], set()
+
+    class Keep(logging.Handler):
+        def acquire(self):  # its lock is a gevent lock: which threads take it?
+            lockers.add(native_ident())
+            super().acquire()
+
+        def emit(self, record):
+            emitted.append(record.getMessage())
+
+    logging.getLogger("wsgi_infer").addHandler(Keep())
+    engine, pool = logging.getLogger("wsgi_infer.engine"), logging.getLogger("wsgi_infer.tokenizing")  # as imported
+    bridge = HubBridge(lambda item: None)
+    bridge.start_thread(lambda: engine.warning("from the engine thread"), ("wsgi_infer",))
+    bridge.run_off_hub(pool.warning, "from a pool thread")
+    while len(emitted) < 2:
+        gevent.sleep(0.01)  # the relayed records are emitted by the hub's next loop turns
+    print(json.dumps({"emitted": sorted(emitted), "only_the_hub_locked": lockers == {native_ident()}}))
+    """
+)
+
+
+def test_records_logged_off_the_hub_are_emitted_by_the_hub():
+    """A native thread must never take a gevent lock the hub may hold: it could wait for ever (a pool thread's
+    tokenizer warning once hung requests so). Such records go to the hub, which emits them."""
+    out = subprocess.run([sys.executable, "-c", RELAY], capture_output=True, text=True, timeout=60, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"emitted": ["from a pool thread", "from the engine thread"], "only_the_hub_locked": True}

@@ -59,7 +59,6 @@ class HubBridge:
         self._items: collections.deque[Any] = collections.deque()
         self._commands: SimpleQueue = SimpleQueue()
         self._hub_ident = _native_get_ident()
-        self._thread_ident: int | None = None
         self._watcher = gevent.get_hub().loop.async_()
         self._watcher.start(self._drain)
         self._watcher.ref = False  # never keeps the loop alive by itself
@@ -67,20 +66,13 @@ class HubBridge:
     def start_thread(self, target: Callable[[], None], relay_loggers: tuple[str, ...] = ()) -> None:
         """Run ``target`` on a new OS thread, even in a monkey-patched process.
 
-        Records that loggers under ``relay_loggers`` produce on that thread are
-        handed to the hub (see ``_RelayFilter``).
+        Records that loggers under ``relay_loggers`` produce on that thread (or on any
+        other thread but the hub's) are handed to the hub (see ``_RelayFilter``).
         """
         if relay_loggers:
             _install_relay(_RelayFilter(self), relay_loggers)
 
-        def run() -> None:
-            self._thread_ident = _native_get_ident()
-            target()
-
-        _start_new_thread(run, ())
-
-    def on_native_thread(self) -> bool:
-        return _native_get_ident() == self._thread_ident
+        _start_new_thread(target, ())
 
     def on_hub_thread(self) -> bool:
         return _native_get_ident() == self._hub_ident
@@ -138,10 +130,12 @@ def _in_background(function: Callable[..., Any], *args: Any) -> Any:
 
 
 class _RelayFilter(logging.Filter):
-    """On the native thread, forward a record to the hub instead of handling it there.
+    """Off the hub (the engine thread, and the pool threads that tokenize: transformers warns there of a prompt
+    longer than the tokenizer's own limit), forward a record to the hub instead of handling it there.
 
-    Logger filters run before any handler lock is taken, so the native thread
-    never touches a (patched) handler lock.
+    Logger filters run before any handler lock is taken, so no native thread ever touches a (patched) handler
+    lock: a gevent lock taken by a native thread while the hub holds it waits for ever (the soak's hung
+    requests, once tokenizing left the engine thread).
     """
 
     def __init__(self, bridge: HubBridge) -> None:
@@ -149,7 +143,7 @@ class _RelayFilter(logging.Filter):
         self._bridge = bridge
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self._bridge.on_native_thread():
+        if self._bridge.on_hub_thread():
             return True
         self._bridge.post(record)
         return False
