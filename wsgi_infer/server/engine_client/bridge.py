@@ -42,6 +42,7 @@ _native_thread_id: Callable[[], int] = get_original("_thread", "get_native_id")
 # Pool threads: below the engine thread (nice 0), never starved. SCHED_IDLE starved them under steady load: a
 # prompt waited minutes for its tokens while both CPUs stepped (the soak's hung requests).
 BACKGROUND_NICE = 10
+_POOL_THREADS: set[int] = set()  # run_off_hub's threads: their log records go to the hub too
 _LEVELS = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ class HubBridge:
         self._items: collections.deque[Any] = collections.deque()
         self._commands: SimpleQueue = SimpleQueue()
         self._hub_ident = _native_get_ident()
+        self._thread_ident: int | None = None
+        self._closed = False
         self._watcher = gevent.get_hub().loop.async_()
         self._watcher.start(self._drain)
         self._watcher.ref = False  # never keeps the loop alive by itself
@@ -66,16 +69,25 @@ class HubBridge:
     def start_thread(self, target: Callable[[], None], relay_loggers: tuple[str, ...] = ()) -> None:
         """Run ``target`` on a new OS thread, even in a monkey-patched process.
 
-        Records that loggers under ``relay_loggers`` produce on that thread (or on any
-        other thread but the hub's) are handed to the hub (see ``_RelayFilter``).
+        Records that loggers under ``relay_loggers`` produce on that thread (and on the
+        pool threads of ``run_off_hub``) are handed to the hub (see ``_RelayFilter``).
         """
         if relay_loggers:
             _install_relay(_RelayFilter(self), relay_loggers)
 
-        _start_new_thread(target, ())
+        def run() -> None:
+            self._thread_ident = _native_get_ident()
+            target()
+
+        _start_new_thread(run, ())
 
     def on_hub_thread(self) -> bool:
         return _native_get_ident() == self._hub_ident
+
+    def relays_records_of(self, ident: int) -> bool:
+        """Whether a record logged on thread ``ident`` goes to the hub through this bridge: its engine thread's,
+        and a pool thread's while the bridge is open (any open bridge of the process will do: one hub)."""
+        return not self._closed and (ident == self._thread_ident or ident in _POOL_THREADS)
 
     @staticmethod
     def run_off_hub(function: Callable[..., Any], *args: Any) -> Any:
@@ -116,12 +128,14 @@ class HubBridge:
                 log.exception("bridge handler failed")
 
     def close(self) -> None:
+        self._closed = True
         self._drain()
         self._watcher.stop()
         self._watcher.close()
 
 
 def _in_background(function: Callable[..., Any], *args: Any) -> Any:
+    _POOL_THREADS.add(_native_get_ident())  # its log records go to the hub (a set's add is atomic under the GIL)
     try:  # Linux: a thread's own nice value (no-op where it is already set or not allowed)
         os.setpriority(os.PRIO_PROCESS, _native_thread_id(), BACKGROUND_NICE)
     except (AttributeError, OSError):
@@ -130,8 +144,8 @@ def _in_background(function: Callable[..., Any], *args: Any) -> Any:
 
 
 class _RelayFilter(logging.Filter):
-    """Off the hub (the engine thread, and the pool threads that tokenize: transformers warns there of a prompt
-    longer than the tokenizer's own limit), forward a record to the hub instead of handling it there.
+    """On the engine thread and the pool threads (which tokenize: transformers warns there of a prompt longer
+    than the tokenizer's own limit), forward a record to the hub instead of handling it there.
 
     Logger filters run before any handler lock is taken, so no native thread ever touches a (patched) handler
     lock: a gevent lock taken by a native thread while the hub holds it waits for ever (the soak's hung
@@ -143,7 +157,7 @@ class _RelayFilter(logging.Filter):
         self._bridge = bridge
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self._bridge.on_hub_thread():
+        if not self._bridge.relays_records_of(_native_get_ident()):
             return True
         self._bridge.post(record)
         return False
