@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STREAM_FLUSH_SECONDS = 0.5  # for streams to write their final event before the thread stops
-RELAYED_LOGGERS = ("wsgi_infer", "transformers")  # what the engine thread logs, emitted in the hub
+RELAYED_LOGGERS = ("wsgi_infer", "transformers")  # what the engine and pool threads log, emitted in the hub
 
 
 class EngineManager:
