@@ -86,3 +86,44 @@ def test_records_logged_off_the_hub_are_emitted_by_the_hub():
     out = subprocess.run([sys.executable, "-c", RELAY], capture_output=True, text=True, timeout=60, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"emitted": ["from a pool thread", "from the engine thread"], "only_the_hub_locked": True}
+
+
+FRONT_END = textwrap.dedent(
+    """
+    from gevent import monkey; monkey.patch_all()
+    import json, gevent
+    from gevent.monkey import get_original
+    from jinja2.utils import LRUCache  # its lock is created after the patching: a gevent lock
+    from wsgi_infer.server.engine_client.bridge import HubBridge
+
+    native_sleep = get_original("time", "sleep")
+    cache, running, most = LRUCache(50), [], [0]
+
+    def compile_like_a_template(n):  # what two chat templates compiling at once did to jinja2's lexer cache
+        running.append(n)
+        most[0] = max(most[0], len(running))
+        for i in range(2000):
+            cache.get(i % 60)
+            cache[i % 60] = i
+        native_sleep(0.001)
+        running.remove(n)
+        return n
+
+    calls = [gevent.spawn(HubBridge.run_off_hub, compile_like_a_template, n) for n in range(40)]
+    gevent.joinall(calls, timeout=60)
+    try:
+        HubBridge.run_off_hub(native_sleep, 2.0, timeout=0.2)
+        timed_out = False
+    except TimeoutError:
+        timed_out = True
+    print(json.dumps({"results": sorted(c.value for c in calls if c.ready()), "most": most[0], "timed_out": timed_out}))
+    """
+)
+
+
+def test_front_end_calls_run_one_at_a_time_and_never_hang():
+    """Library locks made after the patching are gevent locks; two native threads contending for one can wait for
+    ever (a chat request hung so in the soak). run_off_hub runs one call at a time, each within its timeout."""
+    out = subprocess.run([sys.executable, "-c", FRONT_END], capture_output=True, text=True, timeout=120, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"results": list(range(40)), "most": 1, "timed_out": True}

@@ -1,6 +1,6 @@
 """vLLM's /tokenize and /detokenize: the served model's tokenizer over HTTP.
 
-They run on the worker's own copy of the tokenizer, on a pool thread (a long
+They run on the worker's own copy of the tokenizer, on the front-end thread (a long
 text takes tens of milliseconds), never on the hub or the engine thread, so
 they answer at once even while a long prefill runs.
 """

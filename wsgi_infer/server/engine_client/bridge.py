@@ -18,10 +18,17 @@ thread must hand results to greenlets in a way that wakes the hub. A
   never touches logging's patched locks.
 
 ``run_off_hub`` is the other native-thread door: a greenlet runs a call that
-releases the GIL (tokenizing a prompt, compiling a grammar) on gevent's pool
-of OS threads, and waits cooperatively, so neither the hub nor the engine
-thread stalls. Those threads run at a lower priority (nice 10), so on a
-machine with few cores they take what the engine leaves.
+releases the GIL (tokenizing a prompt, compiling a grammar) on one OS thread
+of the worker's own, the front-end thread, and waits cooperatively, so neither
+the hub nor the engine thread stalls. It runs at a lower priority (nice 10), so
+on a machine with few cores it takes what the engine leaves.
+
+One thread, not a pool: library code (jinja2's lexer cache, transformers'
+logging setup) creates ``threading`` locks after the monkey-patching, so they
+are gevent locks, and a gevent lock contended by two native threads can wait
+for ever (two pool threads compiling a chat template at once hung a request in
+the soak, after a reload). Calls are queued instead, as vLLM's tokenizer
+executor does; each waits at most ``timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -29,12 +36,14 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import time
 from _queue import SimpleQueue  # C implementation: never monkey-patched
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import gevent
 from gevent.monkey import get_original
+from gevent.threadpool import ThreadPool
 
 _start_new_thread = get_original("_thread", "start_new_thread")
 _native_get_ident: Callable[[], int] = get_original("_thread", "get_ident")
@@ -42,7 +51,9 @@ _native_thread_id: Callable[[], int] = get_original("_thread", "get_native_id")
 # Pool threads: below the engine thread (nice 0), never starved. SCHED_IDLE starved them under steady load: a
 # prompt waited minutes for its tokens while both CPUs stepped (the soak's hung requests).
 BACKGROUND_NICE = 10
-_POOL_THREADS: set[int] = set()  # run_off_hub's threads: their log records go to the hub too
+_FRONT_END_THREADS: set[int] = set()  # the front-end thread: its log records go to the hub too
+_busy_since: list[float] = []  # when the front-end thread's current call began
+_front_end: dict[int, ThreadPool] = {}  # per hub (one per worker): created after the fork, in the hub
 _LEVELS = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
 
 log = logging.getLogger(__name__)
@@ -70,7 +81,7 @@ class HubBridge:
         """Run ``target`` on a new OS thread, even in a monkey-patched process.
 
         Records that loggers under ``relay_loggers`` produce on that thread (and on the
-        pool threads of ``run_off_hub``) are handed to the hub (see ``_RelayFilter``).
+        front-end thread of ``run_off_hub``) are handed to the hub (see ``_RelayFilter``).
         """
         if relay_loggers:
             _install_relay(_RelayFilter(self), relay_loggers)
@@ -86,17 +97,26 @@ class HubBridge:
 
     def relays_records_of(self, ident: int) -> bool:
         """Whether a record logged on thread ``ident`` goes to the hub through this bridge: its engine thread's,
-        and a pool thread's while the bridge is open (any open bridge of the process will do: one hub)."""
-        return not self._closed and (ident == self._thread_ident or ident in _POOL_THREADS)
+        and the front-end thread's while the bridge is open (any open bridge of the process will do: one hub)."""
+        return not self._closed and (ident == self._thread_ident or ident in _FRONT_END_THREADS)
 
     @staticmethod
-    def run_off_hub(function: Callable[..., Any], *args: Any) -> Any:
-        """In a greenlet: ``function(*args)`` on a native pool thread; its result, or its exception.
+    def run_off_hub(function: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
+        """In a greenlet: ``function(*args)`` on the front-end thread; its result, or its exception.
+        TimeoutError once ``timeout`` seconds pass (queued behind others included); the call still runs.
 
-        The pool thread runs at a lower priority, so on a machine with few cores the
+        The thread runs at a lower priority, so on a machine with few cores the
         work takes what the engine thread leaves rather than slowing its steps.
         """
-        return gevent.get_hub().threadpool.apply(_in_background, (function, *args))
+        hub = gevent.get_hub()
+        pool = _front_end.get(id(hub))
+        if pool is None:
+            pool = _front_end[id(hub)] = ThreadPool(1, hub=hub)
+        result = pool.spawn(_in_background, function, *args)
+        try:
+            return result.get(timeout=timeout)
+        except gevent.Timeout:
+            raise TimeoutError(f"the front-end thread did not finish within {timeout:.0f} s") from None
 
     # --- hub to thread --------------------------------------------------------------
     def send(self, command: Any) -> None:
@@ -134,22 +154,31 @@ class HubBridge:
         self._watcher.close()
 
 
+def front_end_busy_for() -> float:
+    """Seconds the front-end thread has spent on its current call (0 when idle): a stuck call shows here."""
+    return time.monotonic() - _busy_since[0] if _busy_since else 0.0
+
+
 def _in_background(function: Callable[..., Any], *args: Any) -> Any:
-    _POOL_THREADS.add(_native_get_ident())  # its log records go to the hub (a set's add is atomic under the GIL)
+    _FRONT_END_THREADS.add(_native_get_ident())  # its log records go to the hub (a set's add is atomic under the GIL)
     try:  # Linux: a thread's own nice value (no-op where it is already set or not allowed)
         os.setpriority(os.PRIO_PROCESS, _native_thread_id(), BACKGROUND_NICE)
     except (AttributeError, OSError):
         pass
-    return function(*args)
+    _busy_since.append(time.monotonic())
+    try:
+        return function(*args)
+    finally:
+        _busy_since.clear()
 
 
 class _RelayFilter(logging.Filter):
-    """On the engine thread and the pool threads (which tokenize: transformers warns there of a prompt longer
+    """On the engine thread and the front-end thread (which tokenizes: transformers warns there of a prompt longer
     than the tokenizer's own limit), forward a record to the hub instead of handling it there.
 
     Logger filters run before any handler lock is taken, so no native thread ever touches a (patched) handler
-    lock: a gevent lock taken by a native thread while the hub holds it waits for ever (the soak's hung
-    requests, once tokenizing left the engine thread).
+    lock: a gevent lock that two native threads contend for can wait for ever (the soak's hung requests, once
+    tokenizing left the engine thread).
     """
 
     def __init__(self, bridge: HubBridge) -> None:

@@ -25,9 +25,10 @@ from ...engine.model_loader import load_tokenizer
 from ...engine.model_paths import default_model_path
 from ...engine.sampling_params import SamplingParams, StructuredOutput
 from .. import metrics
+from ..errors import APIError
 from ..settings import ServerSettings
 from ..streaming.stream_log import StreamLogs
-from .bridge import HubBridge
+from .bridge import HubBridge, front_end_busy_for
 from .prompts import Prompt, prompt_ids
 from .router import StreamRouter
 from .streams import RequestStream
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STREAM_FLUSH_SECONDS = 0.5  # for streams to write their final event before the thread stops
-RELAYED_LOGGERS = ("wsgi_infer", "transformers")  # what the engine and pool threads log, emitted in the hub
+RELAYED_LOGGERS = ("wsgi_infer", "transformers")  # what the engine and front-end threads log, emitted in the hub
 
 
 class EngineManager:
@@ -107,9 +108,11 @@ class EngineManager:
 
     @property
     def stalled(self) -> bool:
-        """Requests are open but the engine thread has delivered nothing for a long time."""
+        """Requests are open but the engine thread has delivered nothing for a long time, or the front-end thread
+        is stuck on one call."""
         quiet_for = time.monotonic() - self._router.last_delivery_at
-        return bool(self._router.streams) and quiet_for > self.settings.stall_seconds
+        engine_stalled = bool(self._router.streams) and quiet_for > self.settings.stall_seconds
+        return engine_stalled or front_end_busy_for() > self.settings.stall_seconds
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the thread (at its current step's next layer) and end every open stream.
@@ -163,28 +166,41 @@ class EngineManager:
     # --- requests (hub) ---------------------------------------------------------------
     @property
     def tokenizer(self):
-        """The front end's own tokenizer (the engine thread keeps its own, for detokenizing), loaded on a pool
+        """The front end's own tokenizer (the engine thread keeps its own, for detokenizing), loaded on the front-end
         thread before the worker is ready: every request's prompt goes through it."""
         return self._tokenizer
 
     def with_tokenizer(self, function: Callable[..., Any], *args: Any) -> Any:
-        """``function(tokenizer, *args)`` on a pool thread (call once ready, in a greenlet): a long prompt's
+        """``function(tokenizer, *args)`` on the front-end thread (call once ready, in a greenlet): a long prompt's
         tokens take tens of milliseconds, which neither the hub nor the engine thread should wait for."""
-        return self._bridge.run_off_hub(function, self.tokenizer, *args)
+        return self._off_hub(function, self.tokenizer, *args)
+
+    def _off_hub(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``run_off_hub`` within ``stall_seconds``; past them a 503 the client may retry, never a hung request."""
+        try:
+            return self._bridge.run_off_hub(function, *args, timeout=self.settings.stall_seconds)
+        except TimeoutError as exc:
+            log.error("%s (%s): the request gets a 503", exc, getattr(function, "__qualname__", function))
+            raise APIError(
+                "the server is too busy to read the request; retry later",
+                503,
+                code="front_end_timeout",
+                headers={"Retry-After": "5"},
+            ) from None
 
     def encode(self, prompts: list[Prompt]) -> list[list[int]]:
         """Each prompt's token ids, off the hub; InvalidParameter for a conversation the template refuses."""
         return self.with_tokenizer(prompt_ids, prompts)
 
     def compile_constraints(self, params: list[SamplingParams]) -> None:
-        """Compile each constraint on a pool thread, so that the engine thread only copies the
+        """Compile each constraint on the front-end thread, so that the engine thread only copies the
         result and no running stream waits for a large schema. Raises InvalidParameter; call once ready."""
         compiled: dict[int, StructuredOutput] = {}
         for p in params:
             spec = p.structured_output
             if spec is not None and spec.compiled is None:
                 if id(spec) not in compiled:
-                    compiled[id(spec)] = self._bridge.run_off_hub(self._grammars.compile, spec)
+                    compiled[id(spec)] = self._off_hub(self._grammars.compile, spec)
                 p.structured_output = compiled[id(spec)]
 
     def submit(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams]) -> RequestStream:
