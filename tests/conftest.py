@@ -19,7 +19,16 @@ from wsgi_infer.engine.model_loader import load_tokenizer, resolve_model_dir  # 
 from .in_process import InProcessServer  # noqa: E402
 from .server import GunicornServer  # noqa: E402
 
-TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2")
+TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2", "qwen3", "smollm3", "llama3")
+# Llama 3.x: RoPE frequencies scaled by wavelength (its "llama3" rope_type), embeddings tied (3.2).
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,  # small, so that short prompts feel the scaling
+}
 
 
 def assert_idle(llm: LLM) -> None:
@@ -45,20 +54,26 @@ def default_model_dir() -> Path:
 
 
 def _tiny_config(arch: str, vocab_size: int):
-    from transformers import GPT2Config, LlamaConfig, Qwen2Config
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config, SmolLM3Config
 
     common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=2, initializer_range=0.1)
     if arch == "gpt2":
         return GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=1024, **common)
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
-    return cls(
+    cls = {"llama": LlamaConfig, "llama3": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
+    own = {  # what each architecture adds to the Llama layer
+        "qwen3": dict(head_dim=16),  # q and k norms
+        "smollm3": dict(no_rope_layer_interval=2),  # every second layer without RoPE
+        "llama3": dict(rope_parameters=LLAMA3_ROPE),
+    }
+    return cls.get(arch, SmolLM3Config)(
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=65536,
-        tie_word_embeddings=arch == "qwen2",
+        tie_word_embeddings=arch in ("qwen2", "qwen3", "llama3"),
+        **own.get(arch, {}),
         **common,
     )
 

@@ -111,3 +111,25 @@ def test_abort_frees_everything_at_once(tiny_llama):
     assert not engine.abort("a0")
     assert not engine.has_unfinished()
     assert_idle(tiny_llama)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "smollm3", "llama3"])
+def test_each_architecture_is_batch_invariant_through_chunks_the_prefix_cache_and_preemption(tiny_model_dirs, arch):
+    """Alone (and again from the prefix cache), then staggered, then all at once in 16-token chunks
+    through 24 blocks of 4 tokens (preempted): the same tokens every way."""
+    llm = LLM(
+        model=str(tiny_model_dirs[arch]),
+        dtype="float32",
+        quantization="none",
+        block_size=4,
+        num_kv_blocks=24,
+        max_num_batched_tokens=16,
+    )
+    alone = {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
+    assert run_alone(llm, PROMPTS[-1]) == alone[f"r{len(PROMPTS) - 1}"]  # again, from its cached blocks
+    assert llm.engine.block_manager.num_prefix_hit_blocks > 0
+    assert run_staggered(llm, PROMPTS) == alone
+    outputs = llm.generate(PROMPTS, GREEDY)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert {f"r{i}": o.token_ids for i, o in enumerate(outputs)} == alone
+    assert_idle(llm)

@@ -14,7 +14,7 @@ from wsgi_infer.engine.kernels.build import build_cpu_kernels, build_lock, built
 from wsgi_infer.engine.kernels.cpu import CacheRows, CpuKernels, load_cpu_kernels
 from wsgi_infer.engine.kernels.layouts import kernel_weight
 from wsgi_infer.engine.layers.activation import SiluAndMul
-from wsgi_infer.engine.layers.norm import RMSNorm
+from wsgi_infer.engine.layers.norm import RMSNorm, rms_norm
 from wsgi_infer.engine.layers.quantization import PackedLinear, SmallBatchLinear
 from wsgi_infer.engine.layers.rotary import apply_rotary_
 from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
@@ -49,6 +49,18 @@ def test_rms_norm_and_its_residual_add_compute_as_torch(kernels, with_residual):
     got, got_sum = norm(x, residual.clone() if with_residual else None)
     assert torch.equal(got_sum, expected_sum)  # the same float32 additions
     torch.testing.assert_close(got, expected, **F32_CLOSE)  # the sum of squares in another order
+
+
+def test_head_norms_compute_as_torch_on_query_and_key_heads_only(kernels):
+    """Qwen3's per-head norms, in place in the QKV rows: query heads under one weight, key heads under the
+    other, the value heads untouched."""
+    torch.manual_seed(0)
+    qkv, q_weight, k_weight = randn(5, 4 + 2 * 2, 128, scale=3), randn(128), randn(128)
+    got = qkv.clone()
+    kernels.head_norm_(got, 4, 2, q_weight, k_weight, 1e-6)
+    torch.testing.assert_close(got[:, :4], rms_norm(qkv[:, :4], q_weight, 1e-6), **F32_CLOSE)
+    torch.testing.assert_close(got[:, 4:6], rms_norm(qkv[:, 4:6], k_weight, 1e-6), **F32_CLOSE)
+    assert torch.equal(got[:, 6:], qkv[:, 6:])
 
 
 def test_silu_and_mul_and_rotary_compute_as_torch(kernels):
@@ -208,8 +220,10 @@ def mixed_gguf(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize(
-    "arch, quantization", [("llama", "int4"), ("qwen2", "int4"), ("llama", "int8"), ("mixed GGUF", "auto")]
-)  # qwen2: biases on the QKV projection; the GGUF: 4- and 8-bit projections in each layer
+    "arch, quantization",
+    [("llama", "int4"), ("qwen2", "int4"), ("llama", "int8"), ("mixed GGUF", "auto"), ("qwen3", "int4")]
+    + [("smollm3", "int8")],
+)  # qwen2: QKV biases; the GGUF: 4- and 8-bit projections in each layer; qwen3: q and k norms; smollm3: NoPE layers
 def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs, mixed_gguf, arch, quantization):
     """Steps up to the projections' crossing point, prefill chunks included, run every layer in one call;
     without it the layers' loop runs. Each request's tokens are the same either way, in staggered batches and
@@ -227,6 +241,10 @@ def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs, mixed_g
             if layer.bias is not None:
                 with torch.no_grad():  # transformers initializes biases to zero: make them count
                     layer.bias.normal_(0, 0.5)
+    for name, param in model.named_parameters():
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            with torch.no_grad():  # initialized to ones: make each head's scales count
+                param.normal_(1, 0.5)
     model.kernels = model.kernels  # fuse again, with those crossing points
     assert model.fused_decoder is not None and model.fused_max_rows == 64
     fused, calls = model.fused_decoder, []

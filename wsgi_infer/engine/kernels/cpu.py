@@ -30,6 +30,7 @@ _SIGNATURES = {
     "rms_norm": [_P, _P, _P, _P, _I, _I, _F, ctypes.c_int],
     "silu_mul": [_P, _P, _I, _I, ctypes.c_int],
     "rotate": [_P, _I, _P, _P, _I, _I, _I, ctypes.c_int],
+    "head_norm": [_P, _I, _P, _P, _I, _I, _I, _I, _F, ctypes.c_int],
     "paged_attention": [_P, _I, _P, _P, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, ctypes.c_int],
     "int4_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
     "int4_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
@@ -107,6 +108,19 @@ class CpuKernels:
         tokens, heads, head_dim = x.shape
         threads = torch.get_num_threads()
         self._lib.rotate(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), tokens, heads, head_dim, threads)
+
+    def head_norm_(
+        self, x: torch.Tensor, heads: int, kv_heads: int, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
+    ) -> None:
+        """x: [tokens, heads + kv_heads (+ more), D], rows strided: the first ``heads`` of a row normed under
+        q_weight, the next ``kv_heads`` under k_weight, in place (each as ``rms_norm`` rounds a row)."""
+        for t, what in ((x, "x"), (q_weight, "q weight"), (k_weight, "k weight")):
+            _check(t, f"head_norm {what}")
+        if x.stride(1) != x.shape[2]:
+            raise TypeError(f"head_norm x: heads must be contiguous in a row, got strides {x.stride()}")
+        tokens, _, head_dim = x.shape
+        args = (q_weight.data_ptr(), k_weight.data_ptr(), tokens, heads, kv_heads, head_dim, eps)
+        self._lib.head_norm(x.data_ptr(), x.stride(0), *args, torch.get_num_threads())
 
     def paged_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, rows: CacheRows, scale: float) -> torch.Tensor:
         """q: float32 [tokens, heads, D], rows strided, each token over its sequence's bf16 cache up to itself;

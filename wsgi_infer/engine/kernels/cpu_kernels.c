@@ -159,29 +159,45 @@ static inline f32x16 exp16(f32x16 x) {
 
 /* out = weight * rms_norm(x) in float32, as transformers computes it (the sum of squares in another order). With
  * a residual, the sum residual + x is normalized, and kept in residual, in place. */
+/* dst = weight * (row / rms(row)); dst may be row. */
+static inline void norm_row(const float *row, const float *weight, float *dst, int64_t dim, float eps) {
+    f32x16 lanes = {0};
+    float squares = 0.0f;
+    int64_t i = 0;
+    for (; i + 16 <= dim; i += 16) {
+        f32x16 v = load16f(row + i);
+        lanes += v * v;
+    }
+    for (; i < dim; i++) squares += row[i] * row[i];
+    squares += hsum(lanes);
+    float inv = 1.0f / sqrtf(squares / (float)dim + eps);
+    for (int64_t i = 0; i < dim; i++) dst[i] = weight[i] * (row[i] * inv);
+}
+
 void rms_norm(const float *x, float *residual, const float *weight, float *out, int64_t rows, int64_t dim, float eps,
               int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         const float *row = x + r * dim;
-        float *dst = out + r * dim;
         if (residual) {
             float *sum = residual + r * dim;
             for (int64_t i = 0; i < dim; i++) sum[i] += row[i];
             row = sum;
         }
-        f32x16 lanes = {0};
-        float squares = 0.0f;
-        int64_t i = 0;
-        for (; i + 16 <= dim; i += 16) {
-            f32x16 v = load16f(row + i);
-            lanes += v * v;
-        }
-        for (; i < dim; i++) squares += row[i] * row[i];
-        squares += hsum(lanes);
-        float inv = 1.0f / sqrtf(squares / (float)dim + eps);
-        for (int64_t i = 0; i < dim; i++) dst[i] = weight[i] * (row[i] * inv);
+        norm_row(row, weight, out + r * dim, dim, eps);
     }
+}
+
+/* Per-head RMSNorm (Qwen3's q and k norms), in place: in each row (stride in elements), the first heads vectors
+ * of head_dim under q_weight, the next kv_heads under k_weight. */
+void head_norm(float *x, int64_t row_stride, const float *q_weight, const float *k_weight, int64_t rows, int64_t heads,
+               int64_t kv_heads, int64_t head_dim, float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < heads + kv_heads; h++) {
+            float *v = x + r * row_stride + h * head_dim;
+            norm_row(v, h < heads ? q_weight : k_weight, v, head_dim, eps);
+        }
 }
 
 /* out = silu(gate) * up, from gate_up = [gate | up] per row. */
@@ -936,6 +952,8 @@ typedef struct {
 
 typedef struct {
     const float *input_norm, *post_attention_norm;
+    const float *q_norm, *k_norm; /* per-head norms of queries and keys (Qwen3), or NULL */
+    int64_t rope;                 /* 0: a layer without positions (SmolLM3's NoPE layers) */
     PackedWeight qkv, o, gate_up, down;
 } DecoderLayer;
 
@@ -973,7 +991,10 @@ void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const Decode
         const DecoderLayer *layer = layers + l;
         rms_norm(x, l == 0 ? NULL : residual, layer->input_norm, h, rows, hidden, shape->eps, shape->threads);
         project(h, rows, &layer->qkv, qkv, shape->threads);
-        rotate(qkv, qkv_width, cos, sin, rows, heads + kv_heads, head_dim, shape->threads);
+        if (layer->q_norm)
+            head_norm(qkv, qkv_width, layer->q_norm, layer->k_norm, rows, heads, kv_heads, head_dim, shape->eps,
+                      shape->threads);
+        if (layer->rope) rotate(qkv, qkv_width, cos, sin, rows, heads + kv_heads, head_dim, shape->threads);
         for (int64_t r = 0; r < rows; r++)
             store_bf16(kv_caches[l] + slots[r] * kv_width, qkv + r * qkv_width + heads * head_dim, kv_width);
         paged_attention(qkv, qkv_width, kv_caches[l], block_table, seqs, max_blocks, row_seqs, context_lens,

@@ -18,7 +18,7 @@ class _PackedWeight(ctypes.Structure):
 
 
 class _DecoderLayer(ctypes.Structure):
-    _fields_ = [("input_norm", _P), ("post_attention_norm", _P)] + [
+    _fields_ = [("input_norm", _P), ("post_attention_norm", _P), ("q_norm", _P), ("k_norm", _P), ("rope", _I)] + [
         (name, _PackedWeight) for name in ("qkv", "o", "gate_up", "down")
     ]
 
@@ -35,7 +35,8 @@ class _DecoderShape(ctypes.Structure):
 @dataclass
 class DecoderWeights:
     """One Llama decoder layer as the fused decoder reads it: norms' weights, and four packed projections,
-    each with ``bits``, ``codes``, ``scale``, ``low`` (``layouts.KernelWeight``) and ``bias`` (or None)."""
+    each with ``bits``, ``codes``, ``scale``, ``low`` (``layouts.KernelWeight``) and ``bias`` (or None); the
+    per-head norms of queries and keys where the layer has them, and whether it rotates them."""
 
     input_norm: torch.Tensor
     post_attention_norm: torch.Tensor
@@ -43,6 +44,9 @@ class DecoderWeights:
     o: nn.Module
     gate_up: nn.Module
     down: nn.Module
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    rope: bool = True
 
 
 @dataclass
@@ -84,7 +88,9 @@ class FusedDecoder:
             )
 
         projections = (packed(weights.qkv), packed(weights.o), packed(weights.gate_up), packed(weights.down))
-        return _DecoderLayer(weights.input_norm.data_ptr(), weights.post_attention_norm.data_ptr(), *projections)
+        norms = (weights.input_norm.data_ptr(), weights.post_attention_norm.data_ptr())
+        head_norms = (_address(weights.q_norm), _address(weights.k_norm))
+        return _DecoderLayer(*norms, *head_norms, int(weights.rope), *projections)
 
     def __call__(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list[torch.Tensor], meta, stop: int

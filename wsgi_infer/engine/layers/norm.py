@@ -22,7 +22,6 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
-        self.shape = (hidden_size,)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(the norm of x + residual, x + residual): the running sum the next layer adds to."""
@@ -30,4 +29,9 @@ class RMSNorm(nn.Module):
             return self.kernels.rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = x + residual
-        return self.weight * F.rms_norm(x.float(), self.shape, eps=self.eps).to(x.dtype), x
+        return rms_norm(x, self.weight, self.eps), x
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension as transformers rounds it: normalized in float32, scaled in x's dtype."""
+    return weight * F.rms_norm(x.float(), weight.shape, eps=eps).to(x.dtype)

@@ -11,5 +11,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
+    "qwen3": LlamaForCausalLM,
+    "smollm3": LlamaForCausalLM,
     "gpt2": GPT2LMHeadModel,
 }

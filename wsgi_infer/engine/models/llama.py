@@ -1,6 +1,8 @@
-"""The Llama family (Llama, SmolLM, Qwen2, Mistral): RMSNorm, RoPE, GQA, SwiGLU.
+"""The Llama family (Llama 2 and 3.x, SmolLM 1-3, Qwen2 and 3, Mistral): RMSNorm, RoPE, GQA, SwiGLU.
 
-Projections are fused (QKV, gate-up) so a layer runs four matrix multiplies.
+Projections are fused (QKV, gate-up) so a layer runs four matrix multiplies. What the members add: Qwen2's
+QKV biases, Qwen3's per-head RMSNorm of queries and keys before RoPE, SmolLM3's layers without RoPE
+(``no_rope_layers``), Llama 3's RoPE frequency scaling (``rotary``, from transformers' registry).
 """
 
 from __future__ import annotations
@@ -12,16 +14,18 @@ from ..kernels.cpu import CpuKernels
 from ..kernels.fused_decoder import DecoderDims, DecoderWeights, FusedDecoder
 from ..layers.activation import SiluAndMul
 from ..layers.attention import AttentionMetadata, paged_attention
-from ..layers.norm import RMSNorm
+from ..layers.norm import RMSNorm, rms_norm
 from ..layers.quantization import PackedLinear
 from ..layers.rotary import RotaryEmbedding, apply_rotary_
 from ..step_interrupt import StepInterrupt
+
+HEAD_NORM_TYPES = {"qwen3"}  # architectures that RMSNorm each query and key head before RoPE
 
 
 class LlamaAttention(nn.Module):
     kernels: CpuKernels | None = None  # see kernels.cpu.attach_kernels
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, index: int) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -32,14 +36,30 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=bias)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=getattr(config, "attention_bias", False))
         self.scale = self.head_dim**-0.5
+        self.q_norm = self.k_norm = None
+        if config.model_type in HEAD_NORM_TYPES:
+            self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.rope = bool((getattr(config, "no_rope_layers", None) or [1] * (index + 1))[index])
 
     def forward(self, x, rope, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x).view(x.shape[0], self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            self._norm_heads(qkv)
         # Queries and keys are rotated together, in place: one set of elementwise ops per layer,
         # and the keys and values stay side by side for the cache.
-        apply_rotary_(qkv[:, : self.num_heads + self.num_kv_heads], *rope, self.kernels)
+        if self.rope:
+            apply_rotary_(qkv[:, : self.num_heads + self.num_kv_heads], *rope, self.kernels)
         q, kv = qkv[:, : self.num_heads], qkv[:, self.num_heads :]
         return self.o_proj(paged_attention(q, kv, kv_cache, meta, self.scale, self.kernels))
+
+    def _norm_heads(self, qkv: torch.Tensor) -> None:
+        """Each query and key head through its RMSNorm, in place, before RoPE (Qwen3)."""
+        heads, kv_heads, eps = self.num_heads, self.num_kv_heads, self.q_norm.eps
+        if self.kernels is not None:
+            return self.kernels.head_norm_(qkv, heads, kv_heads, self.q_norm.weight, self.k_norm.weight, eps)
+        for norm, part in ((self.q_norm, qkv[:, :heads]), (self.k_norm, qkv[:, heads : heads + kv_heads])):
+            part.copy_(rms_norm(part, norm.weight, eps))
 
 
 class LlamaMLP(nn.Module):
@@ -55,9 +75,9 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config) -> None:
+    def __init__(self, config, index: int) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config)
+        self.self_attn = LlamaAttention(config, index)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -83,7 +103,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config, max_positions: int) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tied_embeddings = config.tie_word_embeddings
@@ -130,6 +150,8 @@ class LlamaForCausalLM(nn.Module):
                 layer.self_attn.o_proj,
                 layer.mlp.gate_up_proj,
                 layer.mlp.down_proj,
+                *(norm and norm.weight for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm)),
+                layer.self_attn.rope,
             )
             for layer in self.layers
         ]
@@ -177,3 +199,6 @@ class LlamaForCausalLM(nn.Module):
                         target.copy_(torch.cat([state[part] for part in parts]))
             layer.input_layernorm.weight.copy_(state[f"{p}input_layernorm.weight"])
             layer.post_attention_layernorm.weight.copy_(state[f"{p}post_attention_layernorm.weight"])
+            for name in ("q_norm", "k_norm"):
+                if getattr(layer.self_attn, name) is not None:
+                    getattr(layer.self_attn, name).weight.copy_(state[f"{p}self_attn.{name}.weight"])
