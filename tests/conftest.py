@@ -61,7 +61,8 @@ def _tiny_config(arch: str, vocab_size: int):
         return GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=1024, **common)
     cls = {"llama": LlamaConfig, "llama3": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
     own = {  # what each architecture adds to the Llama layer
-        "qwen3": dict(head_dim=16),  # q and k norms
+        # q and k norms; the second layer attends to a sliding window of 8 tokens (prompts are longer)
+        "qwen3": dict(head_dim=16, use_sliding_window=True, sliding_window=8, max_window_layers=1),
         "smollm3": dict(no_rope_layer_interval=2),  # every second layer without RoPE
         "llama3": dict(rope_parameters=LLAMA3_ROPE),
     }

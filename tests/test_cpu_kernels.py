@@ -122,6 +122,14 @@ def test_paged_attention_reads_scattered_blocks_as_sdpa_does(head_dim, extra_fla
     # And each head what it gives with a key-value head of its own: a group shares reads, not arithmetic.
     own_heads = torch.cat([cache[:, :kv_heads].repeat_interleave(3, 1), cache[:, kv_heads:].repeat_interleave(3, 1)], 1)
     assert torch.equal(kernels.paged_attention(q, own_heads, CacheRows(block_size, padded, row_seqs, lens), scale), got)
+    # A sliding window of 10 tokens: each row sees its last 10 (or fewer) only.
+    windowed = kernels.paged_attention(q, cache, CacheRows(block_size, padded, row_seqs, lens), scale, window=10)
+    for row, (seq, n) in enumerate(zip(row_seqs.tolist(), lens.tolist())):
+        slots = (tables[seq][:, None] * block_size + torch.arange(block_size)).flatten()[max(0, n - 10) : n]
+        keys, values = cache[slots, :kv_heads].float(), cache[slots, kv_heads:].float()
+        query = q[row].float().view(kv_heads, 3, head_dim)
+        expected = F.scaled_dot_product_attention(query, keys.transpose(0, 1), values.transpose(0, 1), scale=scale)
+        torch.testing.assert_close(windowed[row], expected.flatten(), **F32_CLOSE)
 
 
 @pytest.mark.parametrize("vocab", [49152, 49157, 5])  # whole chunks of 16, a tail, a tail alone

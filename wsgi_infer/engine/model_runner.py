@@ -64,6 +64,7 @@ class ModelRunner:
         self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
         self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         self.attends_on_kernels = kernels is not None and attention_fits(self.head_dim)
+        self.window = getattr(self.model, "sliding_window", 0)  # its sliding-window layers' (masks built per step)
         self.num_layers = hf_config.num_hidden_layers
         self.num_blocks = config.num_kv_blocks or max(1, self._kv_budget(config) // self._bytes_per_block())
         self.kv_caches = self._allocate_kv_cache()
@@ -162,21 +163,25 @@ class ModelRunner:
         padded = self._padded_block_tables(items, context_lens)
         meta.single_token_blocks = self._longs(padded).flatten()
         padded_len = len(padded[0]) * self.block_size
-        real = (torch.arange(padded_len, device=self.device) < self._longs(context_lens).unsqueeze(1)).view(
-            len(items), 1, 1, padded_len
-        )
-        meta.single_token_mask = self._additive(real)
+        slot, lens = torch.arange(padded_len, device=self.device), self._longs(context_lens).unsqueeze(1)
+        meta.single_token_mask = self._additive((slot < lens).view(len(items), 1, 1, padded_len))
+        if self.window:  # the last window tokens only
+            in_window = (slot < lens) & (slot >= lens - self.window)
+            meta.single_token_window_mask = self._additive(in_window.view(len(items), 1, 1, padded_len))
 
     def _prepare_prefill(self, meta: AttentionMetadata, items: list[ScheduledSequence]) -> None:
         """Per chunk: the slots of its whole context, and a causal mask offset by the cached prefix."""
         for item in items:
             end = item.seq.num_computed_tokens + item.num_new_tokens
-            query_pos = torch.arange(item.seq.num_computed_tokens, end, device=self.device)
+            query_pos = torch.arange(item.seq.num_computed_tokens, end, device=self.device).unsqueeze(1)
+            context_pos = torch.arange(end, device=self.device)
+            in_window = (context_pos <= query_pos) & (context_pos > query_pos - self.window)
             meta.prefills.append(
                 PrefillChunk(
                     num_tokens=item.num_new_tokens,
                     context_slots=torch.tensor(self._slots(item.seq.block_table, 0, end), device=self.device),
-                    causal_mask=self._additive(torch.arange(end, device=self.device) <= query_pos.unsqueeze(1)),
+                    causal_mask=self._additive(context_pos <= query_pos),
+                    window_mask=self._additive(in_window) if self.window else None,
                 )
             )
 

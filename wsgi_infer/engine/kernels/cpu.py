@@ -31,7 +31,7 @@ _SIGNATURES = {
     "silu_mul": [_P, _P, _I, _I, ctypes.c_int],
     "rotate": [_P, _I, _P, _P, _I, _I, _I, ctypes.c_int],
     "head_norm": [_P, _I, _P, _P, _I, _I, _I, _I, _F, ctypes.c_int],
-    "paged_attention": [_P, _I, _P, _P, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, ctypes.c_int],
+    "paged_attention": [_P, _I, _P, _P, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, _I, ctypes.c_int],
     "int4_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
     "int4_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
     "int8_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
@@ -122,9 +122,11 @@ class CpuKernels:
         args = (q_weight.data_ptr(), k_weight.data_ptr(), tokens, heads, kv_heads, head_dim, eps)
         self._lib.head_norm(x.data_ptr(), x.stride(0), *args, torch.get_num_threads())
 
-    def paged_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, rows: CacheRows, scale: float) -> torch.Tensor:
-        """q: float32 [tokens, heads, D], rows strided, each token over its sequence's bf16 cache up to itself;
-        -> float32 [tokens, heads * D]."""
+    def paged_attention(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, rows: CacheRows, scale: float, window: int = 0
+    ) -> torch.Tensor:
+        """q: float32 [tokens, heads, D], rows strided, each token over its sequence's bf16 cache up to itself (its
+        last ``window`` tokens, where that is not 0); -> float32 [tokens, heads * D]."""
         _check(q, "paged_attention q")
         _check(kv_cache, "paged_attention cache", torch.bfloat16)
         if q.stride(1) != q.shape[2] or not kv_cache.is_contiguous():
@@ -143,6 +145,7 @@ class CpuKernels:
             kv_cache.shape[1] // 2,
             head_dim,
             scale,
+            window,
             torch.get_num_threads(),
         )
         return out

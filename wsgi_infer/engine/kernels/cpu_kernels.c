@@ -448,13 +448,14 @@ static void attend_any(const float *q, int64_t group, const bf16 *keys, const bf
 /* Query rows over their sequences' cached contexts, which already hold the rows' own keys and values: a decode's
  * one token, or each token of a prefill chunk, which sees its sequence up to itself. q: [rows, heads, D] with a
  * row stride; cache: [slots, 2 * kv_heads, D]; block_table: [seqs, max_blocks]; row_seqs: [rows], each row's
- * table row; context_lens: [rows], the tokens each row sees, itself included; out: [rows, heads * D]. Each row's
+ * table row; context_lens: [rows], the tokens each row sees, itself included (of which the last window, where
+ * window > 0); out: [rows, heads * D]. Each row's
  * key-value heads, with their query heads, are independent tasks, handed out dynamically (see the top):
  * a prefill chunk's rows see more and more tokens. */
 void paged_attention(const float *q, int64_t q_row_stride, const bf16 *cache, const int64_t *block_table,
                      int64_t seqs, int64_t max_blocks, const int64_t *row_seqs, const int64_t *context_lens,
                      int64_t block_size, float *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                     float scale, int threads) {
+                     float scale, int64_t window, int threads) {
     int64_t group = heads / kv_heads, slot_width = 2 * kv_heads * head_dim, total = 0, work = 0;
     int64_t lens[seqs], starts[seqs]; /* a sequence's slots, read by all its rows: as many as its last row sees */
     for (int64_t s = 0; s < seqs; s++) lens[s] = 0;
@@ -471,9 +472,10 @@ void paged_attention(const float *q, int64_t q_row_stride, const bf16 *cache, co
     attend_fn attend = head_dim == 64 ? attend_64 : head_dim == 128 ? attend_128 : attend_any;
 #pragma omp parallel for schedule(dynamic) num_threads(threads) if (work * heads >= 2048)
     for (int64_t task = 0; task < rows * kv_heads; task++) {
-        int64_t r = task / kv_heads, g = task % kv_heads;
+        int64_t r = task / kv_heads, g = task % kv_heads, len = context_lens[r];
+        int64_t first = window > 0 && len > window ? len - window : 0; /* a sliding window's last tokens only */
         attend(q + r * q_row_stride + g * group * head_dim, group, cache + g * head_dim,
-               cache + (kv_heads + g) * head_dim, offsets + starts[row_seqs[r]], context_lens[r], head_dim, scale,
+               cache + (kv_heads + g) * head_dim, offsets + starts[row_seqs[r]] + first, len - first, head_dim, scale,
                out + (r * heads + g * group) * head_dim);
     }
     free(offsets);
@@ -954,6 +956,7 @@ typedef struct {
     const float *input_norm, *post_attention_norm;
     const float *q_norm, *k_norm; /* per-head norms of queries and keys (Qwen3), or NULL */
     int64_t rope;                 /* 0: a layer without positions (SmolLM3's NoPE layers) */
+    int64_t window;               /* a sliding window's tokens, or 0: the whole context */
     PackedWeight qkv, o, gate_up, down;
 } DecoderLayer;
 
@@ -998,7 +1001,8 @@ void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const Decode
         for (int64_t r = 0; r < rows; r++)
             store_bf16(kv_caches[l] + slots[r] * kv_width, qkv + r * qkv_width + heads * head_dim, kv_width);
         paged_attention(qkv, qkv_width, kv_caches[l], block_table, seqs, max_blocks, row_seqs, context_lens,
-                        shape->block_size, attn, rows, heads, kv_heads, head_dim, shape->scale, shape->threads);
+                        shape->block_size, attn, rows, heads, kv_heads, head_dim, shape->scale, layer->window,
+                        shape->threads);
         project(attn, rows, &layer->o, x, shape->threads);
         rms_norm(x, residual, layer->post_attention_norm, h, rows, hidden, shape->eps, shape->threads);
         project(h, rows, &layer->gate_up, gate_up, shape->threads);

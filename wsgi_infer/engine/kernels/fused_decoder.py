@@ -18,8 +18,10 @@ class _PackedWeight(ctypes.Structure):
 
 
 class _DecoderLayer(ctypes.Structure):
-    _fields_ = [("input_norm", _P), ("post_attention_norm", _P), ("q_norm", _P), ("k_norm", _P), ("rope", _I)] + [
-        (name, _PackedWeight) for name in ("qkv", "o", "gate_up", "down")
+    _fields_ = [
+        *((name, _P) for name in ("input_norm", "post_attention_norm", "q_norm", "k_norm")),
+        *((name, _I) for name in ("rope", "window")),
+        *((name, _PackedWeight) for name in ("qkv", "o", "gate_up", "down")),
     ]
 
 
@@ -36,7 +38,7 @@ class _DecoderShape(ctypes.Structure):
 class DecoderWeights:
     """One Llama decoder layer as the fused decoder reads it: norms' weights, and four packed projections,
     each with ``bits``, ``codes``, ``scale``, ``low`` (``layouts.KernelWeight``) and ``bias`` (or None); the
-    per-head norms of queries and keys where the layer has them, and whether it rotates them."""
+    per-head norms of queries and keys where the layer has them, whether it rotates them, and its window."""
 
     input_norm: torch.Tensor
     post_attention_norm: torch.Tensor
@@ -47,6 +49,7 @@ class DecoderWeights:
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
     rope: bool = True
+    window: int = 0  # a sliding window's tokens, or 0
 
 
 @dataclass
@@ -90,7 +93,7 @@ class FusedDecoder:
         projections = (packed(weights.qkv), packed(weights.o), packed(weights.gate_up), packed(weights.down))
         norms = (weights.input_norm.data_ptr(), weights.post_attention_norm.data_ptr())
         head_norms = (_address(weights.q_norm), _address(weights.k_norm))
-        return _DecoderLayer(*norms, *head_norms, int(weights.rope), *projections)
+        return _DecoderLayer(*norms, *head_norms, int(weights.rope), weights.window, *projections)
 
     def __call__(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list[torch.Tensor], meta, stop: int

@@ -31,6 +31,7 @@ class PrefillChunk:
     num_tokens: int
     context_slots: torch.Tensor  # [context_len] slots of every token up to the chunk's end
     causal_mask: torch.Tensor  # [num_tokens, context_len] added to scores: 0 = may attend, -inf not
+    window_mask: torch.Tensor | None = None  # the same for the model's sliding-window layers
 
 
 @dataclass
@@ -45,6 +46,7 @@ class AttentionMetadata:
     single_token_blocks: torch.Tensor | None = None  # [num_single_token_seqs * max_blocks] block ids, padded
     # [num_single_token_seqs, 1, 1, max_blocks * block_size], added to scores like causal_mask
     single_token_mask: torch.Tensor | None = None
+    single_token_window_mask: torch.Tensor | None = None  # the same for the model's sliding-window layers
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -55,15 +57,17 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     kernels: CpuKernels | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
-    """Write this step's keys and values into the cache, then attend over each sequence's context.
+    """Write this step's keys and values into the cache, then attend over each sequence's context (with
+    ``window``, a sliding-window layer's: each token's last ``window`` tokens, itself included).
 
     q: [tokens, heads, head_dim]; kv: [tokens, 2 * kv_heads, head_dim], keys then values.
     Returns [tokens, heads * head_dim]. With CPU kernels, every token reads the cache in place.
     """
     kv_cache.index_copy_(0, meta.slot_mapping, kv.to(kv_cache.dtype))  # a bf16 cache for float32 rows: rounded
     if kernels is not None:
-        return kernels.paged_attention(q, kv_cache, meta.cache_rows, scale)
+        return kernels.paged_attention(q, kv_cache, meta.cache_rows, scale, window)
     num_kv_heads = kv_cache.shape[1] // 2
     outputs = []
     num_single = meta.num_single_token_seqs
@@ -73,7 +77,8 @@ def paged_attention(
         # Grouped-query attention without repeating K/V: the query heads sharing a
         # KV head become that head's query rows ([B, kv_heads, group, D]).
         grouped_q = q[:num_single].view(num_single, num_kv_heads, -1, q.shape[-1])
-        out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=meta.single_token_mask, scale=scale)
+        mask = meta.single_token_window_mask if window else meta.single_token_mask
+        out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=mask, scale=scale)
         outputs.append(out.flatten(1))
     start = num_single
     for chunk in meta.prefills:
@@ -81,7 +86,12 @@ def paged_attention(
         context = kv_cache[chunk.context_slots].to(q.dtype)
         keys, values = context[:, :num_kv_heads].transpose(0, 1), context[:, num_kv_heads:].transpose(0, 1)
         out = F.scaled_dot_product_attention(
-            q[start:end].transpose(0, 1), keys, values, attn_mask=chunk.causal_mask, scale=scale, enable_gqa=True
+            q[start:end].transpose(0, 1),
+            keys,
+            values,
+            attn_mask=chunk.window_mask if window else chunk.causal_mask,
+            scale=scale,
+            enable_gqa=True,
         )
         outputs.append(out.transpose(0, 1).flatten(1))
         start = end

@@ -22,6 +22,13 @@ from ..step_interrupt import StepInterrupt
 HEAD_NORM_TYPES = {"qwen3"}  # architectures that RMSNorm each query and key head before RoPE
 
 
+def layer_window(config, index: int) -> int:
+    """Layer ``index``'s sliding window (tokens), or 0: it attends to the whole context."""
+    kinds = getattr(config, "layer_types", None)
+    sliding = kinds is not None and kinds[index] == "sliding_attention"
+    return (getattr(config, "sliding_window", None) or 0) if sliding else 0
+
+
 class LlamaAttention(nn.Module):
     kernels: CpuKernels | None = None  # see kernels.cpu.attach_kernels
 
@@ -41,6 +48,7 @@ class LlamaAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.rope = bool((getattr(config, "no_rope_layers", None) or [1] * (index + 1))[index])
+        self.window = layer_window(config, index)
 
     def forward(self, x, rope, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x).view(x.shape[0], self.num_heads + 2 * self.num_kv_heads, self.head_dim)
@@ -51,7 +59,7 @@ class LlamaAttention(nn.Module):
         if self.rope:
             apply_rotary_(qkv[:, : self.num_heads + self.num_kv_heads], *rope, self.kernels)
         q, kv = qkv[:, : self.num_heads], qkv[:, self.num_heads :]
-        return self.o_proj(paged_attention(q, kv, kv_cache, meta, self.scale, self.kernels))
+        return self.o_proj(paged_attention(q, kv, kv_cache, meta, self.scale, self.kernels, self.window))
 
     def _norm_heads(self, qkv: torch.Tensor) -> None:
         """Each query and key head through its RMSNorm, in place, before RoPE (Qwen3)."""
@@ -111,8 +119,10 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(config, max_positions)
         self.head_dim = self.layers[0].self_attn.head_dim  # attach_kernels reads it
-        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-            # Without windowed attention, stay where full attention is exact.
+        self.sliding_window = max(layer.self_attn.window for layer in self.layers)  # the runner's masks
+        legacy_window = getattr(config, "layer_types", None) is None and getattr(config, "use_sliding_window", True)
+        if legacy_window and getattr(config, "sliding_window", None):
+            # A window for every layer that no layer_types declare (Mistral): stay where full attention is exact.
             max_positions = min(max_positions, config.sliding_window)
         self.max_positions = max_positions
         self.interrupt = StepInterrupt()  # see LLMEngine.interrupt
@@ -152,6 +162,7 @@ class LlamaForCausalLM(nn.Module):
                 layer.mlp.down_proj,
                 *(norm and norm.weight for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm)),
                 layer.self_attn.rope,
+                layer.self_attn.window,
             )
             for layer in self.layers
         ]
