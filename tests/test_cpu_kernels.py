@@ -265,10 +265,12 @@ def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs, mixed_g
     assert_idle(llm)
 
 
-def test_batches_on_the_kernels_equal_each_request_alone(tiny_model_dirs):
-    llm = LLM(model=str(tiny_model_dirs["llama"]), block_size=4, max_num_batched_tokens=64)
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # gemma3: its layers one by one, a sliding window
+def test_batches_on_the_kernels_equal_each_request_alone(tiny_model_dirs, arch):
+    llm = LLM(model=str(tiny_model_dirs[arch]), block_size=4, max_num_batched_tokens=64)
     layer = llm.engine.runner.model.layers[0]
     assert layer.self_attn.kernels is not None and layer.input_layernorm.kernels is not None
+    assert isinstance(layer.mlp.gate_up_proj, PackedLinear)
     assert llm.engine.dtype == torch.float32 and llm.engine.runner.kv_caches[0].dtype == torch.bfloat16
     alone = {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
     assert run_staggered(llm, PROMPTS) == alone

@@ -1,4 +1,4 @@
-"""SwiGLU's gate: silu(gate) * up, from the fused gate-up projection's output."""
+"""Gated activations of the fused gate-up projection's output: SwiGLU's silu(gate) * up, GeGLU's gelu(gate) * up."""
 
 from __future__ import annotations
 
@@ -17,3 +17,14 @@ class SiluAndMul(nn.Module):
             return self.kernels.silu_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+class GeluTanhAndMul(nn.Module):
+    """gelu(gate, tanh approximation) * up (Gemma's MLP), in torch's ops: the kernels have no GELU."""
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
+
+GATED_ACTIVATIONS = {"silu": SiluAndMul, "gelu_pytorch_tanh": GeluTanhAndMul}  # by the config's activation

@@ -13,19 +13,19 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from ..kernels.cpu import CpuKernels
 
 
-def _rope_type(config) -> str:
-    params = getattr(config, "rope_parameters", None) or {}
-    return params.get("rope_type", "default")
-
-
 class RotaryEmbedding(nn.Module):
-    def __init__(self, config, max_positions: int) -> None:
+    def __init__(self, config, max_positions: int, layer_type: str | None = None) -> None:
+        """``layer_type``: the kind of layer whose parameters to take, where a config has one set per kind
+        (Gemma 3: ``rope_parameters["sliding_attention"]`` and ``["full_attention"]``)."""
         super().__init__()
-        rope_type = _rope_type(config)
+        params = getattr(config, "rope_parameters", None) or {}
+        params = params[layer_type] if layer_type else params
+        rope_type = params.get("rope_type", "default")
+        kind = {"layer_type": layer_type} if layer_type else {}
         if rope_type == "default":
-            inv_freq, scaling = _default_inv_freq(config)
+            inv_freq, scaling = _default_inv_freq(config, params["rope_theta"])
         elif rope_type in ROPE_INIT_FUNCTIONS and rope_type != "dynamic":
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.get_default_device())
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.get_default_device(), **kind)
         else:
             raise ValueError(f"unsupported rope_type {rope_type!r}")
         positions = torch.arange(max_positions, dtype=torch.float32)
@@ -55,7 +55,6 @@ def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kernels
     x.copy_(rotated * cos + rotated.roll(x.shape[-1] // 2, dims=-1) * sin)
 
 
-def _default_inv_freq(config) -> tuple[torch.Tensor, float]:
+def _default_inv_freq(config, base: float) -> tuple[torch.Tensor, float]:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    base = config.rope_parameters["rope_theta"]
     return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)), 1.0

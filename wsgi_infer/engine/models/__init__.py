@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .gemma3 import Gemma3ForCausalLM
 from .gpt2 import GPT2LMHeadModel
 from .llama import LlamaForCausalLM
 
@@ -14,4 +15,5 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "qwen3": LlamaForCausalLM,
     "smollm3": LlamaForCausalLM,
     "gpt2": GPT2LMHeadModel,
+    "gemma3_text": Gemma3ForCausalLM,
 }

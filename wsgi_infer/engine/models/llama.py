@@ -12,14 +12,14 @@ from torch import nn
 
 from ..kernels.cpu import CpuKernels
 from ..kernels.fused_decoder import DecoderDims, DecoderWeights, FusedDecoder
-from ..layers.activation import SiluAndMul
+from ..layers.activation import GATED_ACTIVATIONS
 from ..layers.attention import AttentionMetadata, paged_attention
 from ..layers.norm import RMSNorm, rms_norm
 from ..layers.quantization import PackedLinear
 from ..layers.rotary import RotaryEmbedding, apply_rotary_
 from ..step_interrupt import StepInterrupt
 
-HEAD_NORM_TYPES = {"qwen3"}  # architectures that RMSNorm each query and key head before RoPE
+HEAD_NORM_TYPES = {"qwen3", "gemma3_text"}  # architectures that RMSNorm each query and key head before RoPE
 
 
 def layer_window(config, index: int) -> int:
@@ -42,7 +42,7 @@ class LlamaAttention(nn.Module):
         bias = getattr(config, "attention_bias", False) or config.model_type == "qwen2"
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=bias)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=getattr(config, "attention_bias", False))
-        self.scale = self.head_dim**-0.5
+        self.scale = (getattr(config, "query_pre_attn_scalar", None) or self.head_dim) ** -0.5
         self.q_norm = self.k_norm = None
         if config.model_type in HEAD_NORM_TYPES:
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
@@ -76,7 +76,7 @@ class LlamaMLP(nn.Module):
         bias = getattr(config, "mlp_bias", False)
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.act = SiluAndMul()
+        self.act = GATED_ACTIVATIONS[getattr(config, "hidden_activation", None) or config.hidden_act]()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
@@ -103,6 +103,7 @@ FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj":
 
 
 class LlamaForCausalLM(nn.Module):
+    layer_class: type[nn.Module] = LlamaDecoderLayer
     runs_on_kernels = True  # its layers have the CPU kernels' paths (see kernels.cpu.attach_kernels)
     _kernels: CpuKernels | None = None
     fused_decoder: FusedDecoder | None = None  # with the kernels, when every projection is packed on them too
@@ -111,13 +112,13 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config, max_positions: int) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_class(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tied_embeddings = config.tie_word_embeddings
         if self.tied_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rotary = RotaryEmbedding(config, max_positions)
+        self.rotary = self._rotary(config, max_positions)
         self.head_dim = self.layers[0].self_attn.head_dim  # attach_kernels reads it
         self.sliding_window = max(layer.self_attn.window for layer in self.layers)  # the runner's masks
         legacy_window = getattr(config, "layer_types", None) is None and getattr(config, "use_sliding_window", True)
@@ -136,8 +137,15 @@ class LlamaForCausalLM(nn.Module):
         self._kernels = kernels
         self.fused_decoder, self.fused_max_rows = self._fuse(kernels) if kernels is not None else (None, 0)
 
+    @staticmethod
+    def _rotary(config, max_positions: int) -> nn.Module:
+        return RotaryEmbedding(config, max_positions)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
+        x, residual = self.embed(input_ids), None
         rope = self.rotary(positions)
         rows = len(input_ids)
         if self.fused_decoder is not None and meta.cache_rows is not None and rows <= self.fused_max_rows:
