@@ -27,6 +27,10 @@ from .layers.weight_groups import Int4Groups, Int8Groups, WeightGroups
 log = logging.getLogger(__name__)
 
 
+# As the legacy reader: a GGUF of these holds the text backbone only, whose config is of its own type.
+TEXT_BACKBONES = {"gemma3": "gemma3_text"}
+
+
 def read_gguf_config(gguf_file: Path):
     """The transformers config of a GGUF file, from its metadata as transformers' legacy reader maps it
     (``load_gguf_checkpoint``), but read with its fast reader: 0.01 s instead of about 4 s."""
@@ -50,6 +54,7 @@ def read_gguf_config(gguf_file: Path):
     for key, value in GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture, {}).items():
         values.setdefault(key, value)
     values.setdefault("vocab_size", metadata.get("tokenizer.ggml.tokens"))  # the reader gives its length
+    values["model_type"] = TEXT_BACKBONES.get(architecture, architecture)
     return AutoConfig.for_model(**values)
 
 

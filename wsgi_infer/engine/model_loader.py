@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from .builtin_chat_templates import BUILTIN_TEMPLATES
 from .cache_files import cache_root, read_json, write_json
 from .gguf_checkpoint import PACKED_GROUPS_FILE, read_gguf_config, read_gguf_weights, save_packed_groups
 from .model_paths import (
@@ -95,7 +96,15 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
     save_packed_groups(groups, staging / PACKED_GROUPS_FILE)
     config.save_pretrained(staging)
     _resolve_config(staging)  # while its class is imported: the worker that waited on us need not import it
-    GenerationConfig.from_model_config(config).save_pretrained(staging)
+    generation = GenerationConfig.from_model_config(config)
+    builtin = BUILTIN_TEMPLATES.get(config.model_type)
+    if builtin is not None:
+        if not tokenizer.chat_template:
+            log.info("model %s: no chat template in the file; using %s's own", gguf.name, config.model_type)
+            tokenizer.chat_template = builtin.template
+        end_of_turn = tokenizer.convert_tokens_to_ids(builtin.end_of_turn)
+        generation.eos_token_id = sorted({config.eos_token_id, end_of_turn})
+    generation.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
 
 
