@@ -4,7 +4,7 @@ the chat template (tool traffic as text where the template knows no tools)."""
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -80,6 +80,7 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # the template's variables, as vLLM takes them
 
     @property
     def max_new_tokens(self) -> int | None:

@@ -7,6 +7,7 @@ import time
 from abc import ABC, abstractmethod
 
 from ..engine_client.streams import ChoiceDelta, RequestStream
+from .reasoning import ReasoningParser
 from .serving import manager
 from .tools import ToolCallParser
 
@@ -95,26 +96,41 @@ class CompletionFormatter(Formatter):
 
 
 class ChatFormatter(Formatter):
-    """With tools, each choice's text goes through a ``ToolCallParser``: content or tool calls."""
+    """Where the template thinks, each choice's thought is split from its answer (``ReasoningParser``); with
+    tools, the answer goes through a ``ToolCallParser``: content or tool calls."""
 
     prefix = "chatcmpl"
 
-    def __init__(self, stream: RequestStream, obj: str, with_tools: bool = False) -> None:
+    def __init__(self, stream: RequestStream, obj: str, with_tools: bool = False, thinks: bool = False) -> None:
         super().__init__(stream, obj)
         self._role_sent: set[int] = set()
         self._parsers = {i: ToolCallParser() for i in range(stream.num_choices)} if with_tools else None
+        self._thoughts = {i: ReasoningParser() for i in range(stream.num_choices)} if thinks else None
+
+    def _split(self, index: int, text: str, final: bool) -> tuple[str, str]:
+        """(reasoning, answer) of a piece of choice ``index``'s text; ``final``: the choice's last piece."""
+        if self._thoughts is None:
+            return "", text
+        reasoning, answer = self._thoughts[index].feed(text)
+        if final:
+            more = self._thoughts[index].finish()
+            reasoning, answer = reasoning + more[0], answer + more[1]
+        return reasoning, answer
 
     def chunk_choice(self, choice: ChoiceDelta) -> dict | None:
         finish_reason = choice.delta.finish_reason
-        delta: dict = {"content": choice.delta.text}
+        reasoning, answer = self._split(choice.index, choice.delta.text, finish_reason is not None)
+        delta: dict = {"content": answer} if answer or not reasoning else {}
         if self._parsers is not None:
             parser = self._parsers[choice.index]
-            delta = parser.feed(choice.delta.text)
+            delta = parser.feed(answer)
             if finish_reason is not None:
                 delta = _merge_deltas(delta, parser.finish())
                 finish_reason = _finish_reason(parser, finish_reason)
-            elif not delta:
-                return None
+        if reasoning:
+            delta = {"reasoning_content": reasoning, **delta}
+        if not delta and finish_reason is None:
+            return None  # held: nothing to show yet
         if choice.index not in self._role_sent:  # the role comes with the first real token
             self._role_sent.add(choice.index)
             delta = {"role": "assistant", **delta}
@@ -126,11 +142,14 @@ class ChatFormatter(Formatter):
         }
 
     def final_choice(self, choice: ChoiceDelta) -> dict:
-        message: dict = {"role": "assistant", "content": choice.delta.text}
+        reasoning, answer = self._split(choice.index, choice.delta.text, final=True)
+        message: dict = {"role": "assistant", "content": answer}
+        if self._thoughts is not None:
+            message["reasoning_content"] = reasoning or None
         finish_reason = choice.delta.finish_reason
         if self._parsers is not None:
             parser = self._parsers[choice.index]
-            parser.feed(choice.delta.text)
+            parser.feed(answer)
             parser.finish()
             message["content"] = parser.content
             calls = [c.as_openai() for c in parser.calls if c.complete]

@@ -66,9 +66,9 @@ def chat_completions():
     check_model(req.model)
     messages, tools = req.conversation(manager().template_takes_tools)
     params = req.sampling_params(req.max_new_tokens, req.num_logprobs)
-    stream = start([Chat(messages, tools)], params)
+    stream = start([Chat(messages, tools, req.chat_template_kwargs)], params)
     obj = "chat.completion.chunk" if req.stream else "chat.completion"
-    formatter = ChatFormatter(stream, obj, with_tools=req.tool_plan is not None)
+    formatter = ChatFormatter(stream, obj, with_tools=req.tool_plan is not None, thinks=manager().template_thinks)
     return _respond(stream, req.stream, req.include_usage, formatter)
 
 

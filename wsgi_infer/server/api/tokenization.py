@@ -28,7 +28,8 @@ def tokenize():
     wait_ready(mgr)
     if chat:
         messages, tools = req.conversation(mgr.template_takes_tools)
-        tokens = mgr.with_tokenizer(chat_prompt_ids, messages, tools, req.add_generation_prompt)
+        args = (messages, tools, req.add_generation_prompt, req.chat_template_kwargs)
+        tokens = mgr.with_tokenizer(chat_prompt_ids, *args)
     else:
         tokens = mgr.with_tokenizer(_encode, req.prompt, req.add_special_tokens)
     body = {"count": len(tokens), "max_model_len": mgr.max_model_len, "tokens": list(tokens), "token_strs": None}

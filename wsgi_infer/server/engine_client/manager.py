@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import gevent
 import gevent.event
 
+from ...engine.chat_template import template_thinks
 from ...engine.loop import EngineLoop
 from ...engine.messages import Abort, EngineFailed, EngineReady, EngineStopped, Stop, Submit
 from ...engine.model_loader import load_tokenizer
@@ -169,6 +170,11 @@ class EngineManager:
         """The front end's own tokenizer (the engine thread keeps its own, for detokenizing), loaded on the front-end
         thread before the worker is ready: every request's prompt goes through it."""
         return self._tokenizer
+
+    @property
+    def template_thinks(self) -> bool:
+        """Whether the model's chat template thinks in ``<think>…</think>`` before it answers."""
+        return template_thinks(self._tokenizer.chat_template if self._tokenizer is not None else None)
 
     def with_tokenizer(self, function: Callable[..., Any], *args: Any) -> Any:
         """``function(tokenizer, *args)`` on the front-end thread (call once ready, in a greenlet): a long prompt's

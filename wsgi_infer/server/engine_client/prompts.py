@@ -15,6 +15,7 @@ class Chat:
 
     messages: list[dict]
     tools: list[dict] | None = None
+    template_kwargs: dict | None = None  # the template's own variables (``enable_thinking``...)
 
 
 Prompt = str | list[int] | Chat  # a text, token ids, or a conversation
@@ -23,7 +24,7 @@ Prompt = str | list[int] | Chat  # a text, token ids, or a conversation
 def prompt_ids(tokenizer, prompts: list[Prompt]) -> list[list[int]]:
     """Each prompt's token ids; InvalidParameter naming ``messages`` for a conversation the template refuses."""
     return [
-        chat_prompt_ids(tokenizer, p.messages, p.tools)
+        chat_prompt_ids(tokenizer, p.messages, p.tools, template_kwargs=p.template_kwargs)
         if isinstance(p, Chat)
         else tokenizer.encode(p, add_special_tokens=True)
         if isinstance(p, str)

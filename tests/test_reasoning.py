@@ -1,0 +1,88 @@
+"""A thinking model's thought apart from its answer: the parser at every split of the text, and the chat API's
+``reasoning_content`` (in one reply and streamed) over a tiny model whose template thinks, with the template's
+own variables from ``chat_template_kwargs``."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from wsgi_infer.server.api.reasoning import ReasoningParser
+
+from .conftest import tiny_settings
+from .in_process import InProcessServer
+from .sse_client import events
+
+CASES = {
+    "<think>\nParis, surely.\n</think>\n\nParis is the capital.": ("Paris, surely.", "Paris is the capital."),
+    "Paris.": ("", "Paris."),
+    "  <think>a < b</think>": ("a < b", ""),
+    "<think>cut short\n": ("cut short\n", ""),  # the length limit came first: all thought
+    "<thi": ("", "<thi"),
+    "<thinking> is a word": ("", "<thinking> is a word"),
+    "Answer: <think>late</think>": ("", "Answer: <think>late</think>"),  # only a leading thought is one
+}
+
+
+def parse(pieces: list[str]) -> tuple[str, str]:
+    parser, reasoning, answer = ReasoningParser(), "", ""
+    for piece in pieces:
+        r, a = parser.feed(piece)
+        reasoning, answer = reasoning + r, answer + a
+    r, a = parser.finish()
+    return reasoning + r, answer + a
+
+
+@pytest.mark.parametrize("text", CASES)
+def test_every_split_of_a_reply_gives_the_same_thought_and_answer(text):
+    """Streams cut text anywhere (a tag over several tokens): one cut at each position, and one per character."""
+    for cut in range(len(text) + 1):
+        assert parse([text[:cut], text[cut:]]) == CASES[text], cut
+    assert parse(list(text)) == CASES[text]
+
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+# What the tiny random model must write (the grammar makes it): a thought, then an answer.
+REPLY = {"regex": "<think>\n[a-z]{2,12}\n</think>\n\n[A-Z][a-z]{2,12}"}
+
+
+@pytest.fixture(scope="module")
+def thinking_api(tiny_model_dirs, tmp_path_factory):
+    """The tiny Llama with a chat template that thinks, as Qwen3's does."""
+    model = tmp_path_factory.mktemp("thinking") / "tiny-thinking"
+    shutil.copytree(tiny_model_dirs["llama"], model)
+    (model / "chat_template.jinja").write_text(THINKING_TEMPLATE)
+    with InProcessServer(tiny_settings(tiny_model_dirs, model=model)) as server:
+        yield server
+
+
+def test_the_thought_is_reasoning_content_in_a_reply_and_in_its_chunks(thinking_api):
+    body = {"messages": [{"role": "user", "content": "Capital?"}], "temperature": 0, "structured_outputs": REPLY}
+    with thinking_api.client() as http:
+        message = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            deltas = [e.json["choices"][0]["delta"] for e in events(r) if e.data and e.data != "[DONE]"]
+    assert re.fullmatch("[a-z]{2,12}", message["reasoning_content"])
+    assert re.fullmatch("[A-Z][a-z]{2,12}", message["content"])
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+    assert "".join(d.get("content") or "" for d in deltas) == message["content"]
+    assert not any("think>" in (d.get("content") or "") + d.get("reasoning_content", "") for d in deltas)
+
+
+def test_chat_template_kwargs_reach_the_template_and_its_own_arguments_are_refused(thinking_api):
+    ask = {"messages": [{"role": "user", "content": "Capital?"}], "return_token_strs": True}
+    with thinking_api.client() as http:
+        thinking = http.post("/tokenize", json=ask).json()
+        quiet = http.post("/tokenize", json={**ask, "chat_template_kwargs": {"enable_thinking": False}}).json()
+        refused = http.post(
+            "/v1/chat/completions", json={"messages": ask["messages"], "chat_template_kwargs": {"tokenize": False}}
+        )
+    assert "think" not in "".join(thinking["token_strs"])
+    assert "".join(quiet["token_strs"]).replace("Ċ", "\n").endswith("<think>\n\n</think>\n\n")
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template_kwargs"
