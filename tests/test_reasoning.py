@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import replace
 
 import pytest
 
+from wsgi_infer.engine.grammar import GrammarCompiler
+from wsgi_infer.engine.model_loader import load_tokenizer
+from wsgi_infer.engine.sampling_params import StructuredOutput
 from wsgi_infer.server.api.reasoning import ReasoningParser
+from wsgi_infer.server.api.tools import ToolPlan
 
 from .conftest import tiny_settings
 from .in_process import InProcessServer
@@ -86,3 +91,37 @@ def test_chat_template_kwargs_reach_the_template_and_its_own_arguments_are_refus
     assert "think" not in "".join(thinking["token_strs"])
     assert "".join(quiet["token_strs"]).replace("Ċ", "\n").endswith("<think>\n\n</think>\n\n")
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template_kwargs"
+
+
+@pytest.mark.parametrize(
+    "spec, answer, wrong",
+    [
+        (
+            StructuredOutput("json", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}),
+            '{"a": 3}',
+            '{"b": 3}',
+        ),
+        (StructuredOutput("regex", "[A-Z][a-z]+/[0-9]"), "Paris/7", "paris/7"),
+        (StructuredOutput("choice", ["yes", "no"]), "no", "maybe"),
+        (
+            ToolPlan([{"name": "f", "parameters": {"type": "object"}}], "required", False).constraint(),
+            '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
+            "I will call f.",
+        ),
+    ],
+    ids=["json", "regex", "choice", "tool call"],
+)
+def test_a_thinking_models_constraint_holds_after_its_free_thought(tiny_model_dirs, spec, answer, wrong):
+    """The thought may hold anything (even a partial tag); the answer after it, or alone, is what the constraint
+    allows, and nothing else."""
+    grammars = GrammarCompiler(load_tokenizer(tiny_model_dirs["llama"]), vocab_size=49152)
+    tokenizer = load_tokenizer(tiny_model_dirs["llama"])
+    spec = replace(spec, after_thought=True)
+
+    def accepts(text: str) -> bool:
+        matcher = grammars.matcher(spec)
+        return matcher.consume_tokens(tokenizer.encode(text, add_special_tokens=False)) and matcher.is_accepting()
+
+    thought = '<think>\nNo, wait: </thi is no end. {"b": 1}\n</think>\n\n'
+    assert accepts(thought + answer) and accepts(answer)
+    assert not accepts(thought + wrong) and not accepts(wrong)

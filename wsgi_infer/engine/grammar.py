@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import replace
 
 import llguidance
@@ -30,6 +31,8 @@ _BITS = torch.arange(32, dtype=torch.int32)
 def grammar_text(spec: StructuredOutput) -> str:
     """The llguidance grammar of a constraint (not yet checked)."""
     try:
+        if spec.after_thought:
+            return LLMatcher.grammar_from_lark(_after_thought(spec))
         if spec.kind == "json":
             schema = json.loads(spec.value) if isinstance(spec.value, str) else spec.value
             return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_DEFAULTS)
@@ -41,6 +44,31 @@ def grammar_text(spec: StructuredOutput) -> str:
         return LLMatcher.grammar_from_lark(lark)
     except ValueError as exc:  # not JSON, or a schema that is not an object
         raise InvalidParameter(spec.source, f"the {spec.kind} constraint is not valid: {exc}") from None
+
+
+# A thinking model's thought, free, before the constrained answer: the grammar's start becomes the answer's rule.
+THOUGHT_FIRST = (
+    'start: wsgi_think? wsgi_answer\nwsgi_think: "<think>" wsgi_thought /[ \\n]*/\n'
+    'wsgi_thought[stop="</think>"]: /(.|\\n)*/\n'
+)
+
+
+def _after_thought(spec: StructuredOutput) -> str:
+    """The constraint as a Lark grammar whose answer may follow a thought in ``<think>…</think>``."""
+    if spec.kind == "json":
+        schema = json.loads(spec.value) if isinstance(spec.value, str) else spec.value
+        if not isinstance(schema, dict):
+            schema = {} if schema is True else {"not": {}}
+        options = {"whitespace_pattern": JSON_DEFAULTS["whitespace_pattern"]}
+        answer = f"wsgi_answer: %json {json.dumps({**schema, 'x-guidance': options})}"
+    elif spec.kind == "regex":
+        answer = "wsgi_answer: /" + spec.value.replace("/", "\\/") + "/"
+    elif spec.kind == "choice":
+        answer = "wsgi_answer: " + " | ".join(json.dumps(c) for c in spec.value)
+    else:
+        lark = llguidance.gbnf_to_lark(spec.value) if "::=" in spec.value else spec.value
+        answer = re.sub(r"(?m)^(\s*)start(\s*):", r"\1wsgi_answer\2:", lark)
+    return THOUGHT_FIRST + answer
 
 
 class GrammarCompiler:

@@ -69,6 +69,8 @@ class StructuredOutput:
     value: object
     # The request field it came from, which its errors name (response_format, tools, ...).
     source: str = field(default="structured_outputs", compare=False)
+    # A thinking model's reply: the constraint holds after a free thought in <think>…</think> (if it thinks).
+    after_thought: bool = False
     # The compiled grammar, when a caller compiled it ahead (the server does, off the engine thread).
     compiled: object = field(default=None, compare=False, repr=False)
 

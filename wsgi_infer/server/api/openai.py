@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from flask import Blueprint, jsonify, request
 
+from ...engine.chat_template import THINK_OPEN
 from ..engine_client.prompts import Chat
 from ..engine_client.streams import RequestStream
 from ..errors import APIError
@@ -66,9 +69,14 @@ def chat_completions():
     check_model(req.model)
     messages, tools = req.conversation(manager().template_takes_tools)
     params = req.sampling_params(req.max_new_tokens, req.num_logprobs)
+    thinks = manager().template_thinks
+    for p in params:  # a thinking model's thought is free, its answer constrained (unless the constraint spells it)
+        spec = p.structured_output
+        if thinks and spec is not None and THINK_OPEN not in json.dumps(spec.value):
+            p.structured_output = replace(spec, after_thought=True)
     stream = start([Chat(messages, tools, req.chat_template_kwargs)], params)
     obj = "chat.completion.chunk" if req.stream else "chat.completion"
-    formatter = ChatFormatter(stream, obj, with_tools=req.tool_plan is not None, thinks=manager().template_thinks)
+    formatter = ChatFormatter(stream, obj, with_tools=req.tool_plan is not None, thinks=thinks)
     return _respond(stream, req.stream, req.include_usage, formatter)
 
 
