@@ -51,11 +51,13 @@ def test_the_grammar_allows_exactly_valid_calls(tiny_llama, mode, parallel, text
 
 
 @pytest.mark.parametrize("piece", [1, 2, 3, 7, 1000])
-def test_any_cut_of_the_text_gives_the_same_calls_and_arguments(piece):
+def test_any_cut_of_the_text_gives_the_same_calls_and_arguments_one_entry_per_call(piece):
     parser, streamed = ToolCallParser(), {}
     for start in range(0, len(TWO_CALLS), piece):
         delta = parser.feed(TWO_CALLS[start : start + piece])
         assert "content" not in delta
+        indices = [part["index"] for part in delta.get("tool_calls", [])]
+        assert len(indices) == len(set(indices))  # one entry per call and chunk, as OpenAI streams them
         for part in delta.get("tool_calls", []):
             entry = streamed.setdefault(part["index"], {"name": part["function"].get("name"), "arguments": ""})
             entry["arguments"] += part["function"]["arguments"]

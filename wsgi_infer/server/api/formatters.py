@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from ..engine_client.streams import ChoiceDelta, RequestStream
 from .reasoning import ReasoningParser
 from .serving import manager
-from .tools import ToolCallParser
+from .tools import ToolCallParser, merge_call_entries
 
 
 class Formatter(ABC):
@@ -190,8 +190,10 @@ def _finish_reason(parser: ToolCallParser, finish_reason: str) -> str:
 
 
 def _merge_deltas(first: dict, second: dict) -> dict:
-    """Two parser deltas of one chunk: content concatenated, tool-call entries listed in order."""
+    """Two parser deltas of one chunk: content concatenated, tool-call entries one per index."""
     merged = {**first}
     for key, value in second.items():
         merged[key] = merged[key] + value if key in merged else value
+    if "tool_calls" in merged:
+        merged["tool_calls"] = merge_call_entries(merged["tool_calls"])
     return merged

@@ -121,27 +121,37 @@ class ToolCallParser:
         return None if self.text.startswith(CALL_OPEN) else self.text
 
     def _call_deltas(self) -> dict:
+        """One entry per call that grew, as OpenAI streams them: a new call's id and name come with the first
+        of its arguments (clients merge entries across chunks by index, but read two of one index in one chunk
+        as two calls)."""
         deltas = []
         for index, head in enumerate(_HEAD.finditer(self.text)):
             start = head.end()
             end = self.text.find(_ARGS_END, start)
             arguments = self.text[start:end] if end >= 0 else _without_partial_end(self.text[start:])
+            entry: dict = {"index": index, "function": {"arguments": ""}}
             if index == len(self.calls):
                 self.calls.append(ParsedCall(f"call_{uuid.uuid4().hex[:24]}", head.group(1), ""))
-                deltas.append(
-                    {
-                        "index": index,
-                        "id": self.calls[index].id,
-                        "type": "function",
-                        "function": {"name": head.group(1), "arguments": ""},
-                    }
-                )
+                entry = {"index": index, "id": self.calls[index].id, "type": "function", "function": {}}
+                entry["function"] = {"name": head.group(1), "arguments": ""}
             call = self.calls[index]
             if len(arguments) > len(call.arguments):
-                deltas.append({"index": index, "function": {"arguments": arguments[len(call.arguments) :]}})
-                call.arguments = arguments
+                entry["function"]["arguments"], call.arguments = arguments[len(call.arguments) :], arguments
             call.complete = end >= 0
+            if "id" in entry or entry["function"]["arguments"]:
+                deltas.append(entry)
         return {"tool_calls": deltas} if deltas else {}
+
+
+def merge_call_entries(entries: list[dict]) -> list[dict]:
+    """Entries of one chunk, one per index: a later entry's arguments appended to the earlier one's."""
+    merged: dict[int, dict] = {}
+    for entry in entries:
+        if entry["index"] not in merged:
+            merged[entry["index"]] = {**entry, "function": dict(entry["function"])}
+        else:
+            merged[entry["index"]]["function"]["arguments"] += entry["function"].get("arguments", "")
+    return list(merged.values())
 
 
 def _without_partial_end(arguments: str) -> str:
