@@ -19,7 +19,7 @@ from wsgi_infer.engine.model_loader import load_tokenizer, resolve_model_dir  # 
 from .in_process import InProcessServer  # noqa: E402
 from .server import GunicornServer  # noqa: E402
 
-TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2", "qwen3", "smollm3", "llama3", "gemma3")
+TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2", "qwen3", "smollm3", "llama3", "gemma3", "phi3")
 # Llama 3.x: RoPE frequencies scaled by wavelength (its "llama3" rope_type), embeddings tied (3.2).
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -53,14 +53,33 @@ def default_model_dir() -> Path:
     return resolve_model_dir(None)
 
 
+# Phi-4-mini's RoPE: a partial rotary (its 0.75, here 0.5 of 16) under LongRoPE (long factors past 4,096 positions).
+PHI4_ROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "partial_rotary_factor": 0.5,
+    "short_factor": [1.0, 1.5, 3.0, 6.0],
+    "long_factor": [2.0, 2.0, 4.0, 8.0],
+    "original_max_position_embeddings": 4096,
+}
+
+
 def _tiny_config(arch: str, vocab_size: int):
-    from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config, SmolLM3Config
+    from transformers import (
+        Gemma3TextConfig,
+        GPT2Config,
+        LlamaConfig,
+        Phi3Config,
+        Qwen2Config,
+        Qwen3Config,
+        SmolLM3Config,
+    )
 
     common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=2, initializer_range=0.1)
     if arch == "gpt2":
         return GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=1024, **common)
     cls = {"llama": LlamaConfig, "llama3": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
-    cls["gemma3"] = Gemma3TextConfig
+    cls.update(gemma3=Gemma3TextConfig, phi3=Phi3Config)
     own = {  # what each architecture adds to the Llama layer
         # q and k norms; the second layer attends to a sliding window of 8 tokens (prompts are longer)
         "qwen3": dict(head_dim=16, use_sliding_window=True, sliding_window=8, max_window_layers=1),
@@ -68,6 +87,7 @@ def _tiny_config(arch: str, vocab_size: int):
         "llama3": dict(rope_parameters=LLAMA3_ROPE),
         # a sliding layer of 8 tokens, then a global one; four heads of 32 scaled as Gemma's 256-wide ones
         "gemma3": dict(head_dim=32, sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+        "phi3": dict(rope_parameters=PHI4_ROPE),  # half of each head rotated, by LongRoPE's short factors
     }
     return cls.get(arch, SmolLM3Config)(
         hidden_size=64,
@@ -76,7 +96,7 @@ def _tiny_config(arch: str, vocab_size: int):
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=65536,
-        tie_word_embeddings=arch in ("qwen2", "qwen3", "llama3", "gemma3"),
+        tie_word_embeddings=arch in ("qwen2", "qwen3", "llama3", "gemma3", "phi3"),
         **own.get(arch, {}),
         **common,
     )

@@ -76,6 +76,10 @@ def test_silu_and_mul_and_rotary_compute_as_torch(kernels):
     apply_rotary_(by_torch[:, :12], cos, sin)
     apply_rotary_(by_kernel[:, :12], cos, sin, kernels)
     assert torch.equal(by_kernel, by_torch)  # the same products and sums; the values' heads untouched
+    partial_torch, partial_kernel = qkv.clone(), qkv.clone()  # a partial rotary: each head's first 48 dims
+    apply_rotary_(partial_torch[:, :12], cos[..., :48], sin[..., :48])
+    apply_rotary_(partial_kernel[:, :12], cos[..., :48].contiguous(), sin[..., :48].contiguous(), kernels)
+    assert torch.equal(partial_kernel, partial_torch) and torch.equal(partial_torch[..., 48:], qkv[..., 48:])
 
 
 def test_the_kernels_refuse_what_they_cannot_read(kernels):
@@ -230,8 +234,9 @@ def mixed_gguf(tmp_path_factory) -> str:
 @pytest.mark.parametrize(
     "arch, quantization",
     [("llama", "int4"), ("qwen2", "int4"), ("llama", "int8"), ("mixed GGUF", "auto"), ("qwen3", "int4")]
-    + [("smollm3", "int8")],
-)  # qwen2: QKV biases; the GGUF: 4- and 8-bit projections in each layer; qwen3: q and k norms; smollm3: NoPE layers
+    + [("smollm3", "int8"), ("phi3", "int4")],
+)  # qwen2: QKV biases; the GGUF: 4- and 8-bit projections in each layer; qwen3: q and k norms and a sliding window;
+# smollm3: NoPE layers; phi3: a partial rotary
 def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs, mixed_gguf, arch, quantization):
     """Steps up to the projections' crossing point, prefill chunks included, run every layer in one call;
     without it the layers' loop runs. Each request's tokens are the same either way, in staggered batches and

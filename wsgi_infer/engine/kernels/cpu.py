@@ -29,7 +29,7 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "rms_norm": [_P, _P, _P, _P, _I, _I, _F, ctypes.c_int],
     "silu_mul": [_P, _P, _I, _I, ctypes.c_int],
-    "rotate": [_P, _I, _P, _P, _I, _I, _I, ctypes.c_int],
+    "rotate": [_P, _I, _P, _P, _I, _I, _I, _I, ctypes.c_int],
     "head_norm": [_P, _I, _P, _P, _I, _I, _I, _I, _F, ctypes.c_int],
     "paged_attention": [_P, _I, _P, _P, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, _I, ctypes.c_int],
     "int4_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
@@ -100,14 +100,14 @@ class CpuKernels:
         return out
 
     def rotate_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-        """x: [tokens, heads, D], rows strided; cos, sin: float32 [tokens, 1, D]."""
+        """x: [tokens, heads, D], rows strided; cos, sin: float32 [tokens, 1, R]: each head's first R dims."""
         for t, what in ((x, "x"), (cos, "cos"), (sin, "sin")):
             _check(t, f"rotate {what}")
         if x.stride(1) != x.shape[2]:
             raise TypeError(f"rotate x: heads must be contiguous in a row, got strides {x.stride()}")
         tokens, heads, head_dim = x.shape
-        threads = torch.get_num_threads()
-        self._lib.rotate(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), tokens, heads, head_dim, threads)
+        tables, dims = (cos.data_ptr(), sin.data_ptr()), (head_dim, cos.shape[-1])
+        self._lib.rotate(x.data_ptr(), x.stride(0), *tables, tokens, heads, *dims, torch.get_num_threads())
 
     def head_norm_(
         self, x: torch.Tensor, heads: int, kv_heads: int, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float

@@ -214,21 +214,22 @@ void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t width, int
     }
 }
 
-/* Rotate heads [rows, heads, D] (row stride in elements) in place: x * cos + roll(x, D / 2) * sin with each
- * row's table rows [rows, D] (sin signed: see rotary.py). */
+/* Rotate heads [rows, heads, D] (row stride in elements) in place: each head's first R dims (R = D, or less for
+ * a partial rotary) x * cos + roll(x, R / 2) * sin with each row's table rows [rows, R] (sin signed: see
+ * rotary.py); the rest of the head passes unrotated. */
 void rotate(float *x, int64_t row_stride, const float *cos_rows, const float *sin_rows, int64_t rows, int64_t heads,
-            int64_t head_dim, int threads) {
-    int64_t half = head_dim / 2;
+            int64_t head_dim, int64_t rotary_dim, int threads) {
+    int64_t half = rotary_dim / 2;
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
-        float rotated[head_dim];
-        const float *c = cos_rows + r * head_dim, *s = sin_rows + r * head_dim;
+        float rotated[rotary_dim];
+        const float *c = cos_rows + r * rotary_dim, *s = sin_rows + r * rotary_dim;
         for (int64_t h = 0; h < heads; h++) {
             float *v = x + r * row_stride + h * head_dim;
             for (int64_t d = 0; d < half; d++) /* two halves, so that each loop vectorizes */
                 rotated[d] = v[d] * c[d] + v[d + half] * s[d];
-            for (int64_t d = half; d < head_dim; d++) rotated[d] = v[d] * c[d] + v[d - half] * s[d];
-            memcpy(v, rotated, head_dim * sizeof(float));
+            for (int64_t d = half; d < rotary_dim; d++) rotated[d] = v[d] * c[d] + v[d - half] * s[d];
+            memcpy(v, rotated, rotary_dim * sizeof(float));
         }
     }
 }
@@ -961,7 +962,7 @@ typedef struct {
 } DecoderLayer;
 
 typedef struct {
-    int64_t hidden, heads, kv_heads, head_dim, intermediate, block_size;
+    int64_t hidden, heads, kv_heads, head_dim, rotary_dim, intermediate, block_size;
     float eps, scale;
     int threads;
 } DecoderShape;
@@ -997,7 +998,8 @@ void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const Decode
         if (layer->q_norm)
             head_norm(qkv, qkv_width, layer->q_norm, layer->k_norm, rows, heads, kv_heads, head_dim, shape->eps,
                       shape->threads);
-        if (layer->rope) rotate(qkv, qkv_width, cos, sin, rows, heads + kv_heads, head_dim, shape->threads);
+        if (layer->rope)
+            rotate(qkv, qkv_width, cos, sin, rows, heads + kv_heads, head_dim, shape->rotary_dim, shape->threads);
         for (int64_t r = 0; r < rows; r++)
             store_bf16(kv_caches[l] + slots[r] * kv_width, qkv + r * qkv_width + heads * head_dim, kv_width);
         paged_attention(qkv, qkv_width, kv_caches[l], block_table, seqs, max_blocks, row_seqs, context_lens,

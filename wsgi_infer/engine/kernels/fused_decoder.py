@@ -27,7 +27,8 @@ class _DecoderLayer(ctypes.Structure):
 
 class _DecoderShape(ctypes.Structure):
     _fields_ = [
-        *((name, _I) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "block_size")),
+        *((name, _I) for name in ("hidden", "heads", "kv_heads", "head_dim", "rotary_dim", "intermediate")),
+        ("block_size", _I),
         ("eps", _F),
         ("scale", _F),
         ("threads", ctypes.c_int),
@@ -98,7 +99,7 @@ class FusedDecoder:
     def __call__(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list[torch.Tensor], meta, stop: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: [rows, hidden] embeddings, overwritten; cos, sin: [rows, 1, head_dim]; meta: AttentionMetadata; stop:
+        """x: [rows, hidden] embeddings, overwritten; cos, sin: [rows, 1, rotary dims]; meta: AttentionMetadata; stop:
         the address of an int read before each layer (``StepInterrupt``). Returns (the last layer's output, the
         residual sum before it), as the layers' loop would; where ``stop`` was set, part way."""
         if kv_caches is not self._caches:  # the runner's list: the same one every step
@@ -110,6 +111,7 @@ class FusedDecoder:
             d.heads,
             d.kv_heads,
             d.head_dim,
+            cos.shape[-1],  # the rotated part of a head
             d.intermediate,
             meta.block_size,
             d.eps,

@@ -22,16 +22,20 @@ class RotaryEmbedding(nn.Module):
         params = params[layer_type] if layer_type else params
         rope_type = params.get("rope_type", "default")
         kind = {"layer_type": layer_type} if layer_type else {}
+        positions = torch.arange(max_positions, dtype=torch.float32)
         if rope_type == "default":
-            inv_freq, scaling = _default_inv_freq(config, params["rope_theta"])
+            cos, sin = _tables(positions, *_default_inv_freq(config, params))
+        elif rope_type == "longrope":  # short factors within the original context, long ones past it (as vLLM)
+            init, original = ROPE_INIT_FUNCTIONS[rope_type], params["original_max_position_embeddings"]
+            short = _tables(positions[:original], *init(config, torch.get_default_device(), **kind))
+            long = _tables(positions[original:], *init(config, torch.get_default_device(), original + 1, **kind))
+            cos, sin = (torch.cat(pair) for pair in zip(short, long))
         elif rope_type in ROPE_INIT_FUNCTIONS and rope_type != "dynamic":
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.get_default_device(), **kind)
+            cos, sin = _tables(positions, *ROPE_INIT_FUNCTIONS[rope_type](config, torch.get_default_device(), **kind))
         else:
             raise ValueError(f"unsupported rope_type {rope_type!r}")
-        positions = torch.arange(max_positions, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq.float())
-        cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
-        # Over the whole head, with rotate-half's sign folded into sin (see apply_rotary_).
+        # Over the rotated part of the head (all of it, or its first partial_rotary_factor), with rotate-half's
+        # sign folded into sin (see apply_rotary_).
         # Plain attributes, not buffers, so casting the model to bf16 leaves these
         # small tables in float32, where exactness at long positions is kept.
         self.cos = torch.cat((cos, cos), dim=-1)
@@ -51,10 +55,17 @@ def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kernels
     """
     if kernels is not None:
         return kernels.rotate_(x, cos, sin)
-    rotated = x.float()
-    x.copy_(rotated * cos + rotated.roll(x.shape[-1] // 2, dims=-1) * sin)
+    part = x[..., : cos.shape[-1]]  # partial rotary (Phi-3/4): the rest of the head passes unrotated
+    rotated = part.float()
+    part.copy_(rotated * cos + rotated.roll(part.shape[-1] // 2, dims=-1) * sin)
 
 
-def _default_inv_freq(config, base: float) -> tuple[torch.Tensor, float]:
+def _tables(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = torch.outer(positions, inv_freq.float())
+    return freqs.cos() * scaling, freqs.sin() * scaling
+
+
+def _default_inv_freq(config, params: dict) -> tuple[torch.Tensor, float]:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)), 1.0
+    dim = int(head_dim * params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)))
+    return 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)), 1.0

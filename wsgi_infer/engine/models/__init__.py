@@ -6,7 +6,7 @@ from torch import nn
 
 from .gemma3 import Gemma3ForCausalLM
 from .gpt2 import GPT2LMHeadModel
-from .llama import LlamaForCausalLM
+from .llama import LlamaForCausalLM, Phi3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
@@ -15,5 +15,6 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "qwen3": LlamaForCausalLM,
     "smollm3": LlamaForCausalLM,
     "gpt2": GPT2LMHeadModel,
+    "phi3": Phi3ForCausalLM,
     "gemma3_text": Gemma3ForCausalLM,
 }

@@ -104,6 +104,7 @@ FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj":
 
 class LlamaForCausalLM(nn.Module):
     layer_class: type[nn.Module] = LlamaDecoderLayer
+    fused_projections = FUSED_PROJECTIONS  # the checkpoint's weights in each of ours (Phi-3 fuses them itself)
     runs_on_kernels = True  # its layers have the CPU kernels' paths (see kernels.cpu.attach_kernels)
     _kernels: CpuKernels | None = None
     fused_decoder: FusedDecoder | None = None  # with the kernels, when every projection is packed on them too
@@ -197,7 +198,7 @@ class LlamaForCausalLM(nn.Module):
         if linear == "lm_head":
             return ["model.embed_tokens.weight" if self.tied_embeddings else "lm_head.weight"]
         parent, _, name = linear.rpartition(".")
-        return [f"model.{parent}.{part}.weight" for part in FUSED_PROJECTIONS.get(name, (name,))]
+        return [f"model.{parent}.{part}.weight" for part in self.fused_projections.get(name, (name,))]
 
     @torch.no_grad()
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -213,7 +214,7 @@ class LlamaForCausalLM(nn.Module):
                 for suffix in ("weight", "bias"):
                     # None: no bias, or a weight packed from the checkpoint's 4-bit blocks (not read at all)
                     target = getattr(layer.get_submodule(ours), suffix)
-                    parts = [f"{p}{parent}.{part}.{suffix}" for part in FUSED_PROJECTIONS.get(name, (name,))]
+                    parts = [f"{p}{parent}.{part}.{suffix}" for part in self.fused_projections.get(name, (name,))]
                     if target is not None and parts[0] in state:
                         target.copy_(torch.cat([state[part] for part in parts]))
             layer.input_layernorm.weight.copy_(state[f"{p}input_layernorm.weight"])
@@ -221,3 +222,10 @@ class LlamaForCausalLM(nn.Module):
             for name in ("q_norm", "k_norm"):
                 if getattr(layer.self_attn, name) is not None:
                     getattr(layer.self_attn, name).weight.copy_(state[f"{p}self_attn.{name}.weight"])
+
+
+class Phi3ForCausalLM(LlamaForCausalLM):
+    """Phi-3 and Phi-4-mini: Llama's layer over checkpoints that fuse QKV and gate-up themselves, with a partial
+    rotary and LongRoPE (``layers.rotary``)."""
+
+    fused_projections: dict[str, tuple[str, ...]] = {}
