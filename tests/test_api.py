@@ -11,6 +11,7 @@ from .sse_client import events
 
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 UNIT = {"type": "string", "enum": ["celsius", "fahrenheit"]}
+NEWLINE = 198  # the token of "\n" in the tiny models' (SmolLM2's) vocabulary
 TOOLS = [
     {
         "type": "function",
@@ -52,13 +53,17 @@ def test_a_chat_completion_and_its_chunks_carry_the_same_text_and_usage(tiny_api
     assert content[-1]["choices"][0]["finish_reason"] == "length"
 
 
-def test_a_named_tool_is_called_with_arguments_its_schema_allows(tiny_api):
+@pytest.mark.parametrize("parallel", [False, True, None])
+def test_a_named_tool_is_called_once_with_arguments_its_schema_allows(tiny_api, parallel):
+    """Exactly one call of the named function, whatever parallel_tool_calls says (as OpenAI and vLLM do: clients
+    that take structured output through a forced function rely on it)."""
     body = {
         "messages": ASK,
         "tools": TOOLS,
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-        "parallel_tool_calls": False,
-        "max_tokens": 40,
+        **({"parallel_tool_calls": parallel} if parallel is not None else {}),
+        "max_tokens": 80,
+        "logit_bias": {NEWLINE: 100},  # a newline after a call would open another, where one is allowed
         "temperature": 0,
     }
     with tiny_api.client() as http:
@@ -74,6 +79,22 @@ def test_a_named_tool_is_called_with_arguments_its_schema_allows(tiny_api):
     assert {p["index"] for p in parts} == {0} and parts[0]["function"]["name"] == "get_weather"
     assert "".join(p["function"].get("arguments") or "" for p in parts) == call["function"]["arguments"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_json_object_with_a_schema_follows_the_schema(tiny_api):
+    """response_format {"type": "json_object", "schema": ...}: the form llama-server honours, which instructor's
+    JSON_SCHEMA mode sends; the schema is not dropped for free JSON."""
+    schema = {"type": "object", "properties": {"unit": UNIT}, "required": ["unit"], "additionalProperties": False}
+    body = {"messages": ASK, "max_tokens": 40, "temperature": 0, "response_format": {"type": "json_object"}}
+    with tiny_api.client() as http:
+        reply = http.post(
+            "/v1/chat/completions", json={**body, "response_format": {**body["response_format"], "schema": schema}}
+        )
+        refused = http.post(
+            "/v1/chat/completions", json={**body, "response_format": {"type": "text", "schema": schema}}
+        )
+    assert set(json.loads(reply.json()["choices"][0]["message"]["content"])) == {"unit"}
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_format"
 
 
 def test_a_choice_constraint_holds_streamed_and_not(tiny_api):

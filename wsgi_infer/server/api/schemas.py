@@ -71,12 +71,16 @@ class JsonSchemaFormat(Request):
 class ResponseFormat(Request):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    # json_object with a schema: the form llama-server and several hosted APIs honour (instructor sends it)
+    schema_: dict | None = Field(None, alias="schema")
 
     def constraint(self) -> StructuredOutput | None:
         if self.type == "text":
+            if self.schema_ is not None:
+                raise APIError("response_format.schema needs type json_object or json_schema", param="response_format")
             return None
         if self.type == "json_object":
-            return StructuredOutput("json", {"type": "object"}, source="response_format")
+            return StructuredOutput("json", {"type": "object", **(self.schema_ or {})}, source="response_format")
         if self.json_schema is None:
             raise APIError("response_format.json_schema is required for type json_schema", param="response_format")
         # No schema: any JSON object, as OpenAI does.

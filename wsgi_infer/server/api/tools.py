@@ -49,16 +49,22 @@ class ToolPlan:
             for i, f in enumerate(allowed)
         ]
         call = f'call: "<tool_call>\\n" ({" | ".join(f"fn_{i}" for i in range(len(allowed)))}) "\\n</tool_call>"'
-        calls = 'calls: call ("\\n" call)*' if self.parallel else "calls: call"
+        calls = 'calls: call ("\\n" call)*' if self.parallel and not self.named else "calls: call"
         start = (
             "start: TEXT | calls\nTEXT: /(.|\\n)+/ & ~/<tool_call>(.|\\n)*/" if self.mode == "auto" else "start: calls"
         )
         return StructuredOutput("grammar", "\n".join([start, calls, call, *rules]), source="tools")
 
+    @property
+    def named(self) -> bool:
+        """tool_choice named one function: exactly one call of it, whatever parallel_tool_calls says (as OpenAI
+        and vLLM do; clients that take structured output through a forced function rely on it)."""
+        return self.mode not in ("auto", "required")
+
     def system_prompt(self) -> str:
         """For chat templates that do not take tools: the tools and the call format."""
         listing = "\n".join(json.dumps(f, ensure_ascii=False) for f in self.functions)
-        how = "call one or more of them" if self.parallel else "call one of them"
+        how = "call one or more of them" if self.parallel and not self.named else "call one of them"
         return (
             f"You have access to these tools:\n{listing}\n\nTo {how}, reply with nothing but, for each call:\n"
             f'{CALL_OPEN}{{"name": <tool name>, "arguments": <JSON object>}}{CALL_CLOSE}'
