@@ -13,7 +13,7 @@ from wsgi_infer import LLM
 from wsgi_infer.engine.kernels.build import build_cpu_kernels, build_lock, built_library, library_path
 from wsgi_infer.engine.kernels.cpu import CacheRows, CpuKernels, load_cpu_kernels
 from wsgi_infer.engine.kernels.layouts import kernel_weight
-from wsgi_infer.engine.layers.activation import SiluAndMul
+from wsgi_infer.engine.layers.activation import GeluTanhAndMul, SiluAndMul
 from wsgi_infer.engine.layers.norm import RMSNorm, rms_norm
 from wsgi_infer.engine.layers.quantization import PackedLinear, SmallBatchLinear
 from wsgi_infer.engine.layers.rotary import apply_rotary_
@@ -65,12 +65,13 @@ def test_head_norms_compute_as_torch_on_query_and_key_heads_only(kernels):
 
 def test_silu_and_mul_and_rotary_compute_as_torch(kernels):
     torch.manual_seed(0)
-    act = SiluAndMul()
-    for gate_up in (randn(5, 3072, scale=4), randn(3, 80, scale=4)):  # 16 lanes at a time, and a tail of 8
-        act.kernels = None
-        expected = act(gate_up)
-        act.kernels = kernels
-        torch.testing.assert_close(act(gate_up), expected, rtol=1e-5, atol=1e-6)  # e^x within 2 ulp
+    for act in (SiluAndMul(), GeluTanhAndMul()):
+        for gate_up in (randn(5, 3072, scale=4), randn(3, 80, scale=4)):  # 16 lanes at a time, and a tail of 8
+            act.kernels = None
+            expected = act(gate_up)
+            act.kernels = kernels
+            # e^x within 2 ulp; GELU's tail: torch's tanh saturates at -1 where x / (1 + e^-2y) keeps 1e-6
+            torch.testing.assert_close(act(gate_up), expected, rtol=1e-5, atol=2e-6)
     qkv, cos, sin = randn(5, 15, 64), torch.randn(5, 1, 64), torch.randn(5, 1, 64)
     by_torch, by_kernel = qkv.clone(), qkv.clone()
     apply_rotary_(by_torch[:, :12], cos, sin)
@@ -234,9 +235,9 @@ def mixed_gguf(tmp_path_factory) -> str:
 @pytest.mark.parametrize(
     "arch, quantization",
     [("llama", "int4"), ("qwen2", "int4"), ("llama", "int8"), ("mixed GGUF", "auto"), ("qwen3", "int4")]
-    + [("smollm3", "int8"), ("phi3", "int4")],
+    + [("smollm3", "int8"), ("phi3", "int4"), ("gemma3", "int4")],
 )  # qwen2: QKV biases; the GGUF: 4- and 8-bit projections in each layer; qwen3: q and k norms and a sliding window;
-# smollm3: NoPE layers; phi3: a partial rotary
+# smollm3: NoPE layers; phi3: a partial rotary; gemma3: its norms, GeGLU and RoPE per kind
 def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs, mixed_gguf, arch, quantization):
     """Steps up to the projections' crossing point, prefill chunks included, run every layer in one call;
     without it the layers' loop runs. Each request's tokens are the same either way, in staggered batches and

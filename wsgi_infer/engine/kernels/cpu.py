@@ -36,7 +36,8 @@ _SIGNATURES = {
     "int4_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
     "int8_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
     "int8_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
-    "decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _I, _P],
+    "decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _I, _P],
+    "gelu_mul": [_P, _P, _I, _I, ctypes.c_int],
     "argmax_rows": [_P, _I, _I, _P, ctypes.c_int],
 }
 
@@ -93,10 +94,19 @@ class CpuKernels:
         return out, x if residual is None else residual
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        _check(gate_up, "silu_mul")
+        return self._gated(self._lib.silu_mul, gate_up)
+
+    def gelu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """GeGLU with GELU's tanh approximation (Gemma)."""
+        return self._gated(self._lib.gelu_mul, gate_up)
+
+    @staticmethod
+    def _gated(function, gate_up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up from the rows' [gate | up]."""
+        _check(gate_up, "gated activation")
         gate_up = gate_up.contiguous()
         out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
-        self._lib.silu_mul(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1], torch.get_num_threads())
+        function(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1], torch.get_num_threads())
         return out
 
     def rotate_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:

@@ -214,6 +214,25 @@ void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t width, int
     }
 }
 
+/* out = gelu(gate) * up with GELU's tanh approximation (Gemma's GeGLU): 0.5 x (1 + tanh(y)) = x / (1 + e^(-2y)),
+ * y = sqrt(2 / pi) (x + 0.044715 x^3), with silu_mul's exponential. */
+void gelu_mul(const float *gate_up, float *out, int64_t rows, int64_t width, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * width, *up = gate + width;
+        int64_t i = 0;
+        for (; i + 16 <= width; i += 16) { /* what the loop below does, 16 at a time */
+            f32x16 g = load16f(gate + i), y = 0.7978845608f * (g + 0.044715f * g * g * g);
+            f32x16 product = g / (1.0f + exp16(-2.0f * y)) * load16f(up + i);
+            memcpy(out + r * width + i, &product, sizeof(product));
+        }
+        for (; i < width; i++) {
+            float g = gate[i], y = 0.7978845608f * (g + 0.044715f * g * g * g);
+            out[r * width + i] = g / (1.0f + exp_approx(-2.0f * y)) * up[i];
+        }
+    }
+}
+
 /* Rotate heads [rows, heads, D] (row stride in elements) in place: each head's first R dims (R = D, or less for
  * a partial rotary) x * cos + roll(x, R / 2) * sin with each row's table rows [rows, R] (sin signed: see
  * rotary.py); the rest of the head passes unrotated. */
@@ -942,7 +961,7 @@ void int8_mm(const float *x, int64_t rows, const uint8_t *codes, const f16 *scal
 
 /* --- a step's layers, one call ------------------------------------------------------------------------
  * For steps whose every projection is packed on the kernels (decodes, and prefill chunks up to as many rows): the
- * Llama layer (llama.py) op for op, each through the kernel its torch path calls, so a row's result is the same
+ * Llama layer (llama.py), or Gemma's (gemma3.py: norms of each block's output, GeGLU, RoPE per kind), op for op, each through the kernel its torch path calls, so a row's result is the same
  * whichever path its step took. What is left of a step in Python is the embedding, the final norm and the LM
  * head. */
 typedef struct {
@@ -958,6 +977,9 @@ typedef struct {
     const float *q_norm, *k_norm; /* per-head norms of queries and keys (Qwen3), or NULL */
     int64_t rope;                 /* 0: a layer without positions (SmolLM3's NoPE layers) */
     int64_t window;               /* a sliding window's tokens, or 0: the whole context */
+    int64_t local_rope;           /* 1: the second RoPE tables (Gemma's sliding-window layers' own base) */
+    int64_t gelu;                 /* 1: GeGLU (Gemma), 0: SwiGLU */
+    const float *attention_out_norm, *mlp_out_norm; /* Gemma's norms of each block's output, or NULL */
     PackedWeight qkv, o, gate_up, down;
 } DecoderLayer;
 
@@ -977,11 +999,11 @@ static void project(const float *x, int64_t rows, const PackedWeight *w, float *
 
 /* kv_caches: a layer's [slots, 2 * kv_heads, head_dim] each, bf16. x: [rows, hidden], the embeddings in, the
  * last layer's output out; residual: [rows, hidden], the running sum before that output (the final norm adds
- * them). cos, sin: [rows, head_dim]; slots: [rows] where each row's key and value go; block_table, seqs,
+ * them). cos_sin: cos, sin, then a second pair for layers with local_rope, each [rows, rotary dims]; slots: [rows] where each row's key and value go; block_table, seqs,
  * max_blocks, row_seqs, context_lens: as paged_attention reads them. stop: read before each layer; once set, the
  * remaining layers are skipped (the caller then discards the step). */
 void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const DecoderShape *shape, bf16 *const *kv_caches,
-                    float *x, float *residual, const float *cos, const float *sin, const int64_t *slots,
+                    float *x, float *residual, const float *const *cos_sin, const int64_t *slots,
                     const int64_t *block_table, int64_t seqs, int64_t max_blocks, const int64_t *row_seqs,
                     const int64_t *context_lens, int64_t rows, const volatile int *stop) {
     int64_t hidden = shape->hidden, head_dim = shape->head_dim, heads = shape->heads, kv_heads = shape->kv_heads;
@@ -998,6 +1020,7 @@ void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const Decode
         if (layer->q_norm)
             head_norm(qkv, qkv_width, layer->q_norm, layer->k_norm, rows, heads, kv_heads, head_dim, shape->eps,
                       shape->threads);
+        const float *cos = cos_sin[2 * layer->local_rope], *sin = cos_sin[2 * layer->local_rope + 1];
         if (layer->rope)
             rotate(qkv, qkv_width, cos, sin, rows, heads + kv_heads, head_dim, shape->rotary_dim, shape->threads);
         for (int64_t r = 0; r < rows; r++)
@@ -1006,10 +1029,13 @@ void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const Decode
                         shape->block_size, attn, rows, heads, kv_heads, head_dim, shape->scale, layer->window,
                         shape->threads);
         project(attn, rows, &layer->o, x, shape->threads);
+        if (layer->attention_out_norm)
+            rms_norm(x, NULL, layer->attention_out_norm, x, rows, hidden, shape->eps, shape->threads);
         rms_norm(x, residual, layer->post_attention_norm, h, rows, hidden, shape->eps, shape->threads);
         project(h, rows, &layer->gate_up, gate_up, shape->threads);
-        silu_mul(gate_up, act, rows, shape->intermediate, shape->threads);
+        (layer->gelu ? gelu_mul : silu_mul)(gate_up, act, rows, shape->intermediate, shape->threads);
         project(act, rows, &layer->down, x, shape->threads);
+        if (layer->mlp_out_norm) rms_norm(x, NULL, layer->mlp_out_norm, x, rows, hidden, shape->eps, shape->threads);
     }
     free(h), free(attn), free(qkv), free(gate_up), free(act);
 }

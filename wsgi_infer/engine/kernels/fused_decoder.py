@@ -20,7 +20,8 @@ class _PackedWeight(ctypes.Structure):
 class _DecoderLayer(ctypes.Structure):
     _fields_ = [
         *((name, _P) for name in ("input_norm", "post_attention_norm", "q_norm", "k_norm")),
-        *((name, _I) for name in ("rope", "window")),
+        *((name, _I) for name in ("rope", "window", "local_rope", "gelu")),
+        *((name, _P) for name in ("attention_out_norm", "mlp_out_norm")),
         *((name, _PackedWeight) for name in ("qkv", "o", "gate_up", "down")),
     ]
 
@@ -51,6 +52,10 @@ class DecoderWeights:
     k_norm: torch.Tensor | None = None
     rope: bool = True
     window: int = 0  # a sliding window's tokens, or 0
+    local_rope: bool = False  # the second RoPE tables (Gemma's sliding-window layers)
+    gelu: bool = False  # GeGLU (Gemma), else SwiGLU
+    attention_out_norm: torch.Tensor | None = None  # Gemma's norms of the attention's and the MLP's outputs
+    mlp_out_norm: torch.Tensor | None = None
 
 
 @dataclass
@@ -94,14 +99,23 @@ class FusedDecoder:
         projections = (packed(weights.qkv), packed(weights.o), packed(weights.gate_up), packed(weights.down))
         norms = (weights.input_norm.data_ptr(), weights.post_attention_norm.data_ptr())
         head_norms = (_address(weights.q_norm), _address(weights.k_norm))
-        return _DecoderLayer(*norms, *head_norms, int(weights.rope), weights.window, *projections)
+        flags = (int(weights.rope), weights.window, int(weights.local_rope), int(weights.gelu))
+        out_norms = (_address(weights.attention_out_norm), _address(weights.mlp_out_norm))
+        return _DecoderLayer(*norms, *head_norms, *flags, *out_norms, *projections)
 
     def __call__(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list[torch.Tensor], meta, stop: int
+        self,
+        x: torch.Tensor,
+        tables: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[torch.Tensor],
+        meta,
+        stop: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: [rows, hidden] embeddings, overwritten; cos, sin: [rows, 1, rotary dims]; meta: AttentionMetadata; stop:
-        the address of an int read before each layer (``StepInterrupt``). Returns (the last layer's output, the
-        residual sum before it), as the layers' loop would; where ``stop`` was set, part way."""
+        """x: [rows, hidden] embeddings, overwritten; tables: (cos, sin) [rows, 1, rotary dims], and a second pair
+        for layers with ``local_rope``; meta: AttentionMetadata; stop: the address of an int read before each layer
+        (``StepInterrupt``). Returns (the last layer's output, the residual sum before it), as the layers' loop
+        would; where ``stop`` was set, part way."""
+        cos_sin = (_P * 4)(*(t.data_ptr() for pair in (tables * 2)[:2] for t in pair))
         if kv_caches is not self._caches:  # the runner's list: the same one every step
             self._caches = kv_caches
             self._cache_pointers[:] = [cache.data_ptr() for cache in kv_caches]
@@ -111,7 +125,7 @@ class FusedDecoder:
             d.heads,
             d.kv_heads,
             d.head_dim,
-            cos.shape[-1],  # the rotated part of a head
+            tables[0][0].shape[-1],  # the rotated part of a head
             d.intermediate,
             meta.block_size,
             d.eps,
@@ -126,8 +140,7 @@ class FusedDecoder:
             self._cache_pointers,
             x.data_ptr(),
             residual.data_ptr(),
-            cos.data_ptr(),
-            sin.data_ptr(),
+            cos_sin,
             meta.slot_mapping.data_ptr(),
             *meta.cache_rows.pointers(),
             rows,

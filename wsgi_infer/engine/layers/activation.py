@@ -20,9 +20,13 @@ class SiluAndMul(nn.Module):
 
 
 class GeluTanhAndMul(nn.Module):
-    """gelu(gate, tanh approximation) * up (Gemma's MLP), in torch's ops: the kernels have no GELU."""
+    """gelu(gate, tanh approximation) * up (Gemma's MLP)."""
+
+    kernels: CpuKernels | None = None  # see kernels.cpu.attach_kernels
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None:
+            return self.kernels.gelu_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.gelu(gate, approximate="tanh") * up
 

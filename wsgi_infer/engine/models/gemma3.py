@@ -8,24 +8,19 @@
 - Per-head RMSNorm of queries and keys (as Qwen3), then RoPE with a base per kind of layer: sliding-window
   layers (5 of every 6) and global ones.
 
-Projections are packed on the CPU kernels, and norms, RoPE and attention run there; the fused step serves
-Llama's layer only, so Gemma's layers run one by one.
+On the CPU kernels, small steps run every layer in the fused decoder (its Gemma flags), larger ones layer by
+layer through the same kernels.
 """
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import nn
 
-from ..kernels.cpu import CpuKernels
-from ..kernels.fused_decoder import FusedDecoder
+from ..kernels.fused_decoder import DecoderWeights
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
-
-log = logging.getLogger(__name__)
 
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
 
@@ -83,9 +78,28 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         weights = self.embed_tokens.weight
         return self.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=weights.dtype)
 
-    def _fuse(self, kernels: CpuKernels) -> tuple[FusedDecoder | None, int]:
-        log.info("gemma3_text: layers run one by one on the kernels (the fused step serves Llama's layer only)")
-        return None, 0
+    @staticmethod
+    def fused_tables(rope: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The global layers' tables, then the sliding-window layers' (``local_rope``)."""
+        return [rope.get(GLOBAL, rope.get(SLIDING)), rope.get(SLIDING, rope.get(GLOBAL))]
+
+    @staticmethod
+    def _decoder_weights(layer: nn.Module) -> DecoderWeights:
+        """The fused decoder's Llama slots, and Gemma's own: the MLP's input norm sits where Llama's second norm
+        does; the norms of the attention's and the MLP's outputs, GeGLU and the RoPE per kind are flags."""
+        attn, mlp = layer.self_attn, layer.mlp
+        return DecoderWeights(
+            layer.input_layernorm.weight,
+            layer.pre_feedforward_layernorm.weight,
+            *(attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj),
+            q_norm=attn.q_norm.weight,
+            k_norm=attn.k_norm.weight,
+            window=attn.window,
+            local_rope=layer.kind == SLIDING,
+            gelu=True,
+            attention_out_norm=layer.post_attention_layernorm.weight,
+            mlp_out_norm=layer.post_feedforward_layernorm.weight,
+        )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)

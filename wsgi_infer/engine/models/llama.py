@@ -150,7 +150,7 @@ class LlamaForCausalLM(nn.Module):
         rope = self.rotary(positions)
         rows = len(input_ids)
         if self.fused_decoder is not None and meta.cache_rows is not None and rows <= self.fused_max_rows:
-            x, residual = self.fused_decoder(x, *rope, kv_caches, meta, self.interrupt.address)
+            x, residual = self.fused_decoder(x, self.fused_tables(rope), kv_caches, meta, self.interrupt.address)
             self.interrupt.check()
             return self.norm(x, residual)[0]
         for layer, kv_cache in zip(self.layers, kv_caches):
@@ -158,23 +158,15 @@ class LlamaForCausalLM(nn.Module):
             x, residual = layer(x, residual, rope, kv_cache, meta)
         return self.norm(x, residual)[0]
 
+    @staticmethod
+    def fused_tables(rope) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The step's RoPE tables as the fused decoder takes them: one pair here."""
+        return [rope]
+
     def _fuse(self, kernels: CpuKernels) -> tuple[FusedDecoder | None, int]:
         """The kernels' decoder: the layers' loop in one call, where every projection is packed on the kernels
         (for steps up to the fewest rows any of them serves packed, prefill chunks included)."""
-        weights = [
-            DecoderWeights(
-                layer.input_layernorm.weight,
-                layer.post_attention_layernorm.weight,
-                layer.self_attn.qkv_proj,
-                layer.self_attn.o_proj,
-                layer.mlp.gate_up_proj,
-                layer.mlp.down_proj,
-                *(norm and norm.weight for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm)),
-                layer.self_attn.rope,
-                layer.self_attn.window,
-            )
-            for layer in self.layers
-        ]
+        weights = [self._decoder_weights(layer) for layer in self.layers]
         projections = [p for w in weights for p in (w.qkv, w.o, w.gate_up, w.down)]
         if not all(isinstance(p, PackedLinear) for p in projections):
             return None, 0
@@ -189,6 +181,15 @@ class LlamaForCausalLM(nn.Module):
             scale=attn.scale,
         )
         return kernels.fused_decoder(weights, dims), min(p.max_rows for p in projections)
+
+    @staticmethod
+    def _decoder_weights(layer: nn.Module) -> DecoderWeights:
+        """A layer as the fused decoder reads it."""
+        attn, mlp = layer.self_attn, layer.mlp
+        head_norms = (attn.q_norm and attn.q_norm.weight, attn.k_norm and attn.k_norm.weight)
+        norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        return DecoderWeights(*norms, *projections, *head_norms, attn.rope, attn.window)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
