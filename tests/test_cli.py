@@ -12,6 +12,7 @@ from wsgi_infer.engine.cache_files import read_json
 from wsgi_infer.engine.kernels.build import library_path
 from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.model_loader import RESOLVED_CONFIGS_DIR
+from wsgi_infer.engine.models import MODEL_REGISTRY
 
 pytestmark = pytest.mark.slow  # real processes
 
@@ -46,7 +47,8 @@ def test_unsupported_architecture_names_path_and_expectation(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "bert", "architectures": ["BertModel"]}')
     result = run_cli("generate", "hi", "--model", str(tmp_path))
     assert result.returncode == 2
-    assert f"model {tmp_path}: unsupported architecture 'bert' (expected one of: gpt2, llama" in result.stderr
+    expected = ", ".join(sorted(MODEL_REGISTRY))
+    assert f"model {tmp_path}: unsupported architecture 'bert' (expected one of: {expected})" in result.stderr
     assert "Traceback" not in result.stderr
 
 
