@@ -81,14 +81,16 @@ class TinyGGUF:
     tensors: dict[str, tuple[Q, np.ndarray]]  # each 2-D tensor's type and bytes [rows, bytes per row], as written
 
 
-def write_tiny_gguf(path: Path, types: dict[str, str] | str, seed: int = 0, embedding: str = "F16") -> TinyGGUF:
-    """A 2-layer Llama whose projections are of ``types`` (one name, or one per projection of ``PROJECTIONS``),
-    its embedding (tied to the LM head) of ``embedding``, its norms F32."""
+def write_tiny_gguf(
+    path: Path, types: dict[str, str] | str, seed: int = 0, embedding: str = "F16", arch: str = "llama"
+) -> TinyGGUF:
+    """A 2-layer Llama (or Qwen3: with per-head q/k norms) whose projections are of ``types`` (one name, or one
+    per projection of ``PROJECTIONS``), its embedding (tied to the LM head) of ``embedding``, its norms F32."""
     rng = np.random.default_rng(seed)
     per_projection = dict.fromkeys(PROJECTIONS, types) if isinstance(types, str) else types
     fields = _tokenizer_fields()
     vocab = len(next(value for key, value, _ in fields if key == "tokenizer.ggml.tokens"))
-    writer = gguf.GGUFWriter(path, arch="llama")
+    writer = gguf.GGUFWriter(path, arch=arch)
     writer.add_name("tiny")
     writer.add_block_count(LAYERS)
     writer.add_context_length(2048)
@@ -99,6 +101,9 @@ def write_tiny_gguf(path: Path, types: dict[str, str] | str, seed: int = 0, embe
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(HIDDEN // HEADS)
+    if arch == "qwen3":  # as llama.cpp writes Qwen3 files: its config's head_dim is not hidden / heads
+        writer.add_key_length(HIDDEN // HEADS)
+        writer.add_value_length(HIDDEN // HEADS)
     writer.add_vocab_size(vocab)
     for key, value, types in fields:
         writer.add_key_value(key, value, types[0], types[1] if len(types) > 1 else None)
@@ -129,6 +134,9 @@ def write_tiny_gguf(path: Path, types: dict[str, str] | str, seed: int = 0, embe
     for layer in range(LAYERS):
         add(f"blk.{layer}.attn_norm.weight", (HIDDEN,), "F32")
         add(f"blk.{layer}.ffn_norm.weight", (HIDDEN,), "F32")
+        if arch == "qwen3":
+            add(f"blk.{layer}.attn_q_norm.weight", (head_dim,), "F32")
+            add(f"blk.{layer}.attn_k_norm.weight", (head_dim,), "F32")
         for projection, shape in shapes.items():
             add(f"blk.{layer}.{projection}.weight", shape, per_projection[projection])
     writer.write_header_to_file()

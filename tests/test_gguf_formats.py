@@ -111,10 +111,11 @@ def test_q4_k_maps_onto_int4_groups_block_by_block():
     assert torch.equal(groups.dequantize()[0], values[0])  # a block of zeros stays zeros
 
 
-def test_a_mix_of_types_is_exact_in_float32_against_transformers(tmp_path):
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_mix_of_types_is_exact_in_float32_against_transformers(tmp_path, arch):
     """A Q4_K_M-like file: each projection its own type. float32 without packing is transformers' output on the
     same dequantized weights, token for token; packed, a layer stacking 4- and 8-bit parts is 8-bit."""
-    path = write_tiny_gguf(tmp_path / "mix.gguf", MIXED_TYPES, embedding="Q8_0").path
+    path = write_tiny_gguf(tmp_path / "mix.gguf", MIXED_TYPES, embedding="Q8_0", arch=arch).path
     llm = LLM(model=str(path), dtype="float32", quantization="none")
     prompt = llm.engine.tokenize("The quick brown fox")
     out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]

@@ -51,6 +51,9 @@ def read_gguf_config(gguf_file: Path):
         if name is not None and name != -1:
             values[name] = architecture if name == "model_type" else value
     values["tie_word_embeddings"] = "output.weight" not in tensor_names
+    key_length = metadata.get(f"{file_architecture}.attention.key_length")
+    if key_length is not None:  # llama.cpp writes a head's size; transformers' map skips it for some (Qwen3)
+        values.setdefault("head_dim", key_length)
     for key, value in GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture, {}).items():
         values.setdefault(key, value)
     values.setdefault("vocab_size", metadata.get("tokenizer.ggml.tokens"))  # the reader gives its length
