@@ -193,12 +193,15 @@ def test_auto_dtype_on_the_cpu_is_float32_unless_torch_serves_native_bf16(monkey
     assert resolve_dtype("bfloat16", cpu, on_kernels=True) == torch.bfloat16
 
 
-def test_without_packing_or_kernels_the_cpu_computes_in_float32(tiny_model_dirs, monkeypatch):
+def test_without_packing_or_kernels_the_cpu_computes_in_float32(tiny_model_dirs, monkeypatch, caplog):
     """quantization none, or an architecture the kernels do not serve (GPT-2): float32 on a CPU without native
-    bf16, never bf16 through torch there."""
+    bf16, never bf16 through torch there; the log says which path runs and why."""
     monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: False)
-    assert LLM(model=str(tiny_model_dirs["llama"]), device="cpu", quantization="none").engine.dtype == torch.float32
-    assert LLM(model=str(tiny_model_dirs["gpt2"]), device="cpu").engine.dtype == torch.float32
+    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.model_runner"):
+        assert LLM(model=str(tiny_model_dirs["llama"]), device="cpu", quantization="none").engine.dtype == torch.float32
+        assert LLM(model=str(tiny_model_dirs["gpt2"]), device="cpu").engine.dtype == torch.float32
+    assert "steps run on torch's ops: quantization none was asked for" in caplog.text
+    assert "steps run on torch's ops: gpt2 has no path on the CPU kernels" in caplog.text
 
 
 @pytest.mark.parametrize("bits", [4, 8])
