@@ -79,3 +79,22 @@ def test_a_weight_the_checkpoint_lacks_is_refused_by_name(tiny_model_dirs, tmp_p
     (tmp_path / "config.json").write_text(json.dumps({**config, "attention_bias": True}))
     with pytest.raises(ValueError, match=r"layers\.0\.self_attn\.qkv_proj\.bias"):
         LLM(model=str(tmp_path), dtype="float32", quantization="none")
+
+
+@pytest.mark.parametrize("arch", ["llama3", "phi3"])
+def test_rope_tables_grow_as_positions_need_them_with_the_same_values(tiny_model_dirs, arch, monkeypatch):
+    """Tables start at 4,096 positions and double on demand (a 131,072-position window is not built up front); a
+    grown table equals one built whole, LongRoPE's long factors past the original context included."""
+    from transformers import AutoConfig
+
+    from wsgi_infer.engine.layers.rotary import RotaryEmbedding
+
+    config = AutoConfig.from_pretrained(tiny_model_dirs[arch])
+    grown = RotaryEmbedding(config, 65536)
+    assert len(grown.cos) == 4096
+    positions = torch.tensor([9000, 5, 4095, 4096])
+    cos, sin = grown(positions)
+    assert len(grown.cos) == 9001  # what the step needs, at least twice the last size
+    monkeypatch.setattr(RotaryEmbedding, "FIRST_POSITIONS", 65536)
+    whole = RotaryEmbedding(config, 65536)
+    assert torch.equal(cos, whole.cos[positions].unsqueeze(1)) and torch.equal(sin, whole.sin[positions].unsqueeze(1))
