@@ -6,7 +6,8 @@ from torch import nn
 
 from .gemma3 import Gemma3ForCausalLM
 from .gpt2 import GPT2LMHeadModel
-from .llama import LlamaForCausalLM, Phi3ForCausalLM
+from .llama import LlamaForCausalLM
+from .phi3 import Phi3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,

@@ -223,10 +223,3 @@ class LlamaForCausalLM(nn.Module):
             for name in ("q_norm", "k_norm"):
                 if getattr(layer.self_attn, name) is not None:
                     getattr(layer.self_attn, name).weight.copy_(state[f"{p}self_attn.{name}.weight"])
-
-
-class Phi3ForCausalLM(LlamaForCausalLM):
-    """Phi-3 and Phi-4-mini: Llama's layer over checkpoints that fuse QKV and gate-up themselves, with a partial
-    rotary and LongRoPE (``layers.rotary``)."""
-
-    fused_projections: dict[str, tuple[str, ...]] = {}
