@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import statistics
 import time
+from _queue import SimpleQueue
 
 import gevent
 import gevent.event
 import pytest
+from gevent.monkey import get_original
 
 from wsgi_infer.engine.llm_engine import LLMEngine
+from wsgi_infer.server.engine_client import manager as manager_module
 
 from .conftest import tiny_settings
 from .in_process import InProcessServer
@@ -34,7 +37,7 @@ def timed_server(tiny_model_dirs, monkeypatch):
 
 
 def test_a_long_prompt_is_tokenized_without_stalling_running_streams(timed_server, tiny_llama):
-    """A 30,000-token prompt takes tens of milliseconds to tokenize: the front end does it on a pool thread, so
+    """A 30,000-token prompt takes tens of milliseconds to tokenize: the front end does it on its own thread, so
     the engine's steps go on meanwhile, and the running streams' tokens come as often as before. Its max_tokens
     does not fit the window, so it ends in a 400 once tokenized: what is measured is the tokenizing, not a
     prefill. The gaps are the engine's, between the steps that gave the streams tokens: what the streams are
@@ -72,3 +75,24 @@ def test_a_long_prompt_is_tokenized_without_stalling_running_streams(timed_serve
     )
     assert max(during) <= 2 * statistics.median(gaps)
     assert len(during) >= 4, "the streams must run while the long prompt is tokenized"
+
+
+def test_a_front_end_call_past_stall_seconds_is_a_503_and_health_says_stalled(tiny_model_dirs, monkeypatch):
+    """A request never hangs on the front-end thread: past stall_seconds it gets a 503 it may retry, and /health
+    says the worker is stalled until the call returns."""
+    returned = SimpleQueue()
+
+    def slow_prompt_ids(tokenizer, prompts):  # on the front-end thread: a native sleep, as a stuck call
+        get_original("time", "sleep")(1.0)
+        returned.put(True)
+        return [[1, 2, 3] for _ in prompts]
+
+    monkeypatch.setattr(manager_module, "prompt_ids", slow_prompt_ids)
+    with InProcessServer(tiny_settings(tiny_model_dirs, stall_seconds=0.2)) as server, server.client() as http:
+        refused = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+        health = http.get("/health")
+        assert returned.get(timeout=10)
+        assert http.get("/health").status_code == 200
+    assert refused.status_code == 503 and refused.headers["retry-after"]
+    assert refused.json()["error"]["code"] == "front_end_timeout"
+    assert health.status_code == 503 and health.json()["status"] == "stalled"

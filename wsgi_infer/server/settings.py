@@ -54,7 +54,11 @@ class ServerSettings(EngineSettings):
         description="also copy resumable streams to this Redis (redis://host:port/db): any worker or host resumes them",
     )
     stall_seconds: float = Field(
-        60.0, gt=0, description="requests open but no output from the engine for this long: /health says 503"
+        60.0,
+        gt=0,
+        description="requests open but no output from the engine for this long, or one call of the front-end "
+        "thread (tokenizing, compiling a constraint) running this long: /health says 503; a request waiting "
+        "for the front-end thread this long gets a 503",
     )
     load_wait_seconds: float = Field(
         30.0, ge=0, description="how long a request waits for a worker that is still loading its model"
