@@ -81,7 +81,7 @@ RELAY = textwrap.dedent(
 
 
 def test_records_logged_off_the_hub_are_emitted_by_the_hub():
-    """A native thread must never take a gevent lock the hub may hold: it could wait for ever (a pool thread's
+    """A native thread must never take a gevent lock another thread may hold: it could wait for ever (a pool thread's
     tokenizer warning once hung requests so). Such records go to the hub, which emits them."""
     out = subprocess.run([sys.executable, "-c", RELAY], capture_output=True, text=True, timeout=60, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])

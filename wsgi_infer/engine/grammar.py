@@ -3,7 +3,7 @@
 A ``GrammarCompiler`` turns a ``StructuredOutput`` into an llguidance matcher
 for the model's tokenizer. Compiled grammars are cached by their text, so a
 schema sent with every request compiles once; each choice gets a cheap copy.
-Compiling releases the GIL: the server compiles on a pool thread before it
+Compiling releases the GIL: the server compiles on its front-end thread before it
 submits, and the compiled grammar travels with the request, so the engine
 thread only copies it.
 """
@@ -83,7 +83,7 @@ class GrammarCompiler:
 
     def _build_vocabulary(self) -> llguidance.LLTokenizer:
         """llguidance's view of the tokenizer, built by the first compile (0.35 s for the default model,
-        on a pool thread in the server) rather than by every start. It reads only a copy of the tokenizer."""
+        on the front-end thread in the server) rather than by every start. It reads only a copy of the tokenizer."""
         # n_vocab: the model's logits may be wider than the tokenizer's vocabulary.
         return llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size)
 
