@@ -19,7 +19,7 @@ from wsgi_infer.engine.model_loader import load_tokenizer, resolve_model_dir  # 
 from .in_process import InProcessServer  # noqa: E402
 from .server import GunicornServer  # noqa: E402
 
-TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2", "qwen3", "smollm3", "llama3", "gemma3", "phi3")
+TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2", "qwen3", "smollm3", "llama3", "gemma3", "phi3", "mistral")
 # Llama 3.x: RoPE frequencies scaled by wavelength (its "llama3" rope_type), embeddings tied (3.2).
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -69,6 +69,7 @@ def _tiny_config(arch: str, vocab_size: int):
         Gemma3TextConfig,
         GPT2Config,
         LlamaConfig,
+        MistralConfig,
         Phi3Config,
         Qwen2Config,
         Qwen3Config,
@@ -79,7 +80,7 @@ def _tiny_config(arch: str, vocab_size: int):
     if arch == "gpt2":
         return GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=1024, **common)
     cls = {"llama": LlamaConfig, "llama3": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
-    cls.update(gemma3=Gemma3TextConfig, phi3=Phi3Config)
+    cls.update(gemma3=Gemma3TextConfig, phi3=Phi3Config, mistral=MistralConfig)
     own = {  # what each architecture adds to the Llama layer
         # q and k norms; the second layer attends to a sliding window of 8 tokens (prompts are longer)
         "qwen3": dict(head_dim=16, use_sliding_window=True, sliding_window=8, max_window_layers=1),
@@ -88,6 +89,7 @@ def _tiny_config(arch: str, vocab_size: int):
         # a sliding layer of 8 tokens, then a global one; four heads of 32 scaled as Gemma's 256-wide ones
         "gemma3": dict(head_dim=32, sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
         "phi3": dict(rope_parameters=PHI4_ROPE),  # half of each head rotated, by LongRoPE's short factors
+        "mistral": dict(sliding_window=8),  # every layer's window (no layer_types)
     }
     return cls.get(arch, SmolLM3Config)(
         hidden_size=64,

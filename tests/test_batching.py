@@ -113,7 +113,7 @@ def test_abort_frees_everything_at_once(tiny_llama):
     assert_idle(tiny_llama)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "smollm3", "llama3", "gemma3", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen3", "smollm3", "llama3", "gemma3", "phi3", "mistral"])
 def test_each_architecture_is_batch_invariant_through_chunks_the_prefix_cache_and_preemption(tiny_model_dirs, arch):
     """Alone (and again from the prefix cache), then staggered, then all at once in 16-token chunks
     through 24 blocks of 4 tokens (preempted): the same tokens every way."""

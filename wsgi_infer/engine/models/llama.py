@@ -23,9 +23,13 @@ HEAD_NORM_TYPES = {"qwen3", "gemma3_text"}  # architectures that RMSNorm each qu
 
 
 def layer_window(config, index: int) -> int:
-    """Layer ``index``'s sliding window (tokens), or 0: it attends to the whole context."""
+    """Layer ``index``'s sliding window (tokens), or 0: it attends to the whole context. Without ``layer_types``
+    (Mistral, Phi-3), a ``sliding_window`` is every layer's, as transformers reads it."""
     kinds = getattr(config, "layer_types", None)
-    sliding = kinds is not None and kinds[index] == "sliding_attention"
+    if kinds is None:
+        sliding = getattr(config, "use_sliding_window", True)
+    else:
+        sliding = kinds[index] == "sliding_attention"
     return (getattr(config, "sliding_window", None) or 0) if sliding else 0
 
 
@@ -122,10 +126,6 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = self._rotary(config, max_positions)
         self.head_dim = self.layers[0].self_attn.head_dim  # attach_kernels reads it
         self.sliding_window = max(layer.self_attn.window for layer in self.layers)  # the runner's masks
-        legacy_window = getattr(config, "layer_types", None) is None and getattr(config, "use_sliding_window", True)
-        if legacy_window and getattr(config, "sliding_window", None):
-            # A window for every layer that no layer_types declare (Mistral): stay where full attention is exact.
-            max_positions = min(max_positions, config.sliding_window)
         self.max_positions = max_positions
         self.interrupt = StepInterrupt()  # see LLMEngine.interrupt
 
