@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from wsgi_infer.engine.block_manager import BlockManager
 from wsgi_infer.engine.sampling_params import SamplingParams
+from wsgi_infer.engine.scheduler import Scheduler
 from wsgi_infer.engine.sequence import Sequence
 
 
@@ -71,3 +72,17 @@ def test_hash_depends_on_the_whole_prefix():
     compute_all(bm, make_seq("a", [1, 2, 3, 4, 5]))
     # Same second block [3, 4] after a different first block must not hit.
     assert bm.find_cached_prefix(make_seq("b", [9, 9, 3, 4, 5])) == []
+
+
+def test_a_lone_prompt_whose_cached_prefix_and_chunk_overflow_the_cache_starts_over():
+    """Where every layer slides, a prompt may be longer than the cache: its whole cached prefix and its next chunk
+    may not fit. Alone, it is scheduled from its first token (its blocks go back as its window moves on) rather
+    than waiting for ever."""
+    bm = BlockManager(num_blocks=4, block_size=4)
+    compute_all(bm, first := make_seq("a", list(range(16))))
+    bm.free(first)  # its four blocks stay cached
+    scheduler = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=8)
+    scheduler.add(again := make_seq("b", list(range(16)) + [7] * 8))
+    assert len(bm.find_cached_prefix(again)) == 4  # and 8 more tokens need 2 blocks more: 6 of 4
+    [item] = scheduler.schedule()
+    assert item.seq is again and item.num_new_tokens == 8 and again.num_computed_tokens == 0

@@ -75,7 +75,7 @@ class BlockManager:
             return
         self.update_block_hashes(seq)
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes))
-        for i in range(num_full):
+        for i in range(seq.num_released_blocks, num_full):
             block = seq.block_table[i]
             if self._block_hash[block] is not None:
                 continue
@@ -113,12 +113,23 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         """Release every block of ``seq``; tail blocks become the first to evict."""
-        for block in reversed(seq.block_table):
-            self._ref_counts[block] -= 1
-            if self._ref_counts[block] == 0:
-                self._free[block] = None
-        seq.block_table = []
+        for block in reversed(seq.block_table[seq.num_released_blocks :]):
+            self._release(block)
+        seq.block_table, seq.num_released_blocks = [], 0
         seq.num_computed_tokens = 0
+
+    def release_behind(self, seq: Sequence, window: int) -> None:
+        """Where every layer attends to its last ``window`` tokens only: give back the blocks no later token of
+        ``seq`` reads (before the next one's window). They stay cached, for a later request's prefix."""
+        first_read = seq.num_computed_tokens - window + 1  # the next token's window starts here
+        while (seq.num_released_blocks + 1) * self.block_size <= first_read:
+            self._release(seq.block_table[seq.num_released_blocks])
+            seq.num_released_blocks += 1
+
+    def _release(self, block: int) -> None:
+        self._ref_counts[block] -= 1
+        if self._ref_counts[block] == 0:
+            self._free[block] = None
 
     def _take_free_block(self) -> int:
         block, _ = self._free.popitem(last=False)

@@ -137,6 +137,8 @@ class LLMEngine:
         for item in batch:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.cache_computed_blocks(item.seq)
+            if self.runner.release_window:
+                self.block_manager.release_behind(item.seq, self.runner.release_window)
         for found in computed.prompt:
             targets = found.seq.token_ids[found.first : found.first + len(found.logits)]
             found.seq.prompt_logprobs += prompt_logprobs(found.logits, targets, found.seq.params.prompt_logprobs)

@@ -68,10 +68,12 @@ class ModelRunner:
         self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         self.attends_on_kernels = kernels is not None and attention_fits(self.head_dim)
         self.window = getattr(self.model, "sliding_window", 0)  # its sliding-window layers' (masks built per step)
+        # Where every layer slides (Mistral), blocks behind the window go back to the pool as a sequence moves on.
+        self.release_window = getattr(self.model, "every_layer_window", 0)
         self.num_layers = hf_config.num_hidden_layers
         self.num_blocks = config.num_kv_blocks or max(1, self._kv_budget(config) // self._bytes_per_block())
         self.kv_caches = self._allocate_kv_cache()
-        self._fit_max_model_len()
+        self._fit_max_model_len(config.max_num_batched_tokens)
 
     # --- construction: size the KV cache, allocate -----------------------------------
     def _bytes_per_block(self) -> int:
@@ -85,10 +87,16 @@ class ModelRunner:
             return int(free * _CUDA_MEMORY_FRACTION)
         return _DEFAULT_CPU_KV_BYTES
 
-    def _fit_max_model_len(self) -> None:
+    def _fit_max_model_len(self, chunk: int) -> None:
         """A window larger than the cache would refuse every request that leaves max_tokens to fill it: clamp it,
-        as vLLM does, and say how to get more."""
+        as vLLM does, and say how to get more. Where every layer slides, a sequence holds its window and a chunk
+        at most, whatever its length."""
         capacity = self.num_blocks * self.block_size
+        if (
+            self.release_window
+            and capacity >= (-(-(self.release_window + chunk) // self.block_size) + 1) * self.block_size
+        ):
+            return
         if self.max_model_len > capacity:
             log.warning(
                 "max_model_len %d is more than the KV cache holds: clamped to %d tokens "

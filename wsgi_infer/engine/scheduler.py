@@ -76,7 +76,13 @@ class Scheduler:
             cached_prefix = [] if wants_all else self.block_manager.find_cached_prefix(seq)
             num_new = min(seq.num_tokens - len(cached_prefix) * self.block_manager.block_size, budget)
             if not self.block_manager.allocate(seq, num_new, cached_prefix):
-                break
+                # Alone, a prompt longer than the cache (its model slides on every layer) may find more of its
+                # prefix cached than the cache can hold with its next chunk: it starts over instead of waiting.
+                if self.running or not cached_prefix:
+                    break
+                cached_prefix, num_new = [], min(seq.num_tokens, budget)
+                if not self.block_manager.allocate(seq, num_new):
+                    break
             self.waiting.popleft()
             if not wants_all and self.block_manager.enable_prefix_caching:
                 self.num_prefix_query_tokens += seq.num_tokens

@@ -53,6 +53,8 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        # Leading blocks given back behind every layer's sliding window: their entries are stale, never read.
+        self.num_released_blocks = 0
         self.block_hashes: list[bytes] = []  # chained content hashes of full blocks
         self.num_cached_tokens = 0  # prompt tokens the prefix cache supplied at admission
         self.arrival_time = time.monotonic()
