@@ -93,6 +93,12 @@ def test_chat_template_kwargs_reach_the_template_and_its_own_arguments_are_refus
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template_kwargs"
 
 
+@pytest.fixture(scope="module")
+def grammars(tiny_model_dirs) -> tuple[GrammarCompiler, object]:
+    tokenizer = load_tokenizer(tiny_model_dirs["llama"])
+    return GrammarCompiler(tokenizer, vocab_size=len(tokenizer)), tokenizer
+
+
 @pytest.mark.parametrize(
     "spec, answer, wrong",
     [
@@ -111,11 +117,10 @@ def test_chat_template_kwargs_reach_the_template_and_its_own_arguments_are_refus
     ],
     ids=["json", "regex", "choice", "tool call"],
 )
-def test_a_thinking_models_constraint_holds_after_its_free_thought(tiny_model_dirs, spec, answer, wrong):
+def test_a_thinking_models_constraint_holds_after_its_free_thought(grammars, spec, answer, wrong):
     """The thought may hold anything (even a partial tag); the answer after it, or alone, is what the constraint
     allows, and nothing else."""
-    grammars = GrammarCompiler(load_tokenizer(tiny_model_dirs["llama"]), vocab_size=49152)
-    tokenizer = load_tokenizer(tiny_model_dirs["llama"])
+    grammars, tokenizer = grammars
     spec = replace(spec, after_thought=True)
 
     def accepts(text: str) -> bool:
