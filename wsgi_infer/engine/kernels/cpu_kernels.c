@@ -200,37 +200,32 @@ void head_norm(float *x, int64_t row_stride, const float *q_weight, const float 
         }
 }
 
-/* out = silu(gate) * up, from gate_up = [gate | up] per row. */
-void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t width, int threads) {
+/* out = act(gate) * up, from gate_up = [gate | up] per row, where act(x) = x / (1 + e^-z): SiLU with z = x, or
+ * (gelu) GELU's tanh approximation, Gemma's GeGLU, with z = 2y, y = sqrt(2 / pi) (x + 0.044715 x^3), as
+ * 0.5 x (1 + tanh(y)) is. */
+static void gated_mul(const float *gate_up, float *out, int64_t rows, int64_t width, int gelu, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         const float *gate = gate_up + r * 2 * width, *up = gate + width;
         int64_t i = 0;
         for (; i + 16 <= width; i += 16) { /* what the loop below does, 16 at a time */
-            f32x16 g = load16f(gate + i), product = g / (1.0f + exp16(-g)) * load16f(up + i);
-            memcpy(out + r * width + i, &product, sizeof(product));
-        }
-        for (; i < width; i++) out[r * width + i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
-    }
-}
-
-/* out = gelu(gate) * up with GELU's tanh approximation (Gemma's GeGLU): 0.5 x (1 + tanh(y)) = x / (1 + e^(-2y)),
- * y = sqrt(2 / pi) (x + 0.044715 x^3), with silu_mul's exponential. */
-void gelu_mul(const float *gate_up, float *out, int64_t rows, int64_t width, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *gate = gate_up + r * 2 * width, *up = gate + width;
-        int64_t i = 0;
-        for (; i + 16 <= width; i += 16) { /* what the loop below does, 16 at a time */
-            f32x16 g = load16f(gate + i), y = 0.7978845608f * (g + 0.044715f * g * g * g);
-            f32x16 product = g / (1.0f + exp16(-2.0f * y)) * load16f(up + i);
+            f32x16 g = load16f(gate + i), z = gelu ? 2.0f * (0.7978845608f * (g + 0.044715f * g * g * g)) : g;
+            f32x16 product = g / (1.0f + exp16(-z)) * load16f(up + i);
             memcpy(out + r * width + i, &product, sizeof(product));
         }
         for (; i < width; i++) {
-            float g = gate[i], y = 0.7978845608f * (g + 0.044715f * g * g * g);
-            out[r * width + i] = g / (1.0f + exp_approx(-2.0f * y)) * up[i];
+            float g = gate[i], z = gelu ? 2.0f * (0.7978845608f * (g + 0.044715f * g * g * g)) : g;
+            out[r * width + i] = g / (1.0f + exp_approx(-z)) * up[i];
         }
     }
+}
+
+void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t width, int threads) {
+    gated_mul(gate_up, out, rows, width, 0, threads);
+}
+
+void gelu_mul(const float *gate_up, float *out, int64_t rows, int64_t width, int threads) {
+    gated_mul(gate_up, out, rows, width, 1, threads);
 }
 
 /* Rotate heads [rows, heads, D] (row stride in elements) in place: each head's first R dims (R = D, or less for
@@ -1033,7 +1028,7 @@ void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const Decode
             rms_norm(x, NULL, layer->attention_out_norm, x, rows, hidden, shape->eps, shape->threads);
         rms_norm(x, residual, layer->post_attention_norm, h, rows, hidden, shape->eps, shape->threads);
         project(h, rows, &layer->gate_up, gate_up, shape->threads);
-        (layer->gelu ? gelu_mul : silu_mul)(gate_up, act, rows, shape->intermediate, shape->threads);
+        gated_mul(gate_up, act, rows, shape->intermediate, (int)layer->gelu, shape->threads);
         project(act, rows, &layer->down, x, shape->threads);
         if (layer->mlp_out_norm) rms_norm(x, NULL, layer->mlp_out_norm, x, rows, hidden, shape->eps, shape->threads);
     }

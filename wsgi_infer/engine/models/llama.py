@@ -12,7 +12,7 @@ from torch import nn
 
 from ..kernels.cpu import CpuKernels
 from ..kernels.fused_decoder import DecoderDims, DecoderWeights, FusedDecoder
-from ..layers.activation import GATED_ACTIVATIONS
+from ..layers.activation import GatedActivation
 from ..layers.attention import AttentionMetadata, paged_attention
 from ..layers.norm import RMSNorm, rms_norm
 from ..layers.quantization import PackedLinear
@@ -80,7 +80,7 @@ class LlamaMLP(nn.Module):
         bias = getattr(config, "mlp_bias", False)
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.act = GATED_ACTIVATIONS[getattr(config, "hidden_activation", None) or config.hidden_act]()
+        self.act = GatedActivation(getattr(config, "hidden_activation", None) or config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
