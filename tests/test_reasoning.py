@@ -31,8 +31,8 @@ CASES = {
 }
 
 
-def parse(pieces: list[str]) -> tuple[str, str]:
-    parser, reasoning, answer = ReasoningParser(), "", ""
+def parse(pieces: list[str], opened: bool = False) -> tuple[str, str]:
+    parser, reasoning, answer = ReasoningParser(opened), "", ""
     for piece in pieces:
         r, a = parser.feed(piece)
         reasoning, answer = reasoning + r, answer + a
@@ -48,6 +48,13 @@ def test_every_split_of_a_reply_gives_the_same_thought_and_answer(text):
     assert parse(list(text)) == CASES[text]
 
 
+def test_a_reply_that_starts_inside_the_thought_the_prompt_opened():
+    text = "\nSo: Paris.\n</think>\n\nParis."
+    for cut in range(len(text) + 1):
+        assert parse([text[:cut], text[cut:]], opened=True) == ("So: Paris.", "Paris."), cut
+    assert parse(["cut short"], opened=True) == ("cut short", "")
+
+
 THINKING_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
@@ -55,20 +62,35 @@ THINKING_TEMPLATE = (
 )
 # What the tiny random model must write (the grammar makes it): a thought, then an answer.
 REPLY = {"regex": "<think>\n[a-z]{2,12}\n</think>\n\n[A-Z][a-z]{2,12}"}
+# A template whose prompt opens the thought (DeepSeek-R1's): the reply starts inside it.
+OPENED_TEMPLATE = THINKING_TEMPLATE.replace("{% if enable_thinking", "<think>\n{% if enable_thinking")
+OPENED_REPLY = {"regex": "[a-z]{2,12}\n</think>\n\n[A-Z][a-z]{2,12}"}
+
+
+def thinking_server(tiny_model_dirs, path, template: str) -> InProcessServer:
+    """The tiny Llama with a chat template that thinks, as Qwen3's does."""
+    shutil.copytree(tiny_model_dirs["llama"], path)
+    (path / "chat_template.jinja").write_text(template)
+    return InProcessServer(tiny_settings(tiny_model_dirs, model=path))
 
 
 @pytest.fixture(scope="module")
 def thinking_api(tiny_model_dirs, tmp_path_factory):
-    """The tiny Llama with a chat template that thinks, as Qwen3's does."""
-    model = tmp_path_factory.mktemp("thinking") / "tiny-thinking"
-    shutil.copytree(tiny_model_dirs["llama"], model)
-    (model / "chat_template.jinja").write_text(THINKING_TEMPLATE)
-    with InProcessServer(tiny_settings(tiny_model_dirs, model=model)) as server:
+    with thinking_server(tiny_model_dirs, tmp_path_factory.mktemp("thinking") / "tiny", THINKING_TEMPLATE) as server:
         yield server
 
 
-def test_the_thought_is_reasoning_content_in_a_reply_and_in_its_chunks(thinking_api):
-    body = {"messages": [{"role": "user", "content": "Capital?"}], "temperature": 0, "structured_outputs": REPLY}
+@pytest.fixture(scope="module")
+def opened_api(tiny_model_dirs, tmp_path_factory):
+    with thinking_server(tiny_model_dirs, tmp_path_factory.mktemp("opened") / "tiny", OPENED_TEMPLATE) as server:
+        yield server
+
+
+@pytest.mark.parametrize("api, reply", [("thinking_api", REPLY), ("opened_api", OPENED_REPLY)])
+def test_the_thought_is_reasoning_content_in_a_reply_and_in_its_chunks(request, api, reply):
+    """Whether the reply opens its thought or the prompt did."""
+    thinking_api = request.getfixturevalue(api)
+    body = {"messages": [{"role": "user", "content": "Capital?"}], "temperature": 0, "structured_outputs": reply}
     with thinking_api.client() as http:
         message = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
         with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:

@@ -15,6 +15,18 @@ def template_thinks(chat_template: str | None) -> bool:
     return bool(chat_template) and THINK_OPEN in chat_template and THINK_CLOSE in chat_template
 
 
+def opens_thought(tokenizer, template_kwargs: dict | None = None) -> bool:
+    """Whether the template's generation prompt itself opens the thought (DeepSeek-R1's, Qwen3's thinking-only
+    templates end it with ``<think>``): the reply then starts inside it, with ``</think>`` alone."""
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "?"}], add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
+        )
+    except Exception:  # a template that refuses this conversation renders the request's own, or fails there
+        return False
+    return text.rstrip().endswith(THINK_OPEN)
+
+
 def chat_prompt_ids(
     tokenizer,
     messages: list[dict],

@@ -101,11 +101,14 @@ class ChatFormatter(Formatter):
 
     prefix = "chatcmpl"
 
-    def __init__(self, stream: RequestStream, obj: str, with_tools: bool = False, thinks: bool = False) -> None:
+    def __init__(
+        self, stream: RequestStream, obj: str, with_tools: bool = False, thinks: bool = False, opened: bool = False
+    ) -> None:
+        """``thinks``: the template thinks; ``opened``: its prompt opened the thought already."""
         super().__init__(stream, obj)
         self._role_sent: set[int] = set()
         self._parsers = {i: ToolCallParser() for i in range(stream.num_choices)} if with_tools else None
-        self._thoughts = {i: ReasoningParser() for i in range(stream.num_choices)} if thinks else None
+        self._thoughts = {i: ReasoningParser(opened) for i in range(stream.num_choices)} if thinks else None
 
     def _split(self, index: int, text: str, final: bool) -> tuple[str, str]:
         """(reasoning, answer) of a piece of choice ``index``'s text; ``final``: the choice's last piece."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from flask import Blueprint, jsonify, request
 
-from ...engine.chat_template import THINK_OPEN
+from ...engine.chat_template import THINK_CLOSE, THINK_OPEN
 from ..engine_client.prompts import Chat
 from ..engine_client.streams import RequestStream
 from ..errors import APIError
@@ -18,7 +18,7 @@ from ..streaming.redis_store import StoreUnavailable
 from .chat_schemas import ChatCompletionRequest
 from .formatters import ChatFormatter, CompletionFormatter, Formatter
 from .schemas import CompletionRequest, parse
-from .serving import StreamInterrupted, check_model, collect, log_response, manager, pumped, start
+from .serving import StreamInterrupted, check_model, collect, log_response, manager, pumped, start, wait_ready
 
 if TYPE_CHECKING:
     from ..engine_client.manager import EngineManager
@@ -69,14 +69,16 @@ def chat_completions():
     check_model(req.model)
     messages, tools = req.conversation(manager().template_takes_tools)
     params = req.sampling_params(req.max_new_tokens, req.num_logprobs)
+    wait_ready(manager())  # the template is known once the front end's tokenizer is
     thinks = manager().template_thinks
+    opened = thinks and manager().opens_thought(req.chat_template_kwargs)  # before submitting: it may raise
     for p in params:  # a thinking model's thought is free, its answer constrained (unless the constraint spells it)
         spec = p.structured_output
-        if thinks and spec is not None and THINK_OPEN not in json.dumps(spec.value):
+        if thinks and spec is not None and not any(tag in json.dumps(spec.value) for tag in (THINK_OPEN, THINK_CLOSE)):
             p.structured_output = replace(spec, after_thought=True)
     stream = start([Chat(messages, tools, req.chat_template_kwargs)], params)
     obj = "chat.completion.chunk" if req.stream else "chat.completion"
-    formatter = ChatFormatter(stream, obj, with_tools=req.tool_plan is not None, thinks=thinks)
+    formatter = ChatFormatter(stream, obj, with_tools=req.tool_plan is not None, thinks=thinks, opened=opened)
     return _respond(stream, req.stream, req.include_usage, formatter)
 
 

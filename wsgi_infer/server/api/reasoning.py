@@ -20,8 +20,14 @@ class ReasoningParser:
     may become ``</think>``, and the whitespace between the thought and the answer, which is dropped.
     """
 
+    opened: bool = False  # the prompt opened the thought: the reply starts inside it
     _held: str = ""
     _state: str = "start"  # start, thought, gap (after the thought, before the answer) or answer
+
+    def __post_init__(self) -> None:
+        if self.opened:
+            self._state = "thought"
+
     _thought_sent: bool = False
 
     def feed(self, piece: str) -> tuple[str, str]:

@@ -10,6 +10,7 @@ graceful drain and quick shutdown.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import gevent
 import gevent.event
 
-from ...engine.chat_template import template_thinks
+from ...engine.chat_template import opens_thought, template_thinks
 from ...engine.loop import EngineLoop
 from ...engine.messages import Abort, EngineFailed, EngineReady, EngineStopped, Stop, Submit
 from ...engine.model_loader import load_tokenizer
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STREAM_FLUSH_SECONDS = 0.5  # for streams to write their final event before the thread stops
+OPENS_THOUGHT_CACHE = 64  # distinct chat_template_kwargs remembered
 RELAYED_LOGGERS = ("wsgi_infer", "transformers")  # what the engine and front-end threads log, emitted in the hub
 
 
@@ -55,6 +57,7 @@ class EngineManager:
         self.max_model_len = 0
         self.template_takes_tools = False
         self._tokenizer = None  # see the tokenizer property
+        self._opens_thought: dict[str, bool] = {}  # by the template variables' JSON
         self.started_at = time.time()
         self.ready = False
         self.failure: str | None = None
@@ -175,6 +178,16 @@ class EngineManager:
     def template_thinks(self) -> bool:
         """Whether the model's chat template thinks in ``<think>…</think>`` before it answers."""
         return template_thinks(self._tokenizer.chat_template if self._tokenizer is not None else None)
+
+    def opens_thought(self, template_kwargs: dict | None) -> bool:
+        """Whether the generation prompt opens the thought, for these template variables (rendered once each,
+        on the front-end thread)."""
+        key = json.dumps(template_kwargs or {}, sort_keys=True, default=str)
+        if key not in self._opens_thought:
+            if len(self._opens_thought) >= OPENS_THOUGHT_CACHE:
+                self._opens_thought.clear()
+            self._opens_thought[key] = self.with_tokenizer(opens_thought, template_kwargs)
+        return self._opens_thought[key]
 
     def with_tokenizer(self, function: Callable[..., Any], *args: Any) -> Any:
         """``function(tokenizer, *args)`` on the front-end thread (call once ready, in a greenlet): a long prompt's
