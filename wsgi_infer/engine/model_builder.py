@@ -30,8 +30,18 @@ PACKED_ROWS_FILE = "packed-max-rows.json"  # in the cache root: the crossing poi
 def kernels_serve(config: EngineConfig, hf_config, device: torch.device) -> bool:
     """Whether a CPU engine's every linear layer would be packed on the CPU kernels (and its step run there, in
     float32 rows): the kernels are built, the architecture runs on them, and packing is not turned off."""
-    on_kernels = getattr(MODEL_REGISTRY[hf_config.model_type], "runs_on_kernels", False)
-    return device.type == "cpu" and config.quantization != "none" and on_kernels and built_library().exists()
+    return device.type == "cpu" and why_not_on_kernels(config, hf_config) is None
+
+
+def why_not_on_kernels(config: EngineConfig, hf_config) -> str | None:
+    """Why a CPU engine's steps would stay on torch's ops (None: they would not), for the log."""
+    if config.quantization == "none":
+        return "quantization none was asked for (float32 there is exactly transformers' arithmetic)"
+    if not getattr(MODEL_REGISTRY[hf_config.model_type], "runs_on_kernels", False):
+        return f"{hf_config.model_type} has no path on the CPU kernels"
+    if not built_library().exists():
+        return "the CPU kernels are not built (no compiler?)"
+    return None
 
 
 class _SkipParameterInit(TorchFunctionMode):

@@ -17,8 +17,7 @@ from .cpu_budget import cpu_budget
 from .cpu_share import CpuShare
 from .kernels.cpu import CacheRows, attention_fits, load_cpu_kernels
 from .layers.attention import AttentionMetadata, PrefillChunk
-from .model_builder import build_model, kernels_serve
-from .models import MODEL_REGISTRY
+from .model_builder import build_model, kernels_serve, why_not_on_kernels
 from .scheduler import ScheduledSequence
 from .sequence import Sequence
 
@@ -59,7 +58,8 @@ class ModelRunner:
         # Float32 rows on packed weights; unpacked models stay on torch's ops (float32 exact).
         on_kernels = kernels_serve(config, hf_config, device) and dtype == torch.float32
         if device.type == "cpu" and not on_kernels:
-            log.info("steps run on torch's ops: %s", _torch_path_reason(config, hf_config, dtype))
+            reason = why_not_on_kernels(config, hf_config) or f"the kernels take float32 rows, not {dtype}"
+            log.info("steps run on torch's ops: %s", reason)
         self.kernels = kernels = load_cpu_kernels() if on_kernels else None
         self.kv_dtype = torch.bfloat16 if kernels is not None else dtype  # half the cache, 0.0-0.1% of agreement
         self.model = build_model(hf_config, model_dir, config.quantization, device, dtype, kernels)
@@ -249,14 +249,3 @@ def _cpu_share() -> CpuShare:
     torch.set_num_threads(threads)
     log.info("CPU steps use up to %d threads (%s)", threads, budget.reason)
     return CpuShare(threads)
-
-
-def _torch_path_reason(config: EngineConfig, hf_config, dtype: torch.dtype) -> str:
-    """Why a CPU engine's steps stay off the kernels (the log says which path runs)."""
-    if config.quantization == "none":
-        return "quantization none was asked for (float32 there is exactly transformers' arithmetic)"
-    if not getattr(MODEL_REGISTRY[hf_config.model_type], "runs_on_kernels", False):
-        return f"{hf_config.model_type} has no path on the CPU kernels"
-    if dtype != torch.float32:
-        return f"the kernels take float32 rows, not {dtype}"
-    return "the CPU kernels are not built (no compiler?)"

@@ -26,8 +26,9 @@ on a machine with few cores it takes what the engine leaves.
 One thread, not a pool: library code (jinja2's lexer cache, transformers'
 logging setup) creates ``threading`` locks after the monkey-patching, so they
 are gevent locks, and a gevent lock contended by two native threads can wait
-for ever (two pool threads compiling a chat template at once hung a request in
-the soak, after a reload). Calls are queued instead, as vLLM's tokenizer
+for ever (shown in isolation; the likeliest cause of a chat request that hung
+in the soak after a reload, when a pool compiled templates at once). Calls are
+queued instead, as vLLM's tokenizer
 executor does; each waits at most ``timeout`` seconds.
 """
 
@@ -48,8 +49,8 @@ from gevent.threadpool import ThreadPool
 _start_new_thread = get_original("_thread", "start_new_thread")
 _native_get_ident: Callable[[], int] = get_original("_thread", "get_ident")
 _native_thread_id: Callable[[], int] = get_original("_thread", "get_native_id")
-# Pool threads: below the engine thread (nice 0), never starved. SCHED_IDLE starved them under steady load: a
-# prompt waited minutes for its tokens while both CPUs stepped (the soak's hung requests).
+# The front-end thread: below the engine thread (nice 0), never starved. SCHED_IDLE starved pool threads under
+# steady load: a prompt waited minutes for its tokens while both CPUs stepped (the soak's hung requests).
 BACKGROUND_NICE = 10
 _FRONT_END_THREADS: set[int] = set()  # the front-end thread: its log records go to the hub too
 _busy_since: list[float] = []  # when the front-end thread's current call began
