@@ -42,20 +42,21 @@ def step_shapes(config) -> list[tuple[int, int]]:
     return per_layer * config.num_hidden_layers + [(config.vocab_size, hidden)]
 
 
-def formats(shapes: list[tuple[int, int]], dtype: torch.dtype) -> dict[str, list]:
-    """The step's weights in each format, as callables on activations."""
+def formats(shapes: list[tuple[int, int]], dtype: torch.dtype) -> dict[str, tuple[list, torch.dtype]]:
+    """The step's weights in each format: callables on activations, and the activations' dtype."""
     torch.manual_seed(0)
     linears = [nn.Linear(k, n, bias=False, dtype=dtype) for n, k in shapes]
-    found = {str(dtype).removeprefix("torch."): [lambda x, w=lin.weight: F.linear(x, w) for lin in linears]}
+    found = {str(dtype).removeprefix("torch."): ([lambda x, w=lin.weight: F.linear(x, w) for lin in linears], dtype)}
     if dtype == torch.bfloat16:
         groups = [Int4Groups.from_weight(lin.weight) for lin in linears]
-        found["int4 torch"] = [TorchInt4Linear(lin, g).packed_mm for lin, g in zip(linears, groups)]
-        found["int8 torch"] = [TorchInt8Linear(lin).packed_mm for lin in linears]
-        kernels = load_cpu_kernels() if build_cpu_kernels() else None
-        if kernels is not None:
-            found["int4 kernels"] = [PackedLinear(lin, g, kernels).packed_mm for lin, g in zip(linears, groups)]
-            int8 = [Int8Groups.from_weight(lin.weight) for lin in linears]
-            found["int8 kernels"] = [PackedLinear(lin, g, kernels).packed_mm for lin, g in zip(linears, int8)]
+        found["int4 torch"] = ([TorchInt4Linear(lin, g).packed_mm for lin, g in zip(linears, groups)], dtype)
+        found["int8 torch"] = ([TorchInt8Linear(lin).packed_mm for lin in linears], dtype)
+    kernels = load_cpu_kernels() if build_cpu_kernels() else None
+    if kernels is not None:  # the kernels take float32 activations, whatever the weights were
+        int4 = [Int4Groups.from_weight(lin.weight) for lin in linears]
+        found["int4 kernels"] = ([PackedLinear(lin, g, kernels).packed_mm for lin, g in zip(linears, int4)], torch.float32)
+        int8 = [Int8Groups.from_weight(lin.weight) for lin in linears]
+        found["int8 kernels"] = ([PackedLinear(lin, g, kernels).packed_mm for lin, g in zip(linears, int8)], torch.float32)
     return found
 
 
@@ -87,7 +88,7 @@ def main() -> None:
     cpu = cpu_model_name()
     print(f"# {cpu}, {torch.get_num_threads()} threads, {len(shapes)} multiplies per step")
     for batch in args.batch:
-        times = {name: step_ms(mult, shapes, batch, dtype, args.repeats) for name, mult in found.items()}
+        times = {name: step_ms(mult, shapes, batch, x_dtype, args.repeats) for name, (mult, x_dtype) in found.items()}
         fastest = min(times, key=times.get)
         rows.append({"batch": batch, "ms": times, "fastest": fastest, "ceiling_tok_s": batch * 1e3 / times[fastest]})
         cells = "  ".join(f"{name} {ms:7.2f} ms" for name, ms in times.items())
