@@ -26,7 +26,6 @@ from torch import nn
 
 from wsgi_infer.engine.cpu_info import cpu_model_name
 from wsgi_infer.engine.device import resolve_dtype
-from wsgi_infer.engine.kernels.build import build_cpu_kernels
 from wsgi_infer.engine.kernels.cpu import load_cpu_kernels
 from wsgi_infer.engine.layers.quantization import PackedLinear, TorchInt4Linear, TorchInt8Linear
 from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
@@ -51,12 +50,11 @@ def formats(shapes: list[tuple[int, int]], dtype: torch.dtype) -> dict[str, tupl
         groups = [Int4Groups.from_weight(lin.weight) for lin in linears]
         found["int4 torch"] = ([TorchInt4Linear(lin, g).packed_mm for lin, g in zip(linears, groups)], dtype)
         found["int8 torch"] = ([TorchInt8Linear(lin).packed_mm for lin in linears], dtype)
-    kernels = load_cpu_kernels() if build_cpu_kernels() else None
+    kernels = load_cpu_kernels()
     if kernels is not None:  # the kernels take float32 activations, whatever the weights were
-        int4 = [Int4Groups.from_weight(lin.weight) for lin in linears]
-        found["int4 kernels"] = ([PackedLinear(lin, g, kernels).packed_mm for lin, g in zip(linears, int4)], torch.float32)
-        int8 = [Int8Groups.from_weight(lin.weight) for lin in linears]
-        found["int8 kernels"] = ([PackedLinear(lin, g, kernels).packed_mm for lin, g in zip(linears, int8)], torch.float32)
+        for bits, groups_of in ((4, Int4Groups.from_weight), (8, Int8Groups.from_weight)):
+            packed = [PackedLinear(lin, groups_of(lin.weight), kernels).packed_mm for lin in linears]
+            found[f"int{bits} kernels"] = (packed, torch.float32)
     return found
 
 

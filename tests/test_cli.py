@@ -9,10 +9,13 @@ import pytest
 
 from wsgi_infer import SamplingParams
 from wsgi_infer.engine.cache_files import read_json
-from wsgi_infer.engine.kernels.build import library_path
+from wsgi_infer.engine.cpu_budget import cpu_budget
+from wsgi_infer.engine.kernels.build import KERNELS_DIR, kernels_library
 from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.model_loader import RESOLVED_CONFIGS_DIR
 from wsgi_infer.engine.models import MODEL_REGISTRY
+
+from .server import GunicornServer
 
 pytestmark = pytest.mark.slow  # real processes
 
@@ -52,11 +55,28 @@ def test_unsupported_architecture_names_path_and_expectation(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_prepare_does_a_first_starts_work_ahead(tiny_model_dirs, tmp_path, monkeypatch):
+def test_prepare_does_a_first_starts_work_and_the_server_only_reads_it(tiny_model_dirs, tmp_path, monkeypatch):
+    """A cache prepared for the server's settings and worker count (a container image's build, say) can be
+    read-only: the server measures nothing again and writes nothing there."""
     monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("WSGI_INFER_QUANTIZATION", "int8")  # the server's settings apply
-    result = run_cli("prepare", "--model", str(tiny_model_dirs["llama"]))
+    result = run_cli("prepare", "--model", str(tiny_model_dirs["llama"]), "--workers", "2")
     assert result.returncode == 0, result.stderr
-    assert library_path().is_file() and library_path().is_relative_to(tmp_path)
+    assert kernels_library() is not None and not (tmp_path / KERNELS_DIR).exists()  # installed: nothing compiled
     assert len(list((tmp_path / RESOLVED_CONFIGS_DIR).iterdir())) == 1
-    assert read_json(tmp_path / PACKED_ROWS_FILE)  # the crossing points of this CPU
+    threads = max(1, cpu_budget().threads // 2)  # what each of two workers steps with
+    assert f"| {threads} threads |" in next(iter(read_json(tmp_path / PACKED_ROWS_FILE)))
+    prepared = _tree(tmp_path)
+    with GunicornServer({"model": tiny_model_dirs["llama"]}, "--workers", "2") as server:
+        server.wait_booted(count=2)
+        first, _ = server.wait_for_line(r"engine ready")
+        server.wait_for_line(r"engine ready", after=first + 1)  # both workers
+        with server.client() as client:
+            assert client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3}).status_code == 200
+        assert not [line for line in server.lines if "(measured)" in line]
+    assert _tree(tmp_path) == prepared
+
+
+def _tree(root) -> dict[str, tuple[int, int]]:
+    """Every file under ``root``: its size and modification time."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()}

@@ -1,17 +1,20 @@
-"""The compiled CPU kernels compute what the torch ops they replace compute, and leave when they cannot be built."""
+"""The compiled CPU kernels compute what the torch ops they replace compute: every installed variant this CPU runs,
+a build here (with and without AVX2) and clang's build (which library loads: test_kernel_variants)."""
 
 from __future__ import annotations
 
-import logging
-import threading
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from wsgi_infer import LLM
-from wsgi_infer.engine.kernels.build import build_cpu_kernels, build_lock, built_library, library_path
-from wsgi_infer.engine.kernels.cpu import CacheRows, CpuKernels, load_cpu_kernels
+from wsgi_infer.engine.cpu_info import cpu_flags
+from wsgi_infer.engine.kernels import variants
+from wsgi_infer.engine.kernels.build import build_cpu_kernels, installed_dir
+from wsgi_infer.engine.kernels.cpu import CacheRows, CpuKernels
 from wsgi_infer.engine.kernels.layouts import kernel_weight
 from wsgi_infer.engine.layers.activation import GatedActivation
 from wsgi_infer.engine.layers.norm import RMSNorm, rms_norm
@@ -23,16 +26,36 @@ from wsgi_infer.engine.step_interrupt import StepInterrupted
 from .batch_runs import GREEDY, PROMPTS, run_alone, run_staggered
 from .conftest import assert_idle
 from .gguf_files import MIXED_TYPES, write_tiny_gguf
-from .server import GunicornServer
 
 F32_CLOSE = dict(rtol=1e-5, atol=1e-6)  # float32 sums in another order
 
 
-@pytest.fixture(scope="module")
-def kernels() -> CpuKernels:
-    path = build_cpu_kernels()
+def _clang_build(tmp_path_factory) -> Path:
+    if shutil.which("clang") is None:
+        pytest.skip("no clang here (CI installs Debian's)")
+    target = tmp_path_factory.mktemp("clang") / "cpu_kernels-clang.so"
+    assert variants.compile_library("clang", ("-march=native",), target) is None
+    return target
+
+
+# Every library a CPU like this one may load: each installed variant it runs, a build here, and clang's build.
+INSTALLED_HERE = variants.runnable(variants.installed_variants(installed_dir()) or [], cpu_flags())
+LIBRARIES = [*(f"installed {v.name}" for v in INSTALLED_HERE), "built here", "built here without AVX2", "clang"]
+
+
+def library(which: str, tmp_path_factory) -> Path:
+    if which == "clang":
+        return _clang_build(tmp_path_factory)
+    if which.startswith("installed "):
+        return installed_dir() / variants.Variant(which.removeprefix("installed "), (), frozenset()).file_name()
+    path = build_cpu_kernels(("-mno-avx2",) if which.endswith("without AVX2") else ())
     assert path is not None, "the test machine has a C compiler"
-    return CpuKernels(path)
+    return path
+
+
+@pytest.fixture(scope="module", params=LIBRARIES)
+def kernels(request, tmp_path_factory) -> CpuKernels:
+    return CpuKernels(library(request.param, tmp_path_factory))
 
 
 def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
@@ -95,18 +118,10 @@ def test_the_kernels_refuse_what_they_cannot_read(kernels):
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])  # 80: pairs of 32 values and a last 16, padded
-@pytest.mark.parametrize(
-    "extra_flags",
-    [(), ("-mno-avx512f",), ("-mno-avx2",)],
-    ids=["as built", "AVX2 without AVX-512", "without AVX2"],
-)
-def test_paged_attention_reads_scattered_blocks_as_sdpa_does(head_dim, extra_flags):
+def test_paged_attention_reads_scattered_blocks_as_sdpa_does(kernels, head_dim):
     """Three sequences over blocks out of order, grouped-query heads (9 over 3): two decode a token each, the
     third runs a prefill chunk of 5 tokens, each of which sees its sequence up to itself. Float32 queries over a
     bf16 cache: on AVX2 without AVX-512, in 8-lane registers; elsewhere, in 16-lane vectors."""
-    path = build_cpu_kernels(extra_flags)
-    assert path is not None
-    kernels = CpuKernels(path)
     torch.manual_seed(0)
     block_size, kv_heads, heads, scale = 4, 3, 9, head_dim**-0.5
     cache = randn(40 * block_size, 2 * kv_heads, head_dim).bfloat16()
@@ -165,7 +180,6 @@ def _groups(kind: str, weight: torch.Tensor) -> Int4Groups | Int8Groups:
 
 
 KINDS = ["int4", "int8", "int8 with lows"]
-BUILDS = pytest.mark.parametrize("extra_flags", [(), ("-mno-avx2",)], ids=["as built", "without AVX2"])
 WITHOUT_VNNI = ("-mno-avx512vnni", "-mno-avxvnni")
 
 
@@ -181,16 +195,12 @@ def test_vnni_multiply_adds_give_the_very_sums_of_the_ones_they_replace(kind):
         assert torch.equal(built.packed_mm(x[rows], weight, 64), without.packed_mm(x[rows], weight, 64))
 
 
-@BUILDS
 @pytest.mark.parametrize("kind", KINDS)
-def test_packed_mm_multiplies_the_groups_values_and_each_row_alone(extra_flags, kind):
+def test_packed_mm_multiplies_the_groups_values_and_each_row_alone(kernels, kind):
     """Both ways of summing the codes (AVX2's integer multiply-adds of each group's inputs scaled to 16 bits, else
     float32 lanes) give the dequantized weight's product within the inputs' 16-bit rounding, and a row's result
     never depends on its batch. Groups of zeros, of one outlier among tiny values, and of a NaN keep their
     meaning."""
-    path = build_cpu_kernels(extra_flags)
-    assert path is not None
-    kernels = CpuKernels(path)
     torch.manual_seed(0)
     groups = _groups(kind, randn(88, 128, scale=0.05))  # outputs: 5 tiles of 16, the last partial
     weight = kernel_weight(groups)
@@ -281,52 +291,6 @@ def test_batches_on_the_kernels_equal_each_request_alone(tiny_model_dirs, arch):
     alone = {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
     assert run_staggered(llm, PROMPTS) == alone
     assert_idle(llm)
-
-
-def test_without_a_compiler_torch_ops_serve(tiny_model_dirs, tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("CC", "no-such-compiler")
-    assert build_cpu_kernels() is None
-    assert not library_path().exists() and load_cpu_kernels() is None
-    assert "no C compiler" in caplog.text
-    llm = LLM(model=str(tiny_model_dirs["llama"]))
-    assert llm.engine.runner.kernels is None and llm.engine.runner.model.layers[0].self_attn.kernels is None
-    assert len(llm.generate("Hi", GREEDY)[0].token_ids) == GREEDY.max_tokens
-
-
-def test_a_worker_waits_for_the_build_the_master_started(tmp_path, monkeypatch, caplog):
-    """The master's child holds the build's lock while it compiles; a worker's engine thread waits on it."""
-    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
-    target, found, waiting = library_path(), [], threading.Event()
-    seen = logging.Handler()
-    seen.emit = lambda record: "waiting for the CPU kernels' build" in record.getMessage() and waiting.set()
-    logging.getLogger("wsgi_infer").addHandler(seen)
-    try:
-        with build_lock(target), caplog.at_level(logging.INFO, logger="wsgi_infer"):
-            waiter = threading.Thread(target=lambda: found.append(built_library()))
-            waiter.start()
-            assert waiting.wait(30)  # logged just before it blocks on the lock
-            assert not found
-            target.write_bytes(b"built")  # what the child leaves before it exits
-        waiter.join(30)
-    finally:
-        logging.getLogger("wsgi_infer").removeHandler(seen)
-    assert found == [target]
-
-
-@pytest.mark.slow
-def test_the_master_compiles_beside_the_workers_imports(tiny_model_dirs, tmp_path):
-    """On a machine without the library, gunicorn's master starts the compiler in a child process and
-    goes on to fork; the worker loads what the child built."""
-    settings = {"model": str(tiny_model_dirs["llama"])}
-    with GunicornServer(settings, WSGI_INFER_CACHE_DIR=str(tmp_path)) as server:
-        (worker,) = server.wait_booted()
-        (built,) = [line for line in server.lines if "built the CPU kernels" in line]
-        assert f"[{server.process.pid}]" not in built and f"[{worker}]" not in built
-        assert not [line for line in server.lines if "no CPU kernels built" in line]
-        with server.client() as client:
-            reply = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3})
-        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
 
 
 def test_an_interrupted_step_stops_before_its_next_layer(tiny_model_dirs):

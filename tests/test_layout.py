@@ -54,10 +54,12 @@ ENGINE_VOCABULARY = (
     "wsgi_infer.engine.messages",
     "wsgi_infer.engine.chat_template",
 )
-# Torch-free engine steps the gunicorn master runs before it forks workers: starting the CPU kernels' build.
+# Torch-free engine steps the gunicorn master runs before it forks workers: starting the CPU kernels' build
+# where none are installed.
 MASTER_STEPS = (
     "wsgi_infer.engine.kernels",
     "wsgi_infer.engine.kernels.build",
+    "wsgi_infer.engine.kernels.variants",
     "wsgi_infer.engine.cache_files",
     "wsgi_infer.engine.cpu_info",
     "wsgi_infer.engine.cpu_budget",  # and, in each worker, the threads the engine gets

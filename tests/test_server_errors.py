@@ -89,14 +89,24 @@ def test_errors_leave_a_concurrent_stream_intact(tiny_server, tiny_llama):
 
 
 @pytest.mark.slow
-def test_a_model_that_fails_to_load_gives_503_not_a_hang(tmp_path):
+def test_a_model_that_fails_to_load_stops_the_server_with_its_reason(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # no weights, no tokenizer
     with GunicornServer({"model": tmp_path}) as server:
+        assert server.process.wait(120) == 3  # gunicorn's boot error, passed on by its master
+        server.wait_for_log(r"model failed to load: .*" + str(tmp_path))
+        server.wait_for_log(r"Reason: Worker failed to boot")
+
+
+@pytest.mark.slow
+def test_a_model_that_fails_to_load_can_be_served_as_503s_instead(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    with GunicornServer({"model": tmp_path, "serve_load_failure": True}) as server:
         server.wait_for_log(r"model failed to load: .*" + str(tmp_path))
         with server.client() as http:
             health = http.get("/health")
             assert health.status_code == 503 and health.json()["status"] == "failed"
             assert_error(http.post("/v1/completions", json={"prompt": "hi"}), 503)
+        assert server.process.poll() is None
 
 
 @pytest.mark.parametrize(

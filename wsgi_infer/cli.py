@@ -29,17 +29,22 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace) -> int:
     """A first start's work, done ahead for the engine the server's WSGI_INFER_* settings describe:
-    compile the CPU kernels, convert a GGUF, resolve its config and measure the crossing points. In a
-    container image's build, say, so that every start is a later one."""
+    compile the CPU kernels (where none are installed), convert a GGUF, resolve its config and measure the
+    crossing points with each worker's threads. In a container image's build, say, so that every start is a
+    later one and the cache may be read-only."""
     import os
 
-    from .engine.kernels.build import build_cpu_kernels
+    import torch
+
+    from .engine.cpu_budget import cpu_budget
+    from .engine.kernels.build import kernels_library
     from .engine.llm_engine import LLMEngine
     from .server.settings import ServerSettings
 
     if args.model:
         os.environ["WSGI_INFER_MODEL"] = args.model
-    build_cpu_kernels()
+    torch.set_num_threads(max(1, cpu_budget().threads // args.workers))  # as each worker will (gunicorn config)
+    kernels_library(build=True)
     LLMEngine(ServerSettings().engine_config())
     return 0
 
@@ -82,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         "prepare", help="build the kernels and convert the model into the cache ahead of the first start"
     )
     prepare.add_argument("--model", default=None, help="sets WSGI_INFER_MODEL; the other WSGI_INFER_* settings apply")
+    prepare.add_argument("--workers", type=int, default=1, help="the workers the server will run (their threads)")
     serve = commands.add_parser("serve", help="run the HTTP server (gunicorn, gevent worker)")
     serve.add_argument("--model", default=None, help="sets WSGI_INFER_MODEL")
     serve.add_argument("--bind", default=None, help="HOST:PORT (default 127.0.0.1:8000)")

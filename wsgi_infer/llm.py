@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Sequence as Seq
 
 from .engine.config import EngineConfig
-from .engine.kernels.build import build_cpu_kernels
+from .engine.kernels.build import kernels_library
 from .engine.llm_engine import LLMEngine, Prompt
 from .engine.outputs import CompletionOutput, RequestDelta
 from .engine.sampling_params import SamplingParams
@@ -18,7 +18,7 @@ class LLM:
     """Batch generation without a server; the same engine the server drives."""
 
     def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto", **engine_options) -> None:
-        build_cpu_kernels()  # in the server, a child of the master does this; here nothing else would
+        kernels_library(build=True)  # without an installed variant: in the server a child of the master builds
         self.engine = LLMEngine(EngineConfig(model=model, device=device, dtype=dtype, **engine_options))
         self._ids = itertools.count()
 

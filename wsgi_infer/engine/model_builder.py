@@ -14,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 from .cache_files import cache_root
 from .config import EngineConfig
 from .gguf_checkpoint import PACKED_GROUPS_FILE, StoredGroups
-from .kernels.build import built_library
+from .kernels.build import kernels_library
 from .kernels.cpu import CpuKernels, attach_kernels
 from .layers.crossing_points import choose_max_rows
 from .layers.quantization import kinds, pack_on_kernels, packed_layers, quantize_with_torch
@@ -39,8 +39,8 @@ def why_not_on_kernels(config: EngineConfig, hf_config) -> str | None:
         return "quantization none was asked for (float32 there is exactly transformers' arithmetic)"
     if not getattr(MODEL_REGISTRY[hf_config.model_type], "runs_on_kernels", False):
         return f"{hf_config.model_type} has no path on the CPU kernels"
-    if not built_library().exists():
-        return "the CPU kernels are not built (no compiler?)"
+    if kernels_library() is None:
+        return "no CPU kernels for this CPU (none installed for it, and none could be built: see the log)"
     return None
 
 

@@ -42,6 +42,12 @@ def model_path(model: str | os.PathLike | None) -> Path:
     return default_model_path() if model is None else Path(model).expanduser()
 
 
+def model_name(model: str | os.PathLike | None) -> str:
+    """What clients call a model: its directory's name, or its file's without .gguf."""
+    path = model_path(model)
+    return path.stem if path.suffix == ".gguf" else path.name
+
+
 def is_gguf(path: Path) -> bool:
     return path.is_file() and path.suffix == ".gguf"
 

@@ -63,6 +63,11 @@ class ServerSettings(EngineSettings):
     load_wait_seconds: float = Field(
         30.0, ge=0, description="how long a request waits for a worker that is still loading its model"
     )
+    serve_load_failure: bool = Field(
+        False,
+        description="a model that cannot load keeps the worker up answering 503 `failed` (for orchestrators that "
+        "read /health); by default the worker exits with gunicorn's boot-error code 3, which stops the server",
+    )
     drain_seconds: float | None = Field(
         None,
         gt=0,

@@ -1,10 +1,12 @@
-"""Compiling the CPU kernels for this machine, once, into the user cache.
+"""Which CPU kernels library a process loads: the installed variant for its CPU, or one built here.
 
-Imports no torch: the gunicorn master starts the build in a child process
-before it forks workers (``on_starting``), because a gevent worker cannot wait
-for a child process from its engine thread; the child holds the build's lock,
-and workers wait on that lock (``built_library``) while the compiler runs
-beside their imports. Offline use (``LLM``) builds them itself.
+``pip install`` builds the kernels in one variant per x86-64 level (``variants.py``); a process loads the best
+its CPU runs, and nothing compiles at start. A source tree whose ``cpu_kernels.c`` changed since its install (a
+developer's editable install), or a package installed without a compiler, builds for this very CPU
+(``-march=native``) into the user cache instead, once: the gunicorn master starts that build in a child process
+before it forks workers (``on_starting``), because a gevent worker cannot wait for a child process from its engine
+thread; the child holds the build's lock, and workers wait on it (``kernels_library``). A build that failed is
+remembered, not retried at every start. Imports no torch.
 """
 
 from __future__ import annotations
@@ -17,41 +19,67 @@ import shutil
 import subprocess
 import sys
 from contextlib import AbstractContextManager
+from functools import cache
 from pathlib import Path
 
 from ..cache_files import cache_root, file_lock
 from ..cpu_info import cpu_flags, cpu_model_name
+from . import variants
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
-# -march=native: the library is built on, and keyed by, the CPU that runs it. No contraction of a * b + c
-# into one rounding, so the kernels round as the torch ops they replace; no errno or traps, which would
-# keep loops with exp and selects from vectorizing (neither changes a result).
-FLAGS = (
-    "-O3",
-    "-march=native",
-    "-ffp-contract=off",
-    "-fno-math-errno",
-    "-fno-trapping-math",
-    "-fopenmp",
-    "-fPIC",
-    "-shared",
-)
 KERNELS_DIR = "kernels"  # in the cache root
+NATIVE = ("-march=native",)
 
 
 def library_path(extra_flags: tuple[str, ...] = ()) -> Path:
-    """Where the library for this source, these flags and this CPU (its model and instruction sets) lives."""
+    """Where a build for this source, these flags and this CPU (its model and instruction sets) lives."""
     cpu = f"{cpu_model_name()} {' '.join(sorted(cpu_flags()))}"
-    flags = " ".join(FLAGS + extra_flags)
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), flags.encode(), cpu.encode()]))
+    flags = " ".join(variants.COMMON_FLAGS + NATIVE + extra_flags)
+    key = hashlib.sha256(b"\0".join([variants.SOURCE.read_bytes(), flags.encode(), cpu.encode()]))
     return cache_root() / KERNELS_DIR / f"cpu_kernels-{key.hexdigest()[:16]}.so"
 
 
+def installed_dir() -> Path:
+    """Where the installed variants are: the package's own, or ``WSGI_INFER_KERNELS_DIR``."""
+    return Path(os.environ.get("WSGI_INFER_KERNELS_DIR") or variants.INSTALLED)
+
+
+@cache
+def _installed(directory: Path) -> Path | None | bool:
+    """The installed variant to load from ``directory``; None where one is installed for this source but none runs
+    on this CPU; False where none is installed for this source (then a build serves)."""
+    names = variants.installed_variants(directory)
+    if names is None:
+        return False
+    best = next(iter(variants.runnable(names, cpu_flags())), None)
+    if best is None:
+        log.warning("no installed CPU kernels variant (of %s) runs on this CPU: torch ops serve", ", ".join(names))
+        return None
+    log.info("CPU kernels: the installed %s variant", best.name)
+    return directory / best.file_name()
+
+
+def kernels_library(build: bool = False) -> Path | None:
+    """The library this process loads, or None (torch's ops serve). Without an installed variant: the build for
+    this CPU, once no process is building it any more, or (``build``) built now."""
+    installed = _installed(installed_dir())
+    if installed is not False:
+        return installed
+    target = library_path()
+    return build_cpu_kernels() if build else _after_any_build(target)
+
+
+def _after_any_build(target: Path) -> Path | None:
+    if not target.exists():
+        with build_lock(target):
+            pass
+    return target if target.exists() else None
+
+
 def build_cpu_kernels(extra_flags: tuple[str, ...] = ()) -> Path | None:
-    """The compiled library, built now if it is not there yet; None where there is no C compiler
-    or it fails (torch's ops serve then). ``extra_flags``: e.g. to build without an instruction set."""
+    """A build for this CPU, compiled now if it is not there yet; None where there is no C compiler or it failed,
+    now or before (torch's ops serve then). ``extra_flags``: e.g. to build without an instruction set."""
     target = library_path(extra_flags)
     if target.exists():
         return target
@@ -60,29 +88,32 @@ def build_cpu_kernels(extra_flags: tuple[str, ...] = ()) -> Path | None:
 
 
 def start_building_cpu_kernels() -> None:
-    """In gunicorn's master: build the library, if absent, in a child process that holds the build's
-    lock from before any worker forks. Returns at once; the child releases the lock when it exits."""
-    target = library_path()
-    if target.exists():
+    """In gunicorn's master: where no installed variant serves this source, build the library, if absent, in a
+    child process that holds the build's lock from before any worker forks. Returns at once; the child releases
+    the lock when it exits. A cache it cannot write leaves the workers to torch's ops."""
+    if variants.installed_variants(installed_dir()) is not None:
         return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(_lock_path(target), "w") as lock:
+    target = library_path()
+    if target.exists() or _failed(target).exists():
+        return
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(_lock_path(target), "w")
+    except OSError as exc:
+        log.warning("the CPU kernels cannot be built into %s (%s): torch ops serve", target.parent, exc)
+        return
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the lock belongs to the open file, which the child inherits
         if not target.exists():
             subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.DEVNULL, pass_fds=(lock.fileno(),))
 
 
-def built_library() -> Path:
-    """The library's path, once no process is building it (where none could, it stays absent)."""
-    target = library_path()
-    if not target.exists():
-        with build_lock(target):
-            pass
-    return target
-
-
 def _lock_path(target: Path) -> Path:
     return target.with_suffix(".lock")
+
+
+def _failed(target: Path) -> Path:
+    return target.with_suffix(".failed")
 
 
 def build_lock(target: Path) -> AbstractContextManager[None]:
@@ -91,20 +122,17 @@ def build_lock(target: Path) -> AbstractContextManager[None]:
 
 
 def _compile(target: Path, extra_flags: tuple[str, ...]) -> Path | None:
+    if _failed(target).exists():
+        return None  # logged when it failed
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
-        log.warning("no C compiler (CC or cc): the CPU kernels are not built, torch ops serve instead")
+        log.warning("no C compiler (CC or cc) and no installed CPU kernels for this source: torch ops serve")
         return None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_suffix(f".{os.getpid()}.tmp")
-    done = subprocess.run(
-        [compiler, *FLAGS, *extra_flags, "-o", str(staging), str(SOURCE), "-lm"], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        log.warning("building the CPU kernels failed, torch ops serve instead:\n%s", done.stderr[-2000:])
-        staging.unlink(missing_ok=True)
+    failure = variants.compile_library(compiler, NATIVE + extra_flags, target)
+    if failure is not None:
+        log.warning("building the CPU kernels failed (not retried: %s), torch ops serve:\n%s", _failed(target), failure)
+        _failed(target).write_text(failure)
         return None
-    os.replace(staging, target)
     log.info("built the CPU kernels: %s", target)
     return target
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .build import built_library
+from .build import kernels_library
 from .fused_decoder import DecoderDims, DecoderWeights, FusedDecoder
 from .layouts import KernelWeight
 
@@ -201,12 +201,9 @@ class CpuKernels:
 
 
 def load_cpu_kernels() -> CpuKernels | None:
-    """The kernels built for this CPU (see build.py), or None where they are not there."""
-    library = built_library()  # the server's master may still be building it
-    if not library.exists():
-        log.warning("no CPU kernels built for this CPU (%s): torch ops serve instead", library)
-        return None
-    return CpuKernels(library)
+    """The kernels for this CPU (see build.py), or None where there are none (build.py logged why)."""
+    library = kernels_library()  # the server's master may still be building it
+    return None if library is None else CpuKernels(library)
 
 
 def attention_fits(head_dim: int) -> bool:

@@ -100,9 +100,9 @@ static inline f32x16 load16(const bf16 *p) {
 }
 
 static inline float hsum(f32x16 v) {
-    v += __builtin_shuffle(v, (i32x16){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-    v += __builtin_shuffle(v, (i32x16){4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3});
-    v += __builtin_shuffle(v, (i32x16){2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1});
+    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1);
     return v[0] + v[1];
 }
 
@@ -252,7 +252,6 @@ void rotate(float *x, int64_t row_stride, const float *cos_rows, const float *si
  * order: a transposition by halves, 30 shuffles and 15 additions where 16 hsums take 48 and 64. */
 #if LANES == 8 /* the same additions on 8-lane halves, whose shuffles GCC keeps in registers */
 static inline __attribute__((always_inline)) f32x16 hsum16(const f32x16 v[16]) {
-    typedef int32_t i32x8 __attribute__((vector_size(32)));
     f32v halves[16], quarters[8], eighths[4], sums[2];
     for (int t = 0; t < 16; t++) { /* lanes i and i + 8 of each vector */
         f32v piece[2];
@@ -260,14 +259,14 @@ static inline __attribute__((always_inline)) f32x16 hsum16(const f32x16 v[16]) {
         halves[t] = piece[0] + piece[1];
     }
     for (int j = 0; j < 8; j++) /* lanes i and i + 4: two vectors' 4 sums each */
-        quarters[j] = __builtin_shuffle(halves[2 * j], halves[2 * j + 1], (i32x8){0, 1, 2, 3, 8, 9, 10, 11}) +
-                      __builtin_shuffle(halves[2 * j], halves[2 * j + 1], (i32x8){4, 5, 6, 7, 12, 13, 14, 15});
+        quarters[j] = __builtin_shufflevector(halves[2 * j], halves[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+                      __builtin_shufflevector(halves[2 * j], halves[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15);
     for (int j = 0; j < 4; j++) /* lanes i and i + 2 of each 4 */
-        eighths[j] = __builtin_shuffle(quarters[2 * j], quarters[2 * j + 1], (i32x8){0, 1, 4, 5, 8, 9, 12, 13}) +
-                     __builtin_shuffle(quarters[2 * j], quarters[2 * j + 1], (i32x8){2, 3, 6, 7, 10, 11, 14, 15});
+        eighths[j] = __builtin_shufflevector(quarters[2 * j], quarters[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+                     __builtin_shufflevector(quarters[2 * j], quarters[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15);
     for (int j = 0; j < 2; j++)
-        sums[j] = __builtin_shuffle(eighths[2 * j], eighths[2 * j + 1], (i32x8){0, 2, 4, 6, 8, 10, 12, 14}) +
-                  __builtin_shuffle(eighths[2 * j], eighths[2 * j + 1], (i32x8){1, 3, 5, 7, 9, 11, 13, 15});
+        sums[j] = __builtin_shufflevector(eighths[2 * j], eighths[2 * j + 1], 0, 2, 4, 6, 8, 10, 12, 14) +
+                  __builtin_shufflevector(eighths[2 * j], eighths[2 * j + 1], 1, 3, 5, 7, 9, 11, 13, 15);
     f32x16 out;
     memcpy(&out, sums, sizeof(out));
     return out;
@@ -276,16 +275,16 @@ static inline __attribute__((always_inline)) f32x16 hsum16(const f32x16 v[16]) {
 static inline __attribute__((always_inline)) f32x16 hsum16(const f32x16 v[16]) {
     f32x16 halves[8], quarters[4], eighths[2];
     for (int j = 0; j < 8; j++) /* lanes i and i + 8 of two vectors: 8 sums of each */
-        halves[j] = __builtin_shuffle(v[2 * j], v[2 * j + 1], (i32x16){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) +
-                    __builtin_shuffle(v[2 * j], v[2 * j + 1], (i32x16){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+        halves[j] = __builtin_shufflevector(v[2 * j], v[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                    __builtin_shufflevector(v[2 * j], v[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
     for (int j = 0; j < 4; j++) /* lanes i and i + 4 of each 8: 4 sums of four vectors */
-        quarters[j] = __builtin_shuffle(halves[2 * j], halves[2 * j + 1], (i32x16){0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}) +
-                      __builtin_shuffle(halves[2 * j], halves[2 * j + 1], (i32x16){4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31});
+        quarters[j] = __builtin_shufflevector(halves[2 * j], halves[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                      __builtin_shufflevector(halves[2 * j], halves[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
     for (int j = 0; j < 2; j++) /* lanes i and i + 2 of each 4 */
-        eighths[j] = __builtin_shuffle(quarters[2 * j], quarters[2 * j + 1], (i32x16){0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}) +
-                     __builtin_shuffle(quarters[2 * j], quarters[2 * j + 1], (i32x16){2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31});
-    return __builtin_shuffle(eighths[0], eighths[1], (i32x16){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}) +
-           __builtin_shuffle(eighths[0], eighths[1], (i32x16){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31});
+        eighths[j] = __builtin_shufflevector(quarters[2 * j], quarters[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+                     __builtin_shufflevector(quarters[2 * j], quarters[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return __builtin_shufflevector(eighths[0], eighths[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(eighths[0], eighths[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 #endif
 

@@ -24,7 +24,7 @@ from ...engine.chat_template import opens_thought, template_thinks
 from ...engine.loop import EngineLoop
 from ...engine.messages import Abort, EngineFailed, EngineReady, EngineStopped, Stop, Submit
 from ...engine.model_loader import load_tokenizer
-from ...engine.model_paths import default_model_path
+from ...engine.model_paths import model_name
 from ...engine.sampling_params import SamplingParams, StructuredOutput
 from .. import metrics
 from ..errors import APIError
@@ -47,12 +47,14 @@ RELAYED_LOGGERS = ("wsgi_infer", "transformers")  # what the engine and front-en
 
 class EngineManager:
     """``on_engine_death`` runs (in the hub) when the engine thread dies of an error
-    after it was serving; under gunicorn it ends the worker so a fresh one replaces it."""
+    after it was serving; under gunicorn it ends the worker so a fresh one replaces it.
+    ``on_load_failure`` runs with the reason when the model (or its tokenizer) cannot load."""
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.on_engine_death: Callable[[], None] | None = None
-        self.model_name = settings.served_model_name or _default_name(settings.model)
+        self.on_load_failure: Callable[[str], None] | None = None
+        self.model_name = settings.served_model_name or model_name(settings.model or None)
         self.model_dir = ""
         self.max_model_len = 0
         self.template_takes_tools = False
@@ -281,6 +283,8 @@ class EngineManager:
         self.failure = event.message
         self._ready_event.set()  # nobody waits for a model that failed
         log.error("%s\n%s", event.message, event.detail)
+        if not self.ready and self.on_load_failure is not None:
+            self.on_load_failure(event.message)
 
     def _on_stopped(self, event: EngineStopped) -> None:
         was_serving, self.ready = self.ready, False
@@ -291,9 +295,3 @@ class EngineManager:
             self._router.terminate(stream, self.failure or "the engine stopped", "engine_stopped")
         if was_serving and not self._closing and self.on_engine_death is not None:
             self.on_engine_death()
-
-
-def _default_name(model: str | None) -> str:
-    """What clients call the model: its directory name, or its file name without .gguf."""
-    path = Path(model) if model else default_model_path()
-    return path.stem if path.suffix == ".gguf" else path.name

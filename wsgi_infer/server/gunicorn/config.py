@@ -64,7 +64,14 @@ def post_worker_init(worker):
         worker.log.error("engine thread died; this worker exits and gunicorn replaces it")
         worker.alive = False
 
+    def stop_serving(reason: str):  # gunicorn's convention for a worker that cannot boot: exit code 3
+        if not settings.serve_load_failure:
+            worker.log.error("this worker exits with code 3, gunicorn stops (WSGI_INFER_SERVE_LOAD_FAILURE=1: 503s)")
+            worker.boot_failure = reason
+            worker.alive = False
+
     manager.on_engine_death = replace_worker
+    manager.on_load_failure = stop_serving
     manager.start()
 
 

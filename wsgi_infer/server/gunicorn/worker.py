@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import resource
 import socket
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -27,6 +28,7 @@ from functools import partial
 import gevent
 from gevent.pool import Pool
 from gevent.server import StreamServer
+from gunicorn.arbiter import Arbiter
 from gunicorn.sock import ssl_context
 from gunicorn.workers.base import Worker
 from gunicorn.workers.ggevent import GeventWorker
@@ -56,6 +58,7 @@ class InferenceWorker(GeventWorker):
     drain_seconds: float = 0.0  # set by post_worker_init from the settings and graceful_timeout
     _alive = True
     _quitting = False
+    boot_failure: str | None = None  # the model could not load: run ends with gunicorn's boot error
     _servers: list[StreamServer] = []
 
     @property
@@ -102,6 +105,9 @@ class InferenceWorker(GeventWorker):
             gevent.sleep(0.1)
         for server in self._servers:
             server.stop(timeout=1)
+        if self.boot_failure:  # as gunicorn's arbiter does for a worker that failed to boot
+            print(self.boot_failure, file=sys.stderr, flush=True)
+            raise SystemExit(Arbiter.WORKER_BOOT_ERROR)
 
     def handle(self, listener, client, addr) -> None:
         metrics = self._metrics()

@@ -1,0 +1,128 @@
+"""The CPU kernels' builds for every x86-64 CPU, as ggml builds its CPU variants.
+
+``pip install`` compiles ``cpu_kernels.c`` once per variant into ``lib/`` beside
+this module (``setup.py`` runs ``build_variants``), and a process loads the
+best variant its CPU can run (``installed_library``): a package built on one
+x86-64 machine runs at full speed on another, and start-up compiles nothing.
+Imports only the standard library, so that ``setup.py`` can run it before the
+package is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+INSTALLED = Path(__file__).with_name("lib")
+STAMP = "variants.json"  # in INSTALLED: the source's hash and the variants built from it
+# No contraction of a * b + c into one rounding, so the kernels round as the torch ops they replace; no errno or
+# traps, which would keep loops with exp and selects from vectorizing (neither changes a result).
+COMMON_FLAGS = (
+    "-O3",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+    "-Wno-psabi",
+)
+_V2 = frozenset({"sse4_2", "ssse3", "sse4_1", "popcnt", "cx16"})
+_V3 = _V2 | {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"}
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    flags: tuple[str, ...]  # the compiler's, after COMMON_FLAGS
+    needs: frozenset[str]  # /proc/cpuinfo flags the code may use
+
+    def runs_on(self, cpu: set[str]) -> bool:
+        return self.needs <= cpu
+
+    def file_name(self) -> str:
+        return f"cpu_kernels-{self.name}.so"
+
+
+# Best first: the kernels' own paths (AVX-512 VNNI, AVX-VNNI, AVX-512, AVX2 + FMA, plain C). They have none for
+# AVX-512 BF16 or AMX (activations are float32; a build with -mavx512bf16 is the VNNI one byte for byte).
+X86_VARIANTS = (
+    Variant("avx512-vnni", ("-march=x86-64-v4", "-mavx512vnni"), _V4 | {"avx512_vnni"}),
+    Variant("avx512", ("-march=x86-64-v4",), _V4),
+    Variant("avx2-vnni", ("-march=x86-64-v3", "-mavxvnni"), _V3 | {"avx_vnni"}),
+    Variant("avx2", ("-march=x86-64-v3",), _V3),
+    Variant("x86-64-v2", ("-march=x86-64-v2",), _V2),
+)
+PORTABLE = Variant("portable", (), frozenset())  # other architectures (aarch64...): the compiler's defaults
+
+
+def variants_for(machine: str | None = None) -> tuple[Variant, ...]:
+    """The variants a machine of this architecture may run, best first."""
+    machine = machine or platform.machine()
+    return X86_VARIANTS if machine in ("x86_64", "AMD64") else (PORTABLE,)
+
+
+def source_hash() -> str:
+    return hashlib.sha256(SOURCE.read_bytes() + " ".join(COMMON_FLAGS).encode()).hexdigest()[:16]
+
+
+def _is_clang(compiler: str) -> bool:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True)
+    return "clang" in version.stdout
+
+
+def compile_library(compiler: str, flags: tuple[str, ...], target: Path) -> str | None:
+    """Compile the source into ``target`` (written whole or not at all); the compiler's complaint on failure.
+    With clang, OpenMP is GCC's libgomp, the runtime torch's own threads use: two runtimes in one process would
+    each keep a team of spinning threads."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    common = [("-fopenmp=libgomp" if flag == "-fopenmp" and _is_clang(compiler) else flag) for flag in COMMON_FLAGS]
+    command = [compiler, *common, *flags, "-o", str(staging), str(SOURCE), "-lm"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        staging.unlink(missing_ok=True)
+        return done.stderr[-2000:] or f"{compiler} exited with {done.returncode}"
+    os.replace(staging, target)
+    return None
+
+
+def build_variants(out_dir: Path = INSTALLED, compiler: str | None = None, machine: str | None = None) -> list[str]:
+    """At install: every variant of this architecture that the compiler can build, into ``out_dir``, and the stamp
+    that names them. Returns the messages worth printing (a missing compiler, a variant it could not build)."""
+    compiler = shutil.which(compiler or os.environ.get("CC", "cc"))
+    if compiler is None:
+        return ["no C compiler (CC or cc): the CPU kernels are not installed; torch's ops serve instead"]
+    messages, built = [], []
+    for variant in variants_for(machine):
+        failure = compile_library(compiler, variant.flags, out_dir / variant.file_name())
+        if failure is None:
+            built.append(variant.name)
+        else:
+            messages.append(f"the CPU kernels' {variant.name} variant did not build: {failure.strip()[-300:]}")
+    stamp = {"source": source_hash(), "compiler": compiler, "variants": built}
+    (out_dir / STAMP).write_text(json.dumps(stamp, indent=1))
+    return messages
+
+
+def installed_variants(directory: Path = INSTALLED) -> list[str] | None:
+    """The names of the variants installed in ``directory``; None where none were installed for this very source
+    (a source tree whose kernels changed since its install builds its own, see ``build.py``)."""
+    try:
+        stamp = json.loads((directory / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    return stamp["variants"] if stamp.get("source") == source_hash() else None
+
+
+def runnable(names: list[str], cpu: set[str]) -> list[Variant]:
+    """Those of the variants ``names`` that this CPU runs, best first."""
+    return [v for v in variants_for() if v.name in names and v.runs_on(cpu)]
