@@ -5,7 +5,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
 VARIANTS = Path(__file__).parent / "wsgi_infer" / "engine" / "kernels" / "variants.py"
@@ -31,4 +31,9 @@ class BuildPyWithKernels(build_py):
             print(f"warning: {message}", file=sys.stderr)
 
 
-setup(cmdclass={"build_py": BuildPyWithKernels})
+class NativeLibraries(Distribution):
+    def has_ext_modules(self) -> bool:  # a wheel of this machine's platform, not "any"
+        return True
+
+
+setup(cmdclass={"build_py": BuildPyWithKernels}, distclass=NativeLibraries)
