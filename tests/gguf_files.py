@@ -48,6 +48,11 @@ MIXED_TYPES = {
 }
 
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS = 256, 512, 2, 4, 2  # K-quants need rows of 256
+PHI3_ORIGINAL_CONTEXT = 4096  # of its 8,192: the short factors serve short prompts, scaled for the long context
+PHI3_ROPE_FACTORS = {  # one per rotated pair (16 of a head's 64 dims)
+    "long": [1.0 + 0.5 * i for i in range(16)],
+    "short": [1.0 + 0.1 * i for i in range(16)],
+}
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
@@ -84,8 +89,10 @@ class TinyGGUF:
 def write_tiny_gguf(
     path: Path, types: dict[str, str] | str, seed: int = 0, embedding: str = "F16", arch: str = "llama"
 ) -> TinyGGUF:
-    """A 2-layer Llama (or Qwen3: with per-head q/k norms) whose projections are of ``types`` (one name, or one
-    per projection of ``PROJECTIONS``), its embedding (tied to the LM head) of ``embedding``, its norms F32."""
+    """A 2-layer Llama (or Qwen3: with per-head q/k norms; or Phi-3: QKV and gate-up fused, as llama.cpp writes
+    them, the attention's and the up projection's types, half of each head rotated by LongRoPE's factors) whose
+    projections are of ``types`` (one name, or one per projection of ``PROJECTIONS``), its embedding (tied to the
+    LM head) of ``embedding``, its norms F32."""
     rng = np.random.default_rng(seed)
     per_projection = dict.fromkeys(PROJECTIONS, types) if isinstance(types, str) else types
     fields = _tokenizer_fields()
@@ -93,14 +100,18 @@ def write_tiny_gguf(
     writer = gguf.GGUFWriter(path, arch=arch)
     writer.add_name("tiny")
     writer.add_block_count(LAYERS)
-    writer.add_context_length(2048)
+    writer.add_context_length(2 * PHI3_ORIGINAL_CONTEXT if arch == "phi3" else 2048)
     writer.add_embedding_length(HIDDEN)
     writer.add_feed_forward_length(INTERMEDIATE)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(KV_HEADS)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_dimension_count(HIDDEN // HEADS)
+    writer.add_rope_dimension_count(HIDDEN // HEADS // (2 if arch == "phi3" else 1))
+    if arch == "phi3":  # LongRoPE (Phi-3 128k, Phi-4-mini): short factors up to the original context, then long
+        writer.add_rope_scaling_orig_ctx_len(PHI3_ORIGINAL_CONTEXT)
+        for kind, factors in PHI3_ROPE_FACTORS.items():
+            writer.add_tensor(f"rope_factors_{kind}.weight", np.array(factors, dtype=np.float32))
     if arch == "qwen3":  # as llama.cpp writes Qwen3 files: its config's head_dim is not hidden / heads
         writer.add_key_length(HIDDEN // HEADS)
         writer.add_value_length(HIDDEN // HEADS)
@@ -131,6 +142,13 @@ def write_tiny_gguf(
         "ffn_up": (INTERMEDIATE, HIDDEN),
         "ffn_down": (HIDDEN, INTERMEDIATE),
     }
+    if arch == "phi3":
+        qkv = (HIDDEN + 2 * KV_HEADS * head_dim, HIDDEN)
+        shapes = {"attn_qkv": qkv, "attn_output": shapes["attn_output"]} | {
+            "ffn_up": (2 * INTERMEDIATE, HIDDEN),
+            "ffn_down": shapes["ffn_down"],
+        }
+        per_projection = per_projection | {"attn_qkv": per_projection["attn_q"]}
     for layer in range(LAYERS):
         add(f"blk.{layer}.attn_norm.weight", (HIDDEN,), "F32")
         add(f"blk.{layer}.ffn_norm.weight", (HIDDEN,), "F32")

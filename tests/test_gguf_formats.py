@@ -19,7 +19,16 @@ from wsgi_infer.engine.model_loader import CheckpointTensors
 from wsgi_infer.engine.model_paths import ModelLoadError
 
 from .conftest import assert_idle
-from .gguf_files import ALL_TYPES, MIXED_TYPES, PROJECTIONS, TinyGGUF, blocks_of, write_tiny_gguf
+from .gguf_files import (
+    ALL_TYPES,
+    MIXED_TYPES,
+    PHI3_ORIGINAL_CONTEXT,
+    PHI3_ROPE_FACTORS,
+    PROJECTIONS,
+    TinyGGUF,
+    blocks_of,
+    write_tiny_gguf,
+)
 from .transformers_reference import load_hf_model
 
 # Blocks whose scales the packed groups hold as they are; K-quants' and IQ4_XS's are products rounded to float16.
@@ -111,12 +120,19 @@ def test_q4_k_maps_onto_int4_groups_block_by_block():
     assert torch.equal(groups.dequantize()[0], values[0])  # a block of zeros stays zeros
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3"])
 def test_a_mix_of_types_is_exact_in_float32_against_transformers(tmp_path, arch):
     """A Q4_K_M-like file: each projection its own type. float32 without packing is transformers' output on the
-    same dequantized weights, token for token; packed, a layer stacking 4- and 8-bit parts is 8-bit."""
+    same dequantized weights, token for token; packed, a layer stacking 4- and 8-bit parts is 8-bit (Phi-3's QKV
+    is one tensor of one type). Phi-3's rotated share and LongRoPE factors come from the file."""
     path = write_tiny_gguf(tmp_path / "mix.gguf", MIXED_TYPES, embedding="Q8_0", arch=arch).path
     llm = LLM(model=str(path), dtype="float32", quantization="none")
+    if arch == "phi3":
+        rope = llm.engine.hf_config.rope_parameters
+        assert rope["rope_type"] == "longrope" and rope["partial_rotary_factor"] == 0.5
+        assert rope["original_max_position_embeddings"] == PHI3_ORIGINAL_CONTEXT
+        assert rope["short_factor"] == pytest.approx(PHI3_ROPE_FACTORS["short"])
+        assert rope["long_factor"] == pytest.approx(PHI3_ROPE_FACTORS["long"])
     prompt = llm.engine.tokenize("The quick brown fox")
     out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
     reference = load_hf_model(llm.engine.model_dir, torch.float32)
@@ -124,7 +140,8 @@ def test_a_mix_of_types_is_exact_in_float32_against_transformers(tmp_path, arch)
     assert out.token_ids == expected[0, len(prompt) :].tolist()
     packed = LLM(model=str(path), device="cpu").engine.runner.model
     if isinstance(packed.layers[0].mlp.gate_up_proj, PackedLinear):
-        assert packed.layers[0].mlp.gate_up_proj.bits == 4 and packed.layers[0].self_attn.qkv_proj.bits == 8
+        qkv_bits = 4 if arch == "phi3" else 8
+        assert packed.layers[0].mlp.gate_up_proj.bits == 4 and packed.layers[0].self_attn.qkv_proj.bits == qkv_bits
 
 
 def test_an_unreadable_type_is_a_clear_error(tmp_path):

@@ -58,7 +58,29 @@ def read_gguf_config(gguf_file: Path):
         values.setdefault(key, value)
     values.setdefault("vocab_size", metadata.get("tokenizer.ggml.tokens"))  # the reader gives its length
     values["model_type"] = TEXT_BACKBONES.get(architecture, architecture)
+    if architecture == "phi3":
+        values.update(_phi3_rope(gguf_file, metadata, values))
     return AutoConfig.for_model(**values)
+
+
+def _phi3_rope(gguf_file: Path, metadata: dict, values: dict) -> dict:
+    """What transformers' map leaves out of a Phi-3 file (Phi-3.5-mini, Phi-4-mini): the rotated share of each
+    head (``rope.dimension_count``) and LongRoPE, whose factors llama.cpp keeps as two tensors."""
+    head_dim = values["hidden_size"] // values["num_attention_heads"]
+    rotary = metadata.get("phi3.rope.dimension_count", head_dim)
+    rope = {"rope_theta": values.get("rope_theta", 10000.0), "partial_rotary_factor": rotary / head_dim}
+    factors = {t.name: t for t in _tensor_table(gguf_file)[1] if t.name.startswith("rope_factors_")}
+    if factors:
+        rope |= {
+            "rope_type": "longrope",
+            "short_factor": factors["rope_factors_short.weight"].values().tolist(),
+            "long_factor": factors["rope_factors_long.weight"].values().tolist(),
+            "original_max_position_embeddings": metadata["phi3.rope.scaling.original_context_length"],
+        }
+        rope["factor"] = values["max_position_embeddings"] / rope["original_max_position_embeddings"]
+    else:
+        rope["rope_type"] = "default"
+    return {"rope_parameters": rope, "partial_rotary_factor": rope["partial_rotary_factor"]}
 
 
 def read_gguf_weights(gguf_file: Path, config) -> tuple[dict[str, torch.Tensor], dict[str, WeightGroups]]:
