@@ -144,6 +144,14 @@ def test_a_mix_of_types_is_exact_in_float32_against_transformers(tmp_path, arch)
         assert packed.layers[0].mlp.gate_up_proj.bits == 4 and packed.layers[0].self_attn.qkv_proj.bits == qkv_bits
 
 
+def test_an_architecture_without_a_metadata_map_is_a_clear_error(tmp_path):
+    """llama.cpp writes SmolLM3 as smollm3, which transformers' GGUF reader does not map: without this error its
+    keys would be read as nothing, and a default config would take their place."""
+    path = write_tiny_gguf(tmp_path / "smollm3.gguf", "Q8_0", arch="smollm3").path
+    with pytest.raises(ModelLoadError, match=r"GGUF architecture 'smollm3': transformers has no map of its metadata"):
+        LLM(model=str(path), device="cpu")
+
+
 def test_an_unreadable_type_is_a_clear_error(tmp_path):
     """Q8_1 is a type gguf-py does not dequantize: the error names the tensor and its type."""
     path = write_tiny_gguf(tmp_path / "q8_1.gguf", dict.fromkeys(PROJECTIONS, "Q8_0") | {"ffn_up": "Q8_1"}).path

@@ -43,6 +43,11 @@ def read_gguf_config(gguf_file: Path):
     if architecture == "llama" and metadata.get("general.name") == "mistral":
         architecture = "mistral"  # the legacy reader's one rule for Mistral, which llama.cpp files as llama
     renames = GGUF_TO_TRANSFORMERS_MAPPING["config"]
+    if architecture not in renames:  # e.g. smollm3: the metadata's names would be read as nothing, silently
+        raise ValueError(
+            f"GGUF architecture {architecture!r}: transformers has no map of its metadata "
+            "(the model's Hugging Face directory may load)"
+        )
     values = {}
     for key, value in metadata.items():
         prefix, _, rest = key.partition(".")
