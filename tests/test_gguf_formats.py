@@ -11,13 +11,16 @@ from gguf import GGMLQuantizationType as Q
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from wsgi_infer import LLM, SamplingParams
+from wsgi_infer.engine import model_builder
 from wsgi_infer.engine.gguf_blocks import MAPPED_TYPES, groups_from_blocks
 from wsgi_infer.engine.gguf_checkpoint import PACKED_GROUPS_FILE, StoredGroups
+from wsgi_infer.engine.layers.packed_embedding import PackedEmbedding
 from wsgi_infer.engine.layers.quantization import PackedLinear
 from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
 from wsgi_infer.engine.model_loader import CheckpointTensors
 from wsgi_infer.engine.model_paths import ModelLoadError
 
+from .batch_runs import GREEDY
 from .conftest import assert_idle
 from .gguf_files import (
     ALL_TYPES,
@@ -181,3 +184,21 @@ def _per_weight(t: torch.Tensor) -> torch.Tensor:
 
 def _low(g: Int4Groups | Int8Groups) -> torch.Tensor:
     return g.low if g.low is not None else torch.zeros_like(g.scale)
+
+
+def test_a_q8_0_embedding_is_read_from_the_packed_head_with_the_same_outputs(tmp_path, monkeypatch):
+    """A tied Q8_0 embedding is the LM head's int8 groups as they are: its rows come from there (the float32 table,
+    Gemma 3's 671 MB, is let go) and every token is what the table gave. An F16 embedding, which the head packs
+    into groups of its own, keeps its table."""
+    path = write_tiny_gguf(tmp_path / "q8.gguf", MIXED_TYPES, embedding="Q8_0").path
+    shared = LLM(model=str(path), device="cpu")
+    assert isinstance(shared.engine.runner.model.embed_tokens, PackedEmbedding)
+    monkeypatch.setattr(model_builder, "share_embedding_with_packed_head", lambda model: None)
+    kept = LLM(model=str(path), device="cpu")
+    assert isinstance(kept.engine.runner.model.embed_tokens, torch.nn.Embedding)
+    prompts = ["The quick brown fox", "Hello"]
+    expected = [o.token_ids for o in kept.generate(prompts, GREEDY)]
+    assert [o.token_ids for o in shared.generate(prompts, GREEDY)] == expected
+    monkeypatch.undo()
+    f16 = write_tiny_gguf(tmp_path / "f16.gguf", MIXED_TYPES, embedding="F16").path
+    assert isinstance(LLM(model=str(f16), device="cpu").engine.runner.model.embed_tokens, torch.nn.Embedding)

@@ -17,6 +17,7 @@ from .gguf_checkpoint import PACKED_GROUPS_FILE, StoredGroups
 from .kernels.build import kernels_library
 from .kernels.cpu import CpuKernels, attach_kernels
 from .layers.crossing_points import choose_max_rows
+from .layers.packed_embedding import share_embedding_with_packed_head
 from .layers.quantization import kinds, pack_on_kernels, packed_layers, quantize_with_torch
 from .model_loader import CheckpointTensors
 from .models import MODEL_REGISTRY
@@ -64,6 +65,7 @@ def build_model(
     model = _allocate(hf_config, device, dtype)
     _load_and_quantize(model, method, model_dir, device, dtype, kernels)
     if kernels is not None:
+        share_embedding_with_packed_head(model)
         attach_kernels(model, kernels)
     return model.eval()
 

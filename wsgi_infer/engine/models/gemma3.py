@@ -75,8 +75,8 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         return _RopePerKind(config, max_positions)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        weights = self.embed_tokens.weight
-        return self.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=weights.dtype)
+        embedded = self.embed_tokens(input_ids)  # an nn.Embedding, or rows of the packed LM head
+        return embedded * torch.tensor(self.embed_scale, dtype=embedded.dtype)
 
     @staticmethod
     def fused_tables(rope: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:

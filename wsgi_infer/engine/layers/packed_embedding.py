@@ -1,0 +1,66 @@
+"""Token embeddings read from the tied LM head's packed groups, where those hold them exactly.
+
+A GGUF's tied embedding is usually Q8_0, and its blocks become the LM head's int8 groups as they are (``q * d``
+in float32 both ways). Then the float32 table the lookup read is a second copy of the same values: Gemma 3's
+262,144 x 640 is 671 MB, a quarter of its server's memory. Each row is one tile lane of the packed codes, scaled.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from ..kernels.layouts import KernelWeight
+from .quantization import PackedLinear
+
+log = logging.getLogger(__name__)
+
+CHECK_ROWS = 4096  # rows compared at a time at load: a few MB of temporaries
+
+
+def packed_rows(weight: KernelWeight, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of an int8 packed weight as float32 [*ids.shape, k]: tile ids // 16, lane ids % 16."""
+    flat = ids.reshape(-1)
+    tile, lane = flat // 16, flat % 16
+    codes = weight.codes[tile, :, lane, :].reshape(len(flat), -1, 32).float()  # [rows, groups, 32]
+    values = codes * weight.scale[tile, :, lane].float()[..., None]
+    if weight.low is not None:
+        values = values + weight.low[tile, :, lane].float()[..., None]
+    return values.reshape(*ids.shape, -1)
+
+
+class PackedEmbedding(nn.Module):
+    """``nn.Embedding``'s lookup, from a packed int8 weight (the LM head's)."""
+
+    def __init__(self, weight: KernelWeight) -> None:
+        super().__init__()
+        self.packed = weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return packed_rows(self.packed, ids)
+
+
+def holds_exactly(weight: KernelWeight, table: torch.Tensor) -> bool:
+    """Whether every row of the packed weight is, bit for bit, the table's."""
+    for start in range(0, table.shape[0], CHECK_ROWS):
+        ids = torch.arange(start, min(start + CHECK_ROWS, table.shape[0]))
+        if not torch.equal(packed_rows(weight, ids), table[ids]):
+            return False
+    return True
+
+
+def share_embedding_with_packed_head(model: nn.Module) -> None:
+    """Where ``model``'s embedding is tied to an LM head packed as int8 groups that hold it exactly, look rows up
+    there and let the float32 table go."""
+    head, table = getattr(model, "lm_head", None), getattr(model, "embed_tokens", None)
+    if not getattr(model, "tied_embeddings", False) or not isinstance(table, nn.Embedding):
+        return
+    if not isinstance(head, PackedLinear) or head.bits != 8 or not holds_exactly(head.packed, table.weight):
+        return
+    model.embed_tokens = PackedEmbedding(head.packed)
+    log.info(
+        "embedding rows read from the packed LM head (its groups hold them exactly): %d MB freed",
+        table.weight.numel() * table.weight.element_size() >> 20,
+    )
