@@ -17,7 +17,7 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 from wsgi_infer import LLM, EngineConfig, SamplingParams
 from wsgi_infer.engine import device
 from wsgi_infer.engine.device import resolve_dtype
-from wsgi_infer.engine.gguf_checkpoint import read_gguf_weights
+from wsgi_infer.engine.gguf_checkpoint import gguf_tensors
 from wsgi_infer.engine.kernels.build import build_cpu_kernels
 from wsgi_infer.engine.kernels.cpu import CpuKernels, load_cpu_kernels
 from wsgi_infer.engine.kernels.layouts import kernel_weight
@@ -90,7 +90,9 @@ def test_8_bit_groups_from_values_span_each_groups_range():
 def gguf_weights():
     path = default_model_path()
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-    return gguf.GGUFReader(path), config, *read_gguf_weights(path, config)
+    tensors = list(gguf_tensors(path, config))
+    groups = {name: found for name, _, found in tensors if found is not None}
+    return gguf.GGUFReader(path), config, {name: weight for name, weight, _ in tensors}, groups
 
 
 @pytest.mark.parametrize(

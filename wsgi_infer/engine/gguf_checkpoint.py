@@ -88,15 +88,15 @@ def _phi3_rope(gguf_file: Path, metadata: dict, values: dict) -> dict:
     return {"rope_parameters": rope, "partial_rotary_factor": rope["partial_rotary_factor"]}
 
 
-def read_gguf_weights(gguf_file: Path, config) -> tuple[dict[str, torch.Tensor], dict[str, WeightGroups]]:
-    """Every tensor as float32 by its Hugging Face name (gguf-py dequantizes every block type it knows), and
-    the packed groups of those whose blocks map onto them (``gguf_blocks``)."""
+def gguf_tensors(gguf_file: Path, config) -> Iterator[tuple[str, torch.Tensor, WeightGroups | None]]:
+    """Each tensor as float32 under its Hugging Face name (gguf-py dequantizes every block type it knows), with
+    its packed groups where its blocks map onto them (``gguf_blocks``): one at a time, so that a converter can
+    write each away before the next is read (holding them all took 5.5 GB for Gemma 3 270M)."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     architecture, tensors = _tensor_table(gguf_file)
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
     names = _hf_names(architecture, config)
-    weights, groups = {}, {}
     started = time.monotonic()
     for index, tensor in enumerate(tensors):
         if tensor.name not in names:
@@ -105,18 +105,17 @@ def read_gguf_weights(gguf_file: Path, config) -> tuple[dict[str, torch.Tensor],
         def reorder(t: torch.Tensor, name: str = tensor.name) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(processor.process(weights=t.numpy(), name=name).weights))
 
-        name, values = names[tensor.name], tensor.values()
-        weights[name] = reorder(values)
+        values, found = tensor.values(), None
         if values.dim() == 2:
             try:
                 found = groups_from_blocks(torch.from_numpy(tensor.raw.copy()), tensor.ggml_type, values)
             except ValueError as exc:
                 raise ValueError(f"tensor {tensor.name} ({tensor.ggml_type.name}): {exc}") from exc
             if found is not None:
-                groups[name] = type(found)(*(None if t is None else reorder(t) for t in astuple(found)))
+                found = type(found)(*(None if t is None else reorder(t) for t in astuple(found)))
+        yield names[tensor.name], reorder(values), found
         if time.monotonic() - started > 2 and index % 50 == 0:
             log.info("GGUF %s: %d of %d tensors read", gguf_file.name, index, len(tensors))
-    return weights, groups
 
 
 @dataclass
@@ -137,7 +136,7 @@ class _StoredTensor:
                 f"tensor {self.name}: ggml type {self.ggml_type.name} ({int(self.ggml_type)}) cannot be read "
                 "(gguf-py does not dequantize it)"
             ) from None
-        return torch.from_numpy(values.astype(np.float32)).reshape(self.shape)
+        return torch.from_numpy(values.astype(np.float32, copy=False)).reshape(self.shape)
 
 
 def _tensor_table(gguf_file: Path) -> tuple[str, list[_StoredTensor]]:

@@ -24,7 +24,8 @@ from safetensors import safe_open
 
 from .builtin_chat_templates import BUILTIN_TEMPLATES
 from .cache_files import cache_root, read_json, write_json
-from .gguf_checkpoint import PACKED_GROUPS_FILE, read_gguf_config, read_gguf_weights, save_packed_groups
+from .checkpoint_writer import ShardedCheckpoint
+from .gguf_checkpoint import PACKED_GROUPS_FILE, gguf_tensors, read_gguf_config, save_packed_groups
 from .model_paths import (
     ModelLoadError,
     conversion_lock,
@@ -78,7 +79,6 @@ def _convert_gguf_into(gguf: Path, target: Path) -> None:
 
 def _convert_gguf(gguf: Path, staging: Path) -> None:
     """Config, tokenizer, weights and 4-bit groups, each read once from the file."""
-    from safetensors.torch import save_file
     from transformers import GenerationConfig
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
@@ -87,12 +87,15 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
         # Not AutoTokenizer: it would parse the whole file again (gguf-py, about 5 s) to choose this class.
         tokenizer = TokenizersBackend.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         log.info("model %s: config and tokenizer read; reading the weights", gguf.name)
-        weights, groups = read_gguf_weights(gguf, config)
+        groups = {}
+        with ShardedCheckpoint(staging) as checkpoint:
+            for name, weight, found in gguf_tensors(gguf, config):
+                if not (config.tie_word_embeddings and name == "lm_head.weight"):
+                    checkpoint.add(name, weight)
+                if found is not None:
+                    groups[name] = found
     except Exception as exc:  # transformers and gguf-py raise many kinds for unreadable files
         raise ModelLoadError(f"model {gguf}: cannot read GGUF file ({exc})") from exc
-    if config.tie_word_embeddings:
-        weights.pop("lm_head.weight", None)
-    save_file({k: v.contiguous() for k, v in weights.items()}, staging / "model.safetensors", metadata={"format": "pt"})
     save_packed_groups(groups, staging / PACKED_GROUPS_FILE)
     config.save_pretrained(staging)
     _resolve_config(staging)  # while its class is imported: the worker that waited on us need not import it
