@@ -4,9 +4,14 @@ at fault, chat chunks and usage, and calls and constraints the grammar forces wh
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
+from wsgi_infer.server.api import formatters
+
+from .conftest import tiny_settings
+from .in_process import InProcessServer
 from .sse_client import events
 
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
@@ -160,3 +165,44 @@ def test_a_bad_constraint_or_bias_is_a_400_naming_the_field(tiny_api, fields, pa
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == param
         assert http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
+
+
+# A chat template that asks for tool calls as Llama 3.1 and 3.2's does (its rendering kept short).
+LLAMA3_STYLE_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nGiven the following functions, please respond with a JSON for a function call "
+    'with its proper arguments that best answers the given prompt.\n\nRespond in the format {"name": function name, '
+    '"parameters": dictionary of argument name and its value}. Do not use variables.\n\n'
+    "{%- for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def llama3_style_api(tiny_model_dirs, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("llama3-style")
+    shutil.copytree(tiny_model_dirs["llama"], directory, dirs_exist_ok=True)
+    (directory / "chat_template.jinja").write_text(LLAMA3_STYLE_TEMPLATE)
+    with InProcessServer(tiny_settings(tiny_model_dirs, model=directory)) as server:
+        yield server
+
+
+def test_a_llama3_template_gets_its_calls_in_llama3s_json(llama3_style_api, monkeypatch):
+    """The call the grammar forces is Llama 3's ``{"name": ..., "parameters": ...}``, and it comes back as a call."""
+    written = []
+
+    class Recording(formatters.ToolCallParser):
+        def finish(self) -> dict:
+            written.append(self.text)
+            return super().finish()
+
+    monkeypatch.setattr(formatters, "ToolCallParser", Recording)
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 60, "temperature": 0}
+    with llama3_style_api.client() as http:
+        whole = http.post("/v1/chat/completions", json=body).json()
+    [choice] = whole["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"])["unit"] in UNIT["enum"]
+    assert written[-1] == f'{{"name": "get_weather", "parameters": {call["function"]["arguments"]}}}'

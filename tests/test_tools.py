@@ -8,7 +8,7 @@ import json
 import pytest
 
 from wsgi_infer.server.api.chat_schemas import ChatCompletionRequest
-from wsgi_infer.server.api.tools import ToolCallParser, ToolPlan, call_text
+from wsgi_infer.server.api.tools import HERMES, LLAMA3_JSON, ToolCallParser, ToolPlan, call_text, tool_format_of
 
 WEATHER = {
     "name": "get_weather",
@@ -84,6 +84,57 @@ def test_a_cut_call_is_not_reported_complete():
     parser = ToolCallParser()
     parser.feed(call_text("get_weather", '{"city":"Pa')[: -len("\n</tool_call>")])
     assert [c.complete for c in parser.calls] == [False]
+
+
+# Arguments with a brace, a bracket and an escaped quote inside strings, and nesting: the call ends where its
+# object does, not at the first "}}".
+NESTED = '{"city":"Pa}ris \\"x\\"","days":2,"extra":{"a":[1,{"b":"]"}]}}'
+LLAMA3_CALL = LLAMA3_JSON.call("get_weather", NESTED)
+
+
+LLAMA3_TEMPLATE_LINE = (  # as Llama 3.1 and 3.2's chat template words it
+    'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.'
+)
+
+
+def test_the_call_format_is_the_chat_templates(tiny_llama):
+    llama3 = f"... {LLAMA3_TEMPLATE_LINE} Do not use variables."
+    assert tool_format_of(llama3) is LLAMA3_JSON
+    assert tool_format_of(tiny_llama.engine.tokenizer.chat_template) is HERMES and tool_format_of(None) is HERMES
+    assert LLAMA3_JSON.call("get_time", "{}") == '{"name": "get_time", "parameters": {}}'
+
+
+@pytest.mark.parametrize(
+    ("mode", "text", "accepted"),
+    [
+        ("required", LLAMA3_JSON.call("get_weather", '{"city":"Paris","days":2}'), True),
+        ("required", call_text("get_weather", '{"city":"Paris","days":2}'), False),  # Hermes' wrapper
+        ("required", LLAMA3_JSON.call("get_time", "{}") + "; " + LLAMA3_JSON.call("get_time", "{}"), False),
+        ("get_time", LLAMA3_JSON.call("get_time", "{}"), True),
+        ("auto", "Sunny in Paris.", True),
+        ("auto", LLAMA3_JSON.call("get_time", "{}"), True),
+        ("auto", '{"name": "get_time"}', False),  # a call's start, then no call
+    ],
+)
+def test_llama3s_grammar_allows_exactly_one_valid_call(tiny_llama, mode, text, accepted):
+    plan = ToolPlan([WEATHER, TIME], mode, True, LLAMA3_JSON)
+    assert accepts(plan, text, tiny_llama.engine.grammars) is accepted
+
+
+@pytest.mark.parametrize("piece", [1, 2, 3, 7, 1000])
+def test_any_cut_of_a_llama3_call_gives_its_arguments_to_where_its_object_ends(piece):
+    parser, streamed = ToolCallParser(LLAMA3_JSON), ""
+    for start in range(0, len(LLAMA3_CALL), piece):
+        delta = parser.feed(LLAMA3_CALL[start : start + piece])
+        assert "content" not in delta and len(delta.get("tool_calls", [])) <= 1
+        streamed += "".join(part["function"]["arguments"] for part in delta.get("tool_calls", []))
+    assert parser.finish() == {} and streamed == NESTED
+    assert [(c.name, c.arguments, c.complete) for c in parser.calls] == [("get_weather", NESTED, True)]
+    cut = ToolCallParser(LLAMA3_JSON)
+    cut.feed(LLAMA3_CALL[:-2])
+    assert [c.complete for c in cut.calls] == [False]
+    text = ToolCallParser(LLAMA3_JSON)
+    assert text.feed('{"na') == {} and text.feed("p") == {"content": '{"nap'}
 
 
 def conversation(template_takes_tools: bool, **fields):

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from ...engine.sampling_params import StructuredOutput
 from ..errors import APIError
 from .schemas import Request, SamplingRequest, engine_field
-from .tools import ToolPlan, call_text
+from .tools import HERMES, ToolFormat, ToolPlan, call_text
 
 
 class FunctionDefinition(Request):
@@ -81,6 +81,7 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # the template's variables, as vLLM takes them
+    _tool_format: ToolFormat = PrivateAttr(default=HERMES)
 
     @property
     def max_new_tokens(self) -> int | None:
@@ -106,7 +107,11 @@ class ChatCompletionRequest(SamplingRequest):
             raise APIError(f"tool_choice names {mode!r}, which is not among the tools", param="tool_choice")
         if self.logprobs:
             raise APIError("logprobs are not supported together with tool calls", param="logprobs")
-        return ToolPlan(functions, mode, self.parallel_tool_calls)
+        return ToolPlan(functions, mode, self.parallel_tool_calls, self._tool_format)
+
+    def write_calls_as(self, tool_format: ToolFormat) -> None:
+        """The model's call format (its chat template's: ``tool_format_of``), before the plan is read."""
+        self._tool_format = tool_format
 
     def constraint(self) -> StructuredOutput | None:
         plan = self.tool_plan

@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from ..engine_client.streams import ChoiceDelta, RequestStream
 from .reasoning import ReasoningParser
 from .serving import manager
-from .tools import ToolCallParser, merge_call_entries
+from .tools import ToolCallParser, ToolFormat, merge_call_entries
 
 
 class Formatter(ABC):
@@ -102,12 +102,18 @@ class ChatFormatter(Formatter):
     prefix = "chatcmpl"
 
     def __init__(
-        self, stream: RequestStream, obj: str, with_tools: bool = False, thinks: bool = False, opened: bool = False
+        self,
+        stream: RequestStream,
+        obj: str,
+        tools: ToolFormat | None = None,
+        thinks: bool = False,
+        opened: bool = False,
     ) -> None:
-        """``thinks``: the template thinks; ``opened``: its prompt opened the thought already."""
+        """``tools``: the format of the calls the model may write; ``thinks``: the template thinks; ``opened``: its
+        prompt opened the thought already."""
         super().__init__(stream, obj)
         self._role_sent: set[int] = set()
-        self._parsers = {i: ToolCallParser() for i in range(stream.num_choices)} if with_tools else None
+        self._parsers = {i: ToolCallParser(tools) for i in range(stream.num_choices)} if tools else None
         self._thoughts = {i: ReasoningParser(opened) for i in range(stream.num_choices)} if thinks else None
 
     def _split(self, index: int, text: str, final: bool) -> tuple[str, str]:

@@ -19,6 +19,7 @@ from .chat_schemas import ChatCompletionRequest
 from .formatters import ChatFormatter, CompletionFormatter, Formatter
 from .schemas import CompletionRequest, parse
 from .serving import StreamInterrupted, check_model, collect, log_response, manager, pumped, start, wait_ready
+from .tools import tool_format_of
 
 if TYPE_CHECKING:
     from ..engine_client.manager import EngineManager
@@ -67,9 +68,10 @@ def completions():
 def chat_completions():
     req: ChatCompletionRequest = parse(ChatCompletionRequest, request.get_json(force=True))
     check_model(req.model)
+    wait_ready(manager())  # the template is known once the front end's tokenizer is
+    req.write_calls_as(tool_format_of(manager().tokenizer.chat_template))
     messages, tools = req.conversation(manager().template_takes_tools)
     params = req.sampling_params(req.max_new_tokens, req.num_logprobs)
-    wait_ready(manager())  # the template is known once the front end's tokenizer is
     thinks = manager().template_thinks
     opened = thinks and manager().opens_thought(req.chat_template_kwargs)  # before submitting: it may raise
     for p in params:  # a thinking model's thought is free, its answer constrained (unless the constraint spells it)
@@ -78,7 +80,8 @@ def chat_completions():
             p.structured_output = replace(spec, after_thought=True)
     stream = start([Chat(messages, tools, req.chat_template_kwargs)], params)
     obj = "chat.completion.chunk" if req.stream else "chat.completion"
-    formatter = ChatFormatter(stream, obj, with_tools=req.tool_plan is not None, thinks=thinks, opened=opened)
+    plan = req.tool_plan
+    formatter = ChatFormatter(stream, obj, plan and plan.format, thinks=thinks, opened=opened)
     return _respond(stream, req.stream, req.include_usage, formatter)
 
 

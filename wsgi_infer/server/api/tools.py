@@ -1,21 +1,28 @@
 """Tool calling: what the model is told, what it may write, and how its text becomes calls.
 
-One format, the Hermes/Qwen convention that many chat models are trained on::
+Two formats, each the one its models are trained on, chosen by the chat template (``tool_format_of``):
 
-    <tool_call>
-    {"name": "get_weather", "arguments": {"city":"Paris"}}
-    </tool_call>
+- Hermes/Qwen's, which most chat templates with tools use (and our own system prompt, where the template
+  takes no tools)::
+
+      <tool_call>
+      {"name": "get_weather", "arguments": {"city":"Paris"}}
+      </tool_call>
+
+- Llama 3.1 and 3.2's JSON, one call per reply (their template raises for more):
+  ``{"name": "get_weather", "parameters": {"city":"Paris"}}``.
 
 With ``tool_choice`` "required" or a named function the output is constrained
 to such calls, whose arguments follow each function's ``parameters`` schema
 (compact JSON). With "auto" the model may also write text, which must not
-start with ``<tool_call>``; once it does start a call, the call is constrained.
+start as a call does; once it does start a call, the call is constrained.
 Tools go to the chat template when it takes them; otherwise a system prompt
 of ours describes them and the format.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import uuid
@@ -23,10 +30,43 @@ from dataclasses import dataclass, field
 
 from ...engine.sampling_params import StructuredOutput
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
-_HEAD = re.compile(r'<tool_call>\n\{"name": "([A-Za-z0-9_.-]+)", "arguments": ')
-_ARGS_END = "}" + CALL_CLOSE  # the wrapper's brace, then the closing tag
 _COMPACT = {"whitespace_flexible": False}  # arguments as compact JSON, as OpenAI sends them
+_NAME = "[A-Za-z0-9_.-]+"
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How a model family writes a call: ``{open}{"name": "f", "<arguments_key>": {...}}{close}``, calls apart by
+    ``separator`` where it writes several."""
+
+    name: str
+    open: str
+    close: str
+    separator: str | None  # None: one call per reply
+    arguments_key: str
+    marker: str  # the regular expression that text starting a call matches (what "auto" text must not start with)
+
+    def call(self, name: str, arguments: str) -> str:
+        return f'{self.open}{{"name": "{name}", "{self.arguments_key}": {arguments}}}{self.close}'
+
+    @property
+    def start(self) -> str:
+        """What every call's text starts with, up to its name."""
+        return f'{self.open}{{"name": "'
+
+    def head(self) -> re.Pattern:
+        return re.compile(f'{re.escape(self.start)}({_NAME})", "{self.arguments_key}": ')
+
+
+HERMES = ToolFormat("hermes", "<tool_call>\n", "\n</tool_call>", "\n", "arguments", "<tool_call>")
+LLAMA3_JSON = ToolFormat("llama3_json", "", "", None, "parameters", r'\{"name"')
+# Llama 3.1 / 3.2's template tells the model this (transformers' and Meta's copies alike).
+_LLAMA3_MARK = '"parameters": dictionary of argument name and its value'
+
+
+def tool_format_of(chat_template: str | None) -> ToolFormat:
+    """The format a model's chat template asks for."""
+    return LLAMA3_JSON if _LLAMA3_MARK in (chat_template or "") else HERMES
 
 
 @dataclass
@@ -40,19 +80,22 @@ class ToolPlan:
     functions: list[dict]
     mode: str
     parallel: bool = True
+    format: ToolFormat = HERMES
 
     def constraint(self) -> StructuredOutput:
         """A Lark grammar: calls only, or (auto) text that is not a call, or calls."""
-        allowed = self.functions if self.mode in ("auto", "required") else [self._named()]
+        fmt, allowed = self.format, self.functions if self.mode in ("auto", "required") else [self._named()]
+        key = json.dumps(fmt.arguments_key)
         rules = [
-            f'fn_{i}: "{{\\"name\\": \\"{f["name"]}\\", \\"arguments\\": " %json {_schema(f)} "}}"'
+            f"fn_{i}: {_literal(fmt.start + f['name'] + chr(34) + ', ' + key + ': ')} %json {_schema(f)} "
+            f"{_literal('}' + fmt.close)}"
             for i, f in enumerate(allowed)
         ]
-        call = f'call: "<tool_call>\\n" ({" | ".join(f"fn_{i}" for i in range(len(allowed)))}) "\\n</tool_call>"'
-        calls = 'calls: call ("\\n" call)*' if self.parallel and not self.named else "calls: call"
-        start = (
-            "start: TEXT | calls\nTEXT: /(.|\\n)+/ & ~/<tool_call>(.|\\n)*/" if self.mode == "auto" else "start: calls"
-        )
+        call = f"call: {' | '.join(f'fn_{i}' for i in range(len(allowed)))}"
+        several = self.parallel and not self.named and fmt.separator is not None
+        calls = f"calls: call ({_literal(fmt.separator)} call)*" if several else "calls: call"
+        text = f"start: TEXT | calls\nTEXT: /(.|\\n)+/ & ~/{fmt.marker}(.|\\n)*/"
+        start = text if self.mode == "auto" else "start: calls"
         return StructuredOutput("grammar", "\n".join([start, calls, call, *rules]), source="tools")
 
     @property
@@ -67,7 +110,7 @@ class ToolPlan:
         how = "call one or more of them" if self.parallel and not self.named else "call one of them"
         return (
             f"You have access to these tools:\n{listing}\n\nTo {how}, reply with nothing but, for each call:\n"
-            f'{CALL_OPEN}{{"name": <tool name>, "arguments": <JSON object>}}{CALL_CLOSE}'
+            f'{HERMES.open}{{"name": <tool name>, "arguments": <JSON object>}}{HERMES.close}'
         )
 
     def _named(self) -> dict:
@@ -79,9 +122,15 @@ def _schema(function: dict) -> str:
     return json.dumps({**parameters, "x-guidance": _COMPACT}, ensure_ascii=False)
 
 
+def _literal(text: str) -> str:
+    """A Lark string literal of ``text``."""
+    return json.dumps(text, ensure_ascii=False)
+
+
 def call_text(name: str, arguments: str) -> str:
-    """A call as the model writes it (for an assistant message in the history)."""
-    return f'{CALL_OPEN}{{"name": "{name}", "arguments": {arguments}}}{CALL_CLOSE}'
+    """A call as our system prompt asks for it (an assistant message in the history, for a template without
+    tools: those that take tools render the calls themselves)."""
+    return HERMES.call(name, arguments)
 
 
 @dataclass
@@ -99,10 +148,12 @@ class ParsedCall:
 class ToolCallParser:
     """One choice's text, fed piece by piece, split into content and tool calls.
 
-    Until the text can no longer become ``<tool_call>`` nothing is released; then
-    it is either plain content, or calls whose arguments grow as they arrive.
+    Until the text can no longer become a call's start nothing is released; then
+    it is either plain content, or calls whose arguments grow as they arrive (a
+    call's arguments end where their JSON object closes).
     """
 
+    format: ToolFormat = HERMES
     text: str = ""
     calls: list[ParsedCall] = field(default_factory=list)
     _content_sent: int = 0
@@ -110,43 +161,72 @@ class ToolCallParser:
     def feed(self, piece: str) -> dict:
         """The OpenAI ``delta`` for this piece: ``content`` or ``tool_calls``, or {} to hold."""
         self.text += piece
-        if CALL_OPEN.startswith(self.text):
+        if self.format.start.startswith(self.text):
             return {}
         return self.finish()
 
     def finish(self) -> dict:
         """The rest of the delta once the choice has ended: held-back text is content after all."""
-        if self.text.startswith(CALL_OPEN):
+        if self._is_calls:
             return self._call_deltas()
         new, self._content_sent = self.text[self._content_sent :], len(self.text)
         return {"content": new} if new else {}
 
     @property
+    def _is_calls(self) -> bool:
+        return self.text.startswith(self.format.start)
+
+    @property
     def content(self) -> str | None:
         """The whole text when the choice wrote text rather than calls."""
-        return None if self.text.startswith(CALL_OPEN) else self.text
+        return None if self._is_calls else self.text
 
     def _call_deltas(self) -> dict:
         """One entry per call that grew, as OpenAI streams them: a new call's id and name come with the first
         of its arguments (clients merge entries across chunks by index, but read two of one index in one chunk
         as two calls)."""
-        deltas = []
-        for index, head in enumerate(_HEAD.finditer(self.text)):
-            start = head.end()
-            end = self.text.find(_ARGS_END, start)
-            arguments = self.text[start:end] if end >= 0 else _without_partial_end(self.text[start:])
+        deltas, at, head = [], 0, self.format.head()
+        for index in itertools.count():
+            found = head.match(self.text, at)
+            if found is None:
+                break
+            end = _object_end(self.text, found.end())
+            arguments = self.text[found.end() : end]
             entry: dict = {"index": index, "function": {"arguments": ""}}
             if index == len(self.calls):
-                self.calls.append(ParsedCall(f"call_{uuid.uuid4().hex[:24]}", head.group(1), ""))
+                self.calls.append(ParsedCall(f"call_{uuid.uuid4().hex[:24]}", found.group(1), ""))
                 entry = {"index": index, "id": self.calls[index].id, "type": "function", "function": {}}
-                entry["function"] = {"name": head.group(1), "arguments": ""}
+                entry["function"] = {"name": found.group(1), "arguments": ""}
             call = self.calls[index]
             if len(arguments) > len(call.arguments):
                 entry["function"]["arguments"], call.arguments = arguments[len(call.arguments) :], arguments
-            call.complete = end >= 0
+            call.complete = end is not None
             if "id" in entry or entry["function"]["arguments"]:
                 deltas.append(entry)
+            if end is None:
+                break
+            at = end + len("}" + self.format.close + (self.format.separator or ""))
         return {"tool_calls": deltas} if deltas else {}
+
+
+def _object_end(text: str, start: int) -> int | None:
+    """Where the JSON value starting at ``start`` ends (strings and nesting followed), or None: not yet."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        char = text[i]
+        if escaped:
+            escaped = False
+        elif in_string:
+            escaped, in_string = char == "\\", char != '"'
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
 
 
 def merge_call_entries(entries: list[dict]) -> list[dict]:
@@ -158,11 +238,3 @@ def merge_call_entries(entries: list[dict]) -> list[dict]:
         else:
             merged[entry["index"]]["function"]["arguments"] += entry["function"].get("arguments", "")
     return list(merged.values())
-
-
-def _without_partial_end(arguments: str) -> str:
-    """Hold back a tail that may be the start of the wrapper's end rather than argument text."""
-    for n in range(min(len(_ARGS_END), len(arguments)), 0, -1):
-        if _ARGS_END.startswith(arguments[-n:]):
-            return arguments[:-n]
-    return arguments
