@@ -62,6 +62,10 @@ def test_metrics_add_up_across_two_workers(tiny_model_dirs):
     with GunicornServer(settings, "--workers", "2") as server:
         workers = server.wait_booted(count=2)
         single = int(server.wait_for_log(r"KV cache: (\d+) blocks").group(1))
+        # Both accepting: a worker still importing in post_worker_init accepts nothing, and under load the other
+        # one served all 40 requests in that time (a flaky failure).
+        first, _ = server.wait_for_line(r"engine ready")
+        server.wait_for_line(r"engine ready", after=first + 1)
         # Workers share the machine: a GPU each in turn, or the cores split so they do not oversubscribe.
         if torch.cuda.is_available():
             expected = [f"worker {i} uses cuda:{i % torch.cuda.device_count()}" for i in range(2)]
