@@ -107,7 +107,8 @@ def test_silu_and_mul_and_rotary_compute_as_torch(kernels):
 
 
 def test_the_kernels_refuse_what_they_cannot_read(kernels):
-    """A tensor of another dtype, or rows not contiguous, is an error, never a read past a buffer."""
+    """A tensor of another dtype, rows not contiguous, or a shape the call would read past, is an error before
+    the call, never a read past a buffer."""
     with pytest.raises(TypeError, match="float32"):
         kernels.silu_mul(randn(2, 64).bfloat16())
     with pytest.raises(TypeError, match="contiguous"):
@@ -115,6 +116,21 @@ def test_the_kernels_refuse_what_they_cannot_read(kernels):
     weight = kernel_weight(Int8Groups.from_weight(randn(32, 64)))
     with pytest.raises(TypeError, match="32 inputs for a weight of 64"):
         kernels.packed_mm(randn(2, 32), weight, 32)
+    with pytest.raises(TypeError, match="48 outputs of 32"):
+        kernels.packed_mm(randn(2, 64), weight, 48)
+    with pytest.raises(TypeError, match="rms_norm: weight"):
+        kernels.rms_norm(randn(3, 64), randn(32), 1e-5, None)
+    with pytest.raises(TypeError, match="gated activation"):
+        kernels.silu_mul(randn(2, 63))
+    with pytest.raises(TypeError, match="rotate: table"):
+        kernels.rotate_(randn(5, 4, 16), randn(4, 1, 16), randn(4, 1, 16))  # tables for 4 of 5 tokens
+    with pytest.raises(TypeError, match="head_norm: weights"):
+        kernels.head_norm_(randn(5, 6, 16), 4, 2, randn(8), randn(8), 1e-6)
+    rows = CacheRows(4, torch.zeros(1, 2, dtype=torch.long), torch.zeros(2, dtype=torch.long), torch.ones(2).long())
+    with pytest.raises(TypeError, match="paged_attention: cache"):
+        kernels.paged_attention(randn(2, 4, 64), randn(8, 4, 32).bfloat16(), rows, 0.125)
+    with pytest.raises(TypeError, match="a row per token"):
+        kernels.paged_attention(randn(3, 4, 64), randn(8, 4, 64).bfloat16(), rows, 0.125)
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])  # 80: pairs of 32 values and a last 16, padded

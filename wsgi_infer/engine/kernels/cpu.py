@@ -52,6 +52,12 @@ def _check(t: torch.Tensor, what: str, dtype: torch.dtype = torch.float32) -> No
         )
 
 
+def _expect(condition: bool, message: str) -> None:
+    """A shape the kernel would read past: a bug upstream, refused before the call."""
+    if not condition:
+        raise TypeError(message)
+
+
 @dataclass
 class CacheRows:
     """Where each token of a step reads the paged cache, as the kernels take it: a padded block table per
@@ -85,6 +91,8 @@ class CpuKernels:
         for t, what in ((x, "x"), (weight, "weight"), (residual, "residual")):
             if t is not None:
                 _check(t, f"rms_norm {what}")
+        _expect(x.dim() == 2 and weight.shape == (x.shape[1],), f"rms_norm: weight {weight.shape} for x {x.shape}")
+        _expect(residual is None or residual.shape == x.shape and residual.is_contiguous(), "rms_norm: residual")
         x = x.contiguous()
         out = torch.empty_like(x)
         ptr = residual.data_ptr() if residual is not None else None
@@ -104,6 +112,7 @@ class CpuKernels:
     def _gated(function, gate_up: torch.Tensor) -> torch.Tensor:
         """act(gate) * up from the rows' [gate | up]."""
         _check(gate_up, "gated activation")
+        _expect(gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0, f"gated activation: rows {gate_up.shape}")
         gate_up = gate_up.contiguous()
         out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
         function(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1], torch.get_num_threads())
@@ -116,6 +125,9 @@ class CpuKernels:
         if x.stride(1) != x.shape[2]:
             raise TypeError(f"rotate x: heads must be contiguous in a row, got strides {x.stride()}")
         tokens, heads, head_dim = x.shape
+        for table in (cos, sin):
+            _expect(table.is_contiguous() and table.numel() == tokens * cos.shape[-1], f"rotate: table {table.shape}")
+        _expect(cos.shape[-1] <= head_dim and cos.shape[-1] % 2 == 0, f"rotate: {cos.shape[-1]} of {head_dim} dims")
         tables, dims = (cos.data_ptr(), sin.data_ptr()), (head_dim, cos.shape[-1])
         self._lib.rotate(x.data_ptr(), x.stride(0), *tables, tokens, heads, *dims, torch.get_num_threads())
 
@@ -129,6 +141,8 @@ class CpuKernels:
         if x.stride(1) != x.shape[2]:
             raise TypeError(f"head_norm x: heads must be contiguous in a row, got strides {x.stride()}")
         tokens, _, head_dim = x.shape
+        _expect(x.shape[1] >= heads + kv_heads, f"head_norm: {heads} + {kv_heads} heads of {x.shape[1]}")
+        _expect(q_weight.shape == k_weight.shape == (head_dim,), f"head_norm: weights for heads of {head_dim}")
         args = (q_weight.data_ptr(), k_weight.data_ptr(), tokens, heads, kv_heads, head_dim, eps)
         self._lib.head_norm(x.data_ptr(), x.stride(0), *args, torch.get_num_threads())
 
@@ -142,6 +156,12 @@ class CpuKernels:
         if q.stride(1) != q.shape[2] or not kv_cache.is_contiguous():
             raise TypeError("paged_attention: a row's heads and the cache must be contiguous")
         tokens, heads, head_dim = q.shape
+        kv_heads = kv_cache.shape[1] // 2
+        _expect(kv_cache.dim() == 3 and kv_cache.shape[2] == head_dim, f"paged_attention: cache {kv_cache.shape}")
+        _expect(kv_heads > 0 and heads % kv_heads == 0, f"paged_attention: {heads} heads over {kv_heads}")
+        for table in (rows.row_seqs, rows.context_lens, rows.block_tables):
+            _expect(table.dtype == torch.int64 and table.is_contiguous(), "paged_attention: int64 contiguous tables")
+        _expect(len(rows.row_seqs) == len(rows.context_lens) == tokens, "paged_attention: a row per token")
         out = q.new_empty(tokens, heads * head_dim)
         self._lib.paged_attention(
             q.data_ptr(),
@@ -152,7 +172,7 @@ class CpuKernels:
             out.data_ptr(),
             tokens,
             heads,
-            kv_cache.shape[1] // 2,
+            kv_heads,
             head_dim,
             scale,
             window,
@@ -165,6 +185,7 @@ class CpuKernels:
         _check(x, "packed_mm x")
         if x.shape[1] != weight.k:
             raise TypeError(f"packed_mm: {x.shape[1]} inputs for a weight of {weight.k}")
+        _expect(0 < n <= weight.scale.shape[0] * 16, f"packed_mm: {n} outputs of {weight.scale.shape[0] * 16}")
         x = x.contiguous()
         out = x.new_empty(x.shape[0], n)
         multiply = self._lib.int4_mm if weight.bits == 4 else self._lib.int8_mm
@@ -177,6 +198,7 @@ class CpuKernels:
         """The packed weight [n, k] as bf16 (each value rounded once, to nearest even), in a buffer that the next
         call overwrites: a fresh one per weight cost 5 to 12 times the unpacking itself in page faults (the
         allocator hands buffers this large back to the system when they are freed)."""
+        _expect(k == weight.k and 0 < n <= weight.scale.shape[0] * 16, f"dequantize: [{n}, {k}] of {weight.k} inputs")
         if self._dequantized.numel() < n * k:
             self._dequantized = torch.empty(n * k, dtype=torch.bfloat16)
         out = self._dequantized[: n * k].view(n, k)
@@ -190,6 +212,7 @@ class CpuKernels:
         counts as largest), in one vectorized pass: torch's took 2.5 ms for 64 rows of a 49,152-token
         vocabulary on this machine's EPYC, this 0.3."""
         _check(logits, "argmax")
+        _expect(logits.dim() == 2, f"argmax: rows {logits.shape}")
         logits = logits.contiguous()
         rows, n = logits.shape
         out = torch.empty(rows, dtype=torch.long)
