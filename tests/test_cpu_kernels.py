@@ -1,5 +1,5 @@
-"""The compiled CPU kernels compute what the torch ops they replace compute: every installed variant this CPU runs,
-a build here (with and without AVX2) and clang's build (which library loads: test_kernel_variants)."""
+"""The compiled CPU kernels compute what the torch ops they replace compute: every installed variant this CPU runs
+and clang's build (which library loads: test_kernel_variants)."""
 
 from __future__ import annotations
 
@@ -38,9 +38,10 @@ def _clang_build(tmp_path_factory) -> Path:
     return target
 
 
-# Every library a CPU like this one may load: each installed variant it runs, a build here, and clang's build.
+# Every library a CPU like this one may load: each installed variant it runs (x86-64-v2 is the path without
+# AVX2), clang's build, and a build here where none is installed.
 INSTALLED_HERE = variants.runnable(variants.installed_variants(installed_dir()) or [], cpu_flags())
-LIBRARIES = [*(f"installed {v.name}" for v in INSTALLED_HERE), "built here", "built here without AVX2", "clang"]
+LIBRARIES = [*(f"installed {v.name}" for v in INSTALLED_HERE), *([] if INSTALLED_HERE else ["built here"]), "clang"]
 
 
 def library(which: str, tmp_path_factory) -> Path:
@@ -48,7 +49,7 @@ def library(which: str, tmp_path_factory) -> Path:
         return _clang_build(tmp_path_factory)
     if which.startswith("installed "):
         return installed_dir() / variants.Variant(which.removeprefix("installed "), (), frozenset()).file_name()
-    path = build_cpu_kernels(("-mno-avx2",) if which.endswith("without AVX2") else ())
+    path = build_cpu_kernels()
     assert path is not None, "the test machine has a C compiler"
     return path
 
