@@ -73,7 +73,10 @@ def test_a_long_prompt_is_tokenized_without_stalling_running_streams(timed_serve
         f"a 30,000-token prompt tokenized in {(answered - sent) * 1e3:.0f} ms beside 2 streams: their largest gap "
         f"{max(during) * 1e3:.1f} ms meanwhile, median {statistics.median(gaps) * 1e3:.1f} ms"
     )
-    assert max(during) <= 2 * statistics.median(gaps)
+    # A step that waited for the tokenizing would follow the one before by the whole tokenizing at least (43-76 ms
+    # here). The bound is half of that over the median: scheduling alone (two cores for the engine's two threads,
+    # the front-end thread and this process) once stretched a gap to 2.02 times the median, 18.8 ms.
+    assert max(during) < statistics.median(gaps) + (answered - sent) / 2
     assert len(during) >= 4, "the streams must run while the long prompt is tokenized"
 
 
