@@ -137,7 +137,7 @@ def test_any_cut_of_a_llama3_call_gives_its_arguments_to_where_its_object_ends(p
     assert text.feed('{"na') == {} and text.feed("p") == {"content": '{"nap'}
 
 
-def conversation(template_takes_tools: bool, **fields):
+def conversation(chat_template: str | None, **fields):
     history = [
         {"role": "user", "content": "Weather?"},
         {
@@ -149,23 +149,45 @@ def conversation(template_takes_tools: bool, **fields):
     ]
     tools = [{"type": "function", "function": WEATHER}, {"type": "function", "function": TIME}]
     request = ChatCompletionRequest.model_validate({"messages": history, "tools": tools, **fields})
-    return request.conversation(template_takes_tools)
+    return request.conversation(chat_template)
 
 
 def test_templates_that_take_tools_get_them_and_structured_calls():
-    messages, tools = conversation(True)
+    messages, tools = conversation("{{ tools | tojson }}")
     assert [t["function"]["name"] for t in tools] == ["get_weather", "get_time"]
     assert messages[1]["tool_calls"] == [{"type": "function", "function": {"name": "get_time", "arguments": {}}}]
     assert messages[2] == {"role": "tool", "content": "12:00", "tool_call_id": "c1"}
 
 
 def test_other_templates_get_our_prompt_and_calls_as_text():
-    messages, tools = conversation(False)
+    messages, tools = conversation(None)
     assert tools is None
     assert messages[0]["role"] == "system" and "get_weather" in messages[0]["content"]
     assert "<tool_call>" in messages[0]["content"]
     assert messages[2]["content"] == call_text("get_time", "{}")
     assert messages[3] == {"role": "user", "content": "<tool_response>\n12:00\n</tool_response>"}
-    none_messages, _ = conversation(False, tool_choice="none")
+    none_messages, _ = conversation(None, tool_choice="none")
     assert none_messages[0]["role"] == "user", "tool_choice none: no tool prompt"
     assert json.loads(messages[0]["content"].split("\n")[1])["name"] == "get_weather"
+
+
+# Phi-4-mini's chat template (as Microsoft publishes it): the tools come from the system message's own field.
+PHI4_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and message['tools'] is "
+    "not none %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' + "
+    "'<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}"
+)
+
+
+def test_phi4_minis_template_gets_the_tools_in_its_system_message(tiny_llama):
+    """Its template ignores a ``tools`` list: passed one, the tools would silently not reach the model."""
+    ask = {"messages": [{"role": "user", "content": "Weather?"}], "tools": [{"type": "function", "function": WEATHER}]}
+    request = ChatCompletionRequest.model_validate(ask)
+    messages, tools = request.conversation(PHI4_TEMPLATE)
+    assert tools is None and messages[0]["role"] == "system" and json.loads(messages[0]["tools"]) == [WEATHER]
+    prompt = tiny_llama.engine.tokenizer.apply_chat_template(messages, chat_template=PHI4_TEMPLATE, tokenize=False)
+    assert f"<|tool|>{json.dumps([WEATHER])}<|/tool|>" in prompt
+    system = [{"role": "system", "content": "Be brief."}, *ask["messages"]]
+    own, _ = ChatCompletionRequest.model_validate({**ask, "messages": system}).conversation(PHI4_TEMPLATE)
+    assert own[0] == {"role": "system", "content": "Be brief.", "tools": json.dumps([WEATHER])}

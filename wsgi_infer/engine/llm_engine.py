@@ -60,11 +60,6 @@ class LLMEngine:
     def tokenize(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt, add_special_tokens=True)
 
-    @property
-    def template_takes_tools(self) -> bool:
-        """Whether the chat template renders a ``tools`` list itself."""
-        return "tools" in (self.tokenizer.chat_template or "")
-
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Token ids of a conversation through the model's chat template, ready for the reply."""
         return chat_prompt_ids(self.tokenizer, messages, tools)

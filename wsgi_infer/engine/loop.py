@@ -136,7 +136,6 @@ def _ready(engine: LLMEngine) -> EngineReady:
         max_model_len=engine.max_model_len,
         model_dir=str(engine.model_dir),
         num_blocks=engine.block_manager.num_blocks,
-        template_takes_tools=engine.template_takes_tools,
         grammars=engine.grammars,
     )
 

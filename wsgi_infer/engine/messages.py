@@ -68,7 +68,6 @@ class EngineReady:
     max_model_len: int
     model_dir: str
     num_blocks: int
-    template_takes_tools: bool
     grammars: GrammarCompiler  # thread-safe: the hub compiles constraints before it submits
 
 

@@ -11,7 +11,7 @@ from pydantic import Field, PrivateAttr, field_validator
 from ...engine.sampling_params import StructuredOutput
 from ..errors import APIError
 from .schemas import Request, SamplingRequest, engine_field
-from .tools import HERMES, ToolFormat, ToolPlan, call_text
+from .tools import HERMES, ToolFormat, ToolPlan, call_text, template_tools, with_tools_in_system_message
 
 
 class FunctionDefinition(Request):
@@ -121,12 +121,16 @@ class ChatCompletionRequest(SamplingRequest):
             raise APIError("response_format and structured_outputs need tool_choice none", param="tool_choice")
         return plan.constraint()
 
-    def conversation(self, template_takes_tools: bool) -> tuple[list[dict], list[dict] | None]:
-        """The messages for the chat template, and the tools to pass it (when it takes them)."""
-        plan = self.tool_plan
-        messages = [_template_message(m, template_takes_tools) for m in self.messages]
-        if plan is None or template_takes_tools:
-            return messages, [t.model_dump(exclude_none=True) for t in self.tools or []] or None
+    def conversation(self, chat_template: str | None) -> tuple[list[dict], list[dict] | None]:
+        """The messages for the chat template, and the tools to pass it (when it takes them as a list; Phi-4-mini's
+        reads them from the system message)."""
+        plan, takes = self.tool_plan, template_tools(chat_template)
+        messages = [_template_message(m, takes is not None) for m in self.messages]
+        tools = [t.model_dump(exclude_none=True) for t in self.tools or []] or None
+        if takes == "system message" and plan is not None:
+            return with_tools_in_system_message(messages, tools), None
+        if plan is None or takes is not None:
+            return messages, tools
         if messages[0]["role"] == "system":
             messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{plan.system_prompt()}"}
         else:

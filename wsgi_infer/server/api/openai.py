@@ -70,7 +70,7 @@ def chat_completions():
     check_model(req.model)
     wait_ready(manager())  # the template is known once the front end's tokenizer is
     req.write_calls_as(tool_format_of(manager().tokenizer.chat_template))
-    messages, tools = req.conversation(manager().template_takes_tools)
+    messages, tools = req.conversation(manager().tokenizer.chat_template)
     params = req.sampling_params(req.max_new_tokens, req.num_logprobs)
     thinks = manager().template_thinks
     opened = thinks and manager().opens_thought(req.chat_template_kwargs)  # before submitting: it may raise

@@ -69,6 +69,27 @@ def tool_format_of(chat_template: str | None) -> ToolFormat:
     return LLAMA3_JSON if _LLAMA3_MARK in (chat_template or "") else HERMES
 
 
+# Phi-4-mini's template renders the tools of the system message's own field (a JSON string), not a ``tools`` list.
+_SYSTEM_MESSAGE_TOOLS = re.compile(r"message\[['\"]tools['\"]\]|message\.tools\b")
+PHI4_DEFAULT_SYSTEM = "You are a helpful assistant with some tools."  # Microsoft's example, where none is given
+
+
+def template_tools(chat_template: str | None) -> str | None:
+    """How a chat template takes tools: "list" (the ``tools`` variable), "system message" (Phi-4-mini), or None."""
+    template = chat_template or ""
+    if _SYSTEM_MESSAGE_TOOLS.search(template):
+        return "system message"
+    return "list" if "tools" in template else None
+
+
+def with_tools_in_system_message(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """The conversation with the functions, as a JSON list, in its system message's ``tools`` field."""
+    listing = json.dumps([t["function"] for t in tools], ensure_ascii=False)
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "tools": listing}, *messages[1:]]
+    return [{"role": "system", "content": PHI4_DEFAULT_SYSTEM, "tools": listing}, *messages]
+
+
 @dataclass
 class ToolPlan:
     """The tools a request offers and how it lets the model use them.

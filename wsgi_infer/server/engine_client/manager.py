@@ -57,7 +57,6 @@ class EngineManager:
         self.model_name = settings.served_model_name or model_name(settings.model or None)
         self.model_dir = ""
         self.max_model_len = 0
-        self.template_takes_tools = False
         self._tokenizer = None  # see the tokenizer property
         self._opens_thought: dict[str, bool] = {}  # by the template variables' JSON
         self.started_at = time.time()
@@ -263,7 +262,6 @@ class EngineManager:
         self.max_model_len = event.max_model_len
         self.model_dir = event.model_dir
         self._grammars = event.grammars
-        self.template_takes_tools = event.template_takes_tools
         self.metrics.kv_blocks_total.set(event.num_blocks)
         self.metrics.kv_blocks_free.set(event.num_blocks)
         gevent.spawn(self._load_tokenizer)
