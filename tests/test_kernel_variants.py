@@ -30,7 +30,7 @@ from .server import GunicornServer
 
 INSTALLED_HERE = variants.runnable(variants.installed_variants(installed_dir()) or [], cpu_flags())
 
-AVX2_CPU = {"sse4_2", "ssse3", "sse4_1", "popcnt", "cx16", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"}
+AVX2_CPU = {"sse4_2", "ssse3", "sse4_1", "popcnt", "cx16", "avx", "avx2", "fma", "f16c"}
 AVX512_CPU = AVX2_CPU | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
 EVERY_VARIANT = [v.name for v in variants.X86_VARIANTS]
 
@@ -41,7 +41,7 @@ EVERY_VARIANT = [v.name for v in variants.X86_VARIANTS]
         (AVX512_CPU | {"avx512_vnni", "avx512_bf16", "amx_tile"}, "avx512-vnni"),  # a Xeon with AMX, a Zen 4
         (AVX512_CPU, "avx512"),  # a Skylake-X
         (AVX2_CPU | {"avx_vnni"}, "avx2-vnni"),  # an Alder Lake
-        (AVX2_CPU, "avx2"),  # a Zen 3
+        (AVX2_CPU, "avx2"),  # a Zen 3, or one whose hypervisor lists no BMI, LZCNT or MOVBE
         (AVX2_CPU - {"f16c"}, "x86-64-v2"),  # a partial flag set gets what it fully has
         ({"sse4_2", "ssse3", "sse4_1", "popcnt", "cx16"}, "x86-64-v2"),
     ],

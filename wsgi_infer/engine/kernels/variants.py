@@ -2,7 +2,7 @@
 
 ``pip install`` compiles ``cpu_kernels.c`` once per variant into ``lib/`` beside
 this module (``setup.py`` runs ``build_variants``), and a process loads the
-best variant its CPU can run (``installed_library``): a package built on one
+best variant its CPU can run (``build.kernels_library``): a package built on one
 x86-64 machine runs at full speed on another, and start-up compiles nothing.
 Imports only the standard library, so that ``setup.py`` can run it before the
 package is installed.
@@ -34,8 +34,13 @@ COMMON_FLAGS = (
     "-shared",
     "-Wno-psabi",
 )
+# x86-64-v2, then the vector extensions the kernels use named one by one rather than as x86-64-v3 and -v4: those
+# also require BMI, LZCNT and MOVBE, which some hypervisors leave out of /proc/cpuinfo on CPUs that have AVX2, and
+# a CPU would then get the SSE build for want of instructions the kernels never needed.
 _V2 = frozenset({"sse4_2", "ssse3", "sse4_1", "popcnt", "cx16"})
-_V3 = _V2 | {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"}
+_AVX2 = ("-march=x86-64-v2", "-mavx", "-mavx2", "-mfma", "-mf16c")
+_V3 = _V2 | {"avx", "avx2", "fma", "f16c"}
+_AVX512 = (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512cd")
 _V4 = _V3 | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
 
 
@@ -55,10 +60,10 @@ class Variant:
 # Best first: the kernels' own paths (AVX-512 VNNI, AVX-VNNI, AVX-512, AVX2 + FMA, plain C). They have none for
 # AVX-512 BF16 or AMX (activations are float32; a build with -mavx512bf16 is the VNNI one byte for byte).
 X86_VARIANTS = (
-    Variant("avx512-vnni", ("-march=x86-64-v4", "-mavx512vnni"), _V4 | {"avx512_vnni"}),
-    Variant("avx512", ("-march=x86-64-v4",), _V4),
-    Variant("avx2-vnni", ("-march=x86-64-v3", "-mavxvnni"), _V3 | {"avx_vnni"}),
-    Variant("avx2", ("-march=x86-64-v3",), _V3),
+    Variant("avx512-vnni", (*_AVX512, "-mavx512vnni"), _V4 | {"avx512_vnni"}),
+    Variant("avx512", _AVX512, _V4),
+    Variant("avx2-vnni", (*_AVX2, "-mavxvnni"), _V3 | {"avx_vnni"}),
+    Variant("avx2", _AVX2, _V3),
     Variant("x86-64-v2", ("-march=x86-64-v2",), _V2),
 )
 PORTABLE = Variant("portable", (), frozenset())  # other architectures (aarch64...): the compiler's defaults
