@@ -149,7 +149,8 @@ def conversation(chat_template: str | None, **fields):
     ]
     tools = [{"type": "function", "function": WEATHER}, {"type": "function", "function": TIME}]
     request = ChatCompletionRequest.model_validate({"messages": history, "tools": tools, **fields})
-    return request.conversation(chat_template)
+    request.render_with(chat_template)
+    return request.conversation()
 
 
 def test_templates_that_take_tools_get_them_and_structured_calls():
@@ -184,10 +185,13 @@ def test_phi4_minis_template_gets_the_tools_in_its_system_message(tiny_llama):
     """Its template ignores a ``tools`` list: passed one, the tools would silently not reach the model."""
     ask = {"messages": [{"role": "user", "content": "Weather?"}], "tools": [{"type": "function", "function": WEATHER}]}
     request = ChatCompletionRequest.model_validate(ask)
-    messages, tools = request.conversation(PHI4_TEMPLATE)
+    request.render_with(PHI4_TEMPLATE)
+    messages, tools = request.conversation()
     assert tools is None and messages[0]["role"] == "system" and json.loads(messages[0]["tools"]) == [WEATHER]
     prompt = tiny_llama.engine.tokenizer.apply_chat_template(messages, chat_template=PHI4_TEMPLATE, tokenize=False)
     assert f"<|tool|>{json.dumps([WEATHER])}<|/tool|>" in prompt
     system = [{"role": "system", "content": "Be brief."}, *ask["messages"]]
-    own, _ = ChatCompletionRequest.model_validate({**ask, "messages": system}).conversation(PHI4_TEMPLATE)
+    own_request = ChatCompletionRequest.model_validate({**ask, "messages": system})
+    own_request.render_with(PHI4_TEMPLATE)
+    own, _ = own_request.conversation()
     assert own[0] == {"role": "system", "content": "Be brief.", "tools": json.dumps([WEATHER])}

@@ -11,7 +11,7 @@ from pydantic import Field, PrivateAttr, field_validator
 from ...engine.sampling_params import StructuredOutput
 from ..errors import APIError
 from .schemas import Request, SamplingRequest, engine_field
-from .tools import HERMES, ToolFormat, ToolPlan, call_text, template_tools, with_tools_in_system_message
+from .tools import ToolPlan, call_text, template_tools, tool_format_of, with_tools_in_system_message
 
 
 class FunctionDefinition(Request):
@@ -81,7 +81,7 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # the template's variables, as vLLM takes them
-    _tool_format: ToolFormat = PrivateAttr(default=HERMES)
+    _chat_template: str | None = PrivateAttr(default=None)  # the model's (``render_with``)
 
     @property
     def max_new_tokens(self) -> int | None:
@@ -107,11 +107,12 @@ class ChatCompletionRequest(SamplingRequest):
             raise APIError(f"tool_choice names {mode!r}, which is not among the tools", param="tool_choice")
         if self.logprobs:
             raise APIError("logprobs are not supported together with tool calls", param="logprobs")
-        return ToolPlan(functions, mode, self.parallel_tool_calls, self._tool_format)
+        return ToolPlan(functions, mode, self.parallel_tool_calls, tool_format_of(self._chat_template))
 
-    def write_calls_as(self, tool_format: ToolFormat) -> None:
-        """The model's call format (its chat template's: ``tool_format_of``), before the plan is read."""
-        self._tool_format = tool_format
+    def render_with(self, chat_template: str | None) -> None:
+        """The model's chat template, before the conversation or the plan is read: how it takes tools, and the
+        format of the calls it asks for."""
+        self._chat_template = chat_template
 
     def constraint(self) -> StructuredOutput | None:
         plan = self.tool_plan
@@ -121,10 +122,10 @@ class ChatCompletionRequest(SamplingRequest):
             raise APIError("response_format and structured_outputs need tool_choice none", param="tool_choice")
         return plan.constraint()
 
-    def conversation(self, chat_template: str | None) -> tuple[list[dict], list[dict] | None]:
+    def conversation(self) -> tuple[list[dict], list[dict] | None]:
         """The messages for the chat template, and the tools to pass it (when it takes them as a list; Phi-4-mini's
         reads them from the system message)."""
-        plan, takes = self.tool_plan, template_tools(chat_template)
+        plan, takes = self.tool_plan, template_tools(self._chat_template)
         messages = [_template_message(m, takes is not None) for m in self.messages]
         tools = [t.model_dump(exclude_none=True) for t in self.tools or []] or None
         if takes == "system message" and plan is not None:

@@ -19,7 +19,6 @@ from .chat_schemas import ChatCompletionRequest
 from .formatters import ChatFormatter, CompletionFormatter, Formatter
 from .schemas import CompletionRequest, parse
 from .serving import StreamInterrupted, check_model, collect, log_response, manager, pumped, start, wait_ready
-from .tools import tool_format_of
 
 if TYPE_CHECKING:
     from ..engine_client.manager import EngineManager
@@ -69,8 +68,8 @@ def chat_completions():
     req: ChatCompletionRequest = parse(ChatCompletionRequest, request.get_json(force=True))
     check_model(req.model)
     wait_ready(manager())  # the template is known once the front end's tokenizer is
-    req.write_calls_as(tool_format_of(manager().tokenizer.chat_template))
-    messages, tools = req.conversation(manager().tokenizer.chat_template)
+    req.render_with(manager().tokenizer.chat_template)
+    messages, tools = req.conversation()
     params = req.sampling_params(req.max_new_tokens, req.num_logprobs)
     thinks = manager().template_thinks
     opened = thinks and manager().opens_thought(req.chat_template_kwargs)  # before submitting: it may raise

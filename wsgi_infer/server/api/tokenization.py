@@ -27,7 +27,8 @@ def tokenize():
     mgr = manager()
     wait_ready(mgr)
     if chat:
-        messages, tools = req.conversation(mgr.tokenizer.chat_template)
+        req.render_with(mgr.tokenizer.chat_template)
+        messages, tools = req.conversation()
         args = (messages, tools, req.add_generation_prompt, req.chat_template_kwargs)
         tokens = mgr.with_tokenizer(chat_prompt_ids, *args)
     else:
