@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anthropic
 import openai
 import pytest
 
@@ -41,6 +42,16 @@ def test_openai_client_with_a_key_works_and_without_gets_401(server):
         assert (
             http.post("/generate", json={"prompt": "hi"}, headers={"Authorization": "Basic key-one"}).status_code == 401
         )
+
+
+def test_anthropic_client_sends_its_key_as_x_api_key(server):
+    model = sdk(server, "key-one").models.list().data[0].id
+    ask = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    reply = anthropic.Anthropic(base_url=server.url, api_key="key-two", max_retries=0).messages.create(**ask)
+    assert reply.usage.output_tokens == 2
+    with pytest.raises(anthropic.AuthenticationError) as info:
+        anthropic.Anthropic(base_url=server.url, api_key="key-three", max_retries=0).messages.create(**ask)
+    assert info.value.body["error"]["type"] == "authentication_error"
 
 
 def test_health_and_metrics_stay_open_by_default(server):

@@ -39,13 +39,13 @@ def test_utf8_pieces_are_whole_and_complete(tokenizer, text):
 
 def test_stop_string_across_multibyte_characters(tokenizer):
     ids = tokenizer.encode("tea 🍵 then 日本 and more", add_special_tokens=False).ids
-    detok = IncrementalDetokenizer(tokenizer, [], stop=["🍵 then 日"])
+    detok = IncrementalDetokenizer(tokenizer, [], stop=["and", "🍵 then 日"])
     pieces = []
     for i in ids:
         pieces.append(detok.push(i))
-        if detok.stopped:
+        if detok.matched is not None:
             break
-    assert detok.stopped
+    assert detok.matched == "🍵 then 日"  # the one that matched, not the first listed
     assert "".join(pieces) == "tea "
 
 

@@ -152,3 +152,36 @@ def test_a_thinking_models_constraint_holds_after_its_free_thought(grammars, spe
     thought = '<think>\nNo, wait: </thi is no end. {"b": 1}\n</think>\n\n'
     assert accepts(thought + answer) and accepts(answer)
     assert not accepts(thought + wrong) and not accepts(wrong)
+
+
+@pytest.mark.parametrize("api, reply", [("thinking_api", REPLY), ("opened_api", OPENED_REPLY)])
+def test_the_thought_is_a_thinking_block_of_a_message_and_of_its_events(request, api, reply):
+    """Anthropic's Messages API: the thought in its own block before the text, streamed as thinking deltas."""
+    thinking_api = request.getfixturevalue(api)
+    body = {
+        "model": thinking_api.manager.model_name,
+        "messages": [{"role": "user", "content": "Capital?"}],
+        "max_tokens": 40,
+        "temperature": 0,
+        "structured_outputs": reply,  # one of the chat completion's fields this route takes too
+    }
+    with thinking_api.client() as http:
+        message = http.post("/v1/messages", json=body).json()
+        with http.stream("POST", "/v1/messages", json={**body, "stream": True}) as r:
+            frames = [e.json for e in events(r) if e.data]
+    thinking, text = message["content"]
+    assert thinking["type"] == "thinking" and re.fullmatch("[a-z]{2,12}", thinking["thinking"])
+    assert text["type"] == "text" and re.fullmatch("[A-Z][a-z]{2,12}", text["text"])
+    starts = [f["content_block"]["type"] for f in frames if f["type"] == "content_block_start"]
+    deltas = [f["delta"] for f in frames if f["type"] == "content_block_delta"]
+    assert starts == ["thinking", "text"]
+    assert "".join(d.get("thinking", "") for d in deltas) == thinking["thinking"]
+    assert "".join(d.get("text", "") for d in deltas) == text["text"]
+
+
+def test_thinking_disabled_reaches_the_template(thinking_api):
+    ask = {"model": thinking_api.manager.model_name, "messages": [{"role": "user", "content": "Capital?"}]}
+    with thinking_api.client() as http:
+        thinking = http.post("/v1/messages/count_tokens", json=ask).json()["input_tokens"]
+        quiet = http.post("/v1/messages/count_tokens", json={**ask, "thinking": {"type": "disabled"}}).json()
+    assert quiet["input_tokens"] > thinking  # the template closed an empty thought

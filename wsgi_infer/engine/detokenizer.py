@@ -32,7 +32,7 @@ class IncrementalDetokenizer:
 
     Text that could be the beginning of a stop string is held back until it is
     either completed (the request stops; the stop string is not returned) or
-    ruled out. ``stopped`` becomes True once a stop string matched.
+    ruled out. ``matched`` holds the stop string once one matched.
     """
 
     def __init__(
@@ -49,7 +49,7 @@ class IncrementalDetokenizer:
         )
         self._stop = stop
         self._pending = ""
-        self.stopped = False
+        self.matched: str | None = None
 
     def push(self, token_id: int) -> str:
         """Decode one token; return the text that may be released now."""
@@ -58,12 +58,9 @@ class IncrementalDetokenizer:
             self._pending += piece
         if not self._stop:
             return self._release(len(self._pending))
-        first = min(
-            (i for i in (self._pending.find(s) for s in self._stop) if i >= 0),
-            default=-1,
-        )
-        if first >= 0:
-            self.stopped = True
+        found = [(i, s) for s in self._stop if (i := self._pending.find(s)) >= 0]
+        if found:
+            first, self.matched = min(found)
             released = self._pending[:first]
             self._pending = ""
             return released

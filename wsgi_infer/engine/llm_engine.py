@@ -167,6 +167,7 @@ class LLMEngine:
             token_ids=tokens,
             logprobs=[logprob] if logprob is not None else None,
             finish_reason=finish_reason,
+            stop_reason=seq.detokenizer.matched if finish_reason == "stop" else None,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
             num_cached_tokens=seq.num_cached_tokens,
@@ -181,7 +182,7 @@ class LLMEngine:
         if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
             return "stop", seq.detokenizer.flush()
         text = seq.detokenizer.push(token)
-        if seq.detokenizer.stopped:
+        if seq.detokenizer.matched is not None:
             return "stop", text
         # A complete grammar allows nothing more: the choice ends without waiting for EOS.
         if seq.matcher is not None and (not seq.matcher.consume_token(token) or seq.matcher.is_stopped()):

@@ -28,6 +28,7 @@ class RequestDelta:
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
+    stop_reason: str | None = None  # the stop string that ended it ("stop" by EOS, a stop token or a grammar: None)
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache
@@ -55,6 +56,7 @@ class RequestDelta:
             prompt_token_ids=self.prompt_token_ids or later.prompt_token_ids,
             prompt_logprobs=self.prompt_logprobs or later.prompt_logprobs,
             finish_reason=later.finish_reason,
+            stop_reason=later.stop_reason,
             num_output_tokens=later.num_output_tokens,
         )
 

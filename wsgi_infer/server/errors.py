@@ -1,7 +1,8 @@
 """OpenAI-shaped errors: routes raise, one set of handlers renders.
 
-Body: ``{"error": {"message", "type", "param", "code"}}``; a traceback never
-reaches a client. The engine's ``InvalidParameter`` (a bad sampling value, a
+Body: ``{"error": {"message", "type", "param", "code"}}``, or Anthropic's
+``{"type": "error", "error": {"type", "message"}}`` on its Messages routes; a
+traceback never reaches a client. The engine's ``InvalidParameter`` (a bad sampling value, a
 constraint that does not compile, a conversation the template refuses, a prompt
 too long for the window) is a 400 naming its field: translated here, and
 nowhere else.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from ..engine.sampling_params import InvalidParameter
@@ -28,6 +29,16 @@ _TYPES = {
     429: "rate_limit_error",
     500: "internal_server_error",
     503: "service_unavailable_error",
+}
+ANTHROPIC_PATHS = ("/v1/messages",)
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
 }
 
 
@@ -54,8 +65,16 @@ def error_body(message: str, status: int, param: str | None = None, code: str | 
     }
 
 
+def anthropic_error_body(message: str, status: int) -> dict:
+    kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
 def _render(error: APIError):
-    response = jsonify(error_body(error.message, error.status, error.param, error.code))
+    if request.path.startswith(ANTHROPIC_PATHS):
+        response = jsonify(anthropic_error_body(error.message, error.status))
+    else:
+        response = jsonify(error_body(error.message, error.status, error.param, error.code))
     response.status_code = error.status
     response.headers.update(error.headers)
     return response

@@ -1,4 +1,5 @@
-"""Who may call the API: bearer API keys and CORS for browsers."""
+"""Who may call the API: API keys (``Authorization: Bearer``, or Anthropic's ``x-api-key``) and CORS for
+browsers."""
 
 from __future__ import annotations
 
@@ -26,12 +27,13 @@ def install_access_control(app: Flask, settings: ServerSettings) -> None:
             if not request.path.startswith(protected):  # the chat page and its files stay public
                 return
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-            presented = token.strip().encode()
+            presented = [token.strip()] if scheme.lower() == "bearer" else []
+            presented += [request.headers["x-api-key"].strip()] if "x-api-key" in request.headers else []
             # Compare with every key, in constant time, so timing tells nothing.
-            matches = [hmac.compare_digest(presented, key) for key in keys]
-            if scheme.lower() != "bearer" or not any(matches):
+            matches = [hmac.compare_digest(p.encode(), key) for p in presented for key in keys]
+            if not any(matches):
                 raise APIError(
-                    "missing or invalid API key (send `Authorization: Bearer <key>`)",
+                    "missing or invalid API key (send `Authorization: Bearer <key>` or `x-api-key: <key>`)",
                     401,
                     code="invalid_api_key",
                     headers={"WWW-Authenticate": "Bearer"},
@@ -42,7 +44,10 @@ def install_access_control(app: Flask, settings: ServerSettings) -> None:
         CORS(
             app,
             origins=origins,
-            allow_headers=["Authorization", "Content-Type", "X-Request-Id", "Last-Event-ID"],
+            allow_headers=[
+                *("Authorization", "x-api-key", "anthropic-version"),
+                *("Content-Type", "X-Request-Id", "Last-Event-ID"),
+            ],
             expose_headers=["X-Request-Id", "Retry-After"],
             max_age=600,
         )

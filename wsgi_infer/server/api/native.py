@@ -19,7 +19,7 @@ from flask import Blueprint, Response, jsonify, request
 from ..engine_client.streams import RequestStream
 from ..streaming import sse
 from .schemas import GenerateRequest, parse
-from .serving import StreamInterrupted, collect, log_response, manager, pumped, start
+from .serving import StreamInterrupted, collect_all, manager, publish, pumped, start
 
 if TYPE_CHECKING:
     from ..engine_client.manager import EngineManager
@@ -33,14 +33,11 @@ def generate():
     stream = start([req.prompt], [req.sampling_params()])
     mgr = manager()
     if not req.stream:
-        try:
-            choice = collect(stream)[0]
-        finally:
-            mgr.release(stream)
+        choice = collect_all(stream)[0]
         return jsonify({"text": choice.delta.text, "finish_reason": choice.delta.finish_reason, "usage": stream.usage})
-    log = mgr.stream_logs.publish(_events(mgr, stream), on_abandoned=lambda: mgr.release(stream))
     if request.accept_mimetypes.best_match(["text/plain", "text/event-stream"]) == "text/event-stream":
-        return log_response(log, 0)
+        return publish(stream, _events(mgr, stream))
+    log = mgr.stream_logs.publish(_events(mgr, stream), on_abandoned=lambda: mgr.release(stream))
     frames = log.read(0, mgr.settings.heartbeat_seconds)
     headers = {**sse.STREAM_HEADERS, "X-Stream-Id": log.stream_id}
     return Response(_plain_text(frames), mimetype="text/plain", headers=headers)

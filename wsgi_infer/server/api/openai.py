@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from flask import Blueprint, jsonify, request
 
-from ...engine.chat_template import THINK_CLOSE, THINK_OPEN
-from ..engine_client.prompts import Chat
 from ..engine_client.streams import RequestStream
 from ..errors import APIError
 from ..streaming import sse
 from ..streaming.redis_store import StoreUnavailable
+from .chat import start_chat
 from .chat_schemas import ChatCompletionRequest
-from .formatters import ChatFormatter, CompletionFormatter, Formatter
+from .formatters import CompletionFormatter, Formatter
 from .schemas import CompletionRequest, parse
-from .serving import StreamInterrupted, check_model, collect, log_response, manager, pumped, start, wait_ready
+from .serving import StreamInterrupted, check_model, collect_all, log_response, manager, publish, pumped, start
 
 if TYPE_CHECKING:
     from ..engine_client.manager import EngineManager
@@ -66,40 +63,17 @@ def completions():
 @bp.post("/chat/completions")
 def chat_completions():
     req: ChatCompletionRequest = parse(ChatCompletionRequest, request.get_json(force=True))
-    check_model(req.model)
-    wait_ready(manager())  # the template is known once the front end's tokenizer is
-    req.render_with(manager().tokenizer.chat_template)
-    messages, tools = req.conversation()
-    params = req.sampling_params(req.max_new_tokens, req.num_logprobs)
-    thinks = manager().template_thinks
-    opened = thinks and manager().opens_thought(req.chat_template_kwargs)  # before submitting: it may raise
-    for p in params:  # a thinking model's thought is free, its answer constrained (unless the constraint spells it)
-        spec = p.structured_output
-        if thinks and spec is not None and not any(tag in json.dumps(spec.value) for tag in (THINK_OPEN, THINK_CLOSE)):
-            p.structured_output = replace(spec, after_thought=True)
-    stream = start([Chat(messages, tools, req.chat_template_kwargs)], params)
-    obj = "chat.completion.chunk" if req.stream else "chat.completion"
-    plan = req.tool_plan
-    formatter = ChatFormatter(stream, obj, plan and plan.format, thinks=thinks, opened=opened)
+    stream, formatter = start_chat(req, "chat.completion.chunk" if req.stream else "chat.completion")
     return _respond(stream, req.stream, req.include_usage, formatter)
 
 
 def _respond(stream: RequestStream, streaming: bool, include_usage: bool, formatter: Formatter):
     if not streaming:
-        try:
-            merged = collect(stream)
-        except StreamInterrupted as exc:
-            raise APIError(exc.message, 503, code=exc.code, headers={"Retry-After": "1"}) from None
-        finally:
-            manager().release(stream)
+        merged = collect_all(stream)
         body = formatter.envelope([formatter.final_choice(merged[i]) for i in sorted(merged)])
         body["usage"] = stream.usage
         return jsonify(body)
-    # A pump greenlet owns the generation and records its events; this response, and
-    # any resume of it, only read that log, so a dropped connection loses nothing.
-    mgr = manager()
-    log = mgr.stream_logs.publish(_sse(mgr, stream, include_usage, formatter), on_abandoned=lambda: mgr.release(stream))
-    return log_response(log, 0)
+    return publish(stream, _sse(manager(), stream, include_usage, formatter))
 
 
 @bp.get("/streams/<stream_id>")

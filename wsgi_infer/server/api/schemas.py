@@ -15,6 +15,7 @@ from ...engine.sampling_params import RANGES, SamplingParams, StructuredOutput
 from ..errors import APIError
 
 MAX_CHOICES = 16
+MAX_STOP_SEQUENCES = 4
 
 
 class Request(BaseModel):
@@ -141,8 +142,8 @@ class SamplingRequest(Request):
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, value):
-        if isinstance(value, list) and len(value) > 4:
-            raise ValueError("at most 4 stop sequences")
+        if isinstance(value, list) and len(value) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
         return value
 
     @property

@@ -144,12 +144,26 @@ def log_response(log: StreamLog | RedisStreamReader, after: int) -> Response:
     )
 
 
-def collect(stream: RequestStream) -> dict[int, ChoiceDelta]:
-    """Run a non-streamed request to the end; one merged delta per choice."""
+def publish(stream: RequestStream, events: Iterator[str | None]) -> Response:
+    """A streamed response: a pump greenlet owns the generation and records its events; this response, and any
+    resume of it, only read that log, so a dropped connection loses nothing."""
+    mgr = manager()
+    log = mgr.stream_logs.publish(events, on_abandoned=lambda: mgr.release(stream))
+    return log_response(log, 0)
+
+
+def collect_all(stream: RequestStream) -> dict[int, ChoiceDelta]:
+    """A non-streamed request run to the end, then released: one merged delta per choice; a 503 when the engine
+    stopped it."""
     merged: dict[int, ChoiceDelta] = {}
-    for batch in iter_deltas(stream, manager().settings.heartbeat_seconds):
-        if isinstance(batch, Heartbeat):
-            continue
-        for choice in batch:
-            merged[choice.index] = merged[choice.index].then(choice) if choice.index in merged else choice
+    try:
+        for batch in iter_deltas(stream, manager().settings.heartbeat_seconds):
+            if isinstance(batch, Heartbeat):
+                continue
+            for choice in batch:
+                merged[choice.index] = merged[choice.index].then(choice) if choice.index in merged else choice
+    except StreamInterrupted as exc:
+        raise APIError(exc.message, 503, code=exc.code, headers={"Retry-After": "1"}) from None
+    finally:
+        manager().release(stream)
     return merged

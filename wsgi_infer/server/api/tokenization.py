@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
 
-from ...engine.chat_template import chat_prompt_ids
 from ..errors import APIError
+from .chat import chat_token_ids
 from .chat_schemas import TokenizeChatRequest
 from .schemas import DetokenizeRequest, TokenizeRequest, parse
 from .serving import check_model, manager, wait_ready
@@ -23,15 +23,12 @@ def tokenize():
     body = request.get_json(force=True)
     chat = isinstance(body, dict) and "messages" in body
     req = parse(TokenizeChatRequest if chat else TokenizeRequest, body)
-    check_model(req.model)
     mgr = manager()
-    wait_ready(mgr)
     if chat:
-        req.render_with(mgr.tokenizer.chat_template)
-        messages, tools = req.conversation()
-        args = (messages, tools, req.add_generation_prompt, req.chat_template_kwargs)
-        tokens = mgr.with_tokenizer(chat_prompt_ids, *args)
+        tokens = chat_token_ids(req, req.add_generation_prompt)
     else:
+        check_model(req.model)
+        wait_ready(mgr)
         tokens = mgr.with_tokenizer(_encode, req.prompt, req.add_special_tokens)
     body = {"count": len(tokens), "max_model_len": mgr.max_model_len, "tokens": list(tokens), "token_strs": None}
     if req.return_token_strs:

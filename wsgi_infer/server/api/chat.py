@@ -1,0 +1,46 @@
+"""A conversation started on the engine: what /v1/chat/completions and Anthropic's /v1/messages share."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from ...engine.chat_template import THINK_CLOSE, THINK_OPEN, chat_prompt_ids
+from ..engine_client.prompts import Chat
+from ..engine_client.streams import RequestStream
+from .chat_schemas import ChatCompletionRequest
+from .formatters import ChatFormatter
+from .serving import check_model, manager, start, wait_ready
+
+
+def _rendered(req: ChatCompletionRequest) -> tuple[list[dict], list[dict] | None]:
+    """The conversation and tools, as the model's chat template takes them."""
+    check_model(req.model)
+    mgr = manager()
+    wait_ready(mgr)  # the template is known once the front end's tokenizer is
+    req.render_with(mgr.tokenizer.chat_template)
+    return req.conversation()
+
+
+def chat_token_ids(req: ChatCompletionRequest, add_generation_prompt: bool = True) -> list[int]:
+    """The prompt's token ids, as a chat completion would submit them (on the front-end thread)."""
+    messages, tools = _rendered(req)
+    args = (messages, tools, add_generation_prompt, req.chat_template_kwargs)
+    return manager().with_tokenizer(chat_prompt_ids, *args)
+
+
+def start_chat(req: ChatCompletionRequest, obj: str) -> tuple[RequestStream, ChatFormatter]:
+    """Render the conversation with the model's template, submit it, and the formatter of its output (``obj``:
+    the object name of what it formats)."""
+    messages, tools = _rendered(req)
+    mgr = manager()
+    params = req.sampling_params(req.max_new_tokens, req.num_logprobs)
+    thinks = mgr.template_thinks
+    opened = thinks and mgr.opens_thought(req.chat_template_kwargs)  # before submitting: it may raise
+    for p in params:  # a thinking model's thought is free, its answer constrained (unless the constraint spells it)
+        spec = p.structured_output
+        if thinks and spec is not None and not any(tag in json.dumps(spec.value) for tag in (THINK_OPEN, THINK_CLOSE)):
+            p.structured_output = replace(spec, after_thought=True)
+    stream = start([Chat(messages, tools, req.chat_template_kwargs)], params)
+    plan = req.tool_plan
+    return stream, ChatFormatter(stream, obj, plan and plan.format, thinks=thinks, opened=opened)

@@ -1,0 +1,71 @@
+"""Anthropic's Messages API: /v1/messages and /v1/messages/count_tokens, served through the chat completion's path
+(its errors in Anthropic's shape: errors.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from flask import Blueprint, jsonify, request
+
+from ..engine_client.streams import RequestStream
+from ..errors import anthropic_error_body
+from ..streaming import sse
+from . import messages_events as events
+from .chat import chat_token_ids, start_chat
+from .formatters import ChatFormatter
+from .messages_schemas import CountTokensRequest, MessagesRequest, extensions_of
+from .schemas import parse
+from .serving import StreamInterrupted, collect_all, manager, publish, pumped
+
+if TYPE_CHECKING:
+    from ..engine_client.manager import EngineManager
+
+bp = Blueprint("messages", __name__, url_prefix="/v1")
+
+
+@bp.post("/messages")
+def messages():
+    body = request.get_json(force=True)
+    extensions = extensions_of(body)
+    req: MessagesRequest = parse(MessagesRequest, body)
+    stream, formatter = start_chat(req.as_chat(extensions), "message")
+    frame = events.message(f"msg_{stream.request_id}", formatter.model, stream)
+    if req.stream:
+        return publish(stream, _events(manager(), stream, formatter, frame))
+    choice = collect_all(stream)[0]
+    final = formatter.final_choice(choice)
+    content = events.content_blocks(final["message"])
+    return jsonify(
+        {
+            **frame,
+            "content": content,
+            **events.stop_reason(final["finish_reason"], choice.delta.stop_reason),
+            "usage": events.usage(stream),
+        }
+    )
+
+
+@bp.post("/messages/count_tokens")
+def count_tokens():
+    body = request.get_json(force=True)
+    extensions_of(body)
+    req: CountTokensRequest = parse(CountTokensRequest, body)
+    return jsonify({"input_tokens": len(chat_token_ids(req.as_chat()))})
+
+
+def _events(mgr: EngineManager, stream: RequestStream, formatter: ChatFormatter, frame: dict) -> Iterator[str | None]:
+    """The events of one message; runs in the pump greenlet (no request context)."""
+    translate, stop_string = events.MessageEvents(), None
+    yield from events.opening(frame)
+    try:
+        for batch in pumped(mgr, stream):
+            if batch is None:
+                yield None
+                continue
+            for choice in batch:
+                yield from translate.of(formatter.chunk_choice(choice))
+                stop_string = stop_string or choice.delta.stop_reason
+        yield from events.closing(translate.finish_reason, stop_string, stream)
+    except StreamInterrupted as exc:
+        yield sse.event(anthropic_error_body(exc.message, 503), name="error")

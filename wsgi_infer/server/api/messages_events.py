@@ -1,0 +1,122 @@
+"""Anthropic's Messages shapes of a chat's output, translated from the chat formatter's OpenAI ones: the message
+(thinking, text and tool-use content blocks) and its streamed events."""
+
+from __future__ import annotations
+
+import json
+
+from ..engine_client.streams import RequestStream
+from ..streaming import sse
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def stop_reason(finish_reason: str | None, stop_string: str | None) -> dict:
+    """``stop_reason`` and ``stop_sequence``: a stop string that ended the text is named."""
+    if finish_reason == "stop" and stop_string is not None:
+        return {"stop_reason": "stop_sequence", "stop_sequence": stop_string}
+    return {"stop_reason": STOP_REASONS.get(finish_reason or "stop", "end_turn"), "stop_sequence": None}
+
+
+def usage(stream: RequestStream) -> dict:
+    """Anthropic counts prompt tokens read from the cache apart from the others."""
+    cached = stream.cached_tokens.get(0, 0)
+    return {
+        "input_tokens": stream.prompt_tokens - cached,
+        "output_tokens": stream.completion_tokens,
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+def message(message_id: str, model: str, stream: RequestStream) -> dict:
+    """The message before its content (what ``message_start`` carries, and the body's frame)."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage(stream),
+    }
+
+
+def content_blocks(chat_message: dict) -> list[dict]:
+    """A chat completion's message as content blocks: its thought, its text, its tool calls."""
+    blocks = []
+    if chat_message.get("reasoning_content"):
+        blocks.append({"type": "thinking", "thinking": chat_message["reasoning_content"], "signature": ""})
+    if chat_message.get("content"):
+        blocks.append({"type": "text", "text": chat_message["content"]})
+    for call in chat_message.get("tool_calls", []):
+        function = call["function"]
+        blocks.append(
+            {"type": "tool_use", "id": call["id"], "name": function["name"], "input": json.loads(function["arguments"])}
+        )
+    return blocks
+
+
+class MessageEvents:
+    """The streamed events of one message, from the chat formatter's chunks: a block opens where the kind of
+    output changes (thought, text, each tool call), and closes before the next one opens."""
+
+    _STARTS = {"thinking": {"type": "thinking", "thinking": "", "signature": ""}, "text": {"type": "text", "text": ""}}
+    _DELTAS = {"thinking": "thinking_delta", "text": "text_delta"}
+
+    def __init__(self) -> None:
+        self._index = -1
+        self._open: str | None = None  # the kind of the open block: "thinking", "text" or "tool_use"
+        self.finish_reason: str | None = None  # the chat's, once it ended ("tool_calls" after calls)
+
+    def of(self, chunk: dict | None) -> list[str]:
+        """The events of one chat chunk (None: nothing to show yet)."""
+        if chunk is None:
+            return []
+        delta, events = chunk["delta"], []
+        for kind, key in (("thinking", "reasoning_content"), ("text", "content")):
+            if delta.get(key):
+                if self._open != kind:
+                    events += self._start(kind, self._STARTS[kind])
+                events.append(self._delta({"type": self._DELTAS[kind], kind: delta[key]}))
+        for entry in delta.get("tool_calls", []):
+            function = entry.get("function", {})
+            if "id" in entry:
+                events += self._start(
+                    "tool_use", {"type": "tool_use", "id": entry["id"], "name": function["name"], "input": {}}
+                )
+            if function.get("arguments"):
+                events.append(self._delta({"type": "input_json_delta", "partial_json": function["arguments"]}))
+        if chunk["finish_reason"] is not None:
+            self.finish_reason = chunk["finish_reason"]
+            events += self._stop()
+        return events
+
+    def _start(self, kind: str, block: dict) -> list[str]:
+        events = self._stop()
+        self._index, self._open = self._index + 1, kind
+        return [*events, _event({"type": "content_block_start", "index": self._index, "content_block": block})]
+
+    def _delta(self, delta: dict) -> str:
+        return _event({"type": "content_block_delta", "index": self._index, "delta": delta})
+
+    def _stop(self) -> list[str]:
+        if self._open is None:
+            return []
+        self._open = None
+        return [_event({"type": "content_block_stop", "index": self._index})]
+
+
+def opening(message_frame: dict) -> list[str]:
+    return [_event({"type": "message_start", "message": message_frame}), _event({"type": "ping"})]
+
+
+def closing(finish_reason: str | None, stop_string: str | None, stream: RequestStream) -> list[str]:
+    """``message_delta`` with why the message ended and its usage, then ``message_stop``."""
+    delta = {"type": "message_delta", "delta": stop_reason(finish_reason, stop_string), "usage": usage(stream)}
+    return [_event(delta), _event({"type": "message_stop"})]
+
+
+def _event(data: dict) -> str:
+    return sse.event(data, name=data["type"])

@@ -1,0 +1,214 @@
+"""Request schemas of Anthropic's Messages API (pydantic), and their translation into a chat completion request:
+one path from any API's request to the engine's SamplingParams."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from ..errors import APIError
+from .chat_schemas import ChatCompletionRequest
+from .schemas import MAX_STOP_SEQUENCES, Request, engine_field, parse
+
+# The chat completion's fields beyond Anthropic's that this route takes too, under the same names.
+EXTENSIONS = (
+    "seed",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+    "logit_bias",
+    "structured_outputs",
+)
+# Fields of Anthropic's API that would change the output and that we do not implement: a 400, never ignored.
+UNSUPPORTED = {
+    "container": "code execution containers are not supported",
+    "mcp_servers": "MCP servers are not supported",
+}
+
+
+class TextBlock(Request):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(Request):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict
+
+
+class ToolResultBlock(Request):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] = ""
+    is_error: bool = False
+
+    @property
+    def text(self) -> str:
+        text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
+        return f"Error: {text}" if self.is_error else text
+
+
+# Which blocks each role may send. Earlier turns' thoughts are dropped, as chat templates drop them.
+BLOCKS: dict[str, dict[str, type[Request] | None]] = {
+    "user": {"text": TextBlock, "tool_result": ToolResultBlock},
+    "assistant": {"text": TextBlock, "tool_use": ToolUseBlock, "thinking": None, "redacted_thinking": None},
+}
+
+
+class MessageParam(Request):
+    role: Literal["user", "assistant"]
+    content: str | list[dict]
+
+    def blocks(self, where: str) -> list[Request]:
+        """The content as typed blocks; a 400 naming the block for a type we do not take."""
+        if isinstance(self.content, str):
+            return [TextBlock(type="text", text=self.content)]
+        blocks = []
+        for i, block in enumerate(self.content):
+            kind = block.get("type")
+            if kind not in BLOCKS[self.role]:
+                raise APIError(f"{self.role} content blocks of type {kind!r} are not supported", param=f"{where}.{i}")
+            if (schema := BLOCKS[self.role][kind]) is not None:
+                try:
+                    blocks.append(schema.model_validate(block))
+                except ValidationError as exc:
+                    raise APIError(f"{where}.{i}: {exc.errors()[0]['msg']}", param=f"{where}.{i}") from None
+        return blocks
+
+
+class ToolParam(Request):
+    name: str
+    description: str | None = None
+    input_schema: dict
+    type: Literal["custom"] | None = None
+
+
+class ToolChoiceParam(Request):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class ThinkingParam(Request):
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
+    budget_tokens: int | None = None
+
+
+class JsonOutputFormat(Request):
+    type: Literal["json_schema"]
+    schema_: dict = Field(alias="schema")
+
+
+class OutputConfig(Request):
+    """Structured output; ``effort`` is a hint to Claude's thinking budget, which no model here has."""
+
+    format: JsonOutputFormat | None = None
+    effort: str | None = None
+
+
+class MessagesRequest(Request):
+    model: str
+    max_tokens: int = engine_field("max_tokens", ...)
+    messages: list[MessageParam] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
+    temperature: float | None = engine_field("temperature")
+    top_p: float | None = engine_field("top_p")
+    top_k: int | None = engine_field("top_k")
+    stream: bool = False
+    tools: list[dict] | None = None
+    tool_choice: ToolChoiceParam | None = None
+    thinking: ThinkingParam | None = None
+    output_config: OutputConfig | None = None
+
+    def as_chat(self, extensions: dict | None = None) -> ChatCompletionRequest:
+        """The same request as a chat completion, which the engine's path takes from here; ``extensions``: the
+        body's ``EXTENSIONS``."""
+        body: dict[str, Any] = {
+            **(extensions or {}),
+            **self.given(("model", "max_tokens", "temperature", "top_p", "top_k", "stream")),
+            "messages": self._messages(),
+            "stop": self.stop_sequences,
+            "tools": self._tools(),
+            "stream_options": {"include_usage": True} if self.stream else None,
+            "chat_template_kwargs": self._template_kwargs(),
+        }
+        if self.output_config is not None and self.output_config.format is not None:
+            schema = {"name": "output", "schema": self.output_config.format.schema_}
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
+        if self.tool_choice is not None:
+            choice = self.tool_choice
+            if choice.type == "tool" and not choice.name:
+                raise APIError("tool_choice of type tool needs a name", param="tool_choice.name")
+            named = {"type": "function", "function": {"name": choice.name}}
+            body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none", "tool": named}[choice.type]
+            body["parallel_tool_calls"] = not choice.disable_parallel_tool_use
+        return parse(ChatCompletionRequest, {k: v for k, v in body.items() if v is not None})
+
+    def _messages(self) -> list[dict]:
+        """Chat completion messages: a user's tool results become tool messages, an assistant's tool uses its
+        tool calls (their input as JSON text)."""
+        system = self.system if isinstance(self.system, str) else "".join(b.text for b in self.system or [])
+        messages = [{"role": "system", "content": system}] if system else []
+        for i, message in enumerate(self.messages):
+            texts, calls = [], []
+            for block in message.blocks(f"messages.{i}.content"):
+                if isinstance(block, ToolResultBlock):
+                    messages.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text})
+                elif isinstance(block, ToolUseBlock):
+                    arguments = json.dumps(block.input, ensure_ascii=False)
+                    calls.append(
+                        {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}}
+                    )
+                else:
+                    texts.append(block.text)
+            if texts or calls or not isinstance(message.content, list):
+                entry: dict = {"role": message.role, "content": "".join(texts) if texts or not calls else None}
+                messages.append({**entry, "tool_calls": calls} if calls else entry)
+        return messages
+
+    def _tools(self) -> list[dict] | None:
+        if self.tools is None:
+            return None
+        functions = []
+        for i, tool in enumerate(self.tools):
+            if tool.get("type") not in (None, "custom"):
+                raise APIError(f"built-in tools ({tool['type']!r}) are not supported", param=f"tools.{i}.type")
+            try:
+                spec = ToolParam.model_validate(tool)
+            except ValidationError as exc:
+                raise APIError(f"tools.{i}: {exc.errors()[0]['msg']}", param=f"tools.{i}") from None
+            function = {"name": spec.name, "description": spec.description, "parameters": spec.input_schema}
+            functions.append({"type": "function", "function": {k: v for k, v in function.items() if v is not None}})
+        return functions
+
+    def _template_kwargs(self) -> dict | None:
+        """Thinking switched off where asked; a budget cannot be kept, so asking for one is a 400."""
+        if self.thinking is None or self.thinking.type in ("adaptive", "between_tools"):
+            return None
+        if self.thinking.type == "disabled":
+            return {"enable_thinking": False}
+        raise APIError(
+            'thinking budgets are not supported; a thinking model thinks unless thinking is {"type": "disabled"}',
+            param="thinking",
+        )
+
+
+class CountTokensRequest(MessagesRequest):
+    max_tokens: int = 1  # not part of this request: a conversation's tokens do not depend on it
+
+
+def extensions_of(body: object) -> dict:
+    """The body's ``EXTENSIONS``, after refusing what Anthropic's API has and we do not."""
+    if not isinstance(body, dict):
+        return {}
+    for name, reason in UNSUPPORTED.items():
+        if body.get(name) is not None:
+            raise APIError(reason, param=name)
+    return {name: body[name] for name in EXTENSIONS if name in body}
