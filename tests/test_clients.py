@@ -1,0 +1,69 @@
+"""The client libraries people point at OpenAI-compatible servers, as their docs use them, against a real server:
+instructor (JSON_SCHEMA and TOOLS modes) and langchain-openai (streamed tool calls, structured output). The tiny
+model's weights are random, so what it writes is what the grammar lets through: each test shows that the
+library's own parsing and validation accept it."""
+
+from __future__ import annotations
+
+import instructor
+import openai
+import pytest
+from langchain_core.messages import AIMessageChunk
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel, ConfigDict, Field
+
+pytestmark = pytest.mark.slow  # a real server
+
+ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+class Weather(BaseModel):
+    """The current weather in a city."""
+
+    model_config = ConfigDict(extra="forbid")
+    city: str = Field(pattern="^[A-Za-z]{1,12}$")
+    unit: str = Field(pattern="^(celsius|fahrenheit)$")
+
+
+@pytest.fixture(scope="module")
+def sdk(tiny_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(sdk) -> str:
+    return sdk.models.list().data[0].id
+
+
+@pytest.mark.parametrize("mode", [instructor.Mode.JSON_SCHEMA, instructor.Mode.TOOLS])
+def test_instructor_gets_a_valid_model_in_both_modes(sdk, model, mode):
+    """JSON_SCHEMA sends response_format json_object with a schema; TOOLS forces one named function."""
+    client = instructor.from_openai(sdk, mode=mode)
+    weather = client.chat.completions.create(
+        model=model, messages=ASK, response_model=Weather, max_tokens=60, temperature=0, max_retries=0
+    )
+    assert isinstance(weather, Weather)
+
+
+def chat(tiny_server, model: str) -> ChatOpenAI:
+    return ChatOpenAI(
+        base_url=f"{tiny_server.url}/v1", api_key="unused", model=model, temperature=0, max_tokens=60, max_retries=0
+    )
+
+
+def test_langchain_streams_one_valid_call_of_a_bound_tool(tiny_server, model):
+    bound = chat(tiny_server, model).bind_tools([Weather], tool_choice="Weather")
+    merged: AIMessageChunk | None = None
+    for chunk in bound.stream(ASK):
+        merged = chunk if merged is None else merged + chunk
+    assert merged is not None and not merged.invalid_tool_calls
+    [call] = merged.tool_calls
+    assert call["name"] == "Weather" and call["id"]
+    Weather.model_validate(call["args"])
+
+
+@pytest.mark.parametrize("method", ["function_calling", "json_schema"])
+def test_langchain_structured_output_in_each_method_that_sends_the_schema(tiny_server, model, method):
+    """(json_mode sends no schema: any JSON object is a right answer, which a random model's is not held to.)"""
+    structured = chat(tiny_server, model).with_structured_output(Weather, method=method)
+    assert isinstance(structured.invoke(ASK), Weather)
