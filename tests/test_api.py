@@ -112,13 +112,34 @@ def test_a_choice_constraint_holds_streamed_and_not(tiny_api):
     assert streamed in ("yes", "no", "maybe")
 
 
+@pytest.mark.parametrize("bias", [{}, {NEWLINE: 100}])
+def test_tools_beside_a_response_format_give_a_call_or_an_answer_in_the_schema(tiny_api, bias):
+    """As OpenAI takes them (openai-agents sends both for an agent with tools and an output type): a reply that
+    calls nothing follows the schema. The tiny random model goes one way or the other; each way is checked."""
+    schema = {"type": "object", "properties": {"unit": UNIT}, "required": ["unit"], "additionalProperties": False}
+    body = {
+        "messages": ASK,
+        "tools": TOOLS,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+        "logit_bias": bias,
+        "max_tokens": 200,  # room for the whitespace JSON allows
+        "temperature": 0,
+    }
+    with tiny_api.client() as http:
+        message = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    if message.get("tool_calls"):
+        assert json.loads(message["tool_calls"][0]["function"]["arguments"])["unit"] in UNIT["enum"]
+    else:
+        assert json.loads(message["content"])["unit"] in UNIT["enum"]
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
         ({"tools": TOOLS, "logprobs": True}, "logprobs"),
-        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "tool_choice"),
+        ({"tools": TOOLS, "structured_outputs": {"regex": "a"}}, "tool_choice"),
         ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}]}, "tools"),
         (

@@ -5,6 +5,8 @@ library's own parsing and validation accept it."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import instructor
 import openai
 import pytest
@@ -67,3 +69,41 @@ def test_langchain_structured_output_in_each_method_that_sends_the_schema(tiny_s
     """(json_mode sends no schema: any JSON object is a right answer, which a random model's is not held to.)"""
     structured = chat(tiny_server, model).with_structured_output(Weather, method=method)
     assert isinstance(structured.invoke(ASK), Weather)
+
+
+class Verdict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    unit: Literal["celsius", "fahrenheit"]
+
+
+def test_openai_agents_default_model_runs_a_tool_then_answers_in_its_output_type(tiny_server, model):
+    """openai-agents' default model speaks the Responses API, sending the tools beside the output type's schema:
+    a forced call of the agent's tool, its output sent back, then a reply that calls nothing follows the schema."""
+    from agents import Agent, ModelSettings, RunConfig, Runner, function_tool, set_tracing_disabled
+    from agents.exceptions import MaxTurnsExceeded
+    from agents.models.openai_responses import OpenAIResponsesModel
+
+    set_tracing_disabled(True)
+    calls: list[str] = []
+
+    @function_tool
+    def get_weather(city: Literal["Paris", "Lyon"]) -> str:
+        """The current weather in a city."""
+        calls.append(city)
+        return "21 degrees, sunny"
+
+    client = openai.AsyncOpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused", max_retries=0)
+    agent = Agent(
+        name="weather",
+        instructions="Answer with the weather.",
+        tools=[get_weather],
+        output_type=Verdict,
+        model=OpenAIResponsesModel(model=model, openai_client=client),
+        model_settings=ModelSettings(tool_choice="get_weather", max_tokens=200, temperature=0),
+    )
+    try:
+        result = Runner.run_sync(agent, ASK[0]["content"], max_turns=4, run_config=RunConfig(tracing_disabled=True))
+        assert isinstance(result.final_output, Verdict)
+    except MaxTurnsExceeded:  # under "auto" after the forced call, a random model may call again and again
+        pass
+    assert calls and set(calls) <= {"Paris", "Lyon"}

@@ -20,11 +20,10 @@ import llguidance.hf
 import torch
 from llguidance import LLMatcher
 
-from .sampling_params import InvalidParameter, StructuredOutput
+from .sampling_params import JSON_WHITESPACE, InvalidParameter, StructuredOutput
 
 GRAMMAR_CACHE_SIZE = 128
-# Whitespace between JSON tokens is bounded: free whitespace lets a model loop on newlines forever.
-JSON_DEFAULTS = {"whitespace_pattern": r"[ \n]{0,16}"}
+JSON_DEFAULTS = {"whitespace_pattern": JSON_WHITESPACE}
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
@@ -34,8 +33,7 @@ def grammar_text(spec: StructuredOutput) -> str:
         if spec.after_thought:
             return LLMatcher.grammar_from_lark(_after_thought(spec))
         if spec.kind == "json":
-            schema = json.loads(spec.value) if isinstance(spec.value, str) else spec.value
-            return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_DEFAULTS)
+            return LLMatcher.grammar_from_json_schema(spec.schema, defaults=JSON_DEFAULTS)
         if spec.kind == "regex":
             return LLMatcher.grammar_from_regex(spec.value)
         if spec.kind == "choice":
@@ -56,11 +54,7 @@ THOUGHT_FIRST = (
 def _after_thought(spec: StructuredOutput) -> str:
     """The constraint as a Lark grammar whose answer may follow a thought in ``<think>…</think>``."""
     if spec.kind == "json":
-        schema = json.loads(spec.value) if isinstance(spec.value, str) else spec.value
-        if not isinstance(schema, dict):
-            schema = {} if schema is True else {"not": {}}
-        options = {"whitespace_pattern": JSON_DEFAULTS["whitespace_pattern"]}
-        answer = f"wsgi_answer: %json {json.dumps({**schema, 'x-guidance': options})}"
+        answer = f"wsgi_answer: {spec.lark_json()}"
     elif spec.kind == "regex":
         answer = "wsgi_answer: /" + spec.value.replace("/", "\\/") + "/"
     elif spec.kind == "choice":

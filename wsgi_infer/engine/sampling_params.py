@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -56,6 +57,10 @@ class InvalidParameter(ValueError):
         self.param = param
 
 
+# Whitespace between JSON tokens is bounded: free whitespace lets a model loop on newlines forever.
+JSON_WHITESPACE = r"[ \n]{0,16}"
+
+
 @dataclass(frozen=True)
 class StructuredOutput:
     """A constraint on a choice's text, compiled by ``engine.grammar``.
@@ -85,6 +90,16 @@ class StructuredOutput:
             raise InvalidParameter(
                 self.source, f"{self.source}: the {self.kind} constraint is not valid: {self.value!r}"
             )
+
+    @property
+    def schema(self) -> dict:
+        """A json constraint's schema as a dict (``true``: anything, ``false``: nothing)."""
+        schema = json.loads(self.value) if isinstance(self.value, str) else self.value
+        return schema if isinstance(schema, dict) else {} if schema is True else {"not": {}}
+
+    def lark_json(self) -> str:
+        """A json constraint as a Lark ``%json`` term, its whitespace bounded as for a whole-JSON constraint."""
+        return f"%json {json.dumps({**self.schema, 'x-guidance': {'whitespace_pattern': JSON_WHITESPACE}})}"
 
 
 @dataclass

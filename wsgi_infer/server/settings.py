@@ -44,6 +44,12 @@ class ServerSettings(EngineSettings):
     resume_keep_seconds: float = Field(
         60.0, ge=0, description="how long a finished stream stays resumable (GET /v1/streams/<id>)"
     )
+    responses_keep_seconds: float = Field(
+        86400.0,
+        ge=0,
+        description="how long a stored response (/v1/responses with store: true) stays readable and continuable "
+        "(in the worker's memory, at most 10,000 per worker, or in Redis with redis_url)",
+    )
     stream_backlog_bytes: int = Field(
         1 << 20,
         ge=1024,

@@ -118,9 +118,10 @@ class ChatCompletionRequest(SamplingRequest):
         plan = self.tool_plan
         if plan is None:
             return super().constraint()
-        if self.response_format is not None or self.structured_outputs is not None:
-            raise APIError("response_format and structured_outputs need tool_choice none", param="tool_choice")
-        return plan.constraint()
+        if self.structured_outputs is not None:
+            raise APIError("structured_outputs needs tool_choice none", param="tool_choice")
+        answer = self.response_format.constraint() if self.response_format is not None else None
+        return plan.constraint(answer)
 
     def conversation(self) -> tuple[list[dict], list[dict] | None]:
         """The messages for the chat template, and the tools to pass it (when it takes them as a list; Phi-4-mini's

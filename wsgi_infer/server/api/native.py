@@ -19,7 +19,7 @@ from flask import Blueprint, Response, jsonify, request
 from ..engine_client.streams import RequestStream
 from ..streaming import sse
 from .schemas import GenerateRequest, parse
-from .serving import StreamInterrupted, collect_all, manager, publish, pumped, start
+from .serving import StreamInterrupted, collect_all, manager, publish, publish_log, pumped, start
 
 if TYPE_CHECKING:
     from ..engine_client.manager import EngineManager
@@ -37,9 +37,9 @@ def generate():
         return jsonify({"text": choice.delta.text, "finish_reason": choice.delta.finish_reason, "usage": stream.usage})
     if request.accept_mimetypes.best_match(["text/plain", "text/event-stream"]) == "text/event-stream":
         return publish(stream, _events(mgr, stream))
-    log = mgr.stream_logs.publish(_events(mgr, stream), on_abandoned=lambda: mgr.release(stream))
+    log, _, stream_id = publish_log(stream, _events(mgr, stream))
     frames = log.read(0, mgr.settings.heartbeat_seconds)
-    headers = {**sse.STREAM_HEADERS, "X-Stream-Id": log.stream_id}
+    headers = {**sse.STREAM_HEADERS, "X-Stream-Id": stream_id}
     return Response(_plain_text(frames), mimetype="text/plain", headers=headers)
 
 

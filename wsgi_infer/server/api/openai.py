@@ -10,12 +10,21 @@ from flask import Blueprint, jsonify, request
 from ..engine_client.streams import RequestStream
 from ..errors import APIError
 from ..streaming import sse
-from ..streaming.redis_store import StoreUnavailable
 from .chat import start_chat
 from .chat_schemas import ChatCompletionRequest
 from .formatters import CompletionFormatter, Formatter
 from .schemas import CompletionRequest, parse
-from .serving import StreamInterrupted, check_model, collect_all, log_response, manager, publish, pumped, start
+from .serving import (
+    StreamInterrupted,
+    check_model,
+    collect_all,
+    log_response,
+    manager,
+    publish,
+    published_log,
+    pumped,
+    start,
+)
 
 if TYPE_CHECKING:
     from ..engine_client.manager import EngineManager
@@ -79,18 +88,11 @@ def _respond(stream: RequestStream, streaming: bool, include_usage: bool, format
 @bp.get("/streams/<stream_id>")
 def resume(stream_id: str):
     """Resume a stream after the event the client saw last (Last-Event-ID, as EventSource sends)."""
-    try:
-        log = manager().stream_logs.get(stream_id)
-    except StoreUnavailable as exc:
-        raise APIError(str(exc), 503, code="store_unavailable", headers={"Retry-After": "1"}) from None
-    if log is None:
-        raise APIError(
-            f"stream {stream_id!r} is unknown or has expired", 404, param="stream_id", code="stream_not_found"
-        )
+    log = published_log(stream_id)
     last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or "0"
     if not last.isdigit():
         raise APIError("Last-Event-ID must be an event id of this stream", 400, param="Last-Event-ID")
-    return log_response(log, int(last))
+    return log_response(log, int(last), stream_id)
 
 
 def _sse(mgr: EngineManager, stream: RequestStream, include_usage: bool, formatter: Formatter) -> Iterator[str | None]:

@@ -6,6 +6,7 @@ engine work happens on the manager's thread.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from ..engine_client.prompts import Prompt
 from ..engine_client.streams import ChoiceDelta, RequestStream, Terminated, merge_deltas
 from ..errors import APIError
 from ..streaming import sse
-from ..streaming.redis_store import RedisStreamReader
+from ..streaming.redis_store import RedisStreamReader, StoreUnavailable
 from ..streaming.stream_log import StreamLog
 
 ADMISSION_TIMEOUT_S = 60.0
@@ -136,20 +137,45 @@ def pumped(mgr: EngineManager, stream: RequestStream) -> Iterator[list[ChoiceDel
         mgr.release(stream)
 
 
-def log_response(log: StreamLog | RedisStreamReader, after: int) -> Response:
+def log_response(log: StreamLog | RedisStreamReader, after: int, stream_id: str) -> Response:
     """A stream log's events after id ``after``, as the response's SSE body."""
-    headers = {**sse.STREAM_HEADERS, "X-Stream-Id": log.stream_id}
+    headers = {**sse.STREAM_HEADERS, "X-Stream-Id": stream_id}
     return Response(
         log.read(after, manager().settings.heartbeat_seconds), mimetype="text/event-stream", headers=headers
     )
 
 
-def publish(stream: RequestStream, events: Iterator[str | None]) -> Response:
+def _tenant_key(stream_id: str) -> str:
+    """Where a stream is kept: under the API key that created it, so that another key never finds it."""
+    tenant = g.get("tenant")
+    return f"{tenant}.{stream_id}" if tenant else stream_id
+
+
+def published_log(stream_id: str) -> StreamLog | RedisStreamReader:
+    """The stream this request's API key published under ``stream_id``; a 404 for any other."""
+    try:
+        log = manager().stream_logs.get(_tenant_key(stream_id))
+    except StoreUnavailable as exc:
+        raise APIError(str(exc), 503, code="store_unavailable", headers={"Retry-After": "1"}) from None
+    if log is None:
+        raise APIError(
+            f"stream {stream_id!r} is unknown or has expired", 404, param="stream_id", code="stream_not_found"
+        )
+    return log
+
+
+def publish(stream: RequestStream, events: Iterator[str | None], stream_id: str | None = None) -> Response:
     """A streamed response: a pump greenlet owns the generation and records its events; this response, and any
-    resume of it, only read that log, so a dropped connection loses nothing."""
-    mgr = manager()
-    log = mgr.stream_logs.publish(events, on_abandoned=lambda: mgr.release(stream))
-    return log_response(log, 0)
+    resume of it (``published_log``), only read that log, so a dropped connection loses nothing."""
+    return log_response(*publish_log(stream, events, stream_id))
+
+
+def publish_log(
+    stream: RequestStream, events: Iterator[str | None], stream_id: str | None = None
+) -> tuple[StreamLog, int, str]:
+    """``publish``'s log, the event id to read after, and the stream's id."""
+    mgr, stream_id = manager(), stream_id or uuid.uuid4().hex
+    return mgr.stream_logs.publish(events, lambda: mgr.release(stream), _tenant_key(stream_id)), 0, stream_id
 
 
 def collect_all(stream: RequestStream) -> dict[int, ChoiceDelta]:

@@ -103,8 +103,9 @@ class ToolPlan:
     parallel: bool = True
     format: ToolFormat = HERMES
 
-    def constraint(self) -> StructuredOutput:
-        """A Lark grammar: calls only, or (auto) text that is not a call, or calls."""
+    def constraint(self, answer: StructuredOutput | None = None) -> StructuredOutput:
+        """A Lark grammar: calls only, or (auto) text that is not a call, or calls. ``answer``: the JSON schema a
+        reply that calls nothing follows (response_format beside tools, as OpenAI takes them)."""
         fmt, allowed = self.format, self.functions if self.mode in ("auto", "required") else [self._named()]
         key = json.dumps(fmt.arguments_key)
         rules = [
@@ -116,6 +117,8 @@ class ToolPlan:
         several = self.parallel and not self.named and fmt.separator is not None
         calls = f"calls: call ({_literal(fmt.separator)} call)*" if several else "calls: call"
         text = f"start: TEXT | calls\nTEXT: /(.|\\n)+/ & ~/{fmt.marker}(.|\\n)*/"
+        if answer is not None:
+            text = f"start: answer | calls\nanswer: {answer.lark_json()}"
         start = text if self.mode == "auto" else "start: calls"
         return StructuredOutput("grammar", "\n".join([start, calls, call, *rules]), source="tools")
 

@@ -29,6 +29,7 @@ from ...engine.sampling_params import SamplingParams, StructuredOutput
 from .. import metrics
 from ..errors import APIError
 from ..settings import ServerSettings
+from ..streaming.response_store import response_store
 from ..streaming.stream_log import StreamLogs
 from .bridge import HubBridge, front_end_busy_for
 from .prompts import Prompt, prompt_ids
@@ -86,6 +87,7 @@ class EngineManager:
             redis_url=settings.redis_url,
             metrics=self.metrics,
         )
+        self.responses = response_store(settings.redis_url, settings.responses_keep_seconds)
 
     # --- lifecycle (hub) ---------------------------------------------------------------
     def start(self) -> None:

@@ -123,10 +123,13 @@ class StreamLogs:
         self._greenlets = metrics.greenlets
         self._store = RedisStore(redis_url, keep_seconds, grace, metrics) if redis_url else None
 
-    def publish(self, events: Generator[str | None, None, None], on_abandoned: Callable[[], None]) -> StreamLog:
-        """A new log, fed with ``events`` by a pump greenlet (and mirrored to Redis, with a store)."""
+    def publish(
+        self, events: Generator[str | None, None, None], on_abandoned: Callable[[], None], stream_id: str | None = None
+    ) -> StreamLog:
+        """A new log (under ``stream_id``, unique, or a new one), fed with ``events`` by a pump greenlet (and mirrored
+        to Redis, with a store)."""
         self._expire()
-        stream_id = uuid.uuid4().hex
+        stream_id = stream_id or uuid.uuid4().hex
         read_elsewhere = (lambda: self._store.read_elsewhere(stream_id)) if self._store else (lambda: False)
         stream_log = StreamLog(stream_id, self.grace, on_abandoned, read_elsewhere)
         self._logs[stream_id] = stream_log

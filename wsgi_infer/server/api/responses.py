@@ -1,0 +1,152 @@
+"""OpenAI's Responses API: POST /v1/responses through the chat completion's path, stored responses (GET, DELETE,
+``previous_response_id``) and streams resumable by ``starting_after``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from flask import Blueprint, g, jsonify, request
+
+from ..engine_client.streams import RequestStream
+from ..errors import APIError
+from ..streaming.redis_store import StoreUnavailable
+from .chat import start_chat
+from .formatters import ChatFormatter
+from .responses_events import ResponseBuilder, chunk_of, new_id
+from .responses_schemas import ResponsesRequest, input_messages, refuse_unsupported
+from .schemas import parse
+from .serving import StreamInterrupted, collect_all, log_response, manager, publish, published_log, pumped
+
+if TYPE_CHECKING:
+    from ..engine_client.manager import EngineManager
+    from ..streaming.response_store import ResponseStore
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("responses", __name__, url_prefix="/v1")
+
+
+@bp.post("/responses")
+def create():
+    body = request.get_json(force=True)
+    refuse_unsupported(body)
+    req: ResponsesRequest = parse(ResponsesRequest, body)
+    previous = req.previous_response_id
+    conversation = _stored(previous, "previous_response_id")["history"] if previous else []
+    conversation = conversation + input_messages(req.input)
+    stream, formatter = start_chat(req.as_chat(conversation), "response")
+    builder = ResponseBuilder(_frame(req, formatter.model))
+    keep = _Keeper(manager().responses if req.store else None, g.get("tenant", ""), conversation)
+    if req.stream:
+        events = _events(manager(), stream, formatter, builder, keep)
+        return publish(stream, events, stream_id=builder.response["id"])
+    final = formatter.final_choice(collect_all(stream)[0])
+    builder.feed(chunk_of(final["message"]))
+    builder.finish(final["finish_reason"], stream)
+    keep(builder.response)
+    return jsonify(builder.response)
+
+
+@bp.get("/responses/<response_id>")
+def retrieve(response_id: str):
+    if request.args.get("stream") in ("true", "1"):
+        after = request.args.get("starting_after", "-1")
+        if not after.lstrip("-").isdigit():
+            raise APIError("starting_after must be an event's sequence_number", param="starting_after")
+        return log_response(published_log(response_id), int(after) + 1, response_id)  # log ids count from 1
+    return jsonify(_stored(response_id, "response_id")["response"])
+
+
+@bp.delete("/responses/<response_id>")
+def delete(response_id: str):
+    if not _call_store(manager().responses.delete, response_id, g.get("tenant", "")):
+        raise _not_found(response_id, "response_id")
+    return jsonify({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+class _Keeper:
+    """Stores a finished response with its conversation, so that a later one continues it (when ``store``)."""
+
+    def __init__(self, store: ResponseStore | None, owner: str, conversation: list[dict]) -> None:
+        self._store, self._owner, self._conversation = store, owner, conversation
+
+    def __call__(self, response: dict) -> None:
+        if self._store is None:
+            return
+        history = self._conversation + input_messages(response["output"])
+        try:
+            self._store.put(response["id"], self._owner, {"response": response, "history": history})
+        except StoreUnavailable as exc:  # the client has its answer; only continuing it later fails
+            log.warning("response %s was not stored: %s", response["id"], exc)
+
+
+def _events(
+    mgr: EngineManager, stream: RequestStream, formatter: ChatFormatter, builder: ResponseBuilder, keep: _Keeper
+) -> Iterator[str | None]:
+    """The events of one response; runs in the pump greenlet (no request context)."""
+    yield from builder.start()
+    finish_reason = None
+    try:
+        for batch in pumped(mgr, stream):
+            if batch is None:
+                yield None
+                continue
+            for choice in batch:
+                chunk = formatter.chunk_choice(choice)
+                yield from builder.feed(chunk)
+                finish_reason = (chunk and chunk["finish_reason"]) or finish_reason
+        yield from builder.finish(finish_reason, stream)
+    except StreamInterrupted as exc:
+        yield from builder.fail(exc.message, exc.code, stream)
+    keep(builder.response)
+
+
+def _frame(req: ResponsesRequest, model: str) -> dict:
+    """The response before its output: what was asked, as OpenAI echoes it."""
+    return {
+        "id": new_id("resp"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "previous_response_id": req.previous_response_id,
+        "reasoning": {"effort": req.reasoning and req.reasoning.effort, "summary": None},
+        "store": req.store,
+        "temperature": req.temperature,
+        "text": {"format": req.text.format.model_dump(by_alias=True, exclude_none=True)}
+        if req.text and req.text.format
+        else {"format": {"type": "text"}},
+        "tool_choice": req.tool_choice or ("auto" if req.tools else "none"),
+        "tools": req.tools or [],
+        "top_p": req.top_p,
+        "truncation": "disabled",
+        "usage": None,
+        "metadata": req.metadata or {},
+    }
+
+
+def _stored(response_id: str, param: str) -> dict:
+    record = _call_store(manager().responses.get, response_id, g.get("tenant", ""))
+    if record is None:
+        raise _not_found(response_id, param)
+    return record
+
+
+def _call_store(method, *args):
+    try:
+        return method(*args)
+    except StoreUnavailable as exc:
+        raise APIError(str(exc), 503, code="store_unavailable", headers={"Retry-After": "1"}) from None
+
+
+def _not_found(response_id: str, param: str) -> APIError:
+    return APIError(f"response {response_id!r} is unknown or has expired", 404, param=param, code="not_found")

@@ -1,0 +1,199 @@
+"""Request schemas of OpenAI's Responses API (pydantic), and their translation into a chat completion request: one
+path from any API's request to the engine's SamplingParams."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from ..errors import APIError
+from .chat_schemas import ChatCompletionRequest
+from .schemas import Request, engine_field, parse
+
+# Fields of the Responses API that would change the output and that we do not implement: a 400, never ignored.
+UNSUPPORTED = {
+    "background": "background responses are not supported; stream, and resume the stream if the connection drops",
+    "conversation": "conversations are not supported; chain responses with previous_response_id",
+    "prompt": "prompt templates are not supported",
+    "max_tool_calls": "max_tool_calls is not supported",
+    "top_logprobs": "logprobs are not supported on /v1/responses; use /v1/chat/completions",
+}
+NEUTRAL_VALUES = {"background": (False,), "truncation": ("disabled",), "top_logprobs": (0,)}
+INCLUDABLE = ("reasoning.encrypted_content",)  # asked by stateless clients; our reasoning items need no encryption
+
+
+class InputMessage(Request):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[dict]
+
+    def text(self, where: str) -> str:
+        return content_text(self.content, ("input_text", "output_text", "text"), f"{where}.content")
+
+
+class FunctionCallItem(Request):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutputItem(Request):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[dict]
+
+
+ITEMS: dict[str, type[Request] | None] = {
+    "message": InputMessage,
+    "function_call": FunctionCallItem,
+    "function_call_output": FunctionCallOutputItem,
+    "reasoning": None,  # an earlier turn's thought: dropped, as chat templates drop past thoughts
+}
+
+
+def content_text(content: str | list[dict], kinds: tuple[str, ...], where: str) -> str:
+    """Text parts joined; a 400 naming the part for any other kind (images, files, audio)."""
+    if isinstance(content, str):
+        return content
+    for j, part in enumerate(content):
+        if part.get("type") not in kinds or not isinstance(part.get("text"), str):
+            raise APIError(f"content parts of type {part.get('type')!r} are not supported", param=f"{where}.{j}")
+    return "".join(part["text"] for part in content)
+
+
+def input_messages(items: str | list[dict]) -> list[dict]:
+    """Input items as chat completion messages: consecutive function calls become one assistant message's tool
+    calls, their outputs tool messages."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict] = []
+    for i, raw in enumerate(items):
+        kind = raw.get("type", "message") if isinstance(raw, dict) else None
+        if kind not in ITEMS:
+            raise APIError(f"input items of type {kind!r} are not supported", param=f"input.{i}")
+        schema = ITEMS[kind]
+        if schema is None:
+            continue
+        try:
+            item = schema.model_validate(raw)
+        except ValidationError as exc:
+            raise APIError(f"input.{i}: {exc.errors()[0]['msg']}", param=f"input.{i}") from None
+        if isinstance(item, InputMessage):
+            messages.append({"role": item.role, "content": item.text(f"input.{i}")})
+        elif isinstance(item, FunctionCallOutputItem):
+            output = content_text(item.output, ("input_text", "output_text"), f"input.{i}.output")
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+        else:
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments},
+            }
+            last = messages[-1] if messages else None
+            if last is None or last["role"] != "assistant":
+                messages.append(last := {"role": "assistant", "content": None})
+            last["tool_calls"] = [*last.get("tool_calls", []), call]
+    return messages
+
+
+class FunctionTool(Request):
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class TextFormat(Request):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextConfig(Request):
+    format: TextFormat | None = None
+
+
+class ReasoningConfig(Request):
+    effort: str | None = None  # "none" switches a thinking model's thought off; other efforts are its own way
+    summary: str | None = None  # the thought comes whole, as reasoning_text, not summarized
+
+
+class ResponsesRequest(Request):
+    model: str | None = None
+    input: str | list[dict]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    store: bool = True
+    stream: bool = False
+    max_output_tokens: int | None = engine_field("max_tokens")
+    temperature: float | None = engine_field("temperature")
+    top_p: float | None = engine_field("top_p")
+    tools: list[dict] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict | None = None
+    parallel_tool_calls: bool = True
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    include: list[str] | None = None
+    metadata: dict[str, str] | None = None
+
+    def as_chat(self, conversation: list[dict]) -> ChatCompletionRequest:
+        """The same request as a chat completion of ``conversation`` (the previous response's, then this input)."""
+        if bad := [x for x in self.include or [] if x not in INCLUDABLE]:
+            raise APIError(f"include {bad[0]!r} is not supported", param="include")
+        system = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        body: dict[str, Any] = {
+            **self.given(("model", "temperature", "top_p", "stream")),
+            "messages": system + conversation,
+            "max_tokens": self.max_output_tokens,
+            "tools": self._tools(),
+            "tool_choice": self._tool_choice(),
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "response_format": self._response_format(),
+            "chat_template_kwargs": {"enable_thinking": False}
+            if self.reasoning and self.reasoning.effort == "none"
+            else None,
+        }
+        return parse(ChatCompletionRequest, {k: v for k, v in body.items() if v is not None})
+
+    def _tools(self) -> list[dict] | None:
+        if self.tools is None:
+            return None
+        tools = []
+        for i, tool in enumerate(self.tools):
+            if tool.get("type") != "function":
+                raise APIError(f"tools of type {tool.get('type')!r} are not supported", param=f"tools.{i}.type")
+            try:
+                function = FunctionTool.model_validate(tool).model_dump(exclude={"type"}, exclude_none=True)
+            except ValidationError as exc:
+                raise APIError(f"tools.{i}: {exc.errors()[0]['msg']}", param=f"tools.{i}") from None
+            tools.append({"type": "function", "function": function})
+        return tools
+
+    def _tool_choice(self) -> str | dict | None:
+        choice = self.tool_choice
+        if not isinstance(choice, dict):
+            return choice
+        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+            raise APIError("tool_choice must be none, auto, required or a function by name", param="tool_choice")
+        return {"type": "function", "function": {"name": choice["name"]}}
+
+    def _response_format(self) -> dict | None:
+        spec = self.text.format if self.text is not None else None
+        if spec is None or spec.type != "json_schema":
+            return None if spec is None else {"type": spec.type}
+        schema = {"name": spec.name or "output", "schema": spec.schema_, "strict": spec.strict}
+        return {"type": "json_schema", "json_schema": {k: v for k, v in schema.items() if v is not None}}
+
+
+def refuse_unsupported(body: object) -> None:
+    if not isinstance(body, dict):
+        return
+    for name in ("truncation", *UNSUPPORTED):
+        value = body.get(name)
+        if value is not None and value not in NEUTRAL_VALUES.get(name, ()):
+            raise APIError(UNSUPPORTED.get(name, f"{name} {value!r} is not supported"), param=name)
