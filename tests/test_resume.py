@@ -37,9 +37,15 @@ def server(gunicorn_server, tiny_model_dirs):
     return gunicorn_server(settings)
 
 
-def start_then_cut(server: GunicornServer, after: int = 5, path: str = "/v1/completions", body: dict = BODY):
+def start_then_cut(
+    server: GunicornServer,
+    after: int = 5,
+    path: str = "/v1/completions",
+    body: dict = BODY,
+    headers: dict | None = None,
+):
     """Start a stream, read ``after`` events, drop the connection; the stream id and the events."""
-    with server.client() as http, http.stream("POST", path, json=body) as r:
+    with server.client(headers=headers or {}) as http, http.stream("POST", path, json=body) as r:
         received = []
         for event in events(r):
             if event.data:
@@ -109,24 +115,47 @@ def redis_url(tmp_path_factory):
         yield redis_server.url
 
 
-def test_a_resume_can_reach_another_instance_sharing_redis(tiny_model_dirs, redis_url, tiny_llama):
-    expected = tiny_llama.generate("Resume me", SamplingParams(temperature=0, max_tokens=300, ignore_eos=True))[0].text
+KEY_ONE, KEY_TWO = ({"Authorization": f"Bearer {key}"} for key in ("key-one", "key-two"))
+
+
+@pytest.fixture(scope="module")
+def instances(tiny_model_dirs, redis_url):
+    """Two servers sharing one Redis, as two hosts behind one proxy; two API keys."""
     settings = {
         "model": tiny_model_dirs["llama"],
         "dtype": "float32",
         "quantization": "none",
         "heartbeat_seconds": 10.0,
         "redis_url": redis_url,
+        "api_key": "key-one,key-two",
     }
     with GunicornServer(settings) as first, GunicornServer(settings) as second:
-        first.wait_ready()
-        second.wait_ready()
-        stream_id, received = start_then_cut(first)
-        with second.client() as http:  # the other instance: only Redis holds the stream there
-            with http.stream("GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "5"}) as r:
-                assert r.status_code == 200
-                rest = [e for e in events(r) if e.data]
-            assert http.get("/v1/streams/unknown").status_code == 404
+        yield first.wait_ready(), second.wait_ready()
+
+
+def test_a_resume_can_reach_another_instance_sharing_redis(instances, tiny_llama):
+    expected = tiny_llama.generate("Resume me", SamplingParams(temperature=0, max_tokens=300, ignore_eos=True))[0].text
+    first, second = instances
+    stream_id, received = start_then_cut(first, headers=KEY_ONE)
+    with second.client(headers=KEY_ONE) as http:  # the other instance: only Redis holds the stream there
+        with http.stream("GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "5"}) as r:
+            assert r.status_code == 200
+            rest = [e for e in events(r) if e.data]
+        assert http.get("/v1/streams/unknown").status_code == 404
+        assert http.get(f"/v1/streams/{stream_id}", headers=KEY_TWO).status_code == 404  # another key's
     assert [int(e.id) for e in received + rest] == list(range(1, 1 + len(received) + len(rest)))
     assert rest[-1].data == "[DONE]"
     assert text_of(received) + text_of(rest) == expected
+
+
+def test_a_stored_response_is_continued_on_another_instance_by_its_key_only(instances):
+    first, second = instances
+    ask = {"input": "Hello there", "max_output_tokens": 4, "temperature": 0}
+    with first.client(headers=KEY_ONE) as http:
+        created = http.post("/v1/responses", json=ask).json()
+    with second.client(headers=KEY_ONE) as http:
+        assert http.get(f"/v1/responses/{created['id']}").json() == created
+        follow = http.post("/v1/responses", json={**ask, "previous_response_id": created["id"]}).json()
+        assert follow["status"] == "incomplete" and follow["usage"]["input_tokens"] > created["usage"]["input_tokens"]
+        refused = http.post("/v1/responses", json={**ask, "previous_response_id": created["id"]}, headers=KEY_TWO)
+        assert refused.status_code == 404 and refused.json()["error"]["param"] == "previous_response_id"
