@@ -36,6 +36,8 @@ Prompt = str | list[int]  # text, or token ids
 
 
 class LLMEngine:
+    task = "generate"
+
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
         self.device = resolve_device(config.device)

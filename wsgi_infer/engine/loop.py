@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from .config import EngineConfig
+from .embedding_engine import EmbeddingEngine, is_embedding_model
 from .llm_engine import LLMEngine
 from .messages import (
     Abort,
@@ -29,6 +30,7 @@ from .messages import (
     Stop,
     Submit,
 )
+from .model_loader import resolve_model_dir
 from .outputs import RequestDelta
 from .step_interrupt import StepInterrupted
 
@@ -66,7 +68,7 @@ class EngineLoop:
         """The thread's target: load, serve until ``Stop`` or an error, free the model."""
         post = self._channel.post
         try:
-            engine = self._engine = LLMEngine(self._config)
+            engine = self._engine = build_engine(self._config)
             if self._stopping:  # asked while the model loaded
                 engine.interrupt()
             ready = _ready(engine)
@@ -130,13 +132,21 @@ class EngineLoop:
         return faulty_step
 
 
-def _ready(engine: LLMEngine) -> EngineReady:
+def build_engine(config: EngineConfig) -> LLMEngine | EmbeddingEngine:
+    """The engine the model needs: an embedding model's, or the generating one."""
+    if is_embedding_model(resolve_model_dir(config.model)):
+        return EmbeddingEngine(config)
+    return LLMEngine(config)
+
+
+def _ready(engine: LLMEngine | EmbeddingEngine) -> EngineReady:
     """What the hub needs of a loaded engine, including the grammar compiler."""
     return EngineReady(
         max_model_len=engine.max_model_len,
         model_dir=str(engine.model_dir),
-        num_blocks=engine.block_manager.num_blocks,
+        num_blocks=engine.counters().num_total_blocks,
         grammars=engine.grammars,
+        task=engine.task,
     )
 
 

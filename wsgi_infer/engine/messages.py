@@ -68,7 +68,8 @@ class EngineReady:
     max_model_len: int
     model_dir: str
     num_blocks: int
-    grammars: GrammarCompiler  # thread-safe: the hub compiles constraints before it submits
+    grammars: GrammarCompiler | None  # thread-safe: the hub compiles constraints before it submits
+    task: str = "generate"  # or "embed": an embedding model's engine
 
 
 @dataclass

@@ -112,6 +112,17 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
 
 
 def load_config(model_dir: Path):
+    """The config of a model this engine generates with (``read_config``); a clear error for any other."""
+    config = read_config(model_dir)
+    if config.model_type not in MODEL_REGISTRY:
+        raise ModelLoadError(
+            f"model {model_dir}: unsupported architecture {config.model_type!r} "
+            f"(expected one of: {', '.join(sorted(MODEL_REGISTRY))})"
+        )
+    return config
+
+
+def read_config(model_dir: Path):
     """The model's transformers config, resolved by its own class once per config.json, then read back.
 
     Importing an architecture's config class costs 1.3 s and 80 MB per process (transformers imports
@@ -124,13 +135,7 @@ def load_config(model_dir: Path):
     values = read_json(_resolved_config_file(model_dir))
     if values is None:
         values = _resolve_config(model_dir)
-    config = PreTrainedConfig.from_dict(values | {"_name_or_path": str(model_dir)})  # the same file may be elsewhere
-    if config.model_type not in MODEL_REGISTRY:
-        raise ModelLoadError(
-            f"model {model_dir}: unsupported architecture {config.model_type!r} "
-            f"(expected one of: {', '.join(sorted(MODEL_REGISTRY))})"
-        )
-    return config
+    return PreTrainedConfig.from_dict(values | {"_name_or_path": str(model_dir)})  # the same file may be elsewhere
 
 
 def _resolved_config_file(model_dir: Path) -> Path:
@@ -173,7 +178,7 @@ def load_tokenizer(model_dir: Path):
             from transformers import AutoTokenizer
 
             # Given the config, AutoTokenizer does not resolve (and import) the architecture's own class.
-            tokenizer = AutoTokenizer.from_pretrained(model_dir, config=load_config(model_dir), local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(model_dir, config=read_config(model_dir), local_files_only=True)
     except ModelLoadError:
         raise
     except Exception as exc:

@@ -36,6 +36,7 @@ class RequestDelta:
     # On a request's first delta, when it asked for prompt logprobs (of tokens 1..):
     prompt_token_ids: list[int] | None = None
     prompt_logprobs: list[TokenLogprob] | None = None
+    embedding: list[float] | None = None  # an embedding model's, with the input's one delta
 
     @property
     def finished(self) -> bool:
@@ -57,6 +58,7 @@ class RequestDelta:
             prompt_logprobs=self.prompt_logprobs or later.prompt_logprobs,
             finish_reason=later.finish_reason,
             stop_reason=later.stop_reason,
+            embedding=self.embedding or later.embedding,
             num_output_tokens=later.num_output_tokens,
         )
 

@@ -9,7 +9,7 @@ import weakref
 import gevent
 from flask import Flask, current_app, g, request
 
-from .api import messages, native, openai, ops, responses, tokenization, ui
+from .api import embeddings, messages, native, openai, ops, responses, tokenization, ui
 from .api.access import install_access_control
 from .engine_client.extension import init_app, manager_of
 from .engine_client.manager import EngineManager
@@ -30,7 +30,7 @@ def create_app(settings: ServerSettings | None = None) -> Flask:
     _install_request_hooks(app)  # first: they run before any other hook
     register_error_handlers(app)
     install_access_control(app, settings)
-    for blueprint in (openai.bp, responses.bp, messages.bp, native.bp, tokenization.bp, ops.bp, ui.bp):
+    for blueprint in (openai.bp, responses.bp, messages.bp, embeddings.bp, native.bp, tokenization.bp, ops.bp, ui.bp):
         app.register_blueprint(blueprint)
     return app
 

@@ -10,14 +10,14 @@ from ..engine_client.prompts import Chat
 from ..engine_client.streams import RequestStream
 from .chat_schemas import ChatCompletionRequest
 from .formatters import ChatFormatter
-from .serving import check_model, manager, start, wait_ready
+from .serving import check_model, manager, require_task, start
 
 
 def _rendered(req: ChatCompletionRequest) -> tuple[list[dict], list[dict] | None]:
     """The conversation and tools, as the model's chat template takes them."""
     check_model(req.model)
     mgr = manager()
-    wait_ready(mgr)  # the template is known once the front end's tokenizer is
+    require_task("generate")  # the template is known once the front end's tokenizer is
     req.render_with(mgr.tokenizer.chat_template)
     return req.conversation()
 

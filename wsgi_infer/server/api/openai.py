@@ -49,6 +49,7 @@ def models():
                     "root": mgr.model_dir or mgr.model_name,
                     "parent": None,
                     "max_model_len": mgr.max_model_len,
+                    "task": mgr.task,  # "generate", or "embed" for an embedding model (/v1/embeddings)
                 }
             ],
         }

@@ -44,7 +44,21 @@ def wait_ready(mgr: EngineManager) -> None:
         raise APIError("the model is not loaded", 503, code="model_not_ready", headers={"Retry-After": "5"})
 
 
-def start(prompts: list[Prompt], params: list[SamplingParams]) -> RequestStream:
+TASK_ROUTES = {"generate": "/v1/completions, /v1/chat/completions and the like", "embed": "/v1/embeddings"}
+
+
+def require_task(task: str) -> None:
+    """A generation route on an embedding model's server, or the other way round, is a 400 saying what serves."""
+    mgr = manager()
+    wait_ready(mgr)
+    if mgr.task != task:
+        raise APIError(
+            f"this server's model ({mgr.model_name}) serves {TASK_ROUTES[mgr.task]}, not this route",
+            code="wrong_model_task",
+        )
+
+
+def start(prompts: list[Prompt], params: list[SamplingParams], task: str = "generate") -> RequestStream:
     """Compile the constraint, tokenize, submit and wait for the engine to accept; raise the right APIError
     otherwise (InvalidParameter for bad input, which errors.py renders)."""
     mgr = manager()
@@ -55,7 +69,7 @@ def start(prompts: list[Prompt], params: list[SamplingParams]) -> RequestStream:
             code="server_shutting_down",
             headers={"Retry-After": "1"},
         )
-    wait_ready(mgr)
+    require_task(task)
     limit = mgr.settings.max_num_seqs + mgr.settings.max_waiting_requests
     if mgr.num_open_requests >= limit:
         raise APIError(

@@ -68,6 +68,7 @@ class EngineManager:
         self._bridge: HubBridge | None = None
         self._loop: EngineLoop | None = None
         self._grammars: GrammarCompiler | None = None
+        self.task = "generate"  # or "embed", once the engine is ready
         self.metrics = metrics.ModelMetrics(self.model_name)
         self._router = StreamRouter(
             {EngineReady: self._on_ready, EngineFailed: self._on_failed, EngineStopped: self._on_stopped},
@@ -264,6 +265,7 @@ class EngineManager:
         self.max_model_len = event.max_model_len
         self.model_dir = event.model_dir
         self._grammars = event.grammars
+        self.task = event.task
         self.metrics.kv_blocks_total.set(event.num_blocks)
         self.metrics.kv_blocks_free.set(event.num_blocks)
         gevent.spawn(self._load_tokenizer)

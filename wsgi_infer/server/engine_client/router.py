@@ -104,7 +104,8 @@ class StreamRouter:
         m.num_requests_running.set(counters.num_running)
         m.num_requests_waiting.set(counters.num_waiting)
         m.kv_blocks_free.set(counters.num_free_blocks)
-        m.kv_cache_usage_perc.set(1 - counters.num_free_blocks / counters.num_total_blocks)
+        if counters.num_total_blocks:  # an embedding model's engine has no KV cache
+            m.kv_cache_usage_perc.set(1 - counters.num_free_blocks / counters.num_total_blocks)
         for name, metric in CUMULATIVE.items():
             value = getattr(counters, name)
             getattr(m, metric).inc(value - self._last_seen[name])

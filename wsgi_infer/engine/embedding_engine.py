@@ -1,0 +1,146 @@
+"""The engine of an embedding model: a sentence-transformers encoder (the BERT family), run by transformers.
+
+It keeps ``LLMEngine``'s surface, so the engine thread, the server's queues, backpressure, metrics and drain
+serve it unchanged: inputs wait in a queue, and each step encodes as many as ``max_num_batched_tokens`` allows
+(padded to the longest), pools them as the model's sentence-transformers configuration says, and finishes each
+with its embedding. There is no KV cache: an input is read in one step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from .config import EngineConfig
+from .device import resolve_device, resolve_dtype
+from .model_loader import load_tokenizer, resolve_model_dir
+from .outputs import EngineCounters, RequestDelta
+from .sampling_params import InvalidParameter, SamplingParams
+from .step_interrupt import StepInterrupt
+
+log = logging.getLogger(__name__)
+
+POOLING_MODES = ("cls_token", "mean_tokens", "max_tokens", "lasttoken")
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+def is_embedding_model(model_dir: Path) -> bool:
+    """A sentence-transformers directory (``modules.json``) around an encoder: what this engine serves."""
+    modules = model_dir / "modules.json"
+    if not modules.is_file():
+        return False
+    architectures = json.loads((model_dir / "config.json").read_text()).get("architectures") or []
+    return not any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in architectures)
+
+
+class SentenceEncoder:
+    """The model's modules as sentence-transformers lists them: the encoder, its pooling, maybe a normalization."""
+
+    def __init__(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
+        from transformers import AutoModel
+
+        modules = json.loads((model_dir / "modules.json").read_text())
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+        if unknown := [k for k in kinds if k not in SUPPORTED_MODULES]:
+            raise ValueError(f"sentence-transformers module {unknown[0]} is not supported ({', '.join(kinds)})")
+        pooling_dir = next(model_dir / m["path"] for m in modules if m["type"].endswith("Pooling"))
+        pooling = json.loads((pooling_dir / "config.json").read_text())
+        modes = [mode for mode in POOLING_MODES if pooling.get(f"pooling_mode_{mode}")]
+        others = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v and k[13:] not in modes]
+        if len(modes) != 1 or others:
+            raise ValueError(f"pooling {pooling} is not supported: one of {', '.join(POOLING_MODES)}")
+        self.pooling = modes[0]
+        self.normalize = "Normalize" in kinds
+        self.model = AutoModel.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        settings_file = model_dir / "sentence_bert_config.json"
+        settings = json.loads(settings_file.read_text()) if settings_file.is_file() else {}
+        self.max_seq_length = int(settings.get("max_seq_length") or self.model.config.max_position_embeddings)
+        self.dimensions = pooling.get("word_embedding_dimension") or self.model.config.hidden_size
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Float32 embeddings of a padded batch (``mask``: 1 on real tokens)."""
+        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        weights = mask.unsqueeze(-1).float()
+        if self.pooling == "cls_token":
+            pooled = hidden[:, 0]
+        elif self.pooling == "mean_tokens":
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+        elif self.pooling == "max_tokens":
+            pooled = hidden.masked_fill(weights == 0, float("-inf")).amax(1)
+        else:  # lasttoken: right padding, so each row's last real token
+            pooled = hidden[torch.arange(len(ids)), mask.sum(1) - 1]
+        return torch.nn.functional.normalize(pooled, p=2, dim=1) if self.normalize else pooled
+
+
+class EmbeddingEngine:
+    task = "embed"
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        self.device = resolve_device(config.device)
+        self.model_dir = resolve_model_dir(config.model)
+        dtype = resolve_dtype(config.dtype, self.device, on_kernels=True)  # auto: float32 on a CPU, bf16 on CUDA
+        log.info("loading embedding model from %s on %s as %s", self.model_dir, self.device, dtype)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.encoder = SentenceEncoder(self.model_dir, self.device, dtype)
+        self.max_model_len = min(self.encoder.max_seq_length, config.max_model_len or self.encoder.max_seq_length)
+        self.grammars = None  # nothing to constrain
+        self.last_step_num_tokens = 0
+        self._waiting: OrderedDict[str, list[int]] = OrderedDict()
+        self._interrupt = StepInterrupt()
+        kind, dimensions = self.encoder.model.config.model_type, self.encoder.dimensions
+        log.info("model ready: %s, %d dimensions, %s pooling", kind, dimensions, self.encoder.pooling)
+
+    def add_request(self, request_id: str, prompt: list[int], params: SamplingParams) -> int:
+        vocab = self.encoder.model.config.vocab_size
+        if not prompt or min(prompt) < 0 or max(prompt) >= vocab:
+            raise InvalidParameter("input", f"an input must be token ids below {vocab}, and not empty")
+        if len(prompt) > self.max_model_len:
+            raise InvalidParameter("input", f"an input has {len(prompt)} tokens; this model reads {self.max_model_len}")
+        self._waiting[request_id] = list(prompt)
+        return len(prompt)
+
+    def abort(self, request_id: str) -> bool:
+        return self._waiting.pop(request_id, None) is not None
+
+    def abort_all(self) -> None:
+        self._waiting.clear()
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting)
+
+    def interrupt(self) -> None:
+        self._interrupt.request()
+
+    def counters(self) -> EngineCounters:
+        return EngineCounters(0, len(self._waiting), 0, 0, 0, 0, 0, 0)
+
+    def step(self) -> list[RequestDelta]:
+        """Encode the inputs that fit one step (the first always does), in arrival order."""
+        batch: list[tuple[str, list[int]]] = []
+        for request_id, ids in self._waiting.items():
+            if batch and (len(batch) + 1) * max(len(ids), len(batch[0][1])) > self.config.max_num_batched_tokens:
+                break
+            batch.append((request_id, ids))
+            batch.sort(key=lambda item: -len(item[1]))  # the longest first: its length pads the batch
+        self._interrupt.check()
+        width = len(batch[0][1])
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, (_, tokens) in enumerate(batch):
+            ids[row, : len(tokens)] = torch.tensor(tokens)
+            mask[row, : len(tokens)] = 1
+        vectors = self.encoder(ids.to(self.device), mask.to(self.device)).cpu()
+        self.last_step_num_tokens = int(mask.sum())
+        deltas = []
+        for (request_id, tokens), vector in zip(batch, vectors):
+            del self._waiting[request_id]
+            delta = RequestDelta(request_id, "", [], finish_reason="stop", num_prompt_tokens=len(tokens))
+            deltas.append(replace(delta, embedding=vector.tolist()))
+        return deltas

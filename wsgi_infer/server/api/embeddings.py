@@ -1,0 +1,72 @@
+"""OpenAI's /v1/embeddings, served by an embedding model's engine: its inputs share engine steps and go through
+the same admission (429), drain and bounds as generation."""
+
+from __future__ import annotations
+
+import base64
+from typing import Literal
+
+import numpy as np
+from flask import Blueprint, jsonify, request
+from pydantic import Field, field_validator
+
+from ...engine.sampling_params import InvalidParameter, SamplingParams
+from ..errors import APIError
+from .schemas import Request, parse
+from .serving import check_model, collect_all, manager, start
+
+bp = Blueprint("embeddings", __name__, url_prefix="/v1")
+
+MAX_INPUTS = 2048  # per request, as OpenAI's
+
+
+class EmbeddingRequest(Request):
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _bounded(cls, value):
+        if isinstance(value, list) and not 0 < len(value) <= MAX_INPUTS:
+            raise ValueError(f"input must hold 1 to {MAX_INPUTS} inputs")
+        if value == "" or isinstance(value, list) and any(v == "" or v == [] for v in value):
+            raise ValueError("an input must not be empty")
+        return value
+
+    @property
+    def inputs(self) -> list[str | list[int]]:
+        if isinstance(self.input, str) or isinstance(self.input[0], int):
+            return [self.input]
+        return list(self.input)
+
+
+@bp.post("/embeddings")
+def embeddings():
+    req: EmbeddingRequest = parse(EmbeddingRequest, request.get_json(force=True))
+    check_model(req.model)
+    try:
+        stream = start(req.inputs, [SamplingParams(max_tokens=0)], task="embed")
+    except InvalidParameter as exc:  # the generation rule's words name a prompt
+        raise APIError(str(exc).replace("prompt", "input"), param="input") from None
+    merged = collect_all(stream)
+    vectors = [merged[i].delta.embedding for i in sorted(merged)]
+    if req.dimensions is not None and req.dimensions != len(vectors[0]):
+        raise APIError(
+            f"this model's embeddings have {len(vectors[0])} dimensions, which it cannot shorten", param="dimensions"
+        )
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encoded(vector, req.encoding_format)}
+        for i, vector in enumerate(vectors)
+    ]
+    usage = {"prompt_tokens": stream.prompt_tokens, "total_tokens": stream.prompt_tokens}
+    return jsonify({"object": "list", "data": data, "model": manager().model_name, "usage": usage})
+
+
+def _encoded(vector: list[float], encoding: str) -> list[float] | str:
+    """``base64``: little-endian float32 bytes, as OpenAI sends them (its SDK decodes them so)."""
+    if encoding == "float":
+        return vector
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
