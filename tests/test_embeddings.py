@@ -105,7 +105,7 @@ def test_bad_inputs_are_400s_naming_the_field(embedding_api, body, param):
     assert reply.status_code in (400, 404) and reply.json()["error"]["param"] == param
 
 
-def test_the_server_says_it_embeds_and_refuses_to_generate(embedding_api, tiny_api):
+def test_the_server_says_it_embeds_and_refuses_to_generate(embedding_api):
     with embedding_api.client() as http:
         assert http.get("/v1/models").json()["data"][0]["task"] == "embed"
         for path, body in (
@@ -115,6 +115,43 @@ def test_the_server_says_it_embeds_and_refuses_to_generate(embedding_api, tiny_a
         ):
             reply = http.post(path, json=body)
             assert reply.status_code == 400 and reply.json()["error"]["code"] == "wrong_model_task", path
-    with tiny_api.client() as http:  # and a generating model's server refuses embeddings
-        assert http.post("/v1/embeddings", json={"input": "hi"}).json()["error"]["code"] == "wrong_model_task"
     assert embedding_api.manager.num_open_requests == 0
+
+
+def transformers_pooled(model_dir: Path, texts: list[str], pooling: str) -> np.ndarray:
+    """The reference: transformers' final hidden states (after the last norm), pooled, L2-normalized."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer, model = AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
+    rows = []
+    with torch.no_grad():
+        for text in texts:
+            hidden = model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0]
+            rows.append(hidden.mean(0) if pooling == "mean" else hidden[-1])
+    return torch.nn.functional.normalize(torch.stack(rows), dim=1).numpy()
+
+
+def test_a_generating_model_embeds_by_mean_pooling_over_the_server(tiny_api, tiny_model_dirs):
+    texts = [TEXTS[3], TEXTS[0], TEXTS[3]]  # the long one twice: its second read may not take the prefix cache
+    with tiny_api.client() as http:
+        reply = http.post("/v1/embeddings", json={"input": texts}).json()
+    ours = np.array([d["embedding"] for d in reply["data"]])
+    assert np.allclose(ours, transformers_pooled(tiny_model_dirs["llama"], texts, "mean"), atol=1e-5)
+    assert tiny_api.manager.num_open_requests == 0
+
+
+def test_last_token_pooling_through_chunks_and_the_prefix_cache(tiny_llama, tiny_model_dirs):
+    """The engine itself: a prompt read in several chunks, then again from the prefix cache, embeds the same."""
+    from wsgi_infer import SamplingParams
+
+    engine, ids = tiny_llama.engine, tiny_llama.engine.tokenize(TEXTS[3] * 2)
+    found, hits = {}, []
+    for request_id in ("first", "again"):
+        hits.append(engine.counters().num_prefix_hit_tokens)
+        engine.add_request(request_id, ids, SamplingParams(max_tokens=0, pooling="last"))
+        while engine.has_unfinished():
+            found.update({d.request_id: d.embedding for d in engine.step() if d.finished})
+    expected = transformers_pooled(tiny_model_dirs["llama"], [TEXTS[3] * 2], "last")[0]
+    assert len(ids) > 64 and engine.counters().num_prefix_hit_tokens > hits[1]  # chunks of 64, then the cache
+    assert np.allclose(found["first"], expected, atol=1e-5) and np.allclose(found["again"], expected, atol=1e-5)

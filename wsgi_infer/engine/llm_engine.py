@@ -139,6 +139,11 @@ class LLMEngine:
         for found in computed.prompt:
             targets = found.seq.token_ids[found.first : found.first + len(found.logits)]
             found.seq.prompt_logprobs += prompt_logprobs(found.logits, targets, found.seq.params.prompt_logprobs)
+        for pooled in computed.pooled:
+            seq = pooled.seq
+            summed = pooled.hidden.sum(0) if seq.params.pooling == "mean" else pooled.hidden[-1]
+            seq.pooled = summed + seq.pooled if seq.pooled is not None and seq.params.pooling == "mean" else summed
+            seq.num_pooled = pooled.first + len(pooled.hidden)
         # max_tokens=0 only reads the prompt: it ends here without sampling.
         deltas = [self._finish(seq, "length", [], "", None) for seq in computed.sampling if not seq.max_tokens]
         rows = [i for i, seq in enumerate(computed.sampling) if seq.max_tokens]
@@ -176,6 +181,7 @@ class LLMEngine:
             queue_seconds=seq.first_scheduled_time - seq.arrival_time if first else None,
             prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens] if wants_prompt else None,
             prompt_logprobs=list(seq.prompt_logprobs) if wants_prompt else None,
+            embedding=_embedding(seq) if finish_reason is not None and seq.params.pooling else None,
         )
 
     def _advance(self, seq: Sequence, token: int) -> tuple[str | None, str]:
@@ -192,3 +198,10 @@ class LLMEngine:
         if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length", text + seq.detokenizer.flush()
         return None, text
+
+
+def _embedding(seq: Sequence) -> list[float]:
+    """The prompt's pooled final hidden states (a mean over its positions, or the last one's), L2-normalized, as
+    OpenAI's and llama-server's embeddings are."""
+    pooled = seq.pooled / seq.num_prompt_tokens if seq.params.pooling == "mean" else seq.pooled
+    return torch.nn.functional.normalize(pooled, dim=0).tolist()

@@ -39,12 +39,23 @@ class PromptLogits:
 
 
 @dataclass
+class PooledRows:
+    """Final hidden states (float32) of prompt positions ``first``.., for a sequence that embeds its prompt."""
+
+    seq: Sequence
+    first: int
+    hidden: torch.Tensor
+
+
+@dataclass
 class StepLogits:
-    """What a step computed: one row per sampling sequence, and prompt positions where asked for."""
+    """What a step computed: one row per sampling sequence, prompt positions where asked for, hidden states of
+    prompts being embedded."""
 
     sampling: list[Sequence]
     logits: torch.Tensor
     prompt: list[PromptLogits] = field(default_factory=list)
+    pooled: list[PooledRows] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -146,7 +157,9 @@ class ModelRunner:
             self._prepare_single_token(meta, single_token)
             self._prepare_prefill(meta, ordered[len(single_token) :])
         hidden = self._run(input_ids, positions, meta)
-        return StepLogits(*self._select_logits(hidden, ordered), self._prompt_logits(hidden, ordered))
+        return StepLogits(
+            *self._select_logits(hidden, ordered), self._prompt_logits(hidden, ordered), self._pooled(hidden, ordered)
+        )
 
     def _cache_rows(self, items: list[ScheduledSequence]) -> CacheRows:
         """For the kernels: each sequence's blocks, and each token's sequence and how far it sees."""
@@ -231,6 +244,18 @@ class ModelRunner:
                 if lo < hi:
                     rows = hidden[row + lo - start : row + hi - start]
                     found.append(PromptLogits(seq, lo + 1, self.model.compute_logits(rows).float()))
+            row += item.num_new_tokens
+        return found
+
+    @staticmethod
+    def _pooled(hidden: torch.Tensor, ordered: list[ScheduledSequence]) -> list[PooledRows]:
+        """Rows of the prompt positions not yet pooled (a recompute after preemption skips those that were)."""
+        found, row = [], 0
+        for item in ordered:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            lo, hi = max(start, seq.num_pooled), min(start + item.num_new_tokens, seq.num_prompt_tokens)
+            if seq.params.pooling is not None and lo < hi:
+                found.append(PooledRows(seq, lo, hidden[row + lo - start : row + hi - start].float()))
             row += item.num_new_tokens
         return found
 

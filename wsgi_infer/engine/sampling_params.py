@@ -133,6 +133,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] = field(default_factory=dict)
     structured_output: StructuredOutput | None = None
+    # An embedding of the prompt instead of text (with max_tokens 0): the mean of its final hidden states, or the
+    # last one's, L2-normalized.
+    pooling: Literal["mean", "last"] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -163,6 +166,8 @@ class SamplingParams:
             fail("logit_bias", "must map token ids (non-negative integers) to biases")
         if any(not isinstance(b, (int, float)) or abs(b) > MAX_LOGIT_BIAS for b in self.logit_bias.values()):
             fail("logit_bias", f"biases must be numbers between -{MAX_LOGIT_BIAS:g} and {MAX_LOGIT_BIAS:g}")
+        if self.pooling not in (None, "mean", "last") or self.pooling and self.max_tokens != 0:
+            fail("pooling", "must be mean or last, with max_tokens 0")
 
     @property
     def greedy(self) -> bool:

@@ -71,8 +71,8 @@ class Scheduler:
         # Admitting new work right after preempting would only thrash the cache.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
-            # Prompt logprobs need every prompt position computed: no cached prefix for them.
-            wants_all = seq.params.prompt_logprobs is not None
+            # Prompt logprobs and mean pooling need every prompt position computed: no cached prefix for them.
+            wants_all = seq.params.prompt_logprobs is not None or seq.params.pooling == "mean"
             cached_prefix = [] if wants_all else self.block_manager.find_cached_prefix(seq)
             num_new = min(seq.num_tokens - len(cached_prefix) * self.block_manager.block_size, budget)
             if not self.block_manager.allocate(seq, num_new, cached_prefix):

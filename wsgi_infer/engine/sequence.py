@@ -60,6 +60,9 @@ class Sequence:
         self.arrival_time = time.monotonic()
         self.first_scheduled_time: float | None = None
         self.prompt_logprobs: list[TokenLogprob] = []  # of prompt tokens 1.., when asked for
+        # With params.pooling: the final hidden states of positions < num_pooled, summed (mean) or the last one.
+        self.pooled: torch.Tensor | None = None
+        self.num_pooled = 0
 
     @property
     def num_tokens(self) -> int:

@@ -6,7 +6,7 @@ types, defaults, help and bounds); the server's own are declared here.
 
 from __future__ import annotations
 
-from typing import get_type_hints
+from typing import Literal, get_type_hints
 
 from pydantic import Field, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -43,6 +43,11 @@ class ServerSettings(EngineSettings):
     heartbeat_seconds: float = Field(5.0, gt=0, description="SSE comment interval while a stream has nothing to send")
     resume_keep_seconds: float = Field(
         60.0, ge=0, description="how long a finished stream stays resumable (GET /v1/streams/<id>)"
+    )
+    embedding_pooling: Literal["mean", "last"] = Field(
+        "mean",
+        description="how a generating model embeds (/v1/embeddings): the mean of the prompt's final hidden states, "
+        "or the last token's (as llama-server's --pooling); sentence-transformers models pool as they say",
     )
     responses_keep_seconds: float = Field(
         86400.0,

@@ -1,5 +1,6 @@
-"""OpenAI's /v1/embeddings, served by an embedding model's engine: its inputs share engine steps and go through
-the same admission (429), drain and bounds as generation."""
+"""OpenAI's /v1/embeddings: by an embedding model's engine, or by a generating model's, pooling its final hidden
+states (``embedding_pooling``). Inputs share engine steps and go through the same admission (429), drain and
+bounds as generation."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pydantic import Field, field_validator
 from ...engine.sampling_params import InvalidParameter, SamplingParams
 from ..errors import APIError
 from .schemas import Request, parse
-from .serving import check_model, collect_all, manager, start
+from .serving import check_model, collect_all, manager, start, wait_ready
 
 bp = Blueprint("embeddings", __name__, url_prefix="/v1")
 
@@ -47,8 +48,11 @@ class EmbeddingRequest(Request):
 def embeddings():
     req: EmbeddingRequest = parse(EmbeddingRequest, request.get_json(force=True))
     check_model(req.model)
+    mgr = manager()
+    wait_ready(mgr)
+    pooling = None if mgr.task == "embed" else mgr.settings.embedding_pooling  # an encoder pools as configured
     try:
-        stream = start(req.inputs, [SamplingParams(max_tokens=0)], task="embed")
+        stream = start(req.inputs, [SamplingParams(max_tokens=0, pooling=pooling)], task=None)
     except InvalidParameter as exc:  # the generation rule's words name a prompt
         raise APIError(str(exc).replace("prompt", "input"), param="input") from None
     merged = collect_all(stream)

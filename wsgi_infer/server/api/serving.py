@@ -58,9 +58,10 @@ def require_task(task: str) -> None:
         )
 
 
-def start(prompts: list[Prompt], params: list[SamplingParams], task: str = "generate") -> RequestStream:
+def start(prompts: list[Prompt], params: list[SamplingParams], task: str | None = "generate") -> RequestStream:
     """Compile the constraint, tokenize, submit and wait for the engine to accept; raise the right APIError
-    otherwise (InvalidParameter for bad input, which errors.py renders)."""
+    otherwise (InvalidParameter for bad input, which errors.py renders). ``task``: the model's it needs (None:
+    either)."""
     mgr = manager()
     if g.turned_away:
         raise APIError(
@@ -69,7 +70,9 @@ def start(prompts: list[Prompt], params: list[SamplingParams], task: str = "gene
             code="server_shutting_down",
             headers={"Retry-After": "1"},
         )
-    require_task(task)
+    wait_ready(mgr)
+    if task is not None:
+        require_task(task)
     limit = mgr.settings.max_num_seqs + mgr.settings.max_waiting_requests
     if mgr.num_open_requests >= limit:
         raise APIError(
