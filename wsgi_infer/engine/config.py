@@ -43,6 +43,10 @@ class EngineConfig:
     )
     enable_prefix_caching: bool = option(True, "reuse KV blocks of identical prompt prefixes")
     seed: int = option(0, "seed for requests that give none")
+    speculative: str = option("none", "speculative decoding: none, or ngram (prompt lookup; greedy requests)")
+    num_speculative_tokens: int = option(4, "tokens a speculative step proposes to verify", ge=1)
+    prompt_lookup_min: int = option(2, "ngram speculation: the shortest n-gram looked up", ge=1)
+    prompt_lookup_max: int = option(4, "ngram speculation: the longest n-gram looked up", ge=1)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -53,6 +57,10 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be at least 1, got {self.num_kv_blocks}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.speculative not in ("none", "ngram"):
+            raise ValueError(f"speculative must be none or ngram, got {self.speculative!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("prompt_lookup_min must be at most prompt_lookup_max")
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
 

@@ -23,12 +23,13 @@ from .device import resolve_device, resolve_dtype
 from .grammar import GrammarCompiler
 from .model_builder import kernels_serve
 from .model_loader import eos_token_ids, load_config, load_tokenizer, resolve_model_dir
-from .model_runner import ModelRunner
+from .model_runner import DraftLogits, ModelRunner
 from .outputs import EngineCounters, RequestDelta, TokenLogprob
 from .sampler import Sampler, prompt_logprobs
 from .sampling_params import InvalidParameter, SamplingParams, max_tokens_within
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .speculative import SpecCounters, proposer_for, speculates
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._seed_source = random.Random(config.seed)
         self.grammars = GrammarCompiler(self.tokenizer, self.hf_config.vocab_size)
+        self.proposer = proposer_for(config, self.runner.release_window)
+        self.spec = SpecCounters()
         self.last_step_num_tokens = 0
         log.info("model ready: %s, max_model_len %d", self.hf_config.model_type, self.max_model_len)
 
@@ -121,11 +124,18 @@ class LLMEngine:
             num_prefix_query_tokens=self.scheduler.num_prefix_query_tokens,
             num_prefix_hit_tokens=bm.num_prefix_hit_blocks * bm.block_size,
             num_preemptions=self.scheduler.num_preemptions,
+            num_spec_drafts=self.spec.drafts,
+            num_spec_draft_tokens=self.spec.draft_tokens,
+            num_spec_accepted_tokens=self.spec.accepted_tokens,
         )
 
     # --- the step --------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
-        """Compute one batch; return a delta for every request that got a token or ended."""
+        """Compute one batch; return a delta for every request that got a token or ended (several for one that
+        accepted draft tokens)."""
+        if self.proposer is not None:
+            for seq in self.scheduler.running:
+                seq.draft = self.proposer.propose(seq, self._draft_room(seq)) if speculates(seq) else []
         batch = self.scheduler.schedule()
         self.last_step_num_tokens = sum(item.num_new_tokens for item in batch)
         if not batch:
@@ -152,6 +162,29 @@ class LLMEngine:
             logits = computed.logits if len(rows) == len(computed.sampling) else computed.logits[rows]
             tokens, logprobs = self.sampler(logits, sampling)
             deltas += [self._append_token(seq, token, lp) for seq, token, lp in zip(sampling, tokens, logprobs)]
+        for draft in computed.drafts:
+            deltas += self._verify(draft)
+        return deltas
+
+    def _draft_room(self, seq: Sequence) -> int:
+        """Draft tokens that may still be accepted: each verified step adds one more token than it accepts."""
+        return min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens + 1) - 1
+
+    def _verify(self, draft: DraftLogits) -> list[RequestDelta]:
+        """Greedy verification: the draft's tokens as long as each is the model's own choice, then the model's
+        next one. The KV of rejected tokens is left stale (their positions are computed again when reached)."""
+        seq, proposed = draft.seq, draft.seq.draft
+        chosen = self.sampler.greedy(draft.logits)
+        accepted = next((i for i, (p, c) in enumerate(zip(proposed, chosen)) if p != c), len(proposed))
+        seq.num_computed_tokens -= len(proposed) - accepted
+        seq.draft = []
+        self.spec.count(len(proposed), accepted)
+        self.proposer.verified(seq, accepted)
+        deltas = []
+        for token in chosen[: accepted + 1]:
+            deltas.append(self._append_token(seq, token, None))
+            if deltas[-1].finished:
+                break
         return deltas
 
     def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> RequestDelta:

@@ -48,14 +48,23 @@ class PooledRows:
 
 
 @dataclass
+class DraftLogits:
+    """Logits of a sequence's last token and each draft token after it: row k checks draft token k."""
+
+    seq: Sequence
+    logits: torch.Tensor
+
+
+@dataclass
 class StepLogits:
     """What a step computed: one row per sampling sequence, prompt positions where asked for, hidden states of
-    prompts being embedded."""
+    prompts being embedded, and the rows of sequences that verify a draft."""
 
     sampling: list[Sequence]
     logits: torch.Tensor
     prompt: list[PromptLogits] = field(default_factory=list)
     pooled: list[PooledRows] = field(default_factory=list)
+    drafts: list[DraftLogits] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -143,7 +152,7 @@ class ModelRunner:
         input_ids, positions, slots = [], [], []
         for item in ordered:
             start, end = item.seq.num_computed_tokens, item.seq.num_computed_tokens + item.num_new_tokens
-            input_ids += item.seq.token_ids[start:end]
+            input_ids += item.seq.token_ids[start:end] + item.seq.draft[: item.num_draft_tokens]
             positions += range(start, end)
             slots += self._slots(item.seq.block_table, start, end)
         meta = AttentionMetadata(
@@ -157,9 +166,8 @@ class ModelRunner:
             self._prepare_single_token(meta, single_token)
             self._prepare_prefill(meta, ordered[len(single_token) :])
         hidden = self._run(input_ids, positions, meta)
-        return StepLogits(
-            *self._select_logits(hidden, ordered), self._prompt_logits(hidden, ordered), self._pooled(hidden, ordered)
-        )
+        sampling, logits, drafts = self._select_logits(hidden, ordered)
+        return StepLogits(sampling, logits, self._prompt_logits(hidden, ordered), self._pooled(hidden, ordered), drafts)
 
     def _cache_rows(self, items: list[ScheduledSequence]) -> CacheRows:
         """For the kernels: each sequence's blocks, and each token's sequence and how far it sees."""
@@ -220,17 +228,26 @@ class ModelRunner:
 
     def _select_logits(
         self, hidden: torch.Tensor, ordered: list[ScheduledSequence]
-    ) -> tuple[list[Sequence], torch.Tensor]:
-        """Only the last token of a sequence that finished its prompt needs logits."""
-        last_rows, sampling, row = [], [], 0
+    ) -> tuple[list[Sequence], torch.Tensor, list[DraftLogits]]:
+        """Only the last token of a sequence that finished its prompt needs logits, and each draft token's row
+        after it; one LM head call for all."""
+        last_rows, sampling, draft_rows, verifying, row = [], [], [], [], 0
         for item in ordered:
             row += item.num_new_tokens
-            if item.samples:
+            if item.samples and item.num_draft_tokens:
+                draft_rows.append(range(row - 1 - item.num_draft_tokens, row))
+                verifying.append(item.seq)
+            elif item.samples:
                 last_rows.append(row - 1)
                 sampling.append(item.seq)
-        if not sampling:
-            return [], hidden.new_empty(0)
-        return sampling, self.model.compute_logits(hidden[last_rows]).float()
+        if not sampling and not verifying:
+            return [], hidden.new_empty(0), []
+        logits = self.model.compute_logits(hidden[last_rows + [r for rows in draft_rows for r in rows]]).float()
+        drafts, at = [], len(last_rows)
+        for seq, rows in zip(verifying, draft_rows):
+            drafts.append(DraftLogits(seq, logits[at : at + len(rows)]))
+            at += len(rows)
+        return sampling, logits[: len(last_rows)], drafts
 
     def _prompt_logits(self, hidden: torch.Tensor, ordered: list[ScheduledSequence]) -> list[PromptLogits]:
         """Rows of the prompt positions whose next-token logprobs are still to be collected."""

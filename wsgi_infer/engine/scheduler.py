@@ -26,8 +26,13 @@ class ScheduledSequence:
 
     @property
     def samples(self) -> bool:
-        """True when this step computes the sequence's last token, so it samples a new one."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        """True when this step computes the sequence's last token (and maybe its draft), so it samples a new one."""
+        return self.seq.num_computed_tokens + self.num_new_tokens >= self.seq.num_tokens
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Draft tokens this step verifies after the sequence's last one."""
+        return max(0, self.seq.num_computed_tokens + self.num_new_tokens - self.seq.num_tokens)
 
 
 class Scheduler:
@@ -54,7 +59,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens + len(seq.draft), budget)
+            seq.draft = seq.draft[: max(0, seq.num_computed_tokens + num_new - seq.num_tokens)]  # what fits
             while not self.block_manager.allocate(seq, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -96,6 +102,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        seq.draft = []
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1

@@ -63,6 +63,9 @@ class Sequence:
         # With params.pooling: the final hidden states of positions < num_pooled, summed (mean) or the last one.
         self.pooled: torch.Tensor | None = None
         self.num_pooled = 0
+        # Speculative decoding: the tokens this step verifies after the last one, and the proposer's own state.
+        self.draft: list[int] = []
+        self.lookup: object = None
 
     @property
     def num_tokens(self) -> int:

@@ -95,6 +95,9 @@ _FAMILIES = {
     "prefix_cache_queries": _counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
     "prefix_cache_hits": _counter("prefix_cache_hits", "Prompt tokens whose KV came from the prefix cache"),
     "num_preemptions": _counter("num_preemptions", "Sequences preempted for lack of KV blocks"),
+    "spec_decode_num_drafts": _counter("spec_decode_num_drafts", "Speculative drafts verified"),
+    "spec_decode_num_draft_tokens": _counter("spec_decode_num_draft_tokens", "Draft tokens verified"),
+    "spec_decode_num_accepted_tokens": _counter("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
 }
 _REQUEST_SUCCESS = _counter("request_success", "Finished requests", ("finished_reason",))
 

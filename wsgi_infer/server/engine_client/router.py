@@ -28,6 +28,9 @@ CUMULATIVE = {
     "num_prefix_query_tokens": "prefix_cache_queries",
     "num_prefix_hit_tokens": "prefix_cache_hits",
     "num_preemptions": "num_preemptions",
+    "num_spec_drafts": "spec_decode_num_drafts",
+    "num_spec_draft_tokens": "spec_decode_num_draft_tokens",
+    "num_spec_accepted_tokens": "spec_decode_num_accepted_tokens",
 }
 
 

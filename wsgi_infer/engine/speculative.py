@@ -1,0 +1,97 @@
+"""Speculative decoding's proposer: which tokens a sequence's next step verifies beside its own.
+
+Prompt lookup (n-gram, vLLM's ``ngram``): the tokens that followed the latest earlier occurrence of the sequence's
+last n tokens, for the longest n in [``prompt_lookup_min``, ``prompt_lookup_max``] that occurred, in the prompt or
+the output. A draft model would be another proposer with the same ``propose``: the scheduler and the verification
+only see a sequence's ``draft``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .config import EngineConfig
+from .sequence import Sequence
+
+
+def proposer_for(config: EngineConfig, release_window: int | None) -> NgramProposer | None:
+    """The configured proposer; none where a model gives back KV behind a sliding window (a rejected draft's
+    position would be released early)."""
+    if config.speculative == "none" or release_window:
+        return None
+    return NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
+
+
+def speculates(seq: Sequence) -> bool:
+    """Greedy requests decoding on the model's plain choice; the others (sampling, penalties, biases, grammars,
+    logprobs) are not speculated, so they behave exactly as without it."""
+    p = seq.params
+    plain = p.greedy and not p.has_penalties and not p.logit_bias and p.logprobs is None
+    return plain and seq.matcher is None and seq.num_computed_tokens == seq.num_tokens - 1
+
+
+@dataclass
+class SpecCounters:
+    """Cumulative, as vLLM's spec_decode_* metrics: drafts verified, their tokens, those accepted."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    def count(self, proposed: int, accepted: int) -> None:
+        self.drafts += 1
+        self.draft_tokens += proposed
+        self.accepted_tokens += accepted
+
+
+MAX_BACKOFF = 16  # steps a sequence whose drafts keep failing goes without one, at most
+
+
+@dataclass
+class NgramIndex:
+    """Per sequence: where each n-gram ended last (the position of the token that followed it), and how long to
+    wait before the next draft after drafts that were all rejected (text that only seems to repeat)."""
+
+    ends: dict[tuple[int, ...], int] = field(default_factory=dict)
+    indexed: int = 0  # n-grams ending before this position are in ``ends``
+    backoff: int = 0  # steps to skip after the next rejection
+    skip: int = 0  # steps left without a draft
+
+    def verified(self, accepted: int) -> None:
+        """A draft was checked: any accepted token resets the backoff, none doubles it."""
+        if accepted:
+            self.backoff = 0
+        else:
+            self.backoff = min(MAX_BACKOFF, max(1, 2 * self.backoff))
+            self.skip = self.backoff
+
+
+class NgramProposer:
+    def __init__(self, num_tokens: int, n_min: int, n_max: int) -> None:
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"prompt_lookup_min ({n_min}) must be at least 1 and at most prompt_lookup_max ({n_max})")
+        self.num_tokens, self.n_min, self.n_max = num_tokens, n_min, n_max
+
+    @staticmethod
+    def verified(seq: Sequence, accepted: int) -> None:
+        seq.lookup.verified(accepted)
+
+    def propose(self, seq: Sequence, limit: int) -> list[int]:
+        """Up to ``min(num_tokens, limit)`` tokens to verify after ``seq``'s last one; [] when nothing matches."""
+        if limit <= 0:
+            return []
+        index = seq.lookup if isinstance(seq.lookup, NgramIndex) else NgramIndex()
+        seq.lookup, tokens, last = index, seq.token_ids, seq.num_tokens
+        if index.skip:
+            index.skip -= 1
+            return []
+        # Index the n-grams that have a following token: each ends before the last position.
+        for end in range(max(index.indexed, self.n_min), last):
+            for n in range(self.n_min, min(self.n_max, end) + 1):
+                index.ends[tuple(tokens[end - n : end])] = end
+        index.indexed = max(index.indexed, last)
+        for n in range(min(self.n_max, last), self.n_min - 1, -1):
+            end = index.ends.get(tuple(tokens[last - n : last]))
+            if end is not None:
+                return tokens[end : end + min(self.num_tokens, limit)]
+        return []
