@@ -44,10 +44,13 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import percentile, prompts  # noqa: E402
+from repeat_prompts import repeat_prompts  # noqa: E402
 
 from wsgi_infer.engine.config import QUANTIZATION_METHODS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = {"standard": prompts, "repeat": repeat_prompts}
+WORKLOAD = prompts  # --workload sets it
 
 
 async def one_request(
@@ -100,7 +103,7 @@ async def run_level(
     extra_body: dict | None = None,
     keep_alive: bool = True,
 ) -> dict:
-    todo = prompts(num_requests)
+    todo = WORKLOAD(num_requests)
     semaphore = asyncio.Semaphore(concurrency)
     # A peer's connections are not reused: llama-server (cpp-httplib) closes a kept-alive connection after 5
     # requests, and a request sent on it just then fails ("Server disconnected without sending a response").
@@ -161,10 +164,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args, wrap: list[str] | None = None) -> tuple[subprocess.Popen, str]:
-    """Our gunicorn on a free port, its command behind `wrap` (taskset, a cgroup) when given."""
+def start_server(args, wrap: list[str] | None = None, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """Our gunicorn on a free port, its command behind `wrap` (taskset, a cgroup) when given, with ``env`` added."""
     port = free_port()
-    env = {**os.environ, "WSGI_INFER_DTYPE": args.dtype, "WSGI_INFER_QUANTIZATION": args.quantization}
+    env = {**os.environ, "WSGI_INFER_DTYPE": args.dtype, "WSGI_INFER_QUANTIZATION": args.quantization, **(env or {})}
     if args.model:
         env["WSGI_INFER_MODEL"] = args.model
     process = subprocess.Popen(
@@ -201,14 +204,14 @@ def start_server(args, wrap: list[str] | None = None) -> tuple[subprocess.Popen,
     return process, f"http://127.0.0.1:{port}"
 
 
-def start_llama_server(args, wrap: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+def start_llama_server(args, wrap: list[str] | None = None, extra: list[str] = ()) -> tuple[subprocess.Popen, str]:
     """llama.cpp's llama-server on the peer model: 2048 tokens of context per slot, one slot per stream."""
     model = args.peer_model or args.model
     if not model or not model.endswith(".gguf"):
         raise SystemExit("--llama-server needs a GGUF: --model FILE.gguf, or --peer-model FILE.gguf")
     port, slots = free_port(), max(args.concurrency)
     command = [args.llama_server, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
-    command += ["-t", str(os.cpu_count()), "-np", str(slots), "-c", str(2048 * slots)]
+    command += ["-t", str(os.cpu_count()), "-np", str(slots), "-c", str(2048 * slots), *extra]
     log = open(os.environ.get("LLAMA_SERVER_LOG", os.devnull), "w")
     process = subprocess.Popen([*(wrap or []), *command], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -250,9 +253,9 @@ def engine_alone(args) -> dict:
     )
 
 
-def serve_levels(args, name: str, peer_url: str | None) -> dict[int, dict]:
-    """One run of every concurrency against one system: ours (started here, or --url) or a peer."""
-    server, url = (None, peer_url or args.url) if peer_url or args.url else start_server(args)
+def serve_levels(args, name: str, peer_url: str | None, env: dict | None = None) -> dict[int, dict]:
+    """One run of every concurrency against one system: ours (started here with ``env``, or --url) or a peer."""
+    server, url = (None, peer_url or args.url) if peer_url or args.url else start_server(args, env=env)
     # Peers may lack ignore_eos: a strongly negative bias on the end tokens has the same effect.
     extra = {"logit_bias": {str(t): -100 for t in args.eos_token_ids}} if peer_url else None
     try:
@@ -359,27 +362,39 @@ def main() -> None:
     parser.add_argument("--llama-server", metavar="BINARY", help="start llama.cpp's llama-server as a peer")
     parser.add_argument("--peer-model", help="the GGUF llama-server serves (default: --model)")
     parser.add_argument("--eos-token-ids", type=int, nargs="+", default=[0, 2], help="biased away for peers")
+    parser.add_argument("--workload", choices=WORKLOADS, default="standard", help="repeat: repeat_prompts.py")
+    parser.add_argument(
+        "--ours", action="append", default=[], metavar="NAME=KEY=VALUE,...", help="our server again, with settings"
+    )
+    parser.add_argument("--llama-variant", action="append", default=[], metavar="NAME=ARGS", help="llama-server again")
     parser.add_argument("--json", default=None, help="write every system's medians here")
     parser.add_argument("--plot", default=None, help="write a PNG of tok/s and TTFT against concurrency here")
     args = parser.parse_args()
 
-    systems = [("wsgi-infer", None)] + [tuple(p.split("=", 1)) for p in args.peer]
-    llama_server = None
+    global WORKLOAD
+    WORKLOAD = WORKLOADS[args.workload]
+    systems = [("wsgi-infer", None, None)] + [(*p.split("=", 1), None) for p in args.peer]
+    for variant in args.ours:  # NAME=WSGI_INFER_SPECULATIVE=ngram,...
+        name, _, settings = variant.partition("=")
+        systems.append((name, None, dict(kv.split("=", 1) for kv in settings.split(","))))
+    llama_servers = []
     if args.llama_server:
-        llama_server, url = start_llama_server(args)
-        systems.append(("llama-server", url))
-    runs: dict[str, list] = {name: [] for name, _ in systems}
+        for name, extra in [("llama-server", "")] + [v.split("=", 1) for v in args.llama_variant]:
+            process, url = start_llama_server(args, extra=extra.split())
+            llama_servers.append(process)
+            systems.append((name, url, None))
+    runs: dict[str, list] = {name: [] for name, _, _ in systems}
     alone_runs = []
     try:
         for _ in range(args.repeat):  # alternate the systems so drift of this shared machine hits each of them
-            for name, url in systems:
-                runs[name].append(serve_levels(args, name, url))
+            for name, url, env in systems:
+                runs[name].append(serve_levels(args, name, url, env))
             if not args.skip_engine:
                 alone_runs.append({int(c): r for c, r in engine_alone(args)["results"].items()})
     finally:
-        if llama_server is not None:
-            llama_server.terminate()
-            llama_server.wait(60)
+        for process in llama_servers:
+            process.terminate()
+            process.wait(60)
     medians = {name: median_runs(r) for name, r in runs.items()}
     served = medians["wsgi-infer"]
     alone = median_runs(alone_runs) if alone_runs else None

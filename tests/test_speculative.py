@@ -78,7 +78,7 @@ def tiny_pair(tiny_model_dirs):
         settings = dict(dtype="float32", quantization="none", block_size=4, max_num_batched_tokens=64)
         return LLM(model=str(tiny_model_dirs["llama"]), **settings, **options)
 
-    return build(), build(speculative="ngram", num_speculative_tokens=4)
+    return build(speculative="none"), build(speculative="ngram", num_speculative_tokens=4)
 
 
 def test_outputs_are_equal_with_and_without_it_in_a_mixed_batch(tiny_pair):
@@ -106,7 +106,7 @@ def test_the_default_model_repeats_the_same_tokens_faster_steps(default_model_di
     """In its shipped format (the packed kernels' fused step verifies several rows of one sequence)."""
     ask = [{"role": "user", "content": PASSAGE * 3 + "\nRepeat the passage above, correcting any spelling mistakes:"}]
     outputs, steps = [], []
-    for options in ({}, {"speculative": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 3}):
+    for options in ({"speculative": "none"}, {}):  # on by default
         llm = LLM(model=None, **options)
         engine, count = llm.engine, 0
         engine.add_request("r", engine.apply_chat_template(ask), SamplingParams(temperature=0, max_tokens=100))
@@ -128,8 +128,16 @@ def test_the_server_counts_drafts_with_vllms_names(tiny_model_dirs):
         with server.client() as http:
             body = {"prompt": REPEAT, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
             assert http.post("/v1/completions", json=body).status_code == 200
+        with server.client() as http:
+            text = http.get("/metrics").text
         metrics = server.metrics()
     drafts, proposed, accepted = (
         metrics[f"wsgi_infer:spec_decode_num_{name}_total"] for name in ("drafts", "draft_tokens", "accepted_tokens")
     )
     assert 0 < drafts <= proposed and 0 < accepted <= proposed
+    per_position = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("wsgi_infer:spec_decode_num_accepted_tokens_per_pos_total{")
+    ]
+    assert per_position and sum(per_position) == accepted

@@ -43,9 +43,9 @@ class EngineConfig:
     )
     enable_prefix_caching: bool = option(True, "reuse KV blocks of identical prompt prefixes")
     seed: int = option(0, "seed for requests that give none")
-    speculative: str = option("none", "speculative decoding: none, or ngram (prompt lookup; greedy requests)")
+    speculative: str = option("ngram", "speculative decoding: ngram (prompt lookup; greedy requests), or none")
     num_speculative_tokens: int = option(4, "tokens a speculative step proposes to verify", ge=1)
-    prompt_lookup_min: int = option(2, "ngram speculation: the shortest n-gram looked up", ge=1)
+    prompt_lookup_min: int = option(3, "ngram speculation: the shortest n-gram looked up", ge=1)
     prompt_lookup_max: int = option(4, "ngram speculation: the longest n-gram looked up", ge=1)
 
     def __post_init__(self) -> None:

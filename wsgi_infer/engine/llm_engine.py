@@ -127,6 +127,7 @@ class LLMEngine:
             num_spec_drafts=self.spec.drafts,
             num_spec_draft_tokens=self.spec.draft_tokens,
             num_spec_accepted_tokens=self.spec.accepted_tokens,
+            num_spec_accepted_per_position=tuple(self.spec.accepted_per_position),
         )
 
     # --- the step --------------------------------------------------------------------

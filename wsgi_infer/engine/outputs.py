@@ -92,3 +92,4 @@ class EngineCounters:
     num_spec_drafts: int = 0  # speculative steps of a sequence that verified a draft
     num_spec_draft_tokens: int = 0  # draft tokens verified
     num_spec_accepted_tokens: int = 0  # draft tokens accepted
+    num_spec_accepted_per_position: tuple[int, ...] = ()  # of them, those at draft position 0, 1, ...

@@ -37,11 +37,15 @@ class SpecCounters:
     drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
 
     def count(self, proposed: int, accepted: int) -> None:
         self.drafts += 1
         self.draft_tokens += proposed
         self.accepted_tokens += accepted
+        self.accepted_per_position += [0] * (proposed - len(self.accepted_per_position))
+        for position in range(accepted):
+            self.accepted_per_position[position] += 1
 
 
 MAX_BACKOFF = 16  # steps a sequence whose drafts keep failing goes without one, at most

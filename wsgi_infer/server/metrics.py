@@ -100,6 +100,9 @@ _FAMILIES = {
     "spec_decode_num_accepted_tokens": _counter("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
 }
 _REQUEST_SUCCESS = _counter("request_success", "Finished requests", ("finished_reason",))
+_ACCEPTED_PER_POSITION = _counter(
+    "spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at each draft position", ("position",)
+)
 
 
 class ModelMetrics:
@@ -117,6 +120,9 @@ class ModelMetrics:
 
     def request_success(self, finished_reason: str) -> Counter:
         return _REQUEST_SUCCESS.labels(self._model_name, finished_reason)
+
+    def accepted_at(self, position: int) -> Counter:
+        return _ACCEPTED_PER_POSITION.labels(self._model_name, str(position))
 
 
 def render() -> tuple[bytes, str]:

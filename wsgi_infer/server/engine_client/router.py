@@ -48,6 +48,7 @@ class StreamRouter:
         }
         self.last_delivery_at = time.monotonic()
         self._last_seen = dict.fromkeys(CUMULATIVE, 0)  # the engine's cumulative counters, as last seen
+        self._accepted_seen: list[int] = []
 
     # --- the routing table --------------------------------------------------------------
     def add(self, stream: RequestStream) -> None:
@@ -113,6 +114,11 @@ class StreamRouter:
             value = getattr(counters, name)
             getattr(m, metric).inc(value - self._last_seen[name])
             self._last_seen[name] = value
+        seen = self._accepted_seen + [0] * (len(counters.num_spec_accepted_per_position) - len(self._accepted_seen))
+        for position, (accepted, before) in enumerate(zip(counters.num_spec_accepted_per_position, seen)):
+            if accepted > before:
+                m.accepted_at(position).inc(accepted - before)
+        self._accepted_seen = list(counters.num_spec_accepted_per_position)
         for num_tokens in step.step_tokens:
             m.iteration_tokens.observe(num_tokens)
 
