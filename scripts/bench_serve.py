@@ -266,7 +266,13 @@ def serve_levels(args, name: str, peer_url: str | None, env: dict | None = None)
         for c in args.concurrency:
             n = max(args.min_requests, c * args.rounds)
             level = run_level(url, model, c, n, args.output_len, args.request_rate, extra, keep_alive)
+            drafted = spec_counts(url) if server is not None else None
             results[c] = asyncio.run(level)
+            if drafted is not None:  # our speculation: the level's draft tokens and those accepted
+                after = spec_counts(url)
+                results[c]["spec_draft_tokens"], results[c]["spec_accepted_tokens"] = (
+                    b - a for a, b in zip(drafted, after)
+                )
             if server is not None:
                 results[c]["server_peak_rss_mb"] = tree_peak_rss_mb(server.pid)
             r = results[c]
@@ -280,6 +286,16 @@ def serve_levels(args, name: str, peer_url: str | None, env: dict | None = None)
         if server is not None:
             server.terminate()
             server.wait(60)
+
+
+def spec_counts(url: str) -> tuple[float, float]:
+    """Our server's speculative draft tokens and accepted tokens so far (its /metrics)."""
+    values = dict.fromkeys(("draft_tokens", "accepted_tokens"), 0.0)
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        for name in values:
+            if line.startswith(f"wsgi_infer:spec_decode_num_{name}_total{{"):
+                values[name] += float(line.rsplit(" ", 1)[1])
+    return values["draft_tokens"], values["accepted_tokens"]
 
 
 def tree_peak_rss_mb(pid: int) -> float:
@@ -396,6 +412,11 @@ def main() -> None:
             process.terminate()
             process.wait(60)
     medians = {name: median_runs(r) for name, r in runs.items()}
+    for name, levels in medians.items():
+        for c, r in levels.items():
+            if r.get("spec_draft_tokens"):
+                rate = r["spec_accepted_tokens"] / r["spec_draft_tokens"]
+                print(f"# {name} c={c}: {rate:.0%} of {r['spec_draft_tokens']:.0f} draft tokens accepted")
     served = medians["wsgi-infer"]
     alone = median_runs(alone_runs) if alone_runs else None
     if args.json:

@@ -130,7 +130,7 @@ def test_the_server_counts_drafts_with_vllms_names(tiny_model_dirs):
             assert http.post("/v1/completions", json=body).status_code == 200
         with server.client() as http:
             text = http.get("/metrics").text
-        metrics = server.metrics()
+        metrics, label = server.metrics(), f'model_name="{server.manager.model_name}"'  # other apps share the registry
     drafts, proposed, accepted = (
         metrics[f"wsgi_infer:spec_decode_num_{name}_total"] for name in ("drafts", "draft_tokens", "accepted_tokens")
     )
@@ -138,6 +138,6 @@ def test_the_server_counts_drafts_with_vllms_names(tiny_model_dirs):
     per_position = [
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("wsgi_infer:spec_decode_num_accepted_tokens_per_pos_total{")
+        if line.startswith("wsgi_infer:spec_decode_num_accepted_tokens_per_pos_total{") and label in line
     ]
     assert per_position and sum(per_position) == accepted
