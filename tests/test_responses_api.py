@@ -5,6 +5,7 @@ stored responses continued by previous_response_id, resumed streams, refusals, a
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import openai
 import pytest
@@ -26,7 +27,7 @@ WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "The w
 
 class Unit(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    unit: str
+    unit: Literal["celsius", "fahrenheit"]  # an enum: a random model's free string would run to the window
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def test_streamed_events_are_typed_numbered_and_build_the_response(client, model
 
 
 def test_parse_returns_the_model_its_schema_forced(client, model):
-    parsed = client.responses.parse(model=model, input=ASK, temperature=0, text_format=Unit)
+    parsed = client.responses.parse(model=model, input=ASK, temperature=0, text_format=Unit, max_output_tokens=40)
     assert isinstance(parsed.output_parsed, Unit)
 
 
