@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine.speculative import NgramProposer
+from wsgi_infer.engine.speculative import NgramProposer, verify_sampled
 
 from .batch_runs import run_staggered
 from .conftest import assert_idle
@@ -51,6 +51,29 @@ def test_rejected_drafts_back_off_and_an_accepted_one_resets():
     assert proposer.propose(seq, limit=8)
 
 
+def test_sampled_verification_keeps_the_distribution_of_sampling_row_by_row():
+    """Rows of fixed logits and a draft of two tokens: 40,000 seeded verifications give each row's tokens with the
+    target probabilities (temperature, top-p), the first unconditionally, the second after the first was accepted;
+    a token top-p cut away is never accepted. (Seeded: the counts are the same every run.)"""
+    import torch
+
+    from wsgi_infer.engine.sampler import filter_logits
+
+    logits = torch.tensor([[2.0, 0.5, 1.5, -1.0, 0.0], [0.0, 1.0, -0.5, 2.0, 0.3], [1.0, 1.0, 1.0, 1.0, -3.0]])
+    params = SamplingParams(temperature=0.9, top_p=0.95)
+    target = [filter_logits(row / 0.9, 0, 0.95, 0.0).softmax(-1) for row in logits]
+    generator, runs = torch.Generator().manual_seed(0), 40_000
+    first, second = torch.zeros(5), torch.zeros(5)
+    for _ in range(runs):
+        tokens = verify_sampled(logits.clone(), [2, 3], params, generator)
+        first[tokens[0]] += 1
+        if tokens[0] == 2:
+            second[tokens[1]] += 1
+    assert (first / runs - target[0]).abs().max() < 0.01
+    assert (second / second.sum() - target[1]).abs().max() < 0.015
+    assert target[0][3] == 0 and first[3] == 0
+
+
 def mixed_requests(llm: LLM) -> dict[str, list[int]]:
     """Greedy repeats (speculated) beside a seeded sample, logprobs and a stop string (not speculated)."""
     engine, tokens = llm.engine, {}
@@ -82,8 +105,12 @@ def tiny_pair(tiny_model_dirs):
 
 
 def test_outputs_are_equal_with_and_without_it_in_a_mixed_batch(tiny_pair):
+    """Greedy requests give the same tokens; a seeded sampled one, speculated too, the same tokens run after run
+    (its distribution is the sampler's: the test above)."""
     plain, speculative = tiny_pair
-    assert mixed_requests(speculative) == mixed_requests(plain)
+    first, again, without = mixed_requests(speculative), mixed_requests(speculative), mixed_requests(plain)
+    assert {k: v for k, v in first.items() if k != "sampled"} == {k: v for k, v in without.items() if k != "sampled"}
+    assert first["sampled"] == again["sampled"] and len(first["sampled"]) == 30
     counters = speculative.engine.counters()
     assert counters.num_spec_accepted_tokens > 0 and counters.num_spec_drafts > 0
     assert plain.engine.counters().num_spec_drafts == 0
@@ -141,3 +168,15 @@ def test_the_server_counts_drafts_with_vllms_names(tiny_model_dirs):
         if line.startswith("wsgi_infer:spec_decode_num_accepted_tokens_per_pos_total{") and label in line
     ]
     assert per_position and sum(per_position) == accepted
+
+
+def test_sampled_requests_are_speculated_too(tiny_pair):
+    _, speculative = tiny_pair
+    before = speculative.engine.counters()
+    params = SamplingParams(temperature=0.05, seed=5, max_tokens=60, ignore_eos=True)  # loops as greedy does
+    out = speculative.generate(REPEAT, params)[0]
+    after = speculative.engine.counters()
+    assert len(out.token_ids) == 60
+    assert after.num_spec_drafts > before.num_spec_drafts
+    assert after.num_spec_accepted_tokens > before.num_spec_accepted_tokens
+    assert speculative.generate(REPEAT, params)[0].token_ids == out.token_ids  # the seed still decides

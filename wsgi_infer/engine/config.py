@@ -43,7 +43,7 @@ class EngineConfig:
     )
     enable_prefix_caching: bool = option(True, "reuse KV blocks of identical prompt prefixes")
     seed: int = option(0, "seed for requests that give none")
-    speculative: str = option("ngram", "speculative decoding: ngram (prompt lookup; greedy requests), or none")
+    speculative: str = option("ngram", "speculative decoding: ngram (prompt lookup), or none")
     num_speculative_tokens: int = option(4, "tokens a speculative step proposes to verify", ge=1)
     prompt_lookup_min: int = option(3, "ngram speculation: the shortest n-gram looked up", ge=1)
     prompt_lookup_max: int = option(4, "ngram speculation: the longest n-gram looked up", ge=1)

@@ -29,7 +29,7 @@ from .sampler import Sampler, prompt_logprobs
 from .sampling_params import InvalidParameter, SamplingParams, max_tokens_within
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .speculative import SpecCounters, proposer_for, speculates
+from .speculative import SpecCounters, proposer_for, speculates, verify_sampled
 
 log = logging.getLogger(__name__)
 
@@ -172,17 +172,23 @@ class LLMEngine:
         return min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens + 1) - 1
 
     def _verify(self, draft: DraftLogits) -> list[RequestDelta]:
-        """Greedy verification: the draft's tokens as long as each is the model's own choice, then the model's
-        next one. The KV of rejected tokens is left stale (their positions are computed again when reached)."""
+        """The draft's tokens as far as the model takes them (greedy: each is its own argmax; sampled:
+        ``verify_sampled``), then the model's next one. The KV of rejected tokens is left stale (their positions
+        are computed again when reached)."""
         seq, proposed = draft.seq, draft.seq.draft
-        chosen = self.sampler.greedy(draft.logits)
-        accepted = next((i for i, (p, c) in enumerate(zip(proposed, chosen)) if p != c), len(proposed))
+        if seq.params.greedy:
+            chosen = self.sampler.greedy(draft.logits)
+            accepted = next((i for i, (p, c) in enumerate(zip(proposed, chosen)) if p != c), len(proposed))
+            chosen = chosen[: accepted + 1]
+        else:
+            chosen = verify_sampled(draft.logits, proposed, seq.params, seq.generator)
+            accepted = len(chosen) - 1
         seq.num_computed_tokens -= len(proposed) - accepted
         seq.draft = []
         self.spec.count(len(proposed), accepted)
         self.proposer.verified(seq, accepted)
         deltas = []
-        for token in chosen[: accepted + 1]:
+        for token in chosen:
             deltas.append(self._append_token(seq, token, None))
             if deltas[-1].finished:
                 break

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from .config import EngineConfig
+from .sampler import filter_logits
+from .sampling_params import SamplingParams
 from .sequence import Sequence
 
 
@@ -23,11 +27,34 @@ def proposer_for(config: EngineConfig, release_window: int | None) -> NgramPropo
 
 
 def speculates(seq: Sequence) -> bool:
-    """Greedy requests decoding on the model's plain choice; the others (sampling, penalties, biases, grammars,
-    logprobs) are not speculated, so they behave exactly as without it."""
+    """Requests decoding on the model's own distribution (greedy or sampled); those with penalties, biases,
+    grammars or logprobs are not speculated, so they behave exactly as without it."""
     p = seq.params
-    plain = p.greedy and not p.has_penalties and not p.logit_bias and p.logprobs is None
+    plain = not p.has_penalties and not p.logit_bias and p.logprobs is None
     return plain and seq.matcher is None and seq.num_computed_tokens == seq.num_tokens - 1
+
+
+def verify_sampled(
+    logits: torch.Tensor, draft: list[int], params: SamplingParams, generator: torch.Generator
+) -> list[int]:
+    """Speculative sampling (Leviathan et al., Chen et al.) for a draft that proposes one token per position: row
+    i's draft token x is accepted with probability p_i(x); at the first rejection, row i samples from p_i without
+    x; after a fully accepted draft, the last row samples as usual. So the tokens are distributed as sampling row
+    by row would give them. ``logits``: row i predicts draft token i, the last row the one after the draft."""
+    tokens = []
+    for row, proposed in enumerate(draft):
+        probs = _target(logits[row], params)
+        if float(torch.rand((), generator=generator, device=probs.device)) < float(probs[proposed]):
+            tokens.append(proposed)
+            continue
+        probs[proposed] = 0.0
+        return [*tokens, int(torch.multinomial(probs / probs.sum(), 1, generator=generator))]
+    return [*tokens, int(torch.multinomial(_target(logits[-1], params), 1, generator=generator))]
+
+
+def _target(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution the sampler draws a token from (temperature, then top-k, top-p and min-p)."""
+    return filter_logits(row / params.temperature, params.top_k, params.top_p, params.min_p).softmax(-1)
 
 
 @dataclass
