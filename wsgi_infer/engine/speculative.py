@@ -37,19 +37,16 @@ def speculates(seq: Sequence) -> bool:
 def verify_sampled(
     logits: torch.Tensor, draft: list[int], params: SamplingParams, generator: torch.Generator
 ) -> list[int]:
-    """Speculative sampling (Leviathan et al., Chen et al.) for a draft that proposes one token per position: row
-    i's draft token x is accepted with probability p_i(x); at the first rejection, row i samples from p_i without
-    x; after a fully accepted draft, the last row samples as usual. So the tokens are distributed as sampling row
-    by row would give them. ``logits``: row i predicts draft token i, the last row the one after the draft."""
+    """Each row sampled as the sampler samples (one draw per token, in order, from the request's own generator),
+    the draft accepted while it agrees: the tokens are exactly those sampling without a draft gives, whatever the
+    draft or the batch, and a draft token is accepted with its probability, as in speculative sampling.
+    ``logits``: row i predicts draft token i, the last row the one after the draft."""
     tokens = []
-    for row, proposed in enumerate(draft):
-        probs = _target(logits[row], params)
-        if float(torch.rand((), generator=generator, device=probs.device)) < float(probs[proposed]):
-            tokens.append(proposed)
-            continue
-        probs[proposed] = 0.0
-        return [*tokens, int(torch.multinomial(probs / probs.sum(), 1, generator=generator))]
-    return [*tokens, int(torch.multinomial(_target(logits[-1], params), 1, generator=generator))]
+    for row in range(len(draft) + 1):
+        tokens.append(int(torch.multinomial(_target(logits[row], params), 1, generator=generator)))
+        if row == len(draft) or tokens[-1] != draft[row]:
+            return tokens
+    return tokens
 
 
 def _target(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
