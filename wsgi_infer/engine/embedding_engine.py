@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -119,18 +118,20 @@ class EmbeddingEngine:
         self._interrupt.request()
 
     def counters(self) -> EngineCounters:
-        return EngineCounters(0, len(self._waiting), 0, 0, 0, 0, 0, 0)
+        nothing = dict.fromkeys(("num_free_blocks", "num_cached_blocks", "num_total_blocks"), 0)  # no KV cache
+        cumulative = dict.fromkeys(("num_prefix_query_tokens", "num_prefix_hit_tokens", "num_preemptions"), 0)
+        return EngineCounters(num_running=0, num_waiting=len(self._waiting), **nothing, **cumulative)
 
     def step(self) -> list[RequestDelta]:
         """Encode the inputs that fit one step (the first always does), in arrival order."""
         batch: list[tuple[str, list[int]]] = []
+        width = 0  # every row is padded to the longest
         for request_id, ids in self._waiting.items():
-            if batch and (len(batch) + 1) * max(len(ids), len(batch[0][1])) > self.config.max_num_batched_tokens:
+            if batch and (len(batch) + 1) * max(width, len(ids)) > self.config.max_num_batched_tokens:
                 break
             batch.append((request_id, ids))
-            batch.sort(key=lambda item: -len(item[1]))  # the longest first: its length pads the batch
+            width = max(width, len(ids))
         self._interrupt.check()
-        width = len(batch[0][1])
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         mask = torch.zeros(len(batch), width, dtype=torch.long)
         for row, (_, tokens) in enumerate(batch):
@@ -141,6 +142,9 @@ class EmbeddingEngine:
         deltas = []
         for (request_id, tokens), vector in zip(batch, vectors):
             del self._waiting[request_id]
-            delta = RequestDelta(request_id, "", [], finish_reason="stop", num_prompt_tokens=len(tokens))
-            deltas.append(replace(delta, embedding=vector.tolist()))
+            deltas.append(
+                RequestDelta(
+                    request_id, "", [], finish_reason="stop", num_prompt_tokens=len(tokens), embedding=vector.tolist()
+                )
+            )
         return deltas

@@ -152,8 +152,11 @@ class LLMEngine:
             found.seq.prompt_logprobs += prompt_logprobs(found.logits, targets, found.seq.params.prompt_logprobs)
         for pooled in computed.pooled:
             seq = pooled.seq
-            summed = pooled.hidden.sum(0) if seq.params.pooling == "mean" else pooled.hidden[-1]
-            seq.pooled = summed + seq.pooled if seq.pooled is not None and seq.params.pooling == "mean" else summed
+            if seq.params.pooling == "last":
+                seq.pooled = pooled.hidden[-1]
+            else:  # mean: a running sum over the prompt's chunks
+                total = pooled.hidden.sum(0)
+                seq.pooled = total if seq.pooled is None else seq.pooled + total
             seq.num_pooled = pooled.first + len(pooled.hidden)
         # max_tokens=0 only reads the prompt: it ends here without sampling.
         deltas = [self._finish(seq, "length", [], "", None) for seq in computed.sampling if not seq.max_tokens]

@@ -11,6 +11,7 @@ import torch
 from .grammar import apply_grammar_masks
 from .kernels.cpu import CpuKernels
 from .outputs import TokenLogprob
+from .sampling_params import SamplingParams
 from .sequence import Sequence
 
 
@@ -64,6 +65,13 @@ def prompt_logprobs(logits: torch.Tensor, targets: list[int], num_top: int) -> l
     ]
 
 
+def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """One token drawn from a row's distribution (temperature, then top-k, top-p and min-p): one draw of the
+    request's generator, whichever step or draft row computed the logits."""
+    row = filter_logits(logits / params.temperature, params.top_k, params.top_p, params.min_p)
+    return int(torch.multinomial(row.softmax(-1), 1, generator=generator))
+
+
 class Sampler:
     def __init__(self, kernels: CpuKernels | None = None) -> None:
         self._kernels = kernels  # their argmax, for float32 logits on the CPU
@@ -87,8 +95,7 @@ class Sampler:
             if p.greedy:
                 tokens.append(greedy[i])
                 continue
-            row = filter_logits(logits[i] / p.temperature, p.top_k, p.top_p, p.min_p)
-            tokens.append(int(torch.multinomial(row.softmax(-1), 1, generator=seq.generator)))
+            tokens.append(sample_token(logits[i], p, seq.generator))
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         if raw_logprobs is not None:
             for i, seq in enumerate(seqs):

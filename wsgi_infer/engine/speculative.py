@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import EngineConfig
-from .sampler import filter_logits
+from .sampler import sample_token
 from .sampling_params import SamplingParams
 from .sequence import Sequence
 
@@ -43,15 +43,10 @@ def verify_sampled(
     ``logits``: row i predicts draft token i, the last row the one after the draft."""
     tokens = []
     for row in range(len(draft) + 1):
-        tokens.append(int(torch.multinomial(_target(logits[row], params), 1, generator=generator)))
+        tokens.append(sample_token(logits[row], params, generator))
         if row == len(draft) or tokens[-1] != draft[row]:
             return tokens
     return tokens
-
-
-def _target(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution the sampler draws a token from (temperature, then top-k, top-p and min-p)."""
-    return filter_logits(row / params.temperature, params.top_k, params.top_p, params.min_p).softmax(-1)
 
 
 @dataclass

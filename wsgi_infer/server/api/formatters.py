@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 
 from ..engine_client.streams import ChoiceDelta, RequestStream
 from .reasoning import ReasoningParser
@@ -206,3 +207,21 @@ def _merge_deltas(first: dict, second: dict) -> dict:
     if "tool_calls" in merged:
         merged["tool_calls"] = merge_call_entries(merged["tool_calls"])
     return merged
+
+
+def reply_parts(chunk: dict | None) -> Iterator[tuple[str, str, str | None]]:
+    """A chat chunk's pieces in the order its reply wrote them, which other APIs build blocks or items from:
+    ("reasoning", text, None), ("content", text, None), ("call", call id, name) where a tool call starts, and
+    ("arguments", text, None). None: nothing to show yet."""
+    if chunk is None:
+        return
+    delta = chunk["delta"]
+    for kind in ("reasoning", "content"):
+        if text := delta.get("reasoning_content" if kind == "reasoning" else "content"):
+            yield kind, text, None
+    for entry in delta.get("tool_calls", []):
+        function = entry.get("function", {})
+        if "id" in entry:
+            yield "call", entry["id"], function["name"]
+        if function.get("arguments"):
+            yield "arguments", function["arguments"], None

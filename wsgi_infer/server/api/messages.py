@@ -16,7 +16,7 @@ from .chat import chat_token_ids, start_chat
 from .formatters import ChatFormatter
 from .messages_schemas import CountTokensRequest, MessagesRequest, extensions_of
 from .schemas import parse
-from .serving import StreamInterrupted, collect_all, manager, publish, pumped
+from .serving import StreamInterrupted, collect_all, manager, publish, pumped_choices
 
 if TYPE_CHECKING:
     from ..engine_client.manager import EngineManager
@@ -59,13 +59,12 @@ def _events(mgr: EngineManager, stream: RequestStream, formatter: ChatFormatter,
     translate, stop_string = events.MessageEvents(), None
     yield from events.opening(frame)
     try:
-        for batch in pumped(mgr, stream):
-            if batch is None:
+        for choice in pumped_choices(mgr, stream):
+            if choice is None:
                 yield None
                 continue
-            for choice in batch:
-                yield from translate.of(formatter.chunk_choice(choice))
-                stop_string = stop_string or choice.delta.stop_reason
+            yield from translate.of(formatter.chunk_choice(choice))
+            stop_string = stop_string or choice.delta.stop_reason
         yield from events.closing(translate.finish_reason, stop_string, stream)
     except StreamInterrupted as exc:
         yield sse.event(anthropic_error_body(exc.message, 503), name="error")

@@ -7,6 +7,7 @@ import json
 
 from ..engine_client.streams import RequestStream
 from ..streaming import sse
+from .formatters import reply_parts
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -62,8 +63,11 @@ class MessageEvents:
     """The streamed events of one message, from the chat formatter's chunks: a block opens where the kind of
     output changes (thought, text, each tool call), and closes before the next one opens."""
 
-    _STARTS = {"thinking": {"type": "thinking", "thinking": "", "signature": ""}, "text": {"type": "text", "text": ""}}
-    _DELTAS = {"thinking": "thinking_delta", "text": "text_delta"}
+    # Per kind of text part: its block, how the block starts, its delta's type.
+    _TEXT_BLOCKS = {
+        "reasoning": ("thinking", {"type": "thinking", "thinking": "", "signature": ""}, "thinking_delta"),
+        "content": ("text", {"type": "text", "text": ""}, "text_delta"),
+    }
 
     def __init__(self) -> None:
         self._index = -1
@@ -72,23 +76,18 @@ class MessageEvents:
 
     def of(self, chunk: dict | None) -> list[str]:
         """The events of one chat chunk (None: nothing to show yet)."""
-        if chunk is None:
-            return []
-        delta, events = chunk["delta"], []
-        for kind, key in (("thinking", "reasoning_content"), ("text", "content")):
-            if delta.get(key):
-                if self._open != kind:
-                    events += self._start(kind, self._STARTS[kind])
-                events.append(self._delta({"type": self._DELTAS[kind], kind: delta[key]}))
-        for entry in delta.get("tool_calls", []):
-            function = entry.get("function", {})
-            if "id" in entry:
-                events += self._start(
-                    "tool_use", {"type": "tool_use", "id": entry["id"], "name": function["name"], "input": {}}
-                )
-            if function.get("arguments"):
-                events.append(self._delta({"type": "input_json_delta", "partial_json": function["arguments"]}))
-        if chunk["finish_reason"] is not None:
+        events = []
+        for kind, value, name in reply_parts(chunk):
+            if kind == "call":
+                events += self._start("tool_use", {"type": "tool_use", "id": value, "name": name, "input": {}})
+            elif kind == "arguments":
+                events.append(self._delta({"type": "input_json_delta", "partial_json": value}))
+            else:
+                block, start, delta_type = self._TEXT_BLOCKS[kind]
+                if self._open != block:
+                    events += self._start(block, start)
+                events.append(self._delta({"type": delta_type, block: value}))
+        if chunk is not None and chunk["finish_reason"] is not None:
             self.finish_reason = chunk["finish_reason"]
             events += self._stop()
         return events

@@ -19,7 +19,7 @@ from flask import Blueprint, Response, jsonify, request
 from ..engine_client.streams import RequestStream
 from ..streaming import sse
 from .schemas import GenerateRequest, parse
-from .serving import StreamInterrupted, collect_all, manager, publish, publish_log, pumped, start
+from .serving import StreamInterrupted, collect_all, manager, publish, publish_log, pumped_choices, start
 
 if TYPE_CHECKING:
     from ..engine_client.manager import EngineManager
@@ -46,12 +46,11 @@ def generate():
 def _events(mgr: EngineManager, stream: RequestStream) -> Iterator[str | None]:
     """The events of one response; runs in the pump greenlet (no request context)."""
     try:
-        for batch in pumped(mgr, stream):
-            if batch is None:
+        for choice in pumped_choices(mgr, stream):
+            if choice is None:
                 yield None
                 continue
-            delta = batch[0].delta
-            yield sse.event({"text": delta.text, "finish_reason": delta.finish_reason})
+            yield sse.event({"text": choice.delta.text, "finish_reason": choice.delta.finish_reason})
         yield sse.event({"text": "", "finish_reason": stream.finish_reasons[0], "usage": stream.usage})
         yield sse.DONE
     except StreamInterrupted as exc:

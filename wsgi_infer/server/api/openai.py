@@ -22,7 +22,7 @@ from .serving import (
     manager,
     publish,
     published_log,
-    pumped,
+    pumped_choices,
     start,
 )
 
@@ -99,14 +99,11 @@ def resume(stream_id: str):
 def _sse(mgr: EngineManager, stream: RequestStream, include_usage: bool, formatter: Formatter) -> Iterator[str | None]:
     """The events of one response; runs in the pump greenlet (no request context)."""
     try:
-        for batch in pumped(mgr, stream):
-            if batch is None:
+        for choice in pumped_choices(mgr, stream):
+            if choice is None:
                 yield None
-                continue
-            for choice in batch:
-                chunk = formatter.chunk_choice(choice)
-                if chunk is not None:
-                    yield sse.event(formatter.envelope([chunk]))
+            elif (chunk := formatter.chunk_choice(choice)) is not None:
+                yield sse.event(formatter.envelope([chunk]))
         if include_usage:
             yield sse.event(formatter.envelope([], usage=stream.usage))
         yield sse.DONE

@@ -18,7 +18,7 @@ from .formatters import ChatFormatter
 from .responses_events import ResponseBuilder, chunk_of, new_id
 from .responses_schemas import ResponsesRequest, input_messages, refuse_unsupported
 from .schemas import parse
-from .serving import StreamInterrupted, collect_all, log_response, manager, publish, published_log, pumped
+from .serving import StreamInterrupted, collect_all, log_response, manager, publish, published_log, pumped_choices
 
 if TYPE_CHECKING:
     from ..engine_client.manager import EngineManager
@@ -43,9 +43,8 @@ def create():
     if req.stream:
         events = _events(manager(), stream, formatter, builder, keep)
         return publish(stream, events, stream_id=builder.response["id"])
-    final = formatter.final_choice(collect_all(stream)[0])
-    builder.feed(chunk_of(final["message"]))
-    builder.finish(final["finish_reason"], stream)
+    builder.feed(chunk_of(formatter.final_choice(collect_all(stream)[0])))
+    builder.finish(stream)
     keep(builder.response)
     return jsonify(builder.response)
 
@@ -88,17 +87,13 @@ def _events(
 ) -> Iterator[str | None]:
     """The events of one response; runs in the pump greenlet (no request context)."""
     yield from builder.start()
-    finish_reason = None
     try:
-        for batch in pumped(mgr, stream):
-            if batch is None:
+        for choice in pumped_choices(mgr, stream):
+            if choice is None:
                 yield None
                 continue
-            for choice in batch:
-                chunk = formatter.chunk_choice(choice)
-                yield from builder.feed(chunk)
-                finish_reason = (chunk and chunk["finish_reason"]) or finish_reason
-        yield from builder.finish(finish_reason, stream)
+            yield from builder.feed(formatter.chunk_choice(choice))
+        yield from builder.finish(stream)
     except StreamInterrupted as exc:
         yield from builder.fail(exc.message, exc.code, stream)
     keep(builder.response)

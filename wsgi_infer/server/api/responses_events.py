@@ -10,6 +10,7 @@ import uuid
 
 from ..engine_client.streams import RequestStream
 from ..streaming import sse
+from .formatters import reply_parts
 
 # Per kind of text item: its id prefix, the content part it holds, and the names of its delta and done events.
 TEXT_ITEMS = {
@@ -33,11 +34,12 @@ def usage(stream: RequestStream) -> dict:
     }
 
 
-def chunk_of(chat_message: dict) -> dict:
-    """A whole chat message as one chunk's delta, for a response that is not streamed."""
-    calls = [{"index": i, **call} for i, call in enumerate(chat_message.get("tool_calls", []))]
-    delta = {"reasoning_content": chat_message.get("reasoning_content"), "content": chat_message.get("content")}
-    return {"delta": {**delta, "tool_calls": calls}, "finish_reason": None}
+def chunk_of(final_choice: dict) -> dict:
+    """A chat completion's whole choice as one chunk, for a response that is not streamed."""
+    message = final_choice["message"]
+    calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls", []))]
+    delta = {"reasoning_content": message.get("reasoning_content"), "content": message.get("content")}
+    return {"delta": {**delta, "tool_calls": calls}, "finish_reason": final_choice["finish_reason"]}
 
 
 class ResponseBuilder:
@@ -47,6 +49,7 @@ class ResponseBuilder:
         self.response = response
         self._sequence = 0
         self._open: dict | None = None  # the item being written
+        self._finish_reason: str | None = None  # the chat's, once it ended
 
     @property
     def output(self) -> list[dict]:
@@ -61,27 +64,26 @@ class ResponseBuilder:
 
     def feed(self, chunk: dict | None) -> list[str]:
         """The events of one chat chunk (None: nothing to show yet)."""
-        if chunk is None:
-            return []
-        delta, events = chunk["delta"], []
-        for kind, key in (("reasoning", "reasoning_content"), ("message", "content")):
-            if delta.get(key):
-                if self._open is None or self._open["type"] != kind:
-                    events += self._start_text(kind)
-                events += self._text(delta[key])
-        for entry in delta.get("tool_calls", []):
-            function = entry.get("function", {})
-            if "id" in entry:
-                item = {"id": new_id("fc"), "type": "function_call", "call_id": entry["id"], "name": function["name"]}
+        events = []
+        for kind, value, name in reply_parts(chunk):
+            if kind == "call":
+                item = {"id": new_id("fc"), "type": "function_call", "call_id": value, "name": name}
                 events += self._add({**item, "arguments": "", "status": "in_progress"})
-            if function.get("arguments"):
-                self._open["arguments"] += function["arguments"]
-                events.append(self._item_event("response.function_call_arguments.delta", delta=function["arguments"]))
+            elif kind == "arguments":
+                self._open["arguments"] += value
+                events.append(self._item_event("response.function_call_arguments.delta", delta=value))
+            else:
+                item_type = "reasoning" if kind == "reasoning" else "message"
+                if self._open is None or self._open["type"] != item_type:
+                    events += self._start_text(item_type)
+                events += self._text(value)
+        if chunk is not None and chunk["finish_reason"] is not None:
+            self._finish_reason = chunk["finish_reason"]
         return events
 
-    def finish(self, finish_reason: str | None, stream: RequestStream) -> list[str]:
+    def finish(self, stream: RequestStream) -> list[str]:
         """Close the last item; the response completed, or incomplete where the length limit cut it."""
-        complete = finish_reason != "length"
+        complete = self._finish_reason != "length"
         events = self._close("completed" if complete else "incomplete")
         self.response.update(status="completed" if complete else "incomplete", usage=usage(stream))
         self.response["completed_at"] = int(time.time())

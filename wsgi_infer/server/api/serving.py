@@ -70,9 +70,10 @@ def start(prompts: list[Prompt], params: list[SamplingParams], task: str | None 
             code="server_shutting_down",
             headers={"Retry-After": "1"},
         )
-    wait_ready(mgr)
-    if task is not None:
-        require_task(task)
+    if task is None:
+        wait_ready(mgr)
+    else:
+        require_task(task)  # waits for readiness too
     limit = mgr.settings.max_num_seqs + mgr.settings.max_waiting_requests
     if mgr.num_open_requests >= limit:
         raise APIError(
@@ -152,6 +153,12 @@ def pumped(mgr: EngineManager, stream: RequestStream) -> Iterator[list[ChoiceDel
                 yield None
     finally:
         mgr.release(stream)
+
+
+def pumped_choices(mgr: EngineManager, stream: RequestStream) -> Iterator[ChoiceDelta | None]:
+    """``pumped``, one choice's merged delta at a time; None for a quiet heartbeat interval."""
+    for batch in pumped(mgr, stream):
+        yield from (None,) if batch is None else batch
 
 
 def log_response(log: StreamLog | RedisStreamReader, after: int, stream_id: str) -> Response:
