@@ -27,7 +27,7 @@ from .sse_client import Event, events, text_of
 pytestmark = pytest.mark.slow  # real processes
 
 HEARTBEAT_S = 2.0
-LONG = 2000  # tokens: each stream is still generating while Redis dies
+LONG = 800  # tokens: each stream is still generating while Redis dies (seconds of steps for four)
 
 
 def body(prompt: str, max_tokens: int = LONG) -> dict:

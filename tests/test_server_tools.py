@@ -7,7 +7,17 @@ import json
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-pytestmark = pytest.mark.slow  # the default model, generating in float32
+pytestmark = pytest.mark.slow  # the default model
+
+
+@pytest.fixture(scope="module")
+def client(packed_client):  # no test here compares an offline engine's output: the fast path serves them
+    return packed_client
+
+
+@pytest.fixture(scope="module")
+def model(packed_model) -> str:
+    return packed_model
 
 
 class WeatherArgs(BaseModel):
