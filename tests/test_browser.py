@@ -97,7 +97,7 @@ def test_stop_button_aborts_the_request(page, server):
 
 def test_a_cut_connection_resumes_without_losing_or_repeating_tokens(browser, tiny_model_dirs, tiny_llama):
     prompt = "Keep talking through the cut"
-    params = SamplingParams(temperature=0, max_tokens=1500)
+    params = SamplingParams(temperature=0, max_tokens=800)  # seconds of steps: the cut comes mid-stream
     expected = tiny_llama.chat([{"role": "user", "content": prompt}], params)[0].text
     # Heartbeats of 10 s: the cut stream is kept for longer than all of the page's retries
     # (150 ms x attempt, 10 attempts: 8.25 s in all).
@@ -107,7 +107,7 @@ def test_a_cut_connection_resumes_without_losing_or_repeating_tokens(browser, ti
         page = browser.new_page()
         page.goto(nginx.url + "/")
         page.wait_for_function("document.getElementById('model').textContent === 'tiny-llama0'")
-        ask(page, prompt, 1500)
+        ask(page, prompt, 800)
         page.wait_for_function("document.querySelector('.assistant.streaming')?.textContent.length > 20")
         nginx.cut()  # the browser's connection drops mid-stream
         page.wait_for_function("document.getElementById('status').textContent.startsWith('connection lost')")

@@ -118,10 +118,11 @@ def loaded() -> dict[str, set[str]]:
     clean = [f"wsgi_infer.engine.{m}" for m in ENGINE_CORE] + list(MASTER_STEPS)
     clean += [f"wsgi_infer.server.{m}" for m in MASTER_MODULES]
     found = probe(clean, ())
-    found |= probe([m for m in modules_under("engine") if m not in found], HEAVY)
-    (heavy,) = probe(["json"], HEAVY).values()
-    assert not heavy & set(SERVER_ONLY), "torch or transformers imports the server stack: prewarming would hide it"
-    return found
+    heavy = probe(["json", *(m for m in modules_under("engine") if m not in found)], HEAVY)
+    assert not heavy.pop("json") & set(SERVER_ONLY), (
+        "torch or transformers imports the server stack: prewarming would hide it"
+    )
+    return found | heavy
 
 
 def test_the_engine_never_imports_the_server_stack(loaded):
