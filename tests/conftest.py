@@ -142,6 +142,13 @@ def default_llm(default_model_dir) -> LLM:
 
 
 @pytest.fixture(scope="session")
+def packed_llm(default_model_dir) -> LLM:
+    """The default model as it serves by default (packed weights on the CPU kernels): for tests of behaviour that
+    compare no float32 reference."""
+    return LLM(model=None)
+
+
+@pytest.fixture(scope="session")
 def server():
     """The default model served in float32 (so it equals ``default_llm``), in this process: the API tests."""
     with InProcessServer({"dtype": "float32", "quantization": "none"}) as srv:
@@ -221,7 +228,7 @@ def tiny_api(tiny_model_dirs):
         yield server
 
 
-DEFAULT_MODEL_FIXTURES = {"default_llm", "gguf_weights"}  # the real model, loaded in float32 or read whole
+DEFAULT_MODEL_FIXTURES = {"default_llm", "packed_llm", "packed_client", "gguf_weights"}  # the real model
 
 
 def pytest_collection_modifyitems(items):

@@ -27,26 +27,26 @@ def stream_pieces(llm, prompt, params) -> tuple[list[str], str]:
     return pieces, reason
 
 
-def test_stop_string_truncates_and_is_not_returned(default_llm):
-    free = default_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].text
+def test_stop_string_truncates_and_is_not_returned(packed_llm):
+    free = packed_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].text
     words = free.split()
     assert len(words) > 4, free
     stop = " " + words[3]  # a stop string in the middle of the free output, spanning tokens
     cut = free.index(stop)
     pieces, reason = stream_pieces(
-        default_llm, PROMPT, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop, "zzzz-never"])
+        packed_llm, PROMPT, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop, "zzzz-never"])
     )
     assert "".join(pieces) == free[:cut]
     assert reason == "stop"
     assert all(stop not in p for p in pieces)
-    assert_idle(default_llm)
+    assert_idle(packed_llm)
 
 
-def test_possible_stop_prefix_is_released_when_ruled_out(default_llm):
-    free = default_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].text
+def test_possible_stop_prefix_is_released_when_ruled_out(packed_llm):
+    free = packed_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].text
     # A stop string that starts like the output but never completes: all text still arrives.
     stop = free[:3] + "\u2603never"
-    out = default_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[stop]))[0]
+    out = packed_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[stop]))[0]
     assert out.text == free and out.finish_reason == "length"
 
 
@@ -133,10 +133,10 @@ def test_penalty_arithmetic(tiny_llama):
     assert_idle(tiny_llama)
 
 
-def test_penalties_reduce_repetition(default_llm):
+def test_penalties_reduce_repetition(packed_llm):
     prompt = "Repeat after me: yes yes yes yes yes yes yes yes"
-    plain = default_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0].token_ids
-    penalized = default_llm.generate(
+    plain = packed_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0].token_ids
+    penalized = packed_llm.generate(
         prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, frequency_penalty=2.0)
     )[0].token_ids
     assert max(penalized.count(t) for t in set(penalized)) < max(plain.count(t) for t in set(plain))
