@@ -107,22 +107,25 @@ def _tiny_config(arch: str, vocab_size: int):
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory, default_model_dir) -> dict[str, Path]:
     """Random-weight checkpoints saved with transformers, sharing the default model's tokenizer."""
+    tokenizer = load_tokenizer(default_model_dir)
+    return {
+        arch: save_tiny_model(arch, tokenizer, tmp_path_factory.mktemp(f"tiny-{arch}")) for arch in TINY_ARCHITECTURES
+    }
+
+
+def save_tiny_model(arch: str, tokenizer, path: Path) -> Path:
+    """A random-weight checkpoint of ``arch`` for ``tokenizer``'s vocabulary, saved with it in ``path``."""
     from transformers import AutoModelForCausalLM
 
-    tokenizer = load_tokenizer(default_model_dir)
-    dirs = {}
-    for arch in TINY_ARCHITECTURES:
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(_tiny_config(arch, len(tokenizer)))
-        with torch.no_grad():  # norms start at ones (Gemma's at zeros): make each one's scales count
-            for name, param in model.named_parameters():
-                if "norm" in name:
-                    param.add_(torch.randn_like(param) * 0.3)
-        path = tmp_path_factory.mktemp(f"tiny-{arch}")
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        dirs[arch] = path
-    return dirs
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_tiny_config(arch, len(tokenizer)))
+    with torch.no_grad():  # norms start at ones (Gemma's at zeros): make each one's scales count
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.3)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,10 @@ import json
 import pytest
 
 from wsgi_infer.server.api.chat_schemas import ChatCompletionRequest
-from wsgi_infer.server.api.tools import HERMES, LLAMA3_JSON, ToolCallParser, ToolPlan, call_text, tool_format_of
+from wsgi_infer.server.api.tool_formats import HERMES, LLAMA3_JSON, tool_format_of
+from wsgi_infer.server.api.tools import ToolCallParser, ToolPlan, call_text
+
+from .chat_templates import PHI4_TEMPLATE
 
 WEATHER = {
     "name": "get_weather",
@@ -156,7 +159,8 @@ def conversation(chat_template: str | None, **fields):
 def test_templates_that_take_tools_get_them_and_structured_calls():
     messages, tools = conversation("{{ tools | tojson }}")
     assert [t["function"]["name"] for t in tools] == ["get_weather", "get_time"]
-    assert messages[1]["tool_calls"] == [{"type": "function", "function": {"name": "get_time", "arguments": {}}}]
+    call = {"type": "function", "id": "c1", "function": {"name": "get_time", "arguments": {}}}
+    assert messages[1]["tool_calls"] == [call]
     assert messages[2] == {"role": "tool", "content": "12:00", "tool_call_id": "c1"}
 
 
@@ -170,15 +174,6 @@ def test_other_templates_get_our_prompt_and_calls_as_text():
     none_messages, _ = conversation(None, tool_choice="none")
     assert none_messages[0]["role"] == "user", "tool_choice none: no tool prompt"
     assert json.loads(messages[0]["content"].split("\n")[1])["name"] == "get_weather"
-
-
-# Phi-4-mini's chat template (as Microsoft publishes it): the tools come from the system message's own field.
-PHI4_TEMPLATE = (
-    "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and message['tools'] is "
-    "not none %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' + "
-    "'<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}"
-)
 
 
 def test_phi4_minis_template_gets_the_tools_in_its_system_message(tiny_llama):

@@ -23,6 +23,7 @@ from llguidance import LLMatcher
 from .sampling_params import JSON_WHITESPACE, InvalidParameter, StructuredOutput
 
 GRAMMAR_CACHE_SIZE = 128
+_TOKEN_BY_TEXT = re.compile(r"<\[(?!\d+\]>)(.+?)\]>")  # <[text]>, where llguidance's own <[5]> has digits
 JSON_DEFAULTS = {"whitespace_pattern": JSON_WHITESPACE}
 _BITS = torch.arange(32, dtype=torch.int32)
 
@@ -88,6 +89,8 @@ class GrammarCompiler:
         not wait (the engine thread) get constraints compiled ahead, elsewhere.
         InvalidParameter names the problem.
         """
+        if spec.kind == "grammar":
+            spec = replace(spec, value=self._with_token_ids(spec))
         text = grammar_text(spec)
         try:
             return replace(spec, compiled=self._compiled(text))
@@ -98,6 +101,18 @@ class GrammarCompiler:
         """A fresh matcher for one choice (microseconds when ``spec`` was compiled ahead)."""
         compiled = spec.compiled if spec.compiled is not None else self.compile(spec).compiled
         return compiled.deep_copy()
+
+    def _with_token_ids(self, spec: StructuredOutput) -> str:
+        """A Lark grammar's special tokens named by their text, ``<[[TOOL_CALLS]]>``, as llguidance's ``<[5]>``:
+        it knows only ids, and names of the ``<|...|>`` form."""
+
+        def token_id(found: re.Match) -> str:
+            ids = self._hf_tokenizer.convert_tokens_to_ids([found.group(1)])
+            if ids[0] is None or ids[0] == self._hf_tokenizer.unk_token_id:
+                raise InvalidParameter(spec.source, f"{found.group(1)!r} is not one of this model's tokens")
+            return f"<[{ids[0]}]>"
+
+        return _TOKEN_BY_TEXT.sub(token_id, spec.value)
 
     def _compile(self, grammar: str) -> LLMatcher:
         matcher = LLMatcher(self.vocabulary(), grammar)

@@ -41,6 +41,8 @@ def start_chat(req: ChatCompletionRequest, obj: str) -> tuple[RequestStream, Cha
         spec = p.structured_output
         if thinks and spec is not None and not any(tag in json.dumps(spec.value) for tag in (THINK_OPEN, THINK_CLOSE)):
             p.structured_output = replace(spec, after_thought=True)
-    stream = start([Chat(messages, tools, req.chat_template_kwargs)], params)
     plan = req.tool_plan
+    for p in params if plan is not None and plan.format.special else ():
+        p.skip_special_tokens = False  # the format's own tokens tell its calls from text: the parser reads them
+    stream = start([Chat(messages, tools, req.chat_template_kwargs)], params)
     return stream, ChatFormatter(stream, obj, plan and plan.format, thinks=thinks, opened=opened)

@@ -11,7 +11,8 @@ from pydantic import Field, PrivateAttr, field_validator
 from ...engine.sampling_params import StructuredOutput
 from ..errors import APIError
 from .schemas import Request, SamplingRequest, engine_field
-from .tools import ToolPlan, call_text, template_tools, tool_format_of, with_tools_in_system_message
+from .tool_formats import template_tools, tool_format_of, with_tools_in_system_message
+from .tools import ToolPlan, call_text
 
 
 class FunctionDefinition(Request):
@@ -145,10 +146,14 @@ def _template_message(message: ChatMessage, template_takes_tools: bool) -> dict:
     if template_takes_tools:
         entry: dict = {"role": message.role, "content": message.text}
         if message.tool_calls:
-            # Templates take arguments as an object, as transformers documents.
+            # Templates take arguments as an object, as transformers documents; Mistral's also reads the id.
             entry["tool_calls"] = [
-                {"type": "function", "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
-                for c in (call.function for call in message.tool_calls)
+                {
+                    "type": "function",
+                    **({"id": call.id} if call.id else {}),
+                    "function": {"name": call.function.name, "arguments": json.loads(call.function.arguments)},
+                }
+                for call in message.tool_calls
             ]
         if message.tool_call_id:
             entry["tool_call_id"] = message.tool_call_id

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from ..engine_client.streams import ChoiceDelta, RequestStream
 from .reasoning import ReasoningParser
 from .serving import manager
-from .tools import ToolCallParser, ToolFormat, merge_call_entries
+from .tool_formats import ToolFormat
+from .tools import ToolCallParser, merge_call_entries
 
 
 class Formatter(ABC):

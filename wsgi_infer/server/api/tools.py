@@ -1,93 +1,22 @@
 """Tool calling: what the model is told, what it may write, and how its text becomes calls.
 
-Two formats, each the one its models are trained on, chosen by the chat template (``tool_format_of``):
-
-- Hermes/Qwen's, which most chat templates with tools use (and our own system prompt, where the template
-  takes no tools)::
-
-      <tool_call>
-      {"name": "get_weather", "arguments": {"city":"Paris"}}
-      </tool_call>
-
-- Llama 3.1 and 3.2's JSON, one call per reply (their template raises for more):
-  ``{"name": "get_weather", "parameters": {"city":"Paris"}}``.
-
-With ``tool_choice`` "required" or a named function the output is constrained
-to such calls, whose arguments follow each function's ``parameters`` schema
-(compact JSON). With "auto" the model may also write text, which must not
-start as a call does; once it does start a call, the call is constrained.
-Tools go to the chat template when it takes them; otherwise a system prompt
-of ours describes them and the format.
+Each model family writes calls in its own format (``tool_formats``), chosen by the chat template. With
+``tool_choice`` "required" or a named function the output is constrained to such calls, whose arguments follow
+each function's ``parameters`` schema (compact JSON). With "auto" the model may also write text, which must not
+start as a call does; once it does start a call, the call is constrained. Tools go to the chat template when it
+takes them; otherwise a system prompt of ours describes them and the format.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import re
-import uuid
 from dataclasses import dataclass, field
 
 from ...engine.sampling_params import StructuredOutput
+from .tool_formats import HERMES, ToolFormat
 
 _COMPACT = {"whitespace_flexible": False}  # arguments as compact JSON, as OpenAI sends them
-_NAME = "[A-Za-z0-9_.-]+"
-
-
-@dataclass(frozen=True)
-class ToolFormat:
-    """How a model family writes a call: ``{open}{"name": "f", "<arguments_key>": {...}}{close}``, calls apart by
-    ``separator`` where it writes several."""
-
-    name: str
-    open: str
-    close: str
-    separator: str | None  # None: one call per reply
-    arguments_key: str
-    marker: str  # the regular expression that text starting a call matches (what "auto" text must not start with)
-
-    def call(self, name: str, arguments: str) -> str:
-        return f'{self.open}{{"name": "{name}", "{self.arguments_key}": {arguments}}}{self.close}'
-
-    @property
-    def start(self) -> str:
-        """What every call's text starts with, up to its name."""
-        return f'{self.open}{{"name": "'
-
-    def head(self) -> re.Pattern:
-        return re.compile(f'{re.escape(self.start)}({_NAME})", "{self.arguments_key}": ')
-
-
-HERMES = ToolFormat("hermes", "<tool_call>\n", "\n</tool_call>", "\n", "arguments", "<tool_call>")
-LLAMA3_JSON = ToolFormat("llama3_json", "", "", None, "parameters", r'\{"name"')
-# Llama 3.1 / 3.2's template tells the model this (transformers' and Meta's copies alike).
-_LLAMA3_MARK = '"parameters": dictionary of argument name and its value'
-
-
-def tool_format_of(chat_template: str | None) -> ToolFormat:
-    """The format a model's chat template asks for."""
-    return LLAMA3_JSON if _LLAMA3_MARK in (chat_template or "") else HERMES
-
-
-# Phi-4-mini's template renders the tools of the system message's own field (a JSON string), not a ``tools`` list.
-_SYSTEM_MESSAGE_TOOLS = re.compile(r"message\[['\"]tools['\"]\]|message\.tools\b")
-PHI4_DEFAULT_SYSTEM = "You are a helpful assistant with some tools."  # Microsoft's example, where none is given
-
-
-def template_tools(chat_template: str | None) -> str | None:
-    """How a chat template takes tools: "list" (the ``tools`` variable), "system message" (Phi-4-mini), or None."""
-    template = chat_template or ""
-    if _SYSTEM_MESSAGE_TOOLS.search(template):
-        return "system message"
-    return "list" if "tools" in template else None
-
-
-def with_tools_in_system_message(messages: list[dict], tools: list[dict]) -> list[dict]:
-    """The conversation with the functions, as a JSON list, in its system message's ``tools`` field."""
-    listing = json.dumps([t["function"] for t in tools], ensure_ascii=False)
-    if messages and messages[0]["role"] == "system":
-        return [{**messages[0], "tools": listing}, *messages[1:]]
-    return [{"role": "system", "content": PHI4_DEFAULT_SYSTEM, "tools": listing}, *messages]
 
 
 @dataclass
@@ -109,13 +38,15 @@ class ToolPlan:
         fmt, allowed = self.format, self.functions if self.mode in ("auto", "required") else [self._named()]
         key = json.dumps(fmt.arguments_key)
         rules = [
-            f"fn_{i}: {_literal(fmt.start + f['name'] + chr(34) + ', ' + key + ': ')} %json {_schema(f)} "
+            f"fn_{i}: {_literal(fmt.call_start + f['name'] + chr(34) + ', ' + key + ': ')} %json {_schema(f)} "
             f"{_literal('}' + fmt.close)}"
             for i, f in enumerate(allowed)
         ]
         call = f"call: {' | '.join(f'fn_{i}' for i in range(len(allowed)))}"
         several = self.parallel and not self.named and fmt.separator is not None
-        calls = f"calls: call ({_literal(fmt.separator)} call)*" if several else "calls: call"
+        calls = f"calls: {fmt.lark(fmt.begin)} call ({_literal(fmt.separator)} call)* {fmt.lark(fmt.end)}"
+        if not several:
+            calls = f"calls: {fmt.lark(fmt.begin)} call {fmt.lark(fmt.end)}"
         text = f"start: TEXT | calls\nTEXT: /(.|\\n)+/ & ~/{fmt.marker}(.|\\n)*/"
         if answer is not None:
             text = f"start: answer | calls\nanswer: {answer.lark_json()}"
@@ -209,7 +140,7 @@ class ToolCallParser:
         """One entry per call that grew, as OpenAI streams them: a new call's id and name come with the first
         of its arguments (clients merge entries across chunks by index, but read two of one index in one chunk
         as two calls)."""
-        deltas, at, head = [], 0, self.format.head()
+        deltas, at, head = [], len(self.format.begin), self.format.head()
         for index in itertools.count():
             found = head.match(self.text, at)
             if found is None:
@@ -218,7 +149,7 @@ class ToolCallParser:
             arguments = self.text[found.end() : end]
             entry: dict = {"index": index, "function": {"arguments": ""}}
             if index == len(self.calls):
-                self.calls.append(ParsedCall(f"call_{uuid.uuid4().hex[:24]}", found.group(1), ""))
+                self.calls.append(ParsedCall(self.format.call_id(), found.group(1), ""))
                 entry = {"index": index, "id": self.calls[index].id, "type": "function", "function": {}}
                 entry["function"] = {"name": found.group(1), "arguments": ""}
             call = self.calls[index]
