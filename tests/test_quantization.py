@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 import gguf
 import numpy as np
@@ -16,6 +17,7 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from wsgi_infer import LLM, EngineConfig, SamplingParams
 from wsgi_infer.engine import device
+from wsgi_infer.engine.cache_files import file_lock
 from wsgi_infer.engine.device import resolve_dtype
 from wsgi_infer.engine.gguf_checkpoint import gguf_tensors
 from wsgi_infer.engine.kernels.build import build_cpu_kernels
@@ -221,6 +223,33 @@ def test_without_native_bf16_layers_on_the_kernels_take_steps_of_any_size(monkey
     assert layer.max_rows == ANY_ROWS and "of any size" in caplog.text
     x = torch.randn(600, 64)  # more rows than a step's token budget
     assert torch.equal(layer(x), layer.packed_mm(x) + linear.bias)
+
+
+def test_processes_starting_together_take_the_first_ones_crossing_points(monkeypatch, tmp_path, caplog):
+    """Two workers of a fresh cache measure one at a time: the second waits on the lock, then reads the first's
+    figure rather than timing its own (which could differ, and with it a greedy output)."""
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setattr(crossing_points, "cpu_has_native_bf16", lambda: False)
+    linear = nn.Linear(64, 32)
+    layer = PackedLinear(linear, Int8Groups.from_weight(linear.weight), kernels)
+    saved = tmp_path / "rows.json"
+    key = crossing_points._machine_key(layer)
+    with caplog.at_level(logging.INFO):  # the lock's waiting line is cache_files', the figures' crossing_points'
+        with file_lock(saved.with_name(saved.name + ".lock"), "the first process measures"):
+            second = threading.Thread(target=choose_max_rows, args=([layer], saved))
+            second.start()
+            while "waiting for another process to measure crossing points" not in caplog.text:
+                assert second.is_alive(), "it chose without waiting for the lock"
+                second.join(0.01)  # the log line is what the test waits on
+            saved.write_text(json.dumps({key: 5}))  # the first one's figure
+        second.join()
+    assert layer.max_rows == 5 and "(measured)" not in caplog.text and "of any size" not in caplog.text
+    lock, written = saved.with_name(saved.name + ".lock"), saved.stat().st_mtime_ns
+    lock.unlink()
+    choose_max_rows([layer], saved)  # all known: no lock and no write, as a read-only prepared cache needs
+    assert layer.max_rows == 5 and not lock.exists() and saved.stat().st_mtime_ns == written
 
 
 def test_float32_stays_unpacked(default_llm):

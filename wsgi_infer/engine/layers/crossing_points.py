@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from ..cache_files import read_json, write_json
+from ..cache_files import file_lock, read_json, write_json
 from ..cpu_info import cpu_model_name
 from ..device import cpu_has_native_bf16
 
@@ -45,9 +45,18 @@ def choose_max_rows(layers: list[SmallBatchLinear], saved: Path | None = None) -
     """The packed copy serves up to the largest row count where it beat the full-precision multiply.
 
     Measured once per weight shape on this machine, then kept in ``saved`` (JSON): a greedy output must
-    not depend on how a later start's timing happened to fall, and later starts skip the measuring.
+    not depend on how a later start's timing happened to fall, and later starts skip the measuring. Processes
+    starting together measure one at a time, under a lock, so that they all take the first one's figures.
     """
     known = read_json(saved) or {}
+    if saved is None or all(_machine_key(layer) in known for layer in layers):
+        _choose(layers, known, None)  # nothing to measure, or to keep: a read-only cache stays untouched
+        return
+    with file_lock(saved.with_name(saved.name + ".lock"), "waiting for another process to measure crossing points"):
+        _choose(layers, read_json(saved) or {}, saved)
+
+
+def _choose(layers: list[SmallBatchLinear], known: dict[str, int], saved: Path | None) -> None:
     by_key: dict[str, list[SmallBatchLinear]] = {}
     for layer in layers:
         by_key.setdefault(_machine_key(layer), []).append(layer)
