@@ -234,9 +234,19 @@ def tiny_api(tiny_model_dirs):
 DEFAULT_MODEL_FIXTURES = {"default_llm", "packed_llm", "packed_client", "gguf_weights"}  # the real model
 
 
+# Modules that load the whole machine (5,000 streams, the soak, a busy process per CPU, the real Gemma) or time
+# their steps against each other: under pytest-xdist they run one after another, in one process, never beside
+# each other (a queue of 5,000 streams beside the soak once missed its 120 s for heartbeats).
+WHOLE_MACHINE = {"test_hostile_clients", "test_soak", "test_lifecycle", "test_cpu_share", "test_gemma3_270m"}
+WHOLE_MACHINE |= {"test_front_end", "test_bridge"}
+
+
 def pytest_collection_modifyitems(items):
     """Tests on the real default model (135M parameters, generating in float32 on this CPU) belong to the full
-    suite; the fast tier keeps the tiny models."""
+    suite; the fast tier keeps the tiny models. For ``--dist loadgroup``: each module's tests run in one
+    process, in order, and the whole-machine modules all in the same one."""
     for item in items:
         if DEFAULT_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        module = item.module.__name__.rpartition(".")[2]
+        item.add_marker(pytest.mark.xdist_group("whole machine" if module in WHOLE_MACHINE else module))
