@@ -231,14 +231,32 @@ def tiny_api(tiny_model_dirs):
         yield server
 
 
+@pytest.fixture
+def parsed_texts(monkeypatch) -> list[str]:
+    """The text of each reply the app parsed for tool calls (in this process), as the model wrote it."""
+    from wsgi_infer.server.api import formatters
+
+    texts = []
+
+    class Recording(formatters.ToolCallParser):
+        def finish(self) -> dict:
+            texts.append(self.text)
+            return super().finish()
+
+    monkeypatch.setattr(formatters, "ToolCallParser", Recording)
+    return texts
+
+
 DEFAULT_MODEL_FIXTURES = {"default_llm", "packed_llm", "packed_client", "gguf_weights"}  # the real model
 
 
 # Modules that load the whole machine (5,000 streams, the soak, a busy process per CPU, the real Gemma) or time
 # their steps against each other: under pytest-xdist they run one after another, in one process, never beside
 # each other (a queue of 5,000 streams beside the soak once missed its 120 s for heartbeats).
-WHOLE_MACHINE = {"test_hostile_clients", "test_soak", "test_lifecycle", "test_cpu_share", "test_gemma3_270m"}
-WHOLE_MACHINE |= {"test_front_end", "test_bridge"}
+WHOLE_MACHINE = {
+    *("test_hostile_clients", "test_soak", "test_lifecycle", "test_cpu_share", "test_gemma3_270m"),
+    *("test_front_end", "test_bridge"),
+}
 
 
 def pytest_collection_modifyitems(items):

@@ -8,8 +8,6 @@ import shutil
 
 import pytest
 
-from wsgi_infer.server.api import formatters
-
 from .conftest import tiny_settings
 from .in_process import InProcessServer
 from .sse_client import events
@@ -208,16 +206,8 @@ def llama3_style_api(tiny_model_dirs, tmp_path_factory):
         yield server
 
 
-def test_a_llama3_template_gets_its_calls_in_llama3s_json(llama3_style_api, monkeypatch):
+def test_a_llama3_template_gets_its_calls_in_llama3s_json(llama3_style_api, parsed_texts):
     """The call the grammar forces is Llama 3's ``{"name": ..., "parameters": ...}``, and it comes back as a call."""
-    written = []
-
-    class Recording(formatters.ToolCallParser):
-        def finish(self) -> dict:
-            written.append(self.text)
-            return super().finish()
-
-    monkeypatch.setattr(formatters, "ToolCallParser", Recording)
     body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 60, "temperature": 0}
     with llama3_style_api.client() as http:
         whole = http.post("/v1/chat/completions", json=body).json()
@@ -226,4 +216,4 @@ def test_a_llama3_template_gets_its_calls_in_llama3s_json(llama3_style_api, monk
     [call] = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"])["unit"] in UNIT["enum"]
-    assert written[-1] == f'{{"name": "get_weather", "parameters": {call["function"]["arguments"]}}}'
+    assert parsed_texts[-1] == f'{{"name": "get_weather", "parameters": {call["function"]["arguments"]}}}'

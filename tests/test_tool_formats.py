@@ -9,7 +9,6 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from wsgi_infer.server.api import formatters
 from wsgi_infer.server.api.tool_formats import MISTRAL, PHI4_MINI, ToolFormat, tool_format_of
 from wsgi_infer.server.api.tools import ToolCallParser
 
@@ -77,20 +76,6 @@ def family(request, tiny_model_dirs, tmp_path_factory):
         yield tool_format_of(template), server, tokenizer
 
 
-@pytest.fixture
-def written(monkeypatch) -> list[str]:
-    """The text of each reply the server parsed for calls."""
-    texts = []
-
-    class Recording(formatters.ToolCallParser):
-        def finish(self) -> dict:
-            texts.append(self.text)
-            return super().finish()
-
-    monkeypatch.setattr(formatters, "ToolCallParser", Recording)
-    return texts
-
-
 def chat(server, **fields) -> dict:
     body = {"messages": ASK, "tools": TOOLS, "temperature": 0, "max_tokens": 80, **fields}
     with server.client() as http:
@@ -99,14 +84,14 @@ def chat(server, **fields) -> dict:
     return response.json()["choices"][0]
 
 
-def test_required_calls_are_the_familys_list_with_its_own_tokens(family, written):
+def test_required_calls_are_the_familys_list_with_its_own_tokens(family, parsed_texts):
     fmt, server, _ = family
     choice = chat(server, tool_choice="required")
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     calls = choice["message"]["tool_calls"]
     assert calls and all(json.loads(c["function"]["arguments"])["unit"] in UNIT["enum"] for c in calls)
     listed = fmt.separator.join(fmt.call(c["function"]["name"], c["function"]["arguments"]) for c in calls)
-    assert written[-1] == fmt.begin + listed + fmt.end  # the special tokens were written, and kept
+    assert parsed_texts[-1] == fmt.begin + listed + fmt.end  # the special tokens were parsed_texts, and kept
 
     body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0, "max_tokens": 80}
     with server.client() as http, http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
@@ -121,22 +106,22 @@ def test_required_calls_are_the_familys_list_with_its_own_tokens(family, written
     ]
 
 
-def test_a_named_function_is_the_one_call_in_the_list(family, written):
+def test_a_named_function_is_the_one_call_in_the_list(family, parsed_texts):
     fmt, server, _ = family
     choice = chat(server, tool_choice={"type": "function", "function": {"name": "get_time"}})
     [call] = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "get_time"
-    assert written[-1] == fmt.begin + fmt.call("get_time", call["function"]["arguments"]) + fmt.end
+    assert parsed_texts[-1] == fmt.begin + fmt.call("get_time", call["function"]["arguments"]) + fmt.end
 
 
-def test_auto_calls_when_the_model_writes_the_token_and_answers_in_text_when_not(family, written):
+def test_auto_calls_when_the_model_writes_the_token_and_answers_in_text_when_not(family, parsed_texts):
     fmt, server, tokenizer = family
     opening = str(tokenizer.convert_tokens_to_ids(fmt.special[0]))
     calling = chat(server, logit_bias={opening: 100})
     assert calling["finish_reason"] == "tool_calls" and calling["message"]["tool_calls"]
     answering = chat(server, logit_bias={opening: -100}, max_tokens=8)
     assert answering["message"].get("tool_calls") is None and answering["message"]["content"]
-    assert not written[-1].startswith(fmt.special[0])
+    assert not parsed_texts[-1].startswith(fmt.special[0])
 
 
 def test_the_calls_go_back_through_the_template_with_their_ids(family):

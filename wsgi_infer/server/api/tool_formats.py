@@ -41,7 +41,7 @@ class ToolFormat:
     begin: str = ""
     end: str = ""
     special: tuple[str, ...] = ()  # the special tokens among begin and end
-    id_length: int = 24  # of the hex digits of a call's id (Mistral's template takes 9 letters or digits)
+    short_ids: bool = False  # call ids of 9 letters or digits, which Mistral's template checks
 
     def call(self, name: str, arguments: str) -> str:
         return f'{self.open}{{"name": "{name}", "{self.arguments_key}": {arguments}}}{self.close}'
@@ -58,24 +58,23 @@ class ToolFormat:
 
     def head(self) -> re.Pattern:
         """A call's text up to its arguments, its name the group."""
-        return re.compile(f'{re.escape(self.open)}{{"name": "({_NAME})", "{self.arguments_key}": ')
+        return re.compile(f'{re.escape(self.call_start)}({_NAME})", "{self.arguments_key}": ')
 
     def call_id(self) -> str:
-        return ("call_" if self.id_length > 9 else "") + uuid.uuid4().hex[: self.id_length]
+        return uuid.uuid4().hex[:9] if self.short_ids else f"call_{uuid.uuid4().hex[:24]}"
 
     def lark(self, text: str) -> str:
         """``text`` (begin or end) as a Lark sequence: its special tokens as tokens, the rest as literals."""
-        if not text:
-            return ""
-        pattern = "(" + "|".join(re.escape(token) for token in self.special) + ")" if self.special else "(?!)"
-        parts = [part for part in re.split(pattern, text) if part]
+        if not self.special:
+            return json.dumps(text, ensure_ascii=False) if text else ""
+        parts = [part for part in re.split("(" + "|".join(map(re.escape, self.special)) + ")", text) if part]
         return " ".join(f"<[{p}]>" if p in self.special else json.dumps(p, ensure_ascii=False) for p in parts)
 
 
 HERMES = ToolFormat("hermes", "<tool_call>\n", "\n</tool_call>", "\n", "arguments", "<tool_call>")
 LLAMA3_JSON = ToolFormat("llama3_json", "", "", None, "parameters", r'\{"name"')
 MISTRAL = ToolFormat(
-    "mistral", "", "", ", ", "arguments", r"\[TOOL_CALLS\]", "[TOOL_CALLS] [", "]", ("[TOOL_CALLS]",), 9
+    "mistral", "", "", ", ", "arguments", r"\[TOOL_CALLS\]", "[TOOL_CALLS] [", "]", ("[TOOL_CALLS]",), True
 )
 PHI4_MINI = ToolFormat(
     "phi4_mini",

@@ -44,9 +44,8 @@ class ToolPlan:
         ]
         call = f"call: {' | '.join(f'fn_{i}' for i in range(len(allowed)))}"
         several = self.parallel and not self.named and fmt.separator is not None
-        calls = f"calls: {fmt.lark(fmt.begin)} call ({_literal(fmt.separator)} call)* {fmt.lark(fmt.end)}"
-        if not several:
-            calls = f"calls: {fmt.lark(fmt.begin)} call {fmt.lark(fmt.end)}"
+        more = f" ({_literal(fmt.separator)} call)*" if several else ""
+        calls = f"calls: {fmt.lark(fmt.begin)} call{more} {fmt.lark(fmt.end)}"
         text = f"start: TEXT | calls\nTEXT: /(.|\\n)+/ & ~/{fmt.marker}(.|\\n)*/"
         if answer is not None:
             text = f"start: answer | calls\nanswer: {answer.lark_json()}"
