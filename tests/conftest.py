@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator, Mapping
+from functools import cached_property
 from pathlib import Path
 
 import pytest
@@ -104,25 +106,49 @@ def _tiny_config(arch: str, vocab_size: int):
     )
 
 
+class TinyModelDirs(Mapping[str, Path]):
+    """Random-weight checkpoints saved with transformers, sharing the default model's tokenizer; each saved when a
+    test first asks for it (most test processes need only the Llama: 0.6 s an architecture)."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> None:
+        self._tmp_path_factory, self._default_model_dir = tmp_path_factory, default_model_dir
+        self._saved: dict[str, Path] = {}
+
+    def __getitem__(self, arch: str) -> Path:
+        if arch not in TINY_ARCHITECTURES:
+            raise KeyError(arch)
+        if arch not in self._saved:
+            path = self._tmp_path_factory.mktemp(f"tiny-{arch}")
+            self._saved[arch] = save_tiny_model(arch, self._tokenizer, path)
+        return self._saved[arch]
+
+    @cached_property
+    def _tokenizer(self):
+        return load_tokenizer(self._default_model_dir)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(TINY_ARCHITECTURES)
+
+    def __len__(self) -> int:
+        return len(TINY_ARCHITECTURES)
+
+
 @pytest.fixture(scope="session")
-def tiny_model_dirs(tmp_path_factory, default_model_dir) -> dict[str, Path]:
-    """Random-weight checkpoints saved with transformers, sharing the default model's tokenizer."""
-    tokenizer = load_tokenizer(default_model_dir)
-    return {
-        arch: save_tiny_model(arch, tokenizer, tmp_path_factory.mktemp(f"tiny-{arch}")) for arch in TINY_ARCHITECTURES
-    }
+def tiny_model_dirs(tmp_path_factory, default_model_dir) -> TinyModelDirs:
+    return TinyModelDirs(tmp_path_factory, default_model_dir)
 
 
 def save_tiny_model(arch: str, tokenizer, path: Path) -> Path:
     """A random-weight checkpoint of ``arch`` for ``tokenizer``'s vocabulary, saved with it in ``path``."""
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(_tiny_config(arch, len(tokenizer)))
-    with torch.no_grad():  # norms start at ones (Gemma's at zeros): make each one's scales count
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.add_(torch.randn_like(param) * 0.3)
+    with torch.random.fork_rng():  # saved in the middle of a test, it leaves that test's random draws alone
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(_tiny_config(arch, len(tokenizer)))
+        with torch.no_grad():  # norms start at ones (Gemma's at zeros): make each one's scales count
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.add_(torch.randn_like(param) * 0.3)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -259,12 +285,32 @@ WHOLE_MACHINE = {
 }
 
 
+def _module(nodeid: str) -> str:
+    return Path(nodeid.split("::", 1)[0]).stem
+
+
 def pytest_collection_modifyitems(items):
     """Tests on the real default model (135M parameters, generating in float32 on this CPU) belong to the full
-    suite; the fast tier keeps the tiny models. For ``--dist loadgroup``: each module's tests run in one
-    process, in order, and the whole-machine modules all in the same one."""
+    suite; the fast tier keeps the tiny models. The whole-machine modules come first: under pytest-xdist they
+    are the longest unit of work, and start while the other process takes the rest."""
     for item in items:
         if DEFAULT_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-        module = item.module.__name__.rpartition(".")[2]
-        item.add_marker(pytest.mark.xdist_group("whole machine" if module in WHOLE_MACHINE else module))
+    items.sort(key=lambda item: _module(item.nodeid) not in WHOLE_MACHINE)  # stable: modules keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` here: each test module is one unit of work, run in one process, in order, with its
+    servers; the whole-machine modules together are one unit. (pytest-xdist's own groups come from a suffix
+    of the test ids that pytest 9.2 no longer reads: every test went its own way.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "whole machine" if _module(nodeid) in WHOLE_MACHINE else _module(nodeid)
+
+    config.option.loadscopereorder = False  # keep the collection's order: the whole machine's unit first
+    return ModuleScheduling(config, log)

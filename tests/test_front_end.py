@@ -84,9 +84,10 @@ def test_a_long_prompt_is_tokenized_without_stalling_running_streams(timed_serve
 def test_a_front_end_call_past_stall_seconds_is_a_503_and_health_says_stalled(tiny_model_dirs, monkeypatch):
     """A request never hangs on the front-end thread: past stall_seconds it gets a 503 it may retry, and /health
     says the worker is stalled until the call returns."""
-    returned = SimpleQueue()
+    started, returned = SimpleQueue(), SimpleQueue()
 
     def slow_prompt_ids(tokenizer, prompts):  # on the front-end thread: a native sleep, as a stuck call
+        started.put(True)
         get_original("time", "sleep")(1.0)
         returned.put(True)
         return [[1, 2, 3] for _ in prompts]
@@ -94,7 +95,13 @@ def test_a_front_end_call_past_stall_seconds_is_a_503_and_health_says_stalled(ti
     monkeypatch.setattr(manager_module, "prompt_ids", slow_prompt_ids)
     with InProcessServer(tiny_settings(tiny_model_dirs, stall_seconds=0.2)) as server, server.client() as http:
         refused = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+        # The 0.2 s count the call's time in the queue too: on a busy machine it may start only now, and the
+        # worker is stalled 0.2 s into it (the health check's own clock), until it returns at 1 s.
+        assert started.get(timeout=10)
         health = http.get("/health")
+        while health.status_code == 200 and returned.empty():
+            gevent.sleep(0.01)
+            health = http.get("/health")
         assert returned.get(timeout=10)
         assert http.get("/health").status_code == 200
     assert refused.status_code == 503 and refused.headers["retry-after"]
