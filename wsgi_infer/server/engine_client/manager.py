@@ -212,7 +212,10 @@ class EngineManager:
             ) from None
 
     def encode(self, prompts: list[Prompt]) -> list[list[int]]:
-        """Each prompt's token ids, off the hub; InvalidParameter for a conversation the template refuses."""
+        """Each prompt's token ids, off the hub; InvalidParameter for a conversation the template refuses. Token
+        ids need no tokenizer, and so no wait behind the front-end thread's queue (a burst of requests)."""
+        if all(isinstance(p, list) for p in prompts):
+            return prompt_ids(None, prompts)
         return self.with_tokenizer(prompt_ids, prompts)
 
     def compile_constraints(self, params: list[SamplingParams]) -> None:

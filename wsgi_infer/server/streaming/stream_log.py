@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Generator, Iterator
 
 import gevent
@@ -120,6 +121,7 @@ class StreamLogs:
         self.grace = grace
         self.backlog_bytes = backlog_bytes
         self._logs: dict[str, StreamLog] = {}
+        self._finished: deque[StreamLog] = deque()  # in the order they finished: the first to expire first
         self._greenlets = metrics.greenlets
         self._store = RedisStore(redis_url, keep_seconds, grace, metrics) if redis_url else None
 
@@ -159,6 +161,7 @@ class StreamLogs:
                     return
         finally:
             stream_log.finish()
+            self._finished.append(stream_log)
             self._greenlets.dec()
 
     def _overflow_event(self, stream_log: StreamLog) -> str:
@@ -172,8 +175,10 @@ class StreamLogs:
         return sse.event(error_body(message, 503, code="stream_backlog_exceeded"), name="error")
 
     def _expire(self) -> None:
-        now = time.monotonic()
-        for stream_id in [
-            i for i, sl in self._logs.items() if sl.finished and now - sl.finished_at > self.keep_seconds
-        ]:
-            del self._logs[stream_id]
+        """Forget the logs finished more than keep_seconds ago: only those are visited, not every open stream on
+        each request (5,000 queued streams made admission quadratic)."""
+        expired_before = time.monotonic() - self.keep_seconds
+        while self._finished and self._finished[0].finished_at < expired_before:
+            expired = self._finished.popleft()
+            if self._logs.get(expired.stream_id) is expired:
+                del self._logs[expired.stream_id]
