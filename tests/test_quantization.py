@@ -19,7 +19,7 @@ from wsgi_infer import LLM, EngineConfig, SamplingParams
 from wsgi_infer.engine import device
 from wsgi_infer.engine.cache_files import file_lock
 from wsgi_infer.engine.device import resolve_dtype
-from wsgi_infer.engine.gguf_checkpoint import gguf_tensors
+from wsgi_infer.engine.gguf_checkpoint import PACKED_GROUPS_FILE, StoredGroups
 from wsgi_infer.engine.kernels.build import build_cpu_kernels
 from wsgi_infer.engine.kernels.cpu import CpuKernels, load_cpu_kernels
 from wsgi_infer.engine.kernels.layouts import kernel_weight
@@ -89,12 +89,13 @@ def test_8_bit_groups_from_values_span_each_groups_range():
 
 
 @pytest.fixture(scope="module")
-def gguf_weights():
+def gguf_weights(default_model_dir):
+    """The default GGUF as gguf-py reads it, and its converted copy as the engine loads it: weights, groups and the
+    config (transformers' own reading of the GGUF, test_model_loader shows; reading it here took 7.5 s)."""
     path = default_model_path()
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-    tensors = list(gguf_tensors(path, config))
-    groups = {name: found for name, _, found in tensors if found is not None}
-    return gguf.GGUFReader(path), config, {name: weight for name, weight, _ in tensors}, groups
+    config = AutoConfig.from_pretrained(default_model_dir, local_files_only=True)
+    weights = CheckpointTensors(default_model_dir, torch.float32)
+    return gguf.GGUFReader(path), config, weights, StoredGroups(default_model_dir / PACKED_GROUPS_FILE)
 
 
 @pytest.mark.parametrize(

@@ -204,12 +204,8 @@ class EngineManager:
             return self._bridge.run_off_hub(function, *args, timeout=self.settings.stall_seconds)
         except TimeoutError as exc:
             log.error("%s (%s): the request gets a 503", exc, getattr(function, "__qualname__", function))
-            raise APIError(
-                "the server is too busy to read the request; retry later",
-                503,
-                code="front_end_timeout",
-                headers={"Retry-After": "5"},
-            ) from None
+            message = "the server is too busy to read the request; retry later"
+            raise APIError(message, 503, code="front_end_timeout", headers={"Retry-After": "5"}) from None
 
     def encode(self, prompts: list[Prompt]) -> list[list[int]]:
         """Each prompt's token ids, off the hub; InvalidParameter for a conversation the template refuses. Token
