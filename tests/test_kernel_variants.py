@@ -54,6 +54,7 @@ def test_a_cpu_without_any_variant_gets_none():
     assert variants.runnable(EVERY_VARIANT, {"sse2"}) == []
 
 
+@pytest.mark.slow  # a cross compiler builds the whole file: 5-6 s of the fast tier's 90
 def test_the_portable_variant_builds_for_aarch64(tmp_path):
     compiler = shutil.which("aarch64-linux-gnu-gcc")
     if compiler is None:
