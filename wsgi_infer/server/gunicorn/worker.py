@@ -60,6 +60,7 @@ class InferenceWorker(GeventWorker):
     _quitting = False
     boot_failure: str | None = None  # the model could not load: run ends with gunicorn's boot error
     _servers: list[StreamServer] = []
+    _draining: gevent.Greenlet | None = None
 
     @property
     def alive(self) -> bool:
@@ -75,7 +76,7 @@ class InferenceWorker(GeventWorker):
             server.stop_accepting()
         manager = manager_of(getattr(self, "wsgi", None))
         if manager is not None and not self._quitting:
-            gevent.spawn(manager.drain, self.drain_seconds)
+            self._draining = gevent.spawn(manager.drain, self.drain_seconds)
 
     def init_process(self) -> None:
         _raise_open_files_limit(self.worker_connections, self.log)
@@ -103,6 +104,8 @@ class InferenceWorker(GeventWorker):
         while time.time() < deadline and any(len(s.pool) for s in self._servers):
             self.notify()
             gevent.sleep(0.1)
+        if self._draining is not None:  # its engine stop and last log lines, before worker_exit ends the process
+            self._draining.join(max(0.0, deadline - time.time()))
         for server in self._servers:
             server.stop(timeout=1)
         if self.boot_failure:  # as gunicorn's arbiter does for a worker that failed to boot
