@@ -108,7 +108,7 @@ def _tiny_config(arch: str, vocab_size: int):
 
 class TinyModelDirs(Mapping[str, Path]):
     """Random-weight checkpoints saved with transformers, sharing the default model's tokenizer; each saved when a
-    test first asks for it (most test processes need only the Llama: 0.6 s an architecture)."""
+    test first asks for it (most test processes need only the Llama; each other one costs about 0.2 s)."""
 
     def __init__(self, tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> None:
         self._tmp_path_factory, self._default_model_dir = tmp_path_factory, default_model_dir
