@@ -107,3 +107,20 @@ def test_a_front_end_call_past_stall_seconds_is_a_503_and_health_says_stalled(ti
     assert refused.status_code == 503 and refused.headers["retry-after"]
     assert refused.json()["error"]["code"] == "front_end_timeout"
     assert health.status_code == 503 and health.json()["status"] == "stalled"
+
+
+def test_token_ids_are_taken_on_the_hub_and_text_on_the_front_end_thread(tiny_api, monkeypatch):
+    """Token ids need no tokenizer: they skip the front-end thread's queue (a burst of them waited behind it)."""
+    threads = []
+    prompt_ids = manager_module.prompt_ids
+
+    def recorded(tokenizer, prompts):
+        threads.append(get_original("threading", "get_native_id")())
+        return prompt_ids(tokenizer, prompts)
+
+    monkeypatch.setattr(manager_module, "prompt_ids", recorded)
+    with tiny_api.client() as http:
+        for prompt in ([1, 2, 3], "Hi"):
+            assert http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2}).status_code == 200
+    hub = get_original("threading", "get_native_id")()
+    assert threads[0] == hub and threads[1] != hub

@@ -205,7 +205,7 @@ def test_5000_queued_streams_are_held_on_heartbeats_then_429(crowd):
 
 def assert_every_stream_beats(streams: list[socket.socket], timeout: float = 300.0) -> None:
     """Every stream got its 200 and at least one SSE heartbeat (a queued stream has nothing else). The deadline
-    only bounds a failure: 5,000 streams take 20 s alone, 54 s beside another test module."""
+    only bounds a failure: 5,000 streams of token ids take 17-24 s, alone or beside a busy process."""
     selector = selectors.DefaultSelector()
     received = {}
     for sock in streams:

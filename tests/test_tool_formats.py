@@ -91,7 +91,7 @@ def test_required_calls_are_the_familys_list_with_its_own_tokens(family, parsed_
     calls = choice["message"]["tool_calls"]
     assert calls and all(json.loads(c["function"]["arguments"])["unit"] in UNIT["enum"] for c in calls)
     listed = fmt.separator.join(fmt.call(c["function"]["name"], c["function"]["arguments"]) for c in calls)
-    assert parsed_texts[-1] == fmt.begin + listed + fmt.end  # the special tokens were parsed_texts, and kept
+    assert parsed_texts[-1] == fmt.begin + listed + fmt.end  # the special tokens were written, and kept
 
     body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0, "max_tokens": 80}
     with server.client() as http, http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
