@@ -343,11 +343,11 @@ static inline __attribute__((always_inline)) void score_tokens(const float *q, c
     }
 }
 
-/* weighed [group, D] = sum over tokens of weights [group, stride] times values (in token order): 16 tokens'
- * values widened at a time into L1, then each head's sums in 8 registers of 8 lanes (16-lane sums would not fit
- * the 16 registers), one multiply-add per value */
+/* weighed [group, D] = sum over each head's tokens (lens) of weights [group, stride] times values (in token
+ * order): 16 tokens' values widened at a time into L1, then each head's sums in 8 registers of 8 lanes (16-lane
+ * sums would not fit the 16 registers), one multiply-add per value */
 static inline __attribute__((always_inline)) void weigh_values(const bf16 *values, const int64_t *offsets,
-                                                               int64_t len, const int64_t group,
+                                                               int64_t len, const int64_t *lens, const int64_t group,
                                                                const int64_t head_dim, int64_t stride,
                                                                const float *weights, float *weighed) {
     const int64_t chunks = head_dim / 8;
@@ -358,9 +358,11 @@ static inline __attribute__((always_inline)) void weigh_values(const bf16 *value
         for (int64_t i = 0; i < block; i++)
             for (int64_t d = 0; d < head_dim; d++) value[i][d] = to_float(values[offsets[start + i] + d]);
         for (int64_t h = 0; h < group; h++) {
+            int64_t own = lens[h] - start < block ? lens[h] - start : block; /* this head's tokens of the block */
+            if (own <= 0) continue;
             __m256 acc[chunks];
             for (int64_t c = 0; c < chunks; c++) acc[c] = _mm256_loadu_ps(weighed + h * head_dim + 8 * c);
-            for (int64_t i = 0; i < block; i++) {
+            for (int64_t i = 0; i < own; i++) {
                 __m256 weight = _mm256_broadcast_ss(weights + h * stride + start + i);
                 for (int64_t c = 0; c < chunks; c++)
                     acc[c] = _mm256_fmadd_ps(weight, _mm256_load_ps(value[i] + 8 * c), acc[c]);
@@ -397,10 +399,11 @@ static inline __attribute__((always_inline)) void score_tokens(const float *q, c
     }
 }
 
-/* weighed [group, D] = sum over tokens of weights [group, stride] times values (in token order), each value
- * widened once for the group's heads, their sums a chain per head and 16 dimensions, several in flight */
+/* weighed [group, D] = sum over each head's tokens (lens) of weights [group, stride] times values (in token
+ * order), each value widened once for the group's heads, their sums a chain per head and 16 dimensions, several
+ * in flight */
 static inline __attribute__((always_inline)) void weigh_values(const bf16 *values, const int64_t *offsets,
-                                                               int64_t len, const int64_t group,
+                                                               int64_t len, const int64_t *lens, const int64_t group,
                                                                const int64_t head_dim, int64_t stride,
                                                                const float *weights, float *weighed) {
     const int64_t chunks = head_dim / 16;
@@ -411,61 +414,89 @@ static inline __attribute__((always_inline)) void weigh_values(const bf16 *value
         f32x16 value[chunks];
         for (int64_t c = 0; c < chunks; c++) value[c] = load16(values + offsets[t] + c * 16);
         for (int64_t h = 0; h < group; h++)
-            for (int64_t c = 0; c < chunks; c++) acc[h][c] += weights[h * stride + t] * value[c];
+            if (t < lens[h])
+                for (int64_t c = 0; c < chunks; c++) acc[h][c] += weights[h * stride + t] * value[c];
     }
     memcpy(weighed, acc, sizeof(acc));
 }
 #endif
 
-/* softmax(q k^T * scale) v for the group query heads that share one key-value head, over len cached tokens, in
- * float32. Each key and value is read once for the whole group, and each head's sums run in the order one head
- * alone would run them. Scores fit on the stack (a float per token and head, in whole blocks of 16). q and out:
- * the group's heads, one after another. */
+/* softmax(q k^T * scale) v for the group query heads that share one key-value head, each head over its own first
+ * lens[h] of len cached tokens, in float32. Each key and value is read once for the whole group, and each head's
+ * sums run in the order one head alone would run them (the scores of tokens past its own are computed, never
+ * read). Scores fit on the stack (a float per token and head, in whole blocks of 16). q and out: the group's
+ * heads, one after another. */
 static inline __attribute__((always_inline)) void attend_group(const float *q, const int64_t group, const bf16 *keys,
                                                                const bf16 *values, const int64_t *offsets, int64_t len,
-                                                               const int64_t head_dim, float scale, float *out) {
+                                                               const int64_t *lens, const int64_t head_dim,
+                                                               float scale, float *out) {
     const int64_t stride = len + 15;
     float scores[group][stride], peak[group], total[group];
     score_tokens(q, group, keys, values, offsets, len, head_dim, scale, stride, &scores[0][0]);
     for (int64_t h = 0; h < group; h++) {
         peak[h] = -INFINITY, total[h] = 0.0f;
-        for (int64_t t = 0; t < len; t++) peak[h] = scores[h][t] > peak[h] ? scores[h][t] : peak[h];
-        for (int64_t t = 0; t < len; t += 16) { /* the padding past len is computed, never read */
+        for (int64_t t = 0; t < lens[h]; t++) peak[h] = scores[h][t] > peak[h] ? scores[h][t] : peak[h];
+        for (int64_t t = 0; t < lens[h]; t += 16) { /* the padding past lens[h] is computed, never read */
             f32x16 block;
             memcpy(&block, scores[h] + t, sizeof(block));
             block = exp16(block - peak[h]);
             memcpy(scores[h] + t, &block, sizeof(block));
         }
-        for (int64_t t = 0; t < len; t++) total[h] += scores[h][t];
+        for (int64_t t = 0; t < lens[h]; t++) total[h] += scores[h][t];
     }
     float weighed[group][head_dim];
-    weigh_values(values, offsets, len, group, head_dim, stride, &scores[0][0], &weighed[0][0]);
+    weigh_values(values, offsets, len, lens, group, head_dim, stride, &scores[0][0], &weighed[0][0]);
     for (int64_t h = 0; h < group; h++)
         for (int64_t d = 0; d < head_dim; d++) out[h * head_dim + d] = weighed[h][d] / total[h];
 }
 
 /* attend_group with the common head sizes as constants, so that a head's query stays in registers */
-typedef void (*attend_fn)(const float *, int64_t, const bf16 *, const bf16 *, const int64_t *, int64_t, int64_t,
-                          float, float *);
+typedef void (*attend_fn)(const float *, int64_t, const bf16 *, const bf16 *, const int64_t *, int64_t,
+                          const int64_t *, int64_t, float, float *);
 #define ATTEND_HEAD_DIM(D)                                                                                         \
     static void attend_##D(const float *q, int64_t group, const bf16 *keys, const bf16 *values,                   \
-                           const int64_t *offsets, int64_t len, int64_t head_dim, float scale, float *out) {       \
+                           const int64_t *offsets, int64_t len, const int64_t *lens, int64_t head_dim, float scale, \
+                           float *out) {                                                                           \
         (void)head_dim;                                                                                            \
-        attend_group(q, group, keys, values, offsets, len, D, scale, out);                                         \
+        attend_group(q, group, keys, values, offsets, len, lens, D, scale, out);                                   \
     }
 ATTEND_HEAD_DIM(64) ATTEND_HEAD_DIM(128)
 static void attend_any(const float *q, int64_t group, const bf16 *keys, const bf16 *values, const int64_t *offsets,
-                       int64_t len, int64_t head_dim, float scale, float *out) {
-    attend_group(q, group, keys, values, offsets, len, head_dim, scale, out);
+                       int64_t len, const int64_t *lens, int64_t head_dim, float scale, float *out) {
+    attend_group(q, group, keys, values, offsets, len, lens, head_dim, scale, out);
+}
+
+/* The rows a task attends at once (see paged_attention): at most RUN_ROWS, and fewer where there would be under
+ * two tasks per thread, or where the run's scores would take more than RUN_SCORES bytes of the stack. */
+#define RUN_ROWS 8
+#define RUN_SCORES (256 * 1024)
+
+/* Runs of consecutive rows of one sequence (a prefill chunk's, a draft's verification), none of them cut by a
+ * sliding window, of at most `most` rows: their starting rows and sizes. Returns how many. */
+static int64_t row_runs(const int64_t *row_seqs, const int64_t *context_lens, int64_t rows, int64_t window,
+                        int64_t most, int64_t *run_start, int64_t *run_rows) {
+    int64_t runs = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        int windowed = window > 0 && context_lens[r] > window;
+        int joins = runs > 0 && !windowed && run_rows[runs - 1] < most && row_seqs[r] == row_seqs[r - 1] &&
+                    !(window > 0 && context_lens[r - 1] > window);
+        if (joins) {
+            run_rows[runs - 1]++;
+        } else {
+            run_start[runs] = r, run_rows[runs] = 1, runs++;
+        }
+    }
+    return runs;
 }
 
 /* Query rows over their sequences' cached contexts, which already hold the rows' own keys and values: a decode's
  * one token, or each token of a prefill chunk, which sees its sequence up to itself. q: [rows, heads, D] with a
  * row stride; cache: [slots, 2 * kv_heads, D]; block_table: [seqs, max_blocks]; row_seqs: [rows], each row's
  * table row; context_lens: [rows], the tokens each row sees, itself included (of which the last window, where
- * window > 0); out: [rows, heads * D]. Each row's
- * key-value heads, with their query heads, are independent tasks, handed out dynamically (see the top):
- * a prefill chunk's rows see more and more tokens. */
+ * window > 0); out: [rows, heads * D]. A run of one sequence's consecutive rows attends at once, as one group of
+ * query heads over the run's longest context with each head over its own row's (attend_group): each key and value
+ * is read once for the run instead of once per row, and each row's result is the one it gets alone. Each run's
+ * key-value heads are independent tasks, handed out dynamically (see the top). */
 void paged_attention(const float *q, int64_t q_row_stride, const bf16 *cache, const int64_t *block_table,
                      int64_t seqs, int64_t max_blocks, const int64_t *row_seqs, const int64_t *context_lens,
                      int64_t block_size, float *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
@@ -478,20 +509,45 @@ void paged_attention(const float *q, int64_t q_row_stride, const bf16 *cache, co
         *len = context_lens[r] > *len ? context_lens[r] : *len;
         work += context_lens[r];
     }
-    for (int64_t s = 0; s < seqs; s++) starts[s] = total, total += lens[s];
+    int64_t longest = 0;
+    for (int64_t s = 0; s < seqs; s++) starts[s] = total, total += lens[s], longest = lens[s] > longest ? lens[s] : longest;
     int64_t *offsets = malloc(total * sizeof(int64_t)); /* each token's slot, as an element offset */
     for (int64_t s = 0; s < seqs; s++)
         for (int64_t t = 0; t < lens[s]; t++)
             offsets[starts[s] + t] = (block_table[s * max_blocks + t / block_size] * block_size + t % block_size) * slot_width;
+    int64_t most = rows * kv_heads / (2 * threads), fits = RUN_SCORES / ((longest + 15) * group * (int64_t)sizeof(float));
+    most = most < RUN_ROWS ? most : RUN_ROWS;
+    most = most < fits ? most : fits;
+    int64_t *run_start = malloc(2 * rows * sizeof(int64_t)), *run_rows = run_start + rows;
+    int64_t runs = row_runs(row_seqs, context_lens, rows, window, most > 1 ? most : 1, run_start, run_rows);
     attend_fn attend = head_dim == 64 ? attend_64 : head_dim == 128 ? attend_128 : attend_any;
 #pragma omp parallel for schedule(dynamic) num_threads(threads) if (work * heads >= 2048)
-    for (int64_t task = 0; task < rows * kv_heads; task++) {
-        int64_t r = task / kv_heads, g = task % kv_heads, len = context_lens[r];
-        int64_t first = window > 0 && len > window ? len - window : 0; /* a sliding window's last tokens only */
-        attend(q + r * q_row_stride + g * group * head_dim, group, cache + g * head_dim,
-               cache + (kv_heads + g) * head_dim, offsets + starts[row_seqs[r]] + first, len - first, head_dim, scale,
-               out + (r * heads + g * group) * head_dim);
+    for (int64_t task = 0; task < runs * kv_heads; task++) {
+        int64_t run = task / kv_heads, g = task % kv_heads, r0 = run_start[run], n = run_rows[run];
+        int64_t len = context_lens[r0 + n - 1], first = window > 0 && len > window ? len - window : 0;
+        const int64_t *seq_offsets = offsets + starts[row_seqs[r0]] + first;
+        const bf16 *keys = cache + g * head_dim, *values = cache + (kv_heads + g) * head_dim;
+        if (n == 1) { /* the row's heads in place */
+            int64_t own[group];
+            for (int64_t h = 0; h < group; h++) own[h] = len - first;
+            attend(q + r0 * q_row_stride + g * group * head_dim, group, keys, values, seq_offsets, len - first, own,
+                   head_dim, scale, out + (r0 * heads + g * group) * head_dim);
+            continue;
+        }
+        int64_t own[n * group]; /* the run's heads gathered, row by row, each over its own row's context */
+        float run_q[n * group * head_dim], run_out[n * group * head_dim];
+        for (int64_t i = 0; i < n; i++) {
+            memcpy(run_q + i * group * head_dim, q + (r0 + i) * q_row_stride + g * group * head_dim,
+                   group * head_dim * sizeof(float));
+            for (int64_t h = 0; h < group; h++) own[i * group + h] = context_lens[r0 + i];
+            len = context_lens[r0 + i] > len ? context_lens[r0 + i] : len;
+        }
+        attend(run_q, n * group, keys, values, seq_offsets, len, own, head_dim, scale, run_out);
+        for (int64_t i = 0; i < n; i++)
+            memcpy(out + ((r0 + i) * heads + g * group) * head_dim, run_out + i * group * head_dim,
+                   group * head_dim * sizeof(float));
     }
+    free(run_start);
     free(offsets);
 }
 
