@@ -359,15 +359,20 @@ static inline __attribute__((always_inline)) void weigh_values(const bf16 *value
             for (int64_t d = 0; d < head_dim; d++) value[i][d] = to_float(values[offsets[start + i] + d]);
         for (int64_t h = 0; h < group; h++) {
             int64_t own = lens[h] - start < block ? lens[h] - start : block; /* this head's tokens of the block */
-            if (own <= 0) continue;
-            __m256 acc[chunks];
-            for (int64_t c = 0; c < chunks; c++) acc[c] = _mm256_loadu_ps(weighed + h * head_dim + 8 * c);
-            for (int64_t i = 0; i < own; i++) {
-                __m256 weight = _mm256_broadcast_ss(weights + h * stride + start + i);
-                for (int64_t c = 0; c < chunks; c++)
-                    acc[c] = _mm256_fmadd_ps(weight, _mm256_load_ps(value[i] + 8 * c), acc[c]);
+            /* 64 dimensions at a time, in a fixed array that stays in registers (one sized by head_dim was
+             * written back to the stack at every token: 8 stores per 8 multiply-adds) */
+            for (int64_t c0 = 0; c0 < chunks && own > 0; c0 += 8) {
+                const int64_t width = chunks - c0 < 8 ? chunks - c0 : 8;
+                float *sums = weighed + h * head_dim + 8 * c0;
+                __m256 acc[8];
+                for (int64_t c = 0; c < width; c++) acc[c] = _mm256_loadu_ps(sums + 8 * c);
+                for (int64_t i = 0; i < own; i++) {
+                    __m256 weight = _mm256_broadcast_ss(weights + h * stride + start + i);
+                    for (int64_t c = 0; c < width; c++)
+                        acc[c] = _mm256_fmadd_ps(weight, _mm256_load_ps(value[i] + 8 * (c0 + c)), acc[c]);
+                }
+                for (int64_t c = 0; c < width; c++) _mm256_storeu_ps(sums + 8 * c, acc[c]);
             }
-            for (int64_t c = 0; c < chunks; c++) _mm256_storeu_ps(weighed + h * head_dim + 8 * c, acc[c]);
         }
     }
 }
@@ -421,6 +426,36 @@ static inline __attribute__((always_inline)) void weigh_values(const bf16 *value
 }
 #endif
 
+/* scores [0, len) as exp(score - their largest), in place, and their sum; the largest and the sum run per lane,
+ * then across the lanes (a serial sum took a dependent addition per score). The padding past len, up to a whole
+ * block of 16 (the scores' stride leaves room), is computed, never counted. */
+static inline float softmax_numerators(float *scores, int64_t len) {
+    i32v lane;
+    for (int l = 0; l < LANES; l++) lane[l] = l;
+    f32v most = (f32v){0} - INFINITY, sum = {0};
+    for (int64_t t = 0; t < len; t += LANES) {
+        f32v v;
+        memcpy(&v, scores + t, sizeof(v));
+        v = select_v(lane + (int32_t)t < (int32_t)len, v, most);
+        most = select_v(v > most, v, most); /* a NaN never wins, as in a scan */
+    }
+    float peak = -INFINITY, total = 0.0f;
+    for (int l = 0; l < LANES; l++) peak = most[l] > peak ? most[l] : peak;
+    for (int64_t t = 0; t < len; t += 16) {
+        f32x16 block;
+        memcpy(&block, scores + t, sizeof(block));
+        block = exp16(block - peak);
+        memcpy(scores + t, &block, sizeof(block));
+        for (int p = 0; p < 16; p += LANES) {
+            f32v part;
+            memcpy(&part, scores + t + p, sizeof(part));
+            sum += select_v(lane + (int32_t)(t + p) < (int32_t)len, part, (f32v){0});
+        }
+    }
+    for (int l = 0; l < LANES; l++) total += sum[l];
+    return total;
+}
+
 /* softmax(q k^T * scale) v for the group query heads that share one key-value head, each head over its own first
  * lens[h] of len cached tokens, in float32. Each key and value is read once for the whole group, and each head's
  * sums run in the order one head alone would run them (the scores of tokens past its own are computed, never
@@ -431,19 +466,9 @@ static inline __attribute__((always_inline)) void attend_group(const float *q, c
                                                                const int64_t *lens, const int64_t head_dim,
                                                                float scale, float *out) {
     const int64_t stride = len + 15;
-    float scores[group][stride], peak[group], total[group];
+    float scores[group][stride], total[group];
     score_tokens(q, group, keys, values, offsets, len, head_dim, scale, stride, &scores[0][0]);
-    for (int64_t h = 0; h < group; h++) {
-        peak[h] = -INFINITY, total[h] = 0.0f;
-        for (int64_t t = 0; t < lens[h]; t++) peak[h] = scores[h][t] > peak[h] ? scores[h][t] : peak[h];
-        for (int64_t t = 0; t < lens[h]; t += 16) { /* the padding past lens[h] is computed, never read */
-            f32x16 block;
-            memcpy(&block, scores[h] + t, sizeof(block));
-            block = exp16(block - peak[h]);
-            memcpy(scores[h] + t, &block, sizeof(block));
-        }
-        for (int64_t t = 0; t < lens[h]; t++) total[h] += scores[h][t];
-    }
+    for (int64_t h = 0; h < group; h++) total[h] = softmax_numerators(scores[h], lens[h]);
     float weighed[group][head_dim];
     weigh_values(values, offsets, len, lens, group, head_dim, stride, &scores[0][0], &weighed[0][0]);
     for (int64_t h = 0; h < group; h++)
