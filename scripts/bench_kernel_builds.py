@@ -1,0 +1,78 @@
+#!/usr/bin/env python
+"""Two builds of the CPU kernels side by side: the engine alone, the same Python code, alternating.
+
+For each library (``cpu_kernels-*.so``, say one built from an earlier commit and the installed one), one process
+holds an engine with speculation and one without on the same model file, and the runs alternate between the
+libraries so that the machine's drift hits both: the repeating workload (``repeat_prompts.py``, 256 tokens) and
+the standard prompts (128 tokens) at one stream, greedy, EOS ignored, and a long prompt's prefill (about 2,300
+tokens, prefix cache off). Example, against the kernels of an earlier commit built in a worktree:
+
+    git worktree add /tmp/before HEAD~3 && (cd /tmp/before && python -c \\
+        "from wsgi_infer.engine.kernels import variants, build; variants.build_variants(build.installed_dir())")
+    .venv/bin/python scripts/bench_kernel_builds.py /tmp/before/wsgi_infer/engine/kernels/lib/cpu_kernels-avx2.so \\
+        wsgi_infer/engine/kernels/lib/cpu_kernels-avx2.so --model smol-q4_1.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from repeat_prompts import SENTENCES, repeat_prompts
+
+import wsgi_infer.engine.kernels.cpu as cpu
+from wsgi_infer import LLM, SamplingParams
+from wsgi_infer.engine.cpu_info import cpu_model_name
+
+STANDARD = [
+    f"Write a detailed, friendly explanation for a curious student about {topic}."
+    for topic in ("rain", "tides", "volcanoes", "bridges")
+]
+
+
+def engines(library: str, model: str | None) -> dict[str, LLM]:
+    cpu.kernels_library = lambda: Path(library)  # what every engine made now loads
+    return {"ngram": LLM(model=model), "none": LLM(model=model, speculative="none", enable_prefix_caching=False)}
+
+
+def tokens_and_seconds(llm: LLM, prompts: list[str], params: SamplingParams) -> tuple[int, float]:
+    start = time.perf_counter()
+    tokens = sum(len(llm.generate([prompt], params)[0].token_ids) for prompt in prompts)
+    return tokens, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("libraries", nargs=2, help="two kernel libraries (.so)")
+    parser.add_argument("--model", default=None, help="default: the shipped model")
+    parser.add_argument("--repeat", type=int, default=2, help="alternating rounds")
+    args = parser.parse_args()
+    built = {library: engines(library, args.model) for library in args.libraries}
+    workloads = {
+        "repeat": (repeat_prompts(8), SamplingParams(temperature=0, max_tokens=256, ignore_eos=True)),
+        "standard": (STANDARD, SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)),
+    }
+    totals: dict[tuple, list] = {}
+    prefill: dict[str, list[float]] = {library: [] for library in built}
+    long_prompt = " ".join(SENTENCES * 6)
+    for round_ in range(args.repeat):
+        for library, llms in built.items():
+            for speculative, llm in llms.items():
+                for workload, (prompts, params) in workloads.items():
+                    tokens, seconds = tokens_and_seconds(llm, prompts, params)
+                    total = totals.setdefault((library, workload, speculative), [0, 0.0])
+                    total[0], total[1] = total[0] + tokens, total[1] + seconds
+            once = SamplingParams(temperature=0, max_tokens=1)
+            prefill[library].append(tokens_and_seconds(llms["none"], [f"{round_} {long_prompt}"], once)[1])
+    print(f"# {cpu_model_name()}, engine alone, one stream, {args.repeat} alternating rounds")
+    print("| library | workload | speculation | tok/s |\n|---|---|---|---|")
+    for (library, workload, speculative), (tokens, seconds) in totals.items():
+        print(f"| {library} | {workload} | {speculative} | {tokens / seconds:.1f} |")
+    length = len(next(iter(built.values()))["none"].engine.tokenizer(long_prompt)["input_ids"])
+    for library, seconds in prefill.items():
+        print(f"# {library}: a {length}-token prompt's prefill " + ", ".join(f"{s:.2f} s" for s in seconds))
+
+
+if __name__ == "__main__":
+    main()
