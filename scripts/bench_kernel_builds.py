@@ -2,10 +2,11 @@
 """Two builds of the CPU kernels side by side: the engine alone, the same Python code, alternating.
 
 For each library (``cpu_kernels-*.so``, say one built from an earlier commit and the installed one), one process
-holds an engine with speculation and one without on the same model file, and the runs alternate between the
-libraries so that the machine's drift hits both: the repeating workload (``repeat_prompts.py``, 256 tokens) and
-the standard prompts (128 tokens) at one stream, greedy, EOS ignored, and a long prompt's prefill (about 2,300
-tokens, prefix cache off). Example, against the kernels of an earlier commit built in a worktree:
+holds an engine with speculation and one without on the same model file, neither with a prefix cache (every
+request pays its prefill, as a new prompt would), and the runs alternate between the libraries so that the
+machine's drift hits both: the repeating workload (``repeat_prompts.py``, 256 tokens) and the standard prompts
+(128 tokens) at one stream, greedy, EOS ignored, and a long prompt's prefill (about 2,300 tokens). Example,
+against the kernels of an earlier commit built in a worktree:
 
     git worktree add /tmp/before HEAD~3 && (cd /tmp/before && python -c \\
         "from wsgi_infer.engine.kernels import variants, build; variants.build_variants(build.installed_dir())")
@@ -16,6 +17,7 @@ tokens, prefix cache off). Example, against the kernels of an earlier commit bui
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from pathlib import Path
 
@@ -33,7 +35,8 @@ STANDARD = [
 
 def engines(library: str, model: str | None) -> dict[str, LLM]:
     cpu.kernels_library = lambda: Path(library)  # what every engine made now loads
-    return {"ngram": LLM(model=model), "none": LLM(model=model, speculative="none", enable_prefix_caching=False)}
+    # no prefix cache: every round's requests pay their prefill, as new prompts would, with speculation or without
+    return {kind: LLM(model=model, speculative=kind, enable_prefix_caching=False) for kind in ("ngram", "none")}
 
 
 def tokens_and_seconds(llm: LLM, prompts: list[str], params: SamplingParams) -> tuple[int, float]:
@@ -57,17 +60,18 @@ def main() -> None:
     prefill: dict[str, list[float]] = {library: [] for library in built}
     long_prompt = " ".join(SENTENCES * 6)
     for round_ in range(args.repeat):
-        for library, llms in built.items():
-            for speculative, llm in llms.items():
-                for workload, (prompts, params) in workloads.items():
-                    tokens, seconds = tokens_and_seconds(llm, prompts, params)
+        for workload, (prompts, params) in workloads.items():
+            for prompt, speculative in itertools.product(prompts, ("ngram", "none")):
+                for library, llms in built.items():  # request by request: the machine drifts within a minute
+                    tokens, seconds = tokens_and_seconds(llms[speculative], [prompt], params)
                     total = totals.setdefault((library, workload, speculative), [0, 0.0])
                     total[0], total[1] = total[0] + tokens, total[1] + seconds
+        for library, llms in built.items():
             once = SamplingParams(temperature=0, max_tokens=1)
             prefill[library].append(tokens_and_seconds(llms["none"], [f"{round_} {long_prompt}"], once)[1])
     print(f"# {cpu_model_name()}, engine alone, one stream, {args.repeat} alternating rounds")
     print("| library | workload | speculation | tok/s |\n|---|---|---|---|")
-    for (library, workload, speculative), (tokens, seconds) in totals.items():
+    for (library, workload, speculative), (tokens, seconds) in sorted(totals.items()):
         print(f"| {library} | {workload} | {speculative} | {tokens / seconds:.1f} |")
     length = len(next(iter(built.values()))["none"].engine.tokenizer(long_prompt)["input_ids"])
     for library, seconds in prefill.items():
