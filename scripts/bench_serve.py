@@ -17,7 +17,9 @@ system gets the same prompts and lengths, runs alternate between systems, and
 peers without `ignore_eos` get a `logit_bias` of -100 on --eos-token-ids.
 --llama-server BINARY starts llama.cpp's own server as one more peer, on the
 same GGUF (--peer-model for another file: a Hugging Face --model's BF16 GGUF),
-with as many threads as this machine has cores and a slot per stream.
+with as many threads as this machine has cores and a slot per stream; like
+ours, it starts afresh for each run, so that no run reuses the prompts an
+earlier run left in its cache.
 --json and --plot write the medians and a PNG of tok/s and TTFT against
 concurrency, one line per system:
 
@@ -254,26 +256,34 @@ def engine_alone(args) -> dict:
 
 
 def serve_levels(args, name: str, peer_url: str | None, env: dict | None = None) -> dict[int, dict]:
-    """One run of every concurrency against one system: ours (started here with ``env``, or --url) or a peer."""
-    server, url = (None, peer_url or args.url) if peer_url or args.url else start_server(args, env=env)
+    """One run of every concurrency against one system: ours (started here with ``env``, or --url), llama-server
+    (started here, where ``env`` holds its extra arguments under "llama-server") or a peer at ``peer_url``."""
+    llama = env is not None and "llama-server" in env
+    if llama:
+        server, url = start_llama_server(args, extra=env["llama-server"])
+    elif peer_url or args.url:
+        server, url = None, peer_url or args.url
+    else:
+        server, url = start_server(args, env=env)
+    peer, ours_started = llama or peer_url is not None, server is not None and not llama
     # Peers may lack ignore_eos: a strongly negative bias on the end tokens has the same effect.
-    extra = {"logit_bias": {str(t): -100 for t in args.eos_token_ids}} if peer_url else None
+    extra = {"logit_bias": {str(t): -100 for t in args.eos_token_ids}} if peer else None
     try:
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-        keep_alive = peer_url is None
+        keep_alive = not peer
         asyncio.run(run_level(url, model, 1, 2, 8, None, extra, keep_alive))  # warm-up
         results = {}
         for c in args.concurrency:
             n = max(args.min_requests, c * args.rounds)
             level = run_level(url, model, c, n, args.output_len, args.request_rate, extra, keep_alive)
-            drafted = spec_counts(url) if server is not None else None
+            drafted = spec_counts(url) if ours_started else None
             results[c] = asyncio.run(level)
             if drafted is not None:  # our speculation: the level's draft tokens and those accepted
                 after = spec_counts(url)
                 results[c]["spec_draft_tokens"], results[c]["spec_accepted_tokens"] = (
                     b - a for a, b in zip(drafted, after)
                 )
-            if server is not None:
+            if ours_started:
                 results[c]["server_peak_rss_mb"] = tree_peak_rss_mb(server.pid)
             r = results[c]
             print(
@@ -393,24 +403,16 @@ def main() -> None:
     for variant in args.ours:  # NAME=WSGI_INFER_SPECULATIVE=ngram,...
         name, _, settings = variant.partition("=")
         systems.append((name, None, dict(kv.split("=", 1) for kv in settings.split(","))))
-    llama_servers = []
-    if args.llama_server:
+    if args.llama_server:  # started afresh for each run, as ours are: no run reuses another's cached prompts
         for name, extra in [("llama-server", "")] + [v.split("=", 1) for v in args.llama_variant]:
-            process, url = start_llama_server(args, extra=extra.split())
-            llama_servers.append(process)
-            systems.append((name, url, None))
+            systems.append((name, None, {"llama-server": extra.split()}))
     runs: dict[str, list] = {name: [] for name, _, _ in systems}
     alone_runs = []
-    try:
-        for _ in range(args.repeat):  # alternate the systems so drift of this shared machine hits each of them
-            for name, url, env in systems:
-                runs[name].append(serve_levels(args, name, url, env))
-            if not args.skip_engine:
-                alone_runs.append({int(c): r for c, r in engine_alone(args)["results"].items()})
-    finally:
-        for process in llama_servers:
-            process.terminate()
-            process.wait(60)
+    for _ in range(args.repeat):  # alternate the systems so drift of this shared machine hits each of them
+        for name, url, env in systems:
+            runs[name].append(serve_levels(args, name, url, env))
+        if not args.skip_engine:
+            alone_runs.append({int(c): r for c, r in engine_alone(args)["results"].items()})
     medians = {name: median_runs(r) for name, r in runs.items()}
     for name, levels in medians.items():
         for c, r in levels.items():
