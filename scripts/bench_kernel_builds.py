@@ -4,9 +4,9 @@
 For each library (``cpu_kernels-*.so``, say one built from an earlier commit and the installed one), one process
 holds an engine with speculation and one without on the same model file, neither with a prefix cache (every
 request pays its prefill, as a new prompt would), and the runs alternate between the libraries so that the
-machine's drift hits both: the repeating workload (``repeat_prompts.py``, 256 tokens) and the standard prompts
-(128 tokens) at one stream, greedy, EOS ignored, and a long prompt's prefill (about 2,300 tokens). Example,
-against the kernels of an earlier commit built in a worktree:
+machine's drift hits both: the repeating workload (``repeat_prompts.py``, 256 tokens) and ``bench_engine.py``'s
+standard prompts (128 tokens) at one stream, greedy, EOS ignored, and a long prompt's prefill (about 2,300
+tokens). Example, against the kernels of an earlier commit built in a worktree:
 
     git worktree add /tmp/before HEAD~3 && (cd /tmp/before && python -c \\
         "from wsgi_infer.engine.kernels import variants, build; variants.build_variants(build.installed_dir())")
@@ -21,16 +21,12 @@ import itertools
 import time
 from pathlib import Path
 
+from bench_engine import prompts as standard_prompts
 from repeat_prompts import SENTENCES, repeat_prompts
 
 import wsgi_infer.engine.kernels.cpu as cpu
 from wsgi_infer import LLM, SamplingParams
 from wsgi_infer.engine.cpu_info import cpu_model_name
-
-STANDARD = [
-    f"Write a detailed, friendly explanation for a curious student about {topic}."
-    for topic in ("rain", "tides", "volcanoes", "bridges")
-]
 
 
 def engines(library: str, model: str | None) -> dict[str, LLM]:
@@ -54,7 +50,7 @@ def main() -> None:
     built = {library: engines(library, args.model) for library in args.libraries}
     workloads = {
         "repeat": (repeat_prompts(8), SamplingParams(temperature=0, max_tokens=256, ignore_eos=True)),
-        "standard": (STANDARD, SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)),
+        "standard": (standard_prompts(4), SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)),
     }
     totals: dict[tuple, list] = {}
     prefill: dict[str, list[float]] = {library: [] for library in built}

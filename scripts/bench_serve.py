@@ -255,12 +255,14 @@ def engine_alone(args) -> dict:
     )
 
 
-def serve_levels(args, name: str, peer_url: str | None, env: dict | None = None) -> dict[int, dict]:
+def serve_levels(
+    args, name: str, peer_url: str | None, env: dict | None = None, llama_args: list[str] | None = None
+) -> dict[int, dict]:
     """One run of every concurrency against one system: ours (started here with ``env``, or --url), llama-server
-    (started here, where ``env`` holds its extra arguments under "llama-server") or a peer at ``peer_url``."""
-    llama = env is not None and "llama-server" in env
+    (started here with ``llama_args`` added, where they are not None) or a peer at ``peer_url``."""
+    llama = llama_args is not None
     if llama:
-        server, url = start_llama_server(args, extra=env["llama-server"])
+        server, url = start_llama_server(args, extra=llama_args)
     elif peer_url or args.url:
         server, url = None, peer_url or args.url
     else:
@@ -399,18 +401,19 @@ def main() -> None:
 
     global WORKLOAD
     WORKLOAD = WORKLOADS[args.workload]
-    systems = [("wsgi-infer", None, None)] + [(*p.split("=", 1), None) for p in args.peer]
+    # (name, peer URL, our settings, llama-server's extra arguments)
+    systems = [("wsgi-infer", None, None, None)] + [(*p.split("=", 1), None, None) for p in args.peer]
     for variant in args.ours:  # NAME=WSGI_INFER_SPECULATIVE=ngram,...
         name, _, settings = variant.partition("=")
-        systems.append((name, None, dict(kv.split("=", 1) for kv in settings.split(","))))
+        systems.append((name, None, dict(kv.split("=", 1) for kv in settings.split(",")), None))
     if args.llama_server:  # started afresh for each run, as ours are: no run reuses another's cached prompts
         for name, extra in [("llama-server", "")] + [v.split("=", 1) for v in args.llama_variant]:
-            systems.append((name, None, {"llama-server": extra.split()}))
-    runs: dict[str, list] = {name: [] for name, _, _ in systems}
+            systems.append((name, None, None, extra.split()))
+    runs: dict[str, list] = {system[0]: [] for system in systems}
     alone_runs = []
     for _ in range(args.repeat):  # alternate the systems so drift of this shared machine hits each of them
-        for name, url, env in systems:
-            runs[name].append(serve_levels(args, name, url, env))
+        for name, url, env, llama_args in systems:
+            runs[name].append(serve_levels(args, name, url, env, llama_args))
         if not args.skip_engine:
             alone_runs.append({int(c): r for c, r in engine_alone(args)["results"].items()})
     medians = {name: median_runs(r) for name, r in runs.items()}

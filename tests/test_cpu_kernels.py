@@ -138,8 +138,8 @@ def test_the_kernels_refuse_what_they_cannot_read(kernels):
 def test_paged_attention_reads_scattered_blocks_as_sdpa_does(kernels, head_dim):
     """Three sequences over blocks out of order, grouped-query heads (9 over 3): two decode a token each, the
     third runs a prefill chunk of 5 tokens, each of which sees its sequence up to itself (the chunk's rows attend
-    as one run). Float32 queries over a
-    bf16 cache: on AVX2 without AVX-512, in 8-lane registers; elsewhere, in 16-lane vectors."""
+    as one run). Float32 queries over a bf16 cache: on AVX2 without AVX-512, in 8-lane registers; elsewhere, in
+    16-lane vectors."""
     torch.manual_seed(0)
     block_size, kv_heads, heads, scale = 4, 3, 9, head_dim**-0.5
     cache = randn(40 * block_size, 2 * kv_heads, head_dim).bfloat16()
@@ -157,7 +157,7 @@ def test_paged_attention_reads_scattered_blocks_as_sdpa_does(kernels, head_dim):
     # Each row alone, as a decode over the same context, gives what it gave in the batch, where the chunk's rows
     # attended as one run (each key read once for them all).
     for row, seq in enumerate(row_seqs.tolist()):
-        rows = CacheRows(block_size, padded[seq : seq + 1], row_seqs[:1] * 0, lens[row : row + 1])
+        rows = CacheRows(block_size, padded[seq : seq + 1], torch.zeros(1, dtype=torch.long), lens[row : row + 1])
         assert torch.equal(kernels.paged_attention(q[row : row + 1], cache, rows, scale), got[row : row + 1])
     # And each head what it gives with a key-value head of its own: a group shares reads, not arithmetic.
     own_heads = torch.cat([cache[:, :kv_heads].repeat_interleave(3, 1), cache[:, kv_heads:].repeat_interleave(3, 1)], 1)

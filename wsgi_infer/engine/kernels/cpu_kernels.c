@@ -501,10 +501,9 @@ static void attend_any(const float *q, int64_t group, const bf16 *keys, const bf
 static int64_t row_runs(const int64_t *row_seqs, const int64_t *context_lens, int64_t rows, int64_t window,
                         int64_t most, int64_t *run_start, int64_t *run_rows) {
     int64_t runs = 0;
+#define CUT(r) (window > 0 && context_lens[r] > window) /* row r sees only the window's last tokens */
     for (int64_t r = 0; r < rows; r++) {
-        int windowed = window > 0 && context_lens[r] > window;
-        int joins = runs > 0 && !windowed && run_rows[runs - 1] < most && row_seqs[r] == row_seqs[r - 1] &&
-                    !(window > 0 && context_lens[r - 1] > window);
+        int joins = runs > 0 && !CUT(r) && !CUT(r - 1) && run_rows[runs - 1] < most && row_seqs[r] == row_seqs[r - 1];
         if (joins) {
             run_rows[runs - 1]++;
         } else {
@@ -512,6 +511,7 @@ static int64_t row_runs(const int64_t *row_seqs, const int64_t *context_lens, in
         }
     }
     return runs;
+#undef CUT
 }
 
 /* Query rows over their sequences' cached contexts, which already hold the rows' own keys and values: a decode's
