@@ -36,10 +36,10 @@ def test_prefix_cache_hit_keeps_output(tiny_model_dirs):
     cached = LLM(model=model, dtype="float32", quantization="none", block_size=4)
     with_cache = [cached.generate(p, GREEDY)[0].token_ids for p in prompts]  # second reuses the first's blocks
     shared_blocks = len(cached.engine.tokenize(shared)) // 4
-    assert cached.engine.block_manager.num_prefix_hit_blocks >= shared_blocks
+    assert cached.engine.kv_cache.num_prefix_hit_blocks >= shared_blocks
     uncached = LLM(model=model, dtype="float32", quantization="none", block_size=4, enable_prefix_caching=False)
     assert with_cache == [uncached.generate(p, GREEDY)[0].token_ids for p in prompts]
-    assert uncached.engine.block_manager.num_prefix_hit_blocks == 0
+    assert uncached.engine.kv_cache.num_prefix_hit_blocks == 0
     assert_idle(cached)
 
 
@@ -128,7 +128,7 @@ def test_each_architecture_is_batch_invariant_through_chunks_the_prefix_cache_an
     )
     alone = {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
     assert run_alone(llm, PROMPTS[-1]) == alone[f"r{len(PROMPTS) - 1}"]  # again, from its cached blocks
-    assert llm.engine.block_manager.num_prefix_hit_blocks > 0
+    assert llm.engine.kv_cache.num_prefix_hit_blocks > 0
     assert run_staggered(llm, PROMPTS) == alone
     outputs = llm.generate(PROMPTS, GREEDY)
     assert (llm.engine.scheduler.num_preemptions > 0) is (arch != "mistral")
@@ -139,8 +139,8 @@ def test_each_architecture_is_batch_invariant_through_chunks_the_prefix_cache_an
 def test_blocks_behind_every_layers_window_go_back_to_the_pool(tiny_model_dirs):
     """Mistral's layers all slide (8 tokens here): decoding, a sequence of 81 tokens holds the blocks of its last
     8 tokens and the one being written (3 of 4 tokens), not 21, so 8 blocks serve it whole, and it gives the
-    same tokens as with every block kept."""
-    settings = dict(dtype="float32", quantization="none", block_size=4, max_num_batched_tokens=16)
+    same tokens as with every block kept. (Speculation would add a draft's blocks to that: off here.)"""
+    settings = dict(dtype="float32", quantization="none", block_size=4, max_num_batched_tokens=16, speculative="none")
     windowed = LLM(model=str(tiny_model_dirs["mistral"]), num_kv_blocks=8, **settings)
     engine, params = windowed.engine, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     engine.add_request("long", PROMPTS[-1], params)
@@ -157,3 +157,31 @@ def test_blocks_behind_every_layers_window_go_back_to_the_pool(tiny_model_dirs):
     kept = LLM(model=str(tiny_model_dirs["mistral"]), num_kv_blocks=64, **settings)
     assert tokens == kept.generate(PROMPTS[-1], params)[0].token_ids
     assert_idle(windowed)
+
+
+@pytest.mark.parametrize("quantization", ["none", "int4"])  # torch's attention; the kernels' fused step
+def test_sliding_layers_keep_their_window_and_global_layers_every_block(tiny_model_dirs, quantization):
+    """Gemma 3's tiny config: a sliding layer (8 tokens) and a global one, each in a pool of its own. Decoding
+    60 tokens after a long prompt, the global pool holds every block of the sequence and the sliding pool the
+    blocks of its last 8 tokens and the one being written (3 of 4 tokens); the tokens are those of a cache with
+    room for every block in both (which holds them all in the sliding pool too)."""
+    settings = dict(block_size=4, max_num_batched_tokens=16, speculative="none", quantization=quantization)
+    llm = LLM(model=str(tiny_model_dirs["gemma3"]), kv_cache_memory_bytes=1 << 20, max_num_seqs=1, **settings)
+    engine, params = llm.engine, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    global_pool, sliding_pool = engine.kv_cache.pools
+    assert [g.window for g in engine.kv_cache.groups] == [0, 8]
+    assert sliding_pool.num_blocks == 1 * (2 + 2) + 16 // 4 < global_pool.num_blocks  # one sequence's reads
+    engine.add_request("long", PROMPTS[-1], params)
+    held, tokens = [], []
+    for _ in range(200):  # bounded: a sequence that cannot be scheduled must fail the test, not hang it
+        tokens += [t for d in engine.step() for t in d.token_ids]
+        seq = engine.scheduler.running[0] if engine.scheduler.running else None
+        if seq is not None:
+            held.append([pool.num_blocks - pool.num_free_blocks for pool in (global_pool, sliding_pool)])
+            assert held[-1][0] == -(-seq.num_computed_tokens // 4)  # every block of what it computed
+        if not engine.has_unfinished():
+            break
+    assert len(tokens) == 60 and max(sliding for _, sliding in held[-40:]) <= 8 // 4 + 1
+    everything = LLM(model=str(tiny_model_dirs["gemma3"]), num_kv_blocks=64, **settings)
+    assert tokens == everything.generate(PROMPTS[-1], params)[0].token_ids
+    assert_idle(llm)

@@ -27,6 +27,7 @@ ENGINE_CORE = (
     "outputs",
     "sequence",
     "block_manager",
+    "kv_cache_manager",
     "scheduler",
     "cpu_share",
     "step_interrupt",

@@ -1,4 +1,4 @@
-"""KV-cache blocks: allocation, reference counts and prefix caching.
+"""One pool of KV-cache blocks: allocation, reference counts and prefix caching.
 
 A block holds ``block_size`` consecutive tokens of one or more sequences (shared
 prefixes). A full block is identified by a hash chained over all tokens before
@@ -10,16 +10,20 @@ evicts the least recently freed cached block first.
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from .sequence import Sequence
+PLACEHOLDER = 0  # a table entry behind a sliding window that was never taken (after a prefix hit): never read
 
 
-def chain_hash(previous: bytes, token_ids: list[int]) -> bytes:
-    """Hash of a full block's tokens, chained with the previous block's hash."""
-    return hashlib.blake2b(previous + array("q", token_ids).tobytes(), digest_size=16).digest()
+@dataclass
+class BlockTable:
+    """A sequence's blocks in one pool, by position. Its first ``num_released`` entries lie behind a sliding
+    window: given back (or, after a prefix hit, never taken), stale, never read."""
+
+    blocks: list[int] = field(default_factory=list)
+    num_released: int = 0
 
 
 class BlockManager:
@@ -32,7 +36,6 @@ class BlockManager:
         self._cached: dict[bytes, int] = {}
         # Insertion order is the LRU order: front = evicted first.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.num_prefix_hit_blocks = 0  # cumulative, for metrics and tests
 
     # --- counters --------------------------------------------------------------
     @property
@@ -48,83 +51,56 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # --- prefix cache ------------------------------------------------------------
-    def update_block_hashes(self, seq: Sequence) -> None:
-        """Extend ``seq.block_hashes`` to cover every full block of its tokens."""
-        bs = self.block_size
-        for i in range(len(seq.block_hashes), seq.num_tokens // bs):
-            previous = seq.block_hashes[i - 1] if i else b""
-            seq.block_hashes.append(chain_hash(previous, seq.token_ids[i * bs : (i + 1) * bs]))
+    def cached_block(self, block_hash: bytes) -> int | None:
+        """The block holding the full block of this hash, if it is still cached."""
+        return self._cached.get(block_hash) if self.enable_prefix_caching else None
 
-    def find_cached_prefix(self, seq: Sequence) -> list[int]:
-        """Cached blocks matching the start of ``seq``; at least one token is left to compute."""
-        if not self.enable_prefix_caching:
-            return []
-        self.update_block_hashes(seq)
-        max_blocks = (seq.num_tokens - 1) // self.block_size
-        hits: list[int] = []
-        for block_hash in seq.block_hashes[:max_blocks]:
-            block = self._cached.get(block_hash)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
-
-    def cache_computed_blocks(self, seq: Sequence) -> None:
-        """Publish the full, computed blocks of ``seq`` for reuse by later requests."""
+    def cache_full_blocks(self, table: BlockTable, block_hashes: list[bytes], num_full: int) -> None:
+        """Publish the table's first ``num_full`` blocks (computed, and hashed in ``block_hashes``) for reuse."""
         if not self.enable_prefix_caching:
             return
-        self.update_block_hashes(seq)
-        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes))
-        for i in range(seq.num_released_blocks, num_full):
-            block = seq.block_table[i]
+        for i in range(table.num_released, num_full):
+            block = table.blocks[i]
             if self._block_hash[block] is not None:
                 continue
-            block_hash = seq.block_hashes[i]
+            block_hash = block_hashes[i]
             if block_hash in self._cached:  # computed twice concurrently: keep the first
                 continue
             self._block_hash[block] = block_hash
             self._cached[block_hash] = block
 
     # --- allocation --------------------------------------------------------------
-    def allocate(self, seq: Sequence, num_new_tokens: int, cached_prefix: list[int] = ()) -> bool:
-        """Give ``seq`` blocks for ``num_new_tokens`` more tokens (after a cached prefix).
+    def missing(self, table: BlockTable, num_tokens: int, hits: Sequence[int] = (), skipped: int = 0) -> int:
+        """How many blocks short the pool is of giving ``table`` its first ``num_tokens`` tokens (after a prefix
+        hit: ``skipped`` placeholders, then the cached ``hits``); 0 or less when they fit."""
+        reused_free = sum(1 for b in hits if self._ref_counts[b] == 0)
+        needed = self.blocks_needed(num_tokens) - len(table.blocks) - skipped - len(hits)
+        return needed - (len(self._free) - reused_free)
 
-        Returns False, changing nothing, when the free blocks do not suffice.
-        """
-        if cached_prefix:
-            assert not seq.block_table and seq.num_computed_tokens == 0
-        reused_free = sum(1 for b in cached_prefix if self._ref_counts[b] == 0)
-        num_computed = seq.num_computed_tokens + len(cached_prefix) * self.block_size
-        needed = self.blocks_needed(num_computed + num_new_tokens) - len(seq.block_table) - len(cached_prefix)
-        if needed > len(self._free) - reused_free:
-            return False
-        for block in cached_prefix:
+    def allocate(self, table: BlockTable, num_tokens: int, hits: Sequence[int] = (), skipped: int = 0) -> None:
+        """Give ``table`` its first ``num_tokens`` tokens' blocks, which must fit (``missing``)."""
+        assert self.missing(table, num_tokens, hits, skipped) <= 0
+        for block in hits:
             if self._ref_counts[block] == 0:
                 del self._free[block]
             self._ref_counts[block] += 1
-        seq.block_table.extend(cached_prefix)
-        self.num_prefix_hit_blocks += len(cached_prefix)
-        if cached_prefix and not seq.num_output_tokens:
-            seq.num_cached_tokens = len(cached_prefix) * self.block_size
-        seq.num_computed_tokens = num_computed
-        for _ in range(needed):
-            seq.block_table.append(self._take_free_block())
-        return True
+        table.blocks += [PLACEHOLDER] * skipped + list(hits)
+        table.num_released += skipped
+        for _ in range(self.blocks_needed(num_tokens) - len(table.blocks)):
+            table.blocks.append(self._take_free_block())
 
-    def free(self, seq: Sequence) -> None:
-        """Release every block of ``seq``; tail blocks become the first to evict."""
-        for block in reversed(seq.block_table[seq.num_released_blocks :]):
+    def free(self, table: BlockTable) -> None:
+        """Release every block of ``table``; tail blocks become the first to evict."""
+        for block in reversed(table.blocks[table.num_released :]):
             self._release(block)
-        seq.block_table, seq.num_released_blocks = [], 0
-        seq.num_computed_tokens = 0
+        table.blocks, table.num_released = [], 0
 
-    def release_behind(self, seq: Sequence, window: int) -> None:
-        """Where every layer attends to its last ``window`` tokens only: give back the blocks no later token of
-        ``seq`` reads (before the next one's window). They stay cached, for a later request's prefix."""
-        first_read = seq.num_computed_tokens - window + 1  # the next token's window starts here
-        while (seq.num_released_blocks + 1) * self.block_size <= first_read:
-            self._release(seq.block_table[seq.num_released_blocks])
-            seq.num_released_blocks += 1
+    def release_before(self, table: BlockTable, first_read: int) -> None:
+        """Give back the blocks wholly before position ``first_read``, which no later token reads. They stay
+        cached, for a later request's prefix."""
+        while (table.num_released + 1) * self.block_size <= first_read:
+            self._release(table.blocks[table.num_released])
+            table.num_released += 1
 
     def _release(self, block: int) -> None:
         self._ref_counts[block] -= 1

@@ -15,12 +15,12 @@ import random
 
 import torch
 
-from .block_manager import BlockManager
 from .chat_template import chat_prompt_ids
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .device import resolve_device, resolve_dtype
 from .grammar import GrammarCompiler
+from .kv_cache_manager import KVCacheManager
 from .model_builder import kernels_serve
 from .model_loader import eos_token_ids, load_config, load_tokenizer, resolve_model_dir
 from .model_runner import DraftLogits, ModelRunner
@@ -28,7 +28,7 @@ from .outputs import EngineCounters, RequestDelta, TokenLogprob
 from .sampler import Sampler, prompt_logprobs
 from .sampling_params import InvalidParameter, SamplingParams, max_tokens_within
 from .scheduler import Scheduler
-from .sequence import Sequence
+from .sequence import Sequence, SequenceStatus
 from .speculative import SpecCounters, proposer_for, speculates, verify_sampled
 
 log = logging.getLogger(__name__)
@@ -50,13 +50,13 @@ class LLMEngine:
         self.eos_token_ids = eos_token_ids(self.model_dir, self.hf_config, self.tokenizer)
         self.runner = ModelRunner(config, self.hf_config, self.model_dir, self.device, self.dtype)
         self.max_model_len = self.runner.max_model_len
-        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.kv_cache = KVCacheManager(self.runner.kv_groups, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler(self.runner.kernels)
         self._seqs: dict[str, Sequence] = {}
         self._seed_source = random.Random(config.seed)
         self.grammars = GrammarCompiler(self.tokenizer, self.hf_config.vocab_size)
-        self.proposer = proposer_for(config, self.runner.release_window)
+        self.proposer = proposer_for(config)
         self.spec = SpecCounters()
         self.last_step_num_tokens = 0
         log.info("model ready: %s, max_model_len %d", self.hf_config.model_type, self.max_model_len)
@@ -114,7 +114,7 @@ class LLMEngine:
         self.runner.model.interrupt.request()
 
     def counters(self) -> EngineCounters:
-        bm = self.block_manager
+        bm = self.kv_cache
         return EngineCounters(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
@@ -144,9 +144,7 @@ class LLMEngine:
         computed = self.runner.execute(batch)
         for item in batch:
             item.seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.cache_computed_blocks(item.seq)
-            if self.runner.release_window:
-                self.block_manager.release_behind(item.seq, self.runner.release_window)
+            self.kv_cache.cache_computed_blocks(item.seq)
         for found in computed.prompt:
             targets = found.seq.token_ids[found.first : found.first + len(found.logits)]
             found.seq.prompt_logprobs += prompt_logprobs(found.logits, targets, found.seq.params.prompt_logprobs)
@@ -168,6 +166,9 @@ class LLMEngine:
             deltas += [self._append_token(seq, token, lp) for seq, token, lp in zip(sampling, tokens, logprobs)]
         for draft in computed.drafts:
             deltas += self._verify(draft)
+        for item in batch:  # after verification, which takes rejected draft tokens back
+            if item.seq.status is SequenceStatus.RUNNING:
+                self.kv_cache.release_behind(item.seq)
         return deltas
 
     def _draft_room(self, seq: Sequence) -> int:

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import torch
 
+from .attention_inputs import AttentionInputs
 from .config import EngineConfig
 from .cpu_budget import cpu_budget
 from .cpu_share import CpuShare
-from .kernels.cpu import CacheRows, attention_fits, load_cpu_kernels
-from .layers.attention import AttentionMetadata, PrefillChunk
+from .kernels.cpu import attention_fits, load_cpu_kernels
+from .kv_cache_manager import plan_kv_groups
+from .layers.attention import AttentionMetadata
 from .model_builder import build_model, kernels_serve, why_not_on_kernels
 from .scheduler import ScheduledSequence
 from .sequence import Sequence
@@ -86,18 +88,29 @@ class ModelRunner:
         self.max_model_len = min(config.max_model_len or hf_config.max_position_embeddings, self.model.max_positions)
         self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
         self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-        self.attends_on_kernels = kernels is not None and attention_fits(self.head_dim)
-        self.window = getattr(self.model, "sliding_window", 0)  # its sliding-window layers' (masks built per step)
-        # Where every layer slides (Mistral), blocks behind the window go back to the pool as a sequence moves on.
-        self.release_window = getattr(self.model, "every_layer_window", 0)
+        self.attention_inputs = AttentionInputs(
+            config.block_size,
+            device,
+            dtype,
+            getattr(self.model, "sliding_window", 0),  # its sliding-window layers' (masks built per step)
+            kernels is not None and attention_fits(self.head_dim),
+        )
         self.num_layers = hf_config.num_hidden_layers
-        self.num_blocks = config.num_kv_blocks or max(1, self._kv_budget(config) // self._bytes_per_block())
+        self.kv_groups = plan_kv_groups(
+            getattr(self.model, "layer_windows", None) or [0] * self.num_layers,
+            self._layer_block_bytes(),
+            self._kv_budget(config),
+            config.block_size,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.num_kv_blocks,
+        )
         self.kv_caches = self._allocate_kv_cache()
         self._fit_max_model_len(config.max_num_batched_tokens)
 
     # --- construction: size the KV cache, allocate -----------------------------------
-    def _bytes_per_block(self) -> int:
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self.kv_dtype.itemsize
+    def _layer_block_bytes(self) -> int:
+        return 2 * self.block_size * self.num_kv_heads * self.head_dim * self.kv_dtype.itemsize
 
     def _kv_budget(self, config: EngineConfig) -> int:
         if config.kv_cache_memory_bytes:
@@ -111,11 +124,9 @@ class ModelRunner:
         """A window larger than the cache would refuse every request that leaves max_tokens to fill it: clamp it,
         as vLLM does, and say how to get more. Where every layer slides, a sequence holds its window and a chunk
         at most, whatever its length."""
-        capacity = self.num_blocks * self.block_size
-        if (
-            self.release_window
-            and capacity >= (-(-(self.release_window + chunk) // self.block_size) + 1) * self.block_size
-        ):
+        first = self.kv_groups[0]  # the global layers' pool, or every layer's
+        capacity = first.num_blocks * self.block_size
+        if first.window and capacity >= (-(-(first.window + chunk) // self.block_size) + 1) * self.block_size:
             return
         if self.max_model_len > capacity:
             log.warning(
@@ -127,16 +138,21 @@ class ModelRunner:
             self.max_model_len = capacity
 
     def _allocate_kv_cache(self) -> KVCache:
-        shape = (self.num_blocks * self.block_size, 2 * self.num_kv_heads, self.head_dim)
-        caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(self.num_layers)]
-        log.info(
-            "KV cache: %d blocks of %d tokens (%.0f MiB, %s %s)",
-            self.num_blocks,
-            self.block_size,
-            self.num_blocks * self._bytes_per_block() / 2**20,
-            self.device,
-            self.kv_dtype,
-        )
+        caches: list[torch.Tensor | None] = [None] * self.num_layers
+        for group in self.kv_groups:
+            shape = (group.num_blocks * self.block_size, 2 * self.num_kv_heads, self.head_dim)
+            for layer in group.layers:
+                caches[layer] = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            log.info(
+                "KV cache: %d blocks of %d tokens for %d layers%s (%.0f MiB, %s %s)",
+                group.num_blocks,
+                self.block_size,
+                len(group.layers),
+                f" with a window of {group.window}" if group.window else "",
+                group.num_blocks * len(group.layers) * self._layer_block_bytes() / 2**20,
+                self.device,
+                self.kv_dtype,
+            )
         return caches
 
     # --- one step: prepare inputs, run, select logits ----------------------------------
@@ -149,77 +165,17 @@ class ModelRunner:
         # token) first, then the longer prefill chunks: see layers.attention.
         single_token = [s for s in batch if s.num_new_tokens == 1]
         ordered = single_token + [s for s in batch if s.num_new_tokens > 1]
-        input_ids, positions, slots = [], [], []
+        input_ids, positions = [], []
         for item in ordered:
             start, end = item.seq.num_computed_tokens, item.seq.num_computed_tokens + item.num_new_tokens
             input_ids += item.seq.token_ids[start:end] + item.seq.draft[: item.num_draft_tokens]
             positions += range(start, end)
-            slots += self._slots(item.seq.block_table, start, end)
-        meta = AttentionMetadata(
-            block_size=self.block_size,
-            slot_mapping=self._longs(slots),
-            num_single_token_seqs=len(single_token),
-        )
-        if self.attends_on_kernels:
-            meta.cache_rows = self._cache_rows(ordered)
-        else:
-            self._prepare_single_token(meta, single_token)
-            self._prepare_prefill(meta, ordered[len(single_token) :])
+        meta = self.attention_inputs.build(ordered, len(single_token), 0)
+        if len(self.kv_groups) > 1:  # the sliding-window layers' own blocks
+            meta.window_group = self.attention_inputs.build(ordered, len(single_token), 1)
         hidden = self._run(input_ids, positions, meta)
         sampling, logits, drafts = self._select_logits(hidden, ordered)
         return StepLogits(sampling, logits, self._prompt_logits(hidden, ordered), self._pooled(hidden, ordered), drafts)
-
-    def _cache_rows(self, items: list[ScheduledSequence]) -> CacheRows:
-        """For the kernels: each sequence's blocks, and each token's sequence and how far it sees."""
-        padded = self._padded_block_tables(items, [s.seq.num_computed_tokens + s.num_new_tokens for s in items])
-        row_seqs, context_lens = [], []
-        for index, item in enumerate(items):
-            start = item.seq.num_computed_tokens
-            row_seqs += [index] * item.num_new_tokens
-            context_lens += range(start + 1, start + item.num_new_tokens + 1)
-        return CacheRows(self.block_size, *(self._longs(v) for v in (padded, row_seqs, context_lens)))
-
-    def _padded_block_tables(self, items: list[ScheduledSequence], context_lens: list[int]) -> list[list[int]]:
-        """Block tables padded with block 0 to the longest context: the padding's slots are never attended."""
-        max_blocks = -(-max(context_lens) // self.block_size)
-        return [s.seq.block_table[:max_blocks] + [0] * (max_blocks - len(s.seq.block_table)) for s in items]
-
-    def _longs(self, values: list) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
-
-    def _prepare_single_token(self, meta: AttentionMetadata, items: list[ScheduledSequence]) -> None:
-        """Block tables padded to the longest context, and the mask of each row's real slots."""
-        if not items:
-            return
-        context_lens = [s.seq.num_computed_tokens + 1 for s in items]
-        padded = self._padded_block_tables(items, context_lens)
-        meta.single_token_blocks = self._longs(padded).flatten()
-        padded_len = len(padded[0]) * self.block_size
-        slot, lens = torch.arange(padded_len, device=self.device), self._longs(context_lens).unsqueeze(1)
-        meta.single_token_mask = self._additive((slot < lens).view(len(items), 1, 1, padded_len))
-        if self.window:  # the last window tokens only
-            in_window = (slot < lens) & (slot >= lens - self.window)
-            meta.single_token_window_mask = self._additive(in_window.view(len(items), 1, 1, padded_len))
-
-    def _prepare_prefill(self, meta: AttentionMetadata, items: list[ScheduledSequence]) -> None:
-        """Per chunk: the slots of its whole context, and a causal mask offset by the cached prefix."""
-        for item in items:
-            end = item.seq.num_computed_tokens + item.num_new_tokens
-            query_pos = torch.arange(item.seq.num_computed_tokens, end, device=self.device).unsqueeze(1)
-            context_pos = torch.arange(end, device=self.device)
-            in_window = (context_pos <= query_pos) & (context_pos > query_pos - self.window)
-            meta.prefills.append(
-                PrefillChunk(
-                    num_tokens=item.num_new_tokens,
-                    context_slots=torch.tensor(self._slots(item.seq.block_table, 0, end), device=self.device),
-                    causal_mask=self._additive(context_pos <= query_pos),
-                    window_mask=self._additive(in_window) if self.window else None,
-                )
-            )
-
-    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
-        """A boolean mask as SDPA would turn it into scores to add (0 or -inf), once per step, not per layer."""
-        return torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
 
     def _run(self, input_ids: list[int], positions: list[int], meta: AttentionMetadata) -> torch.Tensor:
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
@@ -275,12 +231,6 @@ class ModelRunner:
                 found.append(PooledRows(seq, lo, hidden[row + lo - start : row + hi - start].float()))
             row += item.num_new_tokens
         return found
-
-    def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
-        """The cache slots of positions start..end-1. In Python: a decode step asks for one slot per row,
-        where torch's ops cost 25 µs a row and this 1."""
-        size = self.block_size
-        return [block_table[p // size] * size + p % size for p in range(start, end)]
 
 
 def _cpu_share() -> CpuShare:

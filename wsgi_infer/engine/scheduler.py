@@ -15,7 +15,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from .block_manager import BlockManager
+from .kv_cache_manager import KVCacheManager
 from .sequence import Sequence, SequenceStatus
 
 
@@ -36,8 +36,8 @@ class ScheduledSequence:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
-        self.block_manager = block_manager
+    def __init__(self, kv_cache: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.kv_cache = kv_cache
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -61,7 +61,7 @@ class Scheduler:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens + len(seq.draft), budget)
             seq.draft = seq.draft[: max(0, seq.num_computed_tokens + num_new - seq.num_tokens)]  # what fits
-            while not self.block_manager.allocate(seq, num_new):
+            while not self.kv_cache.allocate(seq, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted = True
@@ -79,18 +79,18 @@ class Scheduler:
             seq = self.waiting[0]
             # Prompt logprobs and mean pooling need every prompt position computed: no cached prefix for them.
             wants_all = seq.params.prompt_logprobs is not None or seq.params.pooling == "mean"
-            cached_prefix = [] if wants_all else self.block_manager.find_cached_prefix(seq)
-            num_new = min(seq.num_tokens - len(cached_prefix) * self.block_manager.block_size, budget)
-            if not self.block_manager.allocate(seq, num_new, cached_prefix):
+            hit = None if wants_all else self.kv_cache.find_cached_prefix(seq)
+            num_new = min(seq.num_tokens - (hit.num_blocks * self.kv_cache.block_size if hit else 0), budget)
+            if not self.kv_cache.allocate(seq, num_new, hit):
                 # Alone, a prompt longer than the cache (its model slides on every layer) may find more of its
                 # prefix cached than the cache can hold with its next chunk: it starts over instead of waiting.
-                if self.running or not cached_prefix:
+                if self.running or hit is None:
                     break
-                cached_prefix, num_new = [], min(seq.num_tokens, budget)
-                if not self.block_manager.allocate(seq, num_new):
+                num_new = min(seq.num_tokens, budget)
+                if not self.kv_cache.allocate(seq, num_new):
                     break
             self.waiting.popleft()
-            if not wants_all and self.block_manager.enable_prefix_caching:
+            if not wants_all and self.kv_cache.enable_prefix_caching:
                 self.num_prefix_query_tokens += seq.num_tokens
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
@@ -101,7 +101,7 @@ class Scheduler:
         return scheduled
 
     def _preempt(self, seq: Sequence) -> None:
-        self.block_manager.free(seq)
+        self.kv_cache.free(seq)
         seq.draft = []
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
@@ -113,5 +113,5 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
-        self.block_manager.free(seq)
+        self.kv_cache.free(seq)
         seq.status = SequenceStatus.FINISHED

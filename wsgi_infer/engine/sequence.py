@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import torch
     from llguidance import LLMatcher
 
+    from .block_manager import BlockTable
     from .detokenizer import IncrementalDetokenizer
     from .outputs import TokenLogprob
 
@@ -52,9 +53,7 @@ class Sequence:
         self.matcher = matcher
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
-        self.block_table: list[int] = []
-        # Leading blocks given back behind every layer's sliding window: their entries are stale, never read.
-        self.num_released_blocks = 0
+        self.block_tables: list[BlockTable] = []  # one per pool of the KV cache (``kv_cache_manager``)
         self.block_hashes: list[bytes] = []  # chained content hashes of full blocks
         self.num_cached_tokens = 0  # prompt tokens the prefix cache supplied at admission
         self.arrival_time = time.monotonic()

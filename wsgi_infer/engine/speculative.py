@@ -18,10 +18,9 @@ from .sampling_params import SamplingParams
 from .sequence import Sequence
 
 
-def proposer_for(config: EngineConfig, release_window: int | None) -> NgramProposer | None:
-    """The configured proposer; none where a model gives back KV behind a sliding window (a rejected draft's
-    position would be released early)."""
-    if config.speculative == "none" or release_window:
+def proposer_for(config: EngineConfig) -> NgramProposer | None:
+    """The configured proposer."""
+    if config.speculative == "none":
         return None
     return NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
 

@@ -36,7 +36,7 @@ _SIGNATURES = {
     "int4_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
     "int8_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
     "int8_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
-    "decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _I, _P],
+    "decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _P, _I, _I, _P],
     "gelu_mul": [_P, _P, _I, _I, ctypes.c_int],
     "argmax_rows": [_P, _I, _I, _P, ctypes.c_int],
 }

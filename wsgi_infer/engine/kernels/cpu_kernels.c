@@ -1086,13 +1086,16 @@ static void project(const float *x, int64_t rows, const PackedWeight *w, float *
 
 /* kv_caches: a layer's [slots, 2 * kv_heads, head_dim] each, bf16. x: [rows, hidden], the embeddings in, the
  * last layer's output out; residual: [rows, hidden], the running sum before that output (the final norm adds
- * them). cos_sin: cos, sin, then a second pair for layers with local_rope, each [rows, rotary dims]; slots: [rows] where each row's key and value go; block_table, seqs,
- * max_blocks, row_seqs, context_lens: as paged_attention reads them. stop: read before each layer; once set, the
- * remaining layers are skipped (the caller then discards the step). */
+ * them). cos_sin: cos, sin, then a second pair for layers with local_rope, each [rows, rotary dims]; slots: [rows]
+ * where each row's key and value go; block_table, seqs, max_blocks, row_seqs, context_lens: as paged_attention reads
+ * them. window_slots, window_block_table, window_max_blocks: the same for sliding-window layers where they keep
+ * blocks of their own (kv_cache_manager.py), or NULL. stop: read before each layer; once set, the remaining layers
+ * are skipped (the caller then discards the step). */
 void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const DecoderShape *shape, bf16 *const *kv_caches,
                     float *x, float *residual, const float *const *cos_sin, const int64_t *slots,
                     const int64_t *block_table, int64_t seqs, int64_t max_blocks, const int64_t *row_seqs,
-                    const int64_t *context_lens, int64_t rows, const volatile int *stop) {
+                    const int64_t *context_lens, const int64_t *window_slots, const int64_t *window_block_table,
+                    int64_t window_max_blocks, int64_t rows, const volatile int *stop) {
     int64_t hidden = shape->hidden, head_dim = shape->head_dim, heads = shape->heads, kv_heads = shape->kv_heads;
     int64_t qkv_width = (heads + 2 * kv_heads) * head_dim, kv_width = 2 * kv_heads * head_dim;
     float *h = malloc(rows * hidden * sizeof(float)), *attn = malloc(rows * heads * head_dim * sizeof(float));
@@ -1110,11 +1113,13 @@ void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const Decode
         const float *cos = cos_sin[2 * layer->local_rope], *sin = cos_sin[2 * layer->local_rope + 1];
         if (layer->rope)
             rotate(qkv, qkv_width, cos, sin, rows, heads + kv_heads, head_dim, shape->rotary_dim, shape->threads);
+        int own = layer->window && window_block_table;
+        const int64_t *layer_slots = own ? window_slots : slots, *table = own ? window_block_table : block_table;
         for (int64_t r = 0; r < rows; r++)
-            store_bf16(kv_caches[l] + slots[r] * kv_width, qkv + r * qkv_width + heads * head_dim, kv_width);
-        paged_attention(qkv, qkv_width, kv_caches[l], block_table, seqs, max_blocks, row_seqs, context_lens,
-                        shape->block_size, attn, rows, heads, kv_heads, head_dim, shape->scale, layer->window,
-                        shape->threads);
+            store_bf16(kv_caches[l] + layer_slots[r] * kv_width, qkv + r * qkv_width + heads * head_dim, kv_width);
+        paged_attention(qkv, qkv_width, kv_caches[l], table, seqs, own ? window_max_blocks : max_blocks, row_seqs,
+                        context_lens, shape->block_size, attn, rows, heads, kv_heads, head_dim, shape->scale,
+                        layer->window, shape->threads);
         project(attn, rows, &layer->o, x, shape->threads);
         if (layer->attention_out_norm)
             rms_norm(x, NULL, layer->attention_out_norm, x, rows, hidden, shape->eps, shape->threads);

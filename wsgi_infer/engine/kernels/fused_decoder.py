@@ -143,7 +143,17 @@ class FusedDecoder:
             cos_sin,
             meta.slot_mapping.data_ptr(),
             *meta.cache_rows.pointers(),
+            *self._window_group(meta),
             rows,
             stop,
         )
         return x, residual
+
+    @staticmethod
+    def _window_group(meta) -> tuple[int | None, int | None, int]:
+        """Slots, block table and its width of the sliding-window layers' own blocks, where they have them."""
+        group = meta.window_group
+        if group is None:
+            return None, None, 0
+        table = group.cache_rows.block_tables
+        return group.slot_mapping.data_ptr(), table.data_ptr(), table.shape[1]

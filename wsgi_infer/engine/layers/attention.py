@@ -48,6 +48,8 @@ class AttentionMetadata:
     single_token_mask: torch.Tensor | None = None
     single_token_window_mask: torch.Tensor | None = None  # the same for the model's sliding-window layers
     prefills: list[PrefillChunk] = field(default_factory=list)
+    # Where sliding-window layers keep their own blocks beside global ones (kv_cache_manager): theirs.
+    window_group: AttentionMetadata | None = None
 
 
 def paged_attention(
@@ -65,6 +67,8 @@ def paged_attention(
     q: [tokens, heads, head_dim]; kv: [tokens, 2 * kv_heads, head_dim], keys then values.
     Returns [tokens, heads * head_dim]. With CPU kernels, every token reads the cache in place.
     """
+    if window and meta.window_group is not None:
+        meta = meta.window_group
     kv_cache.index_copy_(0, meta.slot_mapping, kv.to(kv_cache.dtype))  # a bf16 cache for float32 rows: rounded
     if kernels is not None:
         return kernels.paged_attention(q, kv_cache, meta.cache_rows, scale, window)

@@ -125,9 +125,8 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = self._rotary(config, max_positions)
         self.head_dim = self.layers[0].self_attn.head_dim  # attach_kernels reads it
-        windows = [layer.self_attn.window for layer in self.layers]
-        self.sliding_window = max(windows)  # the runner's masks
-        self.every_layer_window = min(windows)  # 0 unless every layer slides: then blocks behind it are freed
+        self.layer_windows = [layer.self_attn.window for layer in self.layers]  # the KV cache's groups
+        self.sliding_window = max(self.layer_windows)  # the runner's masks
         self.max_positions = max_positions
         self.interrupt = StepInterrupt()  # see LLMEngine.interrupt
 
