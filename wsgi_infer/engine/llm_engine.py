@@ -114,15 +114,15 @@ class LLMEngine:
         self.runner.model.interrupt.request()
 
     def counters(self) -> EngineCounters:
-        bm = self.kv_cache
+        kv = self.kv_cache
         return EngineCounters(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
-            num_free_blocks=bm.num_free_blocks,
-            num_cached_blocks=bm.num_cached_blocks,
-            num_total_blocks=bm.num_blocks,
+            num_free_blocks=kv.num_free_blocks,
+            num_cached_blocks=kv.num_cached_blocks,
+            num_total_blocks=kv.num_blocks,
             num_prefix_query_tokens=self.scheduler.num_prefix_query_tokens,
-            num_prefix_hit_tokens=bm.num_prefix_hit_blocks * bm.block_size,
+            num_prefix_hit_tokens=kv.num_prefix_hit_blocks * kv.block_size,
             num_preemptions=self.scheduler.num_preemptions,
             num_spec_drafts=self.spec.drafts,
             num_spec_draft_tokens=self.spec.draft_tokens,
