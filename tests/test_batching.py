@@ -99,8 +99,10 @@ def test_chunked_prefill_never_stalls_decodes(tiny_model_dirs):
     assert_idle(llm)
 
 
-def test_abort_frees_everything_at_once(tiny_llama):
-    engine = tiny_llama.engine
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # gemma3: a pool for its sliding layer, one for its global
+def test_abort_frees_everything_at_once(tiny_model_dirs, arch):
+    llm = LLM(model=str(tiny_model_dirs[arch]), block_size=4, max_num_batched_tokens=16)
+    engine = llm.engine
     for i, prompt in enumerate(PROMPTS):
         engine.add_request(f"a{i}", prompt, SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
     for _ in range(3):
@@ -110,7 +112,8 @@ def test_abort_frees_everything_at_once(tiny_llama):
         assert engine.abort(f"a{i}")
     assert not engine.abort("a0")
     assert not engine.has_unfinished()
-    assert_idle(tiny_llama)
+    assert_idle(llm)
+    assert all(pool.num_free_blocks == pool.num_blocks for pool in engine.kv_cache.pools)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "smollm3", "llama3", "gemma3", "phi3", "mistral"])
