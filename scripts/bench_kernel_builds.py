@@ -6,7 +6,7 @@ holds an engine with speculation and one without on the same model file, neither
 request pays its prefill, as a new prompt would), and the runs alternate between the libraries so that the
 machine's drift hits both: the repeating workload (``repeat_prompts.py``, 256 tokens) and ``bench_engine.py``'s
 standard prompts (128 tokens) at one stream, greedy, EOS ignored, and a long prompt's prefill (about 2,300
-tokens). Example, against the kernels of an earlier commit built in a worktree:
+tokens) and the 128 tokens decoded after it. Example, against the kernels of an earlier commit built in a worktree:
 
     git worktree add /tmp/before HEAD~3 && (cd /tmp/before && python -c \\
         "from wsgi_infer.engine.kernels import variants, build; variants.build_variants(build.installed_dir())")
@@ -54,6 +54,7 @@ def main() -> None:
     }
     totals: dict[tuple, list] = {}
     prefill: dict[str, list[float]] = {library: [] for library in built}
+    decode: dict[str, list[float]] = {library: [] for library in built}
     long_prompt = " ".join(SENTENCES * 6)
     for round_ in range(args.repeat):
         for workload, (prompts, params) in workloads.items():
@@ -65,6 +66,10 @@ def main() -> None:
         for library, llms in built.items():
             once = SamplingParams(temperature=0, max_tokens=1)
             prefill[library].append(tokens_and_seconds(llms["none"], [f"{round_} {long_prompt}"], once)[1])
+            # 128 tokens more after the same (uncached) prompt: the decode at that context, less the prefill
+            longer = SamplingParams(temperature=0, max_tokens=129, ignore_eos=True)
+            seconds = tokens_and_seconds(llms["none"], [f"{round_} {long_prompt}"], longer)[1] - prefill[library][-1]
+            decode[library].append(128 / seconds)
     print(f"# {cpu_model_name()}, engine alone, one stream, {args.repeat} alternating rounds")
     print("| library | workload | speculation | tok/s |\n|---|---|---|---|")
     for (library, workload, speculative), (tokens, seconds) in sorted(totals.items()):
@@ -72,6 +77,7 @@ def main() -> None:
     length = len(next(iter(built.values()))["none"].engine.tokenizer(long_prompt)["input_ids"])
     for library, seconds in prefill.items():
         print(f"# {library}: a {length}-token prompt's prefill " + ", ".join(f"{s:.2f} s" for s in seconds))
+        print(f"# {library}: decoding after it " + ", ".join(f"{rate:.1f} tok/s" for rate in decode[library]))
 
 
 if __name__ == "__main__":

@@ -172,6 +172,36 @@ def test_paged_attention_reads_scattered_blocks_as_sdpa_does(kernels, head_dim):
         torch.testing.assert_close(windowed[row], expected.flatten(), **F32_CLOSE)
 
 
+@pytest.mark.parametrize("window", [0, 300])
+def test_long_contexts_attend_in_parts_alike_alone_and_in_a_batch(kernels, window):
+    """Contexts past 256 tokens (ATTEND_PART) are attended in parts, each with its own peak, folded in order. A row
+    alone (a decode: its three tasks' parts spread over the threads) gets what it gets in a batch of many tasks
+    (each folding its own parts), or in a prefill chunk's run; each close to SDPA. With a sliding window the parts
+    count from the window's first token."""
+    torch.manual_seed(0)
+    block_size, kv_heads, heads, head_dim, scale = 16, 3, 9, 64, 0.125
+    cache = randn(200 * block_size, 2 * kv_heads, head_dim).bfloat16()
+    tables = [torch.randperm(200)[:60], torch.randperm(200)[:20]]
+    padded = torch.stack([F.pad(t, (0, 60 - len(t))) for t in tables])
+    # a prefill chunk of 6 rows of the long sequence, then decodes of both sequences
+    row_seqs = torch.tensor([0] * 6 + [1, 0, 1, 1])
+    lens = torch.tensor([700, 701, 702, 703, 704, 705, 300, 900, 257, 256])
+    q = randn(len(lens), heads + 2 * kv_heads, head_dim)[:, :heads]
+    got = kernels.paged_attention(q, cache, CacheRows(block_size, padded, row_seqs, lens), scale, window=window)
+    for row, (seq, n) in enumerate(zip(row_seqs.tolist(), lens.tolist())):
+        alone = CacheRows(block_size, padded[seq : seq + 1], torch.zeros(1, dtype=torch.long), lens[row : row + 1])
+        assert torch.equal(
+            kernels.paged_attention(q[row : row + 1], cache, alone, scale, window=window), got[row : row + 1]
+        )
+        slots = (tables[seq][:, None] * block_size + torch.arange(block_size)).flatten()[
+            max(0, n - window) if window else 0 : n
+        ]
+        keys, values = cache[slots, :kv_heads].float(), cache[slots, kv_heads:].float()
+        query = q[row].float().view(kv_heads, 3, head_dim)
+        expected = F.scaled_dot_product_attention(query, keys.transpose(0, 1), values.transpose(0, 1), scale=scale)
+        torch.testing.assert_close(got[row], expected.flatten(), **F32_CLOSE)
+
+
 @pytest.mark.parametrize("vocab", [49152, 49157, 5])  # whole chunks of 16, a tail, a tail alone
 def test_argmax_picks_what_torch_picks(kernels, vocab):
     """The first of equal maxima, a NaN before any number, all -inf, infinities, and rows of ties."""

@@ -426,10 +426,10 @@ static inline __attribute__((always_inline)) void weigh_values(const bf16 *value
 }
 #endif
 
-/* scores [0, len) as exp(score - their largest), in place, and their sum; the largest and the sum run per lane,
- * then across the lanes (a serial sum took a dependent addition per score). The padding past len, up to a whole
- * block of 16 (the scores' stride leaves room), is computed, never counted. */
-static inline float softmax_numerators(float *scores, int64_t len) {
+/* scores [0, len) as exp(score - their largest), in place, and their sum; the largest (in *peak) and the sum run
+ * per lane, then across the lanes (a serial sum took a dependent addition per score). The padding past len, up to a
+ * whole block of 16 (the scores' stride leaves room), is computed, never counted. */
+static inline float softmax_numerators(float *scores, int64_t len, float *peak_out) {
     i32v lane;
     for (int l = 0; l < LANES; l++) lane[l] = l;
     f32v most = (f32v){0} - INFINITY, sum = {0};
@@ -453,42 +453,67 @@ static inline float softmax_numerators(float *scores, int64_t len) {
         }
     }
     for (int l = 0; l < LANES; l++) total += sum[l];
+    *peak_out = peak;
     return total;
 }
 
-/* softmax(q k^T * scale) v for the group query heads that share one key-value head, each head over its own first
- * lens[h] of len cached tokens, in float32. Each key and value is read once for the whole group, and each head's
- * sums run in the order one head alone would run them (the scores of tokens past its own are computed, never
- * read). Scores fit on the stack (a float per token and head, in whole blocks of 16). q and out: the group's
- * heads, one after another. */
-static inline __attribute__((always_inline)) void attend_group(const float *q, const int64_t group, const bf16 *keys,
-                                                               const bf16 *values, const int64_t *offsets, int64_t len,
-                                                               const int64_t *lens, const int64_t head_dim,
-                                                               float scale, float *out) {
+/* One part of softmax(q k^T * scale) v for the group query heads that share one key-value head: over the len cached
+ * tokens at offsets, each head over its own first lens[h] of them (none, where lens[h] is 0), in float32. Per head:
+ * weighed [group, D], the sum of each token's exp(score - peak) times its value; total, the sum of those
+ * numerators; peak, the largest score. Each key and value is read once for the whole group, and each head's sums
+ * run in the order one head alone would run them (the scores of tokens past its own are computed, never read).
+ * Scores fit on the stack (a float per token and head, in whole blocks of 16). q: the group's heads, one after
+ * another. */
+static inline __attribute__((always_inline)) void attend_part(const float *q, const int64_t group, const bf16 *keys,
+                                                              const bf16 *values, const int64_t *offsets, int64_t len,
+                                                              const int64_t *lens, const int64_t head_dim, float scale,
+                                                              float *peak, float *total, float *weighed) {
     const int64_t stride = len + 15;
-    float scores[group][stride], total[group];
+    float scores[group][stride];
     score_tokens(q, group, keys, values, offsets, len, head_dim, scale, stride, &scores[0][0]);
-    for (int64_t h = 0; h < group; h++) total[h] = softmax_numerators(scores[h], lens[h]);
-    float weighed[group][head_dim];
-    weigh_values(values, offsets, len, lens, group, head_dim, stride, &scores[0][0], &weighed[0][0]);
-    for (int64_t h = 0; h < group; h++)
-        for (int64_t d = 0; d < head_dim; d++) out[h * head_dim + d] = weighed[h][d] / total[h];
+    for (int64_t h = 0; h < group; h++) total[h] = softmax_numerators(scores[h], lens[h], peak + h);
+    weigh_values(values, offsets, len, lens, group, head_dim, stride, &scores[0][0], weighed);
 }
 
-/* attend_group with the common head sizes as constants, so that a head's query stays in registers */
+/* attend_part with the common head sizes as constants, so that a head's query stays in registers */
 typedef void (*attend_fn)(const float *, int64_t, const bf16 *, const bf16 *, const int64_t *, int64_t,
-                          const int64_t *, int64_t, float, float *);
+                          const int64_t *, int64_t, float, float *, float *, float *);
 #define ATTEND_HEAD_DIM(D)                                                                                         \
     static void attend_##D(const float *q, int64_t group, const bf16 *keys, const bf16 *values,                   \
                            const int64_t *offsets, int64_t len, const int64_t *lens, int64_t head_dim, float scale, \
-                           float *out) {                                                                           \
+                           float *peak, float *total, float *weighed) {                                            \
         (void)head_dim;                                                                                            \
-        attend_group(q, group, keys, values, offsets, len, lens, D, scale, out);                                   \
+        attend_part(q, group, keys, values, offsets, len, lens, D, scale, peak, total, weighed);                   \
     }
 ATTEND_HEAD_DIM(64) ATTEND_HEAD_DIM(128)
 static void attend_any(const float *q, int64_t group, const bf16 *keys, const bf16 *values, const int64_t *offsets,
-                       int64_t len, const int64_t *lens, int64_t head_dim, float scale, float *out) {
-    attend_group(q, group, keys, values, offsets, len, lens, head_dim, scale, out);
+                       int64_t len, const int64_t *lens, int64_t head_dim, float scale, float *peak, float *total,
+                       float *weighed) {
+    attend_part(q, group, keys, values, offsets, len, lens, head_dim, scale, peak, total, weighed);
+}
+
+/* A context is attended in parts of ATTEND_PART tokens (counted from its first token), each with its own peak, then
+ * the parts are folded in order (fold_part): a row's result depends on its context alone, whichever thread computed
+ * each part. A context of one part is attended as one whole. */
+#define ATTEND_PART 256
+
+/* Folds a part (peak, total, weighed) of heads heads into the running one, which it starts where `first`: each
+ * side's sums rescaled to the larger peak. */
+static void fold_part(int64_t heads, int64_t head_dim, int first, float *peak, float *total, float *weighed,
+                      const float *part_peak, const float *part_total, const float *part_weighed) {
+    for (int64_t h = 0; h < heads; h++) {
+        if (first) {
+            peak[h] = part_peak[h], total[h] = part_total[h];
+            memcpy(weighed + h * head_dim, part_weighed + h * head_dim, head_dim * sizeof(float));
+            continue;
+        }
+        if (part_total[h] == 0.0f) continue; /* the head has no tokens in this part */
+        float most = part_peak[h] > peak[h] ? part_peak[h] : peak[h];
+        float before = expf(peak[h] - most), after = expf(part_peak[h] - most);
+        peak[h] = most, total[h] = total[h] * before + part_total[h] * after;
+        for (int64_t d = 0; d < head_dim; d++)
+            weighed[h * head_dim + d] = weighed[h * head_dim + d] * before + part_weighed[h * head_dim + d] * after;
+    }
 }
 
 /* The rows a task attends at once (see paged_attention): at most RUN_ROWS, and fewer where there would be under
@@ -514,14 +539,78 @@ static int64_t row_runs(const int64_t *row_seqs, const int64_t *context_lens, in
 #undef CUT
 }
 
+/* What paged_attention's tasks share: a task is one key-value head of one run of rows (row_runs) */
+typedef struct {
+    const float *q;
+    int64_t q_row_stride;
+    const bf16 *cache;
+    const int64_t *offsets, *starts, *row_seqs, *context_lens, *run_start, *run_rows;
+    int64_t heads, kv_heads, head_dim, window;
+    float scale;
+    attend_fn attend;
+} attention_job;
+
+/* A task's first row and rows, its first token (past a sliding window's cut) and the tokens it reads from there */
+static void task_span(const attention_job *job, int64_t task, int64_t *r0, int64_t *n, int64_t *first, int64_t *span) {
+    int64_t run = task / job->kv_heads, len = 0;
+    *r0 = job->run_start[run], *n = job->run_rows[run];
+    for (int64_t i = 0; i < *n; i++) len = job->context_lens[*r0 + i] > len ? job->context_lens[*r0 + i] : len;
+    *first = *n == 1 && job->window > 0 && len > job->window ? len - job->window : 0; /* runs are never cut */
+    *span = len - *first;
+}
+
+static int64_t task_parts(const attention_job *job, int64_t task) {
+    int64_t r0, n, first, span;
+    task_span(job, task, &r0, &n, &first, &span);
+    return (span + ATTEND_PART - 1) / ATTEND_PART;
+}
+
+/* Part `part` of a task: its heads (each row's query heads of the task's key-value head, row by row) over their
+ * tokens in that part, each over its own row's context */
+static void attend_task_part(const attention_job *job, int64_t task, int64_t part, float *peak, float *total,
+                             float *weighed) {
+    int64_t r0, n, first, span, group = job->heads / job->kv_heads, g = task % job->kv_heads, d = job->head_dim;
+    task_span(job, task, &r0, &n, &first, &span);
+    int64_t start = part * ATTEND_PART, len = span - start < ATTEND_PART ? span - start : ATTEND_PART;
+    int64_t own[n * group];
+    float run_q[n == 1 ? 1 : n * group * d];
+    const float *q = job->q + r0 * job->q_row_stride + g * group * d; /* one row's heads in place */
+    for (int64_t i = 0; i < n; i++) {
+        int64_t row_len = (n == 1 ? span : job->context_lens[r0 + i]) - start;
+        for (int64_t h = 0; h < group; h++) own[i * group + h] = row_len < 0 ? 0 : row_len < len ? row_len : len;
+        if (n > 1) memcpy(run_q + i * group * d, q + i * job->q_row_stride, group * d * sizeof(float));
+    }
+    const int64_t *offsets = job->offsets + job->starts[job->row_seqs[r0]] + first + start;
+    const bf16 *keys = job->cache + g * d, *values = job->cache + (job->kv_heads + g) * d;
+    job->attend(n == 1 ? q : run_q, n * group, keys, values, offsets, len, own, d, job->scale, peak, total, weighed);
+}
+
+/* A task's parts folded in order (each computed here, or found at parts, where not NULL), divided into its rows' out */
+static void finish_task(const attention_job *job, int64_t task, const float *parts, float *out) {
+    int64_t r0, n, first, span, group = job->heads / job->kv_heads, g = task % job->kv_heads, d = job->head_dim;
+    task_span(job, task, &r0, &n, &first, &span);
+    int64_t heads = n * group, count = task_parts(job, task), width = heads * (2 + d);
+    float peak[heads], total[heads], weighed[heads * d], part[parts ? 1 : width];
+    for (int64_t p = 0; p < count; p++) {
+        const float *found = parts ? parts + p * width : part;
+        if (!parts) attend_task_part(job, task, p, part, part + heads, part + 2 * heads);
+        fold_part(heads, d, p == 0, peak, total, weighed, found, found + heads, found + 2 * heads);
+    }
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t h = 0; h < group; h++)
+            for (int64_t j = 0; j < d; j++)
+                out[((r0 + i) * job->heads + g * group + h) * d + j] = weighed[(i * group + h) * d + j] / total[i * group + h];
+}
+
 /* Query rows over their sequences' cached contexts, which already hold the rows' own keys and values: a decode's
  * one token, or each token of a prefill chunk, which sees its sequence up to itself. q: [rows, heads, D] with a
  * row stride; cache: [slots, 2 * kv_heads, D]; block_table: [seqs, max_blocks]; row_seqs: [rows], each row's
  * table row; context_lens: [rows], the tokens each row sees, itself included (of which the last window, where
  * window > 0); out: [rows, heads * D]. A run of one sequence's consecutive rows attends at once, as one group of
- * query heads over the run's longest context with each head over its own row's (attend_group): each key and value
+ * query heads over the run's longest context with each head over its own row's (attend_part): each key and value
  * is read once for the run instead of once per row, and each row's result is the one it gets alone. Each run's
- * key-value heads are independent tasks, handed out dynamically (see the top). */
+ * key-value heads are independent tasks, handed out dynamically (see the top); where there are fewer than two a
+ * thread (a decode or two, whose contexts grow long), the parts of their contexts are (ATTEND_PART). */
 void paged_attention(const float *q, int64_t q_row_stride, const bf16 *cache, const int64_t *block_table,
                      int64_t seqs, int64_t max_blocks, const int64_t *row_seqs, const int64_t *context_lens,
                      int64_t block_size, float *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
@@ -540,37 +629,40 @@ void paged_attention(const float *q, int64_t q_row_stride, const bf16 *cache, co
     for (int64_t s = 0; s < seqs; s++)
         for (int64_t t = 0; t < lens[s]; t++)
             offsets[starts[s] + t] = (block_table[s * max_blocks + t / block_size] * block_size + t % block_size) * slot_width;
-    int64_t most = rows * kv_heads / (2 * threads), fits = RUN_SCORES / ((longest + 15) * group * (int64_t)sizeof(float));
+    int64_t part = longest < ATTEND_PART ? longest : ATTEND_PART;
+    int64_t most = rows * kv_heads / (2 * threads), fits = RUN_SCORES / ((part + 15) * group * (int64_t)sizeof(float));
     most = most < RUN_ROWS ? most : RUN_ROWS;
     most = most < fits ? most : fits;
     int64_t *run_start = malloc(2 * rows * sizeof(int64_t)), *run_rows = run_start + rows;
     int64_t runs = row_runs(row_seqs, context_lens, rows, window, most > 1 ? most : 1, run_start, run_rows);
-    attend_fn attend = head_dim == 64 ? attend_64 : head_dim == 128 ? attend_128 : attend_any;
-#pragma omp parallel for schedule(dynamic) num_threads(threads) if (work * heads >= 2048)
-    for (int64_t task = 0; task < runs * kv_heads; task++) {
-        int64_t run = task / kv_heads, g = task % kv_heads, r0 = run_start[run], n = run_rows[run];
-        int64_t len = context_lens[r0 + n - 1], first = window > 0 && len > window ? len - window : 0;
-        const int64_t *seq_offsets = offsets + starts[row_seqs[r0]] + first;
-        const bf16 *keys = cache + g * head_dim, *values = cache + (kv_heads + g) * head_dim;
-        if (n == 1) { /* the row's heads in place */
-            int64_t own[group];
-            for (int64_t h = 0; h < group; h++) own[h] = len - first;
-            attend(q + r0 * q_row_stride + g * group * head_dim, group, keys, values, seq_offsets, len - first, own,
-                   head_dim, scale, out + (r0 * heads + g * group) * head_dim);
-            continue;
+    attention_job job = {q, q_row_stride, cache, offsets, starts, row_seqs, context_lens, run_start, run_rows,
+                         heads, kv_heads, head_dim, window, scale,
+                         head_dim == 64 ? attend_64 : head_dim == 128 ? attend_128 : attend_any};
+    int64_t tasks = runs * kv_heads, parallel = work * heads >= 2048;
+    if (tasks >= 2 * threads || !parallel) {
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (parallel)
+        for (int64_t task = 0; task < tasks; task++) finish_task(&job, task, NULL, out);
+    } else { /* few tasks: their parts spread over the threads, then folded in order */
+        int64_t first_item[tasks + 1], width = RUN_ROWS * group * (2 + head_dim);
+        first_item[0] = 0;
+        for (int64_t task = 0; task < tasks; task++) first_item[task + 1] = first_item[task] + task_parts(&job, task);
+        float *parts = malloc(first_item[tasks] * width * sizeof(float));
+#pragma omp parallel num_threads(threads)
+        {
+#pragma omp for schedule(dynamic)
+            for (int64_t item = 0; item < first_item[tasks]; item++) {
+                int64_t task = 0;
+                while (first_item[task + 1] <= item) task++;
+                int64_t r0, n, first, span, heads_of = group;
+                task_span(&job, task, &r0, &n, &first, &span);
+                heads_of *= n;
+                float *at = parts + first_item[task] * width + (item - first_item[task]) * heads_of * (2 + head_dim);
+                attend_task_part(&job, task, item - first_item[task], at, at + heads_of, at + 2 * heads_of);
+            }
+#pragma omp for schedule(static)
+            for (int64_t task = 0; task < tasks; task++) finish_task(&job, task, parts + first_item[task] * width, out);
         }
-        int64_t own[n * group]; /* the run's heads gathered, row by row, each over its own row's context */
-        float run_q[n * group * head_dim], run_out[n * group * head_dim];
-        for (int64_t i = 0; i < n; i++) {
-            memcpy(run_q + i * group * head_dim, q + (r0 + i) * q_row_stride + g * group * head_dim,
-                   group * head_dim * sizeof(float));
-            for (int64_t h = 0; h < group; h++) own[i * group + h] = context_lens[r0 + i];
-            len = context_lens[r0 + i] > len ? context_lens[r0 + i] : len;
-        }
-        attend(run_q, n * group, keys, values, seq_offsets, len, own, head_dim, scale, run_out);
-        for (int64_t i = 0; i < n; i++)
-            memcpy(out + ((r0 + i) * heads + g * group) * head_dim, run_out + i * group * head_dim,
-                   group * head_dim * sizeof(float));
+        free(parts);
     }
     free(run_start);
     free(offsets);
