@@ -41,6 +41,17 @@ def tokens_and_seconds(llm: LLM, prompts: list[str], params: SamplingParams) -> 
     return tokens, time.perf_counter() - start
 
 
+def decode_rate(llm: LLM, prompt: str, tokens: int = 128) -> float:
+    """tok/s of the ``tokens`` decoded after ``prompt``'s first token, timed from that token's step."""
+    engine = llm.engine
+    engine.add_request("long", prompt, SamplingParams(temperature=0, max_tokens=tokens + 1, ignore_eos=True))
+    first = None
+    while engine.has_unfinished():
+        if engine.step() and first is None:
+            first = time.perf_counter()
+    return tokens / (time.perf_counter() - first)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("libraries", nargs=2, help="two kernel libraries (.so)")
@@ -66,10 +77,7 @@ def main() -> None:
         for library, llms in built.items():
             once = SamplingParams(temperature=0, max_tokens=1)
             prefill[library].append(tokens_and_seconds(llms["none"], [f"{round_} {long_prompt}"], once)[1])
-            # 128 tokens more after the same (uncached) prompt: the decode at that context, less the prefill
-            longer = SamplingParams(temperature=0, max_tokens=129, ignore_eos=True)
-            seconds = tokens_and_seconds(llms["none"], [f"{round_} {long_prompt}"], longer)[1] - prefill[library][-1]
-            decode[library].append(128 / seconds)
+            decode[library].append(decode_rate(llms["none"], f"{round_} {long_prompt}"))
     print(f"# {cpu_model_name()}, engine alone, one stream, {args.repeat} alternating rounds")
     print("| library | workload | speculation | tok/s |\n|---|---|---|---|")
     for (library, workload, speculative), (tokens, seconds) in sorted(totals.items()):
