@@ -1087,18 +1087,43 @@ static void tiles_rows(const int bits, const tile_input *x, int64_t rows, int64_
 
 #define ROW_CHUNK 64 /* rows whose inputs the tiles read over and over, while they stay in cache */
 
-/* tasks a thread takes at once, of count: with few rows, the weight streams from memory, and each thread reads
- * best one long run (an equal share: over 30 layers, grabs of 4 tiles were 9-13% slower at 2 and 4 rows, single
- * tiles 10-35%); with more, the multiplies are the bound, and single tasks balance best */
-static inline int64_t tasks_per_grab(int64_t rows, int64_t count, int threads) {
-    return rows > 8 ? 1 : (count + threads - 1) / threads;
+/* A packed multiply's operands, and the rows [r0, r0 + chunk) whose tiles its tasks compute */
+typedef struct {
+    int bits;
+    const tile_input *inputs;
+    const uint8_t *codes;
+    const f16 *scale, *low;
+    const float *group_sums;
+    float *out;
+    int64_t n, k, groups, tiles, per_task, r0, chunk;
+} packed_job;
+
+/* the task of tiles [t0, t0 + per_task): its sums, then their outputs */
+static void tile_task(const packed_job *job, int64_t t0) {
+    float sums[TILE_BLOCK * ROW_CHUNK * TILE];
+    int64_t tiles = job->tiles - t0 < job->per_task ? job->tiles - t0 : job->per_task, groups = job->groups;
+    int64_t r0 = job->r0, chunk = job->chunk, n = job->n, task_groups = t0 * groups;
+    tiles_rows(job->bits, job->inputs + r0 * inputs_per_row(job->k), chunk, tiles,
+               job->codes + task_groups * GROUP_BYTES(job->bits), job->scale + task_groups * TILE,
+               job->low ? job->low + task_groups * TILE : NULL, job->low ? job->group_sums + r0 * groups : NULL, sums,
+               job->k);
+    for (int64_t t = t0; t < t0 + tiles; t++) {
+        int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
+        const float *tile_sums = sums + (t - t0) * chunk * TILE;
+        for (int64_t r = 0; r < chunk; r++)
+            for (int64_t j = 0; j < width; j++) job->out[(r0 + r) * n + t * TILE + j] = tile_sums[r * TILE + j];
+    }
 }
 
-/* out [rows, n] = x [rows, k] (contiguous) times the packed weight [n, k]^T; tiles of outputs spread over threads. */
+/* out [rows, n] = x [rows, k] (contiguous) times the packed weight [n, k]^T; tiles of outputs spread over threads.
+ * With few rows the weight streams from memory, and a thread reads best long runs (grabs of 4 tiles were 9-13%
+ * slower at 2 and 4 rows, single tiles 10-35%), but equal halves ended 7 µs apart on average at one row (of 40 µs
+ * a call): guided grabs, half of what is left and then less, keep the long runs and let the thread that ends first
+ * take the rest (2-6% a token at one stream). With more rows the multiplies are the bound, and single tasks balance
+ * best. */
 static void packed_mm(const int bits, const float *x, int64_t rows, const uint8_t *codes, const f16 *scale,
                       const f16 *low, float *out, int64_t n, int64_t k, int threads) {
     int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE, per_task = tiles_per_task(rows);
-    int64_t tasks = (tiles + per_task - 1) / per_task;
     float *group_sums = low ? malloc(rows * groups * sizeof(float)) : NULL;
     const tile_input *inputs = tile_inputs(x, rows, k, threads);
     if (low) {
@@ -1108,20 +1133,13 @@ static void packed_mm(const int bits, const float *x, int64_t rows, const uint8_
     }
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {
         int64_t chunk = rows - r0 < ROW_CHUNK ? rows - r0 : ROW_CHUNK;
-#pragma omp parallel for schedule(dynamic, tasks_per_grab(chunk, tasks, threads)) num_threads(threads)
-        for (int64_t t0 = 0; t0 < tiles; t0 += per_task) {
-            float sums[TILE_BLOCK * ROW_CHUNK * TILE];
-            int64_t task_tiles = tiles - t0 < per_task ? tiles - t0 : per_task;
-            tiles_rows(bits, inputs + r0 * inputs_per_row(k), chunk, task_tiles, codes + t0 * groups * GROUP_BYTES(bits),
-                       scale + t0 * groups * TILE, low ? low + t0 * groups * TILE : NULL,
-                       low ? group_sums + r0 * groups : NULL, sums, k);
-            for (int64_t t = t0; t < t0 + task_tiles; t++) {
-                int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
-                const float *tile_sums = sums + (t - t0) * chunk * TILE;
-                for (int64_t r = 0; r < chunk; r++)
-                    for (int64_t j = 0; j < width; j++)
-                        out[(r0 + r) * n + t * TILE + j] = tile_sums[r * TILE + j];
-            }
+        packed_job job = {bits, inputs, codes, scale, low, group_sums, out, n, k, groups, tiles, per_task, r0, chunk};
+        if (chunk > 8) {
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+            for (int64_t t0 = 0; t0 < tiles; t0 += per_task) tile_task(&job, t0);
+        } else {
+#pragma omp parallel for schedule(guided) num_threads(threads)
+            for (int64_t t0 = 0; t0 < tiles; t0 += per_task) tile_task(&job, t0);
         }
     }
     free(group_sums);
