@@ -125,7 +125,7 @@ def test_a_prefix_hit_needs_only_the_windows_blocks_in_the_sliding_pool():
     again = make_seq("b", list(range(40)) + [99] * 5)
     hit = kv.find_cached_prefix(again)
     assert hit.num_blocks == 10
-    assert hit.tables[0] == (0, first_global := hit.tables[0][1]) and len(first_global) == 10
+    assert hit.tables[0][0] == 0 and len(hit.tables[0][1]) == 10
     assert hit.tables[1][0] == 8 and len(hit.tables[1][1]) == 2
     assert kv.allocate(again, 5, hit)
     assert again.num_computed_tokens == 40 and again.block_tables[1].num_released == 8

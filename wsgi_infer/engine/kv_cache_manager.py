@@ -85,8 +85,8 @@ class KVCacheManager:
         num = 0
         while num < len(hashes) and all(pool.cached_block(hashes[num]) is not None for pool in global_pools):
             num += 1  # an upper bound: the global layers read every block before the next token
-        while num and not self._every_pool_serves(hashes, num):
-            num -= 1
+        while num and (missing := self._last_missing_in_windows(hashes, num)) is not None:
+            num = missing  # a longer prefix's next token reads that block too
         if not num:
             return None
         tables = []
@@ -99,12 +99,16 @@ class KVCacheManager:
         """The first block that the token after ``num_blocks`` blocks reads, in a group with this window."""
         return max(0, num_blocks * self.block_size - window + 1) // self.block_size if window else 0
 
-    def _every_pool_serves(self, hashes: list[bytes], num: int) -> bool:
-        return all(
-            pool.cached_block(h) is not None
-            for group, pool in zip(self.groups, self.pools)
-            for h in hashes[self._first_read_block(num, group.window) : num]
-        )
+    def _last_missing_in_windows(self, hashes: list[bytes], num: int) -> int | None:
+        """The last of the blocks that the token after ``num`` blocks reads which a sliding pool no longer holds."""
+        missing = None
+        for group, pool in zip(self.groups, self.pools):
+            if group.window:
+                for i in range(num - 1, self._first_read_block(num, group.window) - 1, -1):
+                    if pool.cached_block(hashes[i]) is None:
+                        missing = i if missing is None else max(missing, i)
+                        break
+        return missing
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Publish the full, computed blocks of ``seq`` for reuse by later requests."""
