@@ -18,7 +18,15 @@ from wsgi_infer.engine import checkpoint_writer, model_loader
 from wsgi_infer.engine.cache_files import cache_root
 from wsgi_infer.engine.gguf_checkpoint import read_gguf_config
 from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE
-from wsgi_infer.engine.model_loader import RESOLVED_CONFIGS_DIR, CheckpointTensors, load_config, resolve_model_dir
+from wsgi_infer.engine.model_loader import (
+    FIRST_LOAD_IMPORTS,
+    PREPARED_LOAD_IMPORTS,
+    RESOLVED_CONFIGS_DIR,
+    CheckpointTensors,
+    load_config,
+    load_imports,
+    resolve_model_dir,
+)
 from wsgi_infer.engine.model_paths import CONVERSION_VERSION, FILE_DIGESTS_FILE, default_model_path, file_digest
 
 from .conftest import TINY_ARCHITECTURES
@@ -64,16 +72,27 @@ def test_a_config_is_resolved_by_its_class_once_then_read_back_whole(arch, tiny_
         assert getattr(first, name) == getattr(again, name) == getattr(reference, name), name
 
 
-@pytest.mark.slow  # a fresh interpreter loads the default model's config and tokenizer
-def test_a_later_start_imports_no_architecture_config_class(default_model_dir):
-    """Such an import brings transformers' kernel hub, torch.distributed and dynamo: 1.3 s and 80 MB."""
+@pytest.mark.slow  # a fresh interpreter loads the default model
+def test_a_later_start_imports_only_the_modules_load_imports_names(default_model_dir, tmp_path, monkeypatch):
+    """The server's hub imports them before the engine thread loads (importing creates loggers, which that thread
+    must not). A later start needs no auto class and no architecture's config class (which brings transformers'
+    kernel hub, torch.distributed and dynamo: 1.3 s and 80 MB); a first load needs the auto classes."""
     load_config(default_model_dir)  # the first start resolves the config (and imports its class) once
     code = (
-        "import sys; from wsgi_infer import LLM; LLM()\n"
+        "import importlib, sys\n"
+        "from wsgi_infer.engine.model_loader import PREPARED_LOAD_IMPORTS, load_imports\n"
+        "assert load_imports(None) == PREPARED_LOAD_IMPORTS, load_imports(None)\n"
+        "for module in load_imports(None): importlib.import_module(module)\n"
+        "before = set(sys.modules)\n"
+        "from wsgi_infer import LLM; LLM()\n"
+        "new = sorted(m for m in set(sys.modules) - before if m.startswith('transformers'))\n"
+        "assert not new, new\n"
         "heavy = [m for m in ('transformers.models.llama.configuration_llama', 'torch._dynamo') if m in sys.modules]\n"
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))  # nothing prepared: the GGUF is not even hashed
+    assert load_imports(None) == PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS
 
 
 def test_a_gguf_digest_is_remembered_until_the_file_changes(tmp_path, monkeypatch):

@@ -106,3 +106,21 @@ def test_wsgi_infer_serve_runs_the_gunicorn_configuration(tiny_model_dirs):
         for pid in workers:
             server.wait_for_log(rf"\[{pid}\] \[INFO\] draining: 0 open requests, up to 6\.0 s")
             server.wait_for_log(rf"\[{pid}\] \[INFO\] engine thread stopped")
+
+
+def test_gevents_plugins_are_looked_up_as_importlib_answers_but_read_once(monkeypatch):
+    from importlib import metadata
+
+    from wsgi_infer.server.gunicorn.worker import _entry_points_read_once
+
+    groups = ["gevent.plugins.monkey.will_patch_all", "console_scripts", "no.such.group"]
+    expected = {g: sorted(ep.name for ep in metadata.entry_points(group=g)) for g in groups}
+    reads = []
+    original = metadata.entry_points
+    monkeypatch.setattr(metadata, "entry_points", lambda **kw: reads.append(kw) or original(**kw))
+    counted = metadata.entry_points
+    with _entry_points_read_once():
+        answers = {g: sorted(ep.name for ep in metadata.entry_points(group=g)) for g in groups * 3}
+    assert answers == expected and expected["console_scripts"]
+    assert reads == [{}]  # one read of every distribution
+    assert metadata.entry_points is counted  # put back

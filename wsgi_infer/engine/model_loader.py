@@ -32,6 +32,7 @@ from .model_paths import (
     converted_gguf_dir,
     file_digest,
     is_gguf,
+    known_file_digest,
     model_path,
 )
 from .models import MODEL_REGISTRY
@@ -166,12 +167,15 @@ def _resolve_config(model_dir: Path) -> dict:
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # one class in transformers 5
 
 
+def _generic_tokenizer(model_dir: Path) -> bool:
+    return (read_json(model_dir / "tokenizer_config.json") or {}).get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES
+
+
 def load_tokenizer(model_dir: Path):
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-    settings = read_json(model_dir / "tokenizer_config.json") or {}
     try:
-        if settings.get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES:
+        if _generic_tokenizer(model_dir):
             # As converted GGUFs name theirs. AutoTokenizer would first index every model's module (0.5 s).
             tokenizer = TokenizersBackend.from_pretrained(model_dir, local_files_only=True)
         else:
@@ -186,6 +190,36 @@ def load_tokenizer(model_dir: Path):
     if getattr(tokenizer, "backend_tokenizer", None) is None:
         raise ModelLoadError(f"model {model_dir}: needs a fast tokenizer (tokenizer.json)")
     return tokenizer
+
+
+# The modules of transformers that loading imports, for a caller whose loading thread must not import (the
+# server's hub imports them first, as importing creates loggers): a prepared model's, and a first load's besides.
+PREPARED_LOAD_IMPORTS = (
+    "transformers.configuration_utils",
+    "transformers.generation.configuration_utils",
+    "transformers.modeling_rope_utils",
+    "transformers.tokenization_utils_tokenizers",
+)
+FIRST_LOAD_IMPORTS = ("transformers.models.auto.configuration_auto", "transformers.models.auto.tokenization_auto")
+
+
+def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
+    """What loading ``model`` imports of transformers: a first load's auto classes (0.6 s) only where no earlier
+    load prepared it (converted the GGUF, resolved the config) or its tokenizer has a class of its own."""
+    return PREPARED_LOAD_IMPORTS + (() if _prepared(model_path(model)) else FIRST_LOAD_IMPORTS)
+
+
+def _prepared(path: Path) -> bool:
+    if is_gguf(path):
+        digest = known_file_digest(path)
+        if digest is None:
+            return False
+        path = converted_gguf_dir(path, digest)
+    try:
+        resolved = read_json(_resolved_config_file(path))
+    except ModelLoadError:
+        return False  # the load will say why
+    return resolved is not None and _generic_tokenizer(path) and not (path / "modules.json").is_file()
 
 
 MAPPED_BYTES = 64 << 20  # see CheckpointTensors.__getitem__

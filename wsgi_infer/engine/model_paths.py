@@ -57,6 +57,11 @@ def _digest_key(path: Path) -> str:
     return f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}"
 
 
+def known_file_digest(path: Path) -> str | None:
+    """The digest ``file_digest`` remembered for the file as it is now; None if it has not hashed it."""
+    return (read_json(cache_root() / FILE_DIGESTS_FILE) or {}).get(_digest_key(path))
+
+
 def file_digest(path: Path) -> str:
     """The file's content hash, remembered by path, size and modification time as git's index does:
     hashing the default model's 100 MB takes 0.4 s of every start."""

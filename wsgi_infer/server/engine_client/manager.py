@@ -9,6 +9,7 @@ graceful drain and quick shutdown.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import logging
@@ -23,7 +24,7 @@ import gevent.event
 from ...engine.chat_template import opens_thought, template_thinks
 from ...engine.loop import EngineLoop
 from ...engine.messages import Abort, EngineFailed, EngineReady, EngineStopped, Stop, Submit
-from ...engine.model_loader import load_tokenizer
+from ...engine.model_loader import load_imports, load_tokenizer
 from ...engine.model_paths import model_name
 from ...engine.sampling_params import SamplingParams, StructuredOutput
 from .. import metrics
@@ -95,9 +96,9 @@ class EngineManager:
         """Start the engine thread; it loads the model, then serves. Returns at once."""
         if self._bridge is not None:
             return
-        # Import the heavy modules here, in the hub, so the thread creates no loggers.
-        import transformers  # noqa: F401
-        from transformers import AutoConfig, AutoTokenizer  # noqa: F401
+        # Import what loading imports here, in the hub, so the thread creates no loggers.
+        for module in load_imports(self.settings.model or None):
+            importlib.import_module(module)
 
         self._bridge = HubBridge(self._router.deliver)
         self._loop = EngineLoop(self.settings.engine_config(), self._bridge, self.settings.test_fault_at_step)

@@ -22,8 +22,10 @@ import resource
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
+from importlib import metadata
 
 import gevent
 from gevent.pool import Pool
@@ -81,6 +83,10 @@ class InferenceWorker(GeventWorker):
     def init_process(self) -> None:
         _raise_open_files_limit(self.worker_connections, self.log)
         super().init_process()
+
+    def patch(self) -> None:
+        with _entry_points_read_once():
+            super().patch()
 
     def run(self) -> None:
         """GeventWorker.run for gunicorn's own HTTP handling, with the servers kept
@@ -159,6 +165,19 @@ class InferenceWorker(GeventWorker):
         if manager is not None:
             manager.shutdown_now()
         Worker.handle_quit(self, sig, frame)  # worker_int hook, then exit
+
+
+@contextmanager
+def _entry_points_read_once() -> Iterator[None]:
+    """gevent's ``patch_all`` looks for plugins in ``importlib.metadata.entry_points`` 25 times, and each look reads
+    every installed distribution's metadata: 0.25-0.4 s of a start with the 143 of our environment. One read
+    answers them all."""
+    every, original = metadata.entry_points(), metadata.entry_points
+    metadata.entry_points = lambda **selection: every.select(**selection)
+    try:
+        yield
+    finally:
+        metadata.entry_points = original
 
 
 def _raise_open_files_limit(connections: int, log) -> None:
