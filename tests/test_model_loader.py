@@ -55,10 +55,19 @@ def test_a_gguf_is_converted_as_transformers_reads_it(tmp_path):
     assert {k: v for k, v in ours.items() if k != "_name_or_path"} == {
         k: v for k, v in reference.items() if k != "_name_or_path"
     }
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True).save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    tokenizer.save_pretrained(tmp_path)
     converted = resolve_model_dir(None)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+    for name in ("tokenizer.json", "chat_template.jinja"):
         assert (converted / name).read_bytes() == (tmp_path / name).read_bytes(), name
+    # The same settings, and the added tokens listed there as well (a load then need not parse tokenizer.json).
+    settings = json.loads((converted / "tokenizer_config.json").read_text())
+    added = settings.pop("added_tokens_decoder")
+    assert settings == json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert {int(i): t["content"] for i, t in added.items()} == {
+        i: t.content for i, t in tokenizer.added_tokens_decoder.items()
+    }
+    assert AutoTokenizer.from_pretrained(converted).added_tokens_decoder == tokenizer.added_tokens_decoder
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
