@@ -13,12 +13,12 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 from wsgi_infer import LLM, SamplingParams
 from wsgi_infer.engine import model_builder
 from wsgi_infer.engine.gguf_blocks import MAPPED_TYPES, groups_from_blocks
-from wsgi_infer.engine.gguf_checkpoint import PACKED_GROUPS_FILE, StoredGroups
 from wsgi_infer.engine.layers.packed_embedding import PackedEmbedding
 from wsgi_infer.engine.layers.quantization import PackedLinear
 from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
 from wsgi_infer.engine.model_loader import CheckpointTensors
 from wsgi_infer.engine.model_paths import ModelLoadError
+from wsgi_infer.engine.packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
 
 from .batch_runs import GREEDY
 from .conftest import assert_idle

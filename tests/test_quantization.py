@@ -19,7 +19,6 @@ from wsgi_infer import LLM, EngineConfig, SamplingParams
 from wsgi_infer.engine import device
 from wsgi_infer.engine.cache_files import file_lock
 from wsgi_infer.engine.device import resolve_dtype
-from wsgi_infer.engine.gguf_checkpoint import PACKED_GROUPS_FILE, StoredGroups
 from wsgi_infer.engine.kernels.build import build_cpu_kernels
 from wsgi_infer.engine.kernels.cpu import CpuKernels, load_cpu_kernels
 from wsgi_infer.engine.kernels.layouts import kernel_weight
@@ -30,6 +29,7 @@ from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
 from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.model_loader import CheckpointTensors
 from wsgi_infer.engine.model_paths import default_model_path
+from wsgi_infer.engine.packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
 
 from .conftest import assert_idle, pin_packed_rows
 

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType
-from safetensors import safe_open
 
 from .gguf_blocks import groups_from_blocks
-from .layers.weight_groups import Int4Groups, Int8Groups, WeightGroups
+from .layers.weight_groups import WeightGroups
 
 log = logging.getLogger(__name__)
 
@@ -185,45 +184,3 @@ def _hf_names(architecture: str, config) -> dict[str, str]:
         if gguf_name is not None:
             names[f"{gguf_name}.{suffix}"] = hf_name
     return names
-
-
-PACKED_GROUPS_FILE = "packed_groups.safetensors"  # beside model.safetensors in a converted GGUF's directory
-# The tensors of each format's fields, by suffix: ``{name}.q4`` and so on (an absent offset is no offset).
-_SUFFIXES = {Int4Groups: ("q4", "q4_scale", "q4_zero"), Int8Groups: ("q8", "q8_scale", "q8_low")}
-
-
-def save_packed_groups(groups: dict[str, WeightGroups], path: Path) -> None:
-    from safetensors.torch import save_file
-
-    tensors = {}
-    for name, g in groups.items():
-        for suffix, t in zip(_SUFFIXES[type(g)], astuple(g)):
-            if t is not None:
-                tensors[f"{name}.{suffix}"] = t.contiguous()
-    save_file(tensors, path)
-
-
-class StoredGroups(Mapping):
-    """What ``save_packed_groups`` wrote, read one weight at a time (empty if the file is absent)."""
-
-    def __init__(self, path: Path) -> None:
-        # One handle for every read: opening the file parses its header, 2 ms a time, 0.5 s for every weight.
-        self._file = safe_open(path, framework="pt") if path.is_file() else None
-        self._keys = frozenset(self._file.keys() if self._file is not None else [])
-        self._formats = {}
-        for kind, (codes, *_) in _SUFFIXES.items():
-            self._formats |= {k.removesuffix(f".{codes}"): kind for k in self._keys if k.endswith(f".{codes}")}
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._formats  # without reading the weight (Mapping's default would)
-
-    def __getitem__(self, name: str) -> WeightGroups:
-        kind = self._formats[name]
-        keys = [f"{name}.{suffix}" for suffix in _SUFFIXES[kind]]
-        return kind(*(self._file.get_tensor(k) if k in self._keys else None for k in keys))
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._formats)
-
-    def __len__(self) -> int:
-        return len(self._formats)

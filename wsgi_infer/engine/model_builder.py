@@ -13,7 +13,6 @@ from torch.overrides import TorchFunctionMode
 
 from .cache_files import cache_root
 from .config import EngineConfig
-from .gguf_checkpoint import PACKED_GROUPS_FILE, StoredGroups
 from .kernels.build import kernels_library
 from .kernels.cpu import CpuKernels, attach_kernels
 from .layers.crossing_points import choose_max_rows
@@ -21,6 +20,7 @@ from .layers.packed_embedding import share_embedding_with_packed_head
 from .layers.quantization import kinds, pack_on_kernels, packed_layers, quantize_with_torch
 from .model_loader import CheckpointTensors
 from .models import MODEL_REGISTRY
+from .packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
 from .packing import layer_groups, stored_int4
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,6 @@ from safetensors import safe_open
 from .builtin_chat_templates import BUILTIN_TEMPLATES
 from .cache_files import cache_root, read_json, write_json
 from .checkpoint_writer import ShardedCheckpoint
-from .gguf_checkpoint import PACKED_GROUPS_FILE, gguf_tensors, read_gguf_config, save_packed_groups
 from .model_paths import (
     ModelLoadError,
     conversion_lock,
@@ -36,6 +35,7 @@ from .model_paths import (
     model_path,
 )
 from .models import MODEL_REGISTRY
+from .packed_groups_file import PACKED_GROUPS_FILE, save_packed_groups
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,8 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
     """Config, tokenizer, weights and 4-bit groups, each read once from the file."""
     from transformers import GenerationConfig
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    from .gguf_checkpoint import gguf_tensors, read_gguf_config  # gguf-py: for a conversion only
 
     try:
         config = read_gguf_config(gguf)
