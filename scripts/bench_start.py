@@ -1,0 +1,147 @@
+#!/usr/bin/env python
+"""Start-up time: launch to the first 200 on /health, and where a start's time goes.
+
+    .venv/bin/python scripts/bench_start.py --rounds 3            # first starts (empty cache), then later starts
+    .venv/bin/python scripts/bench_start.py --phases               # one later start's phases, in this process
+
+A start runs `wsgi-infer serve` (the default model unless --model) on a free loopback port with its own cache
+directory, polling /health every 50 ms. ``--phases`` makes the worker's calls one after another here, each timed
+with perf_counter (the imports, gevent's patching, the engine's tokenizer, weights and KV cache, the front end's
+tokenizer); run it after a start has prepared the cache it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+SERVE = [str(Path(sys.executable).with_name("wsgi-infer")), "serve"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_seconds(cache_dir: Path, model: str | None) -> float:
+    port = free_port()
+    env = os.environ | {"WSGI_INFER_CACHE_DIR": str(cache_dir)} | ({"WSGI_INFER_MODEL": model} if model else {})
+    started = time.perf_counter()
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    server = subprocess.Popen([*SERVE, "--bind", f"127.0.0.1:{port}"], env=env, **quiet)
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                    if response.status == 200:
+                        return time.perf_counter() - started
+            except OSError:  # refused while the worker boots, 503 while it loads
+                pass
+            if server.poll() is not None:
+                raise SystemExit(f"the server exited with {server.returncode}")
+            time.sleep(0.05)
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
+def phases() -> None:
+    marks: list[tuple[str, float]] = [("", time.perf_counter())]
+
+    def mark(name: str) -> None:
+        marks.append((name, time.perf_counter()))
+        print(f"{name:38s} {marks[-1][1] - marks[-2][1]:6.3f} s", flush=True)
+
+    import gevent.monkey
+
+    from wsgi_infer.server.gunicorn.worker import _entry_points_read_once
+
+    mark("gunicorn's worker and gevent, imported")
+    with _entry_points_read_once():
+        gevent.monkey.patch_all()
+    mark("gevent's patching")
+    import torch  # noqa: F401
+
+    mark("torch")
+    import transformers  # noqa: F401
+
+    mark("transformers")
+    import wsgi_infer.server.wsgi  # noqa: F401
+
+    mark("Flask, pydantic and the app's modules")
+    from importlib import import_module
+
+    from wsgi_infer.engine.llm_engine import LLMEngine
+    from wsgi_infer.engine.model_loader import load_imports, load_tokenizer
+    from wsgi_infer.server.settings import ServerSettings
+
+    for module in load_imports(ServerSettings().model or None):
+        import_module(module)
+    mark("what loading imports (load_imports)")
+    parts = _time_engine_parts()
+    engine = LLMEngine(ServerSettings().engine_config())
+    mark("the engine, in all:")
+    for name, seconds in parts.items():
+        print(f"  {name:36s} {seconds:6.3f} s")
+    load_tokenizer(engine.model_dir)
+    mark("the front end's tokenizer")
+    print(f"{'in all':38s} {marks[-1][1] - marks[0][1]:6.3f} s")
+
+
+def _time_engine_parts() -> dict[str, float]:
+    """Wraps the engine's loading steps so that each one's time is kept (its module's name for it is replaced)."""
+    from wsgi_infer.engine import llm_engine, model_builder, model_runner
+
+    steps = {
+        "tokenizer": (llm_engine, "load_tokenizer"),
+        "packing the projections": (model_builder, "pack_on_kernels"),
+        "the other weights": (model_builder, "_load_weights"),
+        "the embedding's check": (model_builder, "share_embedding_with_packed_head"),
+        "crossing points": (model_builder, "choose_max_rows"),
+        "KV cache": (model_runner.ModelRunner, "_allocate_kv_cache"),
+    }
+    seconds = dict.fromkeys(steps, 0.0)
+
+    def timed(name, function):
+        def call(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                seconds[name] += time.perf_counter() - started
+
+        return call
+
+    for name, (owner, attribute) in steps.items():
+        setattr(owner, attribute, timed(name, getattr(owner, attribute)))
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", help="a model path (default: the shipped GGUF)")
+    parser.add_argument("--phases", action="store_true")
+    args = parser.parse_args()
+    if args.phases:
+        return phases()
+    first, later = [], []
+    for _ in range(args.rounds):
+        with tempfile.TemporaryDirectory() as cache:
+            first.append(start_seconds(Path(cache), args.model))
+            later.append(start_seconds(Path(cache), args.model))
+        print(f"first start {first[-1]:.2f} s, later start {later[-1]:.2f} s", flush=True)
+    print(f"median: first {statistics.median(first):.2f} s, later {statistics.median(later):.2f} s")
+
+
+if __name__ == "__main__":
+    main()
