@@ -102,6 +102,7 @@ def test_a_later_start_imports_only_the_modules_load_imports_names(default_model
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))  # nothing prepared: the GGUF is not even hashed
     assert load_imports(None) == PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS
+    assert load_imports(tmp_path / "missing.gguf") == PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS  # the load says why
 
 
 def test_a_gguf_digest_is_remembered_until_the_file_changes(tmp_path, monkeypatch):

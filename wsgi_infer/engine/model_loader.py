@@ -217,7 +217,11 @@ FIRST_LOAD_IMPORTS = ("transformers.models.auto.configuration_auto", "transforme
 def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
     """What loading ``model`` imports of transformers: a first load's auto classes (0.6 s) only where no earlier
     load prepared it (converted the GGUF, resolved the config) or its tokenizer has a class of its own."""
-    return PREPARED_LOAD_IMPORTS + (() if _prepared(model_path(model)) else FIRST_LOAD_IMPORTS)
+    try:
+        prepared = _prepared(model_path(model))
+    except (ModelLoadError, OSError):
+        prepared = False  # the load will say why
+    return PREPARED_LOAD_IMPORTS + (() if prepared else FIRST_LOAD_IMPORTS)
 
 
 def _prepared(path: Path) -> bool:
@@ -226,10 +230,7 @@ def _prepared(path: Path) -> bool:
         if digest is None:
             return False
         path = converted_gguf_dir(path, digest)
-    try:
-        resolved = read_json(_resolved_config_file(path))
-    except ModelLoadError:
-        return False  # the load will say why
+    resolved = read_json(_resolved_config_file(path))
     return resolved is not None and _generic_tokenizer(path) and not (path / "modules.json").is_file()
 
 
