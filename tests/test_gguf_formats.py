@@ -13,6 +13,7 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 from wsgi_infer import LLM, SamplingParams
 from wsgi_infer.engine import model_builder
 from wsgi_infer.engine.gguf_blocks import MAPPED_TYPES, groups_from_blocks
+from wsgi_infer.engine.gguf_checkpoint import DEQUANTIZED_ROWS, _StoredTensor
 from wsgi_infer.engine.kernels.layouts import KernelWeight, int8_kernel_layout
 from wsgi_infer.engine.layers.packed_embedding import PackedEmbedding, holds_exactly, packed_rows
 from wsgi_infer.engine.layers.quantization import PackedLinear
@@ -185,6 +186,17 @@ def _per_weight(t: torch.Tensor) -> torch.Tensor:
 
 def _low(g: Int4Groups | Int8Groups) -> torch.Tensor:
     return g.low if g.low is not None else torch.zeros_like(g.scale)
+
+
+@pytest.mark.parametrize("type_name", ALL_TYPES)
+def test_a_large_tensor_is_dequantized_as_gguf_py_does_it_whole(tiny_ggufs, type_name):
+    """The reader hands gguf-py's row dequantization a chunk of rows at a time: the same bits as its
+    ``dequantize`` of the whole tensor, across chunk boundaries (the tiny file's rows, repeated)."""
+    gguf_name, (written_type, raw) = next((n, t) for n, t in tiny_ggufs[type_name].tensors.items() if "ffn_down" in n)
+    rows = np.tile(raw.reshape(raw.shape[0], -1), (2 * DEQUANTIZED_ROWS // raw.shape[0] + 3, 1))
+    expected = gguf.dequantize(rows, written_type)
+    tensor = _StoredTensor(gguf_name, written_type, expected.shape, rows)
+    assert rows.shape[0] > 2 * DEQUANTIZED_ROWS and torch.equal(tensor.values(), torch.from_numpy(expected))
 
 
 @pytest.mark.parametrize("with_low", [False, True])

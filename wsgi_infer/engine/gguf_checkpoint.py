@@ -117,6 +117,9 @@ def gguf_tensors(gguf_file: Path, config) -> Iterator[tuple[str, torch.Tensor, W
             log.info("GGUF %s: %d of %d tensors read", gguf_file.name, index, len(tensors))
 
 
+DEQUANTIZED_ROWS = 1024  # a few MB of gguf-py's temporaries at a time
+
+
 @dataclass
 class _StoredTensor:
     name: str
@@ -125,11 +128,21 @@ class _StoredTensor:
     raw: np.ndarray  # its bytes in the mapped file, [rows, bytes per row]
 
     def values(self) -> torch.Tensor:
-        """float32 values in torch's shape; ValueError naming a type gguf-py cannot read."""
-        from gguf.quants import dequantize
+        """float32 values in torch's shape; ValueError naming a type gguf-py cannot read.
 
+        gguf-py's own dequantization of its type's rows, ``DEQUANTIZED_ROWS`` at a time: its ``dequantize`` calls
+        that for 16 rows at a time, and took twice as long (0.83 s against 0.43 s for the default model's tensors,
+        1.63 s against 0.69 s for Gemma 3 270M's), for the same bits."""
+        from gguf import quants
+
+        kind = getattr(quants, self.ggml_type.name, None)  # gguf-py's class for the type, where it has one
         try:
-            values = dequantize(self.raw, self.ggml_type)
+            if kind is None or not hasattr(kind, "dequantize_rows"):  # F32 and F16: a view, a cast
+                values = quants.dequantize(self.raw, self.ggml_type)
+            else:
+                kind.init_grid()  # the IQ types' tables
+                rows = range(0, self.raw.shape[0], DEQUANTIZED_ROWS)
+                values = np.concatenate([kind.dequantize_rows(self.raw[r : r + DEQUANTIZED_ROWS]) for r in rows])
         except NotImplementedError:
             raise ValueError(
                 f"tensor {self.name}: ggml type {self.ggml_type.name} ({int(self.ggml_type)}) cannot be read "
