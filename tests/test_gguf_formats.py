@@ -8,12 +8,19 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from transformers import AutoModelForCausalLM
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from wsgi_infer import LLM, SamplingParams
 from wsgi_infer.engine import model_builder
 from wsgi_infer.engine.gguf_blocks import MAPPED_TYPES, groups_from_blocks
-from wsgi_infer.engine.gguf_checkpoint import DEQUANTIZED_ROWS, _StoredTensor
+from wsgi_infer.engine.gguf_checkpoint import (
+    DEQUANTIZED_ROWS,
+    _hf_names,
+    _StoredTensor,
+    _tensor_table,
+    read_gguf_config,
+)
 from wsgi_infer.engine.kernels.layouts import KernelWeight, int8_kernel_layout
 from wsgi_infer.engine.layers.packed_embedding import PackedEmbedding, holds_exactly, packed_rows
 from wsgi_infer.engine.layers.quantization import PackedLinear
@@ -147,6 +154,28 @@ def test_a_mix_of_types_is_exact_in_float32_against_transformers(tmp_path, arch)
     if isinstance(packed.layers[0].mlp.gate_up_proj, PackedLinear):
         qkv_bits = 4 if arch == "phi3" else 8
         assert packed.layers[0].mlp.gate_up_proj.bits == 4 and packed.layers[0].self_attn.qkv_proj.bits == qkv_bits
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3"])
+def test_each_tensor_is_read_by_the_name_transformers_model_gives_it(tmp_path, arch):
+    """The conversion asks our model which names it reads: the names of transformers' model class for the
+    file's tensors (as transformers' GGUF loading maps them, through gguf-py's table), every one."""
+    path = write_tiny_gguf(tmp_path / "mix.gguf", MIXED_TYPES, embedding="Q8_0", arch=arch).path
+    config = read_gguf_config(path)
+    architecture, tensors = _tensor_table(path)
+    present = {t.name for t in tensors}
+    arch_id = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == architecture)
+    table = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
+    with torch.device("meta"):
+        hf_names = AutoModelForCausalLM.from_config(config).state_dict()
+    expected = {}
+    for hf_name in hf_names:
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_base = table.get_name(base)
+        if gguf_base is not None and f"{gguf_base}.{suffix}" in present:
+            expected[f"{gguf_base}.{suffix}"] = hf_name
+    assert _hf_names(architecture, config, present) == expected
+    assert set(expected) == present - {"rope_factors_long.weight", "rope_factors_short.weight"}
 
 
 def test_an_architecture_without_a_metadata_map_is_a_clear_error(tmp_path):

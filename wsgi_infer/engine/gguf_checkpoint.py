@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType
+from torch.overrides import TorchFunctionMode
 
 from .gguf_blocks import groups_from_blocks
 from .layers.weight_groups import WeightGroups
+from .models import MODEL_REGISTRY
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +97,7 @@ def gguf_tensors(gguf_file: Path, config) -> Iterator[tuple[str, torch.Tensor, W
 
     architecture, tensors = _tensor_table(gguf_file)
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
-    names = _hf_names(architecture, config)
+    names = _hf_names(architecture, config, {t.name for t in tensors})
     started = time.monotonic()
     for index, tensor in enumerate(tensors):
         if tensor.name not in names:
@@ -180,20 +182,64 @@ def _tensor_table(gguf_file: Path) -> tuple[str, list[_StoredTensor]]:
     return metadata["general.architecture"], tensors
 
 
-def _hf_names(architecture: str, config) -> dict[str, str]:
-    """GGUF tensor name -> transformers name, through gguf-py's table for the file's architecture
-    (what transformers' ``get_gguf_hf_weights_map`` does, without rebuilding the table per module)."""
-    import gguf
-    from transformers import AutoModelForCausalLM
+def _hf_names(architecture: str, config, present: set[str]) -> dict[str, str]:
+    """GGUF tensor name -> the transformers name our model reads it by, for the tensors it reads.
 
+    Our model, allocated and never written, loads from a mapping that translates each name it asks for through
+    gguf-py's table for the architecture (as transformers' ``get_gguf_hf_weights_map`` does) and keeps it, while
+    every torch call is inert. transformers' model class on the meta device gave the same names, but importing
+    it took 1.3 s of a first start (dynamo, generation)."""
+    import gguf
+
+    from .model_builder import allocate_model
+
+    if config.model_type not in MODEL_REGISTRY:
+        raise ValueError(f"unsupported architecture {config.model_type!r}")
     arch = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == architecture)
-    table = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
-    with torch.device("meta"):
-        hf_names = AutoModelForCausalLM.from_config(config).state_dict()
-    names = {}
-    for hf_name in hf_names:
-        base, _, suffix = hf_name.rpartition(".")
-        gguf_name = table.get_name(base)
-        if gguf_name is not None:
-            names[f"{gguf_name}.{suffix}"] = hf_name
-    return names
+    asked = _NamesAsked(gguf.get_tensor_name_map(arch, config.num_hidden_layers), present)
+    model = allocate_model(config, torch.device("cpu"), torch.float32)  # untouched memory: no pages written
+    with _Inert():
+        model.load_hf_state_dict(asked)
+    return asked.names
+
+
+class _NamesAsked(Mapping):
+    """A checkpoint of the GGUF's tensor names, by transformers' names: it keeps each name read, and reads as an
+    empty tensor (``_Inert`` makes any use of it a no-op)."""
+
+    def __init__(self, table, present: set[str]) -> None:
+        self._table, self._present, self.names = table, present, {}
+        self._empty = torch.empty(())
+
+    def _gguf_name(self, name: str) -> str | None:
+        base, _, suffix = name.rpartition(".")
+        gguf_base = self._table.get_name(base)
+        return None if gguf_base is None else f"{gguf_base}.{suffix}"
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._gguf_name(name) in self._present
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        gguf_name = self._gguf_name(name)
+        if gguf_name not in self._present:
+            raise KeyError(f"the file has no tensor for {name}")
+        self.names[gguf_name] = name
+        return self._empty
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names.values())
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+class _Inert(TorchFunctionMode):
+    """Every torch call on a tensor returns that tensor (the first of a list) and does nothing."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        for arg in (*args, *(kwargs or {}).values()):
+            if isinstance(arg, (list, tuple)) and arg:
+                arg = arg[0]
+            if isinstance(arg, torch.Tensor):
+                return arg
+        return func(*args, **(kwargs or {}))

@@ -62,7 +62,7 @@ def build_model(
     hf_config, model_dir: Path, method: str, device: torch.device, dtype: torch.dtype, kernels: CpuKernels | None
 ) -> nn.Module:
     """Our module for the checkpoint in ``model_dir``, weights packed by ``method`` and loaded, in eval mode."""
-    model = _allocate(hf_config, device, dtype)
+    model = allocate_model(hf_config, device, dtype)
     _load_and_quantize(model, method, model_dir, device, dtype, kernels)
     if kernels is not None:
         share_embedding_with_packed_head(model)
@@ -70,7 +70,7 @@ def build_model(
     return model.eval()
 
 
-def _allocate(hf_config, device: torch.device, dtype: torch.dtype) -> nn.Module:
+def allocate_model(hf_config, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """Our module for the architecture, in the target dtype, its parameters allocated but not written."""
     model_cls = MODEL_REGISTRY[hf_config.model_type]
     default_dtype = torch.get_default_dtype()
