@@ -197,7 +197,7 @@ def _hf_names(architecture: str, config, present: set[str]) -> dict[str, str]:
         raise ValueError(f"unsupported architecture {config.model_type!r}")
     arch = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == architecture)
     asked = _NamesAsked(gguf.get_tensor_name_map(arch, config.num_hidden_layers), present)
-    model = allocate_model(config, torch.device("cpu"), torch.float32)  # untouched memory: no pages written
+    model = allocate_model(config, torch.device("cpu"), torch.bfloat16)  # memory never touched, so never taken
     with _Inert():
         model.load_hf_state_dict(asked)
     return asked.names
