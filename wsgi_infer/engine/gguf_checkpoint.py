@@ -23,7 +23,7 @@ from torch.overrides import TorchFunctionMode
 
 from .gguf_blocks import groups_from_blocks
 from .layers.weight_groups import WeightGroups
-from .models import MODEL_REGISTRY
+from .models import MODEL_REGISTRY, allocate_model
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +190,6 @@ def _hf_names(architecture: str, config, present: set[str]) -> dict[str, str]:
     every torch call is inert. transformers' model class on the meta device gave the same names, but importing
     it took 1.3 s of a first start (dynamo, generation)."""
     import gguf
-
-    from .model_builder import allocate_model
 
     if config.model_type not in MODEL_REGISTRY:
         raise ValueError(f"unsupported architecture {config.model_type!r}")

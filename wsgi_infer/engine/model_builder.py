@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from .cache_files import cache_root
 from .config import EngineConfig
@@ -19,7 +18,7 @@ from .layers.crossing_points import choose_max_rows
 from .layers.packed_embedding import share_embedding_with_packed_head
 from .layers.quantization import kinds, pack_on_kernels, packed_layers, quantize_with_torch
 from .model_loader import CheckpointTensors
-from .models import MODEL_REGISTRY
+from .models import MODEL_REGISTRY, allocate_model
 from .packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
 from .packing import layer_groups, stored_int4
 
@@ -45,19 +44,6 @@ def why_not_on_kernels(config: EngineConfig, hf_config) -> str | None:
     return None
 
 
-class _SkipParameterInit(TorchFunctionMode):
-    """Leaves new parameters as allocated: the checkpoint fills every one (see ``_load_weights``).
-
-    Random initialisation would cost 1.2 s for the default model, and building on the meta device
-    instead imports dynamo (1 s, 60 MB), which runs the meta device's init functions.
-    """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__module__", None) == "torch.nn.init":
-            return args[0] if args else kwargs["tensor"]
-        return func(*args, **(kwargs or {}))
-
-
 def build_model(
     hf_config, model_dir: Path, method: str, device: torch.device, dtype: torch.dtype, kernels: CpuKernels | None
 ) -> nn.Module:
@@ -68,18 +54,6 @@ def build_model(
         share_embedding_with_packed_head(model)
         attach_kernels(model, kernels)
     return model.eval()
-
-
-def allocate_model(hf_config, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """Our module for the architecture, in the target dtype, its parameters allocated but not written."""
-    model_cls = MODEL_REGISTRY[hf_config.model_type]
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # build in the target dtype: no float32 copy of the weights
-    try:
-        with torch.device(device), _SkipParameterInit():
-            return model_cls(hf_config, hf_config.max_position_embeddings)
-    finally:
-        torch.set_default_dtype(default_dtype)
 
 
 def _load_and_quantize(
