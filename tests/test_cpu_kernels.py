@@ -267,7 +267,7 @@ def test_packed_mm_multiplies_the_groups_values_and_each_row_alone(kernels, kind
     assert ((got.double() - expected).abs() <= bound).all()
     x[10, 70] = float("nan")
     assert kernels.packed_mm(x[10:11], weight, 88).isnan().all()
-    # each way of few rows: one, two, blocks of up to 4 in registers (3, 4 + 1, 4 + 4), and widened into L1 (10)
+    # each way of few rows: one, two, blocks of up to 5 in registers (3, 5, 5 + 3), and widened into L1 (10)
     for rows in (slice(0, 1), slice(9, 10), slice(3, 5), slice(1, 4), slice(2, 7), slice(11, 19), slice(60, 70)):
         assert torch.equal(kernels.packed_mm(x[rows], weight, 88), got[rows])
 
