@@ -23,7 +23,7 @@ from torch.overrides import TorchFunctionMode
 
 from .gguf_blocks import groups_from_blocks
 from .layers.weight_groups import WeightGroups
-from .models import MODEL_REGISTRY, allocate_model
+from .models import allocate_model
 
 log = logging.getLogger(__name__)
 
@@ -191,8 +191,6 @@ def _hf_names(architecture: str, config, present: set[str]) -> dict[str, str]:
     it took 1.3 s of a first start (dynamo, generation)."""
     import gguf
 
-    if config.model_type not in MODEL_REGISTRY:
-        raise ValueError(f"unsupported architecture {config.model_type!r}")
     arch = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == architecture)
     asked = _NamesAsked(gguf.get_tensor_name_map(arch, config.num_hidden_layers), present)
     model = allocate_model(config, torch.device("cpu"), torch.bfloat16)  # memory never touched, so never taken

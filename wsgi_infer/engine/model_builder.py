@@ -18,7 +18,7 @@ from .layers.crossing_points import choose_max_rows
 from .layers.packed_embedding import share_embedding_with_packed_head
 from .layers.quantization import kinds, pack_on_kernels, packed_layers, quantize_with_torch
 from .model_loader import CheckpointTensors
-from .models import MODEL_REGISTRY, allocate_model
+from .models import allocate_model, model_class
 from .packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
 from .packing import layer_groups, stored_int4
 
@@ -37,7 +37,7 @@ def why_not_on_kernels(config: EngineConfig, hf_config) -> str | None:
     """Why a CPU engine's steps would stay on torch's ops (None: they would not), for the log."""
     if config.quantization == "none":
         return "quantization none was asked for (float32 there is exactly transformers' arithmetic)"
-    if not getattr(MODEL_REGISTRY[hf_config.model_type], "runs_on_kernels", False):
+    if not getattr(model_class(hf_config.model_type), "runs_on_kernels", False):
         return f"{hf_config.model_type} has no path on the CPU kernels"
     if kernels_library() is None:
         return "no CPU kernels for this CPU (none installed for it, and none could be built: see the log)"

@@ -34,7 +34,7 @@ from .model_paths import (
     known_file_digest,
     model_path,
 )
-from .models import MODEL_REGISTRY
+from .models import model_class
 from .packed_groups_file import PACKED_GROUPS_FILE, save_packed_groups
 
 log = logging.getLogger(__name__)
@@ -126,11 +126,10 @@ def _list_added_tokens(model_dir: Path, tokenizer) -> None:
 def load_config(model_dir: Path):
     """The config of a model this engine generates with (``read_config``); a clear error for any other."""
     config = read_config(model_dir)
-    if config.model_type not in MODEL_REGISTRY:
-        raise ModelLoadError(
-            f"model {model_dir}: unsupported architecture {config.model_type!r} "
-            f"(expected one of: {', '.join(sorted(MODEL_REGISTRY))})"
-        )
+    try:
+        model_class(config.model_type)
+    except ValueError as exc:
+        raise ModelLoadError(f"model {model_dir}: {exc}") from None
     return config
 
 

@@ -23,9 +23,18 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
 }
 
 
+def model_class(model_type: str) -> type[nn.Module]:
+    """Our module for a checkpoint's ``model_type``; a ValueError naming the ones we serve for any other."""
+    try:
+        return MODEL_REGISTRY[model_type]
+    except KeyError:
+        served = ", ".join(sorted(MODEL_REGISTRY))
+        raise ValueError(f"unsupported architecture {model_type!r} (expected one of: {served})") from None
+
+
 def allocate_model(hf_config, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """Our module for the architecture, in the target dtype, its parameters allocated but not written."""
-    model_cls = MODEL_REGISTRY[hf_config.model_type]
+    model_cls = model_class(hf_config.model_type)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build in the target dtype: no float32 copy of the weights
     try:
