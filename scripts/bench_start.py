@@ -3,11 +3,14 @@
 
     .venv/bin/python scripts/bench_start.py --rounds 3            # first starts (empty cache), then later starts
     .venv/bin/python scripts/bench_start.py --phases               # one later start's phases, in this process
+    .venv/bin/python scripts/bench_start.py --rounds 3 --floor     # and beside them, the floor (below)
 
 A start runs `wsgi-infer serve` (the default model unless --model) on a free loopback port with its own cache
 directory, polling /health every 50 ms. ``--phases`` makes the worker's calls one after another here, each timed
 with perf_counter (the imports, gevent's patching, the engine's tokenizer, weights and KV cache, the front end's
-tokenizer); run it after a start has prepared the cache it names.
+tokenizer); run it after a start has prepared the cache it names. ``--floor`` also starts, each round, gunicorn's
+gevent worker on an app that only imports torch, then one that imports torch and transformers
+(``start_floor_app.py``): what any server on these dependencies takes before it can answer.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 SERVE = [str(Path(sys.executable).with_name("wsgi-infer")), "serve"]
+HERE = Path(__file__).parent
+FLOORS = {"torch": "torch", "torch and transformers": "torch transformers"}
 
 
 def free_port() -> int:
@@ -33,11 +39,23 @@ def free_port() -> int:
 
 
 def start_seconds(cache_dir: Path, model: str | None) -> float:
-    port = free_port()
     env = os.environ | {"WSGI_INFER_CACHE_DIR": str(cache_dir)} | ({"WSGI_INFER_MODEL": model} if model else {})
+    return seconds_to_health(lambda port: [*SERVE, "--bind", f"127.0.0.1:{port}"], env)
+
+
+def floor_seconds(imports: str) -> float:
+    """A gunicorn gevent worker whose app only imports ``imports``, from launch to its first 200."""
+    gunicorn = [str(Path(sys.executable).with_name("gunicorn")), "-k", "gevent", "-w", "1"]
+    env = os.environ | {"IMPORTS": imports}
+    # run in scripts/, where gunicorn finds no gunicorn.conf.py (ours would start our engine)
+    return seconds_to_health(lambda port: [*gunicorn, "-b", f"127.0.0.1:{port}", "start_floor_app:app"], env, HERE)
+
+
+def seconds_to_health(command: Callable[[int], list[str]], env: dict[str, str], cwd: Path | None = None) -> float:
+    port = free_port()
     started = time.perf_counter()
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    server = subprocess.Popen([*SERVE, "--bind", f"127.0.0.1:{port}"], env=env, **quiet)
+    server = subprocess.Popen(command(port), env=env, cwd=cwd, **quiet)
     try:
         while True:
             try:
@@ -131,16 +149,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", help="a model path (default: the shipped GGUF)")
     parser.add_argument("--phases", action="store_true")
+    parser.add_argument("--floor", action="store_true", help="also time apps that only import torch (and transformers)")
     args = parser.parse_args()
     if args.phases:
         return phases()
-    first, later = [], []
+    times: dict[str, list[float]] = {"first": [], "later": []} | ({name: [] for name in FLOORS} if args.floor else {})
     for _ in range(args.rounds):
         with tempfile.TemporaryDirectory() as cache:
-            first.append(start_seconds(Path(cache), args.model))
-            later.append(start_seconds(Path(cache), args.model))
-        print(f"first start {first[-1]:.2f} s, later start {later[-1]:.2f} s", flush=True)
-    print(f"median: first {statistics.median(first):.2f} s, later {statistics.median(later):.2f} s")
+            times["first"].append(start_seconds(Path(cache), args.model))
+            times["later"].append(start_seconds(Path(cache), args.model))
+        for name, imports in FLOORS.items() if args.floor else ():
+            times[name].append(floor_seconds(imports))
+        print(", ".join(f"{name} {seconds[-1]:.2f} s" for name, seconds in times.items()), flush=True)
+    print("median: " + ", ".join(f"{name} {statistics.median(seconds):.2f} s" for name, seconds in times.items()))
 
 
 if __name__ == "__main__":
