@@ -16,6 +16,7 @@ gevent worker on an app that only imports torch, then one that imports torch and
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import statistics
@@ -79,6 +80,7 @@ def phases() -> None:
         marks.append((name, time.perf_counter()))
         print(f"{name:38s} {marks[-1][1] - marks[-2][1]:6.3f} s", flush=True)
 
+    gc.disable()  # as a worker's post_fork: collection paused while it imports (gunicorn/config.py)
     import gevent.monkey
 
     from wsgi_infer.server.gunicorn.worker import _entry_points_read_once
@@ -96,6 +98,8 @@ def phases() -> None:
     import wsgi_infer.server.wsgi  # noqa: F401
 
     mark("Flask, pydantic and the app's modules")
+    gc.freeze()  # as post_worker_init
+    gc.enable()
     from importlib import import_module
 
     from wsgi_infer.engine.llm_engine import LLMEngine

@@ -102,6 +102,9 @@ def test_wsgi_infer_serve_runs_the_gunicorn_configuration(tiny_model_dirs):
         workers = server.wait_booted(count=2)
         assert any("Using worker: wsgi_infer.server.gunicorn.worker.InferenceWorker" in line for line in server.lines)
         assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+        for pid in workers:  # each froze what it imported out of garbage collection
+            frozen = server.wait_for_log(rf"\[{pid}\] \[INFO\] imported in [\d.]+ s; (\d+) objects frozen")
+            assert int(frozen.group(1)) > 100_000  # torch's and transformers' objects, and ours
         assert server.stop() == 0
         for pid in workers:
             server.wait_for_log(rf"\[{pid}\] \[INFO\] draining: 0 open requests, up to 6\.0 s")
