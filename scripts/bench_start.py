@@ -117,6 +117,7 @@ def phases() -> None:
     load_tokenizer(engine.model_dir)
     mark("the front end's tokenizer")
     print(f"{'in all':38s} {marks[-1][1] - marks[0][1]:6.3f} s")
+    gc.unfreeze()  # else logging's handlers outlive gevent's thread module at exit, and their cleanup complains
 
 
 def _time_engine_parts() -> dict[str, float]:
