@@ -3,6 +3,8 @@ packed layers multiply what the file holds."""
 
 from __future__ import annotations
 
+import warnings
+
 import gguf
 import numpy as np
 import pytest
@@ -226,6 +228,18 @@ def test_a_large_tensor_is_dequantized_as_gguf_py_does_it_whole(tiny_ggufs, type
     expected = gguf.dequantize(rows, written_type)
     tensor = _StoredTensor(gguf_name, written_type, expected.shape, rows)
     assert rows.shape[0] > 2 * DEQUANTIZED_ROWS and torch.equal(tensor.values(), torch.from_numpy(expected))
+
+
+def test_a_float32_tensor_is_read_into_a_copy_of_its_own():
+    """F32 rows are a view of the file's read-only mapping: the values are a copy, without torch's warning."""
+    mapped = np.arange(8, dtype=np.float32).reshape(2, 4).view(np.uint8)
+    mapped.flags.writeable = False
+    tensor = _StoredTensor("blk.0.attn_norm.weight", gguf.GGMLQuantizationType.F32, (2, 4), mapped)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        values = tensor.values()
+    values += 1
+    assert torch.equal(values, torch.arange(1.0, 9.0).reshape(2, 4)) and mapped.view(np.float32)[0, 0] == 0
 
 
 @pytest.mark.parametrize("with_low", [False, True])

@@ -150,7 +150,8 @@ class _StoredTensor:
                 f"tensor {self.name}: ggml type {self.ggml_type.name} ({int(self.ggml_type)}) cannot be read "
                 "(gguf-py does not dequantize it)"
             ) from None
-        return torch.from_numpy(values.astype(np.float32, copy=False)).reshape(self.shape)
+        # F32 comes back as a view of the read-only mapping: a copy of its own (torch warns of a shared one)
+        return torch.from_numpy(np.require(values, np.float32, "W")).reshape(self.shape)
 
 
 def _tensor_table(gguf_file: Path) -> tuple[str, list[_StoredTensor]]:
