@@ -67,9 +67,10 @@ def post_worker_init(worker):
     objects (frozen: no collection looks at them again), then the engine thread starts (it loads the model)."""
     gc.freeze()
     gc.enable()
-    imported_in = time.monotonic() - worker.wsgi_infer_forked_at
-    frozen = gc.get_freeze_count()
-    worker.log.info("imported in %.1f s; %d objects frozen out of garbage collection", imported_in, frozen)
+    forked_at = getattr(worker, "wsgi_infer_forked_at", None)  # None where a config replaced our post_fork
+    if forked_at is not None:
+        imported_in, frozen = time.monotonic() - forked_at, gc.get_freeze_count()
+        worker.log.info("imported in %.1f s; %d objects frozen out of garbage collection", imported_in, frozen)
     _share_gunicorn_logging(worker)
     manager = manager_of(worker.wsgi)
     settings = manager.settings
