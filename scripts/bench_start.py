@@ -7,8 +7,8 @@
 
 A start runs `wsgi-infer serve` (the default model unless --model) on a free loopback port with its own cache
 directory, polling /health every 50 ms. ``--phases`` makes the worker's calls one after another here, each timed
-with perf_counter (the imports, gevent's patching, the engine's tokenizer, weights and KV cache, the front end's
-tokenizer); run it after a start has prepared the cache it names. ``--floor`` also starts, each round, gunicorn's
+with perf_counter (the imports, gevent's patching, the engine's tokenizer, weights and KV cache); run it after a
+start has prepared the cache it names. ``--floor`` also starts, each round, gunicorn's
 gevent worker on an app that only imports torch, then one that imports torch and transformers
 (``start_floor_app.py``): what any server on these dependencies takes before it can answer.
 """
@@ -103,19 +103,17 @@ def phases() -> None:
     from importlib import import_module
 
     from wsgi_infer.engine.llm_engine import LLMEngine
-    from wsgi_infer.engine.model_loader import load_imports, load_tokenizer
+    from wsgi_infer.engine.model_loader import load_imports
     from wsgi_infer.server.settings import ServerSettings
 
     for module in load_imports(ServerSettings().model or None):
         import_module(module)
     mark("what loading imports (load_imports)")
     parts = _time_engine_parts()
-    engine = LLMEngine(ServerSettings().engine_config())
+    LLMEngine(ServerSettings().engine_config())
     mark("the engine, in all:")
     for name, seconds in parts.items():
         print(f"  {name:36s} {seconds:6.3f} s")
-    load_tokenizer(engine.model_dir)
-    mark("the front end's tokenizer")
     print(f"{'in all':38s} {marks[-1][1] - marks[0][1]:6.3f} s")
     gc.unfreeze()  # else logging's handlers outlive gevent's thread module at exit, and their cleanup complains
 

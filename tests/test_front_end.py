@@ -1,4 +1,5 @@
-"""The front end tokenizes: a long prompt costs the engine thread nothing (in this process, with greenlets)."""
+"""The front end tokenizes, with the engine's own tokenizer: a long prompt costs the engine thread nothing (in this
+process, with greenlets)."""
 
 from __future__ import annotations
 
@@ -22,13 +23,13 @@ from .sse_client import events
 
 @pytest.fixture
 def timed_server(tiny_model_dirs, monkeypatch):
-    """The tiny app, its engine noting when each step ended and which choices it gave tokens."""
-    steps: list[tuple[float, set[str]]] = []
+    """The tiny app, its engine noting when each step ended, which choices it gave tokens, and itself."""
+    steps: list[tuple[float, set[str], LLMEngine]] = []
     step = LLMEngine.step
 
     def timed_step(self):
         deltas = step(self)
-        steps.append((time.monotonic(), {d.request_id for d in deltas if d.token_ids}))
+        steps.append((time.monotonic(), {d.request_id for d in deltas if d.token_ids}, self))
         return deltas
 
     monkeypatch.setattr(LLMEngine, "step", timed_step)
@@ -67,7 +68,9 @@ def test_a_long_prompt_is_tokenized_without_stalling_running_streams(timed_serve
         answered = time.monotonic()
     gevent.joinall(readers, timeout=60, raise_error=True)
     assert response.status_code == 400 and "context window" in response.json()["error"]["message"]
-    tokens_at = [at for at, ids in steps if len(ids) == 2]  # steps that gave both streams a token
+    # One tokenizer, the engine's: the front end encoded the prompt with it while the engine thread decoded with it.
+    assert server.manager.tokenizer is steps[0][2].tokenizer
+    tokens_at = [at for at, ids, _ in steps if len(ids) == 2]  # steps that gave both streams a token
     gaps = [b - a for a, b in zip(tokens_at, tokens_at[1:])]
     during = [b - a for a, b in zip(tokens_at, tokens_at[1:]) if b > sent and a < answered]
     print(

@@ -146,6 +146,7 @@ def _ready(engine: LLMEngine | EmbeddingEngine) -> EngineReady:
         model_dir=str(engine.model_dir),
         num_blocks=engine.counters().num_total_blocks,
         grammars=engine.grammars,
+        tokenizer=engine.tokenizer,
         task=engine.task,
     )
 

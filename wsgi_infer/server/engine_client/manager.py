@@ -15,7 +15,6 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gevent
@@ -24,7 +23,7 @@ import gevent.event
 from ...engine.chat_template import opens_thought, template_thinks
 from ...engine.loop import EngineLoop
 from ...engine.messages import Abort, EngineFailed, EngineReady, EngineStopped, Stop, Submit
-from ...engine.model_loader import load_imports, load_tokenizer
+from ...engine.model_loader import load_imports
 from ...engine.model_paths import model_name
 from ...engine.sampling_params import SamplingParams, StructuredOutput
 from .. import metrics
@@ -175,8 +174,8 @@ class EngineManager:
     # --- requests (hub) ---------------------------------------------------------------
     @property
     def tokenizer(self):
-        """The front end's own tokenizer (the engine thread keeps its own, for detokenizing), loaded on the front-end
-        thread before the worker is ready: every request's prompt goes through it."""
+        """The engine's tokenizer, which every request's prompt goes through on the front-end thread (the engine
+        thread only detokenizes through its Rust backend: ``messages.EngineReady``)."""
         return self._tokenizer
 
     @property
@@ -268,15 +267,7 @@ class EngineManager:
         self.task = event.task
         self.metrics.kv_blocks_total.set(event.num_blocks)
         self.metrics.kv_blocks_free.set(event.num_blocks)
-        gevent.spawn(self._load_tokenizer)
-
-    def _load_tokenizer(self) -> None:
-        """Then ready: off the hub, as requests will use it."""
-        try:
-            self._tokenizer = self._bridge.run_off_hub(load_tokenizer, Path(self.model_dir))
-        except Exception as exc:  # the engine loaded the same files: only a vanished or broken file gets here
-            self._on_failed(EngineFailed(f"the tokenizer failed to load: {exc}"))
-            return
+        self._tokenizer = event.tokenizer
         self.ready = True
         self._ready_event.set()
         log.info("engine ready: serving %s (context %d tokens)", self.model_name, self.max_model_len)

@@ -1,6 +1,6 @@
 """What a route asks the engine to continue, and how it becomes token ids: on the front-end thread, with the
-worker's own tokenizer, so that neither the hub nor the engine thread waits for a long prompt (68,000 tokens take
-0.12 s)."""
+engine's tokenizer (shared read-only), so that neither the hub nor the engine thread waits for a long prompt
+(68,000 tokens take 0.12 s)."""
 
 from __future__ import annotations
 
