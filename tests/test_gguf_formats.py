@@ -3,6 +3,7 @@ packed layers multiply what the file holds."""
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import gguf
@@ -24,6 +25,7 @@ from wsgi_infer.engine.gguf_checkpoint import (
     read_gguf_config,
 )
 from wsgi_infer.engine.kernels.layouts import KernelWeight, int8_kernel_layout
+from wsgi_infer.engine.layers import packed_embedding
 from wsgi_infer.engine.layers.packed_embedding import PackedEmbedding, holds_exactly, packed_rows
 from wsgi_infer.engine.layers.quantization import PackedLinear
 from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
@@ -267,7 +269,7 @@ def test_a_q8_0_embedding_is_read_from_the_packed_head_with_the_same_outputs(tmp
     path = write_tiny_gguf(tmp_path / "q8.gguf", MIXED_TYPES, embedding="Q8_0").path
     shared = LLM(model=str(path), device="cpu")
     assert isinstance(shared.engine.runner.model.embed_tokens, PackedEmbedding)
-    monkeypatch.setattr(model_builder, "share_embedding_with_packed_head", lambda model: None)
+    monkeypatch.setattr(model_builder, "share_embedding_with_packed_head", lambda model, known_exact=False: None)
     kept = LLM(model=str(path), device="cpu")
     assert isinstance(kept.engine.runner.model.embed_tokens, torch.nn.Embedding)
     prompts = ["The quick brown fox", "Hello"]
@@ -276,3 +278,39 @@ def test_a_q8_0_embedding_is_read_from_the_packed_head_with_the_same_outputs(tmp
     monkeypatch.undo()
     f16 = write_tiny_gguf(tmp_path / "f16.gguf", MIXED_TYPES, embedding="F16").path
     assert isinstance(LLM(model=str(f16), device="cpu").engine.runner.model.embed_tokens, torch.nn.Embedding)
+
+
+def test_a_later_load_reads_no_table_where_the_first_found_the_head_holds_it(tmp_path, monkeypatch):
+    """The first load of a converted copy compares the table with the packed head and remembers what it found there,
+    per quantization; a later load then neither reads the float32 table nor compares it, and every token is the
+    same. Where the head does not hold it (F16), a later load reads the table without comparing it again."""
+    path = write_tiny_gguf(tmp_path / "q8.gguf", MIXED_TYPES, embedding="Q8_0").path
+    first = LLM(model=str(path), device="cpu")
+    memo = first.engine.model_dir / model_builder.SHARED_EMBEDDING_FILE
+    assert json.loads(memo.read_text()) == {"auto": True}
+    read, compared = [], []
+    monkeypatch.setattr(CheckpointTensors, "__getitem__", _recording(CheckpointTensors.__getitem__, read))
+    monkeypatch.setattr(packed_embedding, "holds_exactly", _recording(packed_embedding.holds_exactly, compared))
+    later = LLM(model=str(path), device="cpu")
+    assert isinstance(later.engine.runner.model.embed_tokens, PackedEmbedding)
+    assert "model.embed_tokens.weight" not in read and not compared and read  # the norms were read
+    prompts = ["The quick brown fox", "Hello"]
+    assert [o.token_ids for o in later.generate(prompts, GREEDY)] == [
+        o.token_ids for o in first.generate(prompts, GREEDY)
+    ]
+    monkeypatch.undo()
+    f16 = write_tiny_gguf(tmp_path / "f16.gguf", MIXED_TYPES, embedding="F16").path
+    kept = LLM(model=str(f16), device="cpu").engine.model_dir / model_builder.SHARED_EMBEDDING_FILE
+    assert json.loads(kept.read_text()) == {"auto": False}
+    compared.clear()
+    monkeypatch.setattr(packed_embedding, "holds_exactly", _recording(packed_embedding.holds_exactly, compared))
+    assert isinstance(LLM(model=str(f16), device="cpu").engine.runner.model.embed_tokens, torch.nn.Embedding)
+    assert compared  # a False is no reason to skip reading the table: it is needed; the comparison is cheap there
+
+
+def _recording(function, calls: list):
+    def recorded(*args, **kwargs):
+        calls.append(args[1] if len(args) > 1 and isinstance(args[1], str) else args)
+        return function(*args, **kwargs)
+
+    return recorded

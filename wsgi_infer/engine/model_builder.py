@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from contextlib import suppress
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .cache_files import cache_root
+from .cache_files import cache_root, read_json, write_json
 from .config import EngineConfig
 from .kernels.build import kernels_library
 from .kernels.cpu import CpuKernels, attach_kernels
@@ -25,6 +26,7 @@ from .packing import layer_groups, stored_int4
 log = logging.getLogger(__name__)
 
 PACKED_ROWS_FILE = "packed-max-rows.json"  # in the cache root: the crossing points measured on this machine
+SHARED_EMBEDDING_FILE = "shared-embedding.json"  # in a converted copy: per quantization, whether the head held it
 
 
 def kernels_serve(config: EngineConfig, hf_config, device: torch.device) -> bool:
@@ -51,9 +53,21 @@ def build_model(
     model = allocate_model(hf_config, device, dtype)
     _load_and_quantize(model, method, model_dir, device, dtype, kernels)
     if kernels is not None:
-        share_embedding_with_packed_head(model)
+        _remember_sharing(model_dir, method, share_embedding_with_packed_head(model))
         attach_kernels(model, kernels)
     return model.eval()
+
+
+def _remember_sharing(model_dir: Path, method: str, shared: bool | None) -> None:
+    """Whether the packed LM head held the embedding, kept in a converted copy (ours, named by the file's digest;
+    never a user's directory), so that its later loads neither read the table nor compare it (Gemma 3: 671 MB,
+    0.5 s). A read-only cache keeps what ``wsgi-infer prepare`` found."""
+    if shared is None or not (model_dir / PACKED_GROUPS_FILE).is_file():
+        return
+    found = read_json(model_dir / SHARED_EMBEDDING_FILE) or {}
+    if found.get(method) != shared:
+        with suppress(OSError):
+            write_json(model_dir / SHARED_EMBEDDING_FILE, found | {method: shared})
 
 
 def _load_and_quantize(
@@ -78,6 +92,8 @@ def _load_and_quantize(
     if kernels is not None and method != "none":
         values = CheckpointTensors(model_dir, torch.float32)
         pack_on_kernels(model, lambda linear: layer_groups(method, names(linear), stored, values), kernels)
+        if stored and (read_json(model_dir / SHARED_EMBEDDING_FILE) or {}).get(method):
+            share_embedding_with_packed_head(model, known_exact=True)  # before the table is read
     _load_weights(model, model_dir, dtype)
     if kernels is None and method == "auto" and not (stored and dtype == torch.bfloat16):
         method = "none"

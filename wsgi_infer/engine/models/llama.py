@@ -205,7 +205,8 @@ class LlamaForCausalLM(nn.Module):
     @torch.no_grad()
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Copy weights from a transformers ``*ForCausalLM`` state dict, fusing projections."""
-        self.embed_tokens.weight.copy_(state["model.embed_tokens.weight"])
+        if isinstance(self.embed_tokens, nn.Embedding):  # else rows of the packed LM head, not read at all
+            self.embed_tokens.weight.copy_(state["model.embed_tokens.weight"])
         self.norm.weight.copy_(state["model.norm.weight"])
         if not self.tied_embeddings and self.lm_head.weight is not None:  # None: packed from the checkpoint
             self.lm_head.weight.copy_(state["lm_head.weight"])
