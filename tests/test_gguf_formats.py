@@ -3,7 +3,6 @@ packed layers multiply what the file holds."""
 
 from __future__ import annotations
 
-import json
 import warnings
 
 import gguf
@@ -286,8 +285,7 @@ def test_a_later_load_reads_no_table_where_the_first_found_the_head_holds_it(tmp
     same. Where the head does not hold it (F16), a later load reads the table without comparing it again."""
     path = write_tiny_gguf(tmp_path / "q8.gguf", MIXED_TYPES, embedding="Q8_0").path
     first = LLM(model=str(path), device="cpu")
-    memo = first.engine.model_dir / model_builder.SHARED_EMBEDDING_FILE
-    assert json.loads(memo.read_text()) == {"auto": True}
+    assert model_builder.remembered_sharing(first.engine.model_dir, "auto") is True
     read, compared = [], []
     monkeypatch.setattr(CheckpointTensors, "__getitem__", _recording(CheckpointTensors.__getitem__, read))
     monkeypatch.setattr(packed_embedding, "holds_exactly", _recording(packed_embedding.holds_exactly, compared))
@@ -300,8 +298,7 @@ def test_a_later_load_reads_no_table_where_the_first_found_the_head_holds_it(tmp
     ]
     monkeypatch.undo()
     f16 = write_tiny_gguf(tmp_path / "f16.gguf", MIXED_TYPES, embedding="F16").path
-    kept = LLM(model=str(f16), device="cpu").engine.model_dir / model_builder.SHARED_EMBEDDING_FILE
-    assert json.loads(kept.read_text()) == {"auto": False}
+    assert model_builder.remembered_sharing(LLM(model=str(f16), device="cpu").engine.model_dir, "auto") is False
     compared.clear()
     monkeypatch.setattr(packed_embedding, "holds_exactly", _recording(packed_embedding.holds_exactly, compared))
     assert isinstance(LLM(model=str(f16), device="cpu").engine.runner.model.embed_tokens, torch.nn.Embedding)

@@ -17,7 +17,7 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from wsgi_infer import LLM, EngineConfig, SamplingParams
 from wsgi_infer.engine import device, model_builder
-from wsgi_infer.engine.cache_files import file_lock, read_json
+from wsgi_infer.engine.cache_files import file_lock
 from wsgi_infer.engine.device import resolve_dtype
 from wsgi_infer.engine.kernels.build import build_cpu_kernels
 from wsgi_infer.engine.kernels.cpu import CpuKernels, load_cpu_kernels
@@ -143,7 +143,7 @@ def test_by_default_the_cpu_serves_the_gguf_blocks(default_model_dir, monkeypatc
     original = CheckpointTensors.__getitem__
     monkeypatch.setattr(CheckpointTensors, "__getitem__", lambda self, name: read.append(name) or original(self, name))
     # An earlier load of this copy may have found that the packed head holds the embedding: then its table is not read
-    remembered = (read_json(default_model_dir / model_builder.SHARED_EMBEDDING_FILE) or {}).get("auto", False)
+    remembered = model_builder.remembered_sharing(default_model_dir, "auto") is True
     llm = LLM(model=None, device="cpu")
     model = llm.engine.runner.model
     if load_cpu_kernels() is not None:
@@ -153,7 +153,7 @@ def test_by_default_the_cpu_serves_the_gguf_blocks(default_model_dir, monkeypatc
         assert model.layers[0].self_attn.qkv_proj.bits == 4
         assert model.lm_head.bits == 8  # the GGUF's embedding is 8-bit (Q8_0): 4 bits would lose it
         assert ("model.embed_tokens.weight" in read) is not remembered
-        assert (read_json(default_model_dir / model_builder.SHARED_EMBEDDING_FILE) or {}).get("auto") is True
+        assert model_builder.remembered_sharing(default_model_dir, "auto") is True
         assert not [name for name in read if "proj" in name]
     else:
         assert isinstance(model.layers[0].self_attn.qkv_proj, TorchInt4Linear)

@@ -4,6 +4,7 @@ the checkpoint's other weights, read one tensor at a time."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import logging
 from contextlib import suppress
 from pathlib import Path
@@ -13,8 +14,10 @@ from torch import nn
 
 from .cache_files import cache_root, read_json, write_json
 from .config import EngineConfig
+from .kernels import layouts
 from .kernels.build import kernels_library
 from .kernels.cpu import CpuKernels, attach_kernels
+from .layers import packed_embedding
 from .layers.crossing_points import choose_max_rows
 from .layers.packed_embedding import share_embedding_with_packed_head
 from .layers.quantization import kinds, pack_on_kernels, packed_layers, quantize_with_torch
@@ -58,16 +61,30 @@ def build_model(
     return model.eval()
 
 
+def remembered_sharing(model_dir: Path, method: str) -> bool | None:
+    """What an earlier load of this converted copy found: whether its LM head, packed by ``method``, held the
+    embedding exactly (None: not known, or found by other code than this)."""
+    return (read_json(model_dir / SHARED_EMBEDDING_FILE) or {}).get(_sharing_key(method))
+
+
 def _remember_sharing(model_dir: Path, method: str, shared: bool | None) -> None:
-    """Whether the packed LM head held the embedding, kept in a converted copy (ours, named by the file's digest;
-    never a user's directory), so that its later loads neither read the table nor compare it (Gemma 3: 671 MB,
-    0.5 s). A read-only cache keeps what ``wsgi-infer prepare`` found."""
+    """Kept in a converted copy (ours, named by the file's digest; never a user's directory), so that its later
+    loads neither read the table nor compare it (Gemma 3: 671 MB, 0.5 s). A read-only cache keeps what
+    ``wsgi-infer prepare`` found."""
     if shared is None or not (model_dir / PACKED_GROUPS_FILE).is_file():
         return
+    if remembered_sharing(model_dir, method) == shared:
+        return
     found = read_json(model_dir / SHARED_EMBEDDING_FILE) or {}
-    if found.get(method) != shared:
-        with suppress(OSError):
-            write_json(model_dir / SHARED_EMBEDDING_FILE, found | {method: shared})
+    with suppress(OSError):
+        write_json(model_dir / SHARED_EMBEDDING_FILE, found | {_sharing_key(method): shared})
+
+
+def _sharing_key(method: str) -> str:
+    """The quantization, and a digest of the code that decides whether the head holds the table (the kernels'
+    layouts, the rows' arithmetic): a version that changes either compares again."""
+    code = b"".join(Path(module.__file__).read_bytes() for module in (layouts, packed_embedding))
+    return f"{method} {hashlib.sha256(code).hexdigest()[:12]}"
 
 
 def _load_and_quantize(
@@ -92,7 +109,7 @@ def _load_and_quantize(
     if kernels is not None and method != "none":
         values = CheckpointTensors(model_dir, torch.float32)
         pack_on_kernels(model, lambda linear: layer_groups(method, names(linear), stored, values), kernels)
-        if stored and (read_json(model_dir / SHARED_EMBEDDING_FILE) or {}).get(method):
+        if stored and remembered_sharing(model_dir, method):
             share_embedding_with_packed_head(model, known_exact=True)  # before the table is read
     _load_weights(model, model_dir, dtype)
     if kernels is None and method == "auto" and not (stored and dtype == torch.bfloat16):
