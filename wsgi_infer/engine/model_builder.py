@@ -7,6 +7,7 @@ import ctypes
 import hashlib
 import logging
 from contextlib import suppress
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -83,8 +84,13 @@ def _remember_sharing(model_dir: Path, method: str, shared: bool | None) -> None
 def _sharing_key(method: str) -> str:
     """The quantization, and a digest of the code that decides whether the head holds the table (the kernels'
     layouts, the rows' arithmetic): a version that changes either compares again."""
+    return f"{method} {_sharing_code()}"
+
+
+@cache
+def _sharing_code() -> str:
     code = b"".join(Path(module.__file__).read_bytes() for module in (layouts, packed_embedding))
-    return f"{method} {hashlib.sha256(code).hexdigest()[:12]}"
+    return hashlib.sha256(code).hexdigest()[:12]
 
 
 def _load_and_quantize(
