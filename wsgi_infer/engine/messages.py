@@ -73,7 +73,7 @@ class EngineReady:
     # for the default model, 2.2 s for Gemma 3's). Shared read-only: the engine thread only detokenizes through its
     # Rust backend, and neither side changes its truncation or padding (a change while the other encodes would be
     # the tokenizers library's "Already borrowed").
-    tokenizer: Any = None
+    tokenizer: Any
     task: str = "generate"  # or "embed": an embedding model's engine
 
 

@@ -74,11 +74,10 @@ def _remember_sharing(model_dir: Path, method: str, shared: bool | None) -> None
     ``wsgi-infer prepare`` found."""
     if shared is None or not (model_dir / PACKED_GROUPS_FILE).is_file():
         return
-    if remembered_sharing(model_dir, method) == shared:
-        return
-    found = read_json(model_dir / SHARED_EMBEDDING_FILE) or {}
-    with suppress(OSError):
-        write_json(model_dir / SHARED_EMBEDDING_FILE, found | {_sharing_key(method): shared})
+    found, key = read_json(model_dir / SHARED_EMBEDDING_FILE) or {}, _sharing_key(method)
+    if found.get(key) != shared:
+        with suppress(OSError):
+            write_json(model_dir / SHARED_EMBEDDING_FILE, found | {key: shared})
 
 
 def _sharing_key(method: str) -> str:
