@@ -235,13 +235,14 @@ WITHOUT_VNNI = ("-mno-avx512vnni", "-mno-avxvnni")
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_vnni_multiply_adds_give_the_very_sums_of_the_ones_they_replace(kind):
-    """Where the CPU has VNNI, one vpdpwssd replaces a vpmaddwd and a vpaddd: the outputs are bit for bit those of
-    a build without it, at one row and many (elsewhere both builds are the same code)."""
+    """Where the CPU has VNNI, one vpdpwssd replaces a vpmaddwd and a vpaddd, and with AVX-512 a step's 16 outputs
+    are one register for up to 8 rows: the outputs are bit for bit those of a build without it, at one row, the
+    rows of a draft's verification, and many (elsewhere both builds are the same code)."""
     built, without = (CpuKernels(build_cpu_kernels(flags)) for flags in ((), WITHOUT_VNNI))
     torch.manual_seed(1)
     weight = kernel_weight(_groups(kind, randn(64, 256, scale=0.05)))
     x = randn(20, 256)
-    for rows in (slice(0, 1), slice(0, 2), slice(0, 20)):
+    for rows in (slice(0, 1), slice(0, 2), slice(0, 5), slice(0, 7), slice(0, 8), slice(0, 20)):
         assert torch.equal(built.packed_mm(x[rows], weight, 64), without.packed_mm(x[rows], weight, 64))
 
 
@@ -267,7 +268,8 @@ def test_packed_mm_multiplies_the_groups_values_and_each_row_alone(kernels, kind
     assert ((got.double() - expected).abs() <= bound).all()
     x[10, 70] = float("nan")
     assert kernels.packed_mm(x[10:11], weight, 88).isnan().all()
-    # each way of few rows: one, two, blocks of up to 5 in registers (3, 5, 5 + 3), and widened into L1 (10)
+    # each way of few rows: one, two, blocks in registers (3, 5, 8: one block with AVX-512 VNNI, else 5 + 3), and
+    # widened into L1 (10)
     for rows in (slice(0, 1), slice(9, 10), slice(3, 5), slice(1, 4), slice(2, 7), slice(11, 19), slice(60, 70)):
         assert torch.equal(kernels.packed_mm(x[rows], weight, 88), got[rows])
 

@@ -969,8 +969,13 @@ static void tiles_rows(const int bits, const float *x, int64_t rows, int64_t til
  * step's 4 widened registers and a row's pair: 15 of AVX2's 16) verify a 4-token draft in one pass over the
  * weights instead of a block of 4 and one of 1: the LM head at 5 rows 1.73 -> 1.29 times its time at 4, and
  * speculation on the same Zen 3 3-4% faster, engine alone. */
-#define TILE_BLOCK 4        /* tiles multiplied at once by one row */
-#define ROWS_IN_REGISTERS 5 /* rows multiplied at once by steps widened in registers */
+#define TILE_BLOCK 4 /* tiles multiplied at once by one row */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define WIDE_STEPS          /* a step's 16 outputs in one 512-bit register: few_rows below */
+#define ROWS_IN_REGISTERS 8 /* rows multiplied at once by steps widened in registers */
+#else
+#define ROWS_IN_REGISTERS 5
+#endif
 #define REGISTER_ROWS_MAX 8
 static inline int64_t tiles_per_task(int64_t rows) { return rows == 1 ? TILE_BLOCK : rows == 2 ? TILE_BLOCK / 2 : 1; }
 typedef int16_group tile_input;
@@ -1015,6 +1020,7 @@ static inline void prefetch_group(const int bits, const uint8_t *codes, const f1
     if (low) __builtin_prefetch(low + g * TILE);
 }
 
+#ifndef WIDE_STEPS
 /* sums [tiles][rows, 16] for up to ROWS_IN_REGISTERS rows (up to TILE_BLOCK tiles for one row, 2 for two, else
  * one), steps widened in registers. Inlined with constant counts. */
 static inline __attribute__((always_inline)) void few_rows(const tile_input *x, const int rows, const int tiles,
@@ -1045,6 +1051,70 @@ static inline __attribute__((always_inline)) void few_rows(const tile_input *x, 
     }
 }
 
+#else
+/* With AVX-512 VNNI a step's widened codes for one input pair, 16 outputs' two each, are one 512-bit register
+ * (lane i: output i), as the layout lays them: one vpdpwssd per row and pair where 256-bit halves take two, and half
+ * the widening. The sums are the same integers, scaled and added in the same order as add_group does. 32 registers
+ * hold 8 rows' sums, so a 4-token draft's 5 rows and up to 8 take one pass over the weight. */
+static inline __attribute__((always_inline)) void unpack_step_wide(const uint8_t *group, const int bits, const int s,
+                                                                   __m512i *a, __m512i *b) {
+    if (bits == 4) {
+        __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(group + s * 32)));
+        *a = _mm512_and_si512(words, _mm512_set1_epi16(0x000f));
+        *b = _mm512_srli_epi16(words, 4); /* nothing lies above a byte's high nibble */
+    } else {
+        *a = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(group + s * 32)));
+        *b = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(group + (s + 8) * 32)));
+    }
+}
+
+static inline __m512i pair_of(const int16_t *pair) {
+    int32_t both;
+    memcpy(&both, pair, 4);
+    return _mm512_set1_epi32(both);
+}
+
+/* add_group's arithmetic, 16 lanes at once */
+static inline __attribute__((always_inline)) void add_group_wide(const __m512i *acc, const int rows,
+                                                                 const float *scale, const float *low,
+                                                                 const int16_group *x, const float *group_sums,
+                                                                 int64_t groups, float *sums) {
+    __m512 s = _mm512_loadu_ps(scale);
+    for (int r = 0; r < rows; r++) {
+        __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(s, _mm512_set1_ps(x[r * groups].scale)));
+        if (low) dot = _mm512_fmadd_ps(_mm512_loadu_ps(low), _mm512_set1_ps(group_sums[r * groups]), dot);
+        _mm512_storeu_ps(sums + r * TILE, _mm512_add_ps(_mm512_loadu_ps(sums + r * TILE), dot));
+    }
+}
+
+static inline __attribute__((always_inline)) void few_rows(const tile_input *x, const int rows, const int tiles,
+                                                           const int bits, const uint8_t *codes, const f16 *scale,
+                                                           const f16 *low, const float *group_sums, float *sums,
+                                                           int64_t k) {
+    int64_t groups = k / GROUP;
+    for (int64_t g = 0; g < groups; g++) {
+        for (int j = 0; j < tiles; j++) prefetch_group(bits, codes, scale, low, j * groups + g + 2);
+        __m512i acc[TILE_BLOCK][ROWS_IN_REGISTERS];
+        for (int j = 0; j < tiles; j++)
+            for (int r = 0; r < rows; r++) acc[j][r] = _mm512_setzero_si512();
+        for (int c = 0; c < 8; c++)
+            for (int j = 0; j < tiles; j++) {
+                __m512i a, b;
+                unpack_step_wide(codes + (j * groups + g) * GROUP_BYTES(bits), bits, c, &a, &b);
+                for (int r = 0; r < rows; r++) acc[j][r] = _mm512_dpwssd_epi32(acc[j][r], a, pair_of(x[r * groups + g].q + 2 * c));
+                for (int r = 0; r < rows; r++)
+                    acc[j][r] = _mm512_dpwssd_epi32(acc[j][r], b, pair_of(x[r * groups + g].q + 2 * (c + 8)));
+            }
+        for (int j = 0; j < tiles; j++) {
+            float group_scale[TILE], group_low[TILE];
+            group_scale_low(scale, low, (j * groups + g) * TILE, group_scale, group_low);
+            add_group_wide(acc[j], rows, group_scale, low ? group_low : NULL, x + g, low ? group_sums + g : NULL,
+                           groups, sums + j * rows * TILE);
+        }
+    }
+}
+#endif
+
 typedef void (*few_rows_fn)(const tile_input *, const uint8_t *, const f16 *, const f16 *, const float *, float *,
                             int64_t);
 #define FEW_ROWS(B, R, T)                                                                                          \
@@ -1052,15 +1122,23 @@ typedef void (*few_rows_fn)(const tile_input *, const uint8_t *, const f16 *, co
                                          const f16 *low, const float *group_sums, float *sums, int64_t k) {        \
         few_rows(x, R, T, B, codes, scale, low, group_sums, sums, k);                                              \
     }
+#ifdef WIDE_STEPS
+#define MORE_ROWS(B) FEW_ROWS(B, 6, 1) FEW_ROWS(B, 7, 1) FEW_ROWS(B, 8, 1)
+#define MORE_ROWS_OF(B) , {NULL, few_rows_##B##_6x1}, {NULL, few_rows_##B##_7x1}, {NULL, few_rows_##B##_8x1}
+#else
+#define MORE_ROWS(B)
+#define MORE_ROWS_OF(B)
+#endif
 #define FEW_ROWS_OF(B)                                                                                             \
     FEW_ROWS(B, 1, 1) FEW_ROWS(B, 1, 2) FEW_ROWS(B, 1, 3) FEW_ROWS(B, 1, 4) FEW_ROWS(B, 2, 1) FEW_ROWS(B, 2, 2)        \
-    FEW_ROWS(B, 3, 1) FEW_ROWS(B, 4, 1) FEW_ROWS(B, 5, 1)
+    FEW_ROWS(B, 3, 1) FEW_ROWS(B, 4, 1) FEW_ROWS(B, 5, 1) MORE_ROWS(B)
 FEW_ROWS_OF(4) FEW_ROWS_OF(8)
-static const few_rows_fn by_bits_rows_and_tiles[2][ROWS_IN_REGISTERS + 1][TILE_BLOCK + 1] = {
-    {{NULL}, {NULL, few_rows_4_1x1, few_rows_4_1x2, few_rows_4_1x3, few_rows_4_1x4}, {NULL, few_rows_4_2x1, few_rows_4_2x2},
-     {NULL, few_rows_4_3x1}, {NULL, few_rows_4_4x1}, {NULL, few_rows_4_5x1}},
-    {{NULL}, {NULL, few_rows_8_1x1, few_rows_8_1x2, few_rows_8_1x3, few_rows_8_1x4}, {NULL, few_rows_8_2x1, few_rows_8_2x2},
-     {NULL, few_rows_8_3x1}, {NULL, few_rows_8_4x1}, {NULL, few_rows_8_5x1}}};
+#define FEW_ROWS_TABLE(B)                                                                                          \
+    {{NULL}, {NULL, few_rows_##B##_1x1, few_rows_##B##_1x2, few_rows_##B##_1x3, few_rows_##B##_1x4},                 \
+     {NULL, few_rows_##B##_2x1, few_rows_##B##_2x2}, {NULL, few_rows_##B##_3x1}, {NULL, few_rows_##B##_4x1},           \
+     {NULL, few_rows_##B##_5x1} MORE_ROWS_OF(B)}
+static const few_rows_fn by_bits_rows_and_tiles[2][ROWS_IN_REGISTERS + 1][TILE_BLOCK + 1] = {FEW_ROWS_TABLE(4),
+                                                                                             FEW_ROWS_TABLE(8)};
 
 /* sums [tiles][rows, 16]: up to TILE_BLOCK tiles (one or two rows) or one tile (more rows) of the weight, for
  * every row */
