@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine.speculative import NgramProposer, verify_sampled
+from wsgi_infer.engine.config import EngineConfig
+from wsgi_infer.engine.speculative import NgramProposer, proposer_for, verify_sampled
 
 from .batch_runs import run_staggered
 from .conftest import assert_idle
@@ -49,6 +50,16 @@ def test_rejected_drafts_back_off_and_an_accepted_one_resets():
     assert [proposer.propose(seq, limit=8) for _ in range(3)] == [[], [], [3, 1]]  # then two
     proposer.verified(seq, accepted=1)
     assert proposer.propose(seq, limit=8)
+
+
+def test_a_draft_fills_the_rows_the_kernels_multiply_in_one_pass_unless_set():
+    """One token less than the rows of a pass over the weights (8 with AVX-512 VNNI, 5 with AVX2); 4 without the
+    kernels; a setting wins."""
+    assert proposer_for(EngineConfig(), SimpleNamespace(rows_per_pass=8)).num_tokens == 7
+    assert proposer_for(EngineConfig(), SimpleNamespace(rows_per_pass=5)).num_tokens == 4
+    assert proposer_for(EngineConfig(), None).num_tokens == 4
+    assert proposer_for(EngineConfig(num_speculative_tokens=2), SimpleNamespace(rows_per_pass=8)).num_tokens == 2
+    assert proposer_for(EngineConfig(speculative="none"), None) is None
 
 
 def test_a_sampled_row_takes_its_draft_token_with_its_probability():
@@ -138,6 +149,7 @@ def test_the_default_model_repeats_the_same_tokens_faster_steps(default_model_di
             count += 1
         outputs.append(tokens)
         steps.append(count)
+    assert llm.engine.proposer.num_tokens == llm.engine.runner.kernels.rows_per_pass - 1
     assert outputs[0] == outputs[1]
     assert steps[1] < 0.6 * steps[0]  # most of the repeat was accepted from drafts
 

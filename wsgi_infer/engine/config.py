@@ -44,7 +44,12 @@ class EngineConfig:
     enable_prefix_caching: bool = option(True, "reuse KV blocks of identical prompt prefixes")
     seed: int = option(0, "seed for requests that give none")
     speculative: str = option("ngram", "speculative decoding: ngram (prompt lookup), or none")
-    num_speculative_tokens: int = option(4, "tokens a speculative step proposes to verify", ge=1)
+    num_speculative_tokens: int | None = option(
+        None,
+        "tokens a speculative step proposes to verify; default: one less than the CPU kernels' rows per pass over "
+        "the weights (7 with AVX-512 VNNI, 4 with AVX2), else 4",
+        ge=1,
+    )
     prompt_lookup_min: int = option(3, "ngram speculation: the shortest n-gram looked up", ge=1)
     prompt_lookup_max: int = option(4, "ngram speculation: the longest n-gram looked up", ge=1)
 

@@ -56,7 +56,7 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._seed_source = random.Random(config.seed)
         self.grammars = GrammarCompiler(self.tokenizer, self.hf_config.vocab_size)
-        self.proposer = proposer_for(config)
+        self.proposer = proposer_for(config, self.runner.kernels)
         self.spec = SpecCounters()
         self.last_step_num_tokens = 0
         log.info("model ready: %s, max_model_len %d", self.hf_config.model_type, self.max_model_len)

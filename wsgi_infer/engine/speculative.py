@@ -9,6 +9,7 @@ only see a sequence's ``draft``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,12 +18,22 @@ from .sampler import sample_token
 from .sampling_params import SamplingParams
 from .sequence import Sequence
 
+if TYPE_CHECKING:
+    from .kernels.cpu import CpuKernels
 
-def proposer_for(config: EngineConfig) -> NgramProposer | None:
-    """The configured proposer."""
+
+DEFAULT_DRAFT_TOKENS = 4  # without the CPU kernels (a GPU, torch's ops)
+
+
+def proposer_for(config: EngineConfig, kernels: CpuKernels | None) -> NgramProposer | None:
+    """The configured proposer. By default a draft fills the rows that the kernels' packed multiplies compute in one
+    pass over the weights, less the step's own token: a verification costs little more than reading the weights
+    there, and one more row reads them again (AVX-512 VNNI, one stream, engine alone: 7 tokens 15% faster than 4
+    on the repeating workload; with AVX2, 8 tokens measured no faster than 4)."""
     if config.speculative == "none":
         return None
-    return NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
+    tokens = config.num_speculative_tokens or (kernels.rows_per_pass - 1 if kernels else DEFAULT_DRAFT_TOKENS)
+    return NgramProposer(tokens, config.prompt_lookup_min, config.prompt_lookup_max)
 
 
 def speculates(seq: Sequence) -> bool:

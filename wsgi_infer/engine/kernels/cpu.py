@@ -83,6 +83,9 @@ class CpuKernels:
             getattr(self._lib, name).argtypes = argtypes
             getattr(self._lib, name).restype = None
         self._dequantized = torch.empty(0, dtype=torch.bfloat16)  # see int4_dequantize
+        self._lib.packed_rows_per_pass.argtypes, self._lib.packed_rows_per_pass.restype = [], ctypes.c_int
+        # rows a packed multiply computes in one pass over its weight (8 with AVX-512 VNNI, 5 with AVX2)
+        self.rows_per_pass: int = self._lib.packed_rows_per_pass()
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None

@@ -1227,6 +1227,16 @@ static void packed_mm(const int bits, const float *x, int64_t rows, const uint8_
     if ((const void *)inputs != (const void *)x) free((void *)inputs);
 }
 
+/* The most rows a packed multiply computes in one pass over its weight: a step that verifies a draft of one token
+ * less costs little more than reading the weights, where one more row would read them again. */
+int packed_rows_per_pass(void) {
+#if !defined(__AVX2__) || !defined(__FMA__)
+    return ROW_TILE;
+#else
+    return ROWS_IN_REGISTERS;
+#endif
+}
+
 void int4_mm(const float *x, int64_t rows, const uint8_t *codes, const f16 *scale, const f16 *low, float *out,
              int64_t n, int64_t k, int threads) {
     packed_mm(4, x, rows, codes, scale, low, out, n, k, threads);
