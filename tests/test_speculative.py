@@ -62,6 +62,15 @@ def test_a_draft_fills_the_rows_the_kernels_multiply_in_one_pass_unless_set():
     assert proposer_for(EngineConfig(speculative="none"), None) is None
 
 
+def test_drafts_share_the_rows_of_one_pass_over_the_weights():
+    """With the kernels a step's decodes and drafts fit the rows they multiply in one pass: one stream drafts all
+    7 tokens, two 3 each, three or four one, five or more none; without the kernels each drafts its own."""
+    proposer = NgramProposer(num_tokens=7, n_min=3, n_max=4, rows_per_pass=8)
+    assert [proposer.draft_share(n) for n in (1, 2, 3, 4, 5, 16)] == [7, 3, 1, 1, 0, 0]
+    assert NgramProposer(num_tokens=2, n_min=3, n_max=4, rows_per_pass=8).draft_share(1) == 2  # a setting caps it
+    assert [NgramProposer(num_tokens=4, n_min=3, n_max=4).draft_share(n) for n in (1, 16)] == [4, 4]
+
+
 def test_a_sampled_row_takes_its_draft_token_with_its_probability():
     """Rows of fixed logits and a draft of two tokens, 20,000 seeded verifications: the first token is accepted
     as often as the target gives it (temperature, top-p), the second as often given the first; a token top-p cut

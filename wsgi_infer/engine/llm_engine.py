@@ -135,8 +135,9 @@ class LLMEngine:
         """Compute one batch; return a delta for every request that got a token or ended (several for one that
         accepted draft tokens)."""
         if self.proposer is not None:
+            share = self.proposer.draft_share(len(self.scheduler.running))
             for seq in self.scheduler.running:
-                seq.draft = self.proposer.propose(seq, self._draft_room(seq)) if speculates(seq) else []
+                seq.draft = self.proposer.propose(seq, min(share, self._draft_room(seq))) if speculates(seq) else []
         batch = self.scheduler.schedule()
         self.last_step_num_tokens = sum(item.num_new_tokens for item in batch)
         if not batch:
