@@ -3,6 +3,7 @@ packed layers multiply what the file holds."""
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import gguf
@@ -15,7 +16,9 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from wsgi_infer import LLM, SamplingParams
 from wsgi_infer.engine import model_builder
-from wsgi_infer.engine.gguf_blocks import MAPPED_TYPES, groups_from_blocks
+from wsgi_infer.engine.checkpoint_tensors import CheckpointTensors
+from wsgi_infer.engine.checkpoint_writer import INDEX_FILE
+from wsgi_infer.engine.gguf_blocks import BYTE_TYPES, MAPPED_TYPES, groups_from_blocks, holds_values_exactly
 from wsgi_infer.engine.gguf_checkpoint import (
     DEQUANTIZED_ROWS,
     _hf_names,
@@ -28,7 +31,6 @@ from wsgi_infer.engine.layers import packed_embedding
 from wsgi_infer.engine.layers.packed_embedding import PackedEmbedding, holds_exactly, packed_rows
 from wsgi_infer.engine.layers.quantization import PackedLinear
 from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
-from wsgi_infer.engine.model_loader import CheckpointTensors
 from wsgi_infer.engine.model_paths import ModelLoadError
 from wsgi_infer.engine.packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
 
@@ -60,7 +62,8 @@ def tiny_ggufs(tmp_path_factory) -> dict[str, TinyGGUF]:
 
 @pytest.mark.parametrize("type_name", ALL_TYPES)
 def test_every_type_loads_as_gguf_py_reads_it_and_packs_what_it_holds(tiny_ggufs, type_name):
-    """The converted weights are gguf-py's values bit for bit (in transformers' row order). Where the blocks map
+    """The converted weights are gguf-py's values bit for bit (in transformers' row order), those of Q4_0, Q4_1 and
+    Q8_0 kept only as their groups, the others written. Where the blocks map
     onto groups, the groups hold those values, exactly or within one float16 rounding of each group's scale and
     low. On the CPU kernels every projection is packed (4-bit blocks as int4, other mapped blocks as int8,
     the rest as 8-bit groups made from the values), keeps no full-precision copy, and multiplies the file's
@@ -71,6 +74,7 @@ def test_every_type_loads_as_gguf_py_reads_it_and_packs_what_it_holds(tiny_ggufs
     model_dir = llm.engine.model_dir
     values, stored = CheckpointTensors(model_dir, torch.float32), StoredGroups(model_dir / PACKED_GROUPS_FILE)
     processor = LlamaTensorProcessor(config=llm.engine.hf_config.to_dict())
+    written = json.loads((model_dir / INDEX_FILE).read_text())["weight_map"]
     for gguf_name, (written_type, raw) in tiny.tensors.items():
         if not gguf_name.startswith("blk.0."):
             continue
@@ -79,6 +83,7 @@ def test_every_type_loads_as_gguf_py_reads_it_and_packs_what_it_holds(tiny_ggufs
         expected = torch.from_numpy(np.ascontiguousarray(read))
         assert torch.equal(values[hf_name], expected), gguf_name
         assert (hf_name in stored) == (ggml_type in MAPPED_TYPES)
+        assert (hf_name in written) == (written_type not in BYTE_TYPES), gguf_name  # else kept only as groups
         if hf_name in stored:
             _assert_groups_hold(stored[hf_name], expected, exact=ggml_type in EXACT)
             assert isinstance(stored[hf_name], Int4Groups if ggml_type in INT4 else Int8Groups)
@@ -111,6 +116,24 @@ def _assert_groups_hold(g: Int4Groups | Int8Groups, values: torch.Tensor, exact:
     assert ((g.dequantize() - values).abs() <= bound).all()
 
 
+def test_q4_1_blocks_are_kept_only_as_groups_where_those_give_the_values_bit_for_bit():
+    """A Q4_1 group's zero is m + 8d in float32: where that sum is a float32 value, ``(q - 8) d + zero`` rounds the
+    same sum as gguf-py's ``d q + m``, so the converted copy needs no values. d = 1024 and m = 2^-14 need 28 bits:
+    the zero rounds, the groups lose m, and the blocks' values are kept."""
+    rng = np.random.default_rng(2)
+    raw = gguf.quantize(rng.normal(0, 0.05, size=(4, 64)).astype(np.float32), Q.Q4_1)
+    assert holds_values_exactly(torch.from_numpy(raw), Q.Q4_1)
+    far_apart = raw.reshape(4, 2, 20).copy()
+    far_apart[0, 0, 0:4] = np.array([1024, 2**-14], dtype=np.float16).view(np.uint8)
+    far_apart = far_apart.reshape(4, -1)
+    assert not holds_values_exactly(torch.from_numpy(far_apart), Q.Q4_1)
+    groups = groups_from_blocks(torch.from_numpy(far_apart), Q.Q4_1, lambda: pytest.fail("Q4_1 needs no values"))
+    assert not torch.equal(groups.dequantize(), torch.from_numpy(gguf.dequantize(far_apart, Q.Q4_1)))
+    any_bytes = torch.from_numpy(rng.integers(0, 256, size=(2, 68), dtype=np.uint8))  # two Q8_0, four Q4_0 blocks
+    assert holds_values_exactly(any_bytes, Q.Q8_0) and holds_values_exactly(any_bytes[:, :36], Q.Q4_0)
+    assert not holds_values_exactly(torch.from_numpy(blocks_of(Q.Q4_K, 2, 256, rng)), Q.Q4_K)  # values needed
+
+
 def test_q4_k_maps_onto_int4_groups_block_by_block():
     """Each super-block's 8 sub-blocks become 8 groups: codes exactly the block's nibbles (sub-block 2c in the low
     nibbles of bytes 32c..32c+31, 2c + 1 in the high ones), scale d * sc and low -dmin * m, each rounded once to
@@ -121,7 +144,7 @@ def test_q4_k_maps_onto_int4_groups_block_by_block():
     blocks[0, :, 4:16] = 0  # every scale and min 0: the blocks are all zeros
     blocks[1, :, 4:16] = 0xFF  # every scale and min 63
     values = torch.from_numpy(gguf.dequantize(raw, Q.Q4_K))
-    groups = groups_from_blocks(torch.from_numpy(raw), Q.Q4_K, values)
+    groups = groups_from_blocks(torch.from_numpy(raw), Q.Q4_K, lambda: values)
     assert isinstance(groups, Int4Groups)
     qs = torch.from_numpy(raw).view(4, 2, 144)[..., 16:].reshape(4, 2, 4, 32).long()  # [rows, blocks, chunk, byte]
     nibbles = torch.stack([qs & 15, qs >> 4], dim=3)  # [rows, blocks, chunk, half, byte]: sub-block 2c + half

@@ -14,15 +14,15 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine import checkpoint_writer, model_loader
+from wsgi_infer.engine import checkpoint_tensors, checkpoint_writer
 from wsgi_infer.engine.cache_files import cache_root
+from wsgi_infer.engine.checkpoint_tensors import CheckpointTensors
 from wsgi_infer.engine.gguf_checkpoint import read_gguf_config
 from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.model_loader import (
     FIRST_LOAD_IMPORTS,
     PREPARED_LOAD_IMPORTS,
     RESOLVED_CONFIGS_DIR,
-    CheckpointTensors,
     load_config,
     load_imports,
     resolve_model_dir,
@@ -147,7 +147,7 @@ def test_workers_starting_on_a_new_gguf_convert_it_once(default_model_dir, tmp_p
 def test_checkpoint_tensors_let_go_of_a_files_mapping_as_they_read(tiny_model_dirs, monkeypatch):
     """The pages read stay in the process while a file is mapped: past MAPPED_BYTES the handle is dropped (and
     reopened for the next read), so loading a float32 checkpoint does not hold all of it in the worker."""
-    monkeypatch.setattr(model_loader, "MAPPED_BYTES", 1)
+    monkeypatch.setattr(checkpoint_tensors, "MAPPED_BYTES", 1)
     tensors = CheckpointTensors(tiny_model_dirs["llama"], torch.float32)
     first, again = tensors["model.norm.weight"], None
     assert not tensors._handles  # read, and let go

@@ -18,6 +18,7 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 from wsgi_infer import LLM, EngineConfig, SamplingParams
 from wsgi_infer.engine import device, model_builder
 from wsgi_infer.engine.cache_files import file_lock
+from wsgi_infer.engine.checkpoint_tensors import CheckpointTensors
 from wsgi_infer.engine.device import resolve_dtype
 from wsgi_infer.engine.kernels.build import build_cpu_kernels
 from wsgi_infer.engine.kernels.cpu import CpuKernels, load_cpu_kernels
@@ -27,7 +28,6 @@ from wsgi_infer.engine.layers.crossing_points import ANY_ROWS, choose_max_rows
 from wsgi_infer.engine.layers.quantization import PackedLinear, SmallBatchLinear, TorchInt4Linear, TorchInt8Linear
 from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
 from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE
-from wsgi_infer.engine.model_loader import CheckpointTensors
 from wsgi_infer.engine.model_paths import default_model_path
 from wsgi_infer.engine.packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
 

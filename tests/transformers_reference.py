@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+from wsgi_infer.engine.checkpoint_tensors import CheckpointTensors
+from wsgi_infer.engine.packed_groups_file import PACKED_GROUPS_FILE
 
 
 def load_hf_model(model_dir, dtype: torch.dtype = torch.float32):
-    """transformers' own model for a checkpoint directory."""
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
+    """transformers' own model for a checkpoint directory. A converted GGUF keeps the weights its packed groups hold
+    bit for bit only as groups (test_gguf_formats checks them against gguf-py's values): its model is given the
+    checkpoint's tensors as our reader dequantizes them."""
+    model_dir = Path(model_dir)
+    if not (model_dir / PACKED_GROUPS_FILE).is_file():
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    missing, unexpected = model.load_state_dict(dict(CheckpointTensors(model_dir, dtype).items()), strict=False)
+    assert not unexpected and set(missing) <= ({"lm_head.weight"} if config.tie_word_embeddings else set())
+    model.generation_config = GenerationConfig.from_pretrained(model_dir, local_files_only=True)
+    return model.eval()
 
 
 def reference_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

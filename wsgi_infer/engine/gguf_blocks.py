@@ -4,7 +4,8 @@ gguf-py dequantizes every block type; this module reads each block's scales, and
 values (``(value - low) / scale`` is an integer, exactly) wherever they are packed in bits, so those layouts are
 gguf-py's alone; where a block's codes are whole bytes, it takes the bytes. Per type:
 - Q4_0, Q4_1: int4 groups, byte for byte (Q4_1's ``d * q + m`` is ``(q - 8) * d + (m + 8d)``); Q8_0: int8 groups,
-  byte for byte (checking its codes against the values took 0.45 s of the default model's conversion);
+  byte for byte (checking its codes against the values took 0.45 s of the default model's conversion). These
+  need no values, and their groups give gguf-py's values bit for bit (``holds_values_exactly``);
 - Q4_K: int4 groups; each 32-weight sub-block's 6-bit scale and min under the super-block's ``d`` and ``dmin``
   give ``scale = d * sc`` and ``low = -dmin * m``, rounded to float16 (2^-11 of each, relative, at most);
 - Q5_0 (codes -16..15), Q5_1 (0..31 and an offset), IQ4_NL (codes from its table of 16 levels): int8 groups,
@@ -15,6 +16,8 @@ gguf-py's alone; where a block's codes are whole bytes, it takes the bytes. Per 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from gguf import GGMLQuantizationType as Q
 
@@ -24,29 +27,53 @@ _BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34, Q.Q5_0: 22, Q.Q5_1: 24, Q.IQ
 _BLOCK_BYTES[Q.IQ4_XS] = 136
 _SUB_BLOCKS = 8  # groups of 32 in a K-quant's super-block of 256
 MAPPED_TYPES = frozenset(_BLOCK_BYTES)
+BYTE_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q8_0})  # codes are the blocks' own bytes
 CHUNK_ROWS = 8192
 
 
-def groups_from_blocks(raw: torch.Tensor, ggml_type: Q, values: torch.Tensor) -> WeightGroups | None:
-    """The groups of a 2-D tensor's blocks (uint8 [rows, bytes]), given gguf-py's values of them (float32
-    [rows, in]); None where its type does not map. ValueError where the values are not what the scales say."""
+def groups_from_blocks(raw: torch.Tensor, ggml_type: Q, values: Callable[[], torch.Tensor]) -> WeightGroups | None:
+    """The groups of a 2-D tensor's blocks (uint8 [rows, bytes]), given a way to gguf-py's values of them (float32
+    [rows, in]), called only for types outside ``BYTE_TYPES``; None where its type does not map. ValueError where
+    the values are not what the scales say."""
     if ggml_type not in MAPPED_TYPES:
         return None
-    blocks = raw.reshape(raw.shape[0], -1, _BLOCK_BYTES[ggml_type])
+    blocks = _blocks(raw, ggml_type)
     if ggml_type in (Q.Q4_0, Q.Q4_1):
-        d = _half(blocks, 0)
-        m = _half(blocks, 2) if ggml_type == Q.Q4_1 else -8 * d
+        d, m = _q4_scale_and_min(blocks, ggml_type)
         return Int4Groups(blocks[..., 4 if ggml_type == Q.Q4_1 else 2 :].reshape(raw.shape[0], -1), d, m + 8 * d)
     if ggml_type == Q.Q8_0:  # the codes are the block's 32 signed bytes after its scale
         return Int8Groups(blocks[..., 2:].reshape(raw.shape[0], -1).view(torch.int8), _half(blocks, 0))
     scale, low = _scales(blocks, ggml_type)
-    codes = _codes(values, scale, low)
+    codes = _codes(values(), scale, low)
     scale, low = as_half_values(scale), None if low is None else as_half_values(low)
     if not (scale.isfinite().all() and (low is None or low.isfinite().all())):
         return None  # a scale beyond float16's range: quantized from the values instead
     if ggml_type == Q.Q4_K:
         return Int4Groups.from_codes(codes.to(torch.uint8), scale, low)
     return Int8Groups(codes.to(torch.int8), scale, low)
+
+
+def holds_values_exactly(raw: torch.Tensor, ggml_type: Q) -> bool:
+    """Whether the groups of these blocks dequantize to gguf-py's values bit for bit, known from the blocks alone:
+    Q4_0's and Q8_0's always do; Q4_1's where each block's ``m + 8d`` (its group's zero) is a float32 value, as
+    it is unless d and m lie 2^13 apart: then ``(q - 8) * d + zero`` and gguf-py's ``d * q + m`` round the same sum
+    once. False for every other type (its values are needed to know)."""
+    if ggml_type not in BYTE_TYPES:
+        return False
+    if ggml_type != Q.Q4_1:
+        return True
+    d, m = (t.double() for t in _q4_scale_and_min(_blocks(raw, ggml_type), ggml_type))
+    return bool(((m + 8 * d).float().double() == m + 8 * d).all())
+
+
+def _blocks(raw: torch.Tensor, ggml_type: Q) -> torch.Tensor:
+    return raw.reshape(raw.shape[0], -1, _BLOCK_BYTES[ggml_type])
+
+
+def _q4_scale_and_min(blocks: torch.Tensor, ggml_type: Q) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q4_0 or Q4_1 block's ``d`` and minimum (Q4_0's codes are centred: ``-8d``), as float32 [rows, blocks]."""
+    d = _half(blocks, 0)
+    return d, _half(blocks, 2) if ggml_type == Q.Q4_1 else -8 * d
 
 
 def _half(blocks: torch.Tensor, at: int) -> torch.Tensor:

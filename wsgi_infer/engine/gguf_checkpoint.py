@@ -1,4 +1,5 @@
-"""The weights of a GGUF file under their Hugging Face names: dequantized, and as packed groups.
+"""The weights of a GGUF file under their Hugging Face names: as packed groups, and dequantized where those do not
+hold them exactly.
 
 The config comes from the file's metadata through transformers' key mapping
 and fast reader; gguf-py reads the tensors and dequantizes every block type it
@@ -21,7 +22,7 @@ import torch
 from gguf import GGMLQuantizationType
 from torch.overrides import TorchFunctionMode
 
-from .gguf_blocks import groups_from_blocks
+from .gguf_blocks import groups_from_blocks, holds_values_exactly
 from .layers.weight_groups import WeightGroups
 from .models import allocate_model
 
@@ -89,10 +90,12 @@ def _phi3_rope(gguf_file: Path, metadata: dict, values: dict) -> dict:
     return {"rope_parameters": rope, "partial_rotary_factor": rope["partial_rotary_factor"]}
 
 
-def gguf_tensors(gguf_file: Path, config) -> Iterator[tuple[str, torch.Tensor, WeightGroups | None]]:
-    """Each tensor as float32 under its Hugging Face name (gguf-py dequantizes every block type it knows), with
-    its packed groups where its blocks map onto them (``gguf_blocks``): one at a time, so that a converter can
-    write each away before the next is read (holding them all took 5.5 GB for Gemma 3 270M)."""
+def gguf_tensors(gguf_file: Path, config) -> Iterator[tuple[str, torch.Tensor | None, WeightGroups | None]]:
+    """Each tensor under its Hugging Face name: its float32 values (gguf-py dequantizes every block type it knows)
+    and its packed groups where its blocks map onto them (``gguf_blocks``), one at a time, so that a converter can
+    write each away before the next is read (holding them all took 5.5 GB for Gemma 3 270M). The values are None
+    where the groups hold them bit for bit, known from the blocks alone (Q4_0, Q4_1, Q8_0): those blocks are
+    not dequantized at all (0.9 s of the default model's first start)."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     architecture, tensors = _tensor_table(gguf_file)
@@ -106,17 +109,26 @@ def gguf_tensors(gguf_file: Path, config) -> Iterator[tuple[str, torch.Tensor, W
         def reorder(t: torch.Tensor, name: str = tensor.name) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(processor.process(weights=t.numpy(), name=name).weights))
 
-        values, found = tensor.values(), None
-        if values.dim() == 2:
-            try:
-                found = groups_from_blocks(torch.from_numpy(tensor.raw.copy()), tensor.ggml_type, values)
-            except ValueError as exc:
-                raise ValueError(f"tensor {tensor.name} ({tensor.ggml_type.name}): {exc}") from exc
-            if found is not None:
-                found = type(found)(*(None if t is None else reorder(t) for t in astuple(found)))
-        yield names[tensor.name], reorder(values), found
+        values, found = _values_and_groups(tensor)
+        if found is not None:
+            found = type(found)(*(None if t is None else reorder(t) for t in astuple(found)))
+        yield names[tensor.name], None if values is None else reorder(values), found
         if time.monotonic() - started > 2 and index % 50 == 0:
             log.info("GGUF %s: %d of %d tensors read", gguf_file.name, index, len(tensors))
+
+
+def _values_and_groups(tensor: _StoredTensor) -> tuple[torch.Tensor | None, WeightGroups | None]:
+    """A tensor's values (None where its groups hold them exactly) and its groups (None where its blocks do not
+    map), in the file's row order."""
+    if len(tensor.shape) != 2:
+        return tensor.values(), None
+    raw = torch.from_numpy(tensor.raw.copy())
+    values = None if holds_values_exactly(raw, tensor.ggml_type) else tensor.values()
+    try:
+        found = groups_from_blocks(raw, tensor.ggml_type, lambda: values)
+    except ValueError as exc:
+        raise ValueError(f"tensor {tensor.name} ({tensor.ggml_type.name}): {exc}") from exc
+    return values, found
 
 
 DEQUANTIZED_ROWS = 1024  # a few MB of gguf-py's temporaries at a time

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .cache_files import cache_root, read_json, write_json
+from .checkpoint_tensors import CheckpointTensors
 from .config import EngineConfig
 from .kernels import layouts
 from .kernels.build import kernels_library
@@ -22,7 +23,6 @@ from .layers import packed_embedding
 from .layers.crossing_points import choose_max_rows
 from .layers.packed_embedding import share_embedding_with_packed_head
 from .layers.quantization import kinds, pack_on_kernels, packed_layers, quantize_with_torch
-from .model_loader import CheckpointTensors
 from .models import allocate_model, model_class
 from .packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
 from .packing import layer_groups, stored_int4

@@ -2,25 +2,22 @@
 
 A model is a Hugging Face directory (config.json, safetensors, tokenizer files)
 or a ``.gguf`` file. The first load of a GGUF converts it once into such a
-directory in the user cache, keyed by the file's hash (about 4 s for the
-default model), with its 4-bit blocks beside the weights for the int4
-kernels; later loads read that directory in under a second.
+directory in the user cache, keyed by the file's hash, with its blocks as the
+packed kernels' groups beside the weights. Weights whose groups hold them bit
+for bit (Q4_0, Q4_1, Q8_0 blocks) are kept only as groups, and read back
+dequantized where a load needs them in full; later loads read that directory
+in under a second.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
 from pathlib import Path
-
-import torch
-from safetensors import safe_open
 
 from .builtin_chat_templates import BUILTIN_TEMPLATES
 from .cache_files import cache_root, read_json, write_json
@@ -67,7 +64,7 @@ def _converted_gguf_dir(gguf: Path) -> Path:
 
 
 def _convert_gguf_into(gguf: Path, target: Path) -> None:
-    log.info("model %s: converting GGUF to safetensors in %s (once; about 4 s)", gguf, target)
+    log.info("model %s: converting GGUF to safetensors in %s (once)", gguf, target)
     started = time.monotonic()
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
@@ -93,8 +90,8 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
         groups = {}
         with ShardedCheckpoint(staging) as checkpoint:
             for name, weight, found in gguf_tensors(gguf, config):
-                if not (config.tie_word_embeddings and name == "lm_head.weight"):
-                    checkpoint.add(name, weight)
+                if weight is not None and not (config.tie_word_embeddings and name == "lm_head.weight"):
+                    checkpoint.add(name, weight)  # the others are their groups (CheckpointTensors reads them)
                 if found is not None:
                     groups[name] = found
     except Exception as exc:  # transformers and gguf-py raise many kinds for unreadable files
@@ -231,53 +228,6 @@ def _prepared(path: Path) -> bool:
         path = converted_gguf_dir(path, digest)
     resolved = read_json(_resolved_config_file(path))
     return resolved is not None and _generic_tokenizer(path) and not (path / "modules.json").is_file()
-
-
-MAPPED_BYTES = 64 << 20  # see CheckpointTensors.__getitem__
-
-
-class CheckpointTensors(Mapping):
-    """The checkpoint's tensors by name, read one at a time from its safetensors files.
-
-    Our models copy (and fuse) weights from this mapping, so loading never holds
-    more than our model plus one tensor, unlike instantiating the transformers
-    model first.
-    """
-
-    def __init__(self, model_dir: Path, dtype: torch.dtype) -> None:
-        index = model_dir / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            self._files = {name: model_dir / file for name, file in weight_map.items()}
-        elif (model_dir / "model.safetensors").is_file():
-            with safe_open(model_dir / "model.safetensors", framework="pt") as f:
-                self._files = dict.fromkeys(f.keys(), model_dir / "model.safetensors")
-        else:
-            raise ModelLoadError(f"model {model_dir}: expected model.safetensors (or a sharded index) in the directory")
-        self._dtype = dtype
-        self._handles: dict[Path, safe_open] = {}  # one per file: opening one parses its header each time
-        self._mapped: dict[Path, int] = {}  # bytes read through each handle's mapping
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        path = self._files[name]
-        if path not in self._handles:
-            self._handles[path], self._mapped[path] = safe_open(path, framework="pt"), 0
-        tensor = self._handles[path].get_tensor(name)
-        self._mapped[path] += tensor.nbytes
-        if self._mapped[path] > MAPPED_BYTES:
-            # The pages read stay in this process's memory while the file is mapped: a float32 checkpoint's
-            # 538 MB counted towards the worker's peak (1.29 GB). Reopening costs a header's parse, 2 ms.
-            del self._handles[path]
-        return tensor.to(self._dtype)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._files  # without reading the tensor
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._files)
-
-    def __len__(self) -> int:
-        return len(self._files)
 
 
 def eos_token_ids(model_dir: Path, config, tokenizer) -> set[int]:

@@ -1,0 +1,71 @@
+"""A checkpoint's tensors by name, read one at a time: from its safetensors files, or from a converted GGUF's
+packed groups."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .model_paths import ModelLoadError
+from .packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
+
+MAPPED_BYTES = 64 << 20  # see CheckpointTensors.__getitem__
+
+
+class CheckpointTensors(Mapping):
+    """The checkpoint's tensors by name, read one at a time from its safetensors files, or dequantized from its
+    packed groups where a converted GGUF keeps a weight only there (its groups hold it bit for bit).
+
+    Our models copy (and fuse) weights from this mapping, so loading never holds
+    more than our model plus one tensor, unlike instantiating the transformers
+    model first.
+    """
+
+    def __init__(self, model_dir: Path, dtype: torch.dtype) -> None:
+        self._files = _checkpoint_files(model_dir)
+        self._groups = StoredGroups(model_dir / PACKED_GROUPS_FILE)
+        self._names = [*self._files, *(name for name in self._groups if name not in self._files)]
+        if not self._names:
+            raise ModelLoadError(f"model {model_dir}: expected model.safetensors (or a sharded index) in the directory")
+        self._dtype = dtype
+        self._handles: dict[Path, safe_open] = {}  # one per file: opening one parses its header each time
+        self._mapped: dict[Path, int] = {}  # bytes read through each handle's mapping
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        path = self._files.get(name)
+        if path is None:
+            return self._groups[name].dequantize().to(self._dtype)
+        if path not in self._handles:
+            self._handles[path], self._mapped[path] = safe_open(path, framework="pt"), 0
+        tensor = self._handles[path].get_tensor(name)
+        self._mapped[path] += tensor.nbytes
+        if self._mapped[path] > MAPPED_BYTES:
+            # The pages read stay in this process's memory while the file is mapped: a float32 checkpoint's
+            # 538 MB counted towards the worker's peak (1.29 GB). Reopening costs a header's parse, 2 ms.
+            del self._handles[path]
+        return tensor.to(self._dtype)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._files or name in self._groups  # without reading the tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _checkpoint_files(model_dir: Path) -> dict[str, Path]:
+    """Each tensor's safetensors file: a sharded index's map, or the one file's names (none: neither exists)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: model_dir / file for name, file in weight_map.items()}
+    if (model_dir / "model.safetensors").is_file():
+        with safe_open(model_dir / "model.safetensors", framework="pt") as f:
+            return dict.fromkeys(f.keys(), model_dir / "model.safetensors")
+    return {}
