@@ -256,6 +256,40 @@ def test_processes_starting_together_take_the_first_ones_crossing_points(monkeyp
     assert layer.max_rows == 5 and not lock.exists() and saved.stat().st_mtime_ns == written
 
 
+class _TimedLayer:
+    """A layer of the crossing point's protocol that counts its calls."""
+
+    kind, out_features, in_features, dtype, on_kernels, max_rows = "timed", 8, 32, torch.float32, True, 0
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def packed_mm(self, rows: torch.Tensor) -> None:
+        self.calls += 1
+
+    def full_mm(self, x: torch.Tensor) -> None:
+        self.calls += 1
+
+
+def _packed_wins_at_16_rows_or_fewer(calls) -> float:
+    """``crossing_points._seconds`` without a clock: each call made once, the packed copy faster up to 16 rows."""
+    for call in calls:
+        call()
+    rows, packed = len(calls[0].args[0]), calls[0].func.__name__ == "packed_mm"
+    return len(calls) * (1.0 if packed == (rows <= 16) else 2.0)
+
+
+def test_a_crossing_point_is_timed_on_a_few_layers_spread_over_the_model(monkeypatch, tmp_path):
+    """LAYERS_TIMED of a shape's 30 layers, every fourth, are timed (all 30 took 0.6 s of a first start); every
+    layer of the shape takes the figure."""
+    monkeypatch.setattr(crossing_points, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(crossing_points, "_seconds", _packed_wins_at_16_rows_or_fewer)
+    layers = [_TimedLayer() for _ in range(30)]
+    choose_max_rows(layers, tmp_path / "rows.json")
+    assert [i for i, layer in enumerate(layers) if layer.calls] == list(range(0, 30, 4))
+    assert len(range(0, 30, 4)) == crossing_points.LAYERS_TIMED and {layer.max_rows for layer in layers} == {16}
+
+
 def test_float32_stays_unpacked(default_llm):
     modules = list(default_llm.engine.runner.model.modules())
     assert not any(isinstance(m, SmallBatchLinear) for m in modules)
