@@ -19,7 +19,9 @@ from wsgi_infer import LLM, EngineConfig, SamplingParams
 from wsgi_infer.engine import device, model_builder
 from wsgi_infer.engine.cache_files import file_lock
 from wsgi_infer.engine.checkpoint_tensors import CheckpointTensors
+from wsgi_infer.engine.checkpoint_writer import INDEX_FILE
 from wsgi_infer.engine.device import resolve_dtype
+from wsgi_infer.engine.gguf_checkpoint import _hf_names
 from wsgi_infer.engine.kernels.build import build_cpu_kernels
 from wsgi_infer.engine.kernels.cpu import CpuKernels, load_cpu_kernels
 from wsgi_infer.engine.kernels.layouts import kernel_weight
@@ -127,6 +129,20 @@ def test_gguf_weights_equal_what_transformers_reads(gguf_weights, gguf_name, hf_
     assert torch.equal(
         kernels.dequantize(kernel_weight(g), *g.codes.shape[:1], weights[hf_name].shape[1]), weights[hf_name].bfloat16()
     )
+
+
+def test_every_weight_kept_only_as_groups_reads_back_as_gguf_py_dequantizes_it(gguf_weights, default_model_dir):
+    """The default model's conversion keeps its Q4_1 projections and Q8_0 embedding only as groups (no float32
+    copy): each, read back, is gguf-py's values bit for bit, in transformers' row order."""
+    reader, config, weights, _ = gguf_weights
+    written = set(json.loads((default_model_dir / INDEX_FILE).read_text())["weight_map"])
+    names = _hf_names("llama", config, {t.name for t in reader.tensors})
+    processor = LlamaTensorProcessor(config=config.to_dict())
+    only_groups = [t for t in reader.tensors if t.name in names and names[t.name] not in written]
+    assert len(only_groups) == 30 * 7 + 1 and len(written) == 30 * 2 + 1  # the norms are written
+    for tensor in only_groups:
+        values = processor.process(weights=gguf.dequantize(tensor.data, tensor.tensor_type), name=tensor.name).weights
+        assert torch.equal(weights[names[tensor.name]], torch.from_numpy(np.ascontiguousarray(values))), tensor.name
 
 
 def test_the_kernels_half_precision_scales_hold_every_gguf_block_exactly(gguf_weights):
