@@ -12,7 +12,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from transformers import AutoModelForCausalLM
-from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+from transformers.modeling_gguf_pytorch_utils import GPT2TensorProcessor, LlamaTensorProcessor
 
 from wsgi_infer import LLM, SamplingParams
 from wsgi_infer.engine import model_builder
@@ -22,6 +22,7 @@ from wsgi_infer.engine.gguf_blocks import BYTE_TYPES, MAPPED_TYPES, groups_from_
 from wsgi_infer.engine.gguf_checkpoint import (
     DEQUANTIZED_ROWS,
     _hf_names,
+    _moves_rows_only,
     _StoredTensor,
     _tensor_table,
     read_gguf_config,
@@ -132,6 +133,19 @@ def test_q4_1_blocks_are_kept_only_as_groups_where_those_give_the_values_bit_for
     any_bytes = torch.from_numpy(rng.integers(0, 256, size=(2, 68), dtype=np.uint8))  # two Q8_0, four Q4_0 blocks
     assert holds_values_exactly(any_bytes, Q.Q8_0) and holds_values_exactly(any_bytes[:, :36], Q.Q4_0)
     assert not holds_values_exactly(torch.from_numpy(blocks_of(Q.Q4_K, 2, 256, rng)), Q.Q4_K)  # values needed
+
+
+def test_groups_are_kept_only_where_transformers_moves_a_tensors_rows_alone():
+    """llama.cpp permutes a Llama file's query and key rows, and transformers' processor permutes them back: the
+    groups, rows of the file, move with them. GPT-2's processor transposes its Conv1D weights: no groups there,
+    and the values are written."""
+    llama = LlamaTensorProcessor(config={"num_attention_heads": 4, "num_key_value_heads": 2})
+    query = _StoredTensor("blk.0.attn_q.weight", Q.Q8_0, (64, 64), np.zeros(0))
+    rows = np.arange(64, dtype=np.float32)[:, None]
+    assert not np.array_equal(llama.process(weights=rows, name=query.name).weights, rows)  # it does move them
+    assert _moves_rows_only(llama, query)
+    assert not _moves_rows_only(GPT2TensorProcessor(), _StoredTensor("blk.0.attn_qkv.weight", Q.Q8_0, (192, 64), None))
+    assert _moves_rows_only(GPT2TensorProcessor(), _StoredTensor("token_embd.weight", Q.Q8_0, (100, 64), None))
 
 
 def test_q4_k_maps_onto_int4_groups_block_by_block():

@@ -109,7 +109,10 @@ def gguf_tensors(gguf_file: Path, config) -> Iterator[tuple[str, torch.Tensor | 
         def reorder(t: torch.Tensor, name: str = tensor.name) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(processor.process(weights=t.numpy(), name=name).weights))
 
-        values, found = _values_and_groups(tensor)
+        if len(tensor.shape) == 2 and _moves_rows_only(processor, tensor):
+            values, found = _values_and_groups(tensor)
+        else:
+            values, found = tensor.values(), None
         if found is not None:
             found = type(found)(*(None if t is None else reorder(t) for t in astuple(found)))
         yield names[tensor.name], None if values is None else reorder(values), found
@@ -117,11 +120,19 @@ def gguf_tensors(gguf_file: Path, config) -> Iterator[tuple[str, torch.Tensor | 
             log.info("GGUF %s: %d of %d tensors read", gguf_file.name, index, len(tensors))
 
 
+def _moves_rows_only(processor, tensor: _StoredTensor) -> bool:
+    """Whether transformers' processor of the architecture at most permutes this 2-D tensor's rows (llama.cpp's
+    query and key permutation, undone): then the groups of its blocks, which are rows of the file, move with
+    them. Found by processing a column of row numbers: GPT-2's processor transposes its Conv1D weights, and
+    their groups would be garbage."""
+    rows = np.arange(tensor.shape[0], dtype=np.float32)[:, None]
+    moved = processor.process(weights=rows, name=tensor.name).weights
+    return moved.shape == rows.shape and np.array_equal(np.sort(moved, axis=0), rows)
+
+
 def _values_and_groups(tensor: _StoredTensor) -> tuple[torch.Tensor | None, WeightGroups | None]:
-    """A tensor's values (None where its groups hold them exactly) and its groups (None where its blocks do not
-    map), in the file's row order."""
-    if len(tensor.shape) != 2:
-        return tensor.values(), None
+    """A 2-D tensor's values (None where its groups hold them exactly) and its groups (None where its blocks do
+    not map), in the file's row order."""
     raw = torch.from_numpy(tensor.raw.copy())
     values = None if holds_values_exactly(raw, tensor.ggml_type) else tensor.values()
     try:
