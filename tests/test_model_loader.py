@@ -121,6 +121,23 @@ def test_a_gguf_digest_is_remembered_until_the_file_changes(tmp_path, monkeypatc
     assert sorted(remembered.values()) == sorted(expected)
 
 
+def test_a_conversion_removes_the_copies_earlier_versions_made_of_the_same_file(tmp_path, monkeypatch, caplog):
+    """Nothing reads an older version's copy once this one is written: it goes (the default model's v7 held
+    650 MB). A newer version's copy, and other files' copies, stay."""
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_tiny_gguf(tmp_path / "tiny[1].gguf", "Q8_0").path  # glob's brackets in the name
+    stem = f"{path.stem}-{file_digest(path)}"
+    older, newer, other = (cache_root() / name for name in (f"{stem}-v7", f"{stem}-v99", "other-0123-v1"))
+    for directory in (older, newer, other):
+        directory.mkdir(parents=True)
+        (directory / "model.safetensors").write_bytes(b"weights")
+    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.model_loader"):
+        converted = resolve_model_dir(path)
+    assert converted.name == f"{stem}-{CONVERSION_VERSION}" and (converted / "config.json").is_file()
+    assert not older.exists() and newer.exists() and other.exists()
+    assert f"removed {older}, an earlier version's conversion of it" in caplog.text
+
+
 @pytest.mark.slow
 def test_workers_starting_on_a_new_gguf_convert_it_once(default_model_dir, tmp_path):
     """Two workers load the same new GGUF at once: one converts it under its lock, the other waits

@@ -30,6 +30,7 @@ from .model_paths import (
     is_gguf,
     known_file_digest,
     model_path,
+    older_conversions,
 )
 from .models import model_class
 from .packed_groups_file import PACKED_GROUPS_FILE, save_packed_groups
@@ -73,6 +74,9 @@ def _convert_gguf_into(gguf: Path, target: Path) -> None:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("model %s: converted in %.1f s", gguf, time.monotonic() - started)
+    for older in older_conversions(target):
+        shutil.rmtree(older, ignore_errors=True)
+        log.info("model %s: removed %s, an earlier version's conversion of it", gguf.name, older)
 
 
 def _convert_gguf(gguf: Path, staging: Path) -> None:

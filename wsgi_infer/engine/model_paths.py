@@ -6,6 +6,7 @@ server's other workers, say) wait for it instead of converting it again.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.metadata
 import os
@@ -79,6 +80,17 @@ def file_digest(path: Path) -> str:
 
 def converted_gguf_dir(gguf: Path, digest: str) -> Path:
     return cache_root() / f"{gguf.stem}-{digest}-{CONVERSION_VERSION}"
+
+
+def older_conversions(target: Path) -> list[Path]:
+    """The directories an earlier version converted the same file into (an older ``CONVERSION_VERSION``): nothing
+    reads them any more (the default model's v7 copy held 650 MB)."""
+    name, _, version = target.name.rpartition("-v")
+    return [
+        path
+        for path in target.parent.glob(f"{glob.escape(name)}-v*")
+        if (v := path.name.rpartition("-v")[2]).isdigit() and int(v) < int(version)
+    ]
 
 
 def conversion_lock(target: Path) -> AbstractContextManager[None]:
