@@ -1020,7 +1020,56 @@ static inline void prefetch_group(const int bits, const uint8_t *codes, const f1
     if (low) __builtin_prefetch(low + g * TILE);
 }
 
-#ifndef WIDE_STEPS
+/* A step's widened codes for one input pair (16 outputs, two codes each), and a row's 16 sums, in STEP_PARTS
+ * registers. With AVX-512 VNNI, one 512-bit register (lane i: output i, as the layout lays them): one vpdpwssd per
+ * row and pair where 256-bit halves take two, and half the widening, and 32 registers hold 8 rows' sums, so a
+ * draft's rows up to 8 take one pass over the weight. Elsewhere, two 256-bit halves. The sums are the same
+ * integers, scaled and added in the same order either way. */
+#ifdef WIDE_STEPS
+#define STEP_PARTS 1
+typedef __m512i step_part;
+
+static inline __attribute__((always_inline)) void unpack_codes(const uint8_t *group, const int bits, const int s,
+                                                               __m512i a[1], __m512i b[1]) {
+    if (bits == 4) {
+        __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(group + s * 32)));
+        a[0] = _mm512_and_si512(words, _mm512_set1_epi16(0x000f));
+        b[0] = _mm512_srli_epi16(words, 4); /* nothing lies above a byte's high nibble */
+    } else {
+        a[0] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(group + s * 32)));
+        b[0] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(group + (s + 8) * 32)));
+    }
+}
+
+static inline __m512i zero_part(void) { return _mm512_setzero_si512(); }
+
+static inline void madd_codes(__m512i acc[1], const __m512i w[1], const int16_t *pair) {
+    int32_t both;
+    memcpy(&both, pair, 4);
+    acc[0] = _mm512_dpwssd_epi32(acc[0], w[0], _mm512_set1_epi32(both));
+}
+
+/* add_group's arithmetic, 16 lanes at once */
+static inline __attribute__((always_inline)) void add_sums(__m512i acc[][1], const int rows, const float *scale,
+                                                           const float *low, const int16_group *x,
+                                                           const float *group_sums, int64_t groups, float *sums) {
+    __m512 s = _mm512_loadu_ps(scale);
+    for (int r = 0; r < rows; r++) {
+        __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][0]), _mm512_mul_ps(s, _mm512_set1_ps(x[r * groups].scale)));
+        if (low) dot = _mm512_fmadd_ps(_mm512_loadu_ps(low), _mm512_set1_ps(group_sums[r * groups]), dot);
+        _mm512_storeu_ps(sums + r * TILE, _mm512_add_ps(_mm512_loadu_ps(sums + r * TILE), dot));
+    }
+}
+#else
+#define STEP_PARTS 2
+typedef __m256i step_part;
+#define unpack_codes unpack_step
+#define madd_codes madd_pair
+#define add_sums add_group
+
+static inline __m256i zero_part(void) { return _mm256_setzero_si256(); }
+#endif
+
 /* sums [tiles][rows, 16] for up to ROWS_IN_REGISTERS rows (up to TILE_BLOCK tiles for one row, 2 for two, else
  * one), steps widened in registers. Inlined with constant counts. */
 static inline __attribute__((always_inline)) void few_rows(const tile_input *x, const int rows, const int tiles,
@@ -1030,90 +1079,27 @@ static inline __attribute__((always_inline)) void few_rows(const tile_input *x, 
     int64_t groups = k / GROUP;
     for (int64_t g = 0; g < groups; g++) {
         for (int j = 0; j < tiles; j++) prefetch_group(bits, codes, scale, low, j * groups + g + 2);
-        __m256i acc[TILE_BLOCK][ROWS_IN_REGISTERS][2];
+        step_part acc[TILE_BLOCK][ROWS_IN_REGISTERS][STEP_PARTS];
         for (int j = 0; j < tiles; j++)
-            for (int r = 0; r < rows; r++) acc[j][r][0] = acc[j][r][1] = _mm256_setzero_si256();
+            for (int r = 0; r < rows; r++)
+                for (int v = 0; v < STEP_PARTS; v++) acc[j][r][v] = zero_part();
         /* a step's two pairs right after each other: fewer registers live than pair by pair over the tiles,
          * which spilled the sums (one row from L3 0.42 -> 0.33 ms, over 30 layers from memory 10-16% faster) */
         for (int c = 0; c < 8; c++)
             for (int j = 0; j < tiles; j++) {
-                __m256i a[2], b[2];
-                unpack_step(codes + (j * groups + g) * GROUP_BYTES(bits), bits, c, a, b);
-                for (int r = 0; r < rows; r++) madd_pair(acc[j][r], a, x[r * groups + g].q + 2 * c);
-                for (int r = 0; r < rows; r++) madd_pair(acc[j][r], b, x[r * groups + g].q + 2 * (c + 8));
+                step_part a[STEP_PARTS], b[STEP_PARTS];
+                unpack_codes(codes + (j * groups + g) * GROUP_BYTES(bits), bits, c, a, b);
+                for (int r = 0; r < rows; r++) madd_codes(acc[j][r], a, x[r * groups + g].q + 2 * c);
+                for (int r = 0; r < rows; r++) madd_codes(acc[j][r], b, x[r * groups + g].q + 2 * (c + 8));
             }
         for (int j = 0; j < tiles; j++) {
             float group_scale[TILE], group_low[TILE];
             group_scale_low(scale, low, (j * groups + g) * TILE, group_scale, group_low);
-            add_group(acc[j], rows, group_scale, low ? group_low : NULL, x + g, low ? group_sums + g : NULL, groups,
-                      sums + j * rows * TILE);
+            add_sums(acc[j], rows, group_scale, low ? group_low : NULL, x + g, low ? group_sums + g : NULL, groups,
+                     sums + j * rows * TILE);
         }
     }
 }
-
-#else
-/* With AVX-512 VNNI a step's widened codes for one input pair, 16 outputs' two each, are one 512-bit register
- * (lane i: output i), as the layout lays them: one vpdpwssd per row and pair where 256-bit halves take two, and half
- * the widening. The sums are the same integers, scaled and added in the same order as add_group does. 32 registers
- * hold 8 rows' sums, so a 4-token draft's 5 rows and up to 8 take one pass over the weight. */
-static inline __attribute__((always_inline)) void unpack_step_wide(const uint8_t *group, const int bits, const int s,
-                                                                   __m512i *a, __m512i *b) {
-    if (bits == 4) {
-        __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(group + s * 32)));
-        *a = _mm512_and_si512(words, _mm512_set1_epi16(0x000f));
-        *b = _mm512_srli_epi16(words, 4); /* nothing lies above a byte's high nibble */
-    } else {
-        *a = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(group + s * 32)));
-        *b = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(group + (s + 8) * 32)));
-    }
-}
-
-static inline __m512i pair_of(const int16_t *pair) {
-    int32_t both;
-    memcpy(&both, pair, 4);
-    return _mm512_set1_epi32(both);
-}
-
-/* add_group's arithmetic, 16 lanes at once */
-static inline __attribute__((always_inline)) void add_group_wide(const __m512i *acc, const int rows,
-                                                                 const float *scale, const float *low,
-                                                                 const int16_group *x, const float *group_sums,
-                                                                 int64_t groups, float *sums) {
-    __m512 s = _mm512_loadu_ps(scale);
-    for (int r = 0; r < rows; r++) {
-        __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(s, _mm512_set1_ps(x[r * groups].scale)));
-        if (low) dot = _mm512_fmadd_ps(_mm512_loadu_ps(low), _mm512_set1_ps(group_sums[r * groups]), dot);
-        _mm512_storeu_ps(sums + r * TILE, _mm512_add_ps(_mm512_loadu_ps(sums + r * TILE), dot));
-    }
-}
-
-static inline __attribute__((always_inline)) void few_rows(const tile_input *x, const int rows, const int tiles,
-                                                           const int bits, const uint8_t *codes, const f16 *scale,
-                                                           const f16 *low, const float *group_sums, float *sums,
-                                                           int64_t k) {
-    int64_t groups = k / GROUP;
-    for (int64_t g = 0; g < groups; g++) {
-        for (int j = 0; j < tiles; j++) prefetch_group(bits, codes, scale, low, j * groups + g + 2);
-        __m512i acc[TILE_BLOCK][ROWS_IN_REGISTERS];
-        for (int j = 0; j < tiles; j++)
-            for (int r = 0; r < rows; r++) acc[j][r] = _mm512_setzero_si512();
-        for (int c = 0; c < 8; c++)
-            for (int j = 0; j < tiles; j++) {
-                __m512i a, b;
-                unpack_step_wide(codes + (j * groups + g) * GROUP_BYTES(bits), bits, c, &a, &b);
-                for (int r = 0; r < rows; r++) acc[j][r] = _mm512_dpwssd_epi32(acc[j][r], a, pair_of(x[r * groups + g].q + 2 * c));
-                for (int r = 0; r < rows; r++)
-                    acc[j][r] = _mm512_dpwssd_epi32(acc[j][r], b, pair_of(x[r * groups + g].q + 2 * (c + 8)));
-            }
-        for (int j = 0; j < tiles; j++) {
-            float group_scale[TILE], group_low[TILE];
-            group_scale_low(scale, low, (j * groups + g) * TILE, group_scale, group_low);
-            add_group_wide(acc[j], rows, group_scale, low ? group_low : NULL, x + g, low ? group_sums + g : NULL,
-                           groups, sums + j * rows * TILE);
-        }
-    }
-}
-#endif
 
 typedef void (*few_rows_fn)(const tile_input *, const uint8_t *, const f16 *, const f16 *, const float *, float *,
                             int64_t);
