@@ -18,7 +18,7 @@ from wsgi_infer import LLM, SamplingParams
 from wsgi_infer.engine import model_builder
 from wsgi_infer.engine.checkpoint_tensors import CheckpointTensors
 from wsgi_infer.engine.checkpoint_writer import INDEX_FILE
-from wsgi_infer.engine.gguf_blocks import BYTE_TYPES, MAPPED_TYPES, groups_from_blocks, holds_values_exactly
+from wsgi_infer.engine.gguf_blocks import MAPPED_TYPES, groups_from_blocks, holds_values_exactly
 from wsgi_infer.engine.gguf_checkpoint import (
     DEQUANTIZED_ROWS,
     _hf_names,
@@ -63,10 +63,10 @@ def tiny_ggufs(tmp_path_factory) -> dict[str, TinyGGUF]:
 
 @pytest.mark.parametrize("type_name", ALL_TYPES)
 def test_every_type_loads_as_gguf_py_reads_it_and_packs_what_it_holds(tiny_ggufs, type_name):
-    """The converted weights are gguf-py's values bit for bit (in transformers' row order), those of Q4_0, Q4_1 and
-    Q8_0 kept only as their groups, the others written. Where the blocks map
-    onto groups, the groups hold those values, exactly or within one float16 rounding of each group's scale and
-    low. On the CPU kernels every projection is packed (4-bit blocks as int4, other mapped blocks as int8,
+    """The converted weights are gguf-py's values bit for bit (in transformers' row order), kept only as their
+    groups where those hold them exactly (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL), the others written. Where the
+    blocks map onto groups, the groups hold those values, exactly or within one float16 rounding of each group's
+    scale and low. On the CPU kernels every projection is packed (4-bit blocks as int4, other mapped blocks as int8,
     the rest as 8-bit groups made from the values), keeps no full-precision copy, and multiplies the file's
     weights within the float32 rows' 16-bit rounding (within 8-bit rounding where its groups were made from the
     values)."""
@@ -84,7 +84,7 @@ def test_every_type_loads_as_gguf_py_reads_it_and_packs_what_it_holds(tiny_ggufs
         expected = torch.from_numpy(np.ascontiguousarray(read))
         assert torch.equal(values[hf_name], expected), gguf_name
         assert (hf_name in stored) == (ggml_type in MAPPED_TYPES)
-        assert (hf_name in written) == (written_type not in BYTE_TYPES), gguf_name  # else kept only as groups
+        assert (hf_name in written) == (written_type not in EXACT), gguf_name  # else kept only as groups
         if hf_name in stored:
             _assert_groups_hold(stored[hf_name], expected, exact=ggml_type in EXACT)
             assert isinstance(stored[hf_name], Int4Groups if ggml_type in INT4 else Int8Groups)

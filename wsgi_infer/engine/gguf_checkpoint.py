@@ -94,8 +94,8 @@ def gguf_tensors(gguf_file: Path, config) -> Iterator[tuple[str, torch.Tensor | 
     """Each tensor under its Hugging Face name: its float32 values (gguf-py dequantizes every block type it knows)
     and its packed groups where its blocks map onto them (``gguf_blocks``), one at a time, so that a converter can
     write each away before the next is read (holding them all took 5.5 GB for Gemma 3 270M). The values are None
-    where the groups hold them bit for bit, known from the blocks alone (Q4_0, Q4_1, Q8_0): those blocks are
-    not dequantized at all (0.9 s of the default model's first start)."""
+    where the groups hold them bit for bit (``_values_and_groups``): Q4_0, Q4_1 and Q8_0 blocks are not even
+    dequantized (0.9 s of the default model's first start)."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     architecture, tensors = _tensor_table(gguf_file)
@@ -131,15 +131,19 @@ def _moves_rows_only(processor, tensor: _StoredTensor) -> bool:
 
 
 def _values_and_groups(tensor: _StoredTensor) -> tuple[torch.Tensor | None, WeightGroups | None]:
-    """A 2-D tensor's values (None where its groups hold them exactly) and its groups (None where its blocks do
-    not map), in the file's row order."""
+    """A 2-D tensor's values and its groups (None where its blocks do not map), in the file's row order. The values
+    are None where the groups give them bit for bit: known from the blocks for Q4_0, Q4_1 and Q8_0, which are then
+    not dequantized at all; compared for the types whose codes come from the values (Q5_0, Q5_1, IQ4_NL hold
+    them; K-quants round their scales)."""
     raw = torch.from_numpy(tensor.raw.copy())
-    values = None if holds_values_exactly(raw, tensor.ggml_type) else tensor.values()
+    if holds_values_exactly(raw, tensor.ggml_type):
+        return None, groups_from_blocks(raw, tensor.ggml_type, lambda: None)
+    values = tensor.values()
     try:
         found = groups_from_blocks(raw, tensor.ggml_type, lambda: values)
     except ValueError as exc:
         raise ValueError(f"tensor {tensor.name} ({tensor.ggml_type.name}): {exc}") from exc
-    return values, found
+    return (None if found is not None and torch.equal(found.dequantize(), values) else values), found
 
 
 DEQUANTIZED_ROWS = 1024  # a few MB of gguf-py's temporaries at a time
