@@ -143,15 +143,17 @@ class GunicornServer(LoggedProcess):
     def metrics(self) -> dict[str, float]:
         return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=10).text)
 
-    def owner_of(self, client_port: int) -> int:
-        """The worker process holding the server side of the connection from ``client_port``."""
+    def owner_of(self, client_port: int, context: object = "") -> int:
+        """The worker process holding the server side of the connection from ``client_port`` (``context``: what the
+        caller knows of that connection, for the failure's message)."""
         import psutil
 
+        peers = {}
         for pid in self.worker_pids():
-            for conn in psutil.Process(pid).net_connections(kind="tcp"):
-                if conn.raddr and conn.raddr.port == client_port:
-                    return pid
-        raise AssertionError(f"no worker holds the connection from port {client_port}")
+            peers[pid] = [conn.raddr.port for conn in psutil.Process(pid).net_connections(kind="tcp") if conn.raddr]
+            if client_port in peers[pid]:
+                return pid
+        raise AssertionError(f"no worker holds the connection from port {client_port} {context} (their peers: {peers})")
 
     def worker_pids(self) -> list[int]:
         import psutil
