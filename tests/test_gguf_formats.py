@@ -15,10 +15,10 @@ from transformers import AutoModelForCausalLM
 from transformers.modeling_gguf_pytorch_utils import GPT2TensorProcessor, LlamaTensorProcessor
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine import model_builder
+from wsgi_infer.engine import gguf_blocks, model_builder
 from wsgi_infer.engine.checkpoint_tensors import CheckpointTensors
 from wsgi_infer.engine.checkpoint_writer import INDEX_FILE
-from wsgi_infer.engine.gguf_blocks import MAPPED_TYPES, groups_from_blocks, holds_values_exactly
+from wsgi_infer.engine.gguf_blocks import MAPPED_TYPES, dequantize_to, groups_from_blocks, holds_values_exactly
 from wsgi_infer.engine.gguf_checkpoint import (
     DEQUANTIZED_ROWS,
     _hf_names,
@@ -146,6 +146,15 @@ def test_groups_are_kept_only_where_transformers_moves_a_tensors_rows_alone():
     assert _moves_rows_only(llama, query)
     assert not _moves_rows_only(GPT2TensorProcessor(), _StoredTensor("blk.0.attn_qkv.weight", Q.Q8_0, (192, 64), None))
     assert _moves_rows_only(GPT2TensorProcessor(), _StoredTensor("token_embd.weight", Q.Q8_0, (100, 64), None))
+
+
+def test_groups_are_compared_with_values_a_chunk_of_rows_at_a_time(monkeypatch):
+    monkeypatch.setattr(gguf_blocks, "CHUNK_ROWS", 3)
+    for groups in (Int8Groups.from_weight(torch.randn(10, 64)), Int4Groups.from_weight(torch.randn(10, 64))):
+        values = groups.dequantize()
+        assert dequantize_to(groups, values)
+        values[9, 5] += 1e-3  # the last chunk's only row
+        assert not dequantize_to(groups, values)
 
 
 def test_q4_k_maps_onto_int4_groups_block_by_block():

@@ -17,6 +17,7 @@ gguf-py's alone; where a block's codes are whole bytes, it takes the bytes. Per 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import astuple
 
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -64,6 +65,17 @@ def holds_values_exactly(raw: torch.Tensor, ggml_type: Q) -> bool:
         return True
     d, m = (t.double() for t in _q4_scale_and_min(_blocks(raw, ggml_type), ggml_type))
     return bool(((m + 8 * d).float().double() == m + 8 * d).all())
+
+
+def dequantize_to(groups: WeightGroups, values: torch.Tensor) -> bool:
+    """Whether ``groups`` dequantize to ``values`` [rows, in] bit for bit, compared ``CHUNK_ROWS`` rows at a time (an
+    embedding's float temporaries would otherwise match the table's size)."""
+    for start in range(0, values.shape[0], CHUNK_ROWS):
+        rows = slice(start, start + CHUNK_ROWS)
+        chunk = type(groups)(*(None if t is None else t[rows] for t in astuple(groups)))
+        if not torch.equal(chunk.dequantize(), values[rows]):
+            return False
+    return True
 
 
 def _blocks(raw: torch.Tensor, ggml_type: Q) -> torch.Tensor:

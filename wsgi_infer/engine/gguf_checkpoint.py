@@ -22,7 +22,7 @@ import torch
 from gguf import GGMLQuantizationType
 from torch.overrides import TorchFunctionMode
 
-from .gguf_blocks import groups_from_blocks, holds_values_exactly
+from .gguf_blocks import dequantize_to, groups_from_blocks, holds_values_exactly
 from .layers.weight_groups import WeightGroups
 from .models import allocate_model
 
@@ -143,7 +143,7 @@ def _values_and_groups(tensor: _StoredTensor) -> tuple[torch.Tensor | None, Weig
         found = groups_from_blocks(raw, tensor.ggml_type, lambda: values)
     except ValueError as exc:
         raise ValueError(f"tensor {tensor.name} ({tensor.ggml_type.name}): {exc}") from exc
-    return (None if found is not None and torch.equal(found.dequantize(), values) else values), found
+    return (None if found is not None and dequantize_to(found, values) else values), found
 
 
 DEQUANTIZED_ROWS = 1024  # a few MB of gguf-py's temporaries at a time
