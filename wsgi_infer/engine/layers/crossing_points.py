@@ -8,6 +8,7 @@ once per weight shape on a machine, and kept.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from functools import partial
@@ -91,7 +92,7 @@ def _measured_max_rows(same_shape: list[SmallBatchLinear]) -> int:
     would take seconds: layers on the kernels take steps of any size there, unmeasured."""
     if same_shape[0].on_kernels and not cpu_has_native_bf16():
         return ANY_ROWS
-    same_shape = same_shape[:: -(-len(same_shape) // LAYERS_TIMED)]
+    same_shape = same_shape[:: math.ceil(len(same_shape) / LAYERS_TIMED)]  # every layer of a shape of 8 or fewer
     for rows in sorted(ROWS_MEASURED, reverse=True):
         x = torch.randn(rows, same_shape[0].in_features, dtype=same_shape[0].dtype)
         packed = _seconds([partial(layer.packed_mm, x) for layer in same_shape])
