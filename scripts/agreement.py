@@ -17,8 +17,8 @@ import argparse
 import json
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine.cpu_info import cpu_model_name
 from wsgi_infer.engine.layers.quantization import SmallBatchLinear, kinds
+from wsgi_infer.engine.runtime.cpu_info import cpu_model_name
 
 TOPICS = ["rain", "volcanoes", "photosynthesis", "black holes", "the printing press", "tides", "vaccines", "bridges"]
 

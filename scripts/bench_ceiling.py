@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wsgi_infer.engine.cpu_info import cpu_model_name
-from wsgi_infer.engine.device import resolve_dtype
 from wsgi_infer.engine.kernels.cpu import load_cpu_kernels
+from wsgi_infer.engine.kernels.weight_groups import Int4Groups, Int8Groups
 from wsgi_infer.engine.layers.quantization import PackedLinear, TorchInt4Linear, TorchInt8Linear
-from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
-from wsgi_infer.engine.model_loader import load_config, resolve_model_dir
+from wsgi_infer.engine.loading.model_loader import load_config, resolve_model_dir
+from wsgi_infer.engine.runtime.cpu_info import cpu_model_name
+from wsgi_infer.engine.runtime.device import resolve_dtype
 
 
 def step_shapes(config) -> list[tuple[int, int]]:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import percentile, prompts  # noqa: E402
 from bench_serve import start_llama_server, start_server  # noqa: E402
 
-from wsgi_infer.engine.model_paths import default_model_path  # noqa: E402
+from wsgi_infer.engine.loading.model_paths import default_model_path  # noqa: E402
 
 CPUS = sorted(os.sched_getaffinity(0))
 V1_CPU = Path("/sys/fs/cgroup/cpu")

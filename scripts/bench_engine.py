@@ -116,8 +116,8 @@ def run_transformers(args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from wsgi_infer.engine.device import resolve_dtype
-    from wsgi_infer.engine.model_loader import load_tokenizer, resolve_model_dir
+    from wsgi_infer.engine.loading.model_loader import load_tokenizer, resolve_model_dir
+    from wsgi_infer.engine.runtime.device import resolve_dtype
 
     model_dir = resolve_model_dir(args.model)
     dtype = resolve_dtype(args.dtype, torch.device("cpu"))

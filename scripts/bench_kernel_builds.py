@@ -26,7 +26,7 @@ from repeat_prompts import SENTENCES, repeat_prompts
 
 import wsgi_infer.engine.kernels.cpu as cpu
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine.cpu_info import cpu_model_name
+from wsgi_infer.engine.runtime.cpu_info import cpu_model_name
 
 
 def engines(library: str, model: str | None) -> dict[str, LLM]:

@@ -103,7 +103,7 @@ def phases() -> None:
     from importlib import import_module
 
     from wsgi_infer.engine.llm_engine import LLMEngine
-    from wsgi_infer.engine.model_loader import load_imports
+    from wsgi_infer.engine.loading.model_loader import load_imports
     from wsgi_infer.server.settings import ServerSettings
 
     for module in load_imports(ServerSettings().model or None):
@@ -120,7 +120,8 @@ def phases() -> None:
 
 def _time_engine_parts() -> dict[str, float]:
     """Wraps the engine's loading steps so that each one's time is kept (its module's name for it is replaced)."""
-    from wsgi_infer.engine import llm_engine, model_builder, model_runner
+    from wsgi_infer.engine import llm_engine, model_runner
+    from wsgi_infer.engine.loading import model_builder
 
     steps = {
         "tokenizer": (llm_engine, "load_tokenizer"),

@@ -107,7 +107,7 @@ async def compile_stall(url: str, model: str, streams: int, num_fields: int) -> 
 def engine_cost(args) -> list[tuple[bool, float, float]]:
     """(constrained, wall seconds, mask ms per step) for alternating batches of 16 in this process."""
     from wsgi_infer import LLM, SamplingParams
-    from wsgi_infer.engine import grammar, sampler
+    from wsgi_infer.engine.sampling import grammar, sampler
     from wsgi_infer.engine.sampling_params import StructuredOutput
 
     llm = LLM(model=args.model, dtype=args.dtype)

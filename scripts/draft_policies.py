@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from repeat_prompts import repeat_prompts
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine.speculative import NgramProposer
+from wsgi_infer.engine.sampling.speculative import NgramProposer
 
 SETTINGS = [(4, 3, 4), (4, 2, 4), (4, 1, 4), (4, 3, 5), (4, 4, 6), (3, 3, 4), (2, 3, 4)]  # (k, n_min, n_max)
 

@@ -31,7 +31,7 @@ INSTRUCTION = "Repeat the passage above, correcting any spelling mistakes:"
 
 def repeat_prompts(n: int) -> list[str]:
     """``n`` different passages of 13 sentences (about 300 tokens), each asked to be repeated, as chat text."""
-    from wsgi_infer.engine.model_loader import load_tokenizer, resolve_model_dir
+    from wsgi_infer.engine.loading.model_loader import load_tokenizer, resolve_model_dir
 
     tokenizer = load_tokenizer(resolve_model_dir(None))
     texts = []

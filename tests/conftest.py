@@ -14,9 +14,9 @@ import torch
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from wsgi_infer import LLM  # noqa: E402
-from wsgi_infer.engine.cache_files import cache_root  # noqa: E402
-from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE  # noqa: E402
-from wsgi_infer.engine.model_loader import load_tokenizer, resolve_model_dir  # noqa: E402
+from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE  # noqa: E402
+from wsgi_infer.engine.loading.model_loader import load_tokenizer, resolve_model_dir  # noqa: E402
+from wsgi_infer.engine.runtime.cache_files import cache_root  # noqa: E402
 
 from .in_process import InProcessServer  # noqa: E402
 from .server import GunicornServer  # noqa: E402

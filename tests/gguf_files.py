@@ -18,7 +18,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from wsgi_infer.engine.model_paths import default_model_path
+from wsgi_infer.engine.loading.model_paths import default_model_path
 
 # Every type gguf-py reads that the issue asks for; gguf-py quantizes the first eight itself.
 QUANTIZED_BY_GGUF_PY = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")

@@ -3,10 +3,10 @@ that mix sliding-window layers with global ones."""
 
 from __future__ import annotations
 
-from wsgi_infer.engine.kv_cache_manager import KVCacheManager, KVGroup, plan_kv_groups
 from wsgi_infer.engine.sampling_params import SamplingParams
-from wsgi_infer.engine.scheduler import Scheduler
-from wsgi_infer.engine.sequence import Sequence
+from wsgi_infer.engine.scheduling.kv_cache_manager import KVCacheManager, KVGroup, plan_kv_groups
+from wsgi_infer.engine.scheduling.scheduler import Scheduler
+from wsgi_infer.engine.scheduling.sequence import Sequence
 
 
 def make_seq(name: str, tokens: list[int]) -> Sequence:

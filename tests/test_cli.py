@@ -8,12 +8,12 @@ import sys
 import pytest
 
 from wsgi_infer import SamplingParams
-from wsgi_infer.engine.cache_files import read_json
-from wsgi_infer.engine.cpu_budget import cpu_budget
 from wsgi_infer.engine.kernels.build import KERNELS_DIR, kernels_library
-from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE
-from wsgi_infer.engine.model_loader import RESOLVED_CONFIGS_DIR
+from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE
+from wsgi_infer.engine.loading.model_loader import RESOLVED_CONFIGS_DIR
 from wsgi_infer.engine.models import MODEL_REGISTRY
+from wsgi_infer.engine.runtime.cache_files import read_json
+from wsgi_infer.engine.runtime.cpu_budget import cpu_budget
 
 from .server import GunicornServer
 

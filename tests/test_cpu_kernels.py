@@ -11,17 +11,17 @@ import torch
 import torch.nn.functional as F
 
 from wsgi_infer import LLM
-from wsgi_infer.engine.cpu_info import cpu_flags
 from wsgi_infer.engine.kernels import variants
 from wsgi_infer.engine.kernels.build import build_cpu_kernels, installed_dir
 from wsgi_infer.engine.kernels.cpu import CacheRows, CpuKernels
 from wsgi_infer.engine.kernels.layouts import kernel_weight
+from wsgi_infer.engine.kernels.weight_groups import Int4Groups, Int8Groups
 from wsgi_infer.engine.layers.activation import GatedActivation
 from wsgi_infer.engine.layers.norm import RMSNorm, rms_norm
 from wsgi_infer.engine.layers.quantization import PackedLinear, SmallBatchLinear
 from wsgi_infer.engine.layers.rotary import apply_rotary_
-from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
-from wsgi_infer.engine.step_interrupt import StepInterrupted
+from wsgi_infer.engine.runtime.cpu_info import cpu_flags
+from wsgi_infer.engine.runtime.step_interrupt import StepInterrupted
 
 from .batch_runs import GREEDY, PROMPTS, run_alone, run_staggered
 from .conftest import assert_idle

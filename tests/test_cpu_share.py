@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from wsgi_infer.engine import cpu_budget as budget_module
-from wsgi_infer.engine.cpu_budget import CpuBudget, cgroup_quota, cpu_budget
-from wsgi_infer.engine.cpu_share import CpuShare, Sample
+from wsgi_infer.engine.runtime import cpu_budget as budget_module
+from wsgi_infer.engine.runtime.cpu_budget import CpuBudget, cgroup_quota, cpu_budget
+from wsgi_infer.engine.runtime.cpu_share import CpuShare, Sample
 
 from .server import GUNICORN, GunicornServer
 

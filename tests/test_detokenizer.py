@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from wsgi_infer.engine.detokenizer import IncrementalDetokenizer
-from wsgi_infer.engine.model_loader import load_tokenizer
+from wsgi_infer.engine.loading.model_loader import load_tokenizer
+from wsgi_infer.engine.text.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     "Hello 😀 world, 🎉🎉 party!",

@@ -15,11 +15,16 @@ from transformers import AutoModelForCausalLM
 from transformers.modeling_gguf_pytorch_utils import GPT2TensorProcessor, LlamaTensorProcessor
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine import gguf_blocks, model_builder
-from wsgi_infer.engine.checkpoint_tensors import CheckpointTensors
-from wsgi_infer.engine.checkpoint_writer import INDEX_FILE
-from wsgi_infer.engine.gguf_blocks import MAPPED_TYPES, dequantize_to, groups_from_blocks, holds_values_exactly
-from wsgi_infer.engine.gguf_checkpoint import (
+from wsgi_infer.engine.kernels.layouts import KernelWeight, int8_kernel_layout
+from wsgi_infer.engine.kernels.weight_groups import Int4Groups, Int8Groups
+from wsgi_infer.engine.layers import packed_embedding
+from wsgi_infer.engine.layers.packed_embedding import PackedEmbedding, holds_exactly, packed_rows
+from wsgi_infer.engine.layers.quantization import PackedLinear
+from wsgi_infer.engine.loading import gguf_blocks, model_builder
+from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
+from wsgi_infer.engine.loading.checkpoint_writer import INDEX_FILE
+from wsgi_infer.engine.loading.gguf_blocks import MAPPED_TYPES, dequantize_to, groups_from_blocks, holds_values_exactly
+from wsgi_infer.engine.loading.gguf_checkpoint import (
     DEQUANTIZED_ROWS,
     _hf_names,
     _moves_rows_only,
@@ -27,13 +32,8 @@ from wsgi_infer.engine.gguf_checkpoint import (
     _tensor_table,
     read_gguf_config,
 )
-from wsgi_infer.engine.kernels.layouts import KernelWeight, int8_kernel_layout
-from wsgi_infer.engine.layers import packed_embedding
-from wsgi_infer.engine.layers.packed_embedding import PackedEmbedding, holds_exactly, packed_rows
-from wsgi_infer.engine.layers.quantization import PackedLinear
-from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
-from wsgi_infer.engine.model_paths import ModelLoadError
-from wsgi_infer.engine.packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
+from wsgi_infer.engine.loading.model_paths import ModelLoadError
+from wsgi_infer.engine.loading.packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
 
 from .batch_runs import GREEDY
 from .conftest import assert_idle

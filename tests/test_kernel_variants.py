@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from wsgi_infer import LLM
-from wsgi_infer.engine.cpu_info import cpu_flags
 from wsgi_infer.engine.kernels import variants
 from wsgi_infer.engine.kernels.build import (
     build_cpu_kernels,
@@ -24,6 +23,7 @@ from wsgi_infer.engine.kernels.build import (
     start_building_cpu_kernels,
 )
 from wsgi_infer.engine.kernels.cpu import load_cpu_kernels
+from wsgi_infer.engine.runtime.cpu_info import cpu_flags
 
 from .batch_runs import GREEDY
 from .server import GunicornServer

@@ -21,24 +21,40 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "wsgi_infer"
 SERVER_ONLY = ("gevent", "flask", "pydantic", "prometheus_client", "gunicorn")
+# The engine's torch-free core: its vocabulary, the scheduling, and the runtime's plain-Python parts.
 ENGINE_CORE = (
-    "config",
-    "sampling_params",
-    "outputs",
-    "sequence",
-    "block_manager",
-    "kv_cache_manager",
-    "scheduler",
-    "cpu_share",
-    "step_interrupt",
-    "messages",
-    "chat_template",
+    "wsgi_infer.engine.config",
+    "wsgi_infer.engine.sampling_params",
+    "wsgi_infer.engine.outputs",
+    "wsgi_infer.engine.messages",
+    "wsgi_infer.engine.scheduling.sequence",
+    "wsgi_infer.engine.scheduling.block_manager",
+    "wsgi_infer.engine.scheduling.kv_cache_manager",
+    "wsgi_infer.engine.scheduling.scheduler",
+    "wsgi_infer.engine.runtime.cpu_share",
+    "wsgi_infer.engine.runtime.step_interrupt",
+    "wsgi_infer.engine.text.chat_template",
 )
 MASTER_MODULES = ("gunicorn.worker", "gunicorn.config", "gunicorn.logger", "settings")
 # The server's layers, lowest first: a module imports only from its own layer and those below it. Modules in no
 # layer (the package roots, the command line, offline generation) sit above them all.
-LAYERS = (
+# The engine's own layers come first: its vocabulary; the machine it runs on; text and token ids; the kernels, the
+# network's layers and the models; loading them; scheduling; sampling; and at its root the runner, the engines and
+# the thread's loop, which tie them together.
+ENGINE_LAYERS = (
+    ("wsgi_infer.engine.config", "wsgi_infer.engine.sampling_params", "wsgi_infer.engine.outputs"),
+    ("wsgi_infer.engine.runtime",),
+    ("wsgi_infer.engine.text",),
+    ("wsgi_infer.engine.kernels",),
+    ("wsgi_infer.engine.layers",),
+    ("wsgi_infer.engine.models",),
+    ("wsgi_infer.engine.loading",),
+    ("wsgi_infer.engine.scheduling",),
+    ("wsgi_infer.engine.sampling",),
     ("wsgi_infer.engine",),
+)
+LAYERS = (
+    *ENGINE_LAYERS,
     ("wsgi_infer.server.errors", "wsgi_infer.server.metrics", "wsgi_infer.server.settings"),
     ("wsgi_infer.server.streaming",),
     ("wsgi_infer.server.engine_client",),
@@ -53,7 +69,7 @@ ENGINE_VOCABULARY = (
     "wsgi_infer.engine.sampling_params",
     "wsgi_infer.engine.outputs",
     "wsgi_infer.engine.messages",
-    "wsgi_infer.engine.chat_template",
+    "wsgi_infer.engine.text.chat_template",
 )
 # Torch-free engine steps the gunicorn master runs before it forks workers: starting the CPU kernels' build
 # where none are installed.
@@ -61,9 +77,10 @@ MASTER_STEPS = (
     "wsgi_infer.engine.kernels",
     "wsgi_infer.engine.kernels.build",
     "wsgi_infer.engine.kernels.variants",
-    "wsgi_infer.engine.cache_files",
-    "wsgi_infer.engine.cpu_info",
-    "wsgi_infer.engine.cpu_budget",  # and, in each worker, the threads the engine gets
+    "wsgi_infer.engine.runtime",
+    "wsgi_infer.engine.runtime.cache_files",
+    "wsgi_infer.engine.runtime.cpu_info",
+    "wsgi_infer.engine.runtime.cpu_budget",  # and, in each worker, the threads the engine gets
 )
 NATIVE_THREADING = ("_thread", "_queue", "threading", "gevent.monkey", "gevent.threadpool", "concurrent.futures")
 
@@ -116,7 +133,7 @@ def probe(names: list[str], prewarm: tuple[str, ...]) -> dict[str, set[str]]:
 def loaded() -> dict[str, set[str]]:
     """Module name -> the top-level names in sys.modules after importing it alone (the torch-free ones from a
     clean interpreter; the rest after torch and transformers, which import nothing of the server stack)."""
-    clean = [f"wsgi_infer.engine.{m}" for m in ENGINE_CORE] + list(MASTER_STEPS)
+    clean = list(ENGINE_CORE + MASTER_STEPS)
     clean += [f"wsgi_infer.server.{m}" for m in MASTER_MODULES]
     found = probe(clean, ())
     heavy = probe(["json", *(m for m in modules_under("engine") if m not in found)], HEAVY)
@@ -133,7 +150,7 @@ def test_the_engine_never_imports_the_server_stack(loaded):
 
 
 def test_the_engine_core_imports_no_torch(loaded):
-    for module in [f"wsgi_infer.engine.{m}" for m in ENGINE_CORE] + list(MASTER_STEPS):
+    for module in ENGINE_CORE + MASTER_STEPS:
         assert "torch" not in loaded[module], module
 
 
@@ -142,7 +159,7 @@ def test_what_the_gunicorn_master_imports_has_no_torch(loaded):
         imported = loaded[f"wsgi_infer.server.{module}"]
         assert not {"torch", "transformers"} & imported, module
         engine = {m for m in imported if m.startswith("wsgi_infer.engine.")}
-        engine -= {*(f"wsgi_infer.engine.{m}" for m in ENGINE_CORE), *MASTER_STEPS}  # none imports torch
+        engine -= {*ENGINE_CORE, *MASTER_STEPS}  # none imports torch
         assert not engine, module
 
 
@@ -233,8 +250,10 @@ def plant(root: Path, files: dict[str, str]) -> None:
         (root / "wsgi_infer" / relative).write_text(text)
 
 
-VIOLATIONS = {  # a stream log that reads a schema, and a schema that names it back, for type checking only
+VIOLATIONS = {  # a stream log that reads a schema, and a schema that names it back, for type checking only; the
+    # machine's runtime that reads the scheduler
     "server/streaming/planted.py": "from ..api.schemas import Request\n",
+    "engine/runtime/planted.py": "from ..scheduling.scheduler import Scheduler\n",
     "server/api/schemas.py": "from typing import TYPE_CHECKING\n\n"
     "if TYPE_CHECKING:\n    from ..streaming import planted\n",
 }
@@ -245,7 +264,8 @@ def test_each_layer_imports_only_from_below(tmp_path, monkeypatch):
     plant(tmp_path, VIOLATIONS)  # the rule fails on a violation
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "wsgi_infer")
     assert imports_from_above(module_graph()) == [
-        ("wsgi_infer.server.streaming.planted", "wsgi_infer.server.api.schemas")
+        ("wsgi_infer.engine.runtime.planted", "wsgi_infer.engine.scheduling.scheduler"),
+        ("wsgi_infer.server.streaming.planted", "wsgi_infer.server.api.schemas"),
     ]
 
 
@@ -264,6 +284,26 @@ def test_no_module_is_over_300_lines(tmp_path, monkeypatch):
     plant(tmp_path, {"server/api/planted.py": "\n" * 301})
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "wsgi_infer")
     assert long_modules() == ["wsgi_infer.server.api.planted"]
+
+
+MAX_MODULES_PER_FOLDER = 15
+
+
+def crowded_folders() -> dict[str, int]:
+    """Folders of the package holding more than MAX_MODULES_PER_FOLDER modules side by side."""
+    counts: dict[str, int] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            folder = module_name(path).rsplit(".", 1)[0]
+            counts[folder] = counts.get(folder, 0) + 1
+    return {folder: n for folder, n in counts.items() if n > MAX_MODULES_PER_FOLDER}
+
+
+def test_no_folder_holds_more_than_15_modules(tmp_path, monkeypatch):
+    assert crowded_folders() == {}
+    plant(tmp_path, {f"engine/runtime/planted_{i}.py": "" for i in range(MAX_MODULES_PER_FOLDER)})
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "wsgi_infer")
+    assert list(crowded_folders()) == ["wsgi_infer.engine.runtime"]
 
 
 def reachable_imports(start: str, graph: dict[str, set[str]], stop: str) -> set[str]:

@@ -14,12 +14,11 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine import checkpoint_tensors, checkpoint_writer
-from wsgi_infer.engine.cache_files import cache_root
-from wsgi_infer.engine.checkpoint_tensors import CheckpointTensors
-from wsgi_infer.engine.gguf_checkpoint import read_gguf_config
-from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE
-from wsgi_infer.engine.model_loader import (
+from wsgi_infer.engine.loading import checkpoint_tensors, checkpoint_writer
+from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
+from wsgi_infer.engine.loading.gguf_checkpoint import read_gguf_config
+from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE
+from wsgi_infer.engine.loading.model_loader import (
     FIRST_LOAD_IMPORTS,
     PREPARED_LOAD_IMPORTS,
     RESOLVED_CONFIGS_DIR,
@@ -27,7 +26,8 @@ from wsgi_infer.engine.model_loader import (
     load_imports,
     resolve_model_dir,
 )
-from wsgi_infer.engine.model_paths import CONVERSION_VERSION, FILE_DIGESTS_FILE, default_model_path, file_digest
+from wsgi_infer.engine.loading.model_paths import CONVERSION_VERSION, FILE_DIGESTS_FILE, default_model_path, file_digest
+from wsgi_infer.engine.runtime.cache_files import cache_root
 
 from .conftest import TINY_ARCHITECTURES
 from .gguf_files import MIXED_TYPES, write_tiny_gguf
@@ -38,7 +38,7 @@ from .transformers_reference import load_hf_model
 def test_a_converted_gguf_is_reused(default_model_dir, caplog):
     files = {path: path.stat().st_mtime_ns for path in default_model_dir.iterdir()}
     assert any(path.suffix == ".safetensors" for path in files)
-    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.model_loader"):
+    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.loading.model_loader"):
         again = resolve_model_dir(None)
     assert again == default_model_dir
     assert "using converted copy" in caplog.text and "converting" not in caplog.text
@@ -89,7 +89,7 @@ def test_a_later_start_imports_only_the_modules_load_imports_names(default_model
     load_config(default_model_dir)  # the first start resolves the config (and imports its class) once
     code = (
         "import importlib, sys\n"
-        "from wsgi_infer.engine.model_loader import PREPARED_LOAD_IMPORTS, load_imports\n"
+        "from wsgi_infer.engine.loading.model_loader import PREPARED_LOAD_IMPORTS, load_imports\n"
         "assert load_imports(None) == PREPARED_LOAD_IMPORTS, load_imports(None)\n"
         "for module in load_imports(None): importlib.import_module(module)\n"
         "before = set(sys.modules)\n"
@@ -131,7 +131,7 @@ def test_a_conversion_removes_the_copies_earlier_versions_made_of_the_same_file(
     for directory in (older, newer, other):
         directory.mkdir(parents=True)
         (directory / "model.safetensors").write_bytes(b"weights")
-    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.model_loader"):
+    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.loading.model_loader"):
         converted = resolve_model_dir(path)
     assert converted.name == f"{stem}-{CONVERSION_VERSION}" and (converted / "config.json").is_file()
     assert not older.exists() and newer.exists() and other.exists()

@@ -16,22 +16,23 @@ from transformers import AutoConfig
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from wsgi_infer import LLM, EngineConfig, SamplingParams
-from wsgi_infer.engine import device, model_builder
-from wsgi_infer.engine.cache_files import file_lock
-from wsgi_infer.engine.checkpoint_tensors import CheckpointTensors
-from wsgi_infer.engine.checkpoint_writer import INDEX_FILE
-from wsgi_infer.engine.device import resolve_dtype
-from wsgi_infer.engine.gguf_checkpoint import _hf_names
 from wsgi_infer.engine.kernels.build import build_cpu_kernels
 from wsgi_infer.engine.kernels.cpu import CpuKernels, load_cpu_kernels
 from wsgi_infer.engine.kernels.layouts import kernel_weight
+from wsgi_infer.engine.kernels.weight_groups import Int4Groups, Int8Groups
 from wsgi_infer.engine.layers import crossing_points
 from wsgi_infer.engine.layers.crossing_points import ANY_ROWS, choose_max_rows
 from wsgi_infer.engine.layers.quantization import PackedLinear, SmallBatchLinear, TorchInt4Linear, TorchInt8Linear
-from wsgi_infer.engine.layers.weight_groups import Int4Groups, Int8Groups
-from wsgi_infer.engine.model_builder import PACKED_ROWS_FILE
-from wsgi_infer.engine.model_paths import default_model_path
-from wsgi_infer.engine.packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
+from wsgi_infer.engine.loading import model_builder
+from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
+from wsgi_infer.engine.loading.checkpoint_writer import INDEX_FILE
+from wsgi_infer.engine.loading.gguf_checkpoint import _hf_names
+from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE
+from wsgi_infer.engine.loading.model_paths import default_model_path
+from wsgi_infer.engine.loading.packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
+from wsgi_infer.engine.runtime import device
+from wsgi_infer.engine.runtime.cache_files import file_lock
+from wsgi_infer.engine.runtime.device import resolve_dtype
 
 from .conftest import assert_idle, pin_packed_rows
 
@@ -192,7 +193,7 @@ def test_a_hugging_face_directory_is_served_packed(tiny_model_dirs, tmp_path, sa
     AutoModelForCausalLM.from_pretrained(source, dtype=saved_as).save_pretrained(tmp_path)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (tmp_path / name).write_bytes((source / name).read_bytes())
-    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.model_builder"):
+    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.loading.model_builder"):
         llm = LLM(model=str(tmp_path), device="cpu")
     if load_cpu_kernels() is None:
         pytest.skip("no C compiler")

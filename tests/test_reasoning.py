@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from wsgi_infer.engine.grammar import GrammarCompiler
-from wsgi_infer.engine.model_loader import load_tokenizer
+from wsgi_infer.engine.loading.model_loader import load_tokenizer
+from wsgi_infer.engine.sampling.grammar import GrammarCompiler
 from wsgi_infer.engine.sampling_params import StructuredOutput
 from wsgi_infer.server.api.reasoning import ReasoningParser
 from wsgi_infer.server.api.tools import ToolPlan

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from wsgi_infer import SamplingParams
-from wsgi_infer.engine.sampler import apply_penalties, filter_logits
+from wsgi_infer.engine.sampling.sampler import apply_penalties, filter_logits
 
 from .conftest import assert_idle
 from .transformers_reference import load_hf_model

@@ -10,7 +10,7 @@ import pytest
 
 from wsgi_infer import LLM, SamplingParams
 from wsgi_infer.engine.config import EngineConfig
-from wsgi_infer.engine.speculative import NgramProposer, proposer_for, verify_sampled
+from wsgi_infer.engine.sampling.speculative import NgramProposer, proposer_for, verify_sampled
 
 from .batch_runs import run_staggered
 from .conftest import assert_idle
@@ -77,7 +77,7 @@ def test_a_sampled_row_takes_its_draft_token_with_its_probability():
     away is never accepted. (Seeded: the counts are the same every run.)"""
     import torch
 
-    from wsgi_infer.engine.sampler import filter_logits
+    from wsgi_infer.engine.sampling.sampler import filter_logits
 
     logits = torch.tensor([[2.0, 0.5, 1.5, -1.0, 0.0], [0.0, 1.0, -0.5, 2.0, 0.3], [1.0, 1.0, 1.0, 1.0, -3.0]])
     target = [filter_logits(row / 0.9, 0, 0.95, 0.0).softmax(-1) for row in logits]

@@ -15,7 +15,7 @@ import pytest
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from wsgi_infer.engine.grammar import apply_grammar_masks
+from wsgi_infer.engine.sampling.grammar import apply_grammar_masks
 from wsgi_infer.engine.sampling_params import InvalidParameter, SamplingParams, StructuredOutput
 
 from .conftest import assert_idle

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-from wsgi_infer.engine.checkpoint_tensors import CheckpointTensors
-from wsgi_infer.engine.packed_groups_file import PACKED_GROUPS_FILE
+from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
+from wsgi_infer.engine.loading.packed_groups_file import PACKED_GROUPS_FILE
 
 
 def load_hf_model(model_dir, dtype: torch.dtype = torch.float32):

@@ -36,9 +36,9 @@ def _prepare(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .engine.cpu_budget import cpu_budget
     from .engine.kernels.build import kernels_library
     from .engine.llm_engine import LLMEngine
+    from .engine.runtime.cpu_budget import cpu_budget
     from .server.settings import ServerSettings
 
     if args.model:

@@ -7,7 +7,7 @@ import torch
 
 from .kernels.cpu import CacheRows
 from .layers.attention import AttentionMetadata, PrefillChunk
-from .scheduler import ScheduledSequence
+from .scheduling.scheduler import ScheduledSequence
 
 
 class AttentionInputs:

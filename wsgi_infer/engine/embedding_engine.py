@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 
 from .config import EngineConfig
-from .device import resolve_device, resolve_dtype
-from .model_loader import load_tokenizer, resolve_model_dir
+from .loading.model_loader import load_tokenizer, resolve_model_dir
 from .outputs import EngineCounters, RequestDelta
+from .runtime.device import resolve_device, resolve_dtype
+from .runtime.step_interrupt import StepInterrupt
 from .sampling_params import InvalidParameter, SamplingParams
-from .step_interrupt import StepInterrupt
 
 log = logging.getLogger(__name__)
 

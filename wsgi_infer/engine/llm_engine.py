@@ -15,21 +15,21 @@ import random
 
 import torch
 
-from .chat_template import chat_prompt_ids
 from .config import EngineConfig
-from .detokenizer import IncrementalDetokenizer
-from .device import resolve_device, resolve_dtype
-from .grammar import GrammarCompiler
-from .kv_cache_manager import KVCacheManager
-from .model_builder import kernels_serve
-from .model_loader import eos_token_ids, load_config, load_tokenizer, resolve_model_dir
+from .loading.model_builder import kernels_serve
+from .loading.model_loader import eos_token_ids, load_config, load_tokenizer, resolve_model_dir
 from .model_runner import DraftLogits, ModelRunner
 from .outputs import EngineCounters, RequestDelta, TokenLogprob
-from .sampler import Sampler, prompt_logprobs
+from .runtime.device import resolve_device, resolve_dtype
+from .sampling.grammar import GrammarCompiler
+from .sampling.sampler import Sampler, prompt_logprobs
+from .sampling.speculative import SpecCounters, proposer_for, speculates, verify_sampled
 from .sampling_params import InvalidParameter, SamplingParams, max_tokens_within
-from .scheduler import Scheduler
-from .sequence import Sequence, SequenceStatus
-from .speculative import SpecCounters, proposer_for, speculates, verify_sampled
+from .scheduling.kv_cache_manager import KVCacheManager
+from .scheduling.scheduler import Scheduler
+from .scheduling.sequence import Sequence, SequenceStatus
+from .text.chat_template import chat_prompt_ids
+from .text.detokenizer import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from typing import Protocol
 from .config import EngineConfig
 from .embedding_engine import EmbeddingEngine, is_embedding_model
 from .llm_engine import LLMEngine
+from .loading.model_loader import resolve_model_dir
 from .messages import (
     Abort,
     Aborted,
@@ -30,9 +31,8 @@ from .messages import (
     Stop,
     Submit,
 )
-from .model_loader import resolve_model_dir
 from .outputs import RequestDelta
-from .step_interrupt import StepInterrupted
+from .runtime.step_interrupt import StepInterrupted
 
 log = logging.getLogger(__name__)
 

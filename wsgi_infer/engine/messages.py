@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .grammar import GrammarCompiler
     from .outputs import EngineCounters, RequestDelta
+    from .sampling.grammar import GrammarCompiler
     from .sampling_params import SamplingParams
 
 

@@ -14,14 +14,14 @@ import torch
 
 from .attention_inputs import AttentionInputs
 from .config import EngineConfig
-from .cpu_budget import cpu_budget
-from .cpu_share import CpuShare
 from .kernels.cpu import attention_fits, load_cpu_kernels
-from .kv_cache_manager import plan_kv_groups
 from .layers.attention import AttentionMetadata
-from .model_builder import build_model, kernels_serve, why_not_on_kernels
-from .scheduler import ScheduledSequence
-from .sequence import Sequence
+from .loading.model_builder import build_model, kernels_serve, why_not_on_kernels
+from .runtime.cpu_budget import cpu_budget
+from .runtime.cpu_share import CpuShare
+from .scheduling.kv_cache_manager import plan_kv_groups
+from .scheduling.scheduler import ScheduledSequence
+from .scheduling.sequence import Sequence
 
 log = logging.getLogger(__name__)
 

@@ -63,7 +63,7 @@ JSON_WHITESPACE = r"[ \n]{0,16}"
 
 @dataclass(frozen=True)
 class StructuredOutput:
-    """A constraint on a choice's text, compiled by ``engine.grammar``.
+    """A constraint on a choice's text, compiled by ``engine.sampling.grammar``.
 
     ``json``: a JSON Schema (dict or JSON text); ``regex``: a regular expression;
     ``choice``: one of a list of strings; ``grammar``: a Lark grammar (GBNF is

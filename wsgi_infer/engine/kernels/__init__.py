@@ -1,1 +1,2 @@
-"""Compiled kernels for the CPU: a decode step's small ops fused, where a C compiler is present."""
+"""Compiled kernels for the CPU (a step's matrix multiplies, attention and small ops, built per x86-64 level)
+and the packed weight formats they read (``weight_groups``)."""

@@ -22,8 +22,8 @@ from contextlib import AbstractContextManager
 from functools import cache
 from pathlib import Path
 
-from ..cache_files import cache_root, file_lock
-from ..cpu_info import cpu_flags, cpu_model_name
+from ..runtime.cache_files import cache_root, file_lock
+from ..runtime.cpu_info import cpu_flags, cpu_model_name
 from . import variants
 
 log = logging.getLogger(__name__)

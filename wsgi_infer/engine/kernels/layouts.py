@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..layers.weight_groups import Int4Groups, Int8Groups, WeightGroups
+from .weight_groups import Int4Groups, Int8Groups, WeightGroups
 
 
 @dataclass

@@ -17,9 +17,9 @@ from typing import Protocol
 
 import torch
 
-from ..cache_files import file_lock, read_json, write_json
-from ..cpu_info import cpu_model_name
-from ..device import cpu_has_native_bf16
+from ..runtime.cache_files import file_lock, read_json, write_json
+from ..runtime.cpu_info import cpu_model_name
+from ..runtime.device import cpu_has_native_bf16
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..kernels.cpu import CpuKernels
 from ..kernels.layouts import kernel_weight
-from .weight_groups import GROUP_SIZE, Int4Groups, WeightGroups
+from ..kernels.weight_groups import GROUP_SIZE, Int4Groups, WeightGroups
 
 
 class SmallBatchLinear(nn.Module, ABC):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import AttentionMetadata, paged_attention
-from ..step_interrupt import StepInterrupt
+from ..runtime.step_interrupt import StepInterrupt
 
 _ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),

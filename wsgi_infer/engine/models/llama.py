@@ -17,7 +17,7 @@ from ..layers.attention import AttentionMetadata, paged_attention
 from ..layers.norm import RMSNorm, rms_norm
 from ..layers.quantization import PackedLinear
 from ..layers.rotary import RotaryEmbedding, apply_rotary_
-from ..step_interrupt import StepInterrupt
+from ..runtime.step_interrupt import StepInterrupt
 
 HEAD_NORM_TYPES = {"qwen3", "gemma3_text"}  # architectures that RMSNorm each query and key head before RoPE
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from ...engine.chat_template import THINK_CLOSE, THINK_OPEN, chat_prompt_ids
+from ...engine.text.chat_template import THINK_CLOSE, THINK_OPEN, chat_prompt_ids
 from ..engine_client.prompts import Chat
 from ..engine_client.streams import RequestStream
 from .chat_schemas import ChatCompletionRequest

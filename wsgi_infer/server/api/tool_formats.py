@@ -13,7 +13,7 @@
 - Phi-4-mini's list between its ``<|tool_call|>`` and ``<|/tool_call|>`` tokens.
 
 The last two open with special tokens: the grammar asks for those very tokens (``<[text]>``, see
-``engine/grammar.py``), and the reply's text keeps them, so that a call is told from text that merely looks
+``engine/sampling/grammar.py``), and the reply's text keeps them, so that a call is told from text that merely looks
 like one.
 """
 

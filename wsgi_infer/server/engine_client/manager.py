@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 import gevent
 import gevent.event
 
-from ...engine.chat_template import opens_thought, template_thinks
+from ...engine.loading.model_loader import load_imports
+from ...engine.loading.model_paths import model_name
 from ...engine.loop import EngineLoop
 from ...engine.messages import Abort, EngineFailed, EngineReady, EngineStopped, Stop, Submit
-from ...engine.model_loader import load_imports
-from ...engine.model_paths import model_name
 from ...engine.sampling_params import SamplingParams, StructuredOutput
+from ...engine.text.chat_template import opens_thought, template_thinks
 from .. import metrics
 from ..errors import APIError
 from ..settings import ServerSettings
@@ -37,7 +37,7 @@ from .router import StreamRouter
 from .streams import RequestStream
 
 if TYPE_CHECKING:
-    from ...engine.grammar import GrammarCompiler
+    from ...engine.sampling.grammar import GrammarCompiler
 
 log = logging.getLogger(__name__)
 

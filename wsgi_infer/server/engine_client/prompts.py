@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...engine.chat_template import chat_prompt_ids
+from ...engine.text.chat_template import chat_prompt_ids
 
 
 @dataclass

@@ -15,8 +15,8 @@ import sys
 import tempfile
 import time
 
-from wsgi_infer.engine.cpu_budget import cpu_budget
 from wsgi_infer.engine.kernels.build import start_building_cpu_kernels
+from wsgi_infer.engine.runtime.cpu_budget import cpu_budget
 from wsgi_infer.server.engine_client.extension import manager_of
 
 # Read in the master before any worker exists (and before torch is imported anywhere).

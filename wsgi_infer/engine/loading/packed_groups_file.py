@@ -11,7 +11,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from .layers.weight_groups import Int4Groups, Int8Groups, WeightGroups
+from ..kernels.weight_groups import Int4Groups, Int8Groups, WeightGroups
 
 PACKED_GROUPS_FILE = "packed_groups.safetensors"  # beside model.safetensors in a converted GGUF's directory
 # The tensors of each format's fields, by suffix: ``{name}.q4`` and so on (an absent offset is no offset).

@@ -13,17 +13,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .cache_files import cache_root, read_json, write_json
+from ..config import EngineConfig
+from ..kernels import layouts
+from ..kernels.build import kernels_library
+from ..kernels.cpu import CpuKernels, attach_kernels
+from ..layers import packed_embedding
+from ..layers.crossing_points import choose_max_rows
+from ..layers.packed_embedding import share_embedding_with_packed_head
+from ..layers.quantization import kinds, pack_on_kernels, packed_layers, quantize_with_torch
+from ..models import allocate_model, model_class
+from ..runtime.cache_files import cache_root, read_json, write_json
 from .checkpoint_tensors import CheckpointTensors
-from .config import EngineConfig
-from .kernels import layouts
-from .kernels.build import kernels_library
-from .kernels.cpu import CpuKernels, attach_kernels
-from .layers import packed_embedding
-from .layers.crossing_points import choose_max_rows
-from .layers.packed_embedding import share_embedding_with_packed_head
-from .layers.quantization import kinds, pack_on_kernels, packed_layers, quantize_with_torch
-from .models import allocate_model, model_class
 from .packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
 from .packing import layer_groups, stored_int4
 

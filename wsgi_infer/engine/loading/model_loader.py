@@ -19,8 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from .builtin_chat_templates import BUILTIN_TEMPLATES
-from .cache_files import cache_root, read_json, write_json
+from ..models import model_class
+from ..runtime.cache_files import cache_root, read_json, write_json
+from ..text.builtin_chat_templates import BUILTIN_TEMPLATES
 from .checkpoint_writer import ShardedCheckpoint
 from .model_paths import (
     ModelLoadError,
@@ -32,7 +33,6 @@ from .model_paths import (
     model_path,
     older_conversions,
 )
-from .models import model_class
 from .packed_groups_file import PACKED_GROUPS_FILE, save_packed_groups
 
 log = logging.getLogger(__name__)

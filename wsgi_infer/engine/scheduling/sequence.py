@@ -6,15 +6,15 @@ import enum
 import time
 from typing import TYPE_CHECKING
 
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
     from llguidance import LLMatcher
 
+    from ..outputs import TokenLogprob
+    from ..text.detokenizer import IncrementalDetokenizer
     from .block_manager import BlockTable
-    from .detokenizer import IncrementalDetokenizer
-    from .outputs import TokenLogprob
 
 
 class SequenceStatus(enum.Enum):

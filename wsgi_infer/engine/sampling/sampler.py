@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.cpu import CpuKernels
+from ..outputs import TokenLogprob
+from ..sampling_params import SamplingParams
+from ..scheduling.sequence import Sequence
 from .grammar import apply_grammar_masks
-from .kernels.cpu import CpuKernels
-from .outputs import TokenLogprob
-from .sampling_params import SamplingParams
-from .sequence import Sequence
 
 
 def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:

@@ -20,7 +20,7 @@ import llguidance.hf
 import torch
 from llguidance import LLMatcher
 
-from .sampling_params import JSON_WHITESPACE, InvalidParameter, StructuredOutput
+from ..sampling_params import JSON_WHITESPACE, InvalidParameter, StructuredOutput
 
 GRAMMAR_CACHE_SIZE = 128
 _TOKEN_BY_TEXT = re.compile(r"<\[(?!\d+\]>)(.+?)\]>")  # <[text]>, where llguidance's own <[5]> has digits

@@ -22,9 +22,9 @@ import torch
 from gguf import GGMLQuantizationType
 from torch.overrides import TorchFunctionMode
 
+from ..kernels.weight_groups import WeightGroups
+from ..models import allocate_model
 from .gguf_blocks import dequantize_to, groups_from_blocks, holds_values_exactly
-from .layers.weight_groups import WeightGroups
-from .models import allocate_model
 
 log = logging.getLogger(__name__)
 

