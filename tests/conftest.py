@@ -260,7 +260,7 @@ def tiny_api(tiny_model_dirs):
 @pytest.fixture
 def parsed_texts(monkeypatch) -> list[str]:
     """The text of each reply the app parsed for tool calls (in this process), as the model wrote it."""
-    from wsgi_infer.server.api import formatters
+    from wsgi_infer.server.api.chat import formatters
 
     texts = []
 

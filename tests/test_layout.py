@@ -58,6 +58,9 @@ LAYERS = (
     ("wsgi_infer.server.errors", "wsgi_infer.server.metrics", "wsgi_infer.server.settings"),
     ("wsgi_infer.server.streaming",),
     ("wsgi_infer.server.engine_client",),
+    # the API: what every route shares, a conversation's path, then the routes and their API families
+    ("wsgi_infer.server.api.access", "wsgi_infer.server.api.serving", "wsgi_infer.server.api.schemas"),
+    ("wsgi_infer.server.api.chat",),
     ("wsgi_infer.server.api",),
     ("wsgi_infer.server.app", "wsgi_infer.server.wsgi"),
     ("wsgi_infer.server.gunicorn",),

@@ -13,8 +13,8 @@ import pytest
 from wsgi_infer.engine.loading.model_loader import load_tokenizer
 from wsgi_infer.engine.sampling.grammar import GrammarCompiler
 from wsgi_infer.engine.sampling_params import StructuredOutput
-from wsgi_infer.server.api.reasoning import ReasoningParser
-from wsgi_infer.server.api.tools import ToolPlan
+from wsgi_infer.server.api.chat.reasoning import ReasoningParser
+from wsgi_infer.server.api.chat.tools import ToolPlan
 
 from .conftest import tiny_settings
 from .in_process import InProcessServer

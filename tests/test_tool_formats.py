@@ -9,8 +9,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from wsgi_infer.server.api.tool_formats import MISTRAL, PHI4_MINI, ToolFormat, tool_format_of
-from wsgi_infer.server.api.tools import ToolCallParser
+from wsgi_infer.server.api.chat.tool_formats import MISTRAL, PHI4_MINI, ToolFormat, tool_format_of
+from wsgi_infer.server.api.chat.tools import ToolCallParser
 
 from .chat_templates import MISTRAL_TEMPLATE, PHI4_TEMPLATE
 from .conftest import save_tiny_model, tiny_settings

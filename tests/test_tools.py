@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from wsgi_infer.server.api.chat_schemas import ChatCompletionRequest
-from wsgi_infer.server.api.tool_formats import HERMES, LLAMA3_JSON, tool_format_of
-from wsgi_infer.server.api.tools import ToolCallParser, ToolPlan, call_text
+from wsgi_infer.server.api.chat.schemas import ChatCompletionRequest
+from wsgi_infer.server.api.chat.tool_formats import HERMES, LLAMA3_JSON, tool_format_of
+from wsgi_infer.server.api.chat.tools import ToolCallParser, ToolPlan, call_text
 
 from .chat_templates import PHI4_TEMPLATE
 

@@ -9,7 +9,8 @@ Its parts, each a package that imports only those listed before it:
 - ``engine_client/``: a worker's way to its engine thread (``bridge``, the one
   place that thread meets the gevent hub; ``manager``, ``router``, the
   requests' ``streams``);
-- ``api/``: the routes, their request schemas, tool calls and formatters;
+- ``api/``: the routes: what they share, a conversation's path (``chat/``) and
+  one package per API family (``openai/``, ``responses/``, ``messages/``);
 - ``app``: the Flask app factory (``wsgi`` for gunicorn's ``app_uri``);
 - ``gunicorn/``: the worker class, the hooks and the log format. What the
   gunicorn master imports (``gunicorn/``, ``settings``) imports no torch, so

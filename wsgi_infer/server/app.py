@@ -9,8 +9,12 @@ import weakref
 import gevent
 from flask import Flask, current_app, g, request
 
-from .api import embeddings, messages, native, openai, ops, responses, tokenization, ui
+from .api import native, ops, tokenization, ui
 from .api.access import install_access_control
+from .api.messages import routes as messages
+from .api.openai import embeddings
+from .api.openai import routes as openai
+from .api.responses import routes as responses
 from .engine_client.extension import init_app, manager_of
 from .engine_client.manager import EngineManager
 from .errors import APIError, register_error_handlers

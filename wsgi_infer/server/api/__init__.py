@@ -1,2 +1,6 @@
-"""The HTTP API: one blueprint per API (OpenAI-compatible, native, tokenization, operational, the chat page),
-the request schemas they parse, tool calls, and the formatters that turn engine deltas into responses."""
+"""The HTTP API. What every route shares sits here (``serving``: admit, tokenize, submit, stream or collect;
+``schemas``: the request base and the completion, tokenization and /generate schemas; ``access``: keys and
+CORS), beside the small routes (``native``: /generate, ``tokenization``, ``ops``: /health and /metrics, ``ui``:
+the chat page). A conversation's path, shared by three APIs, is ``chat/``; each API family has a package of its
+own: ``openai/``, ``responses/`` and ``messages/``. The families import from ``chat/`` and the shared modules,
+which import none of them (tests/test_layout.py)."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 from flask import Blueprint, jsonify, request
 
 from ..errors import APIError
-from .chat import chat_token_ids
-from .chat_schemas import TokenizeChatRequest
+from .chat.conversation import chat_token_ids
+from .chat.schemas import TokenizeChatRequest
 from .schemas import DetokenizeRequest, TokenizeRequest, parse
 from .serving import check_model, manager, wait_ready
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from ...engine.text.chat_template import THINK_CLOSE, THINK_OPEN, chat_prompt_ids
-from ..engine_client.prompts import Chat
-from ..engine_client.streams import RequestStream
-from .chat_schemas import ChatCompletionRequest
+from ....engine.text.chat_template import THINK_CLOSE, THINK_OPEN, chat_prompt_ids
+from ...engine_client.prompts import Chat
+from ...engine_client.streams import RequestStream
+from ..serving import check_model, manager, require_task, start
 from .formatters import ChatFormatter
-from .serving import check_model, manager, require_task, start
+from .schemas import ChatCompletionRequest
 
 
 def _rendered(req: ChatCompletionRequest) -> tuple[list[dict], list[dict] | None]:

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 
 from flask import Blueprint, jsonify, request
 
-from ..engine_client.streams import RequestStream
-from ..errors import APIError
-from ..streaming import sse
-from .chat import start_chat
-from .chat_schemas import ChatCompletionRequest
-from .formatters import CompletionFormatter, Formatter
-from .schemas import CompletionRequest, parse
-from .serving import (
+from ...engine_client.streams import RequestStream
+from ...errors import APIError
+from ...streaming import sse
+from ..chat.conversation import start_chat
+from ..chat.formatters import CompletionFormatter, Formatter
+from ..chat.schemas import ChatCompletionRequest
+from ..schemas import CompletionRequest, parse
+from ..serving import (
     StreamInterrupted,
     check_model,
     collect_all,
@@ -27,7 +27,7 @@ from .serving import (
 )
 
 if TYPE_CHECKING:
-    from ..engine_client.manager import EngineManager
+    from ...engine_client.manager import EngineManager
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 

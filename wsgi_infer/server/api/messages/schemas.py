@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from ..errors import APIError
-from .chat_schemas import ChatCompletionRequest
-from .schemas import MAX_STOP_SEQUENCES, Request, engine_field, parse
+from ...errors import APIError
+from ..chat.schemas import ChatCompletionRequest
+from ..schemas import MAX_STOP_SEQUENCES, Request, engine_field, parse
 
 # The chat completion's fields beyond Anthropic's that this route takes too, under the same names.
 EXTENSIONS = (

@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator
 
-from ...engine.sampling_params import StructuredOutput
-from ..errors import APIError
-from .schemas import Request, SamplingRequest, engine_field
+from ....engine.sampling_params import StructuredOutput
+from ...errors import APIError
+from ..schemas import Request, SamplingRequest, engine_field
 from .tool_formats import template_tools, tool_format_of, with_tools_in_system_message
 from .tools import ToolPlan, call_text
 

@@ -13,7 +13,7 @@ import itertools
 import json
 from dataclasses import dataclass, field
 
-from ...engine.sampling_params import StructuredOutput
+from ....engine.sampling_params import StructuredOutput
 from .tool_formats import HERMES, ToolFormat
 
 _COMPACT = {"whitespace_flexible": False}  # arguments as compact JSON, as OpenAI sends them

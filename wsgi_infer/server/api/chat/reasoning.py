@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...engine.text.chat_template import THINK_CLOSE, THINK_OPEN
+from ....engine.text.chat_template import THINK_CLOSE, THINK_OPEN
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Anthropic's Messages API: /v1/messages and /v1/messages/count_tokens, served through the chat completion's path
-(its errors in Anthropic's shape: errors.py)."""
+(its errors in Anthropic's shape: server/errors.py)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ from typing import TYPE_CHECKING
 
 from flask import Blueprint, jsonify, request
 
-from ..engine_client.streams import RequestStream
-from ..errors import anthropic_error_body
-from ..streaming import sse
-from . import messages_events as events
-from .chat import chat_token_ids, start_chat
-from .formatters import ChatFormatter
-from .messages_schemas import CountTokensRequest, MessagesRequest, extensions_of
-from .schemas import parse
-from .serving import StreamInterrupted, collect_all, manager, publish, pumped_choices
+from ...engine_client.streams import RequestStream
+from ...errors import anthropic_error_body
+from ...streaming import sse
+from ..chat.conversation import chat_token_ids, start_chat
+from ..chat.formatters import ChatFormatter
+from ..schemas import parse
+from ..serving import StreamInterrupted, collect_all, manager, publish, pumped_choices
+from . import events
+from .schemas import CountTokensRequest, MessagesRequest, extensions_of
 
 if TYPE_CHECKING:
-    from ..engine_client.manager import EngineManager
+    from ...engine_client.manager import EngineManager
 
 bp = Blueprint("messages", __name__, url_prefix="/v1")
 

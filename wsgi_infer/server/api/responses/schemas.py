@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from ..errors import APIError
-from .chat_schemas import ChatCompletionRequest
-from .schemas import Request, engine_field, parse
+from ...errors import APIError
+from ..chat.schemas import ChatCompletionRequest
+from ..schemas import Request, engine_field, parse
 
 # Fields of the Responses API that would change the output and that we do not implement: a 400, never ignored.
 UNSUPPORTED = {

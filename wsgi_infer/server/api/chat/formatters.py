@@ -7,9 +7,9 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
-from ..engine_client.streams import ChoiceDelta, RequestStream
+from ...engine_client.streams import ChoiceDelta, RequestStream
+from ..serving import manager
 from .reasoning import ReasoningParser
-from .serving import manager
 from .tool_formats import ToolFormat
 from .tools import ToolCallParser, merge_call_entries
 

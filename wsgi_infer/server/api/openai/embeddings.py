@@ -11,10 +11,10 @@ import numpy as np
 from flask import Blueprint, jsonify, request
 from pydantic import Field, field_validator
 
-from ...engine.sampling_params import InvalidParameter, SamplingParams
-from ..errors import APIError
-from .schemas import Request, parse
-from .serving import check_model, collect_all, manager, start, wait_ready
+from ....engine.sampling_params import InvalidParameter, SamplingParams
+from ...errors import APIError
+from ..schemas import Request, parse
+from ..serving import check_model, collect_all, manager, start, wait_ready
 
 bp = Blueprint("embeddings", __name__, url_prefix="/v1")
 

@@ -10,19 +10,19 @@ from typing import TYPE_CHECKING
 
 from flask import Blueprint, g, jsonify, request
 
-from ..engine_client.streams import RequestStream
-from ..errors import APIError
-from ..streaming.redis_store import StoreUnavailable
-from .chat import start_chat
-from .formatters import ChatFormatter
-from .responses_events import ResponseBuilder, chunk_of, new_id
-from .responses_schemas import ResponsesRequest, input_messages, refuse_unsupported
-from .schemas import parse
-from .serving import StreamInterrupted, collect_all, log_response, manager, publish, published_log, pumped_choices
+from ...engine_client.streams import RequestStream
+from ...errors import APIError
+from ...streaming.redis_store import StoreUnavailable
+from ..chat.conversation import start_chat
+from ..chat.formatters import ChatFormatter
+from ..schemas import parse
+from ..serving import StreamInterrupted, collect_all, log_response, manager, publish, published_log, pumped_choices
+from .events import ResponseBuilder, chunk_of, new_id
+from .schemas import ResponsesRequest, input_messages, refuse_unsupported
 
 if TYPE_CHECKING:
-    from ..engine_client.manager import EngineManager
-    from ..streaming.response_store import ResponseStore
+    from ...engine_client.manager import EngineManager
+    from ...streaming.response_store import ResponseStore
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from ..engine_client.streams import RequestStream
-from ..streaming import sse
-from .formatters import reply_parts
+from ...engine_client.streams import RequestStream
+from ...streaming import sse
+from ..chat.formatters import reply_parts
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 

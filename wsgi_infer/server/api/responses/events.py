@@ -8,9 +8,9 @@ import copy
 import time
 import uuid
 
-from ..engine_client.streams import RequestStream
-from ..streaming import sse
-from .formatters import reply_parts
+from ...engine_client.streams import RequestStream
+from ...streaming import sse
+from ..chat.formatters import reply_parts
 
 # Per kind of text item: its id prefix, the content part it holds, and the names of its delta and done events.
 TEXT_ITEMS = {
