@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .server import ROOT, free_port
+from .server import ROOT, dying_with_this_process, free_port
 
 SHIPPED = ROOT / "scripts" / "nginx" / "wsgi-infer.conf"
 
@@ -53,7 +53,7 @@ class NginxProxy:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            [self.binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
+            dying_with_this_process([self.binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")]),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

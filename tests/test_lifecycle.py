@@ -7,22 +7,27 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import openai
 import psutil
 import pytest
 
-from .server import ENDLESS, GunicornServer
+from .server import ENDLESS, GunicornServer, dying_with_this_process
 from .sse_client import events
 
 pytestmark = pytest.mark.slow  # real processes
 
 GRACEFUL = 8
 DRAIN = 3
+# A quick stop (SIGINT, SIGQUIT) ends every stream and exits "in well under a second" (docs/operations.md); measured
+# 0.4 s from the signal to the master's exit, so this bound keeps a margin for a loaded host.
+QUICK_STOP_SECONDS = 2.0
 
 
 @dataclass
@@ -189,6 +194,7 @@ def test_quick_stop_ends_every_stream_at_once(tiny_model_dirs, sig):
         t.join(30)
     server.process.wait(GRACEFUL)
     exited = time.monotonic()
+    assert exited - signalled <= QUICK_STOP_SECONDS
     assert all(r.error is None and r.interrupted for r in results)  # terminal events, not cut connections
     ended, _ = server.wait_for_line(r"quick shutdown: ended 4 open requests", after=mark)
     server.wait_for_line(r"Worker exiting", after=ended)
@@ -205,21 +211,27 @@ def test_quick_stop_with_a_busy_process_on_every_cpu_ends_every_stream(tiny_mode
     """Beside a busy process per CPU the steps give back threads (the log says so), and a quick stop still ends
     every stream with its terminal event: the engine thread stops at its step's next layer, the worker exits
     without being killed."""
-    hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in os.sched_getaffinity(0)]
+    hogs = [
+        subprocess.Popen(dying_with_this_process(["sh", "-c", "while :; do :; done"])) for _ in os.sched_getaffinity(0)
+    ]
     try:
         server = lifecycle_server(tiny_model_dirs, quantization="auto").wait_ready()  # packed, on the kernels
         pids = [server.process.pid, *server.worker_pids()]
         results, threads = start_streams(server, [ENDLESS] * 4)
         server.wait_for_log(r"other processes want these CPUs \(.*\): 1 threads a step")
         mark = len(server.lines)
+        signalled = time.monotonic()
         server.process.send_signal(signal.SIGINT)
         for t in threads:
             t.join(60)
         server.process.wait(GRACEFUL)
+        exited = time.monotonic()
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
+    print(f"SIGINT beside busy CPUs: master exited after {exited - signalled:.2f} s")
+    assert exited - signalled <= QUICK_STOP_SECONDS
     assert all(r.error is None and r.interrupted for r in results)
     stopped, _ = server.wait_for_line(r"engine thread stopped", after=mark)
     assert not any("did not stop within" in line for line in server.lines)
@@ -274,15 +286,17 @@ def test_max_requests_recycles_the_worker_with_a_drain(tiny_model_dirs):
 
 
 def test_sigkill_of_one_worker_leaves_the_other_workers_streams_alone(tiny_model_dirs):
+    """Endless streams, so that each is surely running while its worker is looked up and while the other worker
+    dies (a stream of 2,500 tokens could end first on a fast host, and its connection with it)."""
     with lifecycle_server(tiny_model_dirs, "--workers", "2") as server:
         workers = server.wait_booted(count=2)
         results, threads, owners = [], [], []
         for i in range(40):  # until each worker holds one stream; extra ones are closed at once
             result = StreamResult()
-            thread = threading.Thread(target=stream, args=(server, result, 2500, f"s{i}"))
+            thread = threading.Thread(target=stream, args=(server, result, ENDLESS, f"s{i}"))
             thread.start()
             assert result.first_token.wait(60) and result.error is None, result.error
-            owner = server.owner_of(result.client_port, result)  # while it runs: thousands of tokens to go
+            owner = server.owner_of(result.client_port, result)
             if owner in owners:
                 result.cancel.set()
                 thread.join(30)
@@ -293,20 +307,56 @@ def test_sigkill_of_one_worker_leaves_the_other_workers_streams_alone(tiny_model
             if len(owners) == 2:
                 break
         assert len(owners) == 2, "the kernel never gave a connection to the second worker"
-        victim = owners[0]
+        victim, survivor = owners[0], results[1]
         killed_at = len(server.lines)
         psutil.Process(victim).send_signal(signal.SIGKILL)
         (replacement,) = server.wait_booted(after=killed_at)
         assert replacement not in workers
+        received = len(survivor.data)  # the survivor still streams once the replacement is up
+        wait_until(lambda: len(survivor.data) >= received + 50 or survivor.ended_at)
+        assert survivor.error is None and not survivor.ended_at and len(survivor.data) >= received + 50
+        for result in results:
+            result.cancel.set()
         for t in threads:
             t.join(60)
-        survivors = [r for r, owner in zip(results, owners) if owner != victim]
-        assert survivors and all(r.done for r in survivors)
+        assert survivor.error is None
         with httpx.Client(base_url=server.url, timeout=60) as http:
             assert http.post("/v1/completions", json={"prompt": "after", "max_tokens": 2}).status_code == 200
         # The dead worker's gauges are gone (child_exit): two live engines' worth of blocks, not three.
         single = int(server.wait_for_log(r"KV cache: (\d+) blocks").group(1))
         assert server.metrics()["wsgi_infer:kv_blocks_total"] == 2 * single
+
+
+# A test run's process that starts a server, then is killed from outside before any cleanup of its own.
+STARTS_A_SERVER = """
+import json, sys
+from tests.server import GunicornServer
+server = GunicornServer(json.loads(sys.argv[1]), "--workers", "2")
+print(json.dumps([server.process.pid, *server.wait_booted(count=2)]), flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def test_servers_die_with_a_test_run_killed_from_outside(tiny_model_dirs):
+    settings = {"model": str(tiny_model_dirs["llama"]), "dtype": "float32", "quantization": "none"}
+    run = subprocess.Popen(
+        [sys.executable, "-c", STARTS_A_SERVER, json.dumps(settings)],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pids = json.loads(run.stdout.readline())  # the master, then its two workers
+        assert len(pids) == 3
+        processes = [psutil.Process(pid) for pid in pids]
+    finally:
+        run.kill()
+        run.wait()
+    gone, alive = psutil.wait_procs(processes, timeout=30)
+    for process in alive:  # not left to outlive this run too
+        process.kill()
+    assert alive == [], f"left running after the run was killed: {alive}"
 
 
 def test_hub_is_never_blocked_by_model_work():

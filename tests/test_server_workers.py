@@ -127,3 +127,35 @@ def test_gevents_plugins_are_looked_up_as_importlib_answers_but_read_once(monkey
     assert answers == expected and expected["console_scripts"]
     assert reads == [{}]  # one read of every distribution
     assert metadata.entry_points is counted  # put back
+
+
+def control_workers(path: Path) -> list[int]:
+    """The worker pids a gunicorn control socket reports (what `gunicornc -s PATH show workers` prints)."""
+    from gunicorn.ctl.client import ControlClient
+
+    with ControlClient(str(path), timeout=10) as client:
+        return sorted(w["pid"] for w in client.send_command("show workers")["workers"])
+
+
+def test_two_servers_of_one_user_never_share_a_control_socket(tiny_model_dirs, tmp_path):
+    """gunicorn's default control socket is one path per user: by default a server opens none, and each server
+    given a path of its own keeps it, answering for its own workers, while the other stops."""
+    home = tmp_path / "home"
+    home.mkdir()
+    user = {"HOME": str(home), "XDG_RUNTIME_DIR": ""}  # gunicorn's default path is then ~/.gunicorn/gunicorn.ctl
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none"}
+    first, second = tmp_path / "first.ctl", tmp_path / "second.ctl"
+    with GunicornServer(settings, "--log-level", "debug", **user) as plain:
+        plain.wait_for_log(r"Control socket disabled")
+        with (
+            GunicornServer(settings, "--control-socket", str(first), **user) as one,
+            GunicornServer(settings, "--control-socket", str(second), **user) as other,
+        ):
+            one.wait_for_log(rf"Control socket listening at {first}")
+            other.wait_for_log(rf"Control socket listening at {second}")
+            assert not (home / ".gunicorn" / "gunicorn.ctl").exists()
+            assert control_workers(first) == sorted(one.worker_pids())
+            assert control_workers(second) == sorted(other.worker_pids())
+            other.stop()
+            assert not second.exists()
+            assert control_workers(first) == sorted(one.worker_pids())

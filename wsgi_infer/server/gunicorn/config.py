@@ -45,7 +45,17 @@ def on_starting(server):
     """In the master, before any worker: start compiling the CPU kernels if this machine has none yet.
     The compiler runs while the workers import; their engine threads wait for it on the build's lock.
     A gevent worker could not run it: its engine thread cannot wait for a child process."""
+    _control_socket_of_our_own(server)
     start_building_cpu_kernels()
+
+
+def _control_socket_of_our_own(server):
+    """gunicorn (25.1 on) opens a control socket at one path per user ($XDG_RUNTIME_DIR/gunicorn.ctl, else
+    ~/.gunicorn/gunicorn.ctl): two servers of one user share it, the last started takes it and the first stopped
+    removes it. So a server opens one only at a path named for it (--control-socket PATH); signals control it."""
+    setting = server.cfg.settings.get("control_socket")
+    if setting is not None and setting.get() == setting.default:
+        server.cfg.set("control_socket_disable", True)
 
 
 def pre_fork(server, worker):
