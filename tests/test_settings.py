@@ -1,4 +1,4 @@
-"""Settings come from WSGI_INFER_* variables, and the README documents every one."""
+"""Settings come from WSGI_INFER_* variables, and docs/operations.md documents every one."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import pytest
 
 from wsgi_infer.server.settings import ServerSettings
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+OPERATIONS = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
 
 
-def test_every_setting_is_in_the_readme_table():
+def test_every_setting_is_in_the_operations_table():
     for name in ServerSettings.model_fields:
-        assert f"| `WSGI_INFER_{name.upper()}` |" in README, name
+        assert f"| `WSGI_INFER_{name.upper()}` |" in OPERATIONS, name
 
 
 def test_settings_read_the_environment(monkeypatch):

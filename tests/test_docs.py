@@ -1,0 +1,87 @@
+"""The front page and docs/: the README stays short, every relative link reaches a file, and the README's two
+commands are the ones CI runs.
+
+Each rule is a function of the text it reads, shown to fail on a planted violation as well as to pass on the tree.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = (README, *sorted((ROOT / "docs").glob("*.md")))
+CI = ROOT / ".ci" / "run"
+MAX_README_LINES = 200
+
+SERVE = "bash scripts/setup.sh && .venv/bin/wsgi-infer serve"
+TEST_SETUP = "bash scripts/setup.sh --test"
+PYTEST = ".venv/bin/python -m pytest"
+
+# [text](target) and ![alt](target), with an optional "title"; code blocks and code spans hold no links.
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+FENCED = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
+CODE_SPAN = re.compile(r"`[^`]+`")
+BASH_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.M | re.S)
+
+
+def relative_links(text: str) -> list[str]:
+    """The targets of a page's links and images, less web addresses and anchors within the page."""
+    text = CODE_SPAN.sub("", FENCED.sub("", text))
+    return [t for t in LINK.findall(text) if not t.startswith(("http://", "https://", "#"))]
+
+
+def broken_links(page: Path) -> list[str]:
+    """The relative links of ``page`` whose path (without its #fragment) is no file or folder of the tree."""
+    return [t for t in relative_links(page.read_text()) if not (page.parent / t.split("#", 1)[0]).exists()]
+
+
+def bash_commands(text: str) -> list[str]:
+    """The lines of a page's ```bash blocks."""
+    return [line.strip() for block in BASH_BLOCK.findall(text) for line in block.splitlines() if line.strip()]
+
+
+def ci_mismatches(readme: str, ci_script: str) -> list[str]:
+    """What of the README's two commands CI does not run as written: the serve command missing, or the test
+    command's setup or pytest part not a line of the CI script."""
+    commands = bash_commands(readme)
+    problems = [] if SERVE in commands else [f"the README has no `{SERVE}`"]
+    tests = [c for c in commands if c.startswith(f"{TEST_SETUP} && {PYTEST}")]
+    if len(tests) != 1:
+        return [*problems, f"the README has {len(tests)} test commands (`{TEST_SETUP} && {PYTEST} ...`)"]
+    ci_lines = {line.strip() for line in ci_script.splitlines()}
+    return problems + [f"CI does not run `{part}`" for part in tests[0].split(" && ", 1) if part not in ci_lines]
+
+
+def test_the_readme_is_at_most_200_lines():
+    lines = len(README.read_text().splitlines())
+    assert lines <= MAX_README_LINES, f"README.md has {lines} lines: move reference into docs/"
+
+
+def test_every_relative_link_reaches_a_file(tmp_path):
+    assert len(PAGES) > 1 and all(relative_links(page.read_text()) for page in PAGES), "pages without links?"
+    assert {page.name: broken_links(page) for page in PAGES} == {page.name: [] for page in PAGES}
+
+    (tmp_path / "docs").mkdir()  # the rule fails on a violation, and only there
+    (tmp_path / "docs" / "there.md").write_text("# There\n")
+    planted = tmp_path / "README.md"
+    planted.write_text(
+        "[ok](docs/there.md#there) ![gone](docs/gone.png) [web](https://example.com/x) [here](#top)\n"
+        "[gone too](docs/missing.md#part) `[code](docs/code.md)`\n\n```\n[block](docs/block.md)\n```\n"
+    )
+    assert broken_links(planted) == ["docs/gone.png", "docs/missing.md#part"]
+
+
+def test_the_readme_commands_are_the_ones_ci_runs():
+    readme, ci_script = README.read_text(), CI.read_text()
+    assert ci_mismatches(readme, ci_script) == []
+
+    # the rule fails on a violation: CI's pytest run changed, its setup dropped, the serve command gone
+    assert ci_mismatches(readme, ci_script.replace("-n 2 --dist loadgroup", "-n 4")) == [
+        f"CI does not run `{PYTEST} -n 2 --dist loadgroup`"
+    ]
+    assert ci_mismatches(readme, ci_script.replace(TEST_SETUP, "bash scripts/setup.sh")) == [
+        f"CI does not run `{TEST_SETUP}`"
+    ]
+    assert ci_mismatches(readme.replace(SERVE, "wsgi-infer serve"), ci_script) == [f"the README has no `{SERVE}`"]
