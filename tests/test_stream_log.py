@@ -7,8 +7,9 @@ import json
 import gevent
 from openai._streaming import SSEDecoder
 
+from wsgi_infer.server.metrics import ModelMetrics
 from wsgi_infer.server.streaming import sse
-from wsgi_infer.server.streaming.stream_log import StreamLog
+from wsgi_infer.server.streaming.stream_log import StreamInterrupted, StreamLog, StreamLogs
 
 
 def new_log() -> StreamLog:
@@ -50,3 +51,38 @@ def test_a_waiting_reader_wakes_on_append_and_on_finish():
     log.finish()
     reader.join(timeout=5)
     assert reader.dead and taken == [f"id: 1\n{sse.event({'n': 1})}"]
+
+
+def published_past_the_bound(events) -> list[str]:
+    """The events a stream's log ends with when its events, never read, pass a backlog bound of 100 bytes."""
+    logs = StreamLogs(keep_seconds=60, grace=60, backlog_bytes=100, redis_url=None, metrics=ModelMetrics("bound"))
+    log = logs.publish(events, on_abandoned=lambda: None)
+    while not log.finished:
+        log.wait(len(log.events), timeout=10)
+    return log.events
+
+
+def test_a_stream_past_the_backlog_bound_ends_as_its_route_ends_an_interrupted_stream():
+    closed = []
+
+    def route_events():
+        try:
+            while True:
+                yield sse.event({"text": "x" * 40})
+        except StreamInterrupted as exc:
+            yield sse.event({"ended": exc.code}, name="route-error")
+        finally:
+            closed.append(True)  # where a route releases its generation
+
+    ending = published_past_the_bound(route_events())
+    assert ending[-1] == sse.event({"ended": "stream_backlog_exceeded"}, name="route-error")
+    assert ending[:-1] == [sse.event({"text": "x" * 40})] * 2 and closed == [True]  # 114 bytes: past the bound
+
+
+def test_a_route_that_does_not_end_an_interrupted_stream_gets_an_openai_shaped_error():
+    def route_events():
+        while True:
+            yield sse.event({"text": "x" * 40})
+
+    name, data = sse.fields(published_past_the_bound(route_events())[-1])
+    assert name == "error" and json.loads(data)["error"]["code"] == "stream_backlog_exceeded"

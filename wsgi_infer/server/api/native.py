@@ -18,8 +18,9 @@ from flask import Blueprint, Response, jsonify, request
 
 from ..engine_client.streams import RequestStream
 from ..streaming import sse
+from ..streaming.stream_log import StreamInterrupted
 from .schemas import GenerateRequest, parse
-from .serving import StreamInterrupted, collect_all, manager, publish, publish_log, pumped_choices, start
+from .serving import collect_all, manager, publish, publish_log, pumped_choices, start
 
 if TYPE_CHECKING:
     from ..engine_client.manager import EngineManager

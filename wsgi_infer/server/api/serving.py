@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from flask import Response, current_app, g
 
@@ -21,7 +20,7 @@ from ..engine_client.streams import ChoiceDelta, RequestStream, Terminated, merg
 from ..errors import APIError
 from ..streaming import sse
 from ..streaming.redis_store import RedisStreamReader, StoreUnavailable
-from ..streaming.stream_log import StreamLog
+from ..streaming.stream_log import StreamInterrupted, StreamLog
 
 ADMISSION_TIMEOUT_S = 60.0
 
@@ -107,12 +106,6 @@ def start(prompts: list[Prompt], params: list[SamplingParams], task: str | None 
 
 class Heartbeat:
     """Nothing to send for a while: the caller writes a keep-alive."""
-
-
-@dataclass
-class StreamInterrupted(Exception):
-    message: str
-    code: str
 
 
 def iter_deltas(stream: RequestStream, heartbeat: float) -> Iterator[list[ChoiceDelta] | Heartbeat]:

@@ -20,6 +20,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 
 import gevent
 import gevent.event
@@ -30,6 +31,15 @@ from . import sse
 from .redis_store import RedisStore
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class StreamInterrupted(Exception):
+    """A stream ends before its generation: the engine stopped, or its reader left or fell behind. Raised in a
+    route's generator of events, which ends the stream in its own API's shape."""
+
+    message: str
+    code: str
 
 
 class StreamLog:
@@ -156,15 +166,18 @@ class StreamLogs:
                 if text is not None:
                     stream_log.append(text)
                 if stream_log.backlog_bytes > self.backlog_bytes:
-                    events.close()  # its `finally` aborts the generation
-                    stream_log.append(self._overflow_event(stream_log))
+                    for text in self._overflow_ending(stream_log, events):
+                        stream_log.append(text)
                     return
         finally:
             stream_log.finish()
             self._finished.append(stream_log)
             self._greenlets.dec()
 
-    def _overflow_event(self, stream_log: StreamLog) -> str:
+    def _overflow_ending(self, stream_log: StreamLog, events: Generator[str | None, None, None]) -> list[str]:
+        """The last events of a stream whose reader fell too far behind: the route's own, as it ends an
+        interrupted stream in its API's shape (an OpenAI-shaped error where it does not); the generation is
+        aborted (the generator's ``finally``)."""
         log.warning(
             "stream %s: the client is %d bytes behind (limit %d); generation aborted",
             stream_log.stream_id,
@@ -172,7 +185,16 @@ class StreamLogs:
             self.backlog_bytes,
         )
         message = f"the client fell more than {self.backlog_bytes} bytes behind the stream; generation aborted"
-        return sse.event(error_body(message, 503, code="stream_backlog_exceeded"), name="error")
+        interrupted = StreamInterrupted(message, "stream_backlog_exceeded")
+        try:
+            ending = [events.throw(interrupted), *events]
+        except StopIteration:
+            ending = []
+        except StreamInterrupted:
+            ending = [sse.event(error_body(message, 503, code=interrupted.code), name="error")]
+        finally:
+            events.close()
+        return [text for text in ending if text is not None]
 
     def _expire(self) -> None:
         """Forget the logs finished more than keep_seconds ago: only those are visited, not every open stream on

@@ -11,10 +11,11 @@ from flask import Blueprint, jsonify, request
 from ...engine_client.streams import RequestStream
 from ...errors import anthropic_error_body
 from ...streaming import sse
+from ...streaming.stream_log import StreamInterrupted
 from ..chat.conversation import chat_token_ids, start_chat
 from ..chat.formatters import ChatFormatter
 from ..schemas import parse
-from ..serving import StreamInterrupted, collect_all, manager, publish, pumped_choices
+from ..serving import collect_all, manager, publish, pumped_choices
 from . import events
 from .schemas import CountTokensRequest, MessagesRequest, extensions_of
 

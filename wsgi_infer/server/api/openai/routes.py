@@ -10,12 +10,12 @@ from flask import Blueprint, jsonify, request
 from ...engine_client.streams import RequestStream
 from ...errors import APIError
 from ...streaming import sse
+from ...streaming.stream_log import StreamInterrupted
 from ..chat.conversation import start_chat
 from ..chat.formatters import CompletionFormatter, Formatter
 from ..chat.schemas import ChatCompletionRequest
 from ..schemas import CompletionRequest, parse
 from ..serving import (
-    StreamInterrupted,
     check_model,
     collect_all,
     log_response,

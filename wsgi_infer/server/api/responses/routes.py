@@ -13,10 +13,11 @@ from flask import Blueprint, g, jsonify, request
 from ...engine_client.streams import RequestStream
 from ...errors import APIError
 from ...streaming.redis_store import StoreUnavailable
+from ...streaming.stream_log import StreamInterrupted
 from ..chat.conversation import start_chat
 from ..chat.formatters import ChatFormatter
 from ..schemas import parse
-from ..serving import StreamInterrupted, collect_all, log_response, manager, publish, published_log, pumped_choices
+from ..serving import collect_all, log_response, manager, publish, published_log, pumped_choices
 from .events import ResponseBuilder, chunk_of, new_id
 from .schemas import ResponsesRequest, input_messages, refuse_unsupported
 
