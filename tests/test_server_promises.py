@@ -1,4 +1,4 @@
-"""README promises over HTTP, each compared with the offline engine or with the same request
+"""The documented promises over HTTP, each compared with the offline engine or with the same request
 without the field, so that a field the server ignored would fail its test."""
 
 from __future__ import annotations

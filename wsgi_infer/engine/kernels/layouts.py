@@ -1,4 +1,4 @@
-"""The packed formats' groups (``layers.weight_groups``) laid out as the CPU kernels read them.
+"""The packed formats' groups (``kernels.weight_groups``) laid out as the CPU kernels read them.
 
 Both formats are tiles of 16 outputs: a tile's group of 32 inputs is one contiguous run of codes, with its 16
 scales and lows beside in float16 (a GGUF stores its blocks' ``d`` and ``m`` in float16, so half precision holds

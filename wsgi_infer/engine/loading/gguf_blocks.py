@@ -1,4 +1,4 @@
-"""A GGUF tensor's blocks as the packed formats' groups of 32 (``layers.weight_groups``), where they map.
+"""A GGUF tensor's blocks as the packed formats' groups of 32 (``kernels.weight_groups``), where they map.
 
 gguf-py dequantizes every block type; this module reads each block's scales, and takes the codes from gguf-py's
 values (``(value - low) / scale`` is an integer, exactly) wherever they are packed in bits, so those layouts are

@@ -4,7 +4,7 @@ The top-level gunicorn.conf.py imports everything from here, so
 `gunicorn -c gunicorn.conf.py` and `wsgi-infer serve` (which loads this module
 as `python:wsgi_infer.server.gunicorn.config`) run the same configuration.
 Command-line flags and GUNICORN_CMD_ARGS override these settings; the engine
-is configured by WSGI_INFER_* variables (README).
+is configured by WSGI_INFER_* variables (docs/operations.md).
 """
 
 import gc
@@ -30,7 +30,7 @@ bind = "127.0.0.1:8000"
 workers = 1
 worker_class = "wsgi_infer.server.gunicorn.worker.InferenceWorker"  # gunicorn's gevent worker, with a drain
 # Connections per worker (one greenlet each, idle keep-alive ones included); past it a JSON 503.
-# Measured: 12 KB of worker RSS per idle connection, 27 KB per open queued stream (README).
+# Measured: 12 KB of worker RSS per idle connection, 27 KB per open queued stream (docs/operations.md).
 worker_connections = 10000
 timeout = 60  # the hub never runs model work, so this only fires on a hung worker
 graceful_timeout = 30
