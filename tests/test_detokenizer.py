@@ -49,10 +49,22 @@ def test_stop_string_across_multibyte_characters(tokenizer):
     assert "".join(pieces) == "tea "
 
 
-def test_prompt_ending_mid_character_is_not_repeated(tokenizer):
-    ids = tokenizer.encode("x 😀😀", add_special_tokens=False).ids
-    # Split inside the first emoji: the prompt's half character must not reappear in the output.
-    split = next(n for n in range(1, len(ids)) if tokenizer.decode(ids[:n]).endswith("\ufffd"))
-    detok = IncrementalDetokenizer(tokenizer, ids[:split], stop=[])
-    text = "".join(detok.push(i) for i in ids[split:]) + detok.flush()
-    assert "x" not in text and text.count("😀") >= 1
+def _mid_character_splits(tokenizer, text: str) -> list[tuple[list[int], list[int]]]:
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    return [(ids[:n], ids[n:]) for n in range(1, len(ids)) if tokenizer.decode(ids[:n]).endswith("\ufffd")]
+
+
+@pytest.mark.parametrize("text", ["x 😀😀", TEXTS[0], TEXTS[1], TEXTS[3]])
+def test_prompt_ending_mid_character_is_not_repeated(tokenizer, text):
+    """A prompt of token ids may end inside a character: the output completes it, whole, and repeats nothing."""
+    splits = _mid_character_splits(tokenizer, text)
+    assert splits, text  # the tokenizer cuts a character of this text between tokens
+    for prompt, output in splits:
+        detok = IncrementalDetokenizer(tokenizer, prompt, stop=[])
+        pieces = [detok.push(i) for i in output] + [detok.flush()]
+        assert not any("\ufffd" in p for p in pieces), (prompt, pieces)
+        # The prompt shows its unfinished character as one U+FFFD; the output is the rest of the full text.
+        prompt_text = tokenizer.decode(prompt).removesuffix("\ufffd")
+        full_text = tokenizer.decode(prompt + output)
+        assert full_text.startswith(prompt_text)
+        assert "".join(pieces) == full_text[len(prompt_text) :], prompt

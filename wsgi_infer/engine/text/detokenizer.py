@@ -13,18 +13,28 @@ from tokenizers.decoders import DecodeStream
 # DecodeStream needs a few prompt tokens of context so the first generated
 # token gets its leading space right (SentencePiece/ByteLevel merges).
 _PROMPT_CONTEXT_TOKENS = 4
+# A character has at most 4 UTF-8 bytes, so a prompt ends inside one at most 3 tokens back.
+_MAX_CHAR_TOKENS = 3
 
 
-def _clean_prompt_suffix(tokenizer: Tokenizer, prompt_ids: list[int]) -> list[int]:
-    """The longest short prompt suffix that decodes to whole characters.
+def _split_prompt_end(tokenizer: Tokenizer, prompt_ids: list[int], skip: bool) -> tuple[list[int], list[int]]:
+    """The prompt's last few tokens as (context, tail): the context decodes to whole characters, and the tail
+    holds the start of a character the prompt ends inside (empty when the prompt ends on a whole character).
 
-    DecodeStream would otherwise re-emit a half character from the prompt.
+    The tail goes through the stream too, so the output tokens that complete its character emit it whole.
     """
-    for n in range(min(_PROMPT_CONTEXT_TOKENS, len(prompt_ids)), 0, -1):
-        suffix = prompt_ids[-n:]
-        if not tokenizer.decode(suffix, skip_special_tokens=False).endswith("\ufffd"):
-            return suffix
-    return []
+    window = prompt_ids[-(_PROMPT_CONTEXT_TOKENS + _MAX_CHAR_TOKENS) :]
+    for cut in range(len(window), 0, -1):
+        if not tokenizer.decode(window[:cut], skip_special_tokens=skip).endswith("\ufffd"):
+            return window[:cut], window[cut:]
+    return [], window
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 class IncrementalDetokenizer:
@@ -43,10 +53,16 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
     ) -> None:
         self._tokenizer = tokenizer
-        self._stream = DecodeStream(
-            ids=_clean_prompt_suffix(tokenizer, prompt_ids),
-            skip_special_tokens=skip_special_tokens,
-        )
+        context, tail = _split_prompt_end(tokenizer, prompt_ids, skip_special_tokens)
+        self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
+        # The tail's text as the prompt shows it: its whole characters, then U+FFFD for the one it ends inside.
+        # Every step over it ends in U+FFFD (the context is the longest clean cut), so the stream emits nothing yet.
+        self._prompt_tail: str | None = None
+        if tail:
+            for token_id in tail:
+                self._stream.step(tokenizer, token_id)
+            whole = tokenizer.decode(context + tail, skip_special_tokens=skip_special_tokens)
+            self._prompt_tail = whole[len(tokenizer.decode(context, skip_special_tokens=skip_special_tokens)) :]
         self._stop = stop
         self._pending = ""
         self.matched: str | None = None
@@ -54,6 +70,11 @@ class IncrementalDetokenizer:
     def push(self, token_id: int) -> str:
         """Decode one token; return the text that may be released now."""
         piece = self._stream.step(self._tokenizer, token_id)
+        if piece and self._prompt_tail is not None:
+            # The first piece repeats the tail's whole characters, which the prompt already holds; where the
+            # prompt showed U+FFFD for its unfinished character, this piece has the character itself.
+            piece = piece[_common_prefix_len(piece, self._prompt_tail) :]
+            self._prompt_tail = None
         if piece:
             self._pending += piece
         if not self._stop:
