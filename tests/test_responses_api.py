@@ -84,7 +84,7 @@ def test_parse_returns_the_model_its_schema_forced(client, model):
 
 
 @pytest.mark.parametrize("streamed", [False, True])
-def test_a_function_call_then_its_output_continues_the_stored_conversation(client, model, streamed):
+def test_a_function_call_then_its_output_continues_the_stored_conversation(client, model, tiny_api, streamed):
     request = dict(
         model=model,
         input=ASK,
@@ -103,17 +103,18 @@ def test_a_function_call_then_its_output_continues_the_stored_conversation(clien
     [call] = first.output
     assert call.type == "function_call" and call.name == "get_weather" and call.call_id and call.status == "completed"
     Unit.model_validate_json(call.arguments)
-    follow = client.responses.create(
-        model=model,
-        previous_response_id=first.id,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"temperature": 21})}],
-        tools=[WEATHER_TOOL],
-        max_output_tokens=3,
-        temperature=0,
-    )
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"temperature": 21})}
+    follow_up = dict(model=model, tools=[WEATHER_TOOL], max_output_tokens=3, temperature=0)
+    follow = client.responses.create(previous_response_id=first.id, input=[output], **follow_up)
     assert follow.previous_response_id == first.id
-    # The follow-up read the first turn's question and call, then the output: more than its own input alone.
-    assert follow.usage.input_tokens > first.usage.input_tokens
+    # The same output alone, and after the first turn replayed by hand: the chained follow-up must read the latter.
+    alone = client.responses.create(input=[output], **follow_up)
+    replayed_call = {k: getattr(call, k) for k in ("type", "call_id", "name", "arguments")}
+    replayed = client.responses.create(input=[{"role": "user", "content": ASK}, replayed_call, output], **follow_up)
+    assert follow.usage.input_tokens == replayed.usage.input_tokens
+    # The history adds the question's tokens and the call's to the output alone (measured 199 vs 149); none if dropped.
+    question_tokens = len(tiny_api.manager.tokenizer.encode(ASK, add_special_tokens=False))
+    assert follow.usage.input_tokens - alone.usage.input_tokens > question_tokens
 
 
 def test_stored_responses_are_retrieved_deleted_and_not_kept_when_store_is_false(client, model):
