@@ -48,12 +48,16 @@ class Channel(Protocol):
 
 
 class EngineLoop:
-    """``fault_at_step`` (tests only, from the settings) makes that step raise."""
+    """``fault_at_step`` (tests only, from the settings) makes that step raise; after ``stall_after_step`` the loop
+    takes no step until its next command (a request, an abort, a stop), as a stuck step looks from outside."""
 
-    def __init__(self, config: EngineConfig, channel: Channel, fault_at_step: int = 0) -> None:
+    def __init__(
+        self, config: EngineConfig, channel: Channel, fault_at_step: int = 0, stall_after_step: int = 0
+    ) -> None:
         self._config = config
         self._channel = channel
         self._fault_at_step = fault_at_step
+        self._stall_after_step = stall_after_step
         self._engine: LLMEngine | None = None
         self._stopping = False
 
@@ -97,10 +101,12 @@ class EngineLoop:
     def _serve(self, engine: LLMEngine) -> None:
         step = self._step_function(engine)
         step_tokens: list[int] = []  # per step, until the next post
+        steps = 0
         while True:
             outbox: list = []
             aborted: list[Aborted] = []  # delivered after the counters they changed
-            for command in self._channel.commands(block=not engine.has_unfinished()):
+            stall = steps == self._stall_after_step > 0  # tests only; a Stop still ends it at once
+            for command in self._channel.commands(block=stall or not engine.has_unfinished()):
                 if isinstance(command, Stop):
                     engine.abort_all()
                     return
@@ -111,6 +117,7 @@ class EngineLoop:
             deltas = []
             if engine.has_unfinished():
                 deltas = step()
+                steps += 1
                 step_tokens.append(engine.last_step_num_tokens)
             if outbox or deltas or aborted:
                 outbox.append(StepDone(deltas, engine.counters(), _token_texts(engine, deltas), step_tokens))

@@ -94,6 +94,9 @@ class ServerSettings(EngineSettings):
     )
 
     test_fault_at_step: int = Field(0, ge=0, description="tests only: the engine's step N raises, as a bug would")
+    test_stall_after_step: int = Field(
+        0, ge=0, description="tests only: after step N the engine takes no step until its next command, as if stuck"
+    )
 
     @property
     def api_keys(self) -> list[str]:

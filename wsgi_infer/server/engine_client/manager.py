@@ -100,7 +100,8 @@ class EngineManager:
             importlib.import_module(module)
 
         self._bridge = HubBridge(self._router.deliver)
-        self._loop = EngineLoop(self.settings.engine_config(), self._bridge, self.settings.test_fault_at_step)
+        tests_only = (self.settings.test_fault_at_step, self.settings.test_stall_after_step)
+        self._loop = EngineLoop(self.settings.engine_config(), self._bridge, *tests_only)
         self._bridge.start_thread(self._loop.run, relay_loggers=RELAYED_LOGGERS)
 
     @property
