@@ -300,6 +300,7 @@ def test_a_packed_head_holds_a_table_exactly_as_its_rows_read_back(with_low):
     table = packed_rows(weight, torch.arange(rows))
     expected = groups.codes.float().view(rows, -1, 32) * scale[..., None] + (0 if low is None else low[..., None])
     assert torch.equal(table, expected.view(rows, k))
+    assert torch.equal(groups.dequantize(), table)  # why a table kept only as the head's groups is never compared
     assert holds_exactly(weight, table)
     for row in (0, 4095, rows - 1):
         changed = table.clone()
@@ -325,25 +326,29 @@ def test_a_q8_0_embedding_is_read_from_the_packed_head_with_the_same_outputs(tmp
     assert isinstance(LLM(model=str(f16), device="cpu").engine.runner.model.embed_tokens, torch.nn.Embedding)
 
 
-def test_a_later_load_reads_no_table_where_the_first_found_the_head_holds_it(tmp_path, monkeypatch):
-    """The first load of a converted copy compares the table with the packed head and remembers what it found there;
-    a later load then neither reads the float32 table nor compares it, and every token is the same. Where the head
-    does not hold it (F16), a later load reads the table and compares it again (cheap: the first rows differ)."""
+def test_no_load_reads_a_table_kept_only_as_the_groups_the_head_packs(tmp_path, monkeypatch):
+    """A tied Q8_0 embedding is kept only as its groups, which the LM head packs as they are: no load, the first
+    included, reads the float32 table or compares it, and every token is what the table gives. An F16 embedding,
+    which the head packs into groups of its own, is read and compared at each load (cheap: the first rows differ)."""
     path = write_tiny_gguf(tmp_path / "q8.gguf", MIXED_TYPES, embedding="Q8_0").path
-    first = LLM(model=str(path), device="cpu")
-    assert model_builder.remembered_sharing(first.engine.model_dir, "auto") is True
     read, compared = [], []
     get, holds = CheckpointTensors.__getitem__, packed_embedding.holds_exactly
     monkeypatch.setattr(CheckpointTensors, "__getitem__", lambda self, name: read.append(name) or get(self, name))
     monkeypatch.setattr(packed_embedding, "holds_exactly", lambda *args: compared.append(args) or holds(*args))
-    later = LLM(model=str(path), device="cpu")
-    assert isinstance(later.engine.runner.model.embed_tokens, PackedEmbedding)
+    shared = LLM(model=str(path), device="cpu")
+    assert isinstance(shared.engine.runner.model.embed_tokens, PackedEmbedding)
     assert "model.embed_tokens.weight" not in read and not compared and read  # the norms were read
+    monkeypatch.undo()
+    monkeypatch.setattr(model_builder, "share_embedding_with_packed_head", lambda model, known_exact=False: None)
+    kept = LLM(model=str(path), device="cpu")
+    assert isinstance(kept.engine.runner.model.embed_tokens, torch.nn.Embedding)
     prompts = ["The quick brown fox", "Hello"]
-    expected = [o.token_ids for o in first.generate(prompts, GREEDY)]
-    assert [o.token_ids for o in later.generate(prompts, GREEDY)] == expected
+    expected = [o.token_ids for o in kept.generate(prompts, GREEDY)]
+    assert [o.token_ids for o in shared.generate(prompts, GREEDY)] == expected
+    monkeypatch.undo()
     f16 = write_tiny_gguf(tmp_path / "f16.gguf", MIXED_TYPES, embedding="F16").path
-    assert model_builder.remembered_sharing(LLM(model=str(f16), device="cpu").engine.model_dir, "auto") is False
-    compared.clear()
-    assert isinstance(LLM(model=str(f16), device="cpu").engine.runner.model.embed_tokens, torch.nn.Embedding)
-    assert compared
+    monkeypatch.setattr(packed_embedding, "holds_exactly", lambda *args: compared.append(args) or holds(*args))
+    for _ in range(2):
+        compared.clear()
+        assert isinstance(LLM(model=str(f16), device="cpu").engine.runner.model.embed_tokens, torch.nn.Embedding)
+        assert compared

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from time import perf_counter
 from typing import Protocol
 
 import torch
@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 ROWS_MEASURED = (1, 2, 4, 8, 16, 32, 64)
 LAYERS_TIMED = 8  # of a shape's layers, spread over the model: every one of the default model's 30 took 0.6 s more
 ANY_ROWS = 2**31 - 1  # a crossing point no step reaches
+CLEARLY_SLOWER = 4  # a warm-up this many times slower than the other way's fastest run: no need to time its runs
 
 
 class SmallBatchLinear(Protocol):
@@ -96,21 +97,27 @@ def _measured_max_rows(same_shape: list[SmallBatchLinear]) -> int:
     for rows in sorted(ROWS_MEASURED, reverse=True):
         x = torch.randn(rows, same_shape[0].in_features, dtype=same_shape[0].dtype)
         packed = _seconds([partial(layer.packed_mm, x) for layer in same_shape])
-        full = _seconds([partial(layer.full_mm, x) for layer in same_shape])
+        full = _seconds([partial(layer.full_mm, x) for layer in same_shape], losing_to=packed)
         if packed < full:
             return rows
     return 0
 
 
-def _seconds(calls: list[Callable[[], object]], repeats: int = 3) -> float:
+def _seconds(calls: list[Callable[[], object]], repeats: int = 3, losing_to: float = math.inf) -> float:
     """The fastest of a few runs through ``calls``: the one least disturbed by whatever else the
-    machine was doing (a mean let one slow call move a crossing point from 16 rows to 2)."""
+    machine was doing (a mean let one slow call move a crossing point from 16 rows to 2). A warm-up over
+    ``CLEARLY_SLOWER`` times ``losing_to`` ends it: the runs would lose to that anyway, and timing them is what
+    took longest (the full multiply of Gemma 3's 262,144-row LM head unpacks 168 M weights each time)."""
+    started = perf_counter()
     for call in calls:
-        call()  # warm-up: first calls allocate
-    fastest = float("inf")
+        call()  # warm-up: first calls allocate, so only ever slower than a run
+    warm_up = perf_counter() - started
+    if warm_up > CLEARLY_SLOWER * losing_to:
+        return warm_up
+    fastest = math.inf
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = perf_counter()
         for call in calls:
             call()
-        fastest = min(fastest, time.perf_counter() - start)
+        fastest = min(fastest, perf_counter() - start)
     return fastest

@@ -67,7 +67,8 @@ def holds_exactly(weight: KernelWeight, table: torch.Tensor) -> bool:
 def share_embedding_with_packed_head(model: nn.Module, known_exact: bool = False) -> bool | None:
     """Where ``model``'s embedding is tied to an LM head packed as int8 groups that hold it exactly, look rows up
     there and let the float32 table go. Whether it does; None where it cannot (not tied, or a head not in int8).
-    ``known_exact``: a load of the same groups found them exact, so the table (not read yet) is not compared."""
+    ``known_exact``: the head is known to hold it (its groups are the table's own), so the table, not read yet, is
+    not compared."""
     head, table = getattr(model, "lm_head", None), getattr(model, "embed_tokens", None)
     if not getattr(model, "tied_embeddings", False) or not isinstance(table, nn.Embedding):
         return None
@@ -78,7 +79,7 @@ def share_embedding_with_packed_head(model: nn.Module, known_exact: bool = False
     model.embed_tokens = PackedEmbedding(head.packed)
     log.info(
         "embedding rows read from the packed LM head (its groups hold them exactly%s): %d MB not kept",
-        ", as a load found before" if known_exact else "",
+        ": they are the table's own" if known_exact else "",
         table.weight.numel() * table.weight.element_size() >> 20,
     )
     return True

@@ -49,6 +49,10 @@ class CheckpointTensors(Mapping):
             del self._handles[path]
         return tensor.to(self._dtype)
 
+    def only_as_groups(self, name: str) -> bool:
+        """Whether the weight is read back from its packed groups (no safetensors file holds it)."""
+        return name not in self._files and name in self._groups
+
     def __contains__(self, name: object) -> bool:
         return name in self._files or name in self._groups  # without reading the tensor
 

@@ -4,25 +4,21 @@ the checkpoint's other weights, read one tensor at a time."""
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-from contextlib import suppress
-from functools import cache
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..config import EngineConfig
-from ..kernels import layouts
 from ..kernels.build import kernels_library
 from ..kernels.cpu import CpuKernels, attach_kernels
-from ..layers import packed_embedding
+from ..kernels.weight_groups import Int8Groups
 from ..layers.crossing_points import choose_max_rows
 from ..layers.packed_embedding import share_embedding_with_packed_head
 from ..layers.quantization import kinds, pack_on_kernels, packed_layers, quantize_with_torch
 from ..models import allocate_model, model_class
-from ..runtime.cache_files import cache_root, read_json, write_json
+from ..runtime.cache_files import cache_root
 from .checkpoint_tensors import CheckpointTensors
 from .packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
 from .packing import layer_groups, stored_int4
@@ -30,7 +26,6 @@ from .packing import layer_groups, stored_int4
 log = logging.getLogger(__name__)
 
 PACKED_ROWS_FILE = "packed-max-rows.json"  # in the cache root: the crossing points measured on this machine
-SHARED_EMBEDDING_FILE = "shared-embedding.json"  # in a converted copy: per quantization, whether the head held it
 
 
 def kernels_serve(config: EngineConfig, hf_config, device: torch.device) -> bool:
@@ -57,39 +52,9 @@ def build_model(
     model = allocate_model(hf_config, device, dtype)
     _load_and_quantize(model, method, model_dir, device, dtype, kernels)
     if kernels is not None:
-        _remember_sharing(model_dir, method, share_embedding_with_packed_head(model))
+        share_embedding_with_packed_head(model)  # where not known before: the table read is compared
         attach_kernels(model, kernels)
     return model.eval()
-
-
-def remembered_sharing(model_dir: Path, method: str) -> bool | None:
-    """What an earlier load of this converted copy found: whether its LM head, packed by ``method``, held the
-    embedding exactly (None: not known, or found by other code than this)."""
-    return (read_json(model_dir / SHARED_EMBEDDING_FILE) or {}).get(_sharing_key(method))
-
-
-def _remember_sharing(model_dir: Path, method: str, shared: bool | None) -> None:
-    """Kept in a converted copy (ours, named by the file's digest; never a user's directory), so that its later
-    loads neither read the table nor compare it (Gemma 3: 671 MB, 0.5 s). A read-only cache keeps what
-    ``wsgi-infer prepare`` found."""
-    if shared is None or not (model_dir / PACKED_GROUPS_FILE).is_file():
-        return
-    found, key = read_json(model_dir / SHARED_EMBEDDING_FILE) or {}, _sharing_key(method)
-    if found.get(key) != shared:
-        with suppress(OSError):
-            write_json(model_dir / SHARED_EMBEDDING_FILE, found | {key: shared})
-
-
-def _sharing_key(method: str) -> str:
-    """The quantization, and a digest of the code that decides whether the head holds the table (the kernels'
-    layouts, the rows' arithmetic): a version that changes either compares again."""
-    return f"{method} {_sharing_code()}"
-
-
-@cache
-def _sharing_code() -> str:
-    code = b"".join(Path(module.__file__).read_bytes() for module in (layouts, packed_embedding))
-    return hashlib.sha256(code).hexdigest()[:12]
 
 
 def _load_and_quantize(
@@ -114,7 +79,7 @@ def _load_and_quantize(
     if kernels is not None and method != "none":
         values = CheckpointTensors(model_dir, torch.float32)
         pack_on_kernels(model, lambda linear: layer_groups(method, names(linear), stored, values), kernels)
-        if stored and remembered_sharing(model_dir, method):
+        if _head_known_to_hold_the_table(model, method, stored, values):
             share_embedding_with_packed_head(model, known_exact=True)  # before the table is read
     _load_weights(model, model_dir, dtype)
     if kernels is None and method == "auto" and not (stored and dtype == torch.bfloat16):
@@ -129,6 +94,19 @@ def _load_and_quantize(
     unpacked = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     if layers and unpacked:
         log.warning("%d linear layers stay unpacked (inputs not in groups of 32): %s", len(unpacked), unpacked[:3])
+
+
+def _head_known_to_hold_the_table(
+    model: nn.Module, method: str, stored: StoredGroups, values: CheckpointTensors
+) -> bool:
+    """Whether the packed LM head is known to hold a tied embedding exactly, without reading the table: the copy keeps
+    the table only as int8 groups (a converted GGUF keeps a weight so where they give its values bit for bit, as
+    Q8_0 blocks do), which the head packs as they are, so the table would be those groups dequantized, the very
+    products the head's rows are (tests hold the two to it). A first load of Gemma 3 270M reads 671 MB less."""
+    if not getattr(model, "tied_embeddings", False) or method == "int4":
+        return False
+    (name,) = model.checkpoint_names("lm_head")
+    return stored.format_of(name) is Int8Groups and values.only_as_groups(name)
 
 
 def _load_weights(model: nn.Module, model_dir: Path, dtype: torch.dtype) -> None:

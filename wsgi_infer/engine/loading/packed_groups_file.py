@@ -43,6 +43,10 @@ class StoredGroups(Mapping):
     def __contains__(self, name: object) -> bool:
         return name in self._formats  # without reading the weight (Mapping's default would)
 
+    def format_of(self, name: str) -> type[WeightGroups] | None:
+        """The format a weight's groups are kept in, without reading them."""
+        return self._formats.get(name)
+
     def __getitem__(self, name: str) -> WeightGroups:
         kind = self._formats[name]
         keys = [f"{name}.{suffix}" for suffix in _SUFFIXES[kind]]
