@@ -3,6 +3,7 @@ and when it returns every stream is mirrored again. A worker that dies ends its 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -18,7 +19,7 @@ import redis
 from wsgi_infer import SamplingParams
 from wsgi_infer.server.metrics import ModelMetrics
 from wsgi_infer.server.streaming import sse
-from wsgi_infer.server.streaming.redis_store import RedisStore
+from wsgi_infer.server.streaming.redis_store import API_SHAPES, RedisStore
 from wsgi_infer.server.streaming.stream_log import StreamLog
 
 from .server import ENDLESS, GunicornServer, RedisServer
@@ -179,3 +180,37 @@ def test_a_mirror_that_slept_through_an_outage_copies_its_whole_log_again(tmp_pa
             assert copied(stream_log) == [e.encode() for e in stream_log.events] + [b"<end>"]
     finally:
         redis_server.stop()
+
+
+@pytest.mark.parametrize("api", API_SHAPES)
+def test_a_reader_elsewhere_ends_a_lost_stream_in_its_apis_shape(tmp_path, api):
+    """The generating worker is gone (its producer lease lapsed) while another reads its stream from Redis: the
+    reader's last event is the error in the stream's own API's shape (its number after the events read)."""
+    redis_server = RedisServer(tmp_path)
+    store = RedisStore(redis_server.url, keep_seconds=60, heartbeat=0.2, metrics=ModelMetrics(f"lost-{api}"))
+    client = redis.Redis.from_url(redis_server.url)
+    stream_log = StreamLog(f"lost-{api}", grace=60, on_abandoned=lambda: None, api=api)
+    key = store.key(stream_log.stream_id)
+    try:
+        for n in (1, 2):
+            stream_log.append(sse.event({"n": n}))
+        store.mirror(stream_log)
+        deadline = time.monotonic() + 20
+        while len(client.xrange(key)) < 2:
+            assert time.monotonic() < deadline, "the events were never mirrored"
+            gevent.sleep(0.01)  # the mirror is a greenlet of this thread: let it run
+        reader = store.open(stream_log.stream_id)
+        client.delete(f"{key}:producer")  # as its lease lapses when the worker dies (no greenlet renews it now)
+        frames = list(reader.read(after=1, heartbeat=0.2))
+    finally:
+        redis_server.stop()
+    assert frames[0] == f"id: 2\n{stream_log.events[1]}"
+    name, data = sse.fields(frames[-1])
+    error = json.loads(data)
+    assert name == "error"
+    if api == "anthropic":
+        assert error["type"] == "error" and error["error"]["type"] == "overloaded_error"
+    elif api == "responses":
+        assert (error["type"], error["code"], error["sequence_number"]) == ("error", "stream_lost", 2)
+    else:
+        assert error["error"]["code"] == "stream_lost"

@@ -181,18 +181,22 @@ def published_log(stream_id: str) -> StreamLog | RedisStreamReader:
     return log
 
 
-def publish(stream: RequestStream, events: Iterator[str | None], stream_id: str | None = None) -> Response:
+def publish(
+    stream: RequestStream, events: Iterator[str | None], stream_id: str | None = None, api: str = "openai"
+) -> Response:
     """A streamed response: a pump greenlet owns the generation and records its events; this response, and any
-    resume of it (``published_log``), only read that log, so a dropped connection loses nothing."""
-    return log_response(*publish_log(stream, events, stream_id))
+    resume of it (``published_log``), only read that log, so a dropped connection loses nothing. ``api``: the shape
+    of its events (``redis_store.API_SHAPES``)."""
+    return log_response(*publish_log(stream, events, stream_id, api))
 
 
 def publish_log(
-    stream: RequestStream, events: Iterator[str | None], stream_id: str | None = None
+    stream: RequestStream, events: Iterator[str | None], stream_id: str | None = None, api: str = "openai"
 ) -> tuple[StreamLog, int, str]:
     """``publish``'s log, the event id to read after, and the stream's id."""
     mgr, stream_id = manager(), stream_id or uuid.uuid4().hex
-    return mgr.stream_logs.publish(events, lambda: mgr.release(stream), _tenant_key(stream_id)), 0, stream_id
+    log = mgr.stream_logs.publish(events, lambda: mgr.release(stream), _tenant_key(stream_id), api)
+    return log, 0, stream_id
 
 
 def collect_all(stream: RequestStream) -> dict[int, ChoiceDelta]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import gevent
 import gevent.event
 
-from ..errors import error_body
+from ..errors import anthropic_error_body, error_body
 from . import sse
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ class MirroredLog(Protocol):
     """What a mirror reads of a stream's log (``stream_log.StreamLog``)."""
 
     stream_id: str
+    api: str
     events: list[str]
     finished: bool
     finished_at: float
@@ -45,6 +46,7 @@ class MirroredLog(Protocol):
 
 
 RETRY_MS = 1000
+API_SHAPES = ("openai", "anthropic", "responses")  # the shapes a stream read here may end in: see _error_event
 
 
 class StoreUnavailable(Exception):
@@ -152,7 +154,9 @@ class RedisStore:
         else:
             pipe.set(f"{key}:producer", "1", px=self._lease_ms)
         # Unfinished keys expire too, so a worker that died leaves nothing behind for ever.
-        pipe.expire(key, max(1, int(self._keep + 3 * self._heartbeat)))
+        expiry = max(1, int(self._keep + 3 * self._heartbeat))
+        pipe.expire(key, expiry)
+        pipe.set(f"{key}:api", stream_log.api, ex=expiry)  # for readers elsewhere that must end it
         pipe.execute()
         return total, finished
 
@@ -173,23 +177,25 @@ class RedisStore:
         if self._up.is_set():
             try:
                 if self._client.exists(key, f"{key}:producer"):
-                    return RedisStreamReader(self, stream_id)
+                    api = (self._client.get(f"{key}:api") or b"openai").decode()
+                    return RedisStreamReader(self, stream_id, api)
                 return None
             except self._errors as exc:
                 self._down(exc)
         raise StoreUnavailable("the stream store (Redis) is unavailable; retry the resume")
 
-    def read(self, stream_id: str, after: int, heartbeat: float) -> Iterator[str]:
+    def read(self, stream_id: str, after: int, heartbeat: float, api: str = "openai") -> Iterator[str]:
         """Events after id ``after`` with their ``id:`` lines, a heartbeat per quiet interval, and an
-        error event if Redis goes away or the generating worker died before the end."""
-        key, last = self.key(stream_id), f"{after}-0"
+        error event in the stream's ``api``'s shape if Redis goes away or the generating worker died before the
+        end."""
+        key, last, number = self.key(stream_id), f"{after}-0", after
         try:
             while True:
                 self._client.set(f"{key}:reader", "1", px=self._lease_ms)
                 reply = self._client.xread({key: last}, block=int(1000 * heartbeat), count=256)
                 if not reply:
                     if not self._client.exists(f"{key}:producer"):
-                        yield _error_event("the worker generating this stream is gone", "stream_lost")
+                        yield _error_event(api, number, "the worker generating this stream is gone", "stream_lost")
                         return
                     yield sse.HEARTBEAT
                     continue
@@ -197,22 +203,33 @@ class RedisStore:
                     last = entry_id
                     if b"end" in fields:
                         return
-                    yield f"id: {entry_id.split(b'-')[0].decode()}\n{fields[b'event'].decode()}"
+                    number = int(entry_id.split(b"-")[0])
+                    yield f"id: {number}\n{fields[b'event'].decode()}"
         except self._errors as exc:
             self._down(exc)
-            yield _error_event("the stream store (Redis) became unavailable; resume again later", "store_unavailable")
+            message = "the stream store (Redis) became unavailable; resume again later"
+            yield _error_event(api, number, message, "store_unavailable")
 
 
 class RedisStreamReader:
     """A stream as Redis holds it, read like a ``StreamLog``."""
 
-    def __init__(self, store: RedisStore, stream_id: str) -> None:
+    def __init__(self, store: RedisStore, stream_id: str, api: str) -> None:
         self._store = store
         self.stream_id = stream_id
+        self.api = api
 
     def read(self, after: int, heartbeat: float) -> Iterator[str]:
-        return self._store.read(self.stream_id, after, heartbeat)
+        return self._store.read(self.stream_id, after, heartbeat, self.api)
 
 
-def _error_event(message: str, code: str) -> str:
-    return sse.event(error_body(message, 503, code=code), name="error", retry_ms=RETRY_MS)
+def _error_event(api: str, events_before: int, message: str, code: str) -> str:
+    """The event that ends a stream read here in its API's shape: Anthropic's error, the Responses API's ``error``
+    event (numbered after the ``events_before`` the stream's numbers count from 0), else OpenAI's error."""
+    if api == "anthropic":
+        data = anthropic_error_body(message, 503)
+    elif api == "responses":
+        data = {"type": "error", "code": code, "message": message, "param": None, "sequence_number": events_before}
+    else:
+        data = error_body(message, 503, code=code)
+    return sse.event(data, name="error", retry_ms=RETRY_MS)

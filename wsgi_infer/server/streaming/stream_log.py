@@ -47,7 +47,9 @@ class StreamLog:
 
     ``on_abandoned`` runs when the stream is unfinished and nobody has read it
     for ``grace`` seconds (here, or in another process through ``read_elsewhere``):
-    the client is gone for good, so its generation stops.
+    the client is gone for good, so its generation stops. ``api``: the API whose
+    events it holds (``redis_store.API_SHAPES``), which a reader elsewhere ends
+    the stream in, should it have to.
     """
 
     def __init__(
@@ -56,8 +58,10 @@ class StreamLog:
         grace: float,
         on_abandoned: Callable[[], None],
         read_elsewhere: Callable[[], bool] = lambda: False,
+        api: str = "openai",
     ) -> None:
         self.stream_id = stream_id
+        self.api = api
         self.events: list[str] = []  # without their `id:` lines (the mirror stores them so too)
         self.finished = False
         self.finished_at = 0.0
@@ -136,14 +140,18 @@ class StreamLogs:
         self._store = RedisStore(redis_url, keep_seconds, grace, metrics) if redis_url else None
 
     def publish(
-        self, events: Generator[str | None, None, None], on_abandoned: Callable[[], None], stream_id: str | None = None
+        self,
+        events: Generator[str | None, None, None],
+        on_abandoned: Callable[[], None],
+        stream_id: str | None = None,
+        api: str = "openai",
     ) -> StreamLog:
         """A new log (under ``stream_id``, unique, or a new one), fed with ``events`` by a pump greenlet (and mirrored
         to Redis, with a store)."""
         self._expire()
         stream_id = stream_id or uuid.uuid4().hex
         read_elsewhere = (lambda: self._store.read_elsewhere(stream_id)) if self._store else (lambda: False)
-        stream_log = StreamLog(stream_id, self.grace, on_abandoned, read_elsewhere)
+        stream_log = StreamLog(stream_id, self.grace, on_abandoned, read_elsewhere, api)
         self._logs[stream_id] = stream_log
         gevent.spawn(self._pump, stream_log, events)
         if self._store is not None:

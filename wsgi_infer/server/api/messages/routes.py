@@ -33,7 +33,7 @@ def messages():
     stream, formatter = start_chat(req.as_chat(extensions), "message")
     frame = events.message(f"msg_{stream.request_id}", formatter.model, stream)
     if req.stream:
-        return publish(stream, _events(manager(), stream, formatter, frame))
+        return publish(stream, _events(manager(), stream, formatter, frame), api="anthropic")
     choice = collect_all(stream)[0]
     final = formatter.final_choice(choice)
     content = events.content_blocks(final["message"])

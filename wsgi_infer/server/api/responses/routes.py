@@ -43,7 +43,7 @@ def create():
     keep = _Keeper(manager().responses if req.store else None, g.get("tenant", ""), conversation)
     if req.stream:
         events = _events(manager(), stream, formatter, builder, keep)
-        return publish(stream, events, stream_id=builder.response["id"])
+        return publish(stream, events, stream_id=builder.response["id"], api="responses")
     builder.feed(chunk_of(formatter.final_choice(collect_all(stream)[0])))
     builder.finish(stream)
     keep(builder.response)
