@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,17 @@ from .server import GUNICORN, GunicornServer
 pytestmark = pytest.mark.slow  # real processes
 
 V1_CPU = Path("/sys/fs/cgroup/cpu")
+# Where cpu_budget looks for cgroup v2: the whole tree (a unified host), or beside v1's controllers (a hybrid one).
+V2_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+ROOT = Path(__file__).resolve().parent.parent
+# Run inside the cgroup: its own v2 line of /proc/self/cgroup, then its budget as cpu_budget reads it.
+PROBE = """
+import json
+from pathlib import Path
+from wsgi_infer.engine.runtime.cpu_budget import cpu_budget
+print(next(line for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::")))
+print(json.dumps([cpu_budget().cpus, cpu_budget().reason]))
+"""
 
 
 def _group(root: Path, path: str, files: dict[str, str]) -> None:
@@ -97,3 +111,51 @@ def test_a_server_in_a_cgroup_with_half_a_cpu_sizes_its_steps_to_one(tiny_model_
             server.wait_for_log(rf"CPU steps use up to 1 threads \({quota}\)")
     finally:
         group.rmdir()  # its processes have exited with the server
+
+
+def _cgroup2_mount() -> Path | None:
+    """The cgroup2 mount where cpu_budget reads one, mounted at the hierarchy's root; None where there is none."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields, fstype = line.split(" - ")[0].split(), line.split(" - ")[1].split()[0]
+        if fstype == "cgroup2" and fields[4] in V2_MOUNTS and fields[3] == "/":
+            return Path(fields[4])
+    return None
+
+
+def test_a_process_in_a_cgroup_v2_reads_the_tightest_cpu_max_along_its_path():
+    """cgroup v2 for real: half a CPU in `cpu.max` on a group, none (`max`) on its child; a process moved into the
+    child reads the group's quota."""
+    root = _cgroup2_mount()
+    if root is None:
+        pytest.skip(f"no cgroup2 mount at {' or '.join(V2_MOUNTS)}, where cpu_budget reads cgroup v2")
+    enabled = (root / "cgroup.subtree_control").read_text().split()
+    if "cpu" not in enabled:
+        available = (root / "cgroup.controllers").read_text().split()
+        pytest.skip(
+            f"the cgroup v2 cpu controller is not enabled below {root} (enabled: {enabled}, available: {available}); "
+            "on a hybrid host the cpu controller belongs to cgroup v1"
+        )
+    outer = root / f"wsgi-infer-test-{os.getpid()}"
+    inner = outer / "probe"
+    try:
+        outer.mkdir()
+    except OSError as exc:
+        pytest.skip(f"this host does not let the tests create a cgroup under {root}: {exc}")
+    try:
+        (outer / "cpu.max").write_text("50000 100000")
+        (outer / "cgroup.subtree_control").write_text("+cpu")
+        inner.mkdir()
+        assert (inner / "cpu.max").read_text().split()[0] == "max"  # no quota of its own
+        # sh moves itself into the group, then becomes the probe (the same pid), as the v1 test starts gunicorn.
+        move_then_run = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(inner / "cgroup.procs")]
+        run = subprocess.run(
+            [*move_then_run, sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+        assert run.returncode == 0, run.stderr
+        own_line, budget = run.stdout.splitlines()
+        assert own_line == f"0::/{outer.name}/probe"
+        assert json.loads(budget) == [0.5, f"cgroup CPU quota of 0.5 CPUs (/{outer.name})"]
+    finally:
+        for group in (inner, outer):  # the probe has exited, so both are empty
+            if group.exists():
+                group.rmdir()
