@@ -75,14 +75,11 @@ ENGINE_VOCABULARY = (
     "wsgi_infer.engine.text.chat_template",
 )
 # Torch-free engine steps the gunicorn master runs before it forks workers: starting the CPU kernels' build
-# where none are installed, and a new GGUF's conversion.
+# where none are installed.
 MASTER_STEPS = (
     "wsgi_infer.engine.kernels",
     "wsgi_infer.engine.kernels.build",
     "wsgi_infer.engine.kernels.variants",
-    "wsgi_infer.engine.loading",  # and a new GGUF's conversion, in a child beside the workers
-    "wsgi_infer.engine.loading.background_conversion",
-    "wsgi_infer.engine.loading.model_paths",
     "wsgi_infer.engine.runtime",
     "wsgi_infer.engine.runtime.cache_files",
     "wsgi_infer.engine.runtime.cpu_info",

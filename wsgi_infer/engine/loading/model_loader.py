@@ -28,7 +28,6 @@ from .model_paths import (
     conversion_lock,
     converted_gguf_dir,
     file_digest,
-    is_converted,
     is_gguf,
     known_file_digest,
     model_path,
@@ -57,18 +56,12 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
 
 def _converted_gguf_dir(gguf: Path) -> Path:
     target = converted_gguf_dir(gguf, file_digest(gguf))
-    if not is_converted(target):  # the lock only then: reading needs no write access
+    if not (target / "config.json").is_file():  # the lock only then: reading needs no write access
         with conversion_lock(target):
-            convert_unless_done(gguf, target)
+            if not (target / "config.json").is_file():  # another worker may have converted it meanwhile
+                _convert_gguf_into(gguf, target)
     log.info("model %s: using converted copy %s", gguf, target)
     return target
-
-
-def convert_unless_done(gguf: Path, target: Path) -> None:
-    """Holding the conversion's lock: convert, unless another process did meanwhile (another worker, or the
-    gunicorn master's child: ``background_conversion``)."""
-    if not is_converted(target):
-        _convert_gguf_into(gguf, target)
 
 
 def _convert_gguf_into(gguf: Path, target: Path) -> None:

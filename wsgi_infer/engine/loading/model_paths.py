@@ -93,15 +93,6 @@ def older_conversions(target: Path) -> list[Path]:
     ]
 
 
-def is_converted(target: Path) -> bool:
-    """Whether a converted directory is complete: it is renamed into place whole, its config.json last written."""
-    return (target / "config.json").is_file()
-
-
-def conversion_lock_path(target: Path) -> Path:
-    return cache_root() / "locks" / f"{target.name}.lock"
-
-
 def conversion_lock(target: Path) -> AbstractContextManager[None]:
     """Held while a converted directory is checked and, if absent, written."""
-    return file_lock(conversion_lock_path(target), f"{target.name}: waiting for another conversion")
+    return file_lock(cache_root() / "locks" / f"{target.name}.lock", f"{target.name}: waiting for another conversion")

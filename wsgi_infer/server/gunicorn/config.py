@@ -16,10 +16,8 @@ import tempfile
 import time
 
 from wsgi_infer.engine.kernels.build import start_building_cpu_kernels
-from wsgi_infer.engine.loading.background_conversion import start_converting
 from wsgi_infer.engine.runtime.cpu_budget import cpu_budget
 from wsgi_infer.server.engine_client.extension import manager_of
-from wsgi_infer.server.settings import ServerSettings
 
 # Read in the master before any worker exists (and before torch is imported anywhere).
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -46,15 +44,9 @@ loglevel = "info"
 def on_starting(server):
     """In the master, before any worker: start compiling the CPU kernels if this machine has none yet.
     The compiler runs while the workers import; their engine threads wait for it on the build's lock.
-    A gevent worker could not run it: its engine thread cannot wait for a child process. A new GGUF's
-    conversion is started the same way."""
+    A gevent worker could not run it: its engine thread cannot wait for a child process."""
     _control_socket_of_our_own(server)
     start_building_cpu_kernels()
-    try:
-        model = ServerSettings().model or None
-    except ValueError:  # bad settings: each worker reports them as it boots
-        return
-    start_converting(model)  # a new GGUF's conversion, beside the workers' imports
 
 
 def _control_socket_of_our_own(server):
