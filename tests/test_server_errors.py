@@ -89,11 +89,18 @@ def test_errors_leave_a_concurrent_stream_intact(tiny_server, tiny_llama):
 
 
 @pytest.mark.slow
-def test_a_model_that_fails_to_load_stops_the_server_with_its_reason(tmp_path):
-    (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # no weights, no tokenizer
-    with GunicornServer({"model": tmp_path}) as server:
+@pytest.mark.parametrize("broken", ["directory", "gguf"])
+def test_a_model_that_fails_to_load_stops_the_server_with_its_reason(tmp_path, broken):
+    """A directory without weights, and a GGUF that is none."""
+    model = tmp_path / "model.gguf" if broken == "gguf" else tmp_path / "model"
+    if broken == "gguf":
+        model.write_bytes(b"GGUF" + bytes(64))
+    else:
+        model.mkdir()
+        (model / "config.json").write_text('{"model_type": "llama"}')  # no weights, no tokenizer
+    with GunicornServer({"model": model, "cache_dir": tmp_path / "cache"}) as server:
         assert server.process.wait(120) == 3  # gunicorn's boot error, passed on by its master
-        server.wait_for_log(r"model failed to load: .*" + str(tmp_path))
+        server.wait_for_log(r"model failed to load: .*" + str(model))
         server.wait_for_log(r"Reason: Worker failed to boot")
 
 
