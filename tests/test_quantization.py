@@ -318,15 +318,18 @@ class _Clock:
         self.now, self.calls = self.now + seconds, self.calls + 1
 
 
-@pytest.mark.parametrize(("seconds", "losing_to", "calls"), [(5.0, 1.0, 1), (3.0, 1.0, 4), (5.0, float("inf"), 4)])
-def test_a_way_clearly_slower_at_its_warm_up_is_not_timed_further(monkeypatch, seconds, losing_to, calls):
-    """A warm-up over CLEARLY_SLOWER times the other way's fastest run already loses: its runs are not timed (the
-    full multiply of Gemma 3's LM head took 1.1 s of its first start so). Closer, or with nothing to lose to, the
-    warm-up and three runs are, and the fastest run counts."""
+@pytest.mark.parametrize(
+    ("seconds", "losing_to", "calls"),
+    [(0.05, 0.01, 1), (0.03, 0.01, 4), (0.05, float("inf"), 4), (0.06, float("inf"), 2), (0.06, 0.02, 2)],
+)
+def test_a_way_clearly_slower_or_long_at_its_warm_up_is_timed_less(monkeypatch, seconds, losing_to, calls):
+    """A warm-up over CLEARLY_SLOWER times the other way's fastest run already loses: its runs are not timed. One over
+    LONG_RUN_SECONDS is timed once more, not three times (Gemma 3's LM head took 1.4 s of its first start so). Else
+    the warm-up and three runs are, and the fastest run counts."""
     clock = _Clock()
     monkeypatch.setattr(crossing_points, "perf_counter", clock)
-    assert crossing_points.CLEARLY_SLOWER == 4
-    assert crossing_points._seconds([lambda: clock.step(seconds)], losing_to=losing_to) == seconds
+    assert (crossing_points.CLEARLY_SLOWER, crossing_points.LONG_RUN_SECONDS) == (4, 0.05)
+    assert crossing_points._seconds([lambda: clock.step(seconds)], losing_to=losing_to) == pytest.approx(seconds)
     assert clock.calls == calls
 
 

@@ -27,6 +27,7 @@ ROWS_MEASURED = (1, 2, 4, 8, 16, 32, 64)
 LAYERS_TIMED = 8  # of a shape's layers, spread over the model: every one of the default model's 30 took 0.6 s more
 ANY_ROWS = 2**31 - 1  # a crossing point no step reaches
 CLEARLY_SLOWER = 4  # a warm-up this many times slower than the other way's fastest run: no need to time its runs
+LONG_RUN_SECONDS = 0.05  # a warm-up this long: a disturbance barely moves one run, so one is timed, not three
 
 
 class SmallBatchLinear(Protocol):
@@ -106,8 +107,10 @@ def _measured_max_rows(same_shape: list[SmallBatchLinear]) -> int:
 def _seconds(calls: list[Callable[[], object]], repeats: int = 3, losing_to: float = math.inf) -> float:
     """The fastest of a few runs through ``calls``: the one least disturbed by whatever else the
     machine was doing (a mean let one slow call move a crossing point from 16 rows to 2). A warm-up over
-    ``CLEARLY_SLOWER`` times ``losing_to`` ends it: the runs would lose to that anyway, and timing them is what
-    took longest (the full multiply of Gemma 3's 262,144-row LM head unpacks 168 M weights each time)."""
+    ``CLEARLY_SLOWER`` times ``losing_to`` ends it: the runs would lose to that anyway. A warm-up over
+    ``LONG_RUN_SECONDS`` is followed by one run: timing long runs is what took longest (Gemma 3 270M's LM head of
+    262,144 rows, 1.4 s of its first start: the full multiply unpacks 168 M weights each time), and a few
+    milliseconds of disturbance barely move them."""
     started = perf_counter()
     for call in calls:
         call()  # warm-up: first calls allocate, so only ever slower than a run
@@ -115,7 +118,7 @@ def _seconds(calls: list[Callable[[], object]], repeats: int = 3, losing_to: flo
     if warm_up > CLEARLY_SLOWER * losing_to:
         return warm_up
     fastest = math.inf
-    for _ in range(repeats):
+    for _ in range(1 if warm_up > LONG_RUN_SECONDS else repeats):
         start = perf_counter()
         for call in calls:
             call()
