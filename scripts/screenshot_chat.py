@@ -13,8 +13,8 @@ from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.server import GunicornServer  # noqa: E402
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from tests.server.test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from tests.support.server import GunicornServer  # noqa: E402
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Soak test: mixed load on a real gunicorn for a chosen duration, with one SIGHUP reload half way.
 
-Starts `gunicorn -c gunicorn.conf.py` itself (tests/server.py's GunicornServer) and runs
+Starts `gunicorn -c gunicorn.conf.py` itself (tests/support/server.py's GunicornServer) and runs
 --concurrency client loops, each drawing at random (seeded, so a run repeats): greedy
 /v1/completions and /v1/chat/completions, streamed or not, of 1 to 1,000 tokens (log-uniform,
 so short ones dominate); sampled requests with n = 2..4; streams cut after k events, some of
@@ -53,8 +53,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.server import GunicornServer  # noqa: E402
-from tests.sse_client import events  # noqa: E402
+from tests.support.server import GunicornServer  # noqa: E402
+from tests.support.sse_client import events  # noqa: E402
 
 MAX_LENGTH = 1000
 SPECIAL_TOKEN = re.compile(r"<[^<>\s]+>")  # how a special token decodes alone; the text skips it

@@ -292,21 +292,21 @@ def test_no_module_is_over_300_lines(tmp_path, monkeypatch):
 MAX_MODULES_PER_FOLDER = 15
 
 
-def crowded_folders() -> dict[str, int]:
-    """Folders of the package holding more than MAX_MODULES_PER_FOLDER modules side by side."""
+def crowded_folders(root: Path) -> dict[str, int]:
+    """Folders under ``root`` holding more than MAX_MODULES_PER_FOLDER modules side by side."""
     counts: dict[str, int] = {}
-    for path in PACKAGE.rglob("*.py"):
+    for path in root.rglob("*.py"):
         if path.name != "__init__.py":
-            folder = module_name(path).rsplit(".", 1)[0]
+            folder = path.parent.relative_to(root.parent).as_posix()
             counts[folder] = counts.get(folder, 0) + 1
     return {folder: n for folder, n in counts.items() if n > MAX_MODULES_PER_FOLDER}
 
 
-def test_no_folder_holds_more_than_15_modules(tmp_path, monkeypatch):
-    assert crowded_folders() == {}
+def test_no_folder_holds_more_than_15_modules(tmp_path):
+    assert crowded_folders(PACKAGE) == {}
+    assert crowded_folders(PACKAGE.parent / "tests") == {}
     plant(tmp_path, {f"engine/runtime/planted_{i}.py": "" for i in range(MAX_MODULES_PER_FOLDER)})
-    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "wsgi_infer")
-    assert list(crowded_folders()) == ["wsgi_infer.engine.runtime"]
+    assert list(crowded_folders(tmp_path / "wsgi_infer")) == ["wsgi_infer/engine/runtime"]
 
 
 def reachable_imports(start: str, graph: dict[str, set[str]], stop: str) -> set[str]:
@@ -350,17 +350,17 @@ def test_only_the_bridge_touches_native_threads():
 
 
 def imported_test_modules(path: Path) -> set[str]:
-    """The test modules (tests.test_*) a file under tests/ imports: helpers belong in modules of their own."""
-    return {n for n in own_imports(path) if n.startswith("tests.test_") and n.count(".") == 1}
+    """The test modules (``tests.**.test_*``) a file under tests/ imports: helpers belong in ``tests/support/``."""
+    return {n for n in own_imports(path) if n.startswith("tests.") and n.rsplit(".", 1)[-1].startswith("test_")}
 
 
 def test_test_modules_import_helpers_never_each_other(tmp_path, monkeypatch):
     tests = PACKAGE.parent / "tests"
-    assert {module_name(p): imported_test_modules(p) for p in tests.glob("*.py")} == {
-        module_name(p): set() for p in tests.glob("*.py")
+    assert {module_name(p): imported_test_modules(p) for p in tests.rglob("*.py")} == {
+        module_name(p): set() for p in tests.rglob("*.py")
     }
-    planted = tmp_path / "tests" / "test_planted.py"  # the rule fails on a violation
-    planted.parent.mkdir()
-    planted.write_text("from .test_batching import run_alone\nfrom .batch_runs import GREEDY\n")
+    planted = tmp_path / "tests" / "api" / "test_planted.py"  # the rule fails on a violation
+    planted.parent.mkdir(parents=True)
+    planted.write_text("from ..engine.test_batching import run_alone\nfrom ..support.batch_runs import GREEDY\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "wsgi_infer")
-    assert imported_test_modules(planted) == {"tests.test_batching"}
+    assert imported_test_modules(planted) == {"tests.engine.test_batching"}

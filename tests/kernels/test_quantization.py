@@ -1,0 +1,358 @@
+"""Packed weights for small batches: the GGUF's own blocks, 8-bit groups from 16- and 32-bit weights, torch's
+kernels without ours, and the default choice of dtype."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from transformers import AutoConfig
+from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+from wsgi_infer import LLM, EngineConfig, SamplingParams
+from wsgi_infer.engine.kernels.build import build_cpu_kernels
+from wsgi_infer.engine.kernels.cpu import CpuKernels, load_cpu_kernels
+from wsgi_infer.engine.kernels.layouts import kernel_weight
+from wsgi_infer.engine.kernels.weight_groups import Int4Groups, Int8Groups
+from wsgi_infer.engine.layers import crossing_points
+from wsgi_infer.engine.layers.crossing_points import ANY_ROWS, choose_max_rows
+from wsgi_infer.engine.layers.packed_embedding import PackedEmbedding
+from wsgi_infer.engine.layers.quantization import PackedLinear, SmallBatchLinear, TorchInt4Linear, TorchInt8Linear
+from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
+from wsgi_infer.engine.loading.checkpoint_writer import INDEX_FILE
+from wsgi_infer.engine.loading.gguf_checkpoint import _hf_names
+from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE
+from wsgi_infer.engine.loading.model_paths import default_model_path
+from wsgi_infer.engine.loading.packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
+from wsgi_infer.engine.runtime import device
+from wsgi_infer.engine.runtime.cache_files import file_lock
+from wsgi_infer.engine.runtime.device import resolve_dtype
+
+from ..conftest import assert_idle, pin_packed_rows
+
+
+def _linear() -> nn.Linear:
+    torch.manual_seed(0)
+    return nn.Linear(64, 96).to(torch.bfloat16)
+
+
+def _torch_int4(linear: nn.Linear) -> TorchInt4Linear:
+    return TorchInt4Linear(linear, Int4Groups.from_weight(linear.weight))
+
+
+@pytest.mark.parametrize("make", [TorchInt8Linear, _torch_int4])
+def test_torch_packed_weights_serve_small_batches_and_full_weights_large_ones(make):
+    linear = _linear()
+    packed = make(linear)
+    packed.max_rows = 4
+    small = torch.randn(4, 64, dtype=torch.bfloat16)
+    error = (packed(small).float() - linear(small).float()).abs().max()
+    assert 0 < error < 0.1 * linear(small).float().abs().max()  # really packed, and close
+    large = torch.randn(5, 64, dtype=torch.bfloat16)
+    assert torch.equal(packed(large), linear(large))
+
+
+def test_packing_a_float32_layer_leaves_its_weight_as_it_was():
+    linear = nn.Linear(64, 96)
+    weight = linear.weight.detach().clone()
+    packed = TorchInt8Linear(linear)
+    assert torch.equal(packed.weight, weight)
+    packed.max_rows = 4
+    x = torch.randn(4, 64)
+    torch.testing.assert_close(packed(x), linear(x), rtol=0.02, atol=0.02)
+
+
+def test_the_int4_kernel_computes_with_the_groups_values():
+    """torch's convention, ``(q - 8) * scale + zero``, is what Int4Groups stores."""
+    linear = _linear()
+    groups = Int4Groups.from_weight(linear.weight)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    expected = x.float() @ groups.dequantize().t() + linear.bias.float()
+    packed = TorchInt4Linear(linear, groups)
+    packed.max_rows = 3
+    assert torch.allclose(packed(x).float(), expected, atol=0.05, rtol=0.02)
+
+
+def test_8_bit_groups_from_values_span_each_groups_range():
+    """255 steps across each group's range about its float16 offset, in float16 scales: within half a step."""
+    weight = torch.randn(8, 96) * torch.logspace(-3, 1, 8)[:, None] + 0.5  # rows of very different sizes, offset
+    groups = Int8Groups.from_weight(weight)
+    assert groups.codes.abs().max() == 127
+    assert torch.equal(groups.scale, groups.scale.half().float()) and torch.equal(groups.low, groups.low.half().float())
+    step = groups.scale.repeat_interleave(32, dim=1)
+    assert ((groups.dequantize() - weight).abs() <= step / 2 * (1 + 2**-8)).all()
+    constant = Int8Groups.from_weight(torch.full((1, 32), 0.25))
+    assert torch.equal(constant.dequantize(), torch.full((1, 32), 0.25))
+
+
+@pytest.fixture(scope="module")
+def gguf_weights(default_model_dir):
+    """The default GGUF as gguf-py reads it, and its converted copy as the engine loads it: weights, groups and the
+    config (transformers' own reading of the GGUF, test_model_loader shows; reading it here took 7.5 s)."""
+    path = default_model_path()
+    config = AutoConfig.from_pretrained(default_model_dir, local_files_only=True)
+    weights = CheckpointTensors(default_model_dir, torch.float32)
+    return gguf.GGUFReader(path), config, weights, StoredGroups(default_model_dir / PACKED_GROUPS_FILE)
+
+
+@pytest.mark.parametrize(
+    "gguf_name, hf_name",
+    [
+        ("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),  # Q4_1, rows permuted by llama.cpp
+        ("blk.5.attn_k.weight", "model.layers.5.self_attn.k_proj.weight"),
+        ("blk.29.ffn_down.weight", "model.layers.29.mlp.down_proj.weight"),
+        ("token_embd.weight", "model.embed_tokens.weight"),  # Q8_0
+        ("blk.3.attn_norm.weight", "model.layers.3.input_layernorm.weight"),  # F32
+    ],
+)
+def test_gguf_weights_equal_what_transformers_reads(gguf_weights, gguf_name, hf_name):
+    """gguf-py's dequantization and transformers' row order, bit for bit; 4- and 8-bit blocks keep their groups,
+    and what the kernels unpack of them for large steps is the bf16 weight, bit for bit."""
+    reader, config, weights, groups = gguf_weights
+    tensor = next(t for t in reader.tensors if t.name == gguf_name)
+    values = gguf.dequantize(tensor.data, tensor.tensor_type)
+    expected = LlamaTensorProcessor(config=config.to_dict()).process(weights=values, name=gguf_name).weights
+    assert torch.equal(weights[hf_name], torch.from_numpy(np.require(expected, requirements="CW")))  # F32: a view
+    if tensor.tensor_type.name == "F32":
+        assert hf_name not in groups
+        return
+    g = groups[hf_name]
+    assert isinstance(g, Int4Groups if tensor.tensor_type.name == "Q4_1" else Int8Groups)
+    assert torch.equal(g.dequantize(), weights[hf_name])
+    # Built here if no test built them yet: only loading them would skip this check in such a run.
+    kernels = CpuKernels(build_cpu_kernels())
+    assert torch.equal(
+        kernels.dequantize(kernel_weight(g), *g.codes.shape[:1], weights[hf_name].shape[1]), weights[hf_name].bfloat16()
+    )
+
+
+def test_every_weight_kept_only_as_groups_reads_back_as_gguf_py_dequantizes_it(gguf_weights, default_model_dir):
+    """The default model's conversion keeps its Q4_1 projections and Q8_0 embedding only as groups (no float32
+    copy): each, read back, is gguf-py's values bit for bit, in transformers' row order."""
+    reader, config, weights, _ = gguf_weights
+    written = set(json.loads((default_model_dir / INDEX_FILE).read_text())["weight_map"])
+    names = _hf_names("llama", config, {t.name for t in reader.tensors})
+    processor = LlamaTensorProcessor(config=config.to_dict())
+    only_groups = [t for t in reader.tensors if t.name in names and names[t.name] not in written]
+    assert len(only_groups) == 30 * 7 + 1 and len(written) == 30 * 2 + 1  # the norms are written
+    for tensor in only_groups:
+        values = processor.process(weights=gguf.dequantize(tensor.data, tensor.tensor_type), name=tensor.name).weights
+        assert torch.equal(weights[names[tensor.name]], torch.from_numpy(np.ascontiguousarray(values))), tensor.name
+
+
+def test_the_kernels_half_precision_scales_hold_every_gguf_block_exactly(gguf_weights):
+    """The kernels read each group's scale and low in float16: a GGUF's d and m, which it stores in float16."""
+    *_, groups = gguf_weights
+    assert len(groups) == 30 * 7 + 1  # every projection of every layer (Q4_1), and the embedding (Q8_0)
+    for g in groups.values():
+        for t in (g.scale, g.low):
+            assert t is None or torch.equal(t.half().float(), t)
+
+
+def test_by_default_the_cpu_serves_the_gguf_blocks(default_model_dir, monkeypatch):
+    read = []
+    original = CheckpointTensors.__getitem__
+    monkeypatch.setattr(CheckpointTensors, "__getitem__", lambda self, name: read.append(name) or original(self, name))
+    llm = LLM(model=None, device="cpu")
+    model = llm.engine.runner.model
+    if load_cpu_kernels() is not None:
+        # Built from the GGUF's blocks alone: their full-precision weights are neither read nor kept.
+        for layer in (model.layers[0].mlp.down_proj, model.lm_head):
+            assert isinstance(layer, PackedLinear) and layer.weight is None
+        assert model.layers[0].self_attn.qkv_proj.bits == 4
+        assert model.lm_head.bits == 8  # the GGUF's embedding is 8-bit (Q8_0): 4 bits would lose it
+        # The Q8_0 embedding is kept only as the groups the head packs: its rows come from there, its table unread.
+        assert isinstance(model.embed_tokens, PackedEmbedding) and "model.embed_tokens.weight" not in read
+        assert not [name for name in read if "proj" in name]
+    else:
+        assert isinstance(model.layers[0].self_attn.qkv_proj, TorchInt4Linear)
+        assert isinstance(model.lm_head, TorchInt8Linear)
+    assert model.lm_head.max_rows >= 1  # measured: a decode step of one sequence uses the packed copy
+    # Not the bare question: its first token is a near tie in float32 (0.08 apart), which any rounding may flip.
+    question = "What is the capital of France? Answer in one word."
+    out = llm.chat([{"role": "user", "content": question}], SamplingParams(temperature=0, max_tokens=16))[0]
+    assert "Paris" in out.text
+    assert_idle(llm)
+
+
+@pytest.mark.parametrize("saved_as", [torch.float32, torch.bfloat16])
+def test_a_hugging_face_directory_is_served_packed(tiny_model_dirs, tmp_path, saved_as, caplog):
+    """16- and 32-bit checkpoints are packed at load as 8-bit groups with offsets, from their own values, and the
+    kernels serve every step in float32 rows."""
+    from transformers import AutoModelForCausalLM
+
+    source = tiny_model_dirs["llama"]
+    AutoModelForCausalLM.from_pretrained(source, dtype=saved_as).save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((source / name).read_bytes())
+    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.loading.model_builder"):
+        llm = LLM(model=str(tmp_path), device="cpu")
+    if load_cpu_kernels() is None:
+        pytest.skip("no C compiler")
+    assert llm.engine.dtype == torch.float32
+    model = llm.engine.runner.model
+    packed = [m for m in model.modules() if isinstance(m, SmallBatchLinear)]
+    assert len(packed) == 2 * 4 + 1 and all(isinstance(m, PackedLinear) and m.bits == 8 for m in packed)
+    assert "quantization auto: {'PackedLinear int8" in caplog.text
+    values = CheckpointTensors(tmp_path, torch.float32)
+    expected = Int8Groups.from_weight(values["model.layers.0.mlp.down_proj.weight"])
+    assert torch.equal(model.layers[0].mlp.down_proj.packed.codes, kernel_weight(expected).codes)
+    assert len(llm.generate("Hi", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_auto_dtype_on_the_cpu_is_float32_unless_torch_serves_native_bf16(monkeypatch, native_bf16):
+    """The kernels take float32 rows; without them, bf16 through torch only where the CPU computes it natively."""
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: native_bf16)
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu, on_kernels=True) == torch.float32
+    assert resolve_dtype("auto", cpu, on_kernels=False) == (torch.bfloat16 if native_bf16 else torch.float32)
+    assert resolve_dtype("bfloat16", cpu, on_kernels=True) == torch.bfloat16
+
+
+def test_without_packing_or_kernels_the_cpu_computes_in_float32(tiny_model_dirs, monkeypatch, caplog):
+    """quantization none, or an architecture the kernels do not serve (GPT-2): float32 on a CPU without native
+    bf16, never bf16 through torch there; the log says which path runs and why."""
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: False)
+    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.model_runner"):
+        assert LLM(model=str(tiny_model_dirs["llama"]), device="cpu", quantization="none").engine.dtype == torch.float32
+        assert LLM(model=str(tiny_model_dirs["gpt2"]), device="cpu").engine.dtype == torch.float32
+    assert "steps run on torch's ops: quantization none was asked for" in caplog.text
+    assert "steps run on torch's ops: gpt2 has no path on the CPU kernels" in caplog.text
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_without_native_bf16_layers_on_the_kernels_take_steps_of_any_size(monkeypatch, tmp_path, caplog, bits):
+    """Unmeasured: a bf16 GEMM is emulated there, and loses to the kernels at every row count."""
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setattr(crossing_points, "cpu_has_native_bf16", lambda: False)
+    linear = nn.Linear(64, 32)
+    groups = (Int4Groups if bits == 4 else Int8Groups).from_weight(linear.weight)
+    layer = PackedLinear(linear, groups, kernels)
+    with caplog.at_level(logging.INFO, logger=crossing_points.__name__):
+        choose_max_rows([layer], tmp_path / "rows.json")
+    assert layer.max_rows == ANY_ROWS and "of any size" in caplog.text
+    x = torch.randn(600, 64)  # more rows than a step's token budget
+    assert torch.equal(layer(x), layer.packed_mm(x) + linear.bias)
+
+
+def test_processes_starting_together_take_the_first_ones_crossing_points(monkeypatch, tmp_path, caplog):
+    """Two workers of a fresh cache measure one at a time: the second waits on the lock, then reads the first's
+    figure rather than timing its own (which could differ, and with it a greedy output)."""
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setattr(crossing_points, "cpu_has_native_bf16", lambda: False)
+    linear = nn.Linear(64, 32)
+    layer = PackedLinear(linear, Int8Groups.from_weight(linear.weight), kernels)
+    saved = tmp_path / "rows.json"
+    key = crossing_points._machine_key(layer)
+    with caplog.at_level(logging.INFO):  # the lock's waiting line is cache_files', the figures' crossing_points'
+        with file_lock(saved.with_name(saved.name + ".lock"), "the first process measures"):
+            second = threading.Thread(target=choose_max_rows, args=([layer], saved))
+            second.start()
+            while "waiting for another process to measure crossing points" not in caplog.text:
+                assert second.is_alive(), "it chose without waiting for the lock"
+                second.join(0.01)  # the log line is what the test waits on
+            saved.write_text(json.dumps({key: 5}))  # the first one's figure
+        second.join()
+    assert layer.max_rows == 5 and "(measured)" not in caplog.text and "of any size" not in caplog.text
+    lock, written = saved.with_name(saved.name + ".lock"), saved.stat().st_mtime_ns
+    lock.unlink()
+    choose_max_rows([layer], saved)  # all known: no lock and no write, as a read-only prepared cache needs
+    assert layer.max_rows == 5 and not lock.exists() and saved.stat().st_mtime_ns == written
+
+
+class _TimedLayer:
+    """A layer of the crossing point's protocol that counts its calls."""
+
+    kind, out_features, in_features, dtype, on_kernels, max_rows = "timed", 8, 32, torch.float32, True, 0
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def packed_mm(self, rows: torch.Tensor) -> None:
+        self.calls += 1
+
+    def full_mm(self, x: torch.Tensor) -> None:
+        self.calls += 1
+
+
+def _packed_wins_at_16_rows_or_fewer(calls, losing_to: float = 0.0) -> float:
+    """``crossing_points._seconds`` without a clock: each call made once, the packed copy faster up to 16 rows."""
+    for call in calls:
+        call()
+    rows, packed = len(calls[0].args[0]), calls[0].func.__name__ == "packed_mm"
+    return len(calls) * (1.0 if packed == (rows <= 16) else 2.0)
+
+
+def test_a_crossing_point_is_timed_on_a_few_layers_spread_over_the_model(monkeypatch, tmp_path):
+    """LAYERS_TIMED of a shape's 30 layers, every fourth, are timed (all 30 took 0.6 s of a first start); every
+    layer of the shape takes the figure."""
+    monkeypatch.setattr(crossing_points, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(crossing_points, "_seconds", _packed_wins_at_16_rows_or_fewer)
+    layers = [_TimedLayer() for _ in range(30)]
+    choose_max_rows(layers, tmp_path / "rows.json")
+    assert [i for i, layer in enumerate(layers) if layer.calls] == list(range(0, 30, 4))
+    assert len(range(0, 30, 4)) == crossing_points.LAYERS_TIMED and {layer.max_rows for layer in layers} == {16}
+
+
+class _Clock:
+    """``crossing_points.perf_counter``: each call of ``step`` takes ``seconds``."""
+
+    def __init__(self) -> None:
+        self.now, self.calls = 0.0, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self, seconds: float) -> None:
+        self.now, self.calls = self.now + seconds, self.calls + 1
+
+
+@pytest.mark.parametrize(
+    ("seconds", "losing_to", "calls"),
+    [(0.05, 0.01, 1), (0.03, 0.01, 4), (0.05, float("inf"), 4), (0.06, float("inf"), 2), (0.06, 0.02, 2)],
+)
+def test_a_way_clearly_slower_or_long_at_its_warm_up_is_timed_less(monkeypatch, seconds, losing_to, calls):
+    """A warm-up over CLEARLY_SLOWER times the other way's fastest run already loses: its runs are not timed. One over
+    LONG_RUN_SECONDS is timed once more, not three times (Gemma 3's LM head took 1.4 s of its first start so). Else
+    the warm-up and three runs are, and the fastest run counts."""
+    clock = _Clock()
+    monkeypatch.setattr(crossing_points, "perf_counter", clock)
+    assert (crossing_points.CLEARLY_SLOWER, crossing_points.LONG_RUN_SECONDS) == (4, 0.05)
+    assert crossing_points._seconds([lambda: clock.step(seconds)], losing_to=losing_to) == pytest.approx(seconds)
+    assert clock.calls == calls
+
+
+def test_float32_stays_unpacked(default_llm):
+    modules = list(default_llm.engine.runner.model.modules())
+    assert not any(isinstance(m, SmallBatchLinear) for m in modules)
+
+
+def test_unknown_quantization_is_refused():
+    with pytest.raises(ValueError, match="quantization"):
+        EngineConfig(quantization="int3")
+
+
+def test_crossing_points_are_measured_once_per_machine_then_kept(tiny_model_dirs, tmp_path, monkeypatch, caplog):
+    """A greedy output must not depend on how one start's timings fell: later starts reuse the first's. (GPT-2:
+    torch's packed layers, which are measured on every CPU.)"""
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
+    model = str(tiny_model_dirs["gpt2"])
+    with caplog.at_level(logging.INFO, logger=crossing_points.__name__):
+        pin_packed_rows(model, 3)
+    assert "(measured)" in caplog.text and json.loads((tmp_path / PACKED_ROWS_FILE).read_text())
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=crossing_points.__name__):
+        llm = LLM(model=model, device="cpu", dtype="float32", quantization="int8")
+    packed = [m for m in llm.engine.runner.model.modules() if isinstance(m, SmallBatchLinear)]
+    assert packed and all(m.max_rows == 3 for m in packed) and "(measured)" not in caplog.text

@@ -1,0 +1,1 @@
+"""Loading models: every GGUF type, conversion into the cache, and the model's files."""

@@ -1,0 +1,190 @@
+"""Loading: the GGUF conversion (as transformers reads the file, done once, then reused), configs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoTokenizer
+
+from wsgi_infer import LLM, SamplingParams
+from wsgi_infer.engine.loading import checkpoint_tensors, checkpoint_writer
+from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
+from wsgi_infer.engine.loading.gguf_checkpoint import read_gguf_config
+from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE
+from wsgi_infer.engine.loading.model_loader import (
+    FIRST_LOAD_IMPORTS,
+    PREPARED_LOAD_IMPORTS,
+    RESOLVED_CONFIGS_DIR,
+    load_config,
+    load_imports,
+    resolve_model_dir,
+)
+from wsgi_infer.engine.loading.model_paths import CONVERSION_VERSION, FILE_DIGESTS_FILE, default_model_path, file_digest
+from wsgi_infer.engine.runtime.cache_files import cache_root
+
+from ..conftest import TINY_ARCHITECTURES
+from ..support.gguf_files import MIXED_TYPES, write_tiny_gguf
+from ..support.server import GunicornServer
+from ..support.transformers_reference import load_hf_model
+
+
+def test_a_converted_gguf_is_reused(default_model_dir, caplog):
+    files = {path: path.stat().st_mtime_ns for path in default_model_dir.iterdir()}
+    assert any(path.suffix == ".safetensors" for path in files)
+    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.loading.model_loader"):
+        again = resolve_model_dir(None)
+    assert again == default_model_dir
+    assert "using converted copy" in caplog.text and "converting" not in caplog.text
+    assert {path: path.stat().st_mtime_ns for path in again.iterdir()} == files  # nothing rewritten
+
+
+@pytest.mark.slow  # converts the default model's GGUF
+def test_a_gguf_is_converted_as_transformers_reads_it(tmp_path):
+    """Our single-pass conversion writes the config and tokenizer that transformers' own GGUF
+    loading gives (the weights are compared in test_quantization)."""
+    gguf = default_model_path()
+    ours = read_gguf_config(gguf).to_dict()
+    reference = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True).to_dict()
+    assert {k: v for k, v in ours.items() if k != "_name_or_path"} == {
+        k: v for k, v in reference.items() if k != "_name_or_path"
+    }
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    tokenizer.save_pretrained(tmp_path)
+    converted = resolve_model_dir(None)
+    for name in ("tokenizer.json", "chat_template.jinja"):
+        assert (converted / name).read_bytes() == (tmp_path / name).read_bytes(), name
+    # The same settings, and the added tokens listed there as well (a load then need not parse tokenizer.json).
+    settings = json.loads((converted / "tokenizer_config.json").read_text())
+    added = settings.pop("added_tokens_decoder")
+    assert settings == json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert {int(i): t["content"] for i, t in added.items()} == {
+        i: t.content for i, t in tokenizer.added_tokens_decoder.items()
+    }
+    assert AutoTokenizer.from_pretrained(converted).added_tokens_decoder == tokenizer.added_tokens_decoder
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+def test_a_config_is_resolved_by_its_class_once_then_read_back_whole(arch, tiny_model_dirs, tmp_path, monkeypatch):
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
+    reference = AutoConfig.from_pretrained(tiny_model_dirs[arch], local_files_only=True)
+    first, again = load_config(tiny_model_dirs[arch]), load_config(tiny_model_dirs[arch])
+    assert len(list((tmp_path / RESOLVED_CONFIGS_DIR).iterdir())) == 1
+    # Every value, aliases (n_embd) included; but use_cache, a generation setting the plain config drops.
+    for name in [*reference.to_dict().keys() - {"use_cache"}, *reference.attribute_map]:
+        assert getattr(first, name) == getattr(again, name) == getattr(reference, name), name
+
+
+@pytest.mark.slow  # a fresh interpreter loads the default model
+def test_a_later_start_imports_only_the_modules_load_imports_names(default_model_dir, tmp_path, monkeypatch):
+    """The server's hub imports them before the engine thread loads (importing creates loggers, which that thread
+    must not). A later start needs no auto class and no architecture's config class (which brings transformers'
+    kernel hub, torch.distributed and dynamo: 1.3 s and 80 MB); a first load needs the auto classes."""
+    load_config(default_model_dir)  # the first start resolves the config (and imports its class) once
+    code = (
+        "import importlib, sys\n"
+        "from wsgi_infer.engine.loading.model_loader import PREPARED_LOAD_IMPORTS, load_imports\n"
+        "assert load_imports(None) == PREPARED_LOAD_IMPORTS, load_imports(None)\n"
+        "for module in load_imports(None): importlib.import_module(module)\n"
+        "before = set(sys.modules)\n"
+        "from wsgi_infer import LLM; LLM()\n"
+        "new = sorted(m for m in set(sys.modules) - before if m.startswith('transformers'))\n"
+        "assert not new, new\n"
+        "heavy = ('transformers.models.llama.configuration_llama', 'torch._dynamo', 'gguf')  # gguf-py: conversions\n"
+        "assert not [m for m in heavy if m in sys.modules], [m for m in heavy if m in sys.modules]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))  # nothing prepared: the GGUF is not even hashed
+    assert load_imports(None) == PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS
+    assert load_imports(tmp_path / "missing.gguf") == PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS  # the load says why
+
+
+def test_a_gguf_digest_is_remembered_until_the_file_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"first")
+    first = hashlib.sha256(b"first").hexdigest()[:16]
+    assert file_digest(path) == first
+    with monkeypatch.context() as patched:  # unchanged: answered without hashing the file again
+        patched.setattr(hashlib, "sha256", lambda *args: pytest.fail("the file was hashed again"))
+        assert file_digest(path) == first
+    path.write_bytes(b"second, longer")
+    assert file_digest(path) == hashlib.sha256(b"second, longer").hexdigest()[:16]
+    remembered = json.loads((tmp_path / "cache" / FILE_DIGESTS_FILE).read_text())
+    expected = [hashlib.sha256(content).hexdigest()[:16] for content in (b"first", b"second, longer")]
+    assert sorted(remembered.values()) == sorted(expected)
+
+
+def test_a_conversion_removes_the_copies_earlier_versions_made_of_the_same_file(tmp_path, monkeypatch, caplog):
+    """Nothing reads an older version's copy once this one is written: it goes (the default model's v7 held
+    650 MB). A newer version's copy, and other files' copies, stay."""
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_tiny_gguf(tmp_path / "tiny[1].gguf", "Q8_0").path  # glob's brackets in the name
+    stem = f"{path.stem}-{file_digest(path)}"
+    older, newer, other = (cache_root() / name for name in (f"{stem}-v7", f"{stem}-v99", "other-0123-v1"))
+    for directory in (older, newer, other):
+        directory.mkdir(parents=True)
+        (directory / "model.safetensors").write_bytes(b"weights")
+    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.loading.model_loader"):
+        converted = resolve_model_dir(path)
+    assert converted.name == f"{stem}-{CONVERSION_VERSION}" and (converted / "config.json").is_file()
+    assert not older.exists() and newer.exists() and other.exists()
+    assert f"removed {older}, an earlier version's conversion of it" in caplog.text
+
+
+@pytest.mark.slow
+def test_workers_starting_on_a_new_gguf_convert_it_once(default_model_dir, tmp_path):
+    """Two workers load the same new GGUF at once: one converts it under its lock, the other waits
+    for it and reuses the directory; one class-resolved config is kept."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    if (cache_root() / PACKED_ROWS_FILE).is_file():  # measured already: not this test's subject
+        shutil.copy(cache_root() / PACKED_ROWS_FILE, cache)
+    with GunicornServer({}, "--workers", "2", WSGI_INFER_CACHE_DIR=str(cache)) as server:
+        workers = server.wait_booted(count=2)
+        conversions = [line for line in server.lines if "converting GGUF to safetensors" in line]
+        assert len(conversions) == 1, conversions
+        (other,) = [pid for pid in workers if f"[{pid}]" not in conversions[0]]
+        server.wait_for_log(rf"\[{other}\] .*using converted copy")
+        for _ in workers:
+            with server.client() as client:
+                reply = client.post("/v1/completions", json={"prompt": "Paris is", "max_tokens": 4})
+            assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
+    converted = [path for path in cache.iterdir() if path.name.endswith(f"-{CONVERSION_VERSION}")]
+    assert [path.name for path in converted] == [default_model_dir.name]
+    assert len(list((cache / RESOLVED_CONFIGS_DIR).iterdir())) == 1
+
+
+def test_checkpoint_tensors_let_go_of_a_files_mapping_as_they_read(tiny_model_dirs, monkeypatch):
+    """The pages read stay in the process while a file is mapped: past MAPPED_BYTES the handle is dropped (and
+    reopened for the next read), so loading a float32 checkpoint does not hold all of it in the worker."""
+    monkeypatch.setattr(checkpoint_tensors, "MAPPED_BYTES", 1)
+    tensors = CheckpointTensors(tiny_model_dirs["llama"], torch.float32)
+    first, again = tensors["model.norm.weight"], None
+    assert not tensors._handles  # read, and let go
+    again = tensors["model.norm.weight"]
+    assert torch.equal(first, again)
+
+
+def test_a_conversion_writes_its_weights_a_shard_at_a_time(tmp_path, monkeypatch):
+    """Shards of at most SHARD_BYTES (and one tensor) as the tensors are read, under an index transformers reads:
+    the float32 model is never held whole (Gemma 3 270M's conversion peaked at 5.5 GB, now 2.1)."""
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(checkpoint_writer, "SHARD_BYTES", 1 << 20)
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", MIXED_TYPES, embedding="F16").path  # Q8_0 would be groups only
+    llm = LLM(model=str(path), dtype="float32", quantization="none")
+    shards = sorted(p.name for p in llm.engine.model_dir.glob("model-*.safetensors"))
+    weight_map = json.loads((llm.engine.model_dir / checkpoint_writer.INDEX_FILE).read_text())["weight_map"]
+    assert len(shards) > 3 and sorted(set(weight_map.values())) == shards
+    assert "lm_head.weight" not in weight_map  # tied: the embedding serves both
+    prompt = llm.engine.tokenize("The quick brown fox")
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
+    reference = load_hf_model(llm.engine.model_dir, torch.float32)
+    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert out.token_ids == expected[0, len(prompt) :].tolist()

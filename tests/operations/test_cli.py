@@ -1,0 +1,82 @@
+"""The ``wsgi-infer`` command, run as a user would."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from wsgi_infer import SamplingParams
+from wsgi_infer.engine.kernels.build import KERNELS_DIR, kernels_library
+from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE
+from wsgi_infer.engine.loading.model_loader import RESOLVED_CONFIGS_DIR
+from wsgi_infer.engine.models import MODEL_REGISTRY
+from wsgi_infer.engine.runtime.cache_files import read_json
+from wsgi_infer.engine.runtime.cpu_budget import cpu_budget
+
+from ..support.server import GunicornServer
+
+pytestmark = pytest.mark.slow  # real processes
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "wsgi_infer.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_generate_prints_the_greedy_completion(tiny_model_dirs, tiny_llama):
+    model = str(tiny_model_dirs["llama"])
+    result = run_cli(
+        "generate", "Hello there", "--model", model, "--dtype", "float32", "--quantization", "none", "--max-tokens", "8"
+    )
+    assert result.returncode == 0, result.stderr
+    expected = tiny_llama.generate("Hello there", SamplingParams(temperature=0, max_tokens=8))[0].text
+    assert result.stdout == expected + "\n"
+
+
+def test_missing_model_is_one_clear_error_line(tmp_path):
+    missing = tmp_path / "nowhere"
+    result = run_cli("generate", "hi", "--model", str(missing))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert errors == [
+        f"wsgi-infer: error: model {missing}: no such file or directory "
+        "(expected a Hugging Face directory or a .gguf file)"
+    ]
+
+
+def test_unsupported_architecture_names_path_and_expectation(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "bert", "architectures": ["BertModel"]}')
+    result = run_cli("generate", "hi", "--model", str(tmp_path))
+    assert result.returncode == 2
+    expected = ", ".join(sorted(MODEL_REGISTRY))
+    assert f"model {tmp_path}: unsupported architecture 'bert' (expected one of: {expected})" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_prepare_does_a_first_starts_work_and_the_server_only_reads_it(tiny_model_dirs, tmp_path, monkeypatch):
+    """A cache prepared for the server's settings and worker count (a container image's build, say) can be
+    read-only: the server measures nothing again and writes nothing there."""
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("WSGI_INFER_QUANTIZATION", "int8")  # the server's settings apply
+    result = run_cli("prepare", "--model", str(tiny_model_dirs["llama"]), "--workers", "2")
+    assert result.returncode == 0, result.stderr
+    assert kernels_library() is not None and not (tmp_path / KERNELS_DIR).exists()  # installed: nothing compiled
+    assert len(list((tmp_path / RESOLVED_CONFIGS_DIR).iterdir())) == 1
+    threads = max(1, cpu_budget().threads // 2)  # what each of two workers steps with
+    assert f"| {threads} threads |" in next(iter(read_json(tmp_path / PACKED_ROWS_FILE)))
+    prepared = _tree(tmp_path)
+    with GunicornServer({"model": tiny_model_dirs["llama"]}, "--workers", "2") as server:
+        server.wait_booted(count=2)
+        first, _ = server.wait_for_line(r"engine ready")
+        server.wait_for_line(r"engine ready", after=first + 1)  # both workers
+        with server.client() as client:
+            assert client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3}).status_code == 200
+        assert not [line for line in server.lines if "(measured)" in line]
+    assert _tree(tmp_path) == prepared
+
+
+def _tree(root) -> dict[str, tuple[int, int]]:
+    """Every file under ``root``: its size and modification time."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()}

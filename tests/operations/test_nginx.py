@@ -1,0 +1,157 @@
+"""wsgi-infer behind a real nginx with the shipped configuration."""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from ..support.nginx_proxy import NginxProxy
+from ..support.server import ENDLESS, GunicornServer
+from ..support.sse_client import events, text_of
+
+pytestmark = pytest.mark.slow  # real processes
+
+
+@pytest.fixture(scope="module")
+def server(gunicorn_server, tiny_model_dirs):
+    return gunicorn_server(
+        {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "heartbeat_seconds": 0.3}
+    )
+
+
+def first_event_and_total(url: str, body: dict, **client_options) -> tuple[float, float, list]:
+    with httpx.Client(base_url=url, timeout=60, **client_options) as http:
+        start = time.monotonic()
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            data, first = [], None
+            for event in events(r):
+                if event.data:
+                    first = first or time.monotonic()
+                    data.append(event)
+        return first - start, time.monotonic() - start, data
+
+
+def test_tokens_stream_through_nginx_as_they_are_generated(server):
+    endless = {"prompt": "Stream me", "max_tokens": ENDLESS, "ignore_eos": True, "temperature": 0, "stream": True}
+    short = {**endless, "max_tokens": 40}
+    with NginxProxy(f"127.0.0.1:{server.port}") as nginx:
+        ttfb, _, direct = first_event_and_total(server.url, short)
+        ttfb_proxied, _, proxied = first_event_and_total(nginx.url, short)
+        with (
+            httpx.Client(base_url=nginx.url, timeout=60) as http,
+            http.stream("POST", "/v1/completions", json=endless) as r,
+        ):
+            received = events(r)  # held: a dropped generator would close the connection
+            assert next(e for e in received if e.data).json["choices"][0]["text"] is not None
+            # The first token came through while the engine is still generating: nothing buffered it.
+            metrics = server.metrics()
+            assert metrics["wsgi_infer:num_requests_running"] == 1
+            assert metrics["wsgi_infer:generation_tokens_total"] < 2 * 40 + ENDLESS
+    assert proxied[-1].data == "[DONE]"
+    assert text_of(proxied) == text_of(direct)  # the same greedy text
+    print(f"TTFB direct {1e3 * ttfb:.1f} ms, through nginx {1e3 * ttfb_proxied:.1f} ms")
+
+
+def test_nginx_keeps_its_connection_to_gunicorn_alive(server):
+    def upstream_ports() -> set[int]:
+        (worker,) = server.worker_pids()
+        connections = psutil.Process(worker).net_connections(kind="tcp")
+        return {c.raddr.port for c in connections if c.raddr and c.status == psutil.CONN_ESTABLISHED}
+
+    with NginxProxy(f"127.0.0.1:{server.port}") as nginx, httpx.Client(base_url=nginx.url, timeout=30) as http:
+        seen = []
+        for _ in range(3):  # each request on a new client connection to nginx
+            r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}, headers={"Connection": "close"})
+            assert r.status_code == 200
+            seen.append(upstream_ports())
+    assert seen[0] & seen[1] & seen[2], seen  # one upstream connection carried every request
+
+
+def test_a_quiet_stream_outlives_nginx_read_timeout(tiny_model_dirs):
+    """A queued request sends only heartbeats; more of them than fit in nginx's read timeout go by
+    before its first token, and it still completes through nginx."""
+    settings = {
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "quantization": "none",
+        "heartbeat_seconds": 0.3,
+        "max_num_seqs": 1,
+    }
+    waited = threading.Event()
+    quiet_events: list = []
+
+    def quiet_client(url: str) -> None:
+        quiet = {"prompt": "patient", "max_tokens": 5, "stream": True}
+        with httpx.Client(base_url=url, timeout=60) as http, http.stream("POST", "/v1/completions", json=quiet) as r:
+            for event in events(r):
+                quiet_events.append(event)
+                if sum(1 for e in quiet_events if e.comments) >= 5:  # 5 x 0.3 s > nginx's 1 s
+                    waited.set()
+
+    with GunicornServer(settings) as server, NginxProxy(f"127.0.0.1:{server.port}", read_timeout="1s") as nginx:
+        server.wait_ready()
+        busy = {"prompt": "busy", "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}
+        with (
+            httpx.Client(base_url=server.url, timeout=60) as http,
+            http.stream("POST", "/v1/completions", json=busy) as r,
+        ):
+            busy_events = events(r)  # held: a dropped generator would close the connection
+            assert next(e for e in busy_events if e.data)  # the only slot is taken: the next request waits
+            thread = threading.Thread(target=quiet_client, args=(nginx.url,))
+            thread.start()
+            assert waited.wait(60), "the quiet stream was cut before it had waited past nginx's read timeout"
+        # The busy stream is closed now; its slot goes to the quiet request.
+        thread.join(60)
+    first_data = next(i for i, e in enumerate(quiet_events) if e.data)
+    assert sum(1 for e in quiet_events[:first_data] if e.comments) >= 5
+    assert quiet_events[-1].data == "[DONE]"
+
+
+def test_sigterm_drain_reaches_the_client_through_nginx(tiny_model_dirs):
+    settings = {
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "quantization": "none",
+        "heartbeat_seconds": 0.3,
+        "drain_seconds": 1,
+    }
+    with GunicornServer(settings, "--graceful-timeout", "6", "--keep-alive", "1") as server:
+        server.wait_ready()
+        with NginxProxy(f"127.0.0.1:{server.port}") as nginx:
+            body = {"prompt": "endless", "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}
+            with (
+                httpx.Client(base_url=nginx.url, timeout=30) as http,
+                http.stream("POST", "/v1/completions", json=body) as r,
+            ):
+                received = events(r)
+                data = [next(e for e in received if e.data)]
+                server.process.send_signal(signal.SIGTERM)
+                data += [e for e in received if e.data]
+        assert server.process.wait(10) == 0
+    assert all(e.data != "[DONE]" for e in data)
+    assert data[-1].name == "error" and data[-1].json["error"]["code"] == "server_shutting_down"
+    assert data[-2].json["choices"][0]["finish_reason"] == "abort"
+
+
+def test_access_log_shows_the_real_client_and_the_unix_socket_upstream(tiny_model_dirs):
+    sock = Path(tempfile.mkdtemp()) / "gunicorn.sock"
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none"}
+    with GunicornServer(settings, "--bind", f"unix:{sock}") as server, NginxProxy(f"unix:{sock}") as nginx:
+        server.wait_ready()
+        via_nginx = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(base_url=nginx.url, transport=via_nginx, timeout=30) as http:
+            r = http.post(
+                "/v1/completions",
+                json={"prompt": "hi", "max_tokens": 2},
+                headers={"X-Request-Id": "through-nginx", "X-Forwarded-For": "6.6.6.6"},
+            )
+        assert r.status_code == 200 and r.headers["x-request-id"] == "through-nginx"
+        line = server.wait_for_log(r"^\S+ .*POST /v1/completions").string
+        assert line.startswith("127.0.0.2 "), line  # not nginx's 127.0.0.1, not the forged 6.6.6.6

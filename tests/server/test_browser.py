@@ -1,0 +1,124 @@
+"""The chat page in a real headless Chromium (Debian's), driven by Playwright."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from wsgi_infer import SamplingParams
+
+from ..support.nginx_proxy import NginxProxy
+from ..support.server import ENDLESS, GunicornServer
+
+pytestmark = pytest.mark.slow  # real processes
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def server(gunicorn_server, tiny_model_dirs):
+    # A stream nobody reads is abandoned one heartbeat interval after its reader left (Stop included).
+    return gunicorn_server(
+        {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "heartbeat_seconds": 2}
+    )
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs Debian's chromium)")
+        pytest.skip("chromium is not installed")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    page = browser.new_page()
+    page.goto(server.url + "/")
+    page.wait_for_function("document.getElementById('model').textContent === 'tiny-llama0'")
+    yield page
+    page.close()
+
+
+def ask(page, prompt: str, max_tokens: int) -> None:
+    page.fill("#max_tokens", str(max_tokens))
+    page.fill("#temperature", "0")
+    page.fill("#prompt", prompt)
+    page.click("#send")
+
+
+def test_text_appears_incrementally_and_matches_the_engine(page, tiny_llama):
+    prompt = "Tell me about the sea"
+    expected = tiny_llama.chat([{"role": "user", "content": prompt}], SamplingParams(temperature=0, max_tokens=400))[
+        0
+    ].text
+    ask(page, prompt, 400)
+    page.wait_for_function("document.querySelector('.assistant.streaming')?.textContent.length > 0")
+    early = len(page.text_content(".assistant"))
+    page.wait_for_function(
+        f"(() => {{ const a = document.querySelector('.assistant'); "
+        f"return a.classList.contains('streaming') && a.textContent.length > {early} }})()"
+    )  # more text arrived while the stream was still open
+    page.wait_for_function("!document.querySelector('.assistant').classList.contains('streaming')")
+    assert page.text_content(".assistant") == expected
+    assert "finish: " in page.text_content("#status")
+    assert early < len(expected)
+
+
+def test_stop_button_aborts_the_request(page, server):
+    mark = len(server.lines)
+    ask(page, "Go on forever", ENDLESS)  # the composer is fixed: Stop can be clicked while text streams
+    page.wait_for_function("document.querySelector('.assistant.streaming')?.textContent.length > 0")
+    page.click("#stop")
+    page.wait_for_function("document.getElementById('status').textContent === 'stopped'")
+    server.wait_for_log(r"response ended early, aborted 1", after=mark, timeout=30)
+    metrics = server.metrics()
+    assert metrics["wsgi_infer:open_streams"] == 0
+    assert metrics["wsgi_infer:kv_blocks_free"] == metrics["wsgi_infer:kv_blocks_total"]
+
+
+def test_a_cut_connection_resumes_without_losing_or_repeating_tokens(browser, tiny_model_dirs, tiny_llama):
+    prompt = "Keep talking through the cut"
+    params = SamplingParams(temperature=0, max_tokens=800)  # seconds of steps: the cut comes mid-stream
+    expected = tiny_llama.chat([{"role": "user", "content": prompt}], params)[0].text
+    # Heartbeats of 10 s: the cut stream is kept for longer than all of the page's retries
+    # (150 ms x attempt, 10 attempts: 8.25 s in all).
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "heartbeat_seconds": 10}
+    with GunicornServer(settings) as server, NginxProxy(f"127.0.0.1:{server.port}") as nginx:
+        server.wait_ready()
+        page = browser.new_page()
+        page.goto(nginx.url + "/")
+        page.wait_for_function("document.getElementById('model').textContent === 'tiny-llama0'")
+        ask(page, prompt, 800)
+        page.wait_for_function("document.querySelector('.assistant.streaming')?.textContent.length > 20")
+        nginx.cut()  # the browser's connection drops mid-stream
+        page.wait_for_function("document.getElementById('status').textContent.startsWith('connection lost')")
+        nginx.start()
+        page.wait_for_function("!document.querySelector('.assistant').classList.contains('streaming')", timeout=60_000)
+        assert page.text_content(".assistant") == expected
+        assert "finish: length" in page.text_content("#status")
+        page.close()
+
+
+def test_errors_are_shown_clearly(page):
+    ask(page, "Too long", 100_000)
+    page.wait_for_function("document.getElementById('status').className === 'error'")
+    assert "400: prompt" in page.text_content("#status") and "context window" in page.text_content("#status")

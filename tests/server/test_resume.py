@@ -1,0 +1,161 @@
+"""Resumable streams: every event has an id; GET /v1/streams/<id> with Last-Event-ID resumes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from wsgi_infer import SamplingParams
+
+from ..support.server import GunicornServer, RedisServer
+from ..support.sse_client import events, text_of
+
+pytestmark = pytest.mark.slow  # real processes
+
+BODY = {
+    "prompt": "Resume me",
+    "max_tokens": 300,
+    "ignore_eos": True,
+    "temperature": 0,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
+
+
+@pytest.fixture(scope="module")
+def server(gunicorn_server, tiny_model_dirs):
+    # A cut stream is abandoned one heartbeat interval after its reader left: 10 s is the window a
+    # resume has, far more than it needs. Finished streams expire after 1 s.
+    settings = {
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "quantization": "none",
+        "heartbeat_seconds": 10.0,
+        "resume_keep_seconds": 1.0,
+    }
+    return gunicorn_server(settings)
+
+
+def start_then_cut(
+    server: GunicornServer,
+    after: int = 5,
+    path: str = "/v1/completions",
+    body: dict = BODY,
+    headers: dict | None = None,
+):
+    """Start a stream, read ``after`` events, drop the connection; the stream id and the events."""
+    with server.client(headers=headers or {}) as http, http.stream("POST", path, json=body) as r:
+        received = []
+        for event in events(r):
+            if event.data:
+                received.append(event)
+            if len(received) == after:
+                return r.headers["x-stream-id"], received  # leaving the block cuts the connection
+    raise AssertionError(
+        f"the stream ended before the cut: {r.status_code}, {received}\n" + "\n".join(server.lines[-30:])
+    )
+
+
+def test_a_cut_stream_resumes_from_the_next_event(server, tiny_llama):
+    expected = tiny_llama.generate("Resume me", SamplingParams(temperature=0, max_tokens=300, ignore_eos=True))[0].text
+    stream_id, received = start_then_cut(server)
+    assert [e.id for e in received] == ["1", "2", "3", "4", "5"]
+    with server.client() as http, http.stream("GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "5"}) as r:
+        assert r.status_code == 200
+        rest = [e for e in events(r) if e.data]
+    assert [int(e.id) for e in rest] == list(range(6, 6 + len(rest)))  # nothing lost, nothing repeated
+    assert rest[-1].data == "[DONE]" and rest[-2].json["usage"]["completion_tokens"] == 300
+    assert text_of(received) + text_of(rest) == expected
+
+
+def test_a_cut_chat_stream_resumes_over_plain_http(server, tiny_llama):
+    messages = [{"role": "user", "content": "Resume this chat"}]
+    expected = tiny_llama.chat(messages, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))[0].text
+    body = {"messages": messages, "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True}
+    stream_id, received = start_then_cut(server, path="/v1/chat/completions", body=body)
+    with server.client() as http, http.stream("GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "5"}) as r:
+        rest = [e for e in events(r) if e.data]
+    assert [int(e.id) for e in rest] == list(range(6, 6 + len(rest))) and rest[-1].data == "[DONE]"
+    chunks = [e.json["choices"][0]["delta"] for e in received + rest[:-1]]
+    assert chunks[0]["role"] == "assistant"
+    assert "".join(c.get("content", "") for c in chunks) == expected
+
+
+def test_a_finished_stream_replays_then_expires(server):
+    with server.client() as http:
+        with http.stream("POST", "/v1/completions", json={**BODY, "max_tokens": 5}) as r:
+            stream_id = r.headers["x-stream-id"]
+            original = [e for e in events(r) if e.data]
+        with http.stream("GET", f"/v1/streams/{stream_id}") as r:
+            replay = [e for e in events(r) if e.data]
+        assert [(e.id, e.data) for e in replay] == [(e.id, e.data) for e in original]
+        deadline = time.monotonic() + 10
+        while http.get(f"/v1/streams/{stream_id}").status_code == 200:  # kept 1 s after it finished
+            assert time.monotonic() < deadline, "the finished stream never expired"
+            time.sleep(0.1)
+        gone = http.get(f"/v1/streams/{stream_id}")
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "stream_not_found"
+
+
+def test_unknown_stream_and_bad_last_event_id(server):
+    with server.client() as http:
+        missing = http.get("/v1/streams/nope")
+        assert missing.status_code == 404 and "unknown or has expired" in missing.json()["error"]["message"]
+        with http.stream("POST", "/v1/completions", json={**BODY, "max_tokens": 3}) as r:
+            stream_id = r.headers["x-stream-id"]
+            list(events(r))
+        bad = http.get(f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "x"})
+        assert bad.status_code == 400
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    with RedisServer(tmp_path_factory.mktemp("redis")) as redis_server:
+        yield redis_server.url
+
+
+KEY_ONE, KEY_TWO = ({"Authorization": f"Bearer {key}"} for key in ("key-one", "key-two"))
+
+
+@pytest.fixture(scope="module")
+def instances(tiny_model_dirs, redis_url):
+    """Two servers sharing one Redis, as two hosts behind one proxy; two API keys."""
+    settings = {
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "quantization": "none",
+        "heartbeat_seconds": 10.0,
+        "redis_url": redis_url,
+        "api_key": "key-one,key-two",
+    }
+    with GunicornServer(settings) as first, GunicornServer(settings) as second:
+        yield first.wait_ready(), second.wait_ready()
+
+
+def test_a_resume_can_reach_another_instance_sharing_redis(instances, tiny_llama):
+    expected = tiny_llama.generate("Resume me", SamplingParams(temperature=0, max_tokens=300, ignore_eos=True))[0].text
+    first, second = instances
+    stream_id, received = start_then_cut(first, headers=KEY_ONE)
+    with second.client(headers=KEY_ONE) as http:  # the other instance: only Redis holds the stream there
+        with http.stream("GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "5"}) as r:
+            assert r.status_code == 200
+            rest = [e for e in events(r) if e.data]
+        assert http.get("/v1/streams/unknown").status_code == 404
+        assert http.get(f"/v1/streams/{stream_id}", headers=KEY_TWO).status_code == 404  # another key's
+    assert [int(e.id) for e in received + rest] == list(range(1, 1 + len(received) + len(rest)))
+    assert rest[-1].data == "[DONE]"
+    assert text_of(received) + text_of(rest) == expected
+
+
+def test_a_stored_response_is_continued_on_another_instance_by_its_key_only(instances):
+    first, second = instances
+    ask = {"input": "Hello there", "max_output_tokens": 4, "temperature": 0}
+    with first.client(headers=KEY_ONE) as http:
+        created = http.post("/v1/responses", json=ask).json()
+    with second.client(headers=KEY_ONE) as http:
+        assert http.get(f"/v1/responses/{created['id']}").json() == created
+        follow = http.post("/v1/responses", json={**ask, "previous_response_id": created["id"]}).json()
+        assert follow["status"] == "incomplete" and follow["usage"]["input_tokens"] > created["usage"]["input_tokens"]
+        refused = http.post("/v1/responses", json={**ask, "previous_response_id": created["id"]}, headers=KEY_TWO)
+        assert refused.status_code == 404 and refused.json()["error"]["param"] == "previous_response_id"

@@ -1,0 +1,133 @@
+"""Bad input gets OpenAI-shaped errors with the right status (in this process), while another stream goes on
+unharmed (on a real server)."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from wsgi_infer import SamplingParams
+
+from ..support.server import GunicornServer
+from ..support.sse_client import events
+
+BODY_LIMIT = 256 << 10  # tiny_settings'
+
+
+@pytest.fixture(scope="module")
+def api(tiny_api):
+    return tiny_api
+
+
+def assert_error(response: httpx.Response, status: int, *, param: str | None = None, contains: str = "") -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "Traceback" not in error["message"]
+    assert contains in error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+def bad_requests(http: httpx.Client, limit: int) -> None:
+    """Each kind of bad request, and the error each gets."""
+    assert_error(http.post("/v1/completions", content=b'{"prompt": "unterminated'), 400, contains="malformed")
+    assert_error(http.post("/v1/completions", content=b"[1, 2]"), 400, contains="JSON object")
+    assert_error(
+        http.post("/v1/completions", json={"prompt": "hi", "max_tokens": limit}),
+        400,
+        param="max_tokens",
+        contains=f"max_tokens ({limit}) exceeds the context window of {limit}",
+    )
+    assert_error(http.post("/v1/completions", json={"prompt": "hi", "temperature": 5}), 400, param="temperature")
+    assert_error(http.post("/v1/completions", json={"prompt": "hi", "n": 0}), 400, param="n")
+    assert_error(http.post("/v1/completions", json={}), 400, param="prompt")
+    assert_error(http.post("/v1/completions", json={"prompt": [10**9]}), 400, contains="token ids")
+    assert_error(
+        http.post("/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]}),
+        400,
+        param="messages.0.role",
+    )
+    assert_error(http.post("/v1/completions", json={"prompt": "hi", "model": "nope"}), 404, param="model")
+    assert_error(http.post("/v1/completions", json={"prompt": "x" * (BODY_LIMIT + 1)}), 413, contains=str(BODY_LIMIT))
+    assert_error(http.get("/v1/nothing-here"), 404)
+    # Unknown fields are ignored, as OpenAI's server does.
+    ok = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "frobnicate": True})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_bad_requests_get_openai_shaped_errors_naming_the_field(api):
+    with api.client() as http:
+        bad_requests(http, http.get("/v1/models").json()["data"][0]["max_model_len"])
+
+
+@pytest.mark.slow
+def test_errors_leave_a_concurrent_stream_intact(tiny_server, tiny_llama):
+    prompt = "A stream that must not notice the errors around it"
+    expected = tiny_llama.generate(prompt, SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))[0].text
+    received = []
+    started = threading.Event()
+
+    def stream() -> None:
+        body = {"prompt": prompt, "max_tokens": 400, "temperature": 0, "stream": True, "ignore_eos": True}
+        with tiny_server.client() as http, http.stream("POST", "/v1/completions", json=body) as r:
+            for event in events(r):
+                if event.data and event.data != "[DONE]":
+                    received.append(event.json["choices"][0]["text"])
+                    started.set()
+
+    background = threading.Thread(target=stream)
+    background.start()
+    assert started.wait(30)
+    with tiny_server.client() as http:
+        bad_requests(http, http.get("/v1/models").json()["data"][0]["max_model_len"])
+    background.join(60)
+    assert "".join(received) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broken", ["directory", "gguf"])
+def test_a_model_that_fails_to_load_stops_the_server_with_its_reason(tmp_path, broken):
+    """A directory without weights, and a GGUF that is none."""
+    model = tmp_path / "model.gguf" if broken == "gguf" else tmp_path / "model"
+    if broken == "gguf":
+        model.write_bytes(b"GGUF" + bytes(64))
+    else:
+        model.mkdir()
+        (model / "config.json").write_text('{"model_type": "llama"}')  # no weights, no tokenizer
+    with GunicornServer({"model": model, "cache_dir": tmp_path / "cache"}) as server:
+        assert server.process.wait(120) == 3  # gunicorn's boot error, passed on by its master
+        server.wait_for_log(r"model failed to load: .*" + str(model))
+        server.wait_for_log(r"Reason: Worker failed to boot")
+
+
+@pytest.mark.slow
+def test_a_model_that_fails_to_load_can_be_served_as_503s_instead(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    with GunicornServer({"model": tmp_path, "serve_load_failure": True}) as server:
+        server.wait_for_log(r"model failed to load: .*" + str(tmp_path))
+        with server.client() as http:
+            health = http.get("/health")
+            assert health.status_code == 503 and health.json()["status"] == "failed"
+            assert_error(http.post("/v1/completions", json={"prompt": "hi"}), 503)
+        assert server.process.poll() is None
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/v1/completions", b'{"prompt": "\\ud800 lone", "max_tokens": 2}'),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udfff"}], "max_tokens": 2}'),
+        ("/tokenize", b'{"prompt": "\\ud800"}'),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_and_the_engine_lives_on(api, route, body):
+    """JSON escapes can spell text no tokenizer takes; it once ended the engine thread."""
+    with api.client() as http:
+        response = http.post(route, content=body, headers={"Content-Type": "application/json"})
+        assert_error(response, 400, contains="unicode")
+        ok = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2

@@ -1,0 +1,198 @@
+"""Concurrent streams, disconnects and idle behaviour of a real gunicorn server (tiny model)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psutil
+import pytest
+
+from wsgi_infer import SamplingParams
+
+from ..conftest import tiny_settings
+from ..support.server import ENDLESS, GunicornServer
+from ..support.sse_client import events
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tiny_server):
+    return tiny_server
+
+
+def completion_body(prompt: str, max_tokens: int, **extra) -> dict:
+    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, **extra}
+
+
+def assert_idle(server: GunicornServer) -> None:
+    metrics = server.metrics()
+    assert metrics["wsgi_infer:open_streams"] == 0
+    assert metrics["wsgi_infer:num_requests_running"] == 0
+    assert metrics["wsgi_infer:num_requests_waiting"] == 0
+    assert metrics["wsgi_infer:kv_blocks_free"] == metrics["wsgi_infer:kv_blocks_total"]
+
+
+def test_32_concurrent_streams_are_batched_and_correct(server, tiny_llama):
+    prompts = [f"Request number {i}: tell me about item {i * 7}" for i in range(32)]
+    expected = [
+        o.text for o in tiny_llama.generate(prompts, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    ]
+    texts = [""] * 32
+    first_token = threading.Barrier(33)
+    running_seen = []
+
+    def client(i: int) -> None:
+        with (
+            server.client() as http,
+            http.stream("POST", "/v1/completions", json=completion_body(prompts[i], 200, ignore_eos=True)) as r,
+        ):
+            assert r.status_code == 200
+            waited = False
+            for event in events(r):
+                if not event.data or event.data == "[DONE]":
+                    continue
+                texts[i] += event.json["choices"][0]["text"]
+                if not waited:
+                    waited = True
+                    first_token.wait(60)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    first_token.wait(60)  # every client has its first token: all 32 are in the engine now
+    running_seen.append(server.metrics()["wsgi_infer:num_requests_running"])
+    for t in threads:
+        t.join(120)
+    assert running_seen[0] > 1
+    assert texts == expected
+    assert len(set(texts)) == 32
+    assert_idle(server)
+
+
+def test_disconnect_mid_stream_frees_everything(server):
+    mark = len(server.lines)
+    with (
+        server.client() as http,
+        http.stream("POST", "/v1/completions", json=completion_body("Hello", ENDLESS, ignore_eos=True)) as r,
+    ):
+        request_id = r.headers["x-request-id"]
+        got = 0
+        for event in events(r):
+            if event.data:
+                got += 1
+            if got == 3:
+                break  # leave mid-stream
+    server.wait_for_log(rf"request {request_id}: response ended early, aborted 1", after=mark, timeout=30)
+    assert_idle(server)
+
+
+def test_client_request_id_is_echoed_and_stream_headers_set(server):
+    with server.client() as http:
+        r = http.post("/v1/completions", json=completion_body("Hi", 2), headers={"X-Request-Id": "my-id-42"})
+        assert r.headers["x-request-id"] == "my-id-42"
+        assert r.headers["cache-control"] == "no-cache"
+        assert r.headers["x-accel-buffering"] == "no"
+        assert r.headers["content-type"].startswith("text/event-stream")
+        r = http.get("/health", headers={"X-Request-Id": "bad id <script>"})
+        assert r.headers["x-request-id"] != "bad id <script>" and len(r.headers["x-request-id"]) == 32
+
+
+def test_idle_worker_uses_no_cpu(server):
+    (worker,) = [psutil.Process(pid) for pid in server.worker_pids()]
+    before = worker.cpu_times()
+    time.sleep(3)  # the measurement window itself, not a synchronisation
+    after = worker.cpu_times()
+    used = (after.user - before.user) + (after.system - before.system)
+    assert used < 0.05 * 3, f"idle worker used {used:.3f}s of CPU in 3s"
+
+
+@pytest.fixture(scope="module")
+def one_seq_server(gunicorn_server, tiny_model_dirs):
+    """One sequence at a time and small prefill chunks: queued and prefilling states last."""
+    settings = tiny_settings(tiny_model_dirs, max_num_seqs=1, max_num_batched_tokens=1, max_waiting_requests=1)
+    return gunicorn_server(settings)
+
+
+def test_disconnect_while_queued_and_while_prefilling(one_seq_server):
+    server = one_seq_server
+    mark = len(server.lines)
+    with (
+        server.client() as http,
+        http.stream("POST", "/v1/completions", json=completion_body("Busy", ENDLESS, ignore_eos=True)) as busy,
+    ):
+        running_id = busy.headers["x-request-id"]
+        busy_events = events(busy)  # kept: dropping the iterator would close the connection
+        assert next(busy_events).data  # it is running
+        with (
+            server.client() as http2,
+            http2.stream("POST", "/v1/completions", json=completion_body("Queued", 5)) as queued,
+        ):
+            queued_id = queued.headers["x-request-id"]
+            queued_events = events(queued)
+            heartbeat = next(queued_events)
+            assert heartbeat.comments == ["ping"] and not heartbeat.data  # waiting behind the busy one
+            # 1 running + 1 waiting is the limit: a third request is refused at once.
+            refused = http2.post("/v1/completions", json=completion_body("x", 2))
+            assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+            assert refused.json()["error"]["type"] == "rate_limit_error"
+        server.wait_for_log(rf"request {queued_id}: response ended early, aborted 1", after=mark, timeout=30)
+    server.wait_for_log(rf"request {running_id}: response ended early, aborted 1", after=mark, timeout=30)
+    assert_idle(server)
+
+    long_prompt = list(range(1000, 4900))  # 3,900 prefill steps of one token: seconds, not milliseconds
+    with server.client() as http, http.stream("POST", "/v1/completions", json=completion_body(long_prompt, 5)) as r:
+        prefill_id = r.headers["x-request-id"]
+        prefill_events = events(r)
+        heartbeat = next(prefill_events)
+        assert heartbeat.comments == ["ping"] and not heartbeat.data
+    server.wait_for_log(rf"request {prefill_id}: response ended early, aborted 1", after=mark, timeout=30)
+    assert_idle(server)
+
+
+def test_clients_reusing_a_request_id_do_not_collide(server, tiny_llama):
+    prompts = ["First of the twins", "Second of the twins"]
+    expected = [
+        o.text for o in tiny_llama.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    ]
+    texts = ["", ""]
+
+    def client(i: int) -> None:
+        body = completion_body(prompts[i], 40, ignore_eos=True)
+        with (
+            server.client() as http,
+            http.stream("POST", "/v1/completions", json=body, headers={"X-Request-Id": "same"}) as r,
+        ):
+            for event in events(r):
+                if event.data and event.data != "[DONE]":
+                    texts[i] += event.json["choices"][0]["text"]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert texts == expected
+    assert_idle(server)
+
+
+def test_native_generate_streams_through_a_stream_log(server):
+    """Plain text from the same machinery as SSE: a client that leaves aborts the generation, and what it was
+    sent stays resumable (as SSE events) under its X-Stream-Id."""
+    mark, text = len(server.lines), ""
+    body = {"prompt": "Hello", "max_new_tokens": ENDLESS, "ignore_eos": True, "temperature": 0, "stream": True}
+    with server.client() as http:
+        with http.stream("POST", "/generate", json=body, headers={"X-Request-Id": "plain-reader"}) as r:
+            assert r.headers["content-type"].startswith("text/plain")
+            stream_id = r.headers["x-stream-id"]
+            for piece in r.iter_text():
+                text += piece
+                if len(text) > 200:
+                    break  # leave mid-stream
+        server.wait_for_log(r"request plain-reader: response ended early, aborted 1", after=mark, timeout=30)
+        assert_idle(server)
+        with http.stream("GET", f"/v1/streams/{stream_id}") as r:
+            resumed = [e for e in events(r) if e.data]
+    assert "".join(e.json["text"] for e in resumed if e.name is None).startswith(text)
+    assert resumed[-1].name == "error" and resumed[-1].json["error"]["code"] == "stream_abandoned"

@@ -1,0 +1,2 @@
+"""What the tests share, none of it a test: real processes to start (``server``, ``nginx_proxy``), the app in the
+test's own process (``in_process``), an SSE reader, tiny GGUF files, the transformers reference and batch runs."""

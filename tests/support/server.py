@@ -1,0 +1,202 @@
+"""A real gunicorn process for end-to-end tests: started, watched through its log, stopped."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
+# max_tokens of a stream that must still run when a test acts on it: at least a minute of steps on the tiny
+# models (a step takes over a millisecond of Python however fast the CPU), within their 65,536-token window.
+ENDLESS = 60_000
+
+
+def free_port() -> int:
+    """A port for a server that cannot bind port 0 and report it (nginx, redis); gunicorn does."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_metrics(text: str, model_name: str | None = None) -> dict[str, float]:
+    """The ``wsgi_infer:*`` samples with no label but ``model_name`` (which every one has), by name; of one
+    model where a process serves several (apps in the test process)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("wsgi_infer:") and set(sample.labels) == {"model_name"}:
+                if model_name in (None, sample.labels["model_name"]):
+                    values[sample.name] = sample.value
+    return values
+
+
+# Runs a command that dies with the test process, even one killed from outside (SIGKILL), which runs no cleanup:
+# Linux sends the command SIGINT when its parent goes (PR_SET_PDEATHSIG, kept across exec), a quick stop for
+# gunicorn, nginx and redis alike. A parent that died before the prctl is caught by its pid.
+_DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(1, signal.SIGINT)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("the test run ended before this process started")
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def dying_with_this_process(argv: list[str]) -> list[str]:
+    """``argv`` run so that it ends with this process (on Linux; the thread that starts it must outlive it, as
+    the fixtures' main thread does)."""
+    if not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
+
+
+class LoggedProcess:
+    """A process whose every output line is kept, so tests wait for lines instead of sleeping."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen(
+            dying_with_this_process(argv),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._eof = False
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read_log, daemon=True).start()
+
+    def _read_log(self) -> None:
+        for line in self.process.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._eof = True
+            self._changed.notify_all()
+
+    def wait_for_log(self, pattern: str, timeout: float = 120.0, after: int = 0) -> re.Match:
+        """The first log line (from index ``after``) matching ``pattern``; fails on timeout or exit."""
+        return self.wait_for_line(pattern, timeout, after)[1]
+
+    def wait_for_line(self, pattern: str, timeout: float = 120.0, after: int = 0) -> tuple[int, re.Match]:
+        """The index and match of the first log line (from index ``after``) matching ``pattern``."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for index in range(after, len(self.lines)):
+                    match = regex.search(self.lines[index])
+                    if match:
+                        return index, match
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._eof:
+                    raise AssertionError(f"no log line matching {pattern!r}; log:\n" + "\n".join(self.lines[-40:]))
+                self._changed.wait(remaining)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> LoggedProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class GunicornServer(LoggedProcess):
+    """``gunicorn -c gunicorn.conf.py`` on a loopback port of the kernel's choosing, with
+    WSGI_INFER_* settings; the port comes from gunicorn's own "Listening at" line.
+    """
+
+    def __init__(self, settings: dict[str, str], *args: str, command: list[str] | None = None, **env_vars: str) -> None:
+        """``command`` replaces ``gunicorn -c gunicorn.conf.py`` (for `wsgi-infer serve`); it must
+        bind 127.0.0.1:0 itself. ``env_vars`` go to the environment as they are."""
+        env = {**os.environ, **{f"WSGI_INFER_{k.upper()}": str(v) for k, v in settings.items()}, **env_vars}
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        super().__init__(command or [GUNICORN, "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", *args], env)
+        self.port = int(self.wait_for_log(r"Listening at: http://127\.0\.0\.1:(\d+)\b").group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_booted(self, after: int = 0, count: int = 1) -> list[int]:
+        """The pids of the next ``count`` workers booted after log line ``after``, once each
+        one's own engine is ready (gunicorn prefixes every line with the process's pid)."""
+        pids = []
+        for _ in range(count):
+            after, match = self.wait_for_line(r"Booting worker with pid: (\d+)", after=after)
+            pids.append(int(match.group(1)))
+            after += 1
+        for pid in pids:
+            self.wait_for_log(rf"\[{pid}\] \[INFO\] engine ready: serving")
+        return pids
+
+    def wait_ready(self) -> GunicornServer:
+        self.wait_for_log(r"engine ready: serving")
+        return self
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 60.0), **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=10).text)
+
+    def owner_of(self, client_port: int, context: object = "") -> int:
+        """The worker process holding the server side of the connection from ``client_port`` (``context``: what the
+        caller knows of that connection, for the failure's message)."""
+        import psutil
+
+        peers = {}
+        for pid in self.worker_pids():
+            peers[pid] = [conn.raddr.port for conn in psutil.Process(pid).net_connections(kind="tcp") if conn.raddr]
+            if client_port in peers[pid]:
+                return pid
+        raise AssertionError(f"no worker holds the connection from port {client_port} {context} (their peers: {peers})")
+
+    def worker_pids(self) -> list[int]:
+        import psutil
+
+        return [child.pid for child in psutil.Process(self.process.pid).children()]
+
+
+class RedisServer(LoggedProcess):
+    """Debian's redis-server on a loopback port, memory only; restart it on the same port with ``again()``."""
+
+    def __init__(self, directory: Path, port: int | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            if os.environ.get("CI"):
+                pytest.fail("redis-server is not installed (.ci/run installs Debian's redis-server)")
+            pytest.skip("redis-server is not installed")
+        self.port = port or free_port()
+        self.directory = directory
+        argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        super().__init__([*argv, "--dir", str(directory)])
+        self.wait_for_log(r"Ready to accept connections", timeout=30)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def again(self) -> RedisServer:
+        """A fresh (empty) redis-server on this one's port, once this one has stopped."""
+        return RedisServer(self.directory, self.port)
