@@ -238,6 +238,18 @@ def test_quick_stop_with_a_busy_process_on_every_cpu_ends_every_stream(tiny_mode
     assert_all_gone(pids)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_just_after_the_worker_forks_is_not_lost(tiny_model_dirs, sig):
+    """Signalled as soon as its worker forks, before gunicorn sets the worker's own handlers (after gevent's
+    patching), the server still stops as asked, once the worker has imported: the master never has to kill it."""
+    server = lifecycle_server(tiny_model_dirs, "--graceful-timeout", "60")
+    server.wait_for_log(r"Booting worker with pid")
+    server.process.send_signal(sig)
+    assert server.process.wait(60) == 0
+    server.wait_for_log(r"engine thread stopped")
+    assert not any("SIGKILL" in line for line in server.lines)
+
+
 def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dirs):
     with lifecycle_server(tiny_model_dirs) as server:
         server.wait_ready()

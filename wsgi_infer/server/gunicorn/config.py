@@ -18,6 +18,7 @@ import time
 from wsgi_infer.engine.kernels.build import start_building_cpu_kernels
 from wsgi_infer.engine.runtime.cpu_budget import cpu_budget
 from wsgi_infer.server.engine_client.extension import manager_of
+from wsgi_infer.server.gunicorn.worker import InferenceWorker
 
 # Read in the master before any worker exists (and before torch is imported anywhere).
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -67,9 +68,12 @@ def pre_fork(server, worker):
 def post_fork(server, worker):
     """In the new worker, before it imports anything: no cyclic garbage collection while it imports torch,
     transformers and the app. Their hundreds of thousands of objects live as long as the worker, yet their
-    allocation triggered some 500 collections that traversed them again and again (0.1-0.8 s of a start)."""
+    allocation triggered some 500 collections that traversed them again and again (0.1-0.8 s of a start). And a
+    stop that reaches the worker before its own signal handlers exist is kept for them (``keep_early_stops``)."""
     gc.disable()
     worker.wsgi_infer_forked_at = time.monotonic()
+    if isinstance(worker, InferenceWorker):
+        worker.keep_early_stops(server.SIG_QUEUE)
 
 
 def post_worker_init(worker):

@@ -18,12 +18,15 @@ connections, and request headers, are bounded by gunicorn's keep-alive timeout.
 from __future__ import annotations
 
 import json
+import os
+import queue
 import resource
+import signal
 import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import partial
 from importlib import metadata
 
@@ -39,6 +42,7 @@ from ..engine_client.extension import manager_of
 from ..errors import error_body
 
 TURN_AWAY_LINGER_S = 1.0  # how long a refused client may finish sending before the close
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
 class ConnectionPool(Pool):
@@ -83,6 +87,23 @@ class InferenceWorker(GeventWorker):
     def init_process(self) -> None:
         _raise_open_files_limit(self.worker_connections, self.log)
         super().init_process()
+
+    def keep_early_stops(self, master_queue: queue.SimpleQueue | list[int]) -> None:
+        """Right after the fork (gunicorn's post_fork): a stop signal that reaches this worker before gunicorn sets
+        its handlers (in ``init_signals``, after gevent's patching: 50-150 ms) would be taken by the master's
+        handlers it inherited, into the master's queue it copied, and lost: the worker would start and serve until
+        the master killed it at graceful_timeout (30 s; found by stopping a server just after its worker forked).
+        So such a signal is kept, from that queue or from handlers of our own until then, and raised again once
+        gunicorn's handlers are set."""
+        self._early_stops = [sig for sig in _taken(master_queue) if sig in STOP_SIGNALS]
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, lambda sig, frame: self._early_stops.append(sig))
+
+    def init_signals(self) -> None:
+        super().init_signals()
+        early = set(getattr(self, "_early_stops", ()))
+        if early:  # the most urgent once: a quick stop (SIGINT, SIGQUIT) over a drain (SIGTERM)
+            os.kill(os.getpid(), signal.SIGQUIT if early - {signal.SIGTERM} else signal.SIGTERM)
 
     def patch(self) -> None:
         with _entry_points_read_once():
@@ -165,6 +186,17 @@ class InferenceWorker(GeventWorker):
         if manager is not None:
             manager.shutdown_now()
         Worker.handle_quit(self, sig, frame)  # worker_int hook, then exit
+
+
+def _taken(master_queue: queue.SimpleQueue | list[int]) -> list[int]:
+    """What this worker's copy of the master's signal queue holds (a list before gunicorn 25)."""
+    if isinstance(master_queue, list):
+        return list(master_queue)
+    taken = []
+    with suppress(queue.Empty):
+        while True:
+            taken.append(master_queue.get_nowait())
+    return taken
 
 
 @contextmanager
