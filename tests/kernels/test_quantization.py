@@ -11,6 +11,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
@@ -25,7 +26,7 @@ from wsgi_infer.engine.layers.crossing_points import ANY_ROWS, choose_max_rows
 from wsgi_infer.engine.layers.packed_embedding import PackedEmbedding
 from wsgi_infer.engine.layers.quantization import PackedLinear, SmallBatchLinear, TorchInt4Linear, TorchInt8Linear
 from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
-from wsgi_infer.engine.loading.checkpoint_writer import INDEX_FILE
+from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE
 from wsgi_infer.engine.loading.gguf_checkpoint import _hf_names
 from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.loading.model_paths import default_model_path
@@ -136,11 +137,14 @@ def test_every_weight_kept_only_as_groups_reads_back_as_gguf_py_dequantizes_it(g
     """The default model's conversion keeps its Q4_1 projections and Q8_0 embedding only as groups (no float32
     copy): each, read back, is gguf-py's values bit for bit, in transformers' row order."""
     reader, config, weights, _ = gguf_weights
-    written = set(json.loads((default_model_dir / INDEX_FILE).read_text())["weight_map"])
-    names = _hf_names("llama", config, {t.name for t in reader.tensors})
+    with safe_open(default_model_dir / "model.safetensors", framework="pt") as written_file:
+        written = set(written_file.keys())
+    in_file = json.loads((default_model_dir / FILE_WEIGHTS_FILE).read_text())["weights"]
+    names, _ = _hf_names("llama", config, {t.name for t in reader.tensors})
     processor = LlamaTensorProcessor(config=config.to_dict())
     only_groups = [t for t in reader.tensors if t.name in names and names[t.name] not in written]
     assert len(only_groups) == 30 * 7 + 1 and len(written) == 30 * 2 + 1  # the norms are written
+    assert not in_file  # nothing read from the file: every 2-D weight's groups hold it
     for tensor in only_groups:
         values = processor.process(weights=gguf.dequantize(tensor.data, tensor.tensor_type), name=tensor.name).weights
         assert torch.equal(weights[names[tensor.name]], torch.from_numpy(np.ascontiguousarray(values))), tensor.name

@@ -22,16 +22,10 @@ from wsgi_infer.engine.layers.packed_embedding import PackedEmbedding, holds_exa
 from wsgi_infer.engine.layers.quantization import PackedLinear
 from wsgi_infer.engine.loading import gguf_blocks, model_builder
 from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
-from wsgi_infer.engine.loading.checkpoint_writer import INDEX_FILE
+from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE
 from wsgi_infer.engine.loading.gguf_blocks import MAPPED_TYPES, dequantize_to, groups_from_blocks, holds_values_exactly
-from wsgi_infer.engine.loading.gguf_checkpoint import (
-    DEQUANTIZED_ROWS,
-    _hf_names,
-    _moves_rows_only,
-    _StoredTensor,
-    _tensor_table,
-    read_gguf_config,
-)
+from wsgi_infer.engine.loading.gguf_checkpoint import _hf_names, _moves_rows_only, read_gguf_config
+from wsgi_infer.engine.loading.gguf_file import DEQUANTIZED_ROWS, GgufTensor, tensor_table
 from wsgi_infer.engine.loading.model_paths import ModelLoadError
 from wsgi_infer.engine.loading.packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
 
@@ -64,10 +58,11 @@ def tiny_ggufs(tmp_path_factory) -> dict[str, TinyGGUF]:
 @pytest.mark.parametrize("type_name", ALL_TYPES)
 def test_every_type_loads_as_gguf_py_reads_it_and_packs_what_it_holds(tiny_ggufs, type_name):
     """The converted weights are gguf-py's values bit for bit (in transformers' row order), kept only as their
-    groups where those hold them exactly (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL), the others written. Where the
-    blocks map onto groups, the groups hold those values, exactly or within one float16 rounding of each group's
-    scale and low. On the CPU kernels every projection is packed (4-bit blocks as int4, other mapped blocks as int8,
-    the rest as 8-bit groups made from the values), keeps no full-precision copy, and multiplies the file's
+    groups where those hold them exactly (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL), the others read from the file
+    (``file_weights``). Where the blocks map onto groups, the groups hold those values, exactly or within one
+    float16 rounding of each group's scale and low; elsewhere they are made from the values. On the CPU kernels
+    every projection is packed (4-bit blocks as int4, other mapped blocks as int8, the rest as 8-bit groups made
+    from the values), keeps no full-precision copy, and multiplies the file's
     weights within the float32 rows' 16-bit rounding (within 8-bit rounding where its groups were made from the
     values)."""
     tiny, ggml_type = tiny_ggufs[type_name], Q[type_name]
@@ -75,7 +70,7 @@ def test_every_type_loads_as_gguf_py_reads_it_and_packs_what_it_holds(tiny_ggufs
     model_dir = llm.engine.model_dir
     values, stored = CheckpointTensors(model_dir, torch.float32), StoredGroups(model_dir / PACKED_GROUPS_FILE)
     processor = LlamaTensorProcessor(config=llm.engine.hf_config.to_dict())
-    written = json.loads((model_dir / INDEX_FILE).read_text())["weight_map"]
+    in_file = json.loads((model_dir / FILE_WEIGHTS_FILE).read_text())["weights"]
     for gguf_name, (written_type, raw) in tiny.tensors.items():
         if not gguf_name.startswith("blk.0."):
             continue
@@ -83,11 +78,10 @@ def test_every_type_loads_as_gguf_py_reads_it_and_packs_what_it_holds(tiny_ggufs
         read = processor.process(weights=gguf.dequantize(raw, written_type), name=gguf_name).weights
         expected = torch.from_numpy(np.ascontiguousarray(read))
         assert torch.equal(values[hf_name], expected), gguf_name
-        assert (hf_name in stored) == (ggml_type in MAPPED_TYPES)
-        assert (hf_name in written) == (written_type not in EXACT), gguf_name  # else kept only as groups
-        if hf_name in stored:
+        assert (hf_name in in_file) == (written_type not in EXACT), gguf_name  # else kept only as groups
+        assert isinstance(stored[hf_name], Int4Groups if ggml_type in INT4 else Int8Groups)  # made from values else
+        if ggml_type in MAPPED_TYPES:
             _assert_groups_hold(stored[hf_name], expected, exact=ggml_type in EXACT)
-            assert isinstance(stored[hf_name], Int4Groups if ggml_type in INT4 else Int8Groups)
     if llm.engine.runner.kernels is None:
         pytest.skip("no C compiler")
     model = llm.engine.runner.model
@@ -138,14 +132,14 @@ def test_q4_1_blocks_are_kept_only_as_groups_where_those_give_the_values_bit_for
 def test_groups_are_kept_only_where_transformers_moves_a_tensors_rows_alone():
     """llama.cpp permutes a Llama file's query and key rows, and transformers' processor permutes them back: the
     groups, rows of the file, move with them. GPT-2's processor transposes its Conv1D weights: no groups there,
-    and the values are written."""
+    and the values are read from the file."""
     llama = LlamaTensorProcessor(config={"num_attention_heads": 4, "num_key_value_heads": 2})
-    query = _StoredTensor("blk.0.attn_q.weight", Q.Q8_0, (64, 64), None)  # only its name and shape are read
+    query = GgufTensor("blk.0.attn_q.weight", Q.Q8_0, (64, 64), None)  # only its name and shape are read
     rows = np.arange(64, dtype=np.float32)[:, None]
     assert not np.array_equal(llama.process(weights=rows, name=query.name).weights, rows)  # it does move them
     assert _moves_rows_only(llama, query)
-    assert not _moves_rows_only(GPT2TensorProcessor(), _StoredTensor("blk.0.attn_qkv.weight", Q.Q8_0, (192, 64), None))
-    assert _moves_rows_only(GPT2TensorProcessor(), _StoredTensor("token_embd.weight", Q.Q8_0, (100, 64), None))
+    assert not _moves_rows_only(GPT2TensorProcessor(), GgufTensor("blk.0.attn_qkv.weight", Q.Q8_0, (192, 64), None))
+    assert _moves_rows_only(GPT2TensorProcessor(), GgufTensor("token_embd.weight", Q.Q8_0, (100, 64), None))
 
 
 def test_groups_are_compared_with_values_a_chunk_of_rows_at_a_time(monkeypatch):
@@ -211,7 +205,7 @@ def test_each_tensor_is_read_by_the_name_transformers_model_gives_it(tmp_path, a
     file's tensors (as transformers' GGUF loading maps them, through gguf-py's table), every one."""
     path = write_tiny_gguf(tmp_path / "mix.gguf", MIXED_TYPES, embedding="Q8_0", arch=arch).path
     config = read_gguf_config(path)
-    architecture, tensors = _tensor_table(path)
+    architecture, tensors = tensor_table(path)
     present = {t.name for t in tensors}
     arch_id = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == architecture)
     table = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
@@ -223,7 +217,7 @@ def test_each_tensor_is_read_by_the_name_transformers_model_gives_it(tmp_path, a
         gguf_base = table.get_name(base)
         if gguf_base is not None and f"{gguf_base}.{suffix}" in present:
             expected[f"{gguf_base}.{suffix}"] = hf_name
-    assert _hf_names(architecture, config, present) == expected
+    assert _hf_names(architecture, config, present)[0] == expected
     assert set(expected) == present - {"rope_factors_long.weight", "rope_factors_short.weight"}
 
 
@@ -273,7 +267,7 @@ def test_a_large_tensor_is_dequantized_as_gguf_py_does_it_whole(tiny_ggufs, type
     gguf_name, (written_type, raw) = next((n, t) for n, t in tiny_ggufs[type_name].tensors.items() if "ffn_down" in n)
     rows = np.tile(raw.reshape(raw.shape[0], -1), (2 * DEQUANTIZED_ROWS // raw.shape[0] + 3, 1))
     expected = gguf.dequantize(rows, written_type)
-    tensor = _StoredTensor(gguf_name, written_type, expected.shape, rows)
+    tensor = GgufTensor(gguf_name, written_type, expected.shape, rows)
     assert rows.shape[0] > 2 * DEQUANTIZED_ROWS and torch.equal(tensor.values(), torch.from_numpy(expected))
 
 
@@ -281,7 +275,7 @@ def test_a_float32_tensor_is_read_into_a_copy_of_its_own():
     """F32 rows are a view of the file's read-only mapping: the values are a copy, without torch's warning."""
     mapped = np.arange(8, dtype=np.float32).reshape(2, 4).view(np.uint8)
     mapped.flags.writeable = False
-    tensor = _StoredTensor("blk.0.attn_norm.weight", gguf.GGMLQuantizationType.F32, (2, 4), mapped)
+    tensor = GgufTensor("blk.0.attn_norm.weight", gguf.GGMLQuantizationType.F32, (2, 4), mapped)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         values = tensor.values()

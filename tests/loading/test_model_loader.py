@@ -14,8 +14,9 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine.loading import checkpoint_tensors, checkpoint_writer
+from wsgi_infer.engine.loading import checkpoint_tensors
 from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
+from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE
 from wsgi_infer.engine.loading.gguf_checkpoint import read_gguf_config
 from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.loading.model_loader import (
@@ -26,7 +27,13 @@ from wsgi_infer.engine.loading.model_loader import (
     load_imports,
     resolve_model_dir,
 )
-from wsgi_infer.engine.loading.model_paths import CONVERSION_VERSION, FILE_DIGESTS_FILE, default_model_path, file_digest
+from wsgi_infer.engine.loading.model_paths import (
+    CONVERSION_VERSION,
+    FILE_DIGESTS_FILE,
+    ModelLoadError,
+    default_model_path,
+    file_digest,
+)
 from wsgi_infer.engine.runtime.cache_files import cache_root
 
 from ..conftest import TINY_ARCHITECTURES
@@ -172,19 +179,34 @@ def test_checkpoint_tensors_let_go_of_a_files_mapping_as_they_read(tiny_model_di
     assert torch.equal(first, again)
 
 
-def test_a_conversion_writes_its_weights_a_shard_at_a_time(tmp_path, monkeypatch):
-    """Shards of at most SHARD_BYTES (and one tensor) as the tensors are read, under an index transformers reads:
-    the float32 model is never held whole (Gemma 3 270M's conversion peaked at 5.5 GB, now 2.1)."""
+def test_a_conversion_copies_no_weights_values_and_a_load_reads_them_from_the_file(tmp_path, monkeypatch):
+    """A converted copy keeps its 2-D weights as groups only: where those do not hold a weight bit for bit (K-quants,
+    F16), a load that needs its values reads them from the GGUF itself, as gguf-py gives them. So a float32 load
+    equals transformers' reference on them, and the copy is smaller than the file's float32 weights by far. Moved
+    elsewhere (same bytes, same copy), the file is read there; gone, the load says so."""
     monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(checkpoint_writer, "SHARD_BYTES", 1 << 20)
-    path = write_tiny_gguf(tmp_path / "tiny.gguf", MIXED_TYPES, embedding="F16").path  # Q8_0 would be groups only
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", MIXED_TYPES, embedding="F16").path
     llm = LLM(model=str(path), dtype="float32", quantization="none")
-    shards = sorted(p.name for p in llm.engine.model_dir.glob("model-*.safetensors"))
-    weight_map = json.loads((llm.engine.model_dir / checkpoint_writer.INDEX_FILE).read_text())["weight_map"]
-    assert len(shards) > 3 and sorted(set(weight_map.values())) == shards
-    assert "lm_head.weight" not in weight_map  # tied: the embedding serves both
+    model_dir = llm.engine.model_dir
+    in_file = json.loads((model_dir / FILE_WEIGHTS_FILE).read_text())
+    assert in_file["gguf"] == str(path.resolve()) and "model.embed_tokens.weight" in in_file["weights"]
+    assert "lm_head.weight" not in in_file["weights"]  # tied: the embedding serves both
+    float32_weights = sum(t.numel() * 4 for t in CheckpointTensors(model_dir, torch.float32).values())
+    assert sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) < float32_weights / 2
     prompt = llm.engine.tokenize("The quick brown fox")
     out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
-    reference = load_hf_model(llm.engine.model_dir, torch.float32)
+    reference = load_hf_model(model_dir, torch.float32)
     expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0)
     assert out.token_ids == expected[0, len(prompt) :].tolist()
+    moved = tmp_path / "elsewhere" / "tiny.gguf"
+    moved.parent.mkdir()
+    path.rename(moved)
+    again = LLM(model=str(moved), dtype="float32", quantization="none")
+    assert again.engine.model_dir == model_dir
+    assert (
+        again.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].token_ids
+        == out.token_ids
+    )
+    moved.unlink()
+    with pytest.raises(ModelLoadError, match="the GGUF this model was converted from is gone"):
+        CheckpointTensors(model_dir, torch.float32)["model.embed_tokens.weight"]

@@ -10,8 +10,8 @@ gguf-py's alone; where a block's codes are whole bytes, it takes the bytes. Per 
   give ``scale = d * sc`` and ``low = -dmin * m``, rounded to float16 (2^-11 of each, relative, at most);
 - Q5_0 (codes -16..15), Q5_1 (0..31 and an offset), IQ4_NL (codes from its table of 16 levels): int8 groups,
   exactly; Q5_K and IQ4_XS (``d * (ls - 32)``): int8 groups, scales rounded to float16 as for Q4_K;
-- every other type (F32, F16, BF16, Q6_K's 16-weight sub-blocks, Q2_K, Q3_K, ...): None, and the layer is
-  quantized from its values when it loads.
+- every other type (F32, F16, BF16, Q6_K's 16-weight sub-blocks, Q2_K, Q3_K, ...): None, and the conversion makes
+  8-bit groups from its values (``gguf_checkpoint``).
 """
 
 from __future__ import annotations

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
 from torch.overrides import TorchFunctionMode
 
-from ..kernels.weight_groups import WeightGroups
+from ..kernels.weight_groups import Int8Groups, WeightGroups
 from ..models import allocate_model
-from .gguf_blocks import dequantize_to, groups_from_blocks, holds_values_exactly
+from .gguf_blocks import BYTE_TYPES, dequantize_to, groups_from_blocks, holds_values_exactly
+from .gguf_file import GgufTensor, tensor_table
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _phi3_rope(gguf_file: Path, metadata: dict, values: dict) -> dict:
     head_dim = values["hidden_size"] // values["num_attention_heads"]
     rotary = metadata.get("phi3.rope.dimension_count", head_dim)
     rope = {"rope_theta": values.get("rope_theta", 10000.0), "partial_rotary_factor": rotary / head_dim}
-    factors = {t.name: t for t in _tensor_table(gguf_file)[1] if t.name.startswith("rope_factors_")}
+    factors = {t.name: t for t in tensor_table(gguf_file)[1] if t.name.startswith("rope_factors_")}
     if factors:
         rope |= {
             "rope_type": "longrope",
@@ -90,17 +90,35 @@ def _phi3_rope(gguf_file: Path, metadata: dict, values: dict) -> dict:
     return {"rope_parameters": rope, "partial_rotary_factor": rope["partial_rotary_factor"]}
 
 
-def gguf_tensors(gguf_file: Path, config) -> Iterator[tuple[str, torch.Tensor | None, WeightGroups | None]]:
-    """Each tensor under its Hugging Face name: its float32 values (gguf-py dequantizes every block type it knows)
-    and its packed groups where its blocks map onto them (``gguf_blocks``), one at a time, so that a converter can
-    write each away before the next is read (holding them all took 5.5 GB for Gemma 3 270M). The values are None
-    where the groups hold them bit for bit (``_values_and_groups``): Q4_0, Q4_1 and Q8_0 blocks are not even
-    dequantized (0.9 s of the default model's first start)."""
+@dataclass
+class ConvertedTensor:
+    """What a converted copy keeps of one tensor, under its Hugging Face name: its float32 ``values`` (a norm's, a
+    bias's: 1-D), its packed ``groups``, and, where these do not give its values bit for bit, the ``place`` in the
+    file to read them from (``file_weights``)."""
+
+    name: str
+    values: torch.Tensor | None = None
+    groups: WeightGroups | None = None
+    place: list | None = None
+
+
+def gguf_tensors(gguf_file: Path, config) -> tuple[str, Iterator[ConvertedTensor]]:
+    """Each tensor the model reads, one at a time, so that a converter can write each away before the next is read
+    (holding them all took 5.5 GB for Gemma 3 270M). A 2-D tensor's values are never kept: its groups are the
+    blocks' own where they map (``gguf_blocks``), else made from its values as a load would make them, for the
+    tensors our linear layers read; Q4_0, Q4_1 and Q8_0 blocks are not even dequantized (0.9 s of the default
+    model's first start), nor are the tensors no linear layer reads. Returns the file's architecture too."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    architecture, tensors = _tensor_table(gguf_file)
+    architecture, tensors = tensor_table(gguf_file)
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
-    names = _hf_names(architecture, config, {t.name for t in tensors})
+    names, packed = _hf_names(architecture, config, {t.name for t in tensors})
+    return architecture, _converted(gguf_file, tensors, processor, names, packed)
+
+
+def _converted(
+    gguf_file: Path, tensors: list[GgufTensor], processor, names: dict[str, str], packed: set[str]
+) -> Iterator[ConvertedTensor]:
     started = time.monotonic()
     for index, tensor in enumerate(tensors):
         if tensor.name not in names:
@@ -109,18 +127,21 @@ def gguf_tensors(gguf_file: Path, config) -> Iterator[tuple[str, torch.Tensor | 
         def reorder(t: torch.Tensor, name: str = tensor.name) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(processor.process(weights=t.numpy(), name=name).weights))
 
-        if len(tensor.shape) == 2 and _moves_rows_only(processor, tensor):
-            values, found = _values_and_groups(tensor)
-        else:
-            values, found = tensor.values(), None
-        if found is not None:
-            found = type(found)(*(None if t is None else reorder(t) for t in astuple(found)))
-        yield names[tensor.name], None if values is None else reorder(values), found
+        name = names[tensor.name]
+        if len(tensor.shape) != 2:
+            yield ConvertedTensor(name, values=reorder(tensor.values()))
+            continue
+        groups, exact = None, False
+        if _moves_rows_only(processor, tensor) and (name in packed or tensor.ggml_type in BYTE_TYPES):
+            groups, exact = _groups(tensor)
+        if groups is not None:
+            groups = type(groups)(*(None if t is None else reorder(t) for t in astuple(groups)))
+        yield ConvertedTensor(name, groups=groups, place=None if exact else tensor.place)
         if time.monotonic() - started > 2 and index % 50 == 0:
             log.info("GGUF %s: %d of %d tensors read", gguf_file.name, index, len(tensors))
 
 
-def _moves_rows_only(processor, tensor: _StoredTensor) -> bool:
+def _moves_rows_only(processor, tensor: GgufTensor) -> bool:
     """Whether transformers' processor of the architecture at most permutes this 2-D tensor's rows (llama.cpp's
     query and key permutation, undone): then the groups of its blocks, which are rows of the file, move with
     them. Found by processing a column of row numbers: GPT-2's processor transposes its Conv1D weights, and
@@ -130,88 +151,27 @@ def _moves_rows_only(processor, tensor: _StoredTensor) -> bool:
     return moved.shape == rows.shape and np.array_equal(np.sort(moved, axis=0), rows)
 
 
-def _values_and_groups(tensor: _StoredTensor) -> tuple[torch.Tensor | None, WeightGroups | None]:
-    """A 2-D tensor's values and its groups (None where its blocks do not map), in the file's row order. The values
-    are None where the groups give them bit for bit: known from the blocks for Q4_0, Q4_1 and Q8_0, which are then
-    not dequantized at all; compared for the types whose codes come from the values (Q5_0, Q5_1, IQ4_NL hold
-    them; K-quants round their scales)."""
+def _groups(tensor: GgufTensor) -> tuple[WeightGroups, bool]:
+    """A 2-D tensor's groups in the file's row order, and whether they give its values bit for bit: known from the
+    blocks for Q4_0, Q4_1 and Q8_0, which are then not dequantized at all; compared for the types whose codes come
+    from the values (Q5_0, Q5_1, IQ4_NL hold them; K-quants round their scales). A type whose blocks do not map
+    gets 8-bit groups made from its values, as a load makes them for a layer (``packing``)."""
     raw = torch.from_numpy(tensor.raw.copy())
     if holds_values_exactly(raw, tensor.ggml_type):
-        return None, groups_from_blocks(raw, tensor.ggml_type, lambda: None)
+        return groups_from_blocks(raw, tensor.ggml_type, lambda: None), True
     values = tensor.values()
     try:
         found = groups_from_blocks(raw, tensor.ggml_type, lambda: values)
     except ValueError as exc:
         raise ValueError(f"tensor {tensor.name} ({tensor.ggml_type.name}): {exc}") from exc
-    return (None if found is not None and dequantize_to(found, values) else values), found
+    if found is None:
+        return Int8Groups.from_weight(values), False
+    return found, dequantize_to(found, values)
 
 
-DEQUANTIZED_ROWS = 1024  # a few MB of gguf-py's temporaries at a time
-
-
-@dataclass
-class _StoredTensor:
-    name: str
-    ggml_type: GGMLQuantizationType
-    shape: tuple[int, ...]  # in torch's order
-    raw: np.ndarray  # its bytes in the mapped file, [rows, bytes per row]
-
-    def values(self) -> torch.Tensor:
-        """float32 values in torch's shape; ValueError naming a type gguf-py cannot read.
-
-        gguf-py's own dequantization of its type's rows, ``DEQUANTIZED_ROWS`` at a time: its ``dequantize`` calls
-        that for 16 rows at a time, and took twice as long (0.83 s against 0.43 s for the default model's tensors,
-        1.63 s against 0.69 s for Gemma 3 270M's), for the same bits."""
-        from gguf import quants
-
-        kind = getattr(quants, self.ggml_type.name, None)  # gguf-py's class for the type, where it has one
-        try:
-            if kind is None or not hasattr(kind, "dequantize_rows"):  # F32 and F16: a view, a cast
-                values = quants.dequantize(self.raw, self.ggml_type)
-            else:
-                kind.init_grid()  # the IQ types' tables
-                rows = range(0, self.raw.shape[0], DEQUANTIZED_ROWS)
-                values = np.concatenate([kind.dequantize_rows(self.raw[r : r + DEQUANTIZED_ROWS]) for r in rows])
-        except NotImplementedError:
-            raise ValueError(
-                f"tensor {self.name}: ggml type {self.ggml_type.name} ({int(self.ggml_type)}) cannot be read "
-                "(gguf-py does not dequantize it)"
-            ) from None
-        # F32 comes back as a view of the read-only mapping: a copy of its own (torch warns of a shared one)
-        return torch.from_numpy(np.require(values, np.float32, "W")).reshape(self.shape)
-
-
-def _tensor_table(gguf_file: Path) -> tuple[str, list[_StoredTensor]]:
-    """The file's architecture and tensors, mapped, not read. Parsed with transformers' fast GGUF reader, which
-    walks past the vocabulary's strings: gguf-py's ``GGUFReader`` builds a field for each (3.3 s per file), and the
-    tensor table's byte counts come from gguf-py's sizes of every type, where transformers' cover fewer."""
-    from gguf import GGML_QUANT_SIZES
-    from transformers.integrations.gguf.reader import _mapped, _read_metadata, _read_tensor_table
-
-    blob = _mapped(str(gguf_file))
-    metadata, count, pos = _read_metadata(blob, str(gguf_file))
-    entries, pos = _read_tensor_table(blob, count, pos)
-    alignment = metadata.get("general.alignment", 32)
-    data_start = (pos + alignment - 1) // alignment * alignment
-    tensors = []
-    for name, shape, type_id, offset in entries:
-        try:
-            ggml_type = GGMLQuantizationType(type_id)
-            block_weights, block_bytes = GGML_QUANT_SIZES[ggml_type]
-        except (ValueError, KeyError):
-            raise ValueError(f"tensor {name}: ggml type {type_id} is unknown to gguf-py") from None
-        row_bytes = shape[-1] // block_weights * block_bytes
-        rows = int(np.prod(shape[:-1]))
-        start = data_start + offset
-        # A plain array over the mapping: gguf-py slices it per row group, and a memmap's every slice costs
-        # a Python-level finalizer (0.5 s of a 6 s conversion).
-        raw = np.asarray(blob[start : start + rows * row_bytes]).reshape(rows, row_bytes)
-        tensors.append(_StoredTensor(name, ggml_type, shape, raw))
-    return metadata["general.architecture"], tensors
-
-
-def _hf_names(architecture: str, config, present: set[str]) -> dict[str, str]:
-    """GGUF tensor name -> the transformers name our model reads it by, for the tensors it reads.
+def _hf_names(architecture: str, config, present: set[str]) -> tuple[dict[str, str], set[str]]:
+    """GGUF tensor name -> the transformers name our model reads it by, for the tensors it reads; and the names its
+    linear layers read (their groups are what the CPU kernels multiply).
 
     Our model, allocated and never written, loads from a mapping that translates each name it asks for through
     gguf-py's table for the architecture (as transformers' ``get_gguf_hf_weights_map`` does) and keeps it, while
@@ -224,7 +184,8 @@ def _hf_names(architecture: str, config, present: set[str]) -> dict[str, str]:
     model = allocate_model(config, torch.device("cpu"), torch.bfloat16)  # memory never touched, so never taken
     with _Inert():
         model.load_hf_state_dict(asked)
-    return asked.names
+    linear = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    return asked.names, {part for name in linear for part in model.checkpoint_names(name)}
 
 
 class _NamesAsked(Mapping):

@@ -22,7 +22,7 @@ from pathlib import Path
 from ..models import model_class
 from ..runtime.cache_files import cache_root, read_json, write_json
 from ..text.builtin_chat_templates import BUILTIN_TEMPLATES
-from .checkpoint_writer import ShardedCheckpoint
+from .file_weights import point_at, save_file_weights
 from .model_paths import (
     ModelLoadError,
     conversion_lock,
@@ -60,6 +60,7 @@ def _converted_gguf_dir(gguf: Path) -> Path:
         with conversion_lock(target):
             if not (target / "config.json").is_file():  # another worker may have converted it meanwhile
                 _convert_gguf_into(gguf, target)
+    point_at(target, gguf)  # the same bytes, perhaps moved since: its weights are read there
     log.info("model %s: using converted copy %s", gguf, target)
     return target
 
@@ -80,7 +81,9 @@ def _convert_gguf_into(gguf: Path, target: Path) -> None:
 
 
 def _convert_gguf(gguf: Path, staging: Path) -> None:
-    """Config, tokenizer, weights and 4-bit groups, each read once from the file."""
+    """Config, tokenizer, the weights' groups, the 1-D tensors and where the other weights lie in the file, each read
+    once from the file: no 2-D weight's values are copied (``file_weights``)."""
+    from safetensors.torch import save_file
     from transformers import GenerationConfig
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
@@ -91,15 +94,19 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
         # Not AutoTokenizer: it would parse the whole file again (gguf-py, about 5 s) to choose this class.
         tokenizer = TokenizersBackend.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         log.info("model %s: config and tokenizer read; reading the weights", gguf.name)
-        groups = {}
-        with ShardedCheckpoint(staging) as checkpoint:
-            for name, weight, found in gguf_tensors(gguf, config):
-                if weight is not None and not (config.tie_word_embeddings and name == "lm_head.weight"):
-                    checkpoint.add(name, weight)  # the others are their groups (CheckpointTensors reads them)
-                if found is not None:
-                    groups[name] = found
+        values, groups, places = {}, {}, {}
+        architecture, tensors = gguf_tensors(gguf, config)
+        for tensor in tensors:
+            if tensor.values is not None:
+                values[tensor.name] = tensor.values
+            if tensor.groups is not None:
+                groups[tensor.name] = tensor.groups
+            if tensor.place is not None:
+                places[tensor.name] = tensor.place
     except Exception as exc:  # transformers and gguf-py raise many kinds for unreadable files
         raise ModelLoadError(f"model {gguf}: cannot read GGUF file ({exc})") from exc
+    save_file(values, staging / "model.safetensors", metadata={"format": "pt"})
+    save_file_weights(staging, gguf, architecture, config.to_dict(), places)
     save_packed_groups(groups, staging / PACKED_GROUPS_FILE)
     config.save_pretrained(staging)
     _resolve_config(staging)  # while its class is imported: the worker that waited on us need not import it

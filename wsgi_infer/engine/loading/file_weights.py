@@ -1,0 +1,81 @@
+"""The weights a converted GGUF does not keep, read from the GGUF itself when a load needs their values.
+
+A converted copy keeps a 2-D weight only as its packed groups, which is all the CPU kernels read: its values in full
+(float32, 8 times a 4-bit file: 4.6 GB for a 1B model's Q4_K_M) would be a second copy of the file. Where a load
+does need them (the embedding's table, a GPU, ``quantization none``, groups of another format), they come from the
+file: mapped at the place the conversion recorded here, dequantized by gguf-py, reordered by transformers'
+processor for the architecture, as the conversion would have.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..runtime.cache_files import read_json, write_json
+from .model_paths import ModelLoadError
+
+FILE_WEIGHTS_FILE = "gguf_weights.json"  # in a converted copy: the file, and where each weight lies in it
+
+
+def save_file_weights(directory: Path, gguf: Path, architecture: str, config: dict, places: dict[str, list]) -> None:
+    """``places``: each weight's Hugging Face name -> ``GgufTensor.place``."""
+    record = {"gguf": str(gguf.resolve()), "architecture": architecture, "config": config, "weights": places}
+    write_json(directory / FILE_WEIGHTS_FILE, record)
+
+
+def point_at(directory: Path, gguf: Path) -> None:
+    """The copy reads ``gguf`` from now on: the same bytes (its directory is named by their digest), moved or copied
+    elsewhere since. A cache it cannot write (a prepared, read-only one) keeps the path it has."""
+    record = read_json(directory / FILE_WEIGHTS_FILE)
+    if record is not None and record["gguf"] != str(gguf.resolve()):
+        try:
+            write_json(directory / FILE_WEIGHTS_FILE, record | {"gguf": str(gguf.resolve())})
+        except OSError:
+            pass
+
+
+class FileWeights(Mapping):
+    """A converted copy's weights that its GGUF holds, by Hugging Face name, as float32 values (empty for a Hugging
+    Face directory). Nothing is mapped or imported until a value is read."""
+
+    def __init__(self, directory: Path) -> None:
+        self._record = read_json(directory / FILE_WEIGHTS_FILE) or {"weights": {}}
+        self._blob: np.ndarray | None = None
+        self._processor = None
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from .gguf_file import mapped_file, mapped_tensor
+
+        place = self._record["weights"][name]
+        if self._blob is None:
+            path = Path(self._record["gguf"])
+            if not os.path.isfile(path):
+                raise ModelLoadError(f"{path}: the GGUF this model was converted from is gone (its weights are read)")
+            self._blob = mapped_file(path)
+        tensor = mapped_tensor(self._blob, place)
+        values = self._reorder(tensor.values().numpy(), tensor.name)
+        return torch.from_numpy(np.ascontiguousarray(values))
+
+    def _reorder(self, values: np.ndarray, gguf_name: str) -> np.ndarray:
+        """transformers' processor of the architecture, as the conversion applied it (llama.cpp's permutation of
+        the query and key rows, undone)."""
+        if self._processor is None:
+            from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+            kind = TENSOR_PROCESSORS.get(self._record["architecture"], TensorProcessor)
+            self._processor = kind(config=self._record["config"])
+        return self._processor.process(weights=values, name=gguf_name).weights
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._record["weights"]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._record["weights"])
+
+    def __len__(self) -> int:
+        return len(self._record["weights"])
