@@ -50,7 +50,7 @@ def int4_kernel_layout(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Ten
     block byte 2c + j % 2; float16 scale and low (``w = q * scale + low``). So the codes are the blocks' byte
     pairs, transposed: no nibble moves."""
     pad = -codes.shape[0] % 16
-    padded = F.pad(codes, (0, 0, 0, pad))
+    padded = F.pad(codes, (0, 0, 0, pad)) if pad else codes.contiguous()
     tiles, groups = padded.shape[0] // 16, padded.shape[1] // 16
     pairs = padded.view(torch.int16).view(tiles, 16, groups, 8).permute(0, 2, 3, 1)  # [tiles, groups, chunk, out]
     kernel_codes = pairs.contiguous().view(torch.uint8).view(tiles, groups, 8, 32)
@@ -62,7 +62,10 @@ def int8_kernel_layout(groups: Int8Groups) -> tuple[torch.Tensor, torch.Tensor, 
     16 with zeros): codes [n / 16, k / 2, 16, 2], each pair of inputs' 16 outputs in one run of 32 bytes, as
     vpmaddwd pairs them; float16 scale and low (or None)."""
     pad = -groups.codes.shape[0] % 16
-    codes = F.pad(groups.codes, (0, 0, 0, pad))
-    codes = codes.view(-1, 16, codes.shape[1] // 2, 2).transpose(1, 2).contiguous()
+    codes = F.pad(groups.codes, (0, 0, 0, pad)) if pad else groups.codes.contiguous()  # a pad of nothing copies
+    # Each tile's [16, k / 2] input pairs transposed, as 16-bit elements: 2-3 times faster than moving byte pairs
+    # (a 1B model's weights took 1.6 s so at every start).
+    pairs = codes.view(torch.int16).view(-1, 16, codes.shape[1] // 2).transpose(1, 2).contiguous()
+    codes = pairs.view(torch.int8).view(-1, codes.shape[1] // 2, 16, 2)
     low = None if groups.low is None else _by_tile(groups.low, pad)
     return codes, _by_tile(groups.scale, pad), low

@@ -1,0 +1,87 @@
+#!/usr/bin/env python
+"""Make a model of a real model's shape, with random weights, as GGUF files: for speed work at sizes no test can
+ship (never for quality: its text is noise).
+
+    .venv/bin/python scripts/make_shaped_model.py --shape 1b --llama-cpp llsrc/.../vendor/llama.cpp \\
+        --out /tmp/shaped --types Q4_K_M Q4_0 Q8_0
+
+It builds transformers' Llama model of the shape under bf16 (``AutoModelForCausalLM.from_config``), saves it with
+the shipped default model's tokenizer (SmolLM2's 49,152 tokens), converts it with llama.cpp's own converter to a BF16
+GGUF (``convert_hf_to_gguf.py``; it needs ``pip install sentencepiece``), then makes each type with
+``llama-quantize``. ``--llama-cpp`` is the llama.cpp tree with ``build/bin/llama-quantize`` built in it (see
+shared/notes/baselines.md: the tree the llama-cpp-python sdist vendors). Nothing it makes belongs in the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# name: (hidden, intermediate, layers, heads, kv heads, vocab, tied): Llama 3.2's and Qwen's shapes, Llama's blocks
+SHAPES = {
+    "0.5b": (896, 4864, 24, 14, 2, 49152, True),  # Qwen2.5 0.5B's shape (head_dim 64)
+    "1b": (2048, 8192, 16, 32, 8, 49152, True),  # Llama 3.2 1B's shape with SmolLM2's vocabulary: 1.07B
+    "1b-vocab128k": (2048, 8192, 16, 32, 8, 128256, True),  # Llama 3.2 1B's own vocabulary and LM head: 1.24B
+    "1.7b": (2048, 8192, 24, 32, 8, 49152, True),  # SmolLM2 1.7B's shape (head_dim 64)
+    "3b": (3072, 8192, 28, 24, 8, 128256, True),  # Llama 3.2 3B's shape (head_dim 128)
+}
+
+
+def build(shape: str, directory: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    from wsgi_infer.engine.loading.model_paths import default_model_path
+
+    hidden, intermediate, layers, heads, kv_heads, vocab, tied = SHAPES[shape]
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        rope_theta=500000.0,
+        tie_word_embeddings=tied,
+        max_position_embeddings=8192,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    model = AutoModelForCausalLM.from_config(config)
+    tokenizer_file = default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_file.parent, gguf_file=tokenizer_file.name)
+    if vocab > len(tokenizer):  # a larger vocabulary than SmolLM2's: its LM head's size is what matters here
+        tokenizer.add_tokens([f"<extra_{i}>" for i in range(vocab - len(tokenizer))])
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    print(f"{shape}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters in {directory}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=SHAPES, default="1b")
+    parser.add_argument("--llama-cpp", type=Path, required=True, help="a llama.cpp tree with llama-quantize built")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--types", nargs="+", default=["Q4_K_M", "Q4_0"])
+    args = parser.parse_args()
+    hf_dir, bf16 = args.out / f"{args.shape}-hf", args.out / f"{args.shape}-bf16.gguf"
+    if not (hf_dir / "config.json").is_file():
+        build(args.shape, hf_dir)
+    if not bf16.is_file():
+        converter = args.llama_cpp / "convert_hf_to_gguf.py"
+        env = os.environ | {"PYTHONPATH": str(args.llama_cpp / "gguf-py")}
+        subprocess.run([sys.executable, converter, hf_dir, "--outtype", "bf16", "--outfile", bf16], check=True, env=env)
+    for kind in args.types:
+        out = args.out / f"{args.shape}-{kind.lower()}.gguf"
+        if not out.is_file():
+            subprocess.run([args.llama_cpp / "build/bin/llama-quantize", bf16, out, kind], check=True)
+        print(f"{out}: {out.stat().st_size / 2**20:,.0f} MiB", flush=True)
+
+
+if __name__ == "__main__":
+    main()
