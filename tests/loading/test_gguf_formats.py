@@ -22,7 +22,7 @@ from wsgi_infer.engine.layers.packed_embedding import PackedEmbedding, holds_exa
 from wsgi_infer.engine.layers.quantization import PackedLinear
 from wsgi_infer.engine.loading import gguf_blocks, model_builder
 from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
-from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE
+from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE, FileEmbedding
 from wsgi_infer.engine.loading.gguf_blocks import MAPPED_TYPES, dequantize_to, groups_from_blocks, holds_values_exactly
 from wsgi_infer.engine.loading.gguf_checkpoint import _hf_names, _moves_rows_only, read_gguf_config
 from wsgi_infer.engine.loading.gguf_file import DEQUANTIZED_ROWS, GgufTensor, tensor_table
@@ -305,7 +305,7 @@ def test_a_packed_head_holds_a_table_exactly_as_its_rows_read_back(with_low):
 def test_a_q8_0_embedding_is_read_from_the_packed_head_with_the_same_outputs(tmp_path, monkeypatch):
     """A tied Q8_0 embedding is the LM head's int8 groups as they are: its rows come from there (the float32 table,
     Gemma 3's 671 MB, is let go) and every token is what the table gave. An F16 embedding, which the head packs
-    into groups of its own, keeps its table."""
+    into groups of its own, does not: its rows come from the file (the last test here)."""
     path = write_tiny_gguf(tmp_path / "q8.gguf", MIXED_TYPES, embedding="Q8_0").path
     shared = LLM(model=str(path), device="cpu")
     assert isinstance(shared.engine.runner.model.embed_tokens, PackedEmbedding)
@@ -317,14 +317,13 @@ def test_a_q8_0_embedding_is_read_from_the_packed_head_with_the_same_outputs(tmp
     assert [o.token_ids for o in shared.generate(prompts, GREEDY)] == expected
     monkeypatch.undo()
     f16 = write_tiny_gguf(tmp_path / "f16.gguf", MIXED_TYPES, embedding="F16").path
-    assert isinstance(LLM(model=str(f16), device="cpu").engine.runner.model.embed_tokens, torch.nn.Embedding)
+    assert not isinstance(LLM(model=str(f16), device="cpu").engine.runner.model.embed_tokens, PackedEmbedding)
 
 
 def test_no_load_reads_a_table_kept_only_as_the_groups_the_head_packs(tmp_path, monkeypatch):
     """A tied Q8_0 embedding is kept only as its groups, which the LM head packs as they are: no load, the first
-    included, reads the float32 table or compares it (that its rows give the table's tokens: the test above). An F16
-    embedding, which the head packs into groups of its own, is read and compared at each load (cheap: the first rows
-    differ)."""
+    included, reads the float32 table or compares it (that its rows give the table's tokens: the test above). Nor
+    is an F16 embedding's, which the head packs into groups of its own: its rows are looked up in the file."""
     path = write_tiny_gguf(tmp_path / "q8.gguf", MIXED_TYPES, embedding="Q8_0").path
     read, compared = [], []
     get, holds = CheckpointTensors.__getitem__, packed_embedding.holds_exactly
@@ -336,6 +335,25 @@ def test_no_load_reads_a_table_kept_only_as_the_groups_the_head_packs(tmp_path, 
         assert "model.embed_tokens.weight" not in read and not compared and read  # the norms were read
     f16 = write_tiny_gguf(tmp_path / "f16.gguf", MIXED_TYPES, embedding="F16").path
     for _ in range(2):
-        compared.clear()
-        assert isinstance(LLM(model=str(f16), device="cpu").engine.runner.model.embed_tokens, torch.nn.Embedding)
-        assert compared
+        read.clear()
+        assert isinstance(LLM(model=str(f16), device="cpu").engine.runner.model.embed_tokens, FileEmbedding)
+        assert "model.embed_tokens.weight" not in read and not compared
+
+
+@pytest.mark.parametrize("embedding", ["F16", "Q6_K", "Q4_K", "BF16"])
+def test_an_embedding_the_head_does_not_hold_is_looked_up_in_the_files_rows(tmp_path, embedding):
+    """On the CPU kernels a table that its groups do not hold bit for bit is never held: each lookup dequantizes the
+    file's rows (gguf-py), the table's rows bit for bit, and the model's every token is what the table gave."""
+    path = write_tiny_gguf(tmp_path / f"{embedding}.gguf", MIXED_TYPES, embedding=embedding).path
+    llm = LLM(model=str(path), device="cpu")
+    if llm.engine.runner.kernels is None:
+        pytest.skip("no C compiler")
+    lookup = llm.engine.runner.model.embed_tokens
+    assert isinstance(lookup, FileEmbedding)
+    table = CheckpointTensors(llm.engine.model_dir, torch.float32)["model.embed_tokens.weight"]
+    ids = torch.tensor([[0, 5, 5, table.shape[0] - 1], [3, 2, 1, 7]])
+    assert torch.equal(lookup(ids), table[ids])
+    prompts = ["The quick brown fox", "Hello"]
+    expected = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    llm.engine.runner.model.embed_tokens = torch.nn.Embedding.from_pretrained(table)
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .file_weights import FileWeights
+from .file_weights import FileEmbedding, FileWeights
 from .model_paths import ModelLoadError
 from .packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
 
@@ -52,6 +52,10 @@ class CheckpointTensors(Mapping):
             # 538 MB counted towards the worker's peak (1.29 GB). Reopening costs a header's parse, 2 ms.
             del self._handles[path]
         return tensor.to(self._dtype)
+
+    def embedding_in_file(self, name: str) -> FileEmbedding | None:
+        """Lookups of the table ``name`` from the GGUF's own rows, where the table is read from the file."""
+        return None if name in self._files else self._in_gguf.embedding(name)
 
     def only_as_groups(self, name: str) -> bool:
         """Whether the weight is read back from its packed groups, which hold it bit for bit."""

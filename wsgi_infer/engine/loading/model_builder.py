@@ -81,6 +81,9 @@ def _load_and_quantize(
         pack_on_kernels(model, lambda linear: layer_groups(method, names(linear), stored, values), kernels)
         if _head_known_to_hold_the_table(model, method, stored, values):
             share_embedding_with_packed_head(model, known_exact=True)  # before the table is read
+        elif (from_file := values.embedding_in_file("model.embed_tokens.weight")) is not None:
+            model.embed_tokens = from_file  # the table is never read: its rows come from the GGUF's blocks
+            log.info("embedding rows read from the GGUF's own blocks at each lookup: no table kept")
     _load_weights(model, model_dir, dtype)
     if kernels is None and method == "auto" and not (stored and dtype == torch.bfloat16):
         method = "none"
