@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine.loading import checkpoint_tensors
+from wsgi_infer.engine.loading import checkpoint_tensors, packed_groups_file
 from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
 from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE
 from wsgi_infer.engine.loading.gguf_checkpoint import read_gguf_config
@@ -177,6 +177,17 @@ def test_checkpoint_tensors_let_go_of_a_files_mapping_as_they_read(tiny_model_di
     assert not tensors._handles  # read, and let go
     again = tensors["model.norm.weight"]
     assert torch.equal(first, again)
+
+
+def test_stored_groups_let_go_of_their_files_mapping_as_they_read(default_model_dir, monkeypatch):
+    """The same for a converted copy's packed groups (a 1B model's peak RSS: 2.98 GB with one mapping held for all
+    its 1.3 GB of groups, 1.75 GB letting go)."""
+    monkeypatch.setattr(packed_groups_file, "MAPPED_BYTES", 1)
+    stored = packed_groups_file.StoredGroups(default_model_dir / packed_groups_file.PACKED_GROUPS_FILE)
+    name = "model.layers.0.mlp.down_proj.weight"
+    first = stored[name]
+    assert stored._file is None  # read, and let go
+    assert torch.equal(stored[name].codes, first.codes)
 
 
 def test_a_conversion_copies_no_weights_values_and_a_load_reads_them_from_the_file(tmp_path, monkeypatch):
