@@ -77,9 +77,11 @@ def main() -> None:
         env = os.environ | {"PYTHONPATH": str(args.llama_cpp / "gguf-py")}
         subprocess.run([sys.executable, converter, hf_dir, "--outtype", "bf16", "--outfile", bf16], check=True, env=env)
     for kind in args.types:
-        out = args.out / f"{args.shape}-{kind.lower()}.gguf"
+        # not "1b-q4_0.gguf": llama-quantize reads an output name that starts with a number as a type's number
+        out = args.out / f"shaped-{args.shape}-{kind}.gguf"
         if not out.is_file():
-            subprocess.run([args.llama_cpp / "build/bin/llama-quantize", bf16, out, kind], check=True)
+            threads = str(os.cpu_count())
+            subprocess.run([args.llama_cpp / "build/bin/llama-quantize", bf16, out, kind, threads], check=True)
         print(f"{out}: {out.stat().st_size / 2**20:,.0f} MiB", flush=True)
 
 

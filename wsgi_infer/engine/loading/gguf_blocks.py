@@ -6,8 +6,9 @@ gguf-py's alone; where a block's codes are whole bytes, it takes the bytes. Per 
 - Q4_0, Q4_1: int4 groups, byte for byte (Q4_1's ``d * q + m`` is ``(q - 8) * d + (m + 8d)``); Q8_0: int8 groups,
   byte for byte (checking its codes against the values took 0.45 s of the default model's conversion). These
   need no values, and their groups give gguf-py's values bit for bit (``holds_values_exactly``);
-- Q4_K: int4 groups; each 32-weight sub-block's 6-bit scale and min under the super-block's ``d`` and ``dmin``
-  give ``scale = d * sc`` and ``low = -dmin * m``, rounded to float16 (2^-11 of each, relative, at most);
+- Q4_K: int4 groups, the codes from its bits; each 32-weight sub-block's 6-bit scale and min under the
+  super-block's ``d`` and ``dmin`` give ``scale = d * sc`` and ``low = -dmin * m``, rounded to float16 (2^-11 of
+  each, relative, at most);
 - Q5_0 (codes -16..15), Q5_1 (0..31 and an offset), IQ4_NL (codes from its table of 16 levels): int8 groups,
   exactly; Q5_K and IQ4_XS (``d * (ls - 32)``): int8 groups, scales rounded to float16 as for Q4_K;
 - every other type (F32, F16, BF16, Q6_K's 16-weight sub-blocks, Q2_K, Q3_K, ...): None, and the conversion makes
@@ -29,6 +30,7 @@ _BLOCK_BYTES[Q.IQ4_XS] = 136
 _SUB_BLOCKS = 8  # groups of 32 in a K-quant's super-block of 256
 MAPPED_TYPES = frozenset(_BLOCK_BYTES)
 BYTE_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q8_0})  # codes are the blocks' own bytes
+ROUNDED_TYPES = frozenset({Q.Q4_K, Q.Q5_K, Q.IQ4_XS})  # scales rounded to float16: never the values bit for bit
 CHUNK_ROWS = 8192
 
 
@@ -45,7 +47,7 @@ def groups_from_blocks(raw: torch.Tensor, ggml_type: Q, values: Callable[[], tor
     if ggml_type == Q.Q8_0:  # the codes are the block's 32 signed bytes after its scale
         return Int8Groups(blocks[..., 2:].reshape(raw.shape[0], -1).view(torch.int8), _half(blocks, 0))
     scale, low = _scales(blocks, ggml_type)
-    codes = _codes(values(), scale, low)
+    codes = _q4_k_codes(blocks) if ggml_type == Q.Q4_K else _codes(values(), scale, low)
     scale, low = as_half_values(scale), None if low is None else as_half_values(low)
     if not (scale.isfinite().all() and (low is None or low.isfinite().all())):
         return None  # a scale beyond float16's range: quantized from the values instead
@@ -118,6 +120,14 @@ def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     sc = torch.cat([p[..., :4] & 63, (p[..., 8:12] & 0xF) | ((p[..., 0:4] >> 6) << 4)], dim=-1)
     m = torch.cat([p[..., 4:8] & 63, (p[..., 8:12] >> 4) | ((p[..., 4:8] >> 6) << 4)], dim=-1)
     return sc.float(), m.float()
+
+
+def _q4_k_codes(blocks: torch.Tensor) -> torch.Tensor:
+    """A Q4_K tensor's codes one per input (uint8 [rows, in]), from its blocks' bits: each 32 bytes of a super-block's
+    ``qs`` hold two sub-blocks, the first in their low nibbles, the second in their high ones (ggml's and gguf-py's
+    layout). Taken from the values instead, as the other types' are, they cost a 1B model's conversion 20 s."""
+    qs = blocks[..., 16:].reshape(blocks.shape[0], blocks.shape[1], _SUB_BLOCKS // 2, 1, GROUP_SIZE)
+    return (qs >> torch.tensor([0, 4], dtype=torch.uint8)[:, None] & 15).reshape(blocks.shape[0], -1)
 
 
 def _codes(values: torch.Tensor, scale: torch.Tensor, low: torch.Tensor | None) -> torch.Tensor:

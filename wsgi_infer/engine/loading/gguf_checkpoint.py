@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import astuple, dataclass
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..kernels.weight_groups import Int8Groups, WeightGroups
 from ..models import allocate_model
-from .gguf_blocks import BYTE_TYPES, dequantize_to, groups_from_blocks, holds_values_exactly
+from .gguf_blocks import BYTE_TYPES, ROUNDED_TYPES, dequantize_to, groups_from_blocks, holds_values_exactly
 from .gguf_file import GgufTensor, tensor_table
 
 log = logging.getLogger(__name__)
@@ -159,14 +160,14 @@ def _groups(tensor: GgufTensor) -> tuple[WeightGroups, bool]:
     raw = torch.from_numpy(tensor.raw.copy())
     if holds_values_exactly(raw, tensor.ggml_type):
         return groups_from_blocks(raw, tensor.ggml_type, lambda: None), True
-    values = tensor.values()
+    values = cache(tensor.values)  # not at all for Q4_K, whose codes come from its bits
     try:
-        found = groups_from_blocks(raw, tensor.ggml_type, lambda: values)
+        found = groups_from_blocks(raw, tensor.ggml_type, values)
     except ValueError as exc:
         raise ValueError(f"tensor {tensor.name} ({tensor.ggml_type.name}): {exc}") from exc
     if found is None:
-        return Int8Groups.from_weight(values), False
-    return found, dequantize_to(found, values)
+        return Int8Groups.from_weight(values()), False
+    return found, tensor.ggml_type not in ROUNDED_TYPES and dequantize_to(found, values())
 
 
 def _hf_names(architecture: str, config, present: set[str]) -> tuple[dict[str, str], set[str]]:
