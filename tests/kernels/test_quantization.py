@@ -30,7 +30,7 @@ from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE
 from wsgi_infer.engine.loading.gguf_checkpoint import _hf_names
 from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.loading.model_paths import default_model_path
-from wsgi_infer.engine.loading.packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
+from wsgi_infer.engine.loading.packed_groups_file import StoredGroups
 from wsgi_infer.engine.runtime import device
 from wsgi_infer.engine.runtime.cache_files import file_lock
 from wsgi_infer.engine.runtime.device import resolve_dtype
@@ -99,7 +99,7 @@ def gguf_weights(default_model_dir):
     path = default_model_path()
     config = AutoConfig.from_pretrained(default_model_dir, local_files_only=True)
     weights = CheckpointTensors(default_model_dir, torch.float32)
-    return gguf.GGUFReader(path), config, weights, StoredGroups(default_model_dir / PACKED_GROUPS_FILE)
+    return gguf.GGUFReader(path), config, weights, StoredGroups(default_model_dir)
 
 
 @pytest.mark.parametrize(

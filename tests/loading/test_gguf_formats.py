@@ -27,7 +27,7 @@ from wsgi_infer.engine.loading.gguf_blocks import MAPPED_TYPES, dequantize_to, g
 from wsgi_infer.engine.loading.gguf_checkpoint import _hf_names, _moves_rows_only, read_gguf_config
 from wsgi_infer.engine.loading.gguf_file import DEQUANTIZED_ROWS, GgufTensor, tensor_table
 from wsgi_infer.engine.loading.model_paths import ModelLoadError
-from wsgi_infer.engine.loading.packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
+from wsgi_infer.engine.loading.packed_groups_file import StoredGroups
 
 from ..conftest import assert_idle
 from ..support.batch_runs import GREEDY
@@ -68,7 +68,7 @@ def test_every_type_loads_as_gguf_py_reads_it_and_packs_what_it_holds(tiny_ggufs
     tiny, ggml_type = tiny_ggufs[type_name], Q[type_name]
     llm = LLM(model=str(tiny.path), device="cpu")
     model_dir = llm.engine.model_dir
-    values, stored = CheckpointTensors(model_dir, torch.float32), StoredGroups(model_dir / PACKED_GROUPS_FILE)
+    values, stored = CheckpointTensors(model_dir, torch.float32), StoredGroups(model_dir)
     processor = LlamaTensorProcessor(config=llm.engine.hf_config.to_dict())
     in_file = json.loads((model_dir / FILE_WEIGHTS_FILE).read_text())["weights"]
     for gguf_name, (written_type, raw) in tiny.tensors.items():

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
-from wsgi_infer.engine.loading.packed_groups_file import PACKED_GROUPS_FILE
+from wsgi_infer.engine.loading.packed_groups_file import has_stored_groups
 
 
 def load_hf_model(model_dir, dtype: torch.dtype = torch.float32):
@@ -16,7 +16,7 @@ def load_hf_model(model_dir, dtype: torch.dtype = torch.float32):
     bit for bit only as groups (test_gguf_formats checks them against gguf-py's values): its model is given the
     checkpoint's tensors as our reader dequantizes them."""
     model_dir = Path(model_dir)
-    if not (model_dir / PACKED_GROUPS_FILE).is_file():
+    if not has_stored_groups(model_dir):
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)

@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from .file_weights import FileEmbedding, FileWeights
 from .model_paths import ModelLoadError
-from .packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
+from .packed_groups_file import StoredGroups
 
 MAPPED_BYTES = 64 << 20  # see CheckpointTensors.__getitem__
 
@@ -30,7 +30,7 @@ class CheckpointTensors(Mapping):
     def __init__(self, model_dir: Path, dtype: torch.dtype) -> None:
         self._files = _checkpoint_files(model_dir)
         self._in_gguf = FileWeights(model_dir)
-        self._groups = StoredGroups(model_dir / PACKED_GROUPS_FILE)
+        self._groups = StoredGroups(model_dir)
         self._names = list(dict.fromkeys([*self._files, *self._in_gguf, *self._groups]))
         if not self._names:
             raise ModelLoadError(f"model {model_dir}: expected model.safetensors (or a sharded index) in the directory")

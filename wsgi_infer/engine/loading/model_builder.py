@@ -20,7 +20,7 @@ from ..layers.quantization import kinds, pack_on_kernels, packed_layers, quantiz
 from ..models import allocate_model, model_class
 from ..runtime.cache_files import cache_root
 from .checkpoint_tensors import CheckpointTensors
-from .packed_groups_file import PACKED_GROUPS_FILE, StoredGroups
+from .packed_groups_file import StoredGroups
 from .packing import layer_groups, stored_int4
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def _load_and_quantize(
         if method != "auto" and method != "none":
             raise ValueError(f"quantization {method!r} is implemented for the CPU only, not {device.type}")
         method = "none"
-    stored = StoredGroups(model_dir / PACKED_GROUPS_FILE)
+    stored = StoredGroups(model_dir)
     names = model.checkpoint_names
     if kernels is not None and method != "none":
         values = CheckpointTensors(model_dir, torch.float32)

@@ -33,7 +33,7 @@ from .model_paths import (
     model_path,
     older_conversions,
 )
-from .packed_groups_file import PACKED_GROUPS_FILE, save_packed_groups
+from .packed_groups_file import GroupsWriter
 
 log = logging.getLogger(__name__)
 
@@ -94,20 +94,20 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
         # Not AutoTokenizer: it would parse the whole file again (gguf-py, about 5 s) to choose this class.
         tokenizer = TokenizersBackend.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         log.info("model %s: config and tokenizer read; reading the weights", gguf.name)
-        values, groups, places = {}, {}, {}
+        values, places = {}, {}
         architecture, tensors = gguf_tensors(gguf, config)
-        for tensor in tensors:
-            if tensor.values is not None:
-                values[tensor.name] = tensor.values
-            if tensor.groups is not None:
-                groups[tensor.name] = tensor.groups
-            if tensor.place is not None:
-                places[tensor.name] = tensor.place
+        with GroupsWriter(staging) as groups:
+            for tensor in tensors:
+                if tensor.values is not None:
+                    values[tensor.name] = tensor.values
+                if tensor.groups is not None:
+                    groups.add(tensor.name, tensor.groups)
+                if tensor.place is not None:
+                    places[tensor.name] = tensor.place
     except Exception as exc:  # transformers and gguf-py raise many kinds for unreadable files
         raise ModelLoadError(f"model {gguf}: cannot read GGUF file ({exc})") from exc
     save_file(values, staging / "model.safetensors", metadata={"format": "pt"})
     save_file_weights(staging, gguf, architecture, config.to_dict(), places)
-    save_packed_groups(groups, staging / PACKED_GROUPS_FILE)
     config.save_pretrained(staging)
     _resolve_config(staging)  # while its class is imported: the worker that waited on us need not import it
     generation = GenerationConfig.from_model_config(config)
