@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE
 from wsgi_infer.engine.loading.gguf_checkpoint import read_gguf_config
 from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.loading.model_loader import (
+    CONVERSION_IMPORTS,
+    FILE_IMPORTS,
     FIRST_LOAD_IMPORTS,
     PREPARED_LOAD_IMPORTS,
     RESOLVED_CONFIGS_DIR,
@@ -108,8 +111,28 @@ def test_a_later_start_imports_only_the_modules_load_imports_names(default_model
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))  # nothing prepared: the GGUF is not even hashed
-    assert load_imports(None) == PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS
+    assert load_imports(None) == PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS + CONVERSION_IMPORTS
     assert load_imports(tmp_path / "missing.gguf") == PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS  # the load says why
+
+
+@pytest.mark.slow  # a fresh interpreter loads a model
+def test_a_later_start_that_reads_weights_from_the_file_imports_what_load_imports_names(tmp_path, monkeypatch):
+    """A copy that reads some weights from its GGUF (an F16 embedding: its rows) needs gguf-py and transformers' GGUF
+    processors at every start: named, so the hub imports them before the engine thread loads."""
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_tiny_gguf(tmp_path / "f16.gguf", MIXED_TYPES, embedding="F16").path
+    LLM(model=str(path))  # converted
+    assert load_imports(path) == PREPARED_LOAD_IMPORTS + FILE_IMPORTS
+    code = (
+        "import importlib, sys\n"
+        "from wsgi_infer.engine.loading.model_loader import load_imports\n"
+        f"for module in load_imports({str(path)!r}): importlib.import_module(module)\n"
+        "before = set(sys.modules)\n"
+        f"from wsgi_infer import LLM; LLM(model={str(path)!r}).generate('Hi')\n"
+        "new = sorted(m for m in set(sys.modules) - before if m.startswith(('transformers', 'gguf')))\n"
+        "assert not new, new"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=os.environ)
 
 
 def test_a_gguf_digest_is_remembered_until_the_file_changes(tmp_path, monkeypatch):

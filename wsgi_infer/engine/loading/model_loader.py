@@ -22,7 +22,7 @@ from pathlib import Path
 from ..models import model_class
 from ..runtime.cache_files import cache_root, read_json, write_json
 from ..text.builtin_chat_templates import BUILTIN_TEMPLATES
-from .file_weights import point_at, save_file_weights
+from .file_weights import FileWeights, point_at, save_file_weights
 from .model_paths import (
     ModelLoadError,
     conversion_lock,
@@ -219,26 +219,35 @@ PREPARED_LOAD_IMPORTS = (
     "transformers.tokenization_utils_tokenizers",
 )
 FIRST_LOAD_IMPORTS = ("transformers.models.auto.configuration_auto", "transformers.models.auto.tokenization_auto")
+# Reading a GGUF's weights from the file (a copy that keeps some weights' values only there), and converting one.
+FILE_IMPORTS = ("gguf", "transformers.modeling_gguf_pytorch_utils", "wsgi_infer.engine.loading.gguf_file")
+CONVERSION_IMPORTS = (*FILE_IMPORTS, "wsgi_infer.engine.loading.gguf_checkpoint")
 
 
 def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
-    """What loading ``model`` imports of transformers: a first load's auto classes (0.6 s) only where no earlier
-    load prepared it (converted the GGUF, resolved the config) or its tokenizer has a class of its own."""
+    """What loading ``model`` imports, beyond the engine's own modules: a first load's auto classes (0.6 s) only where
+    no earlier load prepared it (converted the GGUF, resolved the config) or its tokenizer has a class of its own;
+    gguf-py and transformers' GGUF processors where a GGUF's weights are read from the file."""
     try:
-        prepared = _prepared(model_path(model))
+        path = model_path(model)
+        prepared = _prepared(path)
     except (ModelLoadError, OSError):
-        prepared = False  # the load will say why
-    return PREPARED_LOAD_IMPORTS + (() if prepared else FIRST_LOAD_IMPORTS)
+        return PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS  # the load will say why
+    if prepared is None:
+        return PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS + (CONVERSION_IMPORTS if is_gguf(path) else ())
+    return PREPARED_LOAD_IMPORTS + (FILE_IMPORTS if len(FileWeights(prepared)) else ())
 
 
-def _prepared(path: Path) -> bool:
+def _prepared(path: Path) -> Path | None:
+    """The directory a prepared model loads from (a GGUF's converted copy), or None where it is not prepared."""
     if is_gguf(path):
         digest = known_file_digest(path)
         if digest is None:
-            return False
+            return None
         path = converted_gguf_dir(path, digest)
     resolved = read_json(_resolved_config_file(path))
-    return resolved is not None and _generic_tokenizer(path) and not (path / "modules.json").is_file()
+    prepared = resolved is not None and _generic_tokenizer(path) and not (path / "modules.json").is_file()
+    return path if prepared else None
 
 
 def eos_token_ids(model_dir: Path, config, tokenizer) -> set[int]:
