@@ -91,6 +91,9 @@ def _phi3_rope(gguf_file: Path, metadata: dict, values: dict) -> dict:
     return {"rope_parameters": rope, "partial_rotary_factor": rope["partial_rotary_factor"]}
 
 
+VALUES_ROWS = 4096  # rows of a tensor whose groups are made from its values, at a time
+
+
 @dataclass
 class ConvertedTensor:
     """What a converted copy keeps of one tensor, under its Hugging Face name: its float32 ``values`` (a norm's, a
@@ -138,6 +141,7 @@ def _converted(
         if groups is not None:
             groups = type(groups)(*(None if t is None else reorder(t) for t in astuple(groups)))
         yield ConvertedTensor(name, groups=groups, place=None if exact else tensor.place)
+        tensor.let_go()
         if time.monotonic() - started > 2 and index % 50 == 0:
             log.info("GGUF %s: %d of %d tensors read", gguf_file.name, index, len(tensors))
 
@@ -165,8 +169,9 @@ def _groups(tensor: GgufTensor) -> tuple[WeightGroups, bool]:
         found = groups_from_blocks(raw, tensor.ggml_type, values)
     except ValueError as exc:
         raise ValueError(f"tensor {tensor.name} ({tensor.ggml_type.name}): {exc}") from exc
-    if found is None:
-        return Int8Groups.from_weight(values()), False
+    if found is None:  # a chunk of rows at a time: a 1B model's Q6_K embedding is 400 MB of float32 values
+        chunks = range(0, tensor.shape[0], VALUES_ROWS)
+        return Int8Groups.cat([Int8Groups.from_weight(tensor.rows(r, r + VALUES_ROWS).values()) for r in chunks]), False
     return found, tensor.ggml_type not in ROUNDED_TYPES and dequantize_to(found, values())
 
 

@@ -3,7 +3,6 @@ the checkpoint's other weights, read one tensor at a time."""
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from ..layers.packed_embedding import share_embedding_with_packed_head
 from ..layers.quantization import kinds, pack_on_kernels, packed_layers, quantize_with_torch
 from ..models import allocate_model, model_class
 from ..runtime.cache_files import cache_root
+from ..runtime.heap import release_free_heap
 from .checkpoint_tensors import CheckpointTensors
 from .packed_groups_file import StoredGroups
 from .packing import layer_groups, stored_int4
@@ -93,7 +93,7 @@ def _load_and_quantize(
     if layers:
         choose_max_rows(layers, cache_root() / PACKED_ROWS_FILE)
         log.info("quantization %s: %s", method, kinds(layers))
-        _release_free_heap()
+        release_free_heap()  # packing leaves ~100 MB of freed, fragmented heap behind (per-layer transients)
     unpacked = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     if layers and unpacked:
         log.warning("%d linear layers stay unpacked (inputs not in groups of 32): %s", len(unpacked), unpacked[:3])
@@ -120,11 +120,3 @@ def _load_weights(model: nn.Module, model_dir: Path, dtype: torch.dtype) -> None
     unloaded = [name for name, param in model.named_parameters() if param.isnan().any()]
     if unloaded:
         raise ValueError(f"{model_dir}: the checkpoint has no (or NaN) values for {', '.join(unloaded[:5])}")
-
-
-def _release_free_heap() -> None:
-    """Packing leaves ~100 MB of freed, fragmented heap behind (per-layer transients): give it back."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to trim this way

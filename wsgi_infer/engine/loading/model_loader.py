@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..models import model_class
 from ..runtime.cache_files import cache_root, read_json, write_json
+from ..runtime.heap import release_free_heap
 from ..text.builtin_chat_templates import BUILTIN_TEMPLATES
 from .file_weights import FileWeights, point_at, save_file_weights
 from .model_paths import (
@@ -74,6 +75,7 @@ def _convert_gguf_into(gguf: Path, target: Path) -> None:
         os.replace(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    release_free_heap()  # a conversion's transients (a 1B model's: 500 MB), before the load's
     log.info("model %s: converted in %.1f s", gguf, time.monotonic() - started)
     for older in older_conversions(target):
         shutil.rmtree(older, ignore_errors=True)
