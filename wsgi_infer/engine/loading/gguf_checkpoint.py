@@ -1,12 +1,13 @@
-"""The weights of a GGUF file under their Hugging Face names: as packed groups, and dequantized where those do not
-hold them exactly.
+"""A GGUF file's config, and its tensors under their Hugging Face names as a converted copy keeps them.
 
 The config comes from the file's metadata through transformers' key mapping
-and fast reader; gguf-py reads the tensors and dequantizes every block type it
-knows; transformers' tensor processors reorder them (undoing llama.cpp's
-permutation of the query and key rows). The blocks that map onto the packed
-formats (``gguf_blocks``) are kept as groups beside the weights, so the CPU
-kernels serve the file's own weights.
+and fast reader. Each tensor our model reads becomes: its float32 values where
+it is 1-D (norms), and its packed groups where it is 2-D, the blocks' own where
+they map onto the packed formats (``gguf_blocks``), else made from gguf-py's
+values; transformers' tensor processors reorder them (undoing llama.cpp's
+permutation of the query and key rows). A 2-D weight's values are never kept:
+where its groups do not give them bit for bit, its place in the file is, for a
+load to read them there (``file_weights``).
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 
 A model is a Hugging Face directory (config.json, safetensors, tokenizer files)
 or a ``.gguf`` file. The first load of a GGUF converts it once into such a
-directory in the user cache, keyed by the file's hash, with its blocks as the
-packed kernels' groups beside the weights. Weights whose groups hold them bit
-for bit (Q4_0, Q4_1, Q8_0 blocks; Q5_0, Q5_1, IQ4_NL ones where compared so)
-are kept only as groups, and read back dequantized where a load needs them in
-full; later loads read that directory in under a second.
+directory in the user cache, keyed by the file's hash: its config and tokenizer,
+its norms, and every 2-D weight as the packed kernels' groups, but no weight's
+values. Where the groups hold a weight bit for bit (Q4_0, Q4_1, Q8_0 blocks;
+Q5_0, Q5_1, IQ4_NL ones where compared so) a load that needs it in full reads it
+back from them; any other weight it reads from the GGUF itself
+(``file_weights``). Later loads read that directory in under a second.
 """
 
 from __future__ import annotations
