@@ -111,22 +111,21 @@ def _assert_groups_hold(g: Int4Groups | Int8Groups, values: torch.Tensor, exact:
     assert ((g.dequantize() - values).abs() <= bound).all()
 
 
-def test_q4_1_blocks_are_kept_only_as_groups_where_those_give_the_values_bit_for_bit():
-    """A Q4_1 group's zero is m + 8d in float32: where that sum is a float32 value, ``(q - 8) d + zero`` rounds the
-    same sum as gguf-py's ``d q + m``, so the converted copy needs no values. d = 1024 and m = 2^-14 need 28 bits:
-    the zero rounds, the groups lose m, and the blocks' values are kept."""
+def test_byte_for_byte_blocks_give_gguf_pys_values_bit_for_bit_whatever_their_scales():
+    """Q4_0, Q4_1 and Q8_0 groups are the blocks' bytes, and dequantize as gguf-py does (``q * d + m`` in float32),
+    so their values are never needed, even where d and m lie 2^13 apart (d = 1024, m = 2^-14: 28 bits, which a
+    zero of ``m + 8d`` lost). Other types need their values to know."""
     rng = np.random.default_rng(2)
-    raw = gguf.quantize(rng.normal(0, 0.05, size=(4, 64)).astype(np.float32), Q.Q4_1)
-    assert holds_values_exactly(torch.from_numpy(raw), Q.Q4_1)
-    far_apart = raw.reshape(4, 2, 20).copy()
-    far_apart[0, 0, 0:4] = np.array([1024, 2**-14], dtype=np.float16).view(np.uint8)
-    far_apart = far_apart.reshape(4, -1)
-    assert not holds_values_exactly(torch.from_numpy(far_apart), Q.Q4_1)
-    groups = groups_from_blocks(torch.from_numpy(far_apart), Q.Q4_1, lambda: pytest.fail("Q4_1 needs no values"))
-    assert not torch.equal(groups.dequantize(), torch.from_numpy(gguf.dequantize(far_apart, Q.Q4_1)))
-    any_bytes = torch.from_numpy(rng.integers(0, 256, size=(2, 68), dtype=np.uint8))  # two Q8_0, four Q4_0 blocks
-    assert holds_values_exactly(any_bytes, Q.Q8_0) and holds_values_exactly(any_bytes[:, :36], Q.Q4_0)
-    assert not holds_values_exactly(torch.from_numpy(blocks_of(Q.Q4_K, 2, 256, rng)), Q.Q4_K)  # values needed
+    raw = gguf.quantize(rng.normal(0, 0.05, size=(4, 64)).astype(np.float32), Q.Q4_1).reshape(4, 2, 20)
+    raw[0, 0, 0:4] = np.array([1024, 2**-14], dtype=np.float16).view(np.uint8)
+    raw = raw.reshape(4, -1)
+    any_bytes = rng.integers(0, 256, size=(2, 68), dtype=np.uint8)  # two Q8_0 blocks a row
+    any_bytes[:, 0:2] = any_bytes[:, 34:36] = np.array([0.01], dtype=np.float16).view(np.uint8)  # finite scales
+    for blocks, ggml_type in [(raw, Q.Q4_1), (any_bytes, Q.Q8_0), (any_bytes[:, :36], Q.Q4_0)]:
+        assert holds_values_exactly(ggml_type)
+        groups = groups_from_blocks(torch.from_numpy(blocks), ggml_type, lambda: pytest.fail("needs no values"))
+        assert torch.equal(groups.dequantize(), torch.from_numpy(gguf.dequantize(blocks, ggml_type)))
+    assert not holds_values_exactly(Q.Q4_K)  # values needed
 
 
 def test_groups_are_kept_only_where_transformers_moves_a_tensors_rows_alone():

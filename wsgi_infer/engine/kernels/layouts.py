@@ -33,7 +33,7 @@ class KernelWeight:
 
 def kernel_weight(groups: WeightGroups) -> KernelWeight:
     if isinstance(groups, Int4Groups):
-        return KernelWeight(4, *int4_kernel_layout(groups.codes, groups.scale, groups.zero))
+        return KernelWeight(4, *int4_kernel_layout(groups.codes, groups.scale, groups.low))
     return KernelWeight(8, *int8_kernel_layout(groups))
 
 
@@ -43,8 +43,8 @@ def _by_tile(t: torch.Tensor, pad: int) -> torch.Tensor:
     return t.view(t.shape[0] // 16, 16, -1).transpose(1, 2).contiguous().half()
 
 
-def int4_kernel_layout(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Int4 groups (``Int4Groups``: GGUF's block bytes [n, k / 2], ``w = (q - 8) * scale + zero``) as
+def int4_kernel_layout(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Int4 groups (``Int4Groups``: GGUF's block bytes [n, k / 2], ``w = q * scale + low``) as
     ``int4_mm`` reads them (n padded to a multiple of 16): codes [n / 16, k / 32, 8, 32], chunk c's byte j holding
     output j // 2's codes for inputs 2c + j % 2 (low nibble) and 2(c + 8) + j % 2 (high), which is that output's
     block byte 2c + j % 2; float16 scale and low (``w = q * scale + low``). So the codes are the blocks' byte
@@ -54,7 +54,7 @@ def int4_kernel_layout(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Ten
     tiles, groups = padded.shape[0] // 16, padded.shape[1] // 16
     pairs = padded.view(torch.int16).view(tiles, 16, groups, 8).permute(0, 2, 3, 1)  # [tiles, groups, chunk, out]
     kernel_codes = pairs.contiguous().view(torch.uint8).view(tiles, groups, 8, 32)
-    return kernel_codes, _by_tile(scale, pad), _by_tile(zero.float() - 8 * scale.float(), pad)
+    return kernel_codes, _by_tile(scale, pad), _by_tile(low, pad)
 
 
 def int8_kernel_layout(groups: Int8Groups) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -25,16 +25,16 @@ def as_half_values(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Int4Groups:
-    """A weight as 4-bit codes: ``w = (q - 8) * scale + zero`` per group of 32 inputs (torch's convention).
+    """A weight as 4-bit codes: ``w = q * scale + low`` per group of 32 inputs.
 
     codes: uint8 [out, in // 2], as GGUF's 4-bit blocks hold them: byte i of a group has input i's code
-    in its low nibble and input i + 16's in its high one; scale, zero: float32 [out, in // 32], whose scale
-    and ``zero - 8 * scale`` (the group's lowest value) are float16 values, as a GGUF's blocks store them.
+    in its low nibble and input i + 16's in its high one; scale, low: float32 [out, in // 32] holding float16
+    values, as a GGUF's blocks store them (so a converted copy keeps them in float16, losing nothing).
     """
 
     codes: torch.Tensor
     scale: torch.Tensor
-    zero: torch.Tensor
+    low: torch.Tensor
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor) -> Int4Groups:
@@ -47,17 +47,17 @@ class Int4Groups:
         """From codes one per input (uint8 [out, in], 0..15) and ``w = q * scale + low`` per group."""
         halves = q.view(q.shape[0], -1, GROUP_SIZE)
         codes = halves[..., : GROUP_SIZE // 2] | (halves[..., GROUP_SIZE // 2 :] << 4)
-        return cls(codes.reshape(q.shape[0], -1), scale, low + 8 * scale)
+        return cls(codes.reshape(q.shape[0], -1), scale, low)
 
     @classmethod
     def cat(cls, parts: list[Int4Groups]) -> Int4Groups:
         """Groups of a fused weight (rows stacked), from its parts'."""
-        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("codes", "scale", "zero")))
+        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("codes", "scale", "low")))
 
     @property
-    def low(self) -> torch.Tensor:
-        """Each group's lowest value, ``w = q * scale + low``."""
-        return self.zero - 8 * self.scale
+    def zero(self) -> torch.Tensor:
+        """torch's convention, ``w = (q - 8) * scale + zero``."""
+        return self.low + 8 * self.scale
 
     @property
     def q(self) -> torch.Tensor:
@@ -66,8 +66,8 @@ class Int4Groups:
         return torch.cat([halves & 15, halves >> 4], dim=-1).view(self.codes.shape[0], -1)
 
     def dequantize(self) -> torch.Tensor:
-        scale, zero = (t.repeat_interleave(GROUP_SIZE, dim=1) for t in (self.scale, self.zero))
-        return (self.q.float() - 8) * scale + zero
+        scale, low = (t.repeat_interleave(GROUP_SIZE, dim=1) for t in (self.scale, self.low))
+        return self.q.float() * scale + low  # gguf-py's Q4_1 arithmetic (d * q + m); Q4_0's d * (q - 8) exactly
 
     def as_int8(self) -> Int8Groups:
         """The same values as 8-bit groups (codes 0..15, the same scales and lows): exact."""

@@ -3,7 +3,7 @@
 gguf-py dequantizes every block type; this module reads each block's scales, and takes the codes from gguf-py's
 values (``(value - low) / scale`` is an integer, exactly) wherever they are packed in bits, so those layouts are
 gguf-py's alone; where a block's codes are whole bytes, it takes the bytes. Per type:
-- Q4_0, Q4_1: int4 groups, byte for byte (Q4_1's ``d * q + m`` is ``(q - 8) * d + (m + 8d)``); Q8_0: int8 groups,
+- Q4_0, Q4_1: int4 groups, byte for byte, ``w = q * d + m`` (Q4_0's m is -8d); Q8_0: int8 groups,
   byte for byte (checking its codes against the values took 0.45 s of the default model's conversion). These
   need no values, and their groups give gguf-py's values bit for bit (``holds_values_exactly``);
 - Q4_K: int4 groups, the codes from its bits; each 32-weight sub-block's 6-bit scale and min under the
@@ -43,7 +43,7 @@ def groups_from_blocks(raw: torch.Tensor, ggml_type: Q, values: Callable[[], tor
     blocks = _blocks(raw, ggml_type)
     if ggml_type in (Q.Q4_0, Q.Q4_1):
         d, m = _q4_scale_and_min(blocks, ggml_type)
-        return Int4Groups(blocks[..., 4 if ggml_type == Q.Q4_1 else 2 :].reshape(raw.shape[0], -1), d, m + 8 * d)
+        return Int4Groups(blocks[..., 4 if ggml_type == Q.Q4_1 else 2 :].reshape(raw.shape[0], -1), d, m)
     if ggml_type == Q.Q8_0:  # the codes are the block's 32 signed bytes after its scale
         return Int8Groups(blocks[..., 2:].reshape(raw.shape[0], -1).view(torch.int8), _half(blocks, 0))
     scale, low = _scales(blocks, ggml_type)
@@ -56,17 +56,11 @@ def groups_from_blocks(raw: torch.Tensor, ggml_type: Q, values: Callable[[], tor
     return Int8Groups(codes.to(torch.int8), scale, low)
 
 
-def holds_values_exactly(raw: torch.Tensor, ggml_type: Q) -> bool:
-    """Whether the groups of these blocks dequantize to gguf-py's values bit for bit, known from the blocks alone:
-    Q4_0's and Q8_0's always do; Q4_1's where each block's ``m + 8d`` (its group's zero) is a float32 value, as
-    it is unless d and m lie 2^13 apart: then ``(q - 8) * d + zero`` and gguf-py's ``d * q + m`` round the same sum
-    once. False for every other type (its values are needed to know)."""
-    if ggml_type not in BYTE_TYPES:
-        return False
-    if ggml_type != Q.Q4_1:
-        return True
-    d, m = (t.double() for t in _q4_scale_and_min(_blocks(raw, ggml_type), ggml_type))
-    return bool(((m + 8 * d).float().double() == m + 8 * d).all())
+def holds_values_exactly(ggml_type: Q) -> bool:
+    """Whether a type's groups dequantize to gguf-py's values bit for bit, known from the type alone: Q4_0's, Q4_1's
+    and Q8_0's do (``q * d + m`` in float32, as gguf-py computes them); every other type's values are needed to
+    know."""
+    return ggml_type in BYTE_TYPES
 
 
 def dequantize_to(groups: WeightGroups, values: torch.Tensor) -> bool:
