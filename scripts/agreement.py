@@ -35,8 +35,10 @@ def reference(model: str | None, tokens: int) -> list[tuple[list[int], list[int]
     return [(list(p), list(o.token_ids)) for p, o in zip(prompts, outputs)]
 
 
-def agreement(model: str | None, pairs: list[tuple[list[int], list[int]]], quantization: str) -> dict:
-    llm = LLM(model=model, quantization=quantization)
+def agreement(
+    model: str | None, pairs: list[tuple[list[int], list[int]]], quantization: str, activations: str
+) -> dict:
+    llm = LLM(model=model, quantization=quantization, activations=activations)
     packed = [m for m in llm.engine.runner.model.modules() if isinstance(m, SmallBatchLinear)]
     for module in packed:
         module.max_rows = 1 << 30  # as in a decode step, whatever the rows
@@ -52,6 +54,7 @@ def agreement(model: str | None, pairs: list[tuple[list[int], list[int]]], quant
     return {
         "model": model or "default",
         "quantization": quantization,
+        "activations": activations,
         "dtype": str(llm.engine.dtype).removeprefix("torch."),
         "packed_layers": kinds(packed),
         "tokens": total,
@@ -64,11 +67,18 @@ def main() -> None:
     parser.add_argument("models", nargs="*", default=[None], help="default: the shipped model")
     parser.add_argument("--tokens", type=int, default=1000)
     parser.add_argument("--quantization", default="auto", help="what the engine under test packs (default auto)")
+    parser.add_argument("--activations", nargs="+", default=["int16"], help="each measured against one reference")
     args = parser.parse_args()
-    results = [agreement(model, reference(model, args.tokens), args.quantization) for model in args.models]
+    results = []
+    for model in args.models:
+        pairs = reference(model, args.tokens)
+        results += [agreement(model, pairs, args.quantization, activations) for activations in args.activations]
     print(json.dumps({"cpu": cpu_model_name(), "results": results}, indent=2))
     for r in results:
-        print(f"{r['model']}: {r['dtype']}, top-1 agreement {r['top1_agreement']:.2%} over {r['tokens']} tokens")
+        print(
+            f"{r['model']}: {r['dtype']}, {r['activations']} activations, top-1 agreement {r['top1_agreement']:.2%} "
+            f"over {r['tokens']} tokens"
+        )
 
 
 if __name__ == "__main__":

@@ -46,12 +46,13 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import percentile, prompts  # noqa: E402
+from long_prompts import long_prompts  # noqa: E402
 from repeat_prompts import repeat_prompts  # noqa: E402
 
 from wsgi_infer.engine.config import QUANTIZATION_METHODS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKLOADS = {"standard": prompts, "repeat": repeat_prompts}
+WORKLOADS = {"standard": prompts, "repeat": repeat_prompts, "long": long_prompts}
 WORKLOAD = prompts  # --workload sets it
 
 
@@ -104,8 +105,9 @@ async def run_level(
     rate: float | None,
     extra_body: dict | None = None,
     keep_alive: bool = True,
+    workload=None,
 ) -> dict:
-    todo = WORKLOAD(num_requests)
+    todo = (workload or WORKLOAD)(num_requests)
     semaphore = asyncio.Semaphore(concurrency)
     # A peer's connections are not reused: llama-server (cpp-httplib) closes a kept-alive connection after 5
     # requests, and a request sent on it just then fails ("Server disconnected without sending a response").
@@ -135,26 +137,29 @@ async def run_level(
 
 def summarize(results: list[dict], wall: float) -> dict:
     ms = lambda values, q: 1e3 * percentile(values, q)  # noqa: E731
+    mean_ms = lambda values: 1e3 * statistics.mean(values) if values else float("nan")  # noqa: E731
     ttft = [r["ttft"] for r in results]
     tpot = [r["tpot"] for r in results if r["tpot"] is not None]
     itl = [g for r in results for g in r["itl"]]
     e2el = [r["e2el"] for r in results]
     out = sum(r["tokens"] for r in results)
+    read = [r["prompt_tokens"] / r["ttft"] for r in results if r["prompt_tokens"]]
     return {
+        "prefill_tok_s": statistics.mean(read) if read else float("nan"),  # a prompt's tokens over its TTFT
         "requests": len(results),
         "output_tok_s": out / wall,
         "request_s": len(results) / wall,
         "total_tok_s": (out + sum(r["prompt_tokens"] for r in results)) / wall,
-        "ttft_mean_ms": 1e3 * statistics.mean(ttft),
+        "ttft_mean_ms": mean_ms(ttft),
         "ttft_p50_ms": ms(ttft, 50),
         "ttft_p99_ms": ms(ttft, 99),
-        "tpot_mean_ms": 1e3 * statistics.mean(tpot),
+        "tpot_mean_ms": mean_ms(tpot),
         "tpot_p50_ms": ms(tpot, 50),
         "tpot_p99_ms": ms(tpot, 99),
-        "itl_mean_ms": 1e3 * statistics.mean(itl),
+        "itl_mean_ms": mean_ms(itl),
         "itl_p50_ms": ms(itl, 50),
         "itl_p99_ms": ms(itl, 99),
-        "e2el_mean_ms": 1e3 * statistics.mean(e2el),
+        "e2el_mean_ms": mean_ms(e2el),
         "e2el_p50_ms": ms(e2el, 50),
         "e2el_p99_ms": ms(e2el, 99),
     }
@@ -273,7 +278,7 @@ def serve_levels(
     try:
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         keep_alive = not peer
-        asyncio.run(run_level(url, model, 1, 2, 8, None, extra, keep_alive))  # warm-up
+        asyncio.run(run_level(url, model, 1, 2, 8, None, extra, keep_alive, prompts))  # warm-up: short prompts
         results = {}
         for c in args.concurrency:
             n = max(args.min_requests, c * args.rounds)
@@ -289,7 +294,8 @@ def serve_levels(
                 results[c]["server_peak_rss_mb"] = tree_peak_rss_mb(server.pid)
             r = results[c]
             print(
-                f"# {name} c={c}: {r['output_tok_s']:.1f} tok/s, TTFT {r['ttft_mean_ms']:.0f} ms, "
+                f"# {name} c={c}: {r['output_tok_s']:.1f} tok/s, TTFT {r['ttft_mean_ms']:.0f} ms "
+                f"({r['prefill_tok_s']:.1f} prompt tok/s), "
                 f"client CPU {r['client_cpu_frac']:.0%} of a core",
                 file=sys.stderr,
             )
@@ -390,7 +396,9 @@ def main() -> None:
     parser.add_argument("--llama-server", metavar="BINARY", help="start llama.cpp's llama-server as a peer")
     parser.add_argument("--peer-model", help="the GGUF llama-server serves (default: --model)")
     parser.add_argument("--eos-token-ids", type=int, nargs="+", default=[0, 2], help="biased away for peers")
-    parser.add_argument("--workload", choices=WORKLOADS, default="standard", help="repeat: repeat_prompts.py")
+    parser.add_argument(
+        "--workload", choices=WORKLOADS, default="standard", help="repeat: repeat_prompts.py; long: long_prompts.py"
+    )
     parser.add_argument(
         "--ours", action="append", default=[], metavar="NAME=KEY=VALUE,...", help="our server again, with settings"
     )

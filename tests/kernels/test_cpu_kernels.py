@@ -3,64 +3,27 @@ and clang's build (which library loads: test_kernel_variants)."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from wsgi_infer import LLM
-from wsgi_infer.engine.kernels import variants
-from wsgi_infer.engine.kernels.build import build_cpu_kernels, installed_dir
+from wsgi_infer.engine.kernels.build import build_cpu_kernels
 from wsgi_infer.engine.kernels.cpu import CacheRows, CpuKernels
 from wsgi_infer.engine.kernels.layouts import kernel_weight
-from wsgi_infer.engine.kernels.weight_groups import Int4Groups, Int8Groups
+from wsgi_infer.engine.kernels.weight_groups import Int8Groups
 from wsgi_infer.engine.layers.activation import GatedActivation
 from wsgi_infer.engine.layers.norm import RMSNorm, rms_norm
 from wsgi_infer.engine.layers.quantization import PackedLinear, SmallBatchLinear
 from wsgi_infer.engine.layers.rotary import apply_rotary_
-from wsgi_infer.engine.runtime.cpu_info import cpu_flags
 from wsgi_infer.engine.runtime.step_interrupt import StepInterrupted
 
 from ..conftest import assert_idle
 from ..support.batch_runs import GREEDY, PROMPTS, run_alone, run_staggered
 from ..support.gguf_files import MIXED_TYPES, write_tiny_gguf
+from ..support.kernel_libraries import KINDS, WITHOUT_VNNI, groups_of_kind, randn
 
 F32_CLOSE = dict(rtol=1e-5, atol=1e-6)  # float32 sums in another order
-
-
-def _clang_build(tmp_path_factory) -> Path:
-    if shutil.which("clang") is None:
-        pytest.skip("no clang here (CI installs Debian's)")
-    target = tmp_path_factory.mktemp("clang") / "cpu_kernels-clang.so"
-    assert variants.compile_library("clang", ("-march=native",), target) is None
-    return target
-
-
-# Every library a CPU like this one may load: each installed variant it runs (x86-64-v2 is the path without
-# AVX2), clang's build, and a build here where none is installed.
-INSTALLED_HERE = variants.runnable(variants.installed_variants(installed_dir()) or [], cpu_flags())
-LIBRARIES = [*(f"installed {v.name}" for v in INSTALLED_HERE), *([] if INSTALLED_HERE else ["built here"]), "clang"]
-
-
-def library(which: str, tmp_path_factory) -> Path:
-    if which == "clang":
-        return _clang_build(tmp_path_factory)
-    if which.startswith("installed "):
-        return installed_dir() / variants.Variant(which.removeprefix("installed "), (), frozenset()).file_name()
-    path = build_cpu_kernels()
-    assert path is not None, "the test machine has a C compiler"
-    return path
-
-
-@pytest.fixture(scope="module", params=LIBRARIES)
-def kernels(request, tmp_path_factory) -> CpuKernels:
-    return CpuKernels(library(request.param, tmp_path_factory))
-
-
-def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(*shape) * scale
 
 
 @pytest.mark.parametrize("with_residual", [False, True])
@@ -218,21 +181,6 @@ def test_argmax_picks_what_torch_picks(kernels, vocab):
     assert kernels.argmax(logits[7:8]).item() == logits[7].argmax().item()  # one row: no threads
 
 
-def _groups(kind: str, weight: torch.Tensor) -> Int4Groups | Int8Groups:
-    """int4 (Q4_1's min/max), int8 (Q8_0's symmetric codes), or int8 with an offset per group (as Q5_1 and Q5_K
-    have: codes 0..31 above each group's low)."""
-    if kind == "int4":
-        return Int4Groups.from_weight(weight)
-    if kind == "int8":
-        return Int8Groups.from_weight(weight)
-    groups = Int4Groups.from_weight(weight)
-    return Int8Groups((groups.q * 2).to(torch.int8), groups.scale / 2, groups.low)
-
-
-KINDS = ["int4", "int8", "int8 with lows"]
-WITHOUT_VNNI = ("-mno-avx512vnni", "-mno-avxvnni")
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_vnni_multiply_adds_give_the_very_sums_of_the_ones_they_replace(kind):
     """Where the CPU has VNNI, one vpdpwssd replaces a vpmaddwd and a vpaddd, and with AVX-512 a step's 16 outputs
@@ -240,7 +188,7 @@ def test_vnni_multiply_adds_give_the_very_sums_of_the_ones_they_replace(kind):
     rows of a draft's verification, and many (elsewhere both builds are the same code)."""
     built, without = (CpuKernels(build_cpu_kernels(flags)) for flags in ((), WITHOUT_VNNI))
     torch.manual_seed(1)
-    weight = kernel_weight(_groups(kind, randn(64, 256, scale=0.05)))
+    weight = kernel_weight(groups_of_kind(kind, randn(64, 256, scale=0.05)))
     x = randn(20, 256)
     for rows in (slice(0, 1), slice(0, 2), slice(0, 5), slice(0, 7), slice(0, 8), slice(0, 20)):
         assert torch.equal(built.packed_mm(x[rows], weight, 64), without.packed_mm(x[rows], weight, 64))
@@ -253,7 +201,7 @@ def test_packed_mm_multiplies_the_groups_values_and_each_row_alone(kernels, kind
     never depends on its batch. Groups of zeros, of one outlier among tiny values, and of a NaN keep their
     meaning."""
     torch.manual_seed(0)
-    groups = _groups(kind, randn(88, 128, scale=0.05))  # outputs: 5 tiles of 16, the last partial
+    groups = groups_of_kind(kind, randn(88, 128, scale=0.05))  # outputs: 5 tiles of 16, the last partial
     weight = kernel_weight(groups)
     x = randn(70, 128)  # more rows than the kernels' tiles of 8 and chunks of 64
     x[6, 32:64] = 0
@@ -280,7 +228,7 @@ def test_packed_layers_keep_no_full_weight_and_unpack_it_for_large_steps(kernels
     ``q * scale + low`` rounded once to bf16, for oneDNN's GEMM where the CPU has native bf16."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(128, 88)  # outputs: 5 tiles of 16, the last partial
-    groups = _groups(kind, linear.weight)
+    groups = groups_of_kind(kind, linear.weight)
     layer = PackedLinear(linear, groups, kernels)
     assert layer.weight is None
     weight = groups.dequantize().bfloat16()

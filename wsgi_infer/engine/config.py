@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 QUANTIZATION_METHODS = ("auto", "none", "int4", "int8")  # see layers.quantization
+ACTIVATIONS = ("int16", "int8")  # see kernels/cpu_kernels.c
 
 
 def option(default: Any, help: str, ge: int | None = None) -> Any:
@@ -32,6 +33,11 @@ class EngineConfig:
     quantization: str = option(
         "auto",
         "packed weights on the CPU: auto (a GGUF's own blocks where they map, else 8-bit groups), none, int4, int8",
+    )
+    activations: str = option(
+        "int16",
+        "rows times packed weights on the CPU kernels: int16 (each input within 2^-16 of its group's largest), or "
+        "int8 (faster prefill and batches; within 1/254: not exact)",
     )
     block_size: int = option(16, "tokens per KV block", ge=1)
     num_kv_blocks: int | None = None
@@ -66,6 +72,8 @@ class EngineConfig:
             raise ValueError(f"speculative must be none or ngram, got {self.speculative!r}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("prompt_lookup_min must be at most prompt_lookup_max")
+        if self.activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {ACTIVATIONS}, got {self.activations!r}")
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
 

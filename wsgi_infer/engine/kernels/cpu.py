@@ -32,9 +32,9 @@ _SIGNATURES = {
     "rotate": [_P, _I, _P, _P, _I, _I, _I, _I, ctypes.c_int],
     "head_norm": [_P, _I, _P, _P, _I, _I, _I, _I, _F, ctypes.c_int],
     "paged_attention": [_P, _I, _P, _P, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, _I, ctypes.c_int],
-    "int4_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
+    "int4_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int, ctypes.c_int],
     "int4_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
-    "int8_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int],
+    "int8_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int, ctypes.c_int],
     "int8_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
     "decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _P, _I, _I, _P],
     "gelu_mul": [_P, _P, _I, _I, ctypes.c_int],
@@ -77,6 +77,7 @@ class CacheRows:
 
 class CpuKernels:
     def __init__(self, library: Path) -> None:
+        self.library = library
         self.build = library.stem  # names the source, flags and CPU it was built for
         self._lib = ctypes.CDLL(str(library))
         for name, argtypes in _SIGNATURES.items():
@@ -86,6 +87,9 @@ class CpuKernels:
         self._lib.packed_rows_per_pass.argtypes, self._lib.packed_rows_per_pass.restype = [], ctypes.c_int
         # rows a packed multiply computes in one pass over its weight (8 with AVX-512 VNNI, 5 with AVX2)
         self.rows_per_pass: int = self._lib.packed_rows_per_pass()
+        self._lib.activations_of_8_bits.argtypes, self._lib.activations_of_8_bits.restype = [], ctypes.c_int
+        self.has_int8_activations = bool(self._lib.activations_of_8_bits())  # with AVX2
+        self.int8_activations = False  # packed multiplies take the rows as 8-bit groups (use_int8_activations)
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
@@ -194,7 +198,7 @@ class CpuKernels:
         multiply = self._lib.int4_mm if weight.bits == 4 else self._lib.int8_mm
         low = None if weight.low is None else weight.low.data_ptr()
         args = (weight.codes.data_ptr(), weight.scale.data_ptr(), low, out.data_ptr(), n, x.shape[1])
-        multiply(x.data_ptr(), x.shape[0], *args, torch.get_num_threads())
+        multiply(x.data_ptr(), x.shape[0], *args, int(self.int8_activations), torch.get_num_threads())
         return out
 
     def dequantize(self, weight: KernelWeight, n: int, k: int) -> torch.Tensor:
@@ -223,7 +227,14 @@ class CpuKernels:
         return out
 
     def fused_decoder(self, layers: list[DecoderWeights], dims: DecoderDims) -> FusedDecoder:
-        return FusedDecoder(self._lib, layers, dims)
+        return FusedDecoder(self._lib, layers, dims, self.int8_activations)
+
+    def use_int8_activations(self) -> bool:
+        """Packed multiplies from now on take each row's groups of 32 as 8-bit integers (llama.cpp's q8
+        activations): 2x the products per instruction, each input within 1/254 of its group's largest. False where
+        this build has no such path (no AVX2): the rows stay as they are."""
+        self.int8_activations = self.has_int8_activations
+        return self.int8_activations
 
 
 def load_cpu_kernels() -> CpuKernels | None:

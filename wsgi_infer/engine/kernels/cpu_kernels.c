@@ -1152,12 +1152,209 @@ static void tiles_rows(const int bits, const tile_input *x, int64_t rows, int64_
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* --- 8-bit activations (WSGI_INFER_ACTIVATIONS=int8) ----------------------------------------------------------
+ * llama.cpp's trade: each row's group of 32 inputs as 8-bit integers, q = round(x * 127 / max|x|), scale
+ * max|x| / 127. vpdpbusd (AVX-512 VNNI) multiplies 4 unsigned codes by 4 signed inputs and adds them per 32-bit
+ * lane: twice vpdpwssd's products per instruction; AVX2 gets there with vpmaddubsw and vpmaddwd. Each input is then
+ * off by up to 1/254 of its group's largest, not 2^-16: not exact, so never the default. A group's sum is still an
+ * exact integer, scaled and added in group order, so a row's result never depends on its batch, nor on the path.
+ * Step c of a tile's group multiplies its 16 outputs by 4 inputs, 2c, 2c + 1, 2c + 16 and 2c + 17 (a chunk's low
+ * and high nibbles, or int8 runs c and c + 8); a row's group keeps its codes in that order. */
+typedef struct {
+    int8_t q[GROUP]; /* step c's four inputs at 4c; zeros past a row's last input */
+    float scale;     /* max|x| / 127 (NaN where an input is: its outputs are NaN) */
+    int32_t sum;     /* of q: int8 weights multiply as unsigned, code + 128, with VNNI */
+} int8_group;
+
+static void quantize_group8(const float *x, int64_t count, int8_group *group) {
+    float padded[GROUP] = {0};
+    if (count < GROUP) x = memcpy(padded, x, count * sizeof(float));
+    const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+    __m256 v[4];
+    __m256i largest = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) { /* float magnitudes order as their bits do, NaN above infinity */
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        largest = _mm256_max_epu32(largest, _mm256_and_si256(_mm256_castps_si256(v[i]), magnitude));
+    }
+    uint32_t top = max_epu32(largest);
+    float amax;
+    memcpy(&amax, &top, 4);
+    memset(group, 0, sizeof(*group));
+    if (top >= 0x7f800000u || amax < 1e-30f) { /* an infinity or NaN, or nothing measurable: zeros */
+        group->scale = top >= 0x7f800000u ? NAN : 0.0f;
+        return;
+    }
+    int32_t q[GROUP];
+    const __m256 factor = _mm256_set1_ps(127.0f / amax);
+    for (int i = 0; i < 4; i++) _mm256_storeu_si256((__m256i *)(q + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(v[i], factor)));
+    for (int c = 0; c < 8; c++) {
+        const int32_t step[4] = {q[2 * c], q[2 * c + 1], q[2 * c + 16], q[2 * c + 17]};
+        for (int i = 0; i < 4; i++) group->q[4 * c + i] = (int8_t)(step[i] > 127 ? 127 : step[i] < -127 ? -127 : step[i]);
+    }
+    for (int i = 0; i < GROUP; i++) group->sum += group->q[i];
+    group->scale = amax / 127.0f;
+}
+
+/* x [rows, k] as [rows][ceil(k / 32)] 8-bit groups, in a new buffer the caller frees */
+static int8_group *quantize_rows8(const float *x, int64_t rows, int64_t k, int threads) {
+    int64_t groups = groups_of(k);
+    int8_group *out = malloc(rows * groups * sizeof(int8_group));
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
+    for (int64_t i = 0; i < rows * groups; i++) {
+        int64_t r = i / groups, g = i % groups, start = g * GROUP;
+        quantize_group8(x + r * k + start, k - start < GROUP ? k - start : GROUP, &out[i]);
+    }
+    return out;
+}
+
+/* a step's 16 outputs' codes (lo: inputs 2c and 2c + 1; hi: 2c + 16 and 2c + 17, as 16-bit pairs per output) */
+static inline __attribute__((always_inline)) void step_halves(const uint8_t *group, const int bits, const int c,
+                                                              __m256i *lo, __m256i *hi) {
+    if (bits == 4) {
+        const __m256i nibble = _mm256_set1_epi8(0x0f);
+        __m256i b = _mm256_loadu_si256((const __m256i *)(group + 32 * c));
+        *lo = _mm256_and_si256(b, nibble);
+        *hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble);
+    } else {
+        *lo = _mm256_loadu_si256((const __m256i *)(group + 32 * c));
+        *hi = _mm256_loadu_si256((const __m256i *)(group + 32 * (c + 8)));
+    }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define ACT8_ROWS 8 /* rows whose sums (one register each) a group's 8 steps fill at once */
+typedef __m512i act8_step; /* lane o: output o's 4 codes, unsigned (int8 codes + 128) */
+
+static inline __attribute__((always_inline)) void unpack_step8(const uint8_t *group, const int bits, const int c,
+                                                               act8_step *step) {
+    __m256i lo, hi;
+    step_halves(group, bits, c, &lo, &hi);
+    if (bits == 8) {
+        lo = _mm256_xor_si256(lo, _mm256_set1_epi8((char)0x80));
+        hi = _mm256_xor_si256(hi, _mm256_set1_epi8((char)0x80));
+    }
+    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0); /* word 2o: lo's o, 2o + 1: hi's */
+    *step = _mm512_permutexvar_epi16(order, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+}
+
+/* sums [rows, 16] += a group's products for up to ACT8_ROWS rows (x: the first row's group, rows apart by groups) */
+static inline __attribute__((always_inline)) void rows8(const act8_step w[8], const int8_group *x, const int rows,
+                                                        const int bits, const float *scale, const float *low,
+                                                        const float *group_sums, int64_t groups, float *sums) {
+    __m512i acc[ACT8_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_si512();
+    for (int c = 0; c < 8; c++)
+        for (int r = 0; r < rows; r++) {
+            int32_t four;
+            memcpy(&four, x[r * groups].q + 4 * c, 4);
+            acc[r] = _mm512_dpbusd_epi32(acc[r], w[c], _mm512_set1_epi32(four));
+        }
+    __m512 s = _mm512_loadu_ps(scale);
+    for (int r = 0; r < rows; r++) {
+        if (bits == 8) acc[r] = _mm512_sub_epi32(acc[r], _mm512_set1_epi32(128 * x[r * groups].sum));
+        __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(s, _mm512_set1_ps(x[r * groups].scale)));
+        if (low) dot = _mm512_fmadd_ps(_mm512_loadu_ps(low), _mm512_set1_ps(group_sums[r * groups]), dot);
+        _mm512_storeu_ps(sums + r * TILE, _mm512_add_ps(_mm512_loadu_ps(sums + r * TILE), dot));
+    }
+}
+#else
+#define ACT8_ROWS 4
+typedef struct {
+    __m256i w[2];    /* outputs 0-7 and 8-15, each lane one output's 4 codes: int4 as they are, int8's magnitudes */
+    __m256i sign[2]; /* int8 codes themselves, whose signs the inputs take (vpmaddubsw multiplies unsigned codes) */
+} act8_step;
+
+static inline __attribute__((always_inline)) void unpack_step8(const uint8_t *group, const int bits, const int c,
+                                                               act8_step *step) {
+    __m256i lo, hi;
+    step_halves(group, bits, c, &lo, &hi);
+    __m256i a = _mm256_unpacklo_epi16(lo, hi), b = _mm256_unpackhi_epi16(lo, hi); /* outputs 0-3 | 8-11, 4-7 | 12-15 */
+    step->sign[0] = _mm256_permute2x128_si256(a, b, 0x20);
+    step->sign[1] = _mm256_permute2x128_si256(a, b, 0x31);
+    for (int v = 0; v < 2; v++) step->w[v] = bits == 8 ? _mm256_abs_epi8(step->sign[v]) : step->sign[v];
+}
+
+/* rows8 of the VNNI path, in two 256-bit halves. A pair's products stay within 16 bits: 2 * 128 * 127. */
+static inline __attribute__((always_inline)) void rows8(const act8_step w[8], const int8_group *x, const int rows,
+                                                        const int bits, const float *scale, const float *low,
+                                                        const float *group_sums, int64_t groups, float *sums) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[ACT8_ROWS][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; c++)
+        for (int r = 0; r < rows; r++) {
+            int32_t four;
+            memcpy(&four, x[r * groups].q + 4 * c, 4);
+            __m256i in = _mm256_set1_epi32(four);
+            for (int v = 0; v < 2; v++) {
+                __m256i signed_in = bits == 8 ? _mm256_sign_epi8(in, w[c].sign[v]) : in;
+                __m256i pairs = _mm256_maddubs_epi16(w[c].w[v], signed_in);
+                acc[r][v] = _mm256_add_epi32(acc[r][v], _mm256_madd_epi16(pairs, ones));
+            }
+        }
+    for (int v = 0; v < 2; v++) {
+        __m256 s = _mm256_loadu_ps(scale + 8 * v);
+        for (int r = 0; r < rows; r++) {
+            __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), _mm256_mul_ps(s, _mm256_set1_ps(x[r * groups].scale)));
+            if (low) dot = _mm256_fmadd_ps(_mm256_loadu_ps(low + 8 * v), _mm256_set1_ps(group_sums[r * groups]), dot);
+            float *sum = sums + r * TILE + 8 * v;
+            _mm256_storeu_ps(sum, _mm256_add_ps(_mm256_loadu_ps(sum), dot));
+        }
+    }
+}
+#endif
+
+typedef void (*rows8_fn)(const act8_step *, const int8_group *, const float *, const float *, const float *, int64_t,
+                         float *);
+#define ROWS8_OF(B, R)                                                                                             \
+    static void rows8_##B##_##R(const act8_step *w, const int8_group *x, const float *scale, const float *low,      \
+                                const float *group_sums, int64_t groups, float *sums) {                            \
+        rows8(w, x, R, B, scale, low, group_sums, groups, sums);                                                   \
+    }
+#define ROWS8_FOR(B) ROWS8_OF(B, 1) ROWS8_OF(B, 2) ROWS8_OF(B, 3) ROWS8_OF(B, 4) ROWS8_MORE(B)
+#if ACT8_ROWS == 8
+#define ROWS8_MORE(B) ROWS8_OF(B, 5) ROWS8_OF(B, 6) ROWS8_OF(B, 7) ROWS8_OF(B, 8)
+#define ROWS8_MORE_OF(B) , rows8_##B##_5, rows8_##B##_6, rows8_##B##_7, rows8_##B##_8
+#else
+#define ROWS8_MORE(B)
+#define ROWS8_MORE_OF(B)
+#endif
+ROWS8_FOR(4) ROWS8_FOR(8)
+static const rows8_fn rows8_by_bits[2][ACT8_ROWS + 1] = {
+    {NULL, rows8_4_1, rows8_4_2, rows8_4_3, rows8_4_4 ROWS8_MORE_OF(4)},
+    {NULL, rows8_8_1, rows8_8_2, rows8_8_3, rows8_8_4 ROWS8_MORE_OF(8)}};
+
+/* tiles_rows with 8-bit activations: each group of a tile unpacked once, then every row, ACT8_ROWS at a time */
+static void tiles_rows8(const int bits, const int8_group *x, int64_t rows, int64_t tiles, const uint8_t *codes,
+                        const f16 *scale, const f16 *low, const float *group_sums, float *sums, int64_t k) {
+    memset(sums, 0, tiles * rows * TILE * sizeof(float));
+    int64_t groups = k / GROUP;
+    for (int64_t j = 0; j < tiles; j++)
+        for (int64_t g = 0; g < groups; g++) {
+            int64_t at = j * groups + g;
+            prefetch_group(bits, codes, scale, low, at + 2);
+            act8_step w[8];
+            for (int c = 0; c < 8; c++) unpack_step8(codes + at * GROUP_BYTES(bits), bits, c, &w[c]);
+            float group_scale[TILE], group_low[TILE];
+            group_scale_low(scale, low, at * TILE, group_scale, group_low);
+            for (int64_t r0 = 0; r0 < rows; r0 += ACT8_ROWS) {
+                int64_t block = rows - r0 < ACT8_ROWS ? rows - r0 : ACT8_ROWS;
+                rows8_by_bits[bits == 8][block](w, x + r0 * groups + g, group_scale, low ? group_low : NULL,
+                                                low ? group_sums + r0 * groups + g : NULL, groups,
+                                                sums + (j * rows + r0) * TILE);
+            }
+        }
+}
+#endif
+
 #define ROW_CHUNK 64 /* rows whose inputs the tiles read over and over, while they stay in cache */
 
 /* A packed multiply's operands, and the rows [r0, r0 + chunk) whose tiles its tasks compute */
 typedef struct {
-    int bits;
-    const tile_input *inputs;
+    int bits, act8;     /* act8: the inputs are 8-bit groups (int8_group), else tile_inputs' */
+    const void *inputs;
     const uint8_t *codes;
     const f16 *scale, *low;
     const float *group_sums;
@@ -1170,10 +1367,17 @@ static void tile_task(const packed_job *job, int64_t t0) {
     float sums[TILE_BLOCK * ROW_CHUNK * TILE];
     int64_t tiles = job->tiles - t0 < job->per_task ? job->tiles - t0 : job->per_task, groups = job->groups;
     int64_t r0 = job->r0, chunk = job->chunk, n = job->n, task_groups = t0 * groups;
-    tiles_rows(job->bits, job->inputs + r0 * inputs_per_row(job->k), chunk, tiles,
-               job->codes + task_groups * GROUP_BYTES(job->bits), job->scale + task_groups * TILE,
-               job->low ? job->low + task_groups * TILE : NULL, job->low ? job->group_sums + r0 * groups : NULL, sums,
-               job->k);
+    const uint8_t *codes = job->codes + task_groups * GROUP_BYTES(job->bits);
+    const f16 *scale = job->scale + task_groups * TILE, *low = job->low ? job->low + task_groups * TILE : NULL;
+    const float *group_sums = job->low ? job->group_sums + r0 * groups : NULL;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (job->act8) {
+        const int8_group *x = (const int8_group *)job->inputs + r0 * groups_of(job->k);
+        tiles_rows8(job->bits, x, chunk, tiles, codes, scale, low, group_sums, sums, job->k);
+    } else
+#endif
+        tiles_rows(job->bits, (const tile_input *)job->inputs + r0 * inputs_per_row(job->k), chunk, tiles, codes,
+                   scale, low, group_sums, sums, job->k);
     for (int64_t t = t0; t < t0 + tiles; t++) {
         int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE; /* a last, partial tile */
         const float *tile_sums = sums + (t - t0) * chunk * TILE;
@@ -1188,11 +1392,16 @@ static void tile_task(const packed_job *job, int64_t t0) {
  * a call): guided grabs, half of what is left and then less, keep the long runs and let the thread that ends first
  * take the rest (2-6% a token at one stream). With more rows the multiplies are the bound, and single tasks balance
  * best. */
-static void packed_mm(const int bits, const float *x, int64_t rows, const uint8_t *codes, const f16 *scale,
+static void packed_mm(const int bits, int act8, const float *x, int64_t rows, const uint8_t *codes, const f16 *scale,
                       const f16 *low, float *out, int64_t n, int64_t k, int threads) {
     int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE, per_task = tiles_per_task(rows);
     float *group_sums = low ? malloc(rows * groups * sizeof(float)) : NULL;
-    const tile_input *inputs = tile_inputs(x, rows, k, threads);
+#if defined(__AVX2__) && defined(__FMA__)
+    const void *inputs = act8 ? (const void *)quantize_rows8(x, rows, k, threads) : tile_inputs(x, rows, k, threads);
+#else
+    const void *inputs = tile_inputs(x, rows, k, threads);
+    act8 = 0; /* see activations_of_8_bits */
+#endif
     if (low) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
         for (int64_t i = 0; i < rows * groups; i++)
@@ -1200,7 +1409,8 @@ static void packed_mm(const int bits, const float *x, int64_t rows, const uint8_
     }
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {
         int64_t chunk = rows - r0 < ROW_CHUNK ? rows - r0 : ROW_CHUNK;
-        packed_job job = {bits, inputs, codes, scale, low, group_sums, out, n, k, groups, tiles, per_task, r0, chunk};
+        packed_job job = {bits,   act8,  inputs, codes, scale, low,      group_sums,
+                          out,    n,     k,      groups, tiles, per_task, r0, chunk};
         if (chunk > 8) {
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
             for (int64_t t0 = 0; t0 < tiles; t0 += per_task) tile_task(&job, t0);
@@ -1210,7 +1420,7 @@ static void packed_mm(const int bits, const float *x, int64_t rows, const uint8_
         }
     }
     free(group_sums);
-    if ((const void *)inputs != (const void *)x) free((void *)inputs);
+    if (inputs != (const void *)x) free((void *)inputs);
 }
 
 /* The most rows a packed multiply computes in one pass over its weight: a step that verifies a draft of one token
@@ -1223,14 +1433,23 @@ int packed_rows_per_pass(void) {
 #endif
 }
 
+/* Whether act8 takes 8-bit activations here: with AVX2; elsewhere the rows stay float32 */
+int activations_of_8_bits(void) {
+#if defined(__AVX2__) && defined(__FMA__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 void int4_mm(const float *x, int64_t rows, const uint8_t *codes, const f16 *scale, const f16 *low, float *out,
-             int64_t n, int64_t k, int threads) {
-    packed_mm(4, x, rows, codes, scale, low, out, n, k, threads);
+             int64_t n, int64_t k, int act8, int threads) {
+    packed_mm(4, act8, x, rows, codes, scale, low, out, n, k, threads);
 }
 
 void int8_mm(const float *x, int64_t rows, const uint8_t *codes, const f16 *scale, const f16 *low, float *out,
-             int64_t n, int64_t k, int threads) {
-    packed_mm(8, x, rows, codes, scale, low, out, n, k, threads);
+             int64_t n, int64_t k, int act8, int threads) {
+    packed_mm(8, act8, x, rows, codes, scale, low, out, n, k, threads);
 }
 
 /* --- a step's layers, one call ------------------------------------------------------------------------
@@ -1244,6 +1463,7 @@ typedef struct {
     const float *bias;      /* or NULL */
     int64_t n, k;
     int64_t bits; /* 4 or 8 */
+    int64_t act8; /* 8-bit activations (packed_mm) */
 } PackedWeight;
 
 typedef struct {
@@ -1265,7 +1485,7 @@ typedef struct {
 
 /* out = x w^T (+ bias) */
 static void project(const float *x, int64_t rows, const PackedWeight *w, float *out, int threads) {
-    packed_mm((int)w->bits, x, rows, w->codes, w->scale, w->low, out, w->n, w->k, threads);
+    packed_mm((int)w->bits, (int)w->act8, x, rows, w->codes, w->scale, w->low, out, w->n, w->k, threads);
     if (w->bias)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t i = 0; i < w->n; i++) out[r * w->n + i] += w->bias[i];

@@ -14,7 +14,16 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
 class _PackedWeight(ctypes.Structure):
-    _fields_ = [("codes", _P), ("scale", _P), ("low", _P), ("bias", _P), ("n", _I), ("k", _I), ("bits", _I)]
+    _fields_ = [
+        ("codes", _P),
+        ("scale", _P),
+        ("low", _P),
+        ("bias", _P),
+        ("n", _I),
+        ("k", _I),
+        ("bits", _I),
+        ("act8", _I),  # 8-bit activations
+    ]
 
 
 class _DecoderLayer(ctypes.Structure):
@@ -74,16 +83,16 @@ def _address(t: torch.Tensor | None) -> int | None:
 
 
 class FusedDecoder:
-    def __init__(self, lib: ctypes.CDLL, layers: list[DecoderWeights], dims: DecoderDims) -> None:
+    def __init__(self, lib: ctypes.CDLL, layers: list[DecoderWeights], dims: DecoderDims, act8: bool) -> None:
         self._lib = lib
         self._dims = dims
-        self._layers = (_DecoderLayer * len(layers))(*map(self._layer, layers))
+        self._layers = (_DecoderLayer * len(layers))(*(self._layer(layer, act8) for layer in layers))
         self._kept = layers  # the addresses above stay valid while the layers live
         self._caches: list[torch.Tensor] | None = None
         self._cache_pointers = (_P * len(layers))()
 
     @staticmethod
-    def _layer(weights: DecoderWeights) -> _DecoderLayer:
+    def _layer(weights: DecoderWeights, act8: bool) -> _DecoderLayer:
         def packed(linear: nn.Module) -> _PackedWeight:
             w = linear.packed
             return _PackedWeight(
@@ -94,6 +103,7 @@ class FusedDecoder:
                 linear.out_features,
                 linear.in_features,
                 w.bits,
+                int(act8),
             )
 
         projections = (packed(weights.qkv), packed(weights.o), packed(weights.gate_up), packed(weights.down))

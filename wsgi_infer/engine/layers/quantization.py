@@ -77,7 +77,8 @@ class PackedLinear(SmallBatchLinear):
     @property
     def kind(self) -> str:
         # the build, since a new one is measured anew; "dequantized": the full multiply unpacks the weight first
-        return f"PackedLinear int{self.bits} ({self.kernels.build}, dequantized)"
+        activations = ", 8-bit activations" if self.kernels.int8_activations else ""
+        return f"PackedLinear int{self.bits} ({self.kernels.build}{activations}, dequantized)"
 
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
         return self.kernels.packed_mm(rows, self.packed, self.out_features)
