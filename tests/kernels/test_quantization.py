@@ -299,14 +299,16 @@ def _packed_wins_at_16_rows_or_fewer(calls, losing_to: float = 0.0) -> float:
 
 
 def test_a_crossing_point_is_timed_on_a_few_layers_spread_over_the_model(monkeypatch, tmp_path):
-    """LAYERS_TIMED of a shape's 30 layers, every fourth, are timed (all 30 took 0.6 s of a first start); every
-    layer of the shape takes the figure."""
+    """LAYERS_TIMED of a shape's 30 layers, every fourth, are timed (all 30 took 0.6 s of a first start), two of them
+    where the rows make the multiply compute-bound; every layer of the shape takes the figure."""
     monkeypatch.setattr(crossing_points, "cpu_has_native_bf16", lambda: True)
     monkeypatch.setattr(crossing_points, "_seconds", _packed_wins_at_16_rows_or_fewer)
     layers = [_TimedLayer() for _ in range(30)]
     choose_max_rows(layers, tmp_path / "rows.json")
-    assert [i for i, layer in enumerate(layers) if layer.calls] == list(range(0, 30, 4))
+    assert [i for i, layer in enumerate(layers) if layer.calls] == sorted([*range(0, 30, 4), 15])
     assert len(range(0, 30, 4)) == crossing_points.LAYERS_TIMED and {layer.max_rows for layer in layers} == {16}
+    # 64 rows (compute-bound) on two of them: layers 0 and 15; then 32 and 16 on the eight
+    assert [layer.calls for layer in layers[:16:4]] == [6, 4, 4, 4] and layers[15].calls == 2
 
 
 class _Clock:

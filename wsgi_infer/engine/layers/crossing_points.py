@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 ROWS_MEASURED = (1, 2, 4, 8, 16, 32, 64)
 LAYERS_TIMED = 8  # of a shape's layers, spread over the model: every one of the default model's 30 took 0.6 s more
+# at as many rows as this or more, a multiply is bound by its arithmetic, not by reading its weight: two layers
+# time it as well as eight (a 1B model's first start spent 2-2.8 s on its crossing points)
+COMPUTE_BOUND_ROWS, LAYERS_TIMED_COMPUTE_BOUND = 64, 2
 ANY_ROWS = 2**31 - 1  # a crossing point no step reaches
 CLEARLY_SLOWER = 4  # a warm-up this many times slower than the other way's fastest run: no need to time its runs
 LONG_RUN_SECONDS = 0.05  # a warm-up this long: a disturbance barely moves one run, so one is timed, not three
@@ -84,21 +87,22 @@ def _machine_key(layer: SmallBatchLinear) -> str:
 @torch.inference_mode()
 def _measured_max_rows(same_shape: list[SmallBatchLinear]) -> int:
     """The most rows where the packed copy wins, timed as a step uses them: the layers of the shape in turn
-    (``LAYERS_TIMED`` of them), each weight read from memory rather than from the cache a single layer's repeated
-    calls would leave it in. Counted down: the packed copy's lead only grows as rows fall (it reads fewer bytes for
-    the same products), so where it wins at 64 rows, as int4 on the kernels does, one count is timed,
-    not seven (a first start spent 2.5 s here).
+    (``LAYERS_TIMED`` of them, two where the rows make it compute-bound), each weight read from memory rather than
+    from the cache a single layer's repeated calls would leave it in. Counted down: the packed copy's lead only
+    grows as rows fall (it reads fewer bytes for the same products), so where it wins at 64 rows, as int4 on the
+    kernels does, one count is timed, not seven (a first start spent 2.5 s here).
 
     Without native bf16, oneDNN's bf16 GEMM is emulated, and a full multiply loses to the kernels' packed one at
     every count (the default model's step of 64 rows: 945 ms against 279 in int4), where a 512-row prefill step
     would take seconds: layers on the kernels take steps of any size there, unmeasured."""
     if same_shape[0].on_kernels and not cpu_has_native_bf16():
         return ANY_ROWS
-    same_shape = same_shape[:: math.ceil(len(same_shape) / LAYERS_TIMED)]  # every layer of a shape of 8 or fewer
     for rows in sorted(ROWS_MEASURED, reverse=True):
-        x = torch.randn(rows, same_shape[0].in_features, dtype=same_shape[0].dtype)
-        packed = _seconds([partial(layer.packed_mm, x) for layer in same_shape])
-        full = _seconds([partial(layer.full_mm, x) for layer in same_shape], losing_to=packed)
+        timed = LAYERS_TIMED_COMPUTE_BOUND if rows >= COMPUTE_BOUND_ROWS else LAYERS_TIMED
+        layers = same_shape[:: math.ceil(len(same_shape) / timed)]  # every layer of a shape of that many or fewer
+        x = torch.randn(rows, layers[0].in_features, dtype=layers[0].dtype)
+        packed = _seconds([partial(layer.packed_mm, x) for layer in layers])
+        full = _seconds([partial(layer.full_mm, x) for layer in layers], losing_to=packed)
         if packed < full:
             return rows
     return 0
