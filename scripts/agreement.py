@@ -35,9 +35,7 @@ def reference(model: str | None, tokens: int) -> list[tuple[list[int], list[int]
     return [(list(p), list(o.token_ids)) for p, o in zip(prompts, outputs)]
 
 
-def agreement(
-    model: str | None, pairs: list[tuple[list[int], list[int]]], quantization: str, activations: str
-) -> dict:
+def agreement(model: str | None, pairs: list[tuple[list[int], list[int]]], quantization: str, activations: str) -> dict:
     llm = LLM(model=model, quantization=quantization, activations=activations)
     packed = [m for m in llm.engine.runner.model.modules() if isinstance(m, SmallBatchLinear)]
     for module in packed:
