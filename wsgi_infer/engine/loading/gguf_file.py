@@ -35,7 +35,8 @@ class GgufTensor:
         from gguf import quants
 
         if self.ggml_type == GGMLQuantizationType.Q6_K:
-            return _q6_k_values(torch.from_numpy(self.raw.copy())).reshape(self.shape)  # a writable copy: a fifth of the values
+            raw = torch.from_numpy(self.raw.copy())  # writable, as torch wants: a fifth of the values' size
+            return _q6_k_values(raw).reshape(self.shape)
         kind = getattr(quants, self.ggml_type.name, None)  # gguf-py's class for the type, where it has one
         try:
             if kind is None or not hasattr(kind, "dequantize_rows"):  # F32 and F16: a view, a cast
