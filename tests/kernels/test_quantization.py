@@ -362,3 +362,21 @@ def test_crossing_points_are_measured_once_per_machine_then_kept(tiny_model_dirs
         llm = LLM(model=model, device="cpu", dtype="float32", quantization="int8")
     packed = [m for m in llm.engine.runner.model.modules() if isinstance(m, SmallBatchLinear)]
     assert packed and all(m.max_rows == 3 for m in packed) and "(measured)" not in caplog.text
+
+
+def test_a_large_lm_head_is_timed_on_part_of_its_outputs(monkeypatch, tmp_path):
+    """A crossing point's full multiply unpacks the weight into bf16: for a large LM head (a 49,152-token
+    vocabulary's 200 MB) that copy set a first start's peak RSS. Timed on its first MOST_OUTPUTS_TIMED outputs,
+    the copy stays that size, and the head takes the figure."""
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setattr(crossing_points, "cpu_has_native_bf16", lambda: True)  # measured here too
+    monkeypatch.setattr(crossing_points, "MOST_OUTPUTS_TIMED", 256)
+    linear = nn.Linear(64, 1000, bias=False)
+    head = PackedLinear(linear, Int8Groups.from_weight(linear.weight), kernels)
+    choose_max_rows([head], tmp_path / "rows.json")
+    assert kernels._dequantized.numel() == 256 * 64
+    assert head.max_rows in crossing_points.ROWS_MEASURED + (0,)
+    x = torch.randn(3, 64)
+    assert torch.equal(head.packed_mm(x, 256), head.packed_mm(x)[:, :256])

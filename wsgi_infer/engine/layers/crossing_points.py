@@ -28,6 +28,9 @@ LAYERS_TIMED = 8  # of a shape's layers, spread over the model: every one of the
 # at as many rows as this or more, a multiply is bound by its arithmetic, not by reading its weight: two layers
 # time it as well as eight (a 1B model's first start spent 2-2.8 s on its crossing points)
 COMPUTE_BOUND_ROWS, LAYERS_TIMED_COMPUTE_BOUND = 64, 2
+# A multiply's time grows with its outputs, so a large LM head on the kernels is timed on its first so many: its
+# full multiply's bf16 copy (a 49,152-token vocabulary's 200 MB, 262,144 tokens' 1 GB) set a first start's peak RSS
+MOST_OUTPUTS_TIMED = 16384
 ANY_ROWS = 2**31 - 1  # a crossing point no step reaches
 CLEARLY_SLOWER = 4  # a warm-up this many times slower than the other way's fastest run: no need to time its runs
 LONG_RUN_SECONDS = 0.05  # a warm-up this long: a disturbance barely moves one run, so one is timed, not three
@@ -43,9 +46,9 @@ class SmallBatchLinear(Protocol):
     on_kernels: bool
     max_rows: int
 
-    def packed_mm(self, rows: torch.Tensor) -> torch.Tensor: ...
+    def packed_mm(self, rows: torch.Tensor, outputs: int | None = None) -> torch.Tensor: ...
 
-    def full_mm(self, x: torch.Tensor) -> torch.Tensor: ...
+    def full_mm(self, x: torch.Tensor, outputs: int | None = None) -> torch.Tensor: ...
 
 
 def choose_max_rows(layers: list[SmallBatchLinear], saved: Path | None = None) -> None:
@@ -97,12 +100,14 @@ def _measured_max_rows(same_shape: list[SmallBatchLinear]) -> int:
     would take seconds: layers on the kernels take steps of any size there, unmeasured."""
     if same_shape[0].on_kernels and not cpu_has_native_bf16():
         return ANY_ROWS
+    large = same_shape[0].out_features > MOST_OUTPUTS_TIMED
     for rows in sorted(ROWS_MEASURED, reverse=True):
         timed = LAYERS_TIMED_COMPUTE_BOUND if rows >= COMPUTE_BOUND_ROWS else LAYERS_TIMED
         layers = same_shape[:: math.ceil(len(same_shape) / timed)]  # every layer of a shape of that many or fewer
         x = torch.randn(rows, layers[0].in_features, dtype=layers[0].dtype)
-        packed = _seconds([partial(layer.packed_mm, x) for layer in layers])
-        full = _seconds([partial(layer.full_mm, x) for layer in layers], losing_to=packed)
+        part = {"outputs": MOST_OUTPUTS_TIMED} if layers[0].on_kernels and large else {}
+        packed = _seconds([partial(layer.packed_mm, x, **part) for layer in layers])
+        full = _seconds([partial(layer.full_mm, x, **part) for layer in layers], losing_to=packed)
         if packed < full:
             return rows
     return 0

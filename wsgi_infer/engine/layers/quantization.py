@@ -80,15 +80,17 @@ class PackedLinear(SmallBatchLinear):
         activations = ", 8-bit activations" if self.kernels.int8_activations else ""
         return f"PackedLinear int{self.bits} ({self.kernels.build}{activations}, dequantized)"
 
-    def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.kernels.packed_mm(rows, self.packed, self.out_features)
+    def packed_mm(self, rows: torch.Tensor, outputs: int | None = None) -> torch.Tensor:
+        """``outputs``: only the first so many (a crossing point's timing of a large LM head)."""
+        return self.kernels.packed_mm(rows, self.packed, outputs or self.out_features)
 
-    def full_mm(self, x: torch.Tensor) -> torch.Tensor:
+    def full_mm(self, x: torch.Tensor, outputs: int | None = None) -> torch.Tensor:
         """The weight unpacked into bf16 (valid until the next layer unpacks its own), times the rows in bf16: where
-        the CPU has native bf16, oneDNN's GEMM there wins for large steps."""
-        weight = self.kernels.dequantize(self.packed, self.out_features, self.in_features)
+        the CPU has native bf16, oneDNN's GEMM there wins for large steps. ``outputs``: as for ``packed_mm``."""
+        outputs = outputs or self.out_features
+        weight = self.kernels.dequantize(self.packed, outputs, self.in_features)
         y = F.linear(x.to(weight.dtype), weight).to(x.dtype)
-        return y if self.bias is None else y + self.bias
+        return y if self.bias is None else y + self.bias[:outputs]
 
 
 class TorchInt4Linear(SmallBatchLinear):
