@@ -37,7 +37,8 @@ def _lows(groups: Int4Groups | Int8Groups) -> torch.Tensor:
 def test_int8_activations_multiply_each_rows_8_bit_groups_and_each_row_alone(kernels: CpuKernels, kind):
     """A group's codes times its 8-bit inputs, an exact integer, scaled; its lows times the inputs' own sum: within
     float32 rounding of that product, and within 1/254 of each group's largest of the exact one. A row's result is
-    the same in any batch and through every way of rows (one, a few, many), and a NaN input keeps its meaning."""
+    the same in any batch and through every way of rows (up to 8 through the 16-bit paths' registers, widened from
+    the same 8-bit values; more through the 8-bit path), and a NaN input keeps its meaning."""
     if not kernels.has_int8_activations:
         pytest.skip(f"{kernels.build}: no AVX2, no 8-bit path")
     torch.manual_seed(0)
