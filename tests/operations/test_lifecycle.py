@@ -246,8 +246,8 @@ def test_a_stop_just_after_the_worker_forks_is_not_lost(tiny_model_dirs, sig):
     server.wait_for_log(r"Booting worker with pid")
     server.process.send_signal(sig)
     assert server.process.wait(60) == 0
-    server.wait_for_log(r"engine thread stopped")
-    assert not any("SIGKILL" in line for line in server.lines)
+    server.wait_for_log(r"engine thread stopped")  # a stop while it loads: once loaded, to the worker's exit
+    assert not any("SIGKILL" in line or "did not stop within" in line for line in server.lines)
 
 
 def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dirs):

@@ -136,12 +136,15 @@ class EngineManager:
         self._loop.interrupt()  # a slow step (a crowded CPU, a long prefill) stops at its next layer
         if not self._bridge.on_hub_thread():
             return
-        if self._stopped.wait(timeout):
-            log.info("engine thread stopped")
-        else:
-            log.error("engine thread did not stop within %.0f s", timeout)
+        stopped = self._stopped.wait(timeout)
         self.end_streams()
-        self._bridge.close()
+        if stopped:
+            log.info("engine thread stopped")
+            self._bridge.close()
+        elif not self.ready and not self.failure:  # it reads the stop once loaded, and says so through the bridge
+            log.info("engine thread still loading the model: it stops once loaded")
+        else:  # the bridge stays open all the same, for a later close to hear it stop
+            log.error("engine thread did not stop within %.1f s", timeout)
 
     def drain(self, deadline: float) -> None:
         """Graceful stop (in a greenlet): refuse new work, let open requests finish for
