@@ -160,6 +160,8 @@ def plot(results: list[dict], path: str) -> None:
     )
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xscale("log")
+    ax.set_xticks(params, [f"{p:.2g}B" for p in params])
+    ax.minorticks_off()
     ax.set_xlabel("parameters (billions)")
     ax.set_ylabel("wsgi-infer / llama-server")
     ax.legend(fontsize=8)
