@@ -22,8 +22,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +30,8 @@ from gguf import GGUFReader
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from bench_bandwidth import read_gb_s  # noqa: E402
-from bench_serve import free_port, tree_peak_rss_mb  # noqa: E402
+from bench_serve import tree_peak_rss_mb  # noqa: E402
+from bench_start import seconds_to_health  # noqa: E402
 
 SERVE = [str(Path(sys.executable).with_name("wsgi-infer")), "serve"]
 KV_BUDGET_BYTES = 256 << 20  # our default KV cache on a CPU, in bf16
@@ -62,24 +61,11 @@ def shape(path: Path) -> tuple[int, int]:
     return sum(int(t.n_elements) for t in reader.tensors), KV_BUDGET_BYTES // per_token
 
 
-def started(command: list[str], env: dict[str, str], port: int) -> tuple[float, float]:
-    """(seconds from launch to a 200 on /health, the peak RSS in MB of its processes)."""
-    begin = time.perf_counter()
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
-                    if response.status == 200:
-                        return time.perf_counter() - begin, tree_peak_rss_mb(process.pid)
-            except OSError:
-                pass
-            if process.poll() is not None:
-                raise SystemExit(f"{command[0]} exited with {process.returncode}")
-            time.sleep(0.05)
-    finally:
-        process.terminate()
-        process.wait(60)
+def started(command, env: dict[str, str]) -> tuple[float, float]:
+    """(seconds from launch to a 200 on /health, the peak RSS in MB of its processes then); ``command(port)``."""
+    peak = []
+    seconds = seconds_to_health(command, env, on_ready=lambda process: peak.append(tree_peak_rss_mb(process.pid)))
+    return seconds, peak[0]
 
 
 def starts(model: Path, llama_server: str, kv_tokens: int) -> dict:
@@ -87,15 +73,13 @@ def starts(model: Path, llama_server: str, kv_tokens: int) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         env = os.environ | {"WSGI_INFER_CACHE_DIR": cache, "WSGI_INFER_MODEL": str(model)}
         for which in ("first", "later"):
-            port = free_port()
-            seconds, rss = started([*SERVE, "--bind", f"127.0.0.1:{port}"], env, port)
+            seconds, rss = started(lambda port: [*SERVE, "--bind", f"127.0.0.1:{port}"], env)
             figures |= {f"{which}_start_s": seconds, f"{which}_start_rss_mb": rss}
         copy = next(p for p in Path(cache).iterdir() if p.is_dir() and p.name.startswith(model.stem))
         figures["cache_mb"] = sum(f.stat().st_size for f in copy.iterdir()) / 1e6
-    port = free_port()
-    command = [llama_server, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
-    command += ["-t", str(os.cpu_count()), "-np", "16", "-c", str(kv_tokens)]
-    seconds, rss = started(command, dict(os.environ), port)
+    llama = [llama_server, "-m", str(model), "--host", "127.0.0.1", "--no-webui", "-t", str(os.cpu_count())]
+    llama += ["-np", "16", "-c", str(kv_tokens)]
+    seconds, rss = started(lambda port: [*llama, "--port", str(port)], dict(os.environ))
     return figures | {"llama_start_s": seconds, "llama_rss_mb": rss, "file_mb": model.stat().st_size / 1e6}
 
 

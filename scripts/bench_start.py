@@ -52,7 +52,13 @@ def floor_seconds(imports: str) -> float:
     return seconds_to_health(lambda port: [*gunicorn, "-b", f"127.0.0.1:{port}", "start_floor_app:app"], env, HERE)
 
 
-def seconds_to_health(command: Callable[[int], list[str]], env: dict[str, str], cwd: Path | None = None) -> float:
+def seconds_to_health(
+    command: Callable[[int], list[str]],
+    env: dict[str, str],
+    cwd: Path | None = None,
+    on_ready: Callable[[subprocess.Popen], None] | None = None,
+) -> float:
+    """Launch to the first 200 on /health; ``on_ready`` sees the process then, before it is stopped."""
     port = free_port()
     started = time.perf_counter()
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
@@ -62,7 +68,10 @@ def seconds_to_health(command: Callable[[int], list[str]], env: dict[str, str], 
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
                     if response.status == 200:
-                        return time.perf_counter() - started
+                        seconds = time.perf_counter() - started
+                        if on_ready is not None:
+                            on_ready(server)
+                        return seconds
             except OSError:  # refused while the worker boots, 503 while it loads
                 pass
             if server.poll() is not None:

@@ -706,17 +706,24 @@ static inline uint32_t max_epu32(__m256i v) {
 
 /* count (up to 32) inputs as integers and their scale (a largest magnitude of 2^15 - 1/2 or more, rounded up to
  * 2^15, saturates to 2^15 - 1) */
-static void quantize_group(const float *x, int64_t count, int16_group *group) {
+/* a group's 32 inputs (zeros past count) into v, and the bits of their largest magnitude: float magnitudes order as
+ * their bits do, NaN above infinity */
+static inline uint32_t load_group(const float *x, int64_t count, __m256 v[4]) {
     float padded[GROUP] = {0};
     if (count < GROUP) x = memcpy(padded, x, count * sizeof(float));
     const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
-    __m256 v[4];
     __m256i largest = _mm256_setzero_si256();
-    for (int i = 0; i < 4; i++) { /* float magnitudes order as their bits do */
+    for (int i = 0; i < 4; i++) {
         v[i] = _mm256_loadu_ps(x + 8 * i);
         largest = _mm256_max_epu32(largest, _mm256_and_si256(_mm256_castps_si256(v[i]), magnitude));
     }
-    int exponent = (int)(max_epu32(largest) >> 23);
+    return max_epu32(largest);
+}
+
+static void quantize_group(const float *x, int64_t count, void *out) {
+    int16_group *group = out;
+    __m256 v[4];
+    int exponent = (int)(load_group(x, count, v) >> 23);
     if (exponent < 15) exponent = 15; /* biased: e = 141 - exponent; under 2^-112 as 2^-112, so 2^e stays finite */
     float up, down;                   /* 2^e and 2^-e */
     uint32_t up_bits = (uint32_t)(268 - exponent) << 23, down_bits = (uint32_t)(exponent - 14) << 23;
@@ -732,16 +739,22 @@ static void quantize_group(const float *x, int64_t count, int16_group *group) {
     }
 }
 
-/* x [rows, k] as [rows][ceil(k / 32)] groups, in a new buffer the caller frees */
-static int16_group *quantize_rows(const float *x, int64_t rows, int64_t k, int threads) {
+/* x [rows, k] as [rows][ceil(k / 32)] groups of `size` bytes, each made by `quantize`, in a new buffer the caller
+ * frees */
+static void *quantize_rows_with(void (*quantize)(const float *, int64_t, void *), size_t size, const float *x,
+                                int64_t rows, int64_t k, int threads) {
     int64_t groups = groups_of(k);
-    int16_group *out = malloc(rows * groups * sizeof(int16_group));
+    char *out = malloc(rows * groups * size);
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
     for (int64_t i = 0; i < rows * groups; i++) {
         int64_t r = i / groups, g = i % groups, start = g * GROUP;
-        quantize_group(x + r * k + start, k - start < GROUP ? k - start : GROUP, &out[i]);
+        quantize(x + r * k + start, k - start < GROUP ? k - start : GROUP, out + i * size);
     }
     return out;
+}
+
+static int16_group *quantize_rows(const float *x, int64_t rows, int64_t k, int threads) {
+    return quantize_rows_with(quantize_group, sizeof(int16_group), x, rows, k, threads);
 }
 
 /* acc [2] += 16 outputs' products with a pair of inputs (two adjacent q of an int16_group). With VNNI one
@@ -759,21 +772,25 @@ static inline void madd_pair(__m256i acc[2], const __m256i w[2], const int16_t *
 #endif
 }
 
+/* a row's sums [8v, 8v + 8) += a group's 8 integer sums times scale (those outputs') and the row's scale, plus
+ * low * the row's group sum where the weight has an offset (low not NULL) */
+static inline __attribute__((always_inline)) void add_half(__m256i acc, const int v, const float *scale,
+                                                           const float *low, float row_scale, float group_sum,
+                                                           float *sums) {
+    __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(_mm256_loadu_ps(scale + 8 * v), _mm256_set1_ps(row_scale)));
+    if (low) dot = _mm256_fmadd_ps(_mm256_loadu_ps(low + 8 * v), _mm256_set1_ps(group_sum), dot);
+    _mm256_storeu_ps(sums + 8 * v, _mm256_add_ps(_mm256_loadu_ps(sums + 8 * v), dot));
+}
+
 /* sums [rows, 16] += a group's integer sums acc [rows][2] times scale (16 outputs') and the rows' 2^-e, plus
  * low * group_sums where the weight has an offset (low not NULL). x, group_sums: the first row's, rows apart by
  * groups. */
 static inline __attribute__((always_inline)) void add_group(__m256i acc[][2], const int rows, const float *scale,
                                                             const float *low, const int16_group *x,
                                                             const float *group_sums, int64_t groups, float *sums) {
-    for (int v = 0; v < 2; v++) {
-        __m256 s = _mm256_loadu_ps(scale + 8 * v);
-        for (int r = 0; r < rows; r++) {
-            __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), _mm256_mul_ps(s, _mm256_set1_ps(x[r * groups].scale)));
-            if (low) dot = _mm256_fmadd_ps(_mm256_loadu_ps(low + 8 * v), _mm256_set1_ps(group_sums[r * groups]), dot);
-            float *sum = sums + r * TILE + 8 * v;
-            _mm256_storeu_ps(sum, _mm256_add_ps(_mm256_loadu_ps(sum), dot));
-        }
-    }
+    for (int v = 0; v < 2; v++)
+        for (int r = 0; r < rows; r++)
+            add_half(acc[r][v], v, scale, low, x[r * groups].scale, low ? group_sums[r * groups] : 0.0f, sums + r * TILE);
 }
 
 /* sums [rows, 16] += a group's products for up to ROW_BLOCK rows with its unpacked weight w. Inlined with a
@@ -1167,17 +1184,10 @@ typedef struct {
     int32_t sum;     /* of q: int8 weights multiply as unsigned, code + 128, with VNNI */
 } int8_group;
 
-static void quantize_group8(const float *x, int64_t count, int8_group *group) {
-    float padded[GROUP] = {0};
-    if (count < GROUP) x = memcpy(padded, x, count * sizeof(float));
-    const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+static void quantize_group8(const float *x, int64_t count, void *out) {
+    int8_group *group = out;
     __m256 v[4];
-    __m256i largest = _mm256_setzero_si256();
-    for (int i = 0; i < 4; i++) { /* float magnitudes order as their bits do, NaN above infinity */
-        v[i] = _mm256_loadu_ps(x + 8 * i);
-        largest = _mm256_max_epu32(largest, _mm256_and_si256(_mm256_castps_si256(v[i]), magnitude));
-    }
-    uint32_t top = max_epu32(largest);
+    uint32_t top = load_group(x, count, v);
     float amax;
     memcpy(&amax, &top, 4);
     memset(group, 0, sizeof(*group));
@@ -1203,16 +1213,8 @@ static void quantize_group8(const float *x, int64_t count, int8_group *group) {
     group->scale = amax / 127.0f;
 }
 
-/* x [rows, k] as [rows][ceil(k / 32)] 8-bit groups, in a new buffer the caller frees */
 static int8_group *quantize_rows8(const float *x, int64_t rows, int64_t k, int threads) {
-    int64_t groups = groups_of(k);
-    int8_group *out = malloc(rows * groups * sizeof(int8_group));
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 8)
-    for (int64_t i = 0; i < rows * groups; i++) {
-        int64_t r = i / groups, g = i % groups, start = g * GROUP;
-        quantize_group8(x + r * k + start, k - start < GROUP ? k - start : GROUP, &out[i]);
-    }
-    return out;
+    return quantize_rows_with(quantize_group8, sizeof(int8_group), x, rows, k, threads);
 }
 
 /* 8-bit groups as 16-bit ones (inputs back in their order, the same scale), for the paths of few rows: a group's
@@ -1318,15 +1320,9 @@ static inline __attribute__((always_inline)) void rows8(const act8_step w[8], co
                 acc[r][v] = _mm256_add_epi32(acc[r][v], _mm256_madd_epi16(pairs, ones));
             }
         }
-    for (int v = 0; v < 2; v++) {
-        __m256 s = _mm256_loadu_ps(scale + 8 * v);
-        for (int r = 0; r < rows; r++) {
-            __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), _mm256_mul_ps(s, _mm256_set1_ps(x[r * groups].scale)));
-            if (low) dot = _mm256_fmadd_ps(_mm256_loadu_ps(low + 8 * v), _mm256_set1_ps(group_sums[r * groups]), dot);
-            float *sum = sums + r * TILE + 8 * v;
-            _mm256_storeu_ps(sum, _mm256_add_ps(_mm256_loadu_ps(sum), dot));
-        }
-    }
+    for (int v = 0; v < 2; v++)
+        for (int r = 0; r < rows; r++)
+            add_half(acc[r][v], v, scale, low, x[r * groups].scale, low ? group_sums[r * groups] : 0.0f, sums + r * TILE);
 }
 #endif
 
