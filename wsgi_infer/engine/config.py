@@ -37,7 +37,7 @@ class EngineConfig:
     activations: str = option(
         "int16",
         "rows times packed weights on the CPU kernels: int16 (each input within 2^-16 of its group's largest), or "
-        "int8 (faster prefill and batches; within 1/254: not exact)",
+        "int8 (faster batches; within 1/254: not exact)",
     )
     block_size: int = option(16, "tokens per KV block", ge=1)
     num_kv_blocks: int | None = None

@@ -14,7 +14,7 @@ import torch
 
 from .attention_inputs import AttentionInputs
 from .config import EngineConfig
-from .kernels.cpu import attention_fits, load_cpu_kernels
+from .kernels.cpu import CpuKernels, attention_fits, load_cpu_kernels
 from .layers.attention import AttentionMetadata
 from .loading.model_builder import build_model, kernels_serve, why_not_on_kernels
 from .runtime.cpu_budget import cpu_budget
@@ -245,12 +245,12 @@ def _cpu_share() -> CpuShare:
     return CpuShare(threads)
 
 
-def _use_int8_activations(kernels) -> None:
+def _use_int8_activations(kernels: CpuKernels | None) -> None:
     """The setting's effect, said once: it changes outputs, so a server says when it trades exactness for speed."""
     if kernels is not None and kernels.use_int8_activations():
         log.info(
             "8-bit activations: packed multiplies take each row's groups of 32 inputs as 8-bit integers (faster "
-            "prefill and batches; each input within 1/254 of its group's largest: not exact; activations=int16 is)"
+            "batches; each input within 1/254 of its group's largest: not exact; activations=int16 is)"
         )
     else:
         why = "steps run on torch's ops" if kernels is None else f"the {kernels.build} kernels have no AVX2"
