@@ -5,7 +5,7 @@ values (``(value - low) / scale`` is an integer, exactly) wherever they are pack
 gguf-py's alone; where a block's codes are whole bytes, it takes the bytes. Per type:
 - Q4_0, Q4_1: int4 groups, byte for byte, ``w = q * d + m`` (Q4_0's m is -8d); Q8_0: int8 groups,
   byte for byte (checking its codes against the values took 0.45 s of the default model's conversion). These
-  need no values, and their groups give gguf-py's values bit for bit (``holds_values_exactly``);
+  need no values, and their groups give gguf-py's values bit for bit (``BYTE_TYPES``);
 - Q4_K: int4 groups, the codes from its bits; each 32-weight sub-block's 6-bit scale and min under the
   super-block's ``d`` and ``dmin`` give ``scale = d * sc`` and ``low = -dmin * m``, rounded to float16 (2^-11 of
   each, relative, at most);
@@ -29,7 +29,7 @@ _BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34, Q.Q5_0: 22, Q.Q5_1: 24, Q.IQ
 _BLOCK_BYTES[Q.IQ4_XS] = 136
 _SUB_BLOCKS = 8  # groups of 32 in a K-quant's super-block of 256
 MAPPED_TYPES = frozenset(_BLOCK_BYTES)
-BYTE_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q8_0})  # codes are the blocks' own bytes
+BYTE_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q8_0})  # codes are the blocks' own bytes: gguf-py's values exactly
 ROUNDED_TYPES = frozenset({Q.Q4_K, Q.Q5_K, Q.IQ4_XS})  # scales rounded to float16: never the values bit for bit
 CHUNK_ROWS = 8192
 
@@ -54,13 +54,6 @@ def groups_from_blocks(raw: torch.Tensor, ggml_type: Q, values: Callable[[], tor
     if ggml_type == Q.Q4_K:
         return Int4Groups.from_codes(codes.to(torch.uint8), scale, low)
     return Int8Groups(codes.to(torch.int8), scale, low)
-
-
-def holds_values_exactly(ggml_type: Q) -> bool:
-    """Whether a type's groups dequantize to gguf-py's values bit for bit, known from the type alone: Q4_0's, Q4_1's
-    and Q8_0's do (``q * d + m`` in float32, as gguf-py computes them); every other type's values are needed to
-    know."""
-    return ggml_type in BYTE_TYPES
 
 
 def dequantize_to(groups: WeightGroups, values: torch.Tensor) -> bool:

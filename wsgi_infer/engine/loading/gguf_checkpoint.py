@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..kernels.weight_groups import Int8Groups, WeightGroups
 from ..models import allocate_model
-from .gguf_blocks import BYTE_TYPES, ROUNDED_TYPES, dequantize_to, groups_from_blocks, holds_values_exactly
+from .gguf_blocks import BYTE_TYPES, ROUNDED_TYPES, dequantize_to, groups_from_blocks
 from .gguf_file import GgufTensor, tensor_table
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ def _groups(tensor: GgufTensor) -> tuple[WeightGroups, bool]:
     from the values (Q5_0, Q5_1, IQ4_NL hold them; K-quants round their scales). A type whose blocks do not map
     gets 8-bit groups made from its values, as a load makes them for a layer (``packing``)."""
     raw = torch.from_numpy(tensor.raw.copy())
-    if holds_values_exactly(tensor.ggml_type):
+    if tensor.ggml_type in BYTE_TYPES:
         return groups_from_blocks(raw, tensor.ggml_type, lambda: None), True
     values = cache(tensor.values)  # not at all for Q4_K, whose codes come from its bits
     try:
