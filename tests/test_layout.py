@@ -55,7 +55,12 @@ ENGINE_LAYERS = (
 )
 LAYERS = (
     *ENGINE_LAYERS,
-    ("wsgi_infer.server.errors", "wsgi_infer.server.metrics", "wsgi_infer.server.settings"),
+    (
+        "wsgi_infer.server.errors",
+        "wsgi_infer.server.metrics",
+        "wsgi_infer.server.settings",
+        "wsgi_infer.server.model_specs",
+    ),
     ("wsgi_infer.server.streaming",),
     ("wsgi_infer.server.engine_client",),
     # the API: what every route shares, a conversation's path, then the routes and their API families

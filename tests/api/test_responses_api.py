@@ -113,7 +113,7 @@ def test_a_function_call_then_its_output_continues_the_stored_conversation(clien
     replayed = client.responses.create(input=[{"role": "user", "content": ASK}, replayed_call, output], **follow_up)
     assert follow.usage.input_tokens == replayed.usage.input_tokens
     # The history adds the question's tokens and the call's to the output alone (measured 199 vs 149); none if dropped.
-    question_tokens = len(tiny_api.manager.tokenizer.encode(ASK, add_special_tokens=False))
+    question_tokens = len(tiny_api.manager.default.tokenizer.encode(ASK, add_special_tokens=False))
     assert follow.usage.input_tokens - alone.usage.input_tokens > question_tokens
 
 

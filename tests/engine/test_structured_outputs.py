@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
-from enum import Enum
+from enum import StrEnum
 
 import pytest
 import torch
@@ -21,7 +21,7 @@ from wsgi_infer.engine.sampling_params import InvalidParameter, SamplingParams, 
 from ..conftest import assert_idle
 
 
-class Color(str, Enum):
+class Color(StrEnum):
     red = "red"
     green = "green"
     blue = "blue"

@@ -70,8 +70,8 @@ RELAY = textwrap.dedent(
 
     logging.getLogger("wsgi_infer").addHandler(Keep())
     engine, pool = logging.getLogger("wsgi_infer.engine"), logging.getLogger("wsgi_infer.tokenizing")  # as imported
-    bridge = HubBridge(lambda item: None)
-    bridge.start_thread(lambda: engine.warning("from the engine thread"), ("wsgi_infer",))
+    bridge = HubBridge(lambda item: None, ("wsgi_infer",))
+    bridge.start_thread(lambda: engine.warning("from the engine thread"))
     bridge.run_off_hub(pool.warning, "from a pool thread")
     while len(emitted) < 2:
         gevent.sleep(0.01)  # the relayed records are emitted by the hub's next loop turns

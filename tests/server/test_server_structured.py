@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
-from enum import Enum
+from enum import StrEnum
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
@@ -15,7 +15,7 @@ from wsgi_infer import SamplingParams
 pytestmark = pytest.mark.slow  # the default model, generating in float32
 
 
-class Unit(str, Enum):
+class Unit(StrEnum):
     celsius = "celsius"
     fahrenheit = "fahrenheit"
 

@@ -1,14 +1,18 @@
-"""An engine thread's whole life: load the model, then serve commands and steps.
+"""An engine thread's whole life: serve commands and steps for every loaded model, until ``Stop``.
 
 It runs on a thread of its client's (the server's bridge). While idle it sleeps
 on the channel's command queue (no polling, no CPU); while busy it takes every
-queued command between steps. After each step it posts everything that
-happened, in one list, to the client. It knows nothing of the client's side
-(gevent, for the server); ``messages`` is all they share.
+queued command between steps, then steps one model: the one that has computed
+the fewest tokens (``StepSharing``). Models load on a loader thread of their
+own, one at a time, so a load never stalls the running streams' steps; the
+loaded engine comes back through the command queue. After each step it posts
+everything that happened, in one list, to the client. It knows nothing of the
+client's side (gevent, for the server); ``messages`` is all they share.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import traceback
 from collections.abc import Callable, Iterator
@@ -21,20 +25,27 @@ from .loading.model_loader import resolve_model_dir
 from .messages import (
     Abort,
     Aborted,
-    Accepted,
     Admitted,
     EngineFailed,
     EngineReady,
     EngineStopped,
+    Load,
+    Loaded,
+    ModelUnloaded,
     Rejected,
     StepDone,
     Stop,
     Submit,
+    Unload,
 )
-from .outputs import RequestDelta
+from .model_admission import admit, token_texts
+from .runtime.memory import give_back_freed_memory
 from .runtime.step_interrupt import StepInterrupted
+from .step_sharing import StepSharing
 
 log = logging.getLogger(__name__)
+
+Engine = LLMEngine | EmbeddingEngine
 
 
 class Channel(Protocol):
@@ -46,109 +57,161 @@ class Channel(Protocol):
     def post(self, item: list) -> None:
         """Hand a list of events to the client; thread-safe."""
 
+    def send(self, command: object) -> None:
+        """Queue a command for the loop itself; thread-safe (the loader thread's ``Loaded``)."""
+
+    def start_thread(self, target: Callable[[], None]) -> None:
+        """Run ``target`` on a new native thread whose log records reach the client as the loop's do."""
+
 
 class EngineLoop:
     """``fault_at_step`` (tests only, from the settings) makes that step raise; after ``stall_after_step`` the loop
     takes no step until its next command (a request, an abort, a stop), as a stuck step looks from outside."""
 
-    def __init__(
-        self, config: EngineConfig, channel: Channel, fault_at_step: int = 0, stall_after_step: int = 0
-    ) -> None:
-        self._config = config
+    def __init__(self, channel: Channel, fault_at_step: int = 0, stall_after_step: int = 0) -> None:
         self._channel = channel
         self._fault_at_step = fault_at_step
         self._stall_after_step = stall_after_step
-        self._engine: LLMEngine | None = None
+        self._engines: dict[str, Engine] = {}  # loaded, in load order
+        self._loads: collections.deque[Load] = collections.deque()  # the first one is loading
+        self._sharing = StepSharing()
+        self._step_tokens: dict[str, list[int]] = collections.defaultdict(list)  # per step, until the next post
+        self._steps = 0
         self._stopping = False
 
     def interrupt(self) -> None:
         """From the hub, after sending ``Stop``: the step in progress stops at its next layer (see
         ``LLMEngine.interrupt``); the loop then takes the ``Stop``."""
         self._stopping = True
-        if self._engine is not None:
-            self._engine.interrupt()
+        for engine in list(self._engines.values()):
+            engine.interrupt()
 
     def run(self) -> None:
-        """The thread's target: load, serve until ``Stop`` or an error, free the model."""
-        post = self._channel.post
+        """The thread's target: serve until ``Stop`` or an error, then free every model."""
         try:
-            engine = self._engine = build_engine(self._config)
-            if self._stopping:  # asked while the model loaded
-                engine.interrupt()
-            ready = _ready(engine)
-        except Exception as exc:  # a bad model path or file: reported, the worker stays up unready
-            first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
-            post([EngineFailed(f"model failed to load: {first_line}", traceback.format_exc()), EngineStopped()])
-            return
-        post([ready])
-        try:
-            self._serve(engine)
+            self._serve()
         except StepInterrupted:
-            engine.abort_all()  # the Stop that interrupted the step is still queued: nothing else is to be served
+            pass  # the Stop that interrupted the step is still queued: nothing else is to be served
         except Exception as exc:
-            post([EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}", traceback.format_exc())])
+            failure = EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}", traceback.format_exc())
+            self._channel.post([failure])
         finally:
-            # Free the model here: torch destructors must not run during interpreter shutdown.
-            on_cuda = engine.device.type == "cuda"
-            self._engine = None
-            del engine
-            if on_cuda:
-                import torch
+            for engine in self._engines.values():
+                engine.abort_all()
+            on_cuda = any(engine.device.type == "cuda" for engine in self._engines.values())
+            self._engines.clear()  # free the models here: torch destructors must not run in interpreter shutdown
+            give_back_freed_memory(on_cuda)
+            self._channel.post([EngineStopped()])
 
-                torch.cuda.empty_cache()
-            post([EngineStopped()])
-
-    def _serve(self, engine: LLMEngine) -> None:
-        step = self._step_function(engine)
-        step_tokens: list[int] = []  # per step, until the next post
-        steps = 0
+    def _serve(self) -> None:
         while True:
-            outbox: list = []
+            events: list = []
             aborted: list[Aborted] = []  # delivered after the counters they changed
-            stall = steps == self._stall_after_step > 0  # tests only; a Stop still ends it at once
-            for command in self._channel.commands(block=stall or not engine.has_unfinished()):
+            touched: dict[str, None] = {}  # models whose counters changed, in order
+            stall = self._steps == self._stall_after_step > 0  # tests only; a Stop still ends it at once
+            for command in self._channel.commands(block=stall or not self._busy()):
                 if isinstance(command, Stop):
-                    engine.abort_all()
                     return
-                if isinstance(command, Abort):
+                if isinstance(command, Abort) and command.model in self._engines:
+                    engine = self._engines[command.model]
                     aborted.append(Aborted(command.request_id, sum(engine.abort(c) for c in command.choice_ids)))
-                else:
-                    outbox.append(_admit(engine, command))
-            deltas = []
-            if engine.has_unfinished():
-                deltas = step()
-                steps += 1
-                step_tokens.append(engine.last_step_num_tokens)
-            if outbox or deltas or aborted:
-                outbox.append(StepDone(deltas, engine.counters(), _token_texts(engine, deltas), step_tokens))
-                step_tokens = []
-                self._channel.post(outbox + aborted)
+                    touched[command.model] = None
+                elif isinstance(command, Submit):
+                    events.append(self._admit(command))
+                    touched[command.model] = None
+                elif not isinstance(command, Abort):
+                    events += self._lifecycle(command)
+            deltas, name = [], self._sharing.next(self._busy())
+            if name is not None:
+                deltas = self._step(name)
+                touched[name] = None
+            events += [self._step_done(m, deltas if m == name else []) for m in touched if m in self._engines]
+            if events or aborted:
+                self._channel.post(events + aborted)
 
-    def _step_function(self, engine: LLMEngine) -> Callable[[], list[RequestDelta]]:
-        if not self._fault_at_step:
-            return engine.step
-        steps = 0
+    def _busy(self) -> list[str]:
+        return [name for name, engine in self._engines.items() if engine.has_unfinished()]
 
-        def faulty_step() -> list[RequestDelta]:
-            nonlocal steps
-            steps += 1
-            if steps == self._fault_at_step:
-                raise RuntimeError(f"fault injected at step {steps} (WSGI_INFER_TEST_FAULT_AT_STEP)")
-            return engine.step()
+    def _step(self, name: str) -> list:
+        engine = self._engines[name]
+        self._steps += 1
+        if self._steps == self._fault_at_step:
+            raise RuntimeError(f"fault injected at step {self._steps} (WSGI_INFER_TEST_FAULT_AT_STEP)")
+        deltas = engine.step()
+        self._sharing.add(name, engine.last_step_num_tokens)
+        self._step_tokens[name].append(engine.last_step_num_tokens)
+        return deltas
 
-        return faulty_step
+    def _step_done(self, model: str, deltas: list) -> StepDone:
+        engine = self._engines[model]
+        texts = token_texts(engine, deltas)
+        return StepDone(model, deltas, engine.counters(), texts, self._step_tokens.pop(model, []))
+
+    def _admit(self, command: Submit) -> Admitted:
+        engine = self._engines.get(command.model)
+        if engine is None:  # unloaded after the client sent the request (it waits for loads it asks for)
+            return Admitted(command.key, Rejected(f"model {command.model!r} is not loaded; retry", status=503))
+        return admit(engine, command)
+
+    # --- loading and unloading -------------------------------------------------------------
+    def _lifecycle(self, command: object) -> list:
+        """A load, a loader's result or an unload; the events that say what happened."""
+        if isinstance(command, Load):
+            self._loads.append(command)
+            if len(self._loads) == 1:
+                self._channel.start_thread(lambda: self._load(command))
+            return []
+        if isinstance(command, Loaded):
+            return self._on_loaded(command)
+        if isinstance(command, Unload):
+            return self._unload(command.model)
+        raise TypeError(f"unknown command {command!r}")
+
+    def _load(self, command: Load) -> None:
+        """On the loader thread: build the engine, and hand it (or the failure) to the loop."""
+        try:
+            self._channel.send(Loaded(command.model, build_engine(command.config)))
+        except Exception as exc:  # a bad model path or file: reported, the other models keep serving
+            first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+            failure = EngineFailed(f"model failed to load: {first_line}", traceback.format_exc(), command.model)
+            self._channel.send(Loaded(command.model, failure=failure))
+
+    def _on_loaded(self, loaded: Loaded) -> list:
+        self._loads.popleft()
+        if self._loads:
+            following = self._loads[0]
+            self._channel.start_thread(lambda: self._load(following))
+        if loaded.failure is not None:
+            return [loaded.failure]
+        engine = self._engines[loaded.model] = loaded.engine
+        if self._stopping:
+            engine.interrupt()
+        return [_ready(loaded.model, engine)]
+
+    def _unload(self, model: str) -> list:
+        engine = self._engines.pop(model, None)
+        if engine is None:
+            return []
+        engine.abort_all()
+        on_cuda = engine.device.type == "cuda"
+        del engine
+        self._sharing.forget(model)
+        self._step_tokens.pop(model, None)
+        give_back_freed_memory(on_cuda)
+        return [ModelUnloaded(model)]
 
 
-def build_engine(config: EngineConfig) -> LLMEngine | EmbeddingEngine:
+def build_engine(config: EngineConfig) -> Engine:
     """The engine the model needs: an embedding model's, or the generating one."""
     if is_embedding_model(resolve_model_dir(config.model)):
         return EmbeddingEngine(config)
     return LLMEngine(config)
 
 
-def _ready(engine: LLMEngine | EmbeddingEngine) -> EngineReady:
+def _ready(model: str, engine: Engine) -> EngineReady:
     """What the hub needs of a loaded engine, including the grammar compiler."""
     return EngineReady(
+        model=model,
         max_model_len=engine.max_model_len,
         model_dir=str(engine.model_dir),
         num_blocks=engine.counters().num_total_blocks,
@@ -156,33 +219,3 @@ def _ready(engine: LLMEngine | EmbeddingEngine) -> EngineReady:
         tokenizer=engine.tokenizer,
         task=engine.task,
     )
-
-
-def _admit(engine: LLMEngine, command: Submit) -> Admitted:
-    """Queue every choice of every prompt (choice index = prompt * n + j), or none of them."""
-    n = len(command.params)
-    try:
-        for i, ids in enumerate(command.prompts):
-            for j, params in enumerate(command.params):
-                engine.add_request(command.choice_ids[i * n + j], ids, params)
-    except Exception as exc:  # one request's bad input (or our bug) must not end the engine thread
-        for choice_id in command.choice_ids:
-            engine.abort(choice_id)
-        if isinstance(exc, ValueError):
-            return Admitted(command.key, Rejected(str(exc), getattr(exc, "param", None)))
-        log.exception("request %s could not be admitted", command.request_id)
-        return Admitted(
-            command.key, Rejected(f"the engine could not take this request: {type(exc).__name__}", status=500)
-        )
-    return Admitted(command.key, Accepted(sum(len(ids) for ids in command.prompts)))
-
-
-def _token_texts(engine: LLMEngine, deltas: list[RequestDelta]) -> dict[int, str]:
-    """The text of every token the deltas' logprobs mention (prompt ones too), decoded here, off the hub."""
-    wanted = {t for d in deltas for lp in _all_logprobs(d) for t in (lp.token_id, *(i for i, _ in lp.top))}
-    wanted.update(d.prompt_token_ids[0] for d in deltas if d.prompt_token_ids)  # the first has no logprob
-    return {t: engine.tokenizer.decode([t]) for t in wanted}
-
-
-def _all_logprobs(delta: RequestDelta) -> list:
-    return (delta.logprobs or []) + (delta.prompt_logprobs or [])

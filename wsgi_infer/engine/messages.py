@@ -1,6 +1,6 @@
 """What an engine thread and its client tell each other (``EngineLoop`` and the server's manager).
 
-Commands go to the thread (``Submit``, ``Abort``, ``Stop``); events come back,
+Commands go to the thread (``Submit``, ``Abort``, ``Load``, ``Unload``, ``Stop``); events come back,
 a list per wake-up of the client. Plain data: this module imports neither
 torch nor gevent, so both sides can share it. Prompts arrive as token ids: the
 client tokenizes and applies chat templates, so that no running stream waits
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .config import EngineConfig
     from .outputs import EngineCounters, RequestDelta
     from .sampling.grammar import GrammarCompiler
     from .sampling_params import SamplingParams
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 class Submit:
     """Every choice of every prompt (choice index = prompt * n + j, n = len(params)), or none of them."""
 
+    model: str  # the served model's name (``Load``)
     key: str  # the client's name for this request in ``Admitted``
     request_id: str  # the request's id in the logs
     choice_ids: list[str]  # the engine's request id of each choice
@@ -32,8 +34,34 @@ class Submit:
 
 @dataclass
 class Abort:
+    model: str
     request_id: str
     choice_ids: list[str]
+
+
+@dataclass
+class Load:
+    """Load a model under this name, off the stepping path (a loader thread); ``EngineReady`` or
+    ``EngineFailed`` says how it went. Loads run one at a time, in order."""
+
+    model: str
+    config: EngineConfig
+
+
+@dataclass
+class Unload:
+    """Free the model (its requests are aborted: the client unloads only models without any); ``ModelUnloaded``."""
+
+    model: str
+
+
+@dataclass
+class Loaded:
+    """The loader thread's result, through the thread's own command queue: the engine, or why it failed."""
+
+    model: str
+    engine: Any = None
+    failure: EngineFailed | None = None
 
 
 class Stop:
@@ -65,6 +93,7 @@ class Admitted:
 
 @dataclass
 class EngineReady:
+    model: str
     max_model_len: int
     model_dir: str
     num_blocks: int
@@ -81,10 +110,17 @@ class EngineReady:
 class EngineFailed:
     message: str  # one line, safe to show clients
     detail: str = ""  # the traceback, for the log only
+    model: str = ""  # the model that failed to load; empty: the thread itself failed
+
+
+@dataclass
+class ModelUnloaded:
+    model: str
 
 
 @dataclass
 class StepDone:
+    model: str
     deltas: list[RequestDelta]
     counters: EngineCounters  # sent with every delivery, so the gauges are right when the engine goes idle
     token_texts: dict[int, str]  # the text of every token id the deltas' logprobs mention

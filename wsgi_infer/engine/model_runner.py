@@ -235,14 +235,23 @@ class ModelRunner:
         return found
 
 
+_SHARE: list[CpuShare] = []  # the process's: the models a thread steps share its crowding
+
+
 def _cpu_share() -> CpuShare:
     """Threads for the CPU's steps: torch's (the server sets them per worker), within the CPUs this process may
-    use (``cpu_budget``), fewer while other work crowds them (``cpu_share``)."""
+    use (``cpu_budget``), fewer while other work crowds them (``cpu_share``). The models a server's engine thread
+    steps share one: the crowding is the thread's, not a model's. Settings of torch's threads by others (a
+    test's) start a new one."""
+    share = _SHARE[0] if _SHARE else None
+    if share is not None and torch.get_num_threads() in (share.threads, share.most):
+        return share
     budget = cpu_budget()
     threads = min(torch.get_num_threads(), budget.threads)
     torch.set_num_threads(threads)
     log.info("CPU steps use up to %d threads (%s)", threads, budget.reason)
-    return CpuShare(threads)
+    _SHARE[:] = [CpuShare(threads)]
+    return _SHARE[0]
 
 
 def _use_int8_activations(kernels: CpuKernels | None) -> None:

@@ -30,7 +30,17 @@ class ServerSettings(EngineSettings):
     model_config = SettingsConfigDict(env_prefix="WSGI_INFER_", extra="ignore")
 
     served_model_name: str | None = Field(
-        None, description="name clients send as `model`; default: the model's directory or file name"
+        None, description="name clients send as `model` for the (first) model; default: its directory or file name"
+    )
+    models: str | None = Field(
+        None, description="more models to serve, paths separated by commas; requests choose one by `model`"
+    )
+    models_dir: str | None = Field(None, description="serve each GGUF file and Hugging Face directory in it")
+    models_config: str | None = Field(
+        None, description="a TOML file of [models.NAME] tables: path, aliases, preload and the model's own settings"
+    )
+    preload: str = Field(
+        "", description="models loaded at start, names separated by commas, or *; default: the first model"
     )
     kv_cache_memory_mb: int | None = Field(
         None, ge=1, description="KV cache budget; default 256 on CPU, 90% of free memory on CUDA"

@@ -20,10 +20,10 @@ from ..engine_client.streams import RequestStream
 from ..streaming import sse
 from ..streaming.stream_log import StreamInterrupted
 from .schemas import GenerateRequest, parse
-from .serving import collect_all, manager, publish, publish_log, pumped_choices, start
+from .serving import collect_all, publish, publish_log, pumped_choices, served, start
 
 if TYPE_CHECKING:
-    from ..engine_client.manager import EngineManager
+    from ..engine_client.served_model import ServedModel
 
 bp = Blueprint("native", __name__)
 
@@ -31,8 +31,8 @@ bp = Blueprint("native", __name__)
 @bp.post("/generate")
 def generate():
     req: GenerateRequest = parse(GenerateRequest, request.get_json(force=True))
-    stream = start([req.prompt], [req.sampling_params()])
-    mgr = manager()
+    mgr = served(req.model)
+    stream = start(mgr, [req.prompt], [req.sampling_params()])
     if not req.stream:
         choice = collect_all(stream)[0]
         return jsonify({"text": choice.delta.text, "finish_reason": choice.delta.finish_reason, "usage": stream.usage})
@@ -44,7 +44,7 @@ def generate():
     return Response(_plain_text(frames), mimetype="text/plain", headers=headers)
 
 
-def _events(mgr: EngineManager, stream: RequestStream) -> Iterator[str | None]:
+def _events(mgr: ServedModel, stream: RequestStream) -> Iterator[str | None]:
     """The events of one response; runs in the pump greenlet (no request context)."""
     try:
         for choice in pumped_choices(mgr, stream):

@@ -12,10 +12,12 @@ bp = Blueprint("ops", __name__)
 
 @bp.get("/health")
 def health():
-    """200 only while the model is loaded and the engine thread is alive and making progress."""
+    """200 only once the models loaded at start are loaded (one at least), while the engine thread is alive and
+    making progress; ``models`` says each model's state."""
     mgr = manager()
     if mgr.ready and mgr.alive and not mgr.stalled:
-        return jsonify({"status": "ok", "model": mgr.model_name})
+        states = {name: model.state for name, model in mgr.models.items()}
+        return jsonify({"status": "ok", "model": mgr.model_name, "models": states})
     if mgr.failure:
         body = {"status": "failed", "error": mgr.failure}
     elif mgr.stalled:

@@ -231,6 +231,7 @@ class DetokenizeRequest(Request):
 class GenerateRequest(Request):
     """The native API: a prompt and a few sampling knobs."""
 
+    model: str | None = None
     prompt: str = Field(min_length=1)
     max_new_tokens: int = engine_field("max_tokens", engine_default("max_tokens"))
     temperature: float | None = engine_field("temperature")

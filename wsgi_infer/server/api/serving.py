@@ -16,6 +16,7 @@ from ...engine.sampling_params import InvalidParameter, SamplingParams, max_toke
 from ..engine_client.extension import manager_of
 from ..engine_client.manager import EngineManager
 from ..engine_client.prompts import Prompt
+from ..engine_client.served_model import ServedModel
 from ..engine_client.streams import ChoiceDelta, RequestStream, Terminated, merge_deltas
 from ..errors import APIError
 from ..streaming import sse
@@ -29,39 +30,44 @@ def manager() -> EngineManager:
     return manager_of(current_app)
 
 
-def check_model(name: str | None) -> None:
-    served = manager().model_name
-    if name is not None and name != served:
-        raise APIError(
-            f"model {name!r} does not exist; this server serves {served!r}", 404, param="model", code="model_not_found"
-        )
+def served(name: str | None) -> ServedModel:
+    """The model the request names (None: the default model); a 404 ``model_not_found`` for any other."""
+    return manager().model(name)
 
 
-def wait_ready(mgr: EngineManager) -> None:
-    """A worker that is still loading (just started, or replacing one on reload) holds the request a while."""
-    if not mgr.wait_ready(mgr.settings.load_wait_seconds):
-        raise APIError("the model is not loaded", 503, code="model_not_ready", headers={"Retry-After": "5"})
+def model_of(stream: RequestStream) -> ServedModel:
+    """The model a stream runs on."""
+    return manager().models[stream.model]
+
+
+def wait_ready(model: ServedModel) -> None:
+    """A model that is loading (a worker just started, a reload, a request for an unloaded model, which loads it)
+    holds the request a while."""
+    if model.wait_ready(model.settings.load_wait_seconds):
+        return
+    if model.failure:
+        raise APIError(f"model {model.name!r}: {model.failure}", 503, code="model_load_failed")
+    raise APIError(f"model {model.name!r} is not loaded", 503, code="model_not_ready", headers={"Retry-After": "5"})
 
 
 TASK_ROUTES = {"generate": "/v1/completions, /v1/chat/completions and the like", "embed": "/v1/embeddings"}
 
 
-def require_task(task: str) -> None:
-    """A generation route on an embedding model's server, or the other way round, is a 400 saying what serves."""
-    mgr = manager()
-    wait_ready(mgr)
-    if mgr.task != task:
+def require_task(model: ServedModel, task: str) -> None:
+    """A generation route for an embedding model, or the other way round, is a 400 saying what the model serves."""
+    wait_ready(model)
+    if model.task != task:
         raise APIError(
-            f"this server's model ({mgr.model_name}) serves {TASK_ROUTES[mgr.task]}, not this route",
-            code="wrong_model_task",
+            f"the model {model.name} serves {TASK_ROUTES[model.task]}, not this route", code="wrong_model_task"
         )
 
 
-def start(prompts: list[Prompt], params: list[SamplingParams], task: str | None = "generate") -> RequestStream:
+def start(
+    model: ServedModel, prompts: list[Prompt], params: list[SamplingParams], task: str | None = "generate"
+) -> RequestStream:
     """Compile the constraint, tokenize, submit and wait for the engine to accept; raise the right APIError
     otherwise (InvalidParameter for bad input, which errors.py renders). ``task``: the model's it needs (None:
     either)."""
-    mgr = manager()
     if g.turned_away:
         raise APIError(
             "the server is shutting down; retry the request",
@@ -70,22 +76,22 @@ def start(prompts: list[Prompt], params: list[SamplingParams], task: str | None 
             headers={"Retry-After": "1"},
         )
     if task is None:
-        wait_ready(mgr)
+        wait_ready(model)
     else:
-        require_task(task)  # waits for readiness too
-    limit = mgr.settings.max_num_seqs + mgr.settings.max_waiting_requests
-    if mgr.num_open_requests >= limit:
+        require_task(model, task)  # waits for readiness too
+    limit = model.settings.max_num_seqs + model.settings.max_waiting_requests
+    if model.num_open_requests >= limit:
         raise APIError(
             f"too many requests in flight ({limit}); retry later",
             429,
             code="too_many_requests",
             headers={"Retry-After": "1"},
         )
-    mgr.compile_constraints(params)
-    prompt_ids = mgr.encode(prompts)
+    model.compile_constraints(params)
+    prompt_ids = model.encode(prompts)
     for ids in prompt_ids:  # as the engine would refuse it, but a long prompt then costs the engine thread nothing
-        max_tokens_within(len(ids), params[0].max_tokens, mgr.max_model_len)
-    stream = mgr.submit(g.request_id, prompt_ids, params)
+        max_tokens_within(len(ids), params[0].max_tokens, model.max_model_len)
+    stream = model.submit(g.request_id, prompt_ids, params)
     try:
         outcome = stream.wait_admission(ADMISSION_TIMEOUT_S)
         if isinstance(outcome, Rejected) and outcome.status == 400:  # bad input: rendered as every other
@@ -99,7 +105,7 @@ def start(prompts: list[Prompt], params: list[SamplingParams], task: str | None 
                 "the engine did not answer in time", 503, code="engine_timeout", headers={"Retry-After": "5"}
             )
     except BaseException:
-        mgr.release(stream)
+        model.release(stream)
         raise
     return stream
 
@@ -133,7 +139,7 @@ def iter_deltas(stream: RequestStream, heartbeat: float) -> Iterator[list[Choice
             raise StreamInterrupted(stop.message, stop.code)
 
 
-def pumped(mgr: EngineManager, stream: RequestStream) -> Iterator[list[ChoiceDelta] | None]:
+def pumped(mgr: ServedModel, stream: RequestStream) -> Iterator[list[ChoiceDelta] | None]:
     """``iter_deltas`` for a pump greenlet: None for a quiet heartbeat interval, StreamInterrupted once the
     stream is abandoned (released: nobody reads it any more); the stream is released when done."""
     try:
@@ -148,7 +154,7 @@ def pumped(mgr: EngineManager, stream: RequestStream) -> Iterator[list[ChoiceDel
         mgr.release(stream)
 
 
-def pumped_choices(mgr: EngineManager, stream: RequestStream) -> Iterator[ChoiceDelta | None]:
+def pumped_choices(mgr: ServedModel, stream: RequestStream) -> Iterator[ChoiceDelta | None]:
     """``pumped``, one choice's merged delta at a time; None for a quiet heartbeat interval."""
     for batch in pumped(mgr, stream):
         yield from (None,) if batch is None else batch

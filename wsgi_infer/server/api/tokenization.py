@@ -13,7 +13,7 @@ from ..errors import APIError
 from .chat.conversation import chat_token_ids
 from .chat.schemas import TokenizeChatRequest
 from .schemas import DetokenizeRequest, TokenizeRequest, parse
-from .serving import check_model, manager, wait_ready
+from .serving import served, wait_ready
 
 bp = Blueprint("tokenization", __name__)
 
@@ -23,11 +23,10 @@ def tokenize():
     body = request.get_json(force=True)
     chat = isinstance(body, dict) and "messages" in body
     req = parse(TokenizeChatRequest if chat else TokenizeRequest, body)
-    mgr = manager()
+    mgr = served(req.model)
     if chat:
         tokens = chat_token_ids(req, req.add_generation_prompt)
     else:
-        check_model(req.model)
         wait_ready(mgr)
         tokens = mgr.with_tokenizer(_encode, req.prompt, req.add_special_tokens)
     body = {"count": len(tokens), "max_model_len": mgr.max_model_len, "tokens": list(tokens), "token_strs": None}
@@ -39,8 +38,7 @@ def tokenize():
 @bp.post("/detokenize")
 def detokenize():
     req: DetokenizeRequest = parse(DetokenizeRequest, request.get_json(force=True))
-    check_model(req.model)
-    mgr = manager()
+    mgr = served(req.model)
     wait_ready(mgr)
     vocab = len(mgr.tokenizer)
     if any(t >= vocab for t in req.tokens):

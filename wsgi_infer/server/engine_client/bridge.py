@@ -67,29 +67,32 @@ class HubBridge:
     for the native thread, ``send`` for any thread.
     """
 
-    def __init__(self, handler: Callable[[Any], None]) -> None:
+    def __init__(self, handler: Callable[[Any], None], relay_loggers: tuple[str, ...] = ()) -> None:
+        """Records that loggers under ``relay_loggers`` produce on the bridge's threads (and on the front-end
+        thread of ``run_off_hub``) are handed to the hub (see ``_RelayFilter``)."""
         self._handler = handler
         self._items: collections.deque[Any] = collections.deque()
         self._commands: SimpleQueue = SimpleQueue()
         self._hub_ident = _native_get_ident()
-        self._thread_ident: int | None = None
+        self._thread_idents: set[int] = set()  # the native threads started here
         self._closed = False
         self._watcher = gevent.get_hub().loop.async_()
         self._watcher.start(self._drain)
         self._watcher.ref = False  # never keeps the loop alive by itself
-
-    def start_thread(self, target: Callable[[], None], relay_loggers: tuple[str, ...] = ()) -> None:
-        """Run ``target`` on a new OS thread, even in a monkey-patched process.
-
-        Records that loggers under ``relay_loggers`` produce on that thread (and on the
-        front-end thread of ``run_off_hub``) are handed to the hub (see ``_RelayFilter``).
-        """
         if relay_loggers:
             _install_relay(_RelayFilter(self), relay_loggers)
 
+    def start_thread(self, target: Callable[[], None]) -> None:
+        """Any thread: run ``target`` on a new OS thread, even in a monkey-patched process (the engine thread
+        starts its loader threads so). It touches no logging lock: a patched lock is the hub's."""
+
         def run() -> None:
-            self._thread_ident = _native_get_ident()
-            target()
+            ident = _native_get_ident()
+            self._thread_idents.add(ident)  # atomic under the GIL
+            try:
+                target()
+            finally:
+                self._thread_idents.discard(ident)
 
         _start_new_thread(run, ())
 
@@ -97,9 +100,9 @@ class HubBridge:
         return _native_get_ident() == self._hub_ident
 
     def relays_records_of(self, ident: int) -> bool:
-        """Whether a record logged on thread ``ident`` goes to the hub through this bridge: its engine thread's,
-        and the front-end thread's while the bridge is open (any open bridge of the process will do: one hub)."""
-        return not self._closed and (ident == self._thread_ident or ident in _FRONT_END_THREADS)
+        """Whether a record logged on thread ``ident`` goes to the hub through this bridge: its own threads', and
+        the front-end thread's while the bridge is open (any open bridge of the process will do: one hub)."""
+        return not self._closed and (ident in self._thread_idents or ident in _FRONT_END_THREADS)
 
     @staticmethod
     def run_off_hub(function: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:

@@ -1,78 +1,73 @@
-"""Owns a worker's engine thread and the requests' way to it.
+"""Owns a worker's engine thread, its models, and the requests' way to them.
 
-Greenlets call ``submit`` and ``release``; these only send commands through
-the bridge. The engine thread (``EngineLoop``) posts what each step did back
+Greenlets resolve a request's model (``model``), then call its ``submit`` and
+``release``; these only send commands through the bridge. The engine thread
+(``EngineLoop``) steps every loaded model and posts what each step did back
 through the bridge, and the ``StreamRouter`` routes it to the streams in the
-hub. The manager handles the engine's lifecycle: start, readiness, failure,
-graceful drain and quick shutdown.
+hub. The manager handles the lifecycle: start, loads and unloads, readiness,
+failure, graceful drain and quick shutdown.
 """
 
 from __future__ import annotations
 
 import importlib
 import itertools
-import json
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
 import gevent
 import gevent.event
 
 from ...engine.loading.model_loader import load_imports
-from ...engine.loading.model_paths import model_name
 from ...engine.loop import EngineLoop
-from ...engine.messages import Abort, EngineFailed, EngineReady, EngineStopped, Stop, Submit
-from ...engine.sampling_params import SamplingParams, StructuredOutput
-from ...engine.text.chat_template import opens_thought, template_thinks
-from .. import metrics
+from ...engine.messages import Abort, EngineFailed, EngineReady, EngineStopped, Load, ModelUnloaded, Stop, Submit
+from ...engine.sampling_params import SamplingParams
 from ..errors import APIError
+from ..model_specs import model_specs
 from ..settings import ServerSettings
 from ..streaming.response_store import response_store
 from ..streaming.stream_log import StreamLogs
 from .bridge import HubBridge, front_end_busy_for
-from .prompts import Prompt, prompt_ids
 from .router import StreamRouter
+from .served_model import ServedModel
 from .streams import RequestStream
-
-if TYPE_CHECKING:
-    from ...engine.sampling.grammar import GrammarCompiler
 
 log = logging.getLogger(__name__)
 
 STREAM_FLUSH_SECONDS = 0.5  # for streams to write their final event before the thread stops
-OPENS_THOUGHT_CACHE = 64  # distinct chat_template_kwargs remembered
 RELAYED_LOGGERS = ("wsgi_infer", "transformers")  # what the engine and front-end threads log, emitted in the hub
 
 
 class EngineManager:
     """``on_engine_death`` runs (in the hub) when the engine thread dies of an error
     after it was serving; under gunicorn it ends the worker so a fresh one replaces it.
-    ``on_load_failure`` runs with the reason when the model (or its tokenizer) cannot load."""
+    ``on_load_failure`` runs with the reason when no model loaded at start (each failed)."""
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.on_engine_death: Callable[[], None] | None = None
         self.on_load_failure: Callable[[str], None] | None = None
-        self.model_name = settings.served_model_name or model_name(settings.model or None)
-        self.model_dir = ""
-        self.max_model_len = 0
-        self._tokenizer = None  # see the tokenizer property
-        self._opens_thought: dict[str, bool] = {}  # by the template variables' JSON
+        self.models = {spec.name: ServedModel(spec, self) for spec in model_specs(settings)}
+        self._names = {name: m for m in self.models.values() for name in (m.name, *m.spec.aliases)}
+        self.default = next(iter(self.models.values()))  # for requests that name no model
+        self.model_name = self.default.name
         self.started_at = time.time()
-        self.ready = False
+        self.ready = False  # the models loaded at start have loaded (one at least)
         self.failure: str | None = None
         self.draining = False
         self._closing = False
         self._bridge: HubBridge | None = None
         self._loop: EngineLoop | None = None
-        self._grammars: GrammarCompiler | None = None
-        self.task = "generate"  # or "embed", once the engine is ready
-        self.metrics = metrics.ModelMetrics(self.model_name)
+        self.metrics = self.default.metrics  # the worker's own series (connections, streams) carry its name
         self._router = StreamRouter(
-            {EngineReady: self._on_ready, EngineFailed: self._on_failed, EngineStopped: self._on_stopped},
-            self.metrics,
+            {
+                EngineReady: self._on_ready,
+                EngineFailed: self._on_failed,
+                ModelUnloaded: self._on_unloaded,
+                EngineStopped: self._on_stopped,
+            },
+            lambda name: self.models[name].metrics,
         )
         self._ready_event = gevent.event.Event()
         self._stopped = gevent.event.Event()
@@ -92,17 +87,52 @@ class EngineManager:
 
     # --- lifecycle (hub) ---------------------------------------------------------------
     def start(self) -> None:
-        """Start the engine thread; it loads the model, then serves. Returns at once."""
+        """Start the engine thread and load the models loaded at start. Returns at once."""
         if self._bridge is not None:
             return
-        # Import what loading imports here, in the hub, so the thread creates no loggers.
-        for module in load_imports(self.settings.model or None):
+        # Import what loading imports here, in the hub, so the engine's threads create no loggers.
+        for module in {m for model in self.models.values() for m in load_imports(model.spec.path)}:
             importlib.import_module(module)
 
-        self._bridge = HubBridge(self._router.deliver)
+        self._bridge = HubBridge(self._router.deliver, RELAYED_LOGGERS)
         tests_only = (self.settings.test_fault_at_step, self.settings.test_stall_after_step)
-        self._loop = EngineLoop(self.settings.engine_config(), self._bridge, *tests_only)
-        self._bridge.start_thread(self._loop.run, relay_loggers=RELAYED_LOGGERS)
+        self._loop = EngineLoop(self._bridge, *tests_only)
+        self._bridge.start_thread(self._loop.run)
+        for model in self.models.values():
+            if model.spec.preload:
+                self.load(model)
+
+    def model(self, name: str | None) -> ServedModel:
+        """The model a request names (None: the default); a 404 listing the served names for any other."""
+        if name is None:
+            return self.default
+        found = self._names.get(name)
+        if found is None:
+            served = ", ".join(repr(n) for n in self.models)
+            message = f"model {name!r} does not exist; this server serves {served}"
+            raise APIError(message, 404, param="model", code="model_not_found")
+        return found
+
+    def load(self, model: ServedModel) -> None:
+        """Load ``model`` on the engine's loader thread (``model.wait_ready`` waits for it)."""
+        if model.state in ("loading", "loaded") or not self.alive or self._closing:
+            return
+        model.loading()
+        self._bridge.send(Load(model.name, model.settings.engine_config()))
+
+    def _preloads_settled(self) -> None:
+        """Once every model loaded at start has loaded or failed: ready, or (none loaded) failed."""
+        preloads = [m for m in self.models.values() if m.spec.preload]
+        if self.ready or self.failure or any(m.state == "loading" for m in preloads):
+            return
+        if any(m.ready for m in self.models.values()):
+            self.ready = True
+            self._ready_event.set()
+            return
+        self.failure = next(m.failure for m in preloads if m.failure)
+        self._ready_event.set()
+        if self.on_load_failure is not None:
+            self.on_load_failure(self.failure)
 
     @property
     def alive(self) -> bool:
@@ -110,7 +140,7 @@ class EngineManager:
         return self._bridge is not None and not self._stopped.is_set()
 
     def wait_ready(self, timeout: float) -> bool:
-        """Wait (cooperatively) while the model is still loading."""
+        """Wait (cooperatively) while the models loaded at start are still loading."""
         if self.alive and not self.ready and not self.failure:
             self._ready_event.wait(timeout)
         return self.ready
@@ -141,8 +171,6 @@ class EngineManager:
         if stopped:
             log.info("engine thread stopped")
             self._bridge.close()
-        elif not self.ready and not self.failure:  # it reads the stop once loaded, and says so through the bridge
-            log.info("engine thread still loading the model: it stops once loaded")
         else:  # the bridge stays open all the same, for a later close to hear it stop
             log.error("engine thread did not stop within %.1f s", timeout)
 
@@ -176,73 +204,24 @@ class EngineManager:
         return len(streams)
 
     # --- requests (hub) ---------------------------------------------------------------
-    @property
-    def tokenizer(self):
-        """The engine's tokenizer, which every request's prompt goes through on the front-end thread (the engine
-        thread only detokenizes through its Rust backend: ``messages.EngineReady``)."""
-        return self._tokenizer
-
-    @property
-    def template_thinks(self) -> bool:
-        """Whether the model's chat template thinks in ``<think>…</think>`` before it answers."""
-        return template_thinks(self._tokenizer.chat_template if self._tokenizer is not None else None)
-
-    def opens_thought(self, template_kwargs: dict | None) -> bool:
-        """Whether the generation prompt opens the thought, for these template variables (rendered once each,
-        on the front-end thread)."""
-        key = json.dumps(template_kwargs or {}, sort_keys=True, default=str)
-        if key not in self._opens_thought:
-            if len(self._opens_thought) >= OPENS_THOUGHT_CACHE:
-                self._opens_thought.clear()
-            self._opens_thought[key] = self.with_tokenizer(opens_thought, template_kwargs)
-        return self._opens_thought[key]
-
-    def with_tokenizer(self, function: Callable[..., Any], *args: Any) -> Any:
-        """``function(tokenizer, *args)`` on the front-end thread (call once ready, in a greenlet): a long prompt's
-        tokens take tens of milliseconds, which neither the hub nor the engine thread should wait for."""
-        return self._off_hub(function, self.tokenizer, *args)
-
-    def _off_hub(self, function: Callable[..., Any], *args: Any) -> Any:
-        """``run_off_hub`` within ``stall_seconds``; past them a 503 the client may retry, never a hung request."""
-        try:
-            return self._bridge.run_off_hub(function, *args, timeout=self.settings.stall_seconds)
-        except TimeoutError as exc:
-            log.error("%s (%s): the request gets a 503", exc, getattr(function, "__qualname__", function))
-            message = "the server is too busy to read the request; retry later"
-            raise APIError(message, 503, code="front_end_timeout", headers={"Retry-After": "5"}) from None
-
-    def encode(self, prompts: list[Prompt]) -> list[list[int]]:
-        """Each prompt's token ids, off the hub; InvalidParameter for a conversation the template refuses. Token
-        ids need no tokenizer, and so no wait behind the front-end thread's queue (a burst of requests)."""
-        if all(isinstance(p, list) for p in prompts):
-            return prompt_ids(None, prompts)
-        return self.with_tokenizer(prompt_ids, prompts)
-
-    def compile_constraints(self, params: list[SamplingParams]) -> None:
-        """Compile each constraint on the front-end thread, so that the engine thread only copies the
-        result and no running stream waits for a large schema. Raises InvalidParameter; call once ready."""
-        compiled: dict[int, StructuredOutput] = {}
-        for p in params:
-            spec = p.structured_output
-            if spec is not None and spec.compiled is None:
-                if id(spec) not in compiled:
-                    compiled[id(spec)] = self._off_hub(self._grammars.compile, spec)
-                p.structured_output = compiled[id(spec)]
-
-    def submit(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams]) -> RequestStream:
-        """Queue ``len(params)`` choices of each prompt (choice index = prompt * n + j).
-
-        The stream's first event is Accepted or Rejected; then the choices' deltas.
-        """
+    def submit(
+        self, model: ServedModel, request_id: str, prompts: list[list[int]], params: list[SamplingParams]
+    ) -> RequestStream:
+        """``model.submit``: queue ``len(params)`` choices of each prompt (choice index = prompt * n + j)."""
         # The engine keys choices by a number of ours: clients may reuse their request ids.
         stream = RequestStream(
-            request_id, len(prompts) * len(params), key=str(next(self._ids)), choices_per_prompt=len(params)
+            request_id,
+            len(prompts) * len(params),
+            key=str(next(self._ids)),
+            model=model.name,
+            choices_per_prompt=len(params),
         )
         self._router.add(stream)
         self._open_streams.add(id(stream))
         self._idle.clear()
-        self.metrics.open_streams.inc()
-        self._bridge.send(Submit(stream.key, request_id, stream.choice_ids, prompts, params))
+        model.num_open_requests += 1
+        model.metrics.open_streams.inc()
+        self._bridge.send(Submit(model.name, stream.key, request_id, stream.choice_ids, prompts, params))
         return stream
 
     def release(self, stream: RequestStream) -> None:
@@ -250,14 +229,16 @@ class EngineManager:
         if stream.closed:
             return
         stream.closed = True
-        self.metrics.open_streams.dec()
+        model = self.models[stream.model]
+        model.num_open_requests -= 1
+        model.metrics.open_streams.dec()
         self._open_streams.discard(id(stream))
         if not self._open_streams:
             self._idle.set()
         self._router.remove(stream)
         unfinished = [cid for i, cid in enumerate(stream.choice_ids) if i not in stream.finish_reasons]
         if unfinished and self.alive:
-            self._bridge.send(Abort(stream.request_id, unfinished))
+            self._bridge.send(Abort(stream.model, stream.request_id, unfinished))
 
     @property
     def num_open_requests(self) -> int:
@@ -265,23 +246,21 @@ class EngineManager:
 
     # --- the engine's lifecycle events (hub) -------------------------------------------------
     def _on_ready(self, event: EngineReady) -> None:
-        self.max_model_len = event.max_model_len
-        self.model_dir = event.model_dir
-        self._grammars = event.grammars
-        self.task = event.task
-        self.metrics.kv_blocks_total.set(event.num_blocks)
-        self.metrics.kv_blocks_free.set(event.num_blocks)
-        self._tokenizer = event.tokenizer
-        self.ready = True
-        self._ready_event.set()
-        log.info("engine ready: serving %s (context %d tokens)", self.model_name, self.max_model_len)
+        self.models[event.model].on_ready(event)
+        self._preloads_settled()
 
     def _on_failed(self, event: EngineFailed) -> None:
+        if event.model:
+            self.models[event.model].on_failed(event)
+            self._preloads_settled()
+            return
         self.failure = event.message
-        self._ready_event.set()  # nobody waits for a model that failed
+        self._ready_event.set()
         log.error("%s\n%s", event.message, event.detail)
-        if not self.ready and self.on_load_failure is not None:
-            self.on_load_failure(event.message)
+
+    def _on_unloaded(self, event: ModelUnloaded) -> None:
+        self._router.forget(event.model)
+        self.models[event.model].on_unloaded()
 
     def _on_stopped(self, event: EngineStopped) -> None:
         was_serving, self.ready = self.ready, False

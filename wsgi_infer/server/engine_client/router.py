@@ -35,8 +35,12 @@ CUMULATIVE = {
 
 
 class StreamRouter:
-    def __init__(self, lifecycle_handlers: dict[type, Callable[[Any], None]], metrics: ModelMetrics) -> None:
-        self._metrics = metrics
+    """``metrics_of`` gives a served model's metrics, by its name."""
+
+    def __init__(
+        self, lifecycle_handlers: dict[type, Callable[[Any], None]], metrics_of: Callable[[str], ModelMetrics]
+    ) -> None:
+        self._metrics_of = metrics_of
         self._targets: dict[str, tuple[RequestStream, int]] = {}  # engine request id -> (stream, choice index)
         self._submitted: dict[str, RequestStream] = {}  # stream key -> stream, until the engine admits it
         self._last_token_at: dict[str, float] = {}
@@ -47,8 +51,9 @@ class StreamRouter:
             **lifecycle_handlers,
         }
         self.last_delivery_at = time.monotonic()
-        self._last_seen = dict.fromkeys(CUMULATIVE, 0)  # the engine's cumulative counters, as last seen
-        self._accepted_seen: list[int] = []
+        # Each model's engine's cumulative counters, as last seen (a load starts them again).
+        self._last_seen: dict[str, dict[str, int]] = {}
+        self._accepted_seen: dict[str, list[int]] = {}
 
     # --- the routing table --------------------------------------------------------------
     def add(self, stream: RequestStream) -> None:
@@ -82,10 +87,10 @@ class StreamRouter:
             self._handlers[type(event)](event)
 
     def _on_admitted(self, event: Admitted) -> None:
-        if isinstance(event.outcome, Accepted):
-            self._metrics.prompt_tokens.inc(event.outcome.prompt_tokens)
         stream = self._submitted.pop(event.key, None)
         if stream is not None:  # else released (or ended) while the engine admitted it
+            if isinstance(event.outcome, Accepted):
+                self._metrics_of(stream.model).prompt_tokens.inc(event.outcome.prompt_tokens)
             stream.push(event.outcome)
 
     @staticmethod
@@ -103,8 +108,14 @@ class StreamRouter:
             self._record_delta(stream, delta, now)
             stream.push(ChoiceDelta(index, delta, step.token_texts))
 
+    def forget(self, model: str) -> None:
+        """The model was unloaded: its next engine counts from zero."""
+        self._last_seen.pop(model, None)
+        self._accepted_seen.pop(model, None)
+
     def _record_counters(self, step: StepDone) -> None:
-        m, counters = self._metrics, step.counters
+        m, counters = self._metrics_of(step.model), step.counters
+        last_seen = self._last_seen.setdefault(step.model, dict.fromkeys(CUMULATIVE, 0))
         m.num_requests_running.set(counters.num_running)
         m.num_requests_waiting.set(counters.num_waiting)
         m.kv_blocks_free.set(counters.num_free_blocks)
@@ -112,18 +123,19 @@ class StreamRouter:
             m.kv_cache_usage_perc.set(1 - counters.num_free_blocks / counters.num_total_blocks)
         for name, metric in CUMULATIVE.items():
             value = getattr(counters, name)
-            getattr(m, metric).inc(value - self._last_seen[name])
-            self._last_seen[name] = value
-        seen = self._accepted_seen + [0] * (len(counters.num_spec_accepted_per_position) - len(self._accepted_seen))
+            getattr(m, metric).inc(value - last_seen[name])
+            last_seen[name] = value
+        accepted_seen = self._accepted_seen.get(step.model, [])
+        seen = accepted_seen + [0] * (len(counters.num_spec_accepted_per_position) - len(accepted_seen))
         for position, (accepted, before) in enumerate(zip(counters.num_spec_accepted_per_position, seen)):
             if accepted > before:
                 m.accepted_at(position).inc(accepted - before)
-        self._accepted_seen = list(counters.num_spec_accepted_per_position)
+        self._accepted_seen[step.model] = list(counters.num_spec_accepted_per_position)
         for num_tokens in step.step_tokens:
             m.iteration_tokens.observe(num_tokens)
 
     def _record_delta(self, stream: RequestStream, delta: RequestDelta, now: float) -> None:
-        m = self._metrics
+        m = self._metrics_of(stream.model)
         previous = self._last_token_at.get(delta.request_id)
         if previous is None:
             m.time_to_first_token.observe(now - stream.created)

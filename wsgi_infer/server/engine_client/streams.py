@@ -51,6 +51,7 @@ class RequestStream:
     request_id: str  # the client's (or generated) X-Request-Id: for logs and response ids
     num_choices: int
     key: str  # unique per stream in this worker: the engine's request ids derive from it
+    model: str = ""  # the served model's name
     choices_per_prompt: int = 1  # n: choice index = prompt * n + j
     created: float = field(default_factory=time.monotonic)
     prompt_tokens: int = 0

@@ -7,33 +7,32 @@ from dataclasses import replace
 
 from ....engine.text.chat_template import THINK_CLOSE, THINK_OPEN, chat_prompt_ids
 from ...engine_client.prompts import Chat
+from ...engine_client.served_model import ServedModel
 from ...engine_client.streams import RequestStream
-from ..serving import check_model, manager, require_task, start
+from ..serving import require_task, served, start
 from .formatters import ChatFormatter
 from .schemas import ChatCompletionRequest
 
 
-def _rendered(req: ChatCompletionRequest) -> tuple[list[dict], list[dict] | None]:
-    """The conversation and tools, as the model's chat template takes them."""
-    check_model(req.model)
-    mgr = manager()
-    require_task("generate")  # the template is known once the front end's tokenizer is
-    req.render_with(mgr.tokenizer.chat_template)
-    return req.conversation()
+def _rendered(req: ChatCompletionRequest) -> tuple[ServedModel, list[dict], list[dict] | None]:
+    """The model, and the conversation and tools as its chat template takes them."""
+    model = served(req.model)
+    require_task(model, "generate")  # the template is known once the front end's tokenizer is
+    req.render_with(model.tokenizer.chat_template)
+    return model, *req.conversation()
 
 
 def chat_token_ids(req: ChatCompletionRequest, add_generation_prompt: bool = True) -> list[int]:
     """The prompt's token ids, as a chat completion would submit them (on the front-end thread)."""
-    messages, tools = _rendered(req)
+    model, messages, tools = _rendered(req)
     args = (messages, tools, add_generation_prompt, req.chat_template_kwargs)
-    return manager().with_tokenizer(chat_prompt_ids, *args)
+    return model.with_tokenizer(chat_prompt_ids, *args)
 
 
 def start_chat(req: ChatCompletionRequest, obj: str) -> tuple[RequestStream, ChatFormatter]:
     """Render the conversation with the model's template, submit it, and the formatter of its output (``obj``:
     the object name of what it formats)."""
-    messages, tools = _rendered(req)
-    mgr = manager()
+    mgr, messages, tools = _rendered(req)
     params = req.sampling_params(req.max_new_tokens, req.num_logprobs)
     thinks = mgr.template_thinks
     opened = thinks and mgr.opens_thought(req.chat_template_kwargs)  # before submitting: it may raise
@@ -44,5 +43,5 @@ def start_chat(req: ChatCompletionRequest, obj: str) -> tuple[RequestStream, Cha
     plan = req.tool_plan
     for p in params if plan is not None and plan.format.special else ():
         p.skip_special_tokens = False  # the format's own tokens tell its calls from text: the parser reads them
-    stream = start([Chat(messages, tools, req.chat_template_kwargs)], params)
+    stream = start(mgr, [Chat(messages, tools, req.chat_template_kwargs)], params)
     return stream, ChatFormatter(stream, obj, plan and plan.format, thinks=thinks, opened=opened)

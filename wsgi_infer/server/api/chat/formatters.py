@@ -8,7 +8,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
 from ...engine_client.streams import ChoiceDelta, RequestStream
-from ..serving import manager
 from .reasoning import ReasoningParser
 from .tool_formats import ToolFormat
 from .tools import ToolCallParser, merge_call_entries
@@ -23,7 +22,7 @@ class Formatter(ABC):
         self.id = f"{self.prefix}-{stream.request_id}"
         self.object = obj
         self.created = int(time.time())
-        self.model = manager().model_name  # read here, in the request: the pump has no app context
+        self.model = stream.model
 
     def envelope(self, choices: list[dict], usage: dict | None = None) -> dict:
         body = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices}

@@ -15,12 +15,12 @@ from ...streaming.stream_log import StreamInterrupted
 from ..chat.conversation import chat_token_ids, start_chat
 from ..chat.formatters import ChatFormatter
 from ..schemas import parse
-from ..serving import collect_all, manager, publish, pumped_choices
+from ..serving import collect_all, model_of, publish, pumped_choices
 from . import events
 from .schemas import CountTokensRequest, MessagesRequest, extensions_of
 
 if TYPE_CHECKING:
-    from ...engine_client.manager import EngineManager
+    from ...engine_client.served_model import ServedModel
 
 bp = Blueprint("messages", __name__, url_prefix="/v1")
 
@@ -33,7 +33,7 @@ def messages():
     stream, formatter = start_chat(req.as_chat(extensions), "message")
     frame = events.message(f"msg_{stream.request_id}", formatter.model, stream)
     if req.stream:
-        return publish(stream, _events(manager(), stream, formatter, frame), api="anthropic")
+        return publish(stream, _events(model_of(stream), stream, formatter, frame), api="anthropic")
     choice = collect_all(stream)[0]
     final = formatter.final_choice(choice)
     content = events.content_blocks(final["message"])
@@ -55,7 +55,7 @@ def count_tokens():
     return jsonify({"input_tokens": len(chat_token_ids(req.as_chat()))})
 
 
-def _events(mgr: EngineManager, stream: RequestStream, formatter: ChatFormatter, frame: dict) -> Iterator[str | None]:
+def _events(mgr: ServedModel, stream: RequestStream, formatter: ChatFormatter, frame: dict) -> Iterator[str | None]:
     """The events of one message; runs in the pump greenlet (no request context)."""
     translate, stop_string = events.MessageEvents(), None
     yield from events.opening(frame)

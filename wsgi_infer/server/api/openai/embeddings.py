@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 from ....engine.sampling_params import InvalidParameter, SamplingParams
 from ...errors import APIError
 from ..schemas import Request, parse
-from ..serving import check_model, collect_all, manager, start, wait_ready
+from ..serving import collect_all, served, start, wait_ready
 
 bp = Blueprint("embeddings", __name__, url_prefix="/v1")
 
@@ -47,12 +47,11 @@ class EmbeddingRequest(Request):
 @bp.post("/embeddings")
 def embeddings():
     req: EmbeddingRequest = parse(EmbeddingRequest, request.get_json(force=True))
-    check_model(req.model)
-    mgr = manager()
+    mgr = served(req.model)
     wait_ready(mgr)
     pooling = None if mgr.task == "embed" else mgr.settings.embedding_pooling  # an encoder pools as configured
     try:
-        stream = start(req.inputs, [SamplingParams(max_tokens=0, pooling=pooling)], task=None)
+        stream = start(mgr, req.inputs, [SamplingParams(max_tokens=0, pooling=pooling)], task=None)
     except InvalidParameter as exc:  # the generation rule's words name a prompt
         raise APIError(str(exc).replace("prompt", "input"), param="input") from None
     merged = collect_all(stream)
@@ -66,7 +65,7 @@ def embeddings():
         for i, vector in enumerate(vectors)
     ]
     usage = {"prompt_tokens": stream.prompt_tokens, "total_tokens": stream.prompt_tokens}
-    return jsonify({"object": "list", "data": data, "model": manager().model_name, "usage": usage})
+    return jsonify({"object": "list", "data": data, "model": mgr.name, "usage": usage})
 
 
 def _encoded(vector: list[float], encoding: str) -> list[float] | str:

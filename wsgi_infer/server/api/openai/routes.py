@@ -16,18 +16,19 @@ from ..chat.formatters import CompletionFormatter, Formatter
 from ..chat.schemas import ChatCompletionRequest
 from ..schemas import CompletionRequest, parse
 from ..serving import (
-    check_model,
     collect_all,
     log_response,
     manager,
+    model_of,
     publish,
     published_log,
     pumped_choices,
+    served,
     start,
 )
 
 if TYPE_CHECKING:
-    from ...engine_client.manager import EngineManager
+    from ...engine_client.served_model import ServedModel
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
@@ -36,35 +37,24 @@ RETRY_AFTER_INTERRUPT_MS = 1000
 
 @bp.get("/models")
 def models():
-    mgr = manager()
-    return jsonify(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": mgr.model_name,
-                    "object": "model",
-                    "created": int(mgr.started_at),
-                    "owned_by": "wsgi-infer",
-                    "root": mgr.model_dir or mgr.model_name,
-                    "parent": None,
-                    "max_model_len": mgr.max_model_len,
-                    "task": mgr.task,  # "generate", or "embed" for an embedding model (/v1/embeddings)
-                }
-            ],
-        }
-    )
+    """Every model this server serves, loaded or not, with its state."""
+    return jsonify({"object": "list", "data": [model.describe() for model in manager().models.values()]})
+
+
+@bp.get("/models/<path:model_id>")
+def model(model_id: str):
+    return jsonify(served(model_id).describe())
 
 
 @bp.post("/completions")
 def completions():
     req: CompletionRequest = parse(CompletionRequest, request.get_json(force=True))
-    check_model(req.model)
+    mgr = served(req.model)
     params = req.sampling_params(req.max_tokens, req.logprobs, req.prompt_logprobs)
-    stream = start(req.prompts, params)
+    stream = start(mgr, req.prompts, params)
     echo = None
     if req.echo:
-        tokenizer = manager().tokenizer
+        tokenizer = mgr.tokenizer
         echo = [p if isinstance(p, str) else tokenizer.decode(p) for p in req.prompts]
     formatter = CompletionFormatter(stream, "text_completion", echo)
     return _respond(stream, req.stream, req.include_usage, formatter)
@@ -83,7 +73,7 @@ def _respond(stream: RequestStream, streaming: bool, include_usage: bool, format
         body = formatter.envelope([formatter.final_choice(merged[i]) for i in sorted(merged)])
         body["usage"] = stream.usage
         return jsonify(body)
-    return publish(stream, _sse(manager(), stream, include_usage, formatter))
+    return publish(stream, _sse(model_of(stream), stream, include_usage, formatter))
 
 
 @bp.get("/streams/<stream_id>")
@@ -96,7 +86,7 @@ def resume(stream_id: str):
     return log_response(log, int(last), stream_id)
 
 
-def _sse(mgr: EngineManager, stream: RequestStream, include_usage: bool, formatter: Formatter) -> Iterator[str | None]:
+def _sse(mgr: ServedModel, stream: RequestStream, include_usage: bool, formatter: Formatter) -> Iterator[str | None]:
     """The events of one response; runs in the pump greenlet (no request context)."""
     try:
         for choice in pumped_choices(mgr, stream):

@@ -17,12 +17,12 @@ from ...streaming.stream_log import StreamInterrupted
 from ..chat.conversation import start_chat
 from ..chat.formatters import ChatFormatter
 from ..schemas import parse
-from ..serving import collect_all, log_response, manager, publish, published_log, pumped_choices
+from ..serving import collect_all, log_response, manager, model_of, publish, published_log, pumped_choices
 from .events import ResponseBuilder, chunk_of, new_id
 from .schemas import ResponsesRequest, input_messages, refuse_unsupported
 
 if TYPE_CHECKING:
-    from ...engine_client.manager import EngineManager
+    from ...engine_client.served_model import ServedModel
     from ...streaming.response_store import ResponseStore
 
 log = logging.getLogger(__name__)
@@ -35,14 +35,15 @@ def create():
     body = request.get_json(force=True)
     refuse_unsupported(body)
     req: ResponsesRequest = parse(ResponsesRequest, body)
-    previous = req.previous_response_id
-    conversation = _stored(previous, "previous_response_id")["history"] if previous else []
-    conversation = conversation + input_messages(req.input)
+    previous = _stored(req.previous_response_id, "previous_response_id") if req.previous_response_id else None
+    conversation = (previous["history"] if previous else []) + input_messages(req.input)
+    if previous and req.model is None:  # a chain keeps its model
+        req.model = previous["response"]["model"]
     stream, formatter = start_chat(req.as_chat(conversation), "response")
     builder = ResponseBuilder(_frame(req, formatter.model))
     keep = _Keeper(manager().responses if req.store else None, g.get("tenant", ""), conversation)
     if req.stream:
-        events = _events(manager(), stream, formatter, builder, keep)
+        events = _events(model_of(stream), stream, formatter, builder, keep)
         return publish(stream, events, stream_id=builder.response["id"], api="responses")
     builder.feed(chunk_of(formatter.final_choice(collect_all(stream)[0])))
     builder.finish(stream)
@@ -84,7 +85,7 @@ class _Keeper:
 
 
 def _events(
-    mgr: EngineManager, stream: RequestStream, formatter: ChatFormatter, builder: ResponseBuilder, keep: _Keeper
+    mgr: ServedModel, stream: RequestStream, formatter: ChatFormatter, builder: ResponseBuilder, keep: _Keeper
 ) -> Iterator[str | None]:
     """The events of one response; runs in the pump greenlet (no request context)."""
     yield from builder.start()

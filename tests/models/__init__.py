@@ -1,0 +1,1 @@
+"""Several models from one server: their configuration, routing, loads, failures and stops."""

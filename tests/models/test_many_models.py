@@ -1,0 +1,180 @@
+"""Several models from one real server, chosen by `model`: the tiny Llama (loaded at start), the shipped SmolLM2
+(its GGUF, on the CPU kernels; loaded on demand), all-MiniLM-L6-v2 (embeddings) and a file that cannot load. Each
+model's greedy text equals that model's alone, streams on one model keep flowing while another loads, a failed
+model fails alone, and a SIGTERM ends the streams of every model with their terminal event."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from wsgi_infer.engine.loading.model_paths import default_model_path
+from wsgi_infer.engine.sampling_params import SamplingParams
+
+from ..conftest import tiny_settings
+from ..support.server import ENDLESS, GunicornServer, parse_metrics
+from ..support.sse_client import events
+
+PROMPT = "The capital of France is"
+LOAD_GAP_SECONDS = 1.0  # the issue's bound on a running stream's gap while another model loads
+LONG = 4000  # tokens that outlast a test step (EOS ignored), within SmolLM2's window
+
+
+@pytest.fixture(scope="module")
+def models_server(tmp_path_factory, tiny_model_dirs, minilm_dir):
+    folder = tmp_path_factory.mktemp("models")
+    broken = folder / "broken.gguf"
+    broken.write_bytes(b"GGUF but not really")
+    config = folder / "models.toml"
+    config.write_text(
+        f"""
+[models.tiny]
+path = "{tiny_model_dirs["llama"]}"
+aliases = ["tiny-alias"]
+
+[models.smollm2]
+path = "{default_model_path()}"
+dtype = "auto"
+quantization = "auto"
+
+[models.minilm]
+path = "{minilm_dir}"
+
+[models.broken]
+path = "{broken}"
+"""
+    )
+    settings = tiny_settings(tiny_model_dirs, models_config=config, drain_seconds=1)
+    del settings["model"]  # the file names every model; the first is the default
+    server = GunicornServer(settings, "--graceful-timeout", "10").wait_ready()
+    yield server
+    server.stop()
+
+
+@dataclass
+class Stream:
+    """A completion streamed on a thread: its text, and when each token event came."""
+
+    model: str
+    max_tokens: int
+    text: str = ""
+    arrivals: list[float] = field(default_factory=list)
+    last: dict = field(default_factory=dict)  # the last data event's JSON ([DONE] aside)
+    started: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def run(self, server: GunicornServer) -> Stream:
+        self.thread = threading.Thread(target=self._read, args=(server,), daemon=True)
+        self.thread.start()
+        return self
+
+    def _read(self, server: GunicornServer) -> None:
+        body = {"model": self.model, "prompt": PROMPT, "max_tokens": self.max_tokens, "temperature": 0, "stream": True}
+        body["ignore_eos"] = self.max_tokens >= LONG
+        with server.client(timeout=120) as http, http.stream("POST", "/v1/completions", json=body) as r:
+            for event in events(r):
+                if not event.data or event.data == "[DONE]":
+                    continue
+                self.last = event.json
+                if event.name is None and self.last["choices"]:
+                    self.arrivals.append(time.monotonic())
+                    self.text += self.last["choices"][0]["text"]
+                    self.started.set()
+
+    def join(self) -> Stream:
+        self.thread.join(120)
+        assert not self.thread.is_alive()
+        return self
+
+
+def greedy(llm, max_tokens: int) -> str:
+    return llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=max_tokens))[0].text
+
+
+def test_models_lists_every_model_with_its_state(models_server):
+    sdk = openai.OpenAI(base_url=f"{models_server.url}/v1", api_key="x", max_retries=0)
+    listed = {m.id: m for m in sdk.models.list().data}
+    assert list(listed) == ["tiny", "smollm2", "minilm", "broken"]
+    assert listed["tiny"].state == "loaded" and listed["tiny"].max_model_len > 0
+    assert {listed[name].state for name in ("smollm2", "minilm", "broken")} == {"unloaded"}  # loaded on demand
+    assert sdk.models.retrieve("tiny-alias").id == "tiny"  # an alias names its model
+    with pytest.raises(openai.NotFoundError) as missing:
+        sdk.completions.create(model="gpt-5", prompt=PROMPT, max_tokens=2)
+    error = missing.value.body
+    assert error["code"] == "model_not_found" and all(repr(n) in error["message"] for n in listed)
+
+
+def test_streams_on_two_models_equal_each_alone_and_a_load_stalls_neither(models_server, tiny_llama, packed_llm):
+    """A tiny stream runs while SmolLM2 loads on demand (its first request): the stream's tokens keep coming. Then
+    both models stream at once, each greedy text equal to that model's own engine."""
+    running = Stream("tiny", 2000).run(models_server)
+    assert running.started.wait(60)
+    smollm2 = Stream("smollm2", 24).run(models_server).join()  # waits for the load, then streams
+    loaded_at = smollm2.arrivals[0]
+    running.join()
+    during = [b - a for a, b in zip(running.arrivals, running.arrivals[1:]) if a < loaded_at]
+    print(f"while SmolLM2 loaded: {len(during)} tiny tokens, the largest gap {max(during) * 1e3:.0f} ms")
+    assert max(during) < LOAD_GAP_SECONDS
+    assert running.arrivals[-1] > loaded_at or len(during) >= 100  # it ran beside the load
+
+    both = [Stream("tiny", 40).run(models_server), Stream("smollm2", 40).run(models_server)]
+    tiny, small = (s.join() for s in both)
+    assert tiny.text == greedy(tiny_llama, 40) and small.text == greedy(packed_llm, 40)
+    assert smollm2.text == greedy(packed_llm, 24)
+    with models_server.client() as http:
+        default = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0}).json()
+    assert default["model"] == "tiny" and default["choices"][0]["text"] == greedy(tiny_llama, 8)
+
+
+def test_embeddings_beside_generation(models_server):
+    running = Stream("tiny", 300).run(models_server)
+    with models_server.client(timeout=120) as http:
+        embedded = http.post("/v1/embeddings", json={"model": "minilm", "input": ["a cat", "a dog"]})
+        wrong = http.post(
+            "/v1/chat/completions", json={"model": "minilm", "messages": [{"role": "user", "content": "hi"}]}
+        )
+    running.join()
+    assert embedded.status_code == 200, embedded.text
+    vectors = np.array([item["embedding"] for item in embedded.json()["data"]])
+    assert vectors.shape == (2, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+    assert wrong.status_code == 400 and wrong.json()["error"]["code"] == "wrong_model_task"
+    assert running.last["choices"][0]["finish_reason"] in ("length", "stop")  # ran to its end beside them
+
+
+def test_a_model_that_fails_to_load_fails_alone(models_server):
+    with models_server.client(timeout=120) as http:
+        failed = http.post("/v1/completions", json={"model": "broken", "prompt": PROMPT, "max_tokens": 2})
+        served = http.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 2})
+        described = http.get("/v1/models/broken").json()
+        health = http.get("/health")
+    assert failed.status_code == 503 and failed.json()["error"]["code"] == "model_load_failed"
+    assert "model failed to load" in failed.json()["error"]["message"]
+    assert described["state"] == "failed" and described["failure"] in failed.json()["error"]["message"]
+    assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 2
+    assert health.status_code == 200 and health.json()["models"]["broken"] == "failed"
+
+
+def test_metrics_carry_each_models_name(models_server):
+    text = httpx.get(f"{models_server.url}/metrics", timeout=10).text
+    for name in ("tiny", "smollm2", "minilm"):
+        assert parse_metrics(text, name)["wsgi_infer:prompt_tokens_total"] > 0, name
+    for name in ("tiny", "smollm2"):
+        assert parse_metrics(text, name)["wsgi_infer:generation_tokens_total"] > 0, name
+    assert parse_metrics(text, "minilm")["wsgi_infer:generation_tokens_total"] == 0
+
+
+def test_sigterm_ends_the_streams_of_every_model(models_server):
+    """Last: it stops the module's server."""
+    endless = [Stream("tiny", ENDLESS).run(models_server), Stream("smollm2", LONG).run(models_server)]
+    assert all(s.started.wait(60) for s in endless)
+    models_server.process.terminate()
+    for stream in endless:
+        stream.join()
+        assert stream.last["error"]["code"] == "server_shutting_down", stream.model
+    assert models_server.process.wait(30) == 0

@@ -1,0 +1,177 @@
+"""One model a worker serves, as the hub sees it: its state, its tokenizer and its requests' way in.
+
+States: ``unloaded`` (configured; the first request loads it), ``loading``, ``loaded``, and ``failed`` (with
+its reason). The engine thread holds the model itself; this holds what the front end needs of it, kept from the
+engine's ``EngineReady``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import gevent.event
+
+from ...engine.messages import EngineFailed, EngineReady
+from ...engine.sampling_params import SamplingParams, StructuredOutput
+from ...engine.text.chat_template import opens_thought, template_thinks
+from .. import metrics
+from ..errors import APIError
+from .bridge import HubBridge
+from .prompts import Prompt, prompt_ids
+
+if TYPE_CHECKING:
+    from ...engine.sampling.grammar import GrammarCompiler
+    from ..model_specs import ModelSpec
+    from .streams import RequestStream
+
+log = logging.getLogger(__name__)
+
+OPENS_THOUGHT_CACHE = 64  # distinct chat_template_kwargs remembered
+
+
+class ServedModel:
+    """``workers`` is the worker's ``EngineManager``: it sends the model's loads and requests to the engine."""
+
+    def __init__(self, spec: ModelSpec, worker: Any) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.settings = spec.settings
+        self._worker = worker
+        self.state = "unloaded"
+        self.failure: str | None = None
+        self.model_dir = ""
+        self.max_model_len = 0
+        self.task = "generate"  # or "embed", once loaded
+        self.tokenizer = None  # the engine's own (Hugging Face) tokenizer, for the front end's prompts
+        self._grammars: GrammarCompiler | None = None
+        self._opens_thought: dict[str, bool] = {}  # by the template variables' JSON
+        self._settled = gevent.event.Event()  # set while loaded or failed
+        self.metrics = metrics.ModelMetrics(self.name)
+        self.num_open_requests = 0
+        self.last_used = time.monotonic()
+
+    # --- state ---------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.state == "loaded"
+
+    def loading(self) -> None:
+        self.state, self.failure = "loading", None
+        self._settled.clear()
+
+    def on_ready(self, event: EngineReady) -> None:
+        self.max_model_len = event.max_model_len
+        self.model_dir = event.model_dir
+        self._grammars = event.grammars
+        self.task = event.task
+        self.metrics.kv_blocks_total.set(event.num_blocks)
+        self.metrics.kv_blocks_free.set(event.num_blocks)
+        self.tokenizer = event.tokenizer
+        self.state = "loaded"
+        self._settled.set()
+        log.info("engine ready: serving %s (context %d tokens)", self.name, self.max_model_len)
+
+    def on_failed(self, event: EngineFailed) -> None:
+        self.state, self.failure = "failed", event.message
+        self._settled.set()  # nobody waits for a model that failed
+        log.error("%s: %s\n%s", self.name, event.message, event.detail)
+
+    def on_unloaded(self) -> None:
+        self.state = "unloaded"
+        self.tokenizer, self._grammars = None, None
+        self._opens_thought.clear()
+        self._settled.clear()
+        self.metrics.kv_blocks_total.set(0)
+        self.metrics.kv_blocks_free.set(0)
+        log.info("model unloaded: %s", self.name)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait (cooperatively) while the model loads; a request for an unloaded model loads it."""
+        self.last_used = time.monotonic()
+        if self.state == "unloaded":
+            self._worker.load(self)
+        if self.state == "loading":
+            self._settled.wait(timeout)
+        return self.ready
+
+    def describe(self) -> dict:
+        """The model in /v1/models: OpenAI's fields, and its state."""
+        described = {
+            "id": self.name,
+            "object": "model",
+            "created": int(self._worker.started_at),
+            "owned_by": "wsgi-infer",
+            "root": self.model_dir or self.name,
+            "parent": None,
+            "aliases": list(self.spec.aliases),
+            "state": self.state,
+            "task": self.task,  # "generate", or "embed" for an embedding model (/v1/embeddings)
+            "max_model_len": self.max_model_len or self.settings.max_model_len,
+        }
+        if self.failure:
+            described["failure"] = self.failure
+        return described
+
+    # --- requests (hub, once ready) ---------------------------------------------------------
+    @property
+    def template_thinks(self) -> bool:
+        """Whether the model's chat template thinks in ``<think>…</think>`` before it answers."""
+        return template_thinks(self.tokenizer.chat_template if self.tokenizer is not None else None)
+
+    def opens_thought(self, template_kwargs: dict | None) -> bool:
+        """Whether the generation prompt opens the thought, for these template variables (rendered once each,
+        on the front-end thread)."""
+        key = json.dumps(template_kwargs or {}, sort_keys=True, default=str)
+        if key not in self._opens_thought:
+            if len(self._opens_thought) >= OPENS_THOUGHT_CACHE:
+                self._opens_thought.clear()
+            self._opens_thought[key] = self.with_tokenizer(opens_thought, template_kwargs)
+        return self._opens_thought[key]
+
+    def with_tokenizer(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(tokenizer, *args)`` on the front-end thread (call once ready, in a greenlet): a long prompt's
+        tokens take tens of milliseconds, which neither the hub nor the engine thread should wait for."""
+        return self._off_hub(function, self.tokenizer, *args)
+
+    def _off_hub(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``run_off_hub`` within ``stall_seconds``; past them a 503 the client may retry, never a hung request."""
+        try:
+            return HubBridge.run_off_hub(function, *args, timeout=self.settings.stall_seconds)
+        except TimeoutError as exc:
+            log.error("%s (%s): the request gets a 503", exc, getattr(function, "__qualname__", function))
+            message = "the server is too busy to read the request; retry later"
+            raise APIError(message, 503, code="front_end_timeout", headers={"Retry-After": "5"}) from None
+
+    def encode(self, prompts: list[Prompt]) -> list[list[int]]:
+        """Each prompt's token ids, off the hub; InvalidParameter for a conversation the template refuses. Token
+        ids need no tokenizer, and so no wait behind the front-end thread's queue (a burst of requests)."""
+        if all(isinstance(p, list) for p in prompts):
+            return prompt_ids(None, prompts)
+        return self.with_tokenizer(prompt_ids, prompts)
+
+    def compile_constraints(self, params: list[SamplingParams]) -> None:
+        """Compile each constraint on the front-end thread, so that the engine thread only copies the
+        result and no running stream waits for a large schema. Raises InvalidParameter; call once ready."""
+        compiled: dict[int, StructuredOutput] = {}
+        for p in params:
+            spec = p.structured_output
+            if spec is not None and spec.compiled is None:
+                if id(spec) not in compiled:
+                    compiled[id(spec)] = self._off_hub(self._grammars.compile, spec)
+                p.structured_output = compiled[id(spec)]
+
+    def submit(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams]) -> RequestStream:
+        """Queue ``len(params)`` choices of each prompt (choice index = prompt * n + j) on this model.
+
+        The stream's first event is Accepted or Rejected; then the choices' deltas.
+        """
+        self.last_used = time.monotonic()
+        return self._worker.submit(self, request_id, prompts, params)
+
+    def release(self, stream: RequestStream) -> None:
+        """The response is over (finished, failed or the client left): abort what still runs."""
+        self._worker.release(stream)
