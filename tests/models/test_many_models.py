@@ -21,6 +21,8 @@ from ..conftest import tiny_settings
 from ..support.server import ENDLESS, GunicornServer, parse_metrics
 from ..support.sse_client import events
 
+pytestmark = pytest.mark.slow  # a real server of real models
+
 PROMPT = "The capital of France is"
 LOAD_GAP_SECONDS = 1.0  # the issue's bound on a running stream's gap while another model loads
 LONG = 4000  # tokens that outlast a test step (EOS ignored), within SmolLM2's window

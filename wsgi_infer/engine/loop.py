@@ -113,8 +113,7 @@ class EngineLoop:
                 if isinstance(command, Stop):
                     return
                 if isinstance(command, Abort) and command.model in self._engines:
-                    engine = self._engines[command.model]
-                    aborted.append(Aborted(command.request_id, sum(engine.abort(c) for c in command.choice_ids)))
+                    aborted.append(self._abort(command))  # a method: this frame must hold no engine once unloaded
                     touched[command.model] = None
                 elif isinstance(command, Submit):
                     events.append(self._admit(command))
@@ -128,6 +127,10 @@ class EngineLoop:
             events += [self._step_done(m, deltas if m == name else []) for m in touched if m in self._engines]
             if events or aborted:
                 self._channel.post(events + aborted)
+
+    def _abort(self, command: Abort) -> Aborted:
+        engine = self._engines[command.model]
+        return Aborted(command.request_id, sum(engine.abort(c) for c in command.choice_ids))
 
     def _busy(self) -> list[str]:
         return [name for name, engine in self._engines.items() if engine.has_unfinished()]

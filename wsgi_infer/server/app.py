@@ -9,7 +9,7 @@ import weakref
 import gevent
 from flask import Flask, current_app, g, request
 
-from .api import native, ops, tokenization, ui
+from .api import model_admin, native, ops, tokenization, ui
 from .api.access import install_access_control
 from .api.messages import routes as messages
 from .api.openai import embeddings
@@ -34,7 +34,8 @@ def create_app(settings: ServerSettings | None = None) -> Flask:
     _install_request_hooks(app)  # first: they run before any other hook
     register_error_handlers(app)
     install_access_control(app, settings)
-    for blueprint in (openai.bp, responses.bp, messages.bp, embeddings.bp, native.bp, tokenization.bp, ops.bp, ui.bp):
+    blueprints = (openai.bp, responses.bp, messages.bp, embeddings.bp, native.bp, tokenization.bp, model_admin.bp)
+    for blueprint in (*blueprints, ops.bp, ui.bp):
         app.register_blueprint(blueprint)
     return app
 

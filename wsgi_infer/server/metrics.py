@@ -42,6 +42,7 @@ _LATENCY_BUCKETS = (
     80.0,
 )
 
+_LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 _MODEL = ("model_name",)  # every series carries it, as vLLM's do
 
@@ -99,6 +100,12 @@ _FAMILIES = {
     "spec_decode_num_draft_tokens": _counter("spec_decode_num_draft_tokens", "Draft tokens verified"),
     "spec_decode_num_accepted_tokens": _counter("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
 }
+_FAMILIES.update(
+    model_loaded=_gauge("model_loaded", "1 while the model is loaded (summed over workers)", "livesum"),
+    model_loads=_counter("model_loads", "Loads of the model that succeeded"),
+    model_load_seconds=_histogram("model_load_seconds", "Time from a load's start to the model serving", _LOAD_BUCKETS),
+)
+_MODEL_UNLOADS = _counter("model_unloads", "Unloads of the model, by reason: idle, memory, admin", ("reason",))
 _REQUEST_SUCCESS = _counter("request_success", "Finished requests", ("finished_reason",))
 _ACCEPTED_PER_POSITION = _counter(
     "spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at each draft position", ("position",)
@@ -120,6 +127,9 @@ class ModelMetrics:
 
     def request_success(self, finished_reason: str) -> Counter:
         return _REQUEST_SUCCESS.labels(self._model_name, finished_reason)
+
+    def model_unloads(self, reason: str) -> Counter:
+        return _MODEL_UNLOADS.labels(self._model_name, reason)
 
     def accepted_at(self, position: int) -> Counter:
         return _ACCEPTED_PER_POSITION.labels(self._model_name, str(position))

@@ -15,7 +15,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engine.loading.model_paths import model_name
+from ..engine.loading.model_paths import model_name, model_path
 from .settings import ServerSettings
 
 # The settings a model may have of its own (each also a global one, its default).
@@ -32,6 +32,7 @@ PER_MODEL = frozenset(
         "quantization",
         "activations",
         "dtype",
+        "keep_alive",
     }
 )
 TABLE_KEYS = PER_MODEL | {"path", "aliases", "preload"}
@@ -48,6 +49,12 @@ class ModelSpec:
     settings: ServerSettings  # the global settings with the model's own
     aliases: tuple[str, ...] = ()
     preload: bool = False
+    keep_alive: float | None = None  # the table's own; else the global one's for models loaded on demand
+
+    @property
+    def files(self) -> Path:
+        """Where the model's files are (the embedded default model's GGUF for None)."""
+        return model_path(self.path)
 
 
 def model_specs(settings: ServerSettings) -> list[ModelSpec]:
@@ -134,7 +141,8 @@ def _spec(settings: ServerSettings, name: str, path: str | None, table: dict) ->
     aliases = table.get("aliases", [])
     if isinstance(aliases, str) or not all(isinstance(a, str) for a in aliases):
         raise ModelsConfigError(f"models config: [models.{name}] aliases must be a list of names")
-    return ModelSpec(name, path, merged, tuple(aliases), bool(table.get("preload", False)))
+    keep_alive = merged.keep_alive if "keep_alive" in table else None
+    return ModelSpec(name, path, merged, tuple(aliases), bool(table.get("preload", False)), keep_alive)
 
 
 def _check_unique(specs: list[ModelSpec]) -> None:

@@ -42,6 +42,20 @@ class ServerSettings(EngineSettings):
     preload: str = Field(
         "", description="models loaded at start, names separated by commas, or *; default: the first model"
     )
+    models_memory_mb: int | None = Field(
+        None,
+        ge=1,
+        description="memory per worker for the loaded models' weights and KV caches; a load beyond it first "
+        "unloads the least recently used models with no open request; default 3/4 of the memory (or the cgroup's "
+        "limit) over the workers",
+    )
+    max_loaded_models: int = Field(0, ge=0, description="the most models a worker keeps loaded (0: as memory allows)")
+    keep_alive: float = Field(
+        300.0,
+        ge=-1,
+        description="seconds a model loaded on demand stays loaded with no request (-1: for ever, 0: unloaded once "
+        "idle); models loaded at start stay, unless their TOML table sets one",
+    )
     kv_cache_memory_mb: int | None = Field(
         None, ge=1, description="KV cache budget; default 256 on CPU, 90% of free memory on CUDA"
     )

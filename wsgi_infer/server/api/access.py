@@ -12,7 +12,7 @@ from flask_cors import CORS
 from ..errors import APIError
 from ..settings import ServerSettings
 
-API_PATHS = ("/v1/", "/generate")
+API_PATHS = ("/v1/", "/generate", "/models/")
 OPS_PATHS = ("/health", "/metrics")
 
 

@@ -31,7 +31,7 @@ bp = Blueprint("native", __name__)
 @bp.post("/generate")
 def generate():
     req: GenerateRequest = parse(GenerateRequest, request.get_json(force=True))
-    mgr = served(req.model)
+    mgr = served(req.model, req.keep_alive)
     stream = start(mgr, [req.prompt], [req.sampling_params()])
     if not req.stream:
         choice = collect_all(stream)[0]

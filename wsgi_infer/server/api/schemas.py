@@ -7,9 +7,10 @@ values give a 400 naming the field.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from ...engine.sampling_params import RANGES, SamplingParams, StructuredOutput
 from ..errors import APIError
@@ -119,8 +120,27 @@ class StructuredOutputs(Request):
         return StructuredOutput(kind, value)
 
 
+def _seconds(value: object) -> object:
+    """Ollama's ``keep_alive``: seconds as a number, or a duration ("10m", "1h30m", "45s"); below 0: for ever."""
+    if isinstance(value, str):
+        text = value.strip()
+        if re.fullmatch(r"-?(?:\d+(?:\.\d+)?(?:h|ms|m|s))+", text):
+            parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s)", text)
+            seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001}[unit] for n, unit in parts)
+            return -seconds if text.startswith("-") else seconds
+    return value
+
+
+def _forever_below_zero(seconds: float | None) -> float | None:
+    return seconds if seconds is None or seconds >= 0 else -1.0
+
+
+KeepAlive = Annotated[float | None, BeforeValidator(_seconds), AfterValidator(_forever_below_zero)]
+
+
 class SamplingRequest(Request):
     model: str | None = None
+    keep_alive: KeepAlive = None
     temperature: float | None = engine_field("temperature")
     top_p: float | None = engine_field("top_p")
     top_k: int | None = engine_field("top_k")
@@ -232,6 +252,7 @@ class GenerateRequest(Request):
     """The native API: a prompt and a few sampling knobs."""
 
     model: str | None = None
+    keep_alive: KeepAlive = None
     prompt: str = Field(min_length=1)
     max_new_tokens: int = engine_field("max_tokens", engine_default("max_tokens"))
     temperature: float | None = engine_field("temperature")

@@ -30,9 +30,13 @@ def manager() -> EngineManager:
     return manager_of(current_app)
 
 
-def served(name: str | None) -> ServedModel:
-    """The model the request names (None: the default model); a 404 ``model_not_found`` for any other."""
-    return manager().model(name)
+def served(name: str | None, keep_alive: float | None = None) -> ServedModel:
+    """The model the request names (None: the default model); a 404 ``model_not_found`` for any other.
+    ``keep_alive`` (the request's, as Ollama takes it): how long the model stays loaded once idle after it; without
+    one, the model's configured keep-alive."""
+    model = manager().model(name)
+    model.keep_alive = model.configured_keep_alive if keep_alive is None else keep_alive
+    return model
 
 
 def model_of(stream: RequestStream) -> ServedModel:
@@ -47,6 +51,10 @@ def wait_ready(model: ServedModel) -> None:
         return
     if model.failure:
         raise APIError(f"model {model.name!r}: {model.failure}", 503, code="model_load_failed")
+    if model.waiting:
+        budget = manager().loads.budget >> 20
+        message = f"model {model.name!r} waits for room: models with open requests hold the memory ({budget} MiB)"
+        raise APIError(message, 503, code="model_not_ready", headers={"Retry-After": "5"})
     raise APIError(f"model {model.name!r} is not loaded", 503, code="model_not_ready", headers={"Retry-After": "5"})
 
 

@@ -21,7 +21,7 @@ import gevent.event
 
 from ...engine.loading.model_loader import load_imports
 from ...engine.loop import EngineLoop
-from ...engine.messages import Abort, EngineFailed, EngineReady, EngineStopped, Load, ModelUnloaded, Stop, Submit
+from ...engine.messages import Abort, EngineFailed, EngineReady, EngineStopped, ModelUnloaded, Stop, Submit
 from ...engine.sampling_params import SamplingParams
 from ..errors import APIError
 from ..model_specs import model_specs
@@ -29,6 +29,7 @@ from ..settings import ServerSettings
 from ..streaming.response_store import response_store
 from ..streaming.stream_log import StreamLogs
 from .bridge import HubBridge, front_end_busy_for
+from .model_loads import ModelLoads
 from .router import StreamRouter
 from .served_model import ServedModel
 from .streams import RequestStream
@@ -60,6 +61,8 @@ class EngineManager:
         self._bridge: HubBridge | None = None
         self._loop: EngineLoop | None = None
         self.metrics = self.default.metrics  # the worker's own series (connections, streams) carry its name
+        budget = settings.models_memory_mb << 20 if settings.models_memory_mb else None
+        self.loads = ModelLoads(self.models, self._send, budget, settings.max_loaded_models)
         self._router = StreamRouter(
             {
                 EngineReady: self._on_ready,
@@ -100,7 +103,7 @@ class EngineManager:
         self._bridge.start_thread(self._loop.run)
         for model in self.models.values():
             if model.spec.preload:
-                self.load(model)
+                self.loads.load(model, at_start=True)
 
     def model(self, name: str | None) -> ServedModel:
         """The model a request names (None: the default); a 404 listing the served names for any other."""
@@ -113,12 +116,13 @@ class EngineManager:
             raise APIError(message, 404, param="model", code="model_not_found")
         return found
 
+    def _send(self, command: object) -> None:
+        self._bridge.send(command)
+
     def load(self, model: ServedModel) -> None:
-        """Load ``model`` on the engine's loader thread (``model.wait_ready`` waits for it)."""
-        if model.state in ("loading", "loaded") or not self.alive or self._closing:
-            return
-        model.loading()
-        self._bridge.send(Load(model.name, model.settings.engine_config()))
+        """Load ``model`` on the engine's loader thread, within the memory budget (``model.wait_ready`` waits)."""
+        if self.alive and not self._closing:
+            self.loads.load(model)
 
     def _preloads_settled(self) -> None:
         """Once every model loaded at start has loaded or failed: ready, or (none loaded) failed."""
@@ -232,6 +236,9 @@ class EngineManager:
         model = self.models[stream.model]
         model.num_open_requests -= 1
         model.metrics.open_streams.dec()
+        model.last_used = time.monotonic()
+        if not model.num_open_requests:
+            self.loads.on_idle(model)
         self._open_streams.discard(id(stream))
         if not self._open_streams:
             self._idle.set()
@@ -247,11 +254,13 @@ class EngineManager:
     # --- the engine's lifecycle events (hub) -------------------------------------------------
     def _on_ready(self, event: EngineReady) -> None:
         self.models[event.model].on_ready(event)
+        self.loads.on_ready(self.models[event.model])
         self._preloads_settled()
 
     def _on_failed(self, event: EngineFailed) -> None:
         if event.model:
             self.models[event.model].on_failed(event)
+            self.loads.on_failed(self.models[event.model])
             self._preloads_settled()
             return
         self.failure = event.message
@@ -259,8 +268,8 @@ class EngineManager:
         log.error("%s\n%s", event.message, event.detail)
 
     def _on_unloaded(self, event: ModelUnloaded) -> None:
-        self._router.forget(event.model)
-        self.models[event.model].on_unloaded()
+        self._router.forget(event.model)  # its next engine counts from zero
+        log.info("model %s freed", event.model)
 
     def _on_stopped(self, event: EngineStopped) -> None:
         was_serving, self.ready = self.ready, False

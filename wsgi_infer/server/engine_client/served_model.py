@@ -22,6 +22,7 @@ from .. import metrics
 from ..errors import APIError
 from .bridge import HubBridge
 from .prompts import Prompt, prompt_ids
+from .residency import footprint
 
 if TYPE_CHECKING:
     from ...engine.sampling.grammar import GrammarCompiler
@@ -53,6 +54,13 @@ class ServedModel:
         self.metrics = metrics.ModelMetrics(self.name)
         self.num_open_requests = 0
         self.last_used = time.monotonic()
+        # Seconds it stays loaded with no request (-1: for ever): its table's, else for ever where loaded at start;
+        # a request may set another for the time after it (``keep_alive``).
+        configured = spec.keep_alive if spec.keep_alive is not None else -1.0 if spec.preload else None
+        self.configured_keep_alive = self.settings.keep_alive if configured is None else configured
+        self.keep_alive = self.configured_keep_alive
+        self.footprint = footprint(spec.files, self.settings.kv_cache_memory_mb)  # bytes, estimated
+        self.waiting = False  # for room in the memory budget, which models with open requests hold
 
     # --- state ---------------------------------------------------------------------------
     @property
@@ -63,7 +71,12 @@ class ServedModel:
         self.state, self.failure = "loading", None
         self._settled.clear()
 
+    def waiting_for_room(self, waiting: bool) -> None:
+        self.waiting = waiting
+
     def on_ready(self, event: EngineReady) -> None:
+        if not event.num_blocks:  # an encoder has no KV cache
+            self.footprint = footprint(self.spec.files, 0)
         self.max_model_len = event.max_model_len
         self.model_dir = event.model_dir
         self._grammars = event.grammars
@@ -94,7 +107,7 @@ class ServedModel:
         self.last_used = time.monotonic()
         if self.state == "unloaded":
             self._worker.load(self)
-        if self.state == "loading":
+        if self.state == "loading" or self.waiting:
             self._settled.wait(timeout)
         return self.ready
 

@@ -103,6 +103,7 @@ def post_worker_init(worker):
 
     manager.on_engine_death = replace_worker
     manager.on_load_failure = stop_serving
+    manager.loads.set_workers(worker.cfg.workers)  # the default memory budget is a share per worker
     manager.start()
 
 

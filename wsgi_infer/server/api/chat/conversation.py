@@ -16,7 +16,7 @@ from .schemas import ChatCompletionRequest
 
 def _rendered(req: ChatCompletionRequest) -> tuple[ServedModel, list[dict], list[dict] | None]:
     """The model, and the conversation and tools as its chat template takes them."""
-    model = served(req.model)
+    model = served(req.model, req.keep_alive)
     require_task(model, "generate")  # the template is known once the front end's tokenizer is
     req.render_with(model.tokenizer.chat_template)
     return model, *req.conversation()

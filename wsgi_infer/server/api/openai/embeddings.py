@@ -13,7 +13,7 @@ from pydantic import Field, field_validator
 
 from ....engine.sampling_params import InvalidParameter, SamplingParams
 from ...errors import APIError
-from ..schemas import Request, parse
+from ..schemas import KeepAlive, Request, parse
 from ..serving import collect_all, served, start, wait_ready
 
 bp = Blueprint("embeddings", __name__, url_prefix="/v1")
@@ -23,6 +23,7 @@ MAX_INPUTS = 2048  # per request, as OpenAI's
 
 class EmbeddingRequest(Request):
     model: str | None = None
+    keep_alive: KeepAlive = None
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
@@ -47,7 +48,7 @@ class EmbeddingRequest(Request):
 @bp.post("/embeddings")
 def embeddings():
     req: EmbeddingRequest = parse(EmbeddingRequest, request.get_json(force=True))
-    mgr = served(req.model)
+    mgr = served(req.model, req.keep_alive)
     wait_ready(mgr)
     pooling = None if mgr.task == "embed" else mgr.settings.embedding_pooling  # an encoder pools as configured
     try:

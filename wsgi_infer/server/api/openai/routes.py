@@ -49,7 +49,7 @@ def model(model_id: str):
 @bp.post("/completions")
 def completions():
     req: CompletionRequest = parse(CompletionRequest, request.get_json(force=True))
-    mgr = served(req.model)
+    mgr = served(req.model, req.keep_alive)
     params = req.sampling_params(req.max_tokens, req.logprobs, req.prompt_logprobs)
     stream = start(mgr, req.prompts, params)
     echo = None

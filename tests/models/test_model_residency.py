@@ -1,0 +1,156 @@
+"""Which models stay loaded, on real servers: a budget that holds one model unloads the least recently used idle one
+and never one under its streams; an idle model unloads after its keep-alive and gives its memory back; the admin
+routes load and unload by hand."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import psutil
+import pytest
+
+from wsgi_infer.engine.loading.model_paths import default_model_path
+
+from ..conftest import tiny_settings
+from ..support.server import ENDLESS, GunicornServer, parse_metrics
+from ..support.sse_client import events
+
+pytestmark = pytest.mark.slow  # real servers
+
+KEY = "admin-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def server_of(folder, tiny_model_dirs, tables: str, **settings) -> GunicornServer:
+    config = folder / "models.toml"
+    config.write_text(tables)
+    merged = tiny_settings(tiny_model_dirs, models_config=config, **settings)
+    del merged["model"]  # the file names every model
+    return GunicornServer(merged).wait_ready()
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(tmp_path_factory, tiny_model_dirs):
+    """Two tiny models and room for one; a request waits 2 s for room."""
+    tables = f"""
+[models.a]
+path = "{tiny_model_dirs["llama"]}"
+[models.b]
+path = "{tiny_model_dirs["qwen3"]}"
+"""
+    folder = tmp_path_factory.mktemp("budget")
+    server = server_of(folder, tiny_model_dirs, tables, max_loaded_models=1, load_wait_seconds=2)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def keep_alive_server(tmp_path_factory, tiny_model_dirs):
+    """The tiny Llama (loaded at start) and SmolLM2 (a keep-alive of 1 s), behind an API key."""
+    tables = f"""
+[models.tiny]
+path = "{tiny_model_dirs["llama"]}"
+[models.smollm2]
+path = "{default_model_path()}"
+dtype = "auto"
+quantization = "auto"
+keep_alive = 1
+"""
+    server = server_of(tmp_path_factory.mktemp("keep"), tiny_model_dirs, tables, api_key=KEY)
+    yield server
+    server.stop()
+
+
+def complete(server: GunicornServer, model: str, **fields) -> httpx.Response:
+    body = {"model": model, "prompt": "Hello", "max_tokens": 2, **fields}
+    return httpx.post(f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=120)
+
+
+def states(server: GunicornServer) -> dict[str, str]:
+    listed = httpx.get(f"{server.url}/v1/models", headers=AUTH, timeout=30).json()["data"]
+    return {m["id"]: m["state"] for m in listed}
+
+
+def open_stream(
+    server: GunicornServer, model: str, max_tokens: int = ENDLESS
+) -> tuple[threading.Event, threading.Event]:
+    """A long stream on ``model`` (EOS ignored), read on a thread until ``stop`` is set; ``started`` once a token
+    came."""
+    started, stop = threading.Event(), threading.Event()
+
+    def read() -> None:
+        body = {"model": model, "prompt": "Go", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=120) as r:
+            for _ in events(r):
+                started.set()
+                if stop.is_set():
+                    return
+
+    threading.Thread(target=read, daemon=True).start()
+    assert started.wait(60)
+    return started, stop
+
+
+def test_a_load_beyond_the_budget_unloads_the_least_recently_used_idle_model(one_at_a_time):
+    assert states(one_at_a_time) == {"a": "loaded", "b": "unloaded"}
+    assert complete(one_at_a_time, "b").status_code == 200
+    assert states(one_at_a_time) == {"a": "unloaded", "b": "loaded"}
+    one_at_a_time.wait_for_log(r"unloading a \(memory\)")
+    one_at_a_time.wait_for_log(r"model a freed")
+
+
+def test_a_model_under_its_streams_is_never_unloaded(one_at_a_time):
+    complete(one_at_a_time, "b")
+    _, stop = open_stream(one_at_a_time, "b")
+    refused = complete(one_at_a_time, "a")  # waits load_wait_seconds for room, which the stream holds
+    assert refused.status_code == 503 and refused.headers["retry-after"]
+    assert "waits for room" in refused.json()["error"]["message"]
+    assert states(one_at_a_time) == {"a": "unloaded", "b": "loaded"}
+    stop.set()  # the stream ends: a's next request finds room
+    assert complete(one_at_a_time, "a").status_code == 200
+    assert states(one_at_a_time) == {"a": "loaded", "b": "unloaded"}
+
+
+def test_the_admin_routes_load_and_unload_and_the_memory_comes_back(keep_alive_server):
+    server = keep_alive_server
+    assert httpx.post(f"{server.url}/models/load", json={"model": "smollm2"}, timeout=30).status_code == 401
+    (worker,) = server.worker_pids()
+    before = psutil.Process(worker).memory_info().rss
+    loaded = httpx.post(f"{server.url}/v1/models/smollm2/load", headers=AUTH, timeout=120)
+    assert loaded.status_code == 200 and loaded.json()["state"] == "loaded"
+    complete(server, "smollm2", max_tokens=8, keep_alive=-1)  # its weights and some KV blocks in use; kept
+    with_model = psutil.Process(worker).memory_info().rss
+    _, stop = open_stream(server, "smollm2", 4000)  # within its window; a minute of tokens
+    busy = httpx.post(f"{server.url}/v1/models/smollm2/unload", headers=AUTH, timeout=30)
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "model_busy"
+    stop.set()
+    mark = len(server.lines)
+    while (
+        unloaded := httpx.post(f"{server.url}/v1/models/smollm2/unload", headers=AUTH, timeout=30)
+    ).status_code == 409:
+        server.wait_for_log(r"request \w+: response ended early", after=mark)  # the stream's abort, then again
+    assert unloaded.status_code == 200 and unloaded.json()["state"] == "unloaded"
+    server.wait_for_log(r"model smollm2 freed", after=mark)
+    after = psutil.Process(worker).memory_info().rss
+    print(f"worker RSS: {before >> 20} MiB, with SmolLM2 {with_model >> 20} MiB, after its unload {after >> 20} MiB")
+    assert with_model - after >= (with_model - before) // 2
+    routed = httpx.post(f"{server.url}/models/load", json={"model": "smollm2"}, headers=AUTH, timeout=120)
+    assert routed.json() == {"success": True} and states(server)["smollm2"] == "loaded"
+    assert httpx.post(f"{server.url}/models/unload", json={"model": "smollm2"}, headers=AUTH).json()["success"]
+
+
+def test_an_idle_model_unloads_after_its_keep_alive(keep_alive_server):
+    server = keep_alive_server
+    mark = len(server.lines)
+    assert complete(server, "smollm2").status_code == 200  # its table's keep-alive: 1 s
+    server.wait_for_log(r"unloading smollm2 \(idle\)", after=mark, timeout=30)
+    assert complete(server, "tiny", keep_alive="0s").status_code == 200  # Ollama's field: unload once idle
+    server.wait_for_log(r"unloading tiny \(idle\)", after=mark, timeout=30)
+    assert states(server) == {"tiny": "unloaded", "smollm2": "unloaded"}
+    assert complete(server, "tiny").status_code == 200  # loaded again on demand
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    small, tiny = parse_metrics(metrics, "smollm2"), parse_metrics(metrics, "tiny")
+    assert small["wsgi_infer:model_loads_total"] >= 2 and small["wsgi_infer:model_loaded"] == 0
+    assert tiny["wsgi_infer:model_loads_total"] == 2 and tiny["wsgi_infer:model_loaded"] == 1
+    assert 'wsgi_infer:model_unloads_total{model_name="smollm2",reason="idle"}' in metrics

@@ -1,0 +1,109 @@
+"""A worker's loads and unloads of its models, in the hub.
+
+A load goes ahead when the model fits the memory budget (weights and KV caches, ``residency``) and the most
+loaded at once; else the least recently used models with no open request are unloaded first. When even that
+would not make room (the others are busy), the load waits for a model to go idle, as long as its requests wait.
+A model with no request for its ``keep_alive`` seconds is unloaded (-1: never). The engine thread takes the
+``Unload`` before any later ``Load``, so the memory is free before the next model is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import gevent
+
+from ...engine.messages import Load, Unload
+from .residency import Resident, default_budget, evictions
+from .served_model import ServedModel
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoads:
+    """``send`` queues a command for the engine thread; ``budget`` in bytes (None: ``default_budget``)."""
+
+    def __init__(self, models: dict[str, ServedModel], send: Callable[[object], None], budget: int | None, most: int):
+        self._models = models
+        self._send = send
+        self._budget_given = budget is not None
+        self.budget = budget if budget is not None else default_budget(1)
+        self._most = most
+        self._waiting: dict[str, float] = {}  # models waiting for room, until a monotonic deadline
+        self._started: dict[str, float] = {}  # when each load in progress was sent
+
+    def set_workers(self, workers: int) -> None:
+        """The default budget is a share per worker: known once gunicorn's worker starts."""
+        if not self._budget_given:
+            self.budget = default_budget(workers)
+            log.info("models' memory budget: %d MiB per worker", self.budget >> 20)
+
+    def load(self, model: ServedModel, at_start: bool = False) -> None:
+        """Load ``model`` if it fits, after unloading what must go; else wait for room (models loaded at start
+        load regardless: a worker serves them or fails)."""
+        if model.state in ("loading", "loaded"):
+            return
+        unload = [] if at_start else self._room_for(model)
+        if unload is None:
+            model.waiting_for_room(True)
+            self._waiting[model.name] = time.monotonic() + model.settings.load_wait_seconds
+            return
+        for name in unload:
+            self.unload(self._models[name], "memory")
+        self._waiting.pop(model.name, None)
+        model.waiting_for_room(False)
+        model.loading()
+        self._started[model.name] = time.monotonic()
+        self._send(Load(model.name, model.settings.engine_config()))
+
+    def unload(self, model: ServedModel, reason: str) -> bool:
+        """Unload ``model`` unless a request is open on it (or it is not loaded); whether it was."""
+        if model.state != "loaded" or model.num_open_requests:
+            return False
+        self._send(Unload(model.name))
+        model.on_unloaded()
+        model.metrics.model_loaded.set(0)
+        model.metrics.model_unloads(reason).inc()
+        log.info("unloading %s (%s)", model.name, reason)
+        return True
+
+    def on_ready(self, model: ServedModel) -> None:
+        model.metrics.model_loaded.set(1)
+        model.metrics.model_loads.inc()
+        started = self._started.pop(model.name, None)
+        if started is not None:
+            model.metrics.model_load_seconds.observe(time.monotonic() - started)
+        self.on_idle(model)
+
+    def on_failed(self, model: ServedModel) -> None:
+        self._started.pop(model.name, None)
+        self._retry_waiting()
+
+    def on_idle(self, model: ServedModel) -> None:
+        """``model`` has no open request (any more): a waiting load may go ahead; its keep-alive starts."""
+        self._retry_waiting()
+        if model.ready and model.keep_alive >= 0 and not model.num_open_requests:
+            gevent.spawn_later(model.keep_alive, self._unload_if_idle, model, model.last_used)
+
+    def _unload_if_idle(self, model: ServedModel, used_at: float) -> None:
+        if model.last_used == used_at:  # no request came since the keep-alive started
+            self.unload(model, "idle")
+
+    def _retry_waiting(self) -> None:
+        now = time.monotonic()
+        for name, deadline in list(self._waiting.items()):
+            if deadline < now:
+                del self._waiting[name]
+                self._models[name].waiting_for_room(False)
+            else:
+                self.load(self._models[name])
+
+    def _room_for(self, model: ServedModel) -> list[str] | None:
+        residents = [
+            Resident(m.name, m.footprint, m.last_used, m.num_open_requests > 0 or m.state == "loading")
+            for m in self._models.values()
+            if m.state in ("loading", "loaded") and m is not model
+        ]
+        return evictions(model.footprint, residents, self.budget, self._most)
