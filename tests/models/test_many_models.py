@@ -149,6 +149,15 @@ def test_embeddings_beside_generation(models_server):
     assert running.last["choices"][0]["finish_reason"] in ("length", "stop")  # ran to its end beside them
 
 
+def test_a_responses_chain_keeps_its_model(models_server):
+    with models_server.client(timeout=120) as http:
+        first = http.post("/v1/responses", json={"model": "smollm2", "input": "Hi", "max_output_tokens": 4})
+        assert first.status_code == 200 and first.json()["model"] == "smollm2"
+        body = {"previous_response_id": first.json()["id"], "input": "And then?", "max_output_tokens": 4}
+        follow = http.post("/v1/responses", json=body)  # names no model: the chain's, not the default
+    assert follow.status_code == 200 and follow.json()["model"] == "smollm2"
+
+
 def test_a_model_that_fails_to_load_fails_alone(models_server):
     with models_server.client(timeout=120) as http:
         failed = http.post("/v1/completions", json={"model": "broken", "prompt": PROMPT, "max_tokens": 2})

