@@ -10,7 +10,7 @@ Per system, in this order:
 - switch: the first token of requests alternating between the two loaded models, against requests to one model
   (a switch's cost is the difference of their medians);
 - rss: the server's peak RSS with both loaded, summed over its processes (llama-server's router runs a child
-  process per model).
+  process per model), each model with room for at least 4,096 tokens of KV cache.
 Our conversion cache is warm (a run before this one converts); llama-server reads the files as they are.
 """
 
@@ -38,6 +38,8 @@ from wsgi_infer.engine.loading.model_paths import default_model_path  # noqa: E4
 ROOT = Path(__file__).resolve().parents[1]
 SWITCHES = 8  # requests in each of the switch phase's series
 LONG_STREAM = 1500  # tokens of the stream that runs while the other model loads (EOS ignored)
+CONTEXT = 4096  # llama-server's KV tokens per model; ours get KV_CACHE_MB each, which holds at least as many
+KV_CACHE_MB = 96  # SmolLM2: 4,270 tokens (23 KB each in bf16), Gemma 3 270M: 5,340 (18 KB)
 
 
 def models_dir(folder: Path) -> Path:
@@ -70,13 +72,14 @@ def ours(directory: Path) -> tuple[subprocess.Popen, str]:
     gunicorn = str(Path(sys.executable).with_name("gunicorn"))
     command = [gunicorn, "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{port}", "--access-logfile", "/dev/null"]
     env = {**os.environ, "WSGI_INFER_MODELS_DIR": str(directory), "WSGI_INFER_SPECULATIVE": "none"}
+    env["WSGI_INFER_KV_CACHE_MEMORY_MB"] = str(KV_CACHE_MB)
     return start(command, env, port)
 
 
 def llama_router(binary: str, directory: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     command = [binary, "--models-dir", str(directory), "--models-max", "2", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "-t", str(os.cpu_count()), "-c", "4096", "--no-webui"]
+    command += ["--port", str(port), "-t", str(os.cpu_count()), "-c", str(CONTEXT), "--no-webui"]
     return start(command, dict(os.environ), port)
 
 
@@ -101,8 +104,13 @@ def token_times(url: str, model: str, times: list[float], started: threading.Eve
 
 
 def unload(url: str, model: str) -> None:
-    httpx.post(f"{url}/models/unload", json={"model": model}, timeout=60).raise_for_status()
+    """Unload ``model`` once its last request has ended (ours answers 409 until then), and wait until it has."""
     deadline = time.monotonic() + 60
+    while (r := httpx.post(f"{url}/models/unload", json={"model": model}, timeout=60)).status_code == 409:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    r.raise_for_status()
     while time.monotonic() < deadline and loaded(url, model):
         time.sleep(0.1)
 

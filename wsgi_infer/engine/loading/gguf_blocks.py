@@ -18,12 +18,11 @@ gguf-py's alone; where a block's codes are whole bytes, it takes the bytes. Per 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import astuple
 
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from ..kernels.weight_groups import GROUP_SIZE, Int4Groups, Int8Groups, WeightGroups, as_half_values
+from ..kernels.weight_groups import GROUP_SIZE, Int4Groups, Int8Groups, WeightGroups, as_half_values, group_tensors
 
 _BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34, Q.Q5_0: 22, Q.Q5_1: 24, Q.IQ4_NL: 18, Q.Q4_K: 144, Q.Q5_K: 176}
 _BLOCK_BYTES[Q.IQ4_XS] = 136
@@ -61,7 +60,7 @@ def dequantize_to(groups: WeightGroups, values: torch.Tensor) -> bool:
     embedding's float temporaries would otherwise match the table's size)."""
     for start in range(0, values.shape[0], CHUNK_ROWS):
         rows = slice(start, start + CHUNK_ROWS)
-        chunk = type(groups)(*(None if t is None else t[rows] for t in astuple(groups)))
+        chunk = type(groups)(*(None if t is None else t[rows] for t in group_tensors(groups)))
         if not torch.equal(chunk.dequantize(), values[rows]):
             return False
     return True

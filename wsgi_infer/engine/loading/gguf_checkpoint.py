@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..kernels.weight_groups import Int8Groups, WeightGroups
+from ..kernels.weight_groups import Int8Groups, WeightGroups, group_tensors
 from ..models import allocate_model
 from .gguf_blocks import BYTE_TYPES, ROUNDED_TYPES, dequantize_to, groups_from_blocks
 from .gguf_file import GgufTensor, tensor_table
@@ -140,7 +140,7 @@ def _converted(
         if _moves_rows_only(processor, tensor) and (name in packed or tensor.ggml_type in BYTE_TYPES):
             groups, exact = _groups(tensor)
         if groups is not None:
-            groups = type(groups)(*(None if t is None else reorder(t) for t in astuple(groups)))
+            groups = type(groups)(*(None if t is None else reorder(t) for t in group_tensors(groups)))
         yield ConvertedTensor(name, groups=groups, place=None if exact else tensor.place)
         tensor.let_go()
         if time.monotonic() - started > 2 and index % 50 == 0:

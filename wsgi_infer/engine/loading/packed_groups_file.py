@@ -7,13 +7,12 @@ Its own module, so that loading a converted copy imports nothing of gguf-py (0.1
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import astuple
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-from ..kernels.weight_groups import Int4Groups, Int8Groups, WeightGroups
+from ..kernels.weight_groups import Int4Groups, Int8Groups, WeightGroups, group_tensors
 from ..runtime.heap import release_free_heap
 
 MAPPED_BYTES = 64 << 20  # see StoredGroups.__init__
@@ -37,7 +36,7 @@ class GroupsWriter:
         self._shards = 0
 
     def add(self, name: str, groups: WeightGroups) -> None:
-        codes, *halves = astuple(groups)
+        codes, *halves = group_tensors(groups)
         for suffix, t in zip(_SUFFIXES[type(groups)], [codes] + [h if h is None else h.half() for h in halves]):
             if t is not None:
                 self._pending[f"{name}.{suffix}"] = t.contiguous()
@@ -96,9 +95,9 @@ class StoredGroups(Mapping):
     def __getitem__(self, name: str) -> WeightGroups:
         kind = self._formats[name]
         keys = [f"{name}.{suffix}" for suffix in _SUFFIXES[kind]]
-        codes, *halves = (self._read(k) if k in self._shard_of else None for k in keys)
-        groups = kind(codes, *(h if h is None else h.float() for h in halves))
-        self._mapped += sum(t.nbytes for t in astuple(groups) if t is not None)
+        read = [self._read(k) if k in self._shard_of else None for k in keys]
+        groups = kind(read[0], *(h if h is None else h.float() for h in read[1:]))
+        self._mapped += sum(t.nbytes for t in read if t is not None)
         if self._mapped > MAPPED_BYTES:
             self._open, self._mapped = None, 0
         return groups
