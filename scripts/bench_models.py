@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import _peak_rss_kb  # noqa: E402
+from bench_serve import _peak_rss_kb, healthy  # noqa: E402
 from bench_start import free_port  # noqa: E402
 
 from wsgi_infer.engine.loading.model_paths import default_model_path  # noqa: E402
@@ -54,17 +54,7 @@ def models_dir(folder: Path) -> Path:
 
 def start(command: list[str], env: dict[str, str], port: int) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise SystemExit(f"did not become healthy: {' '.join(command)}")
+    return process, healthy(process, f"http://127.0.0.1:{port}", command)
 
 
 def ours(directory: Path) -> tuple[subprocess.Popen, str]:

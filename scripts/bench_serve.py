@@ -221,17 +221,21 @@ def start_llama_server(args, wrap: list[str] | None = None, extra: list[str] = (
     command += ["-t", str(os.cpu_count()), "-np", str(slots), "-c", str(2048 * slots), *extra]
     log = open(os.environ.get("LLAMA_SERVER_LOG", os.devnull), "w")
     process = subprocess.Popen([*(wrap or []), *command], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    return process, healthy(process, f"http://127.0.0.1:{port}", command)
+
+
+def healthy(process: subprocess.Popen, url: str, command: list[str]) -> str:
+    """``url`` once its /health answers 200 (within 5 minutes); the process is killed if it never does."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
         try:
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return process, url
+                return url
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.1)
     process.kill()
-    raise SystemExit(f"llama-server did not become healthy: {' '.join(command)}")
+    raise SystemExit(f"did not become healthy: {' '.join(command)}")
 
 
 def engine_alone(args) -> dict:

@@ -5,6 +5,7 @@ routes load and unload by hand."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import httpx
 import psutil
@@ -22,12 +23,15 @@ KEY = "admin-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def server_of(folder, tiny_model_dirs, tables: str, **settings) -> GunicornServer:
+def serving(folder, tiny_model_dirs, tables: str, **settings) -> Iterator[GunicornServer]:
+    """A module's server of the models ``tables`` name (the tiny models' settings besides), stopped after it."""
     config = folder / "models.toml"
     config.write_text(tables)
     merged = tiny_settings(tiny_model_dirs, models_config=config, **settings)
     del merged["model"]  # the file names every model
-    return GunicornServer(merged).wait_ready()
+    server = GunicornServer(merged).wait_ready()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +44,7 @@ path = "{tiny_model_dirs["llama"]}"
 path = "{tiny_model_dirs["qwen3"]}"
 """
     folder = tmp_path_factory.mktemp("budget")
-    server = server_of(folder, tiny_model_dirs, tables, max_loaded_models=1, load_wait_seconds=2)
-    yield server
-    server.stop()
+    yield from serving(folder, tiny_model_dirs, tables, max_loaded_models=1, load_wait_seconds=2)
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +59,7 @@ dtype = "auto"
 quantization = "auto"
 keep_alive = 1
 """
-    server = server_of(tmp_path_factory.mktemp("keep"), tiny_model_dirs, tables, api_key=KEY)
-    yield server
-    server.stop()
+    yield from serving(tmp_path_factory.mktemp("keep"), tiny_model_dirs, tables, api_key=KEY)
 
 
 def complete(server: GunicornServer, model: str, **fields) -> httpx.Response:

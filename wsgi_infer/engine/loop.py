@@ -39,7 +39,7 @@ from .messages import (
     Unload,
 )
 from .model_admission import admit, token_texts
-from .runtime.memory import give_back_freed_memory
+from .runtime.heap import give_back_freed_memory
 from .runtime.step_interrupt import StepInterrupted
 from .step_sharing import StepSharing
 
