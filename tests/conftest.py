@@ -20,6 +20,7 @@ from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE  # noqa: E4
 from wsgi_infer.engine.loading.model_loader import load_tokenizer, resolve_model_dir  # noqa: E402
 from wsgi_infer.engine.runtime.cache_files import cache_root  # noqa: E402
 
+from .support.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from .support.in_process import InProcessServer  # noqa: E402
 from .support.server import GunicornServer  # noqa: E402
 
@@ -242,6 +243,21 @@ def gunicorn_server():
     yield serve
     for server in servers.values():
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """A real headless Chromium (Debian's), driven by Playwright."""
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs Debian's chromium)")
+        pytest.skip("chromium is not installed")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
 
 
 def tiny_settings(tiny_model_dirs, **changes) -> dict:

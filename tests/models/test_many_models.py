@@ -105,6 +105,7 @@ def test_models_lists_every_model_with_its_state(models_server):
     assert list(listed) == ["tiny", "smollm2", "minilm", "broken"]
     assert listed["tiny"].state == "loaded" and listed["tiny"].max_model_len > 0
     assert {listed[name].state for name in ("smollm2", "minilm", "broken")} == {"unloaded"}  # loaded on demand
+    assert [listed[name].task for name in listed] == ["generate", "generate", "embed", "generate"]  # known unloaded
     assert sdk.models.retrieve("tiny-alias").id == "tiny"  # an alias names its model
     with pytest.raises(openai.NotFoundError) as missing:
         sdk.completions.create(model="gpt-5", prompt=PROMPT, max_tokens=2)
@@ -178,6 +179,27 @@ def test_metrics_carry_each_models_name(models_server):
     for name in ("tiny", "smollm2"):
         assert parse_metrics(text, name)["wsgi_infer:generation_tokens_total"] > 0, name
     assert parse_metrics(text, "minilm")["wsgi_infer:generation_tokens_total"] == 0
+
+
+def test_the_chat_page_picks_a_model(browser, models_server, packed_llm):
+    """The picker lists the models that generate (not the encoder), the default first; the chosen one answers."""
+    page = browser.new_page()
+    try:
+        page.goto(models_server.url + "/")
+        page.wait_for_function("document.getElementById('model').options.length === 3")
+        options = page.eval_on_selector_all("#model option", "options => options.map(o => o.value)")
+        assert options == ["tiny", "smollm2", "broken"] and page.input_value("#model") == "tiny"
+        page.select_option("#model", "smollm2")
+        page.fill("#max_tokens", "12")
+        page.fill("#temperature", "0")
+        page.fill("#prompt", "What is the capital of France?")
+        page.click("#send")
+        page.wait_for_function("document.querySelector('.assistant:not(.streaming)') !== null")
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        expected = packed_llm.chat(question, SamplingParams(temperature=0, max_tokens=12))[0].text
+        assert page.text_content(".assistant") == expected
+    finally:
+        page.close()
 
 
 def test_sigterm_ends_the_streams_of_every_model(models_server):

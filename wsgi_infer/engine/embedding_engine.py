@@ -28,15 +28,6 @@ POOLING_MODES = ("cls_token", "mean_tokens", "max_tokens", "lasttoken")
 SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
 
 
-def is_embedding_model(model_dir: Path) -> bool:
-    """A sentence-transformers directory (``modules.json``) around an encoder: what this engine serves."""
-    modules = model_dir / "modules.json"
-    if not modules.is_file():
-        return False
-    architectures = json.loads((model_dir / "config.json").read_text()).get("architectures") or []
-    return not any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in architectures)
-
-
 class SentenceEncoder:
     """The model's modules as sentence-transformers lists them: the encoder, its pooling, maybe a normalization."""
 

@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from .config import EngineConfig
-from .embedding_engine import EmbeddingEngine, is_embedding_model
+from .embedding_engine import EmbeddingEngine
 from .llm_engine import LLMEngine
 from .loading.model_loader import resolve_model_dir
+from .loading.model_paths import is_embedding_model
 from .messages import (
     Abort,
     Aborted,

@@ -15,7 +15,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engine.loading.model_paths import model_name, model_path
+from ..engine.loading.model_paths import is_embedding_model, model_name, model_path
 from .settings import ServerSettings
 
 # The settings a model may have of its own (each also a global one, its default).
@@ -55,6 +55,11 @@ class ModelSpec:
     def files(self) -> Path:
         """Where the model's files are (the embedded default model's GGUF for None)."""
         return model_path(self.path)
+
+    @property
+    def task(self) -> str:
+        """``embed`` for a sentence-transformers encoder, else ``generate``: known before it loads."""
+        return "embed" if self.files.is_dir() and is_embedding_model(self.files) else "generate"
 
 
 def model_specs(settings: ServerSettings) -> list[ModelSpec]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import importlib.metadata
+import json
 import os
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -51,6 +52,15 @@ def model_name(model: str | os.PathLike | None) -> str:
 
 def is_gguf(path: Path) -> bool:
     return path.is_file() and path.suffix == ".gguf"
+
+
+def is_embedding_model(model_dir: Path) -> bool:
+    """A sentence-transformers directory (``modules.json``) around an encoder: what the embedding engine serves."""
+    modules = model_dir / "modules.json"
+    if not modules.is_file():
+        return False
+    architectures = json.loads((model_dir / "config.json").read_text()).get("architectures") or []
+    return not any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in architectures)
 
 
 def _digest_key(path: Path) -> str:

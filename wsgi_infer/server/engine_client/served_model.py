@@ -46,7 +46,7 @@ class ServedModel:
         self.failure: str | None = None
         self.model_dir = ""
         self.max_model_len = 0
-        self.task = "generate"  # or "embed", once loaded
+        self.task = spec.task  # "generate", or "embed"
         self.tokenizer = None  # the engine's own (Hugging Face) tokenizer, for the front end's prompts
         self._grammars: GrammarCompiler | None = None
         self._opens_thought: dict[str, bool] = {}  # by the template variables' JSON

@@ -25,14 +25,19 @@ function addMessage(role, text) {
   return div;
 }
 
-async function loadModel() {
+// The model picker: every model that generates, by name (the first is the server's default); its state on hover.
+async function loadModels() {
+  const picker = $("model");
+  const option = (text, value, title) => Object.assign(document.createElement("option"), { text, value, title });
   try {
     const r = await fetch("/v1/models", { headers: headers() });
     const body = await r.json();
-    $("model").textContent = r.ok ? body.data[0].id : body.error.message;
+    const chat = r.ok ? body.data.filter((m) => m.task !== "embed") : [];
+    picker.replaceChildren(...(r.ok ? chat.map((m) => option(m.id, m.id, m.state)) : [option(body.error.message, "")]));
   } catch (e) {
-    $("model").textContent = "server unreachable";
+    picker.replaceChildren(option("server unreachable", ""));
   }
+  picker.disabled = picker.options.length < 2;
 }
 
 // Yields {event, data} for each Server-Sent Event of a fetch response body.
@@ -89,6 +94,7 @@ async function send(prompt) {
       headers: headers(),
       signal: controller.signal,
       body: JSON.stringify({
+        model: $("model").value || undefined,
         messages: history,
         stream: true,
         stream_options: { include_usage: true },
@@ -152,4 +158,5 @@ $("composer").addEventListener("submit", (e) => {
   }
 });
 $("stop").addEventListener("click", () => controller && controller.abort());
-loadModel();
+$("api_key").addEventListener("change", loadModels);  // a server with keys lists its models only to one
+loadModels();
