@@ -9,6 +9,8 @@ Per system, in this order:
 - gap: the largest gap between the tokens of a stream on one model while the other loads (unloaded first);
 - switch: the first token of requests alternating between the two loaded models, against requests to one model
   (a switch's cost is the difference of their medians);
+- fairness: the median and mean gap between a stream's tokens on one model, alone and while the other model takes
+  2,048-token prompts one after another (the issue asks for at most 2x);
 - rss: the server's peak RSS with both loaded, summed over its processes (llama-server's router runs a child
   process per model), each model with room for at least 4,096 tokens of KV cache.
 Our conversion cache is warm (a run before this one converts); llama-server reads the files as they are.
@@ -32,12 +34,14 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import _peak_rss_kb, healthy  # noqa: E402
 from bench_start import free_port  # noqa: E402
+from long_prompts import long_prompts  # noqa: E402
 
 from wsgi_infer.engine.loading.model_paths import default_model_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SWITCHES = 8  # requests in each of the switch phase's series
 LONG_STREAM = 1500  # tokens of the stream that runs while the other model loads (EOS ignored)
+FAIRNESS_STREAM = 400  # tokens of the stream whose gaps are timed beside the other model's prefills
 CONTEXT = 4096  # llama-server's KV tokens per model; ours get KV_CACHE_MB each, which holds at least as many
 KV_CACHE_MB = 96  # SmolLM2: 4,270 tokens (23 KB each in bf16), Gemma 3 270M: 5,340 (18 KB)
 
@@ -84,8 +88,8 @@ def first_token(url: str, model: str, max_tokens: int = 8) -> float:
     raise RuntimeError(f"{model}: no text (status {r.status_code})")
 
 
-def token_times(url: str, model: str, times: list[float], started: threading.Event) -> None:
-    body = {"model": model, "prompt": "Once upon a time", "max_tokens": LONG_STREAM, "ignore_eos": True}
+def token_times(url: str, model: str, times: list[float], started: threading.Event, tokens: int = LONG_STREAM) -> None:
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": tokens, "ignore_eos": True}
     with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=600) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
@@ -113,6 +117,30 @@ def loaded(url: str, model: str) -> bool:
     raise KeyError(model)
 
 
+def gaps_beside_prefills(url: str, steady: str, busy: str | None) -> list[float]:
+    """The gaps between a stream's tokens on ``steady``, while ``busy`` (unless None) takes 2,048-token prompts
+    one after another."""
+    times: list[float] = []
+    started, done = threading.Event(), threading.Event()
+    reader = threading.Thread(target=token_times, args=(url, steady, times, started, FAIRNESS_STREAM))
+    reader.start()
+    started.wait(120)
+
+    def prefill() -> None:
+        while not done.is_set():
+            body = {"model": busy, "prompt": long_prompts(1)[0], "max_tokens": 1}
+            httpx.post(f"{url}/v1/completions", json=body, timeout=300).raise_for_status()
+
+    feeder = threading.Thread(target=prefill) if busy else None
+    if feeder:
+        feeder.start()
+    reader.join()
+    done.set()
+    if feeder:
+        feeder.join()
+    return [b - a for a, b in zip(times, times[1:])]
+
+
 def tree_rss_mb(pid: int) -> float:
     import psutil
 
@@ -136,6 +164,7 @@ def measure(url: str, process: subprocess.Popen, first: str, second: str) -> dic
     gaps = [b - a for a, b in zip(times, times[1:]) if b > load_began and a < load_ended]
     alternating = [first_token(url, (first, second)[i % 2]) for i in range(2 * SWITCHES)]
     same = [first_token(url, first) for _ in range(2 * SWITCHES)]
+    alone, beside = gaps_beside_prefills(url, first, None), gaps_beside_prefills(url, first, second)
     return {
         "cold_ttft_s": round(cold, 3),
         "reload_ttft_s": round(reloaded, 3),
@@ -143,6 +172,10 @@ def measure(url: str, process: subprocess.Popen, first: str, second: str) -> dic
         "switch_ttft_ms": round(statistics.median(alternating) * 1e3, 1),
         "same_model_ttft_ms": round(statistics.median(same) * 1e3, 1),
         "peak_rss_mb": round(tree_rss_mb(process.pid)),
+        "itl_alone_ms": round(statistics.median(alone) * 1e3, 1),
+        "itl_beside_prefills_ms": round(statistics.median(beside) * 1e3, 1),
+        "itl_mean_alone_ms": round(statistics.mean(alone) * 1e3, 1),
+        "itl_mean_beside_prefills_ms": round(statistics.mean(beside) * 1e3, 1),
     }
 
 

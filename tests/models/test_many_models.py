@@ -5,6 +5,7 @@ model fails alone, and a SIGTERM ends the streams of every model with their term
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -200,6 +201,27 @@ def test_the_chat_page_picks_a_model(browser, models_server, packed_llm):
         assert page.text_content(".assistant") == expected
     finally:
         page.close()
+
+
+def test_a_reload_ends_every_models_streams_and_the_new_worker_serves_them_all(models_server):
+    """SIGHUP: the old worker drains (1 s), its streams on both models end with their terminal event; the new
+    worker loads its models as the old one did (the first at start, SmolLM2 on its first request)."""
+    (old_worker,) = models_server.worker_pids()
+    streams = [Stream("tiny", ENDLESS).run(models_server), Stream("smollm2", LONG).run(models_server)]
+    assert all(s.started.wait(60) for s in streams)
+    mark = len(models_server.lines)
+    models_server.process.send_signal(signal.SIGHUP)
+    models_server.wait_for_log(r"engine ready: serving tiny", after=mark)  # the new worker's first model
+    for stream in streams:
+        stream.join()
+        assert stream.last["error"]["code"] == "server_shutting_down", stream.model
+    with models_server.client(timeout=120) as http:
+        for name in ("tiny", "smollm2", "minilm"):
+            route, body = (
+                ("/v1/embeddings", {"input": "hi"}) if name == "minilm" else ("/v1/completions", {"prompt": "Hi"})
+            )
+            assert http.post(route, json={"model": name, **body}).status_code == 200, name
+    assert old_worker not in models_server.worker_pids()
 
 
 def test_sigterm_ends_the_streams_of_every_model(models_server):

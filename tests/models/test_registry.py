@@ -1,0 +1,84 @@
+"""The worker's models in this process (the fast tier): names and aliases, each model's states through loads,
+unloads and a failure, and Ollama's keep_alive durations."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import TypeAdapter
+
+from wsgi_infer.server.api.schemas import KeepAlive
+
+from ..conftest import tiny_settings
+from ..support.in_process import InProcessServer
+
+
+@pytest.fixture(scope="module")
+def registry(tiny_model_dirs, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("registry")
+    (folder / "broken.gguf").write_bytes(b"not a GGUF")
+    (folder / "models.toml").write_text(
+        f"""
+[models.a]
+path = "{tiny_model_dirs["llama"]}"
+aliases = ["first"]
+[models.b]
+path = "{tiny_model_dirs["qwen3"]}"
+[models.broken]
+path = "{folder / "broken.gguf"}"
+"""
+    )
+    settings = tiny_settings(tiny_model_dirs, models_config=folder / "models.toml")
+    del settings["model"]
+    with InProcessServer(settings) as server:
+        yield server
+
+
+def states(http) -> dict[str, str]:
+    return {m["id"]: m["state"] for m in http.get("/v1/models").json()["data"]}
+
+
+def test_names_and_aliases_route_and_others_are_a_404(registry):
+    with registry.client() as http:
+        assert http.get("/v1/models/first").json()["id"] == "a"
+        missing = http.post("/v1/completions", json={"model": "c", "prompt": "Hi", "max_tokens": 1})
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+        assert "'a', 'b', 'broken'" in missing.json()["error"]["message"]
+        assert http.get("/v1/models/c").status_code == 404
+        default = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1}).json()
+        assert default["model"] == "a"
+
+
+def test_a_model_goes_from_unloaded_to_loaded_and_back(registry):
+    with registry.client() as http:
+        assert states(http)["b"] == "unloaded"
+        assert http.post("/v1/completions", json={"model": "b", "prompt": "Hi", "max_tokens": 1}).status_code == 200
+        assert states(http)["b"] == "loaded"
+        assert http.post("/v1/models/b/unload").json()["state"] == "unloaded"
+        assert states(http)["b"] == "unloaded"
+        assert http.post("/v1/models/b/load").json()["state"] == "loaded"
+    loads = registry.manager.models["b"].metrics.model_loads._value.get()
+    assert loads == 2
+
+
+def test_a_model_that_cannot_load_is_failed_with_its_reason(registry):
+    with registry.client() as http:
+        failed = http.post("/v1/completions", json={"model": "broken", "prompt": "Hi", "max_tokens": 1})
+        described = http.get("/v1/models/broken").json()
+        served = http.post("/v1/completions", json={"model": "a", "prompt": "Hi", "max_tokens": 1})
+    assert failed.status_code == 503 and failed.json()["error"]["code"] == "model_load_failed"
+    assert described["state"] == "failed" and described["failure"].startswith("model failed to load")
+    assert served.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"),
+    [(300, 300), ("10m", 600), ("1h30m", 5400), ("45s", 45), ("1.5s", 1.5), ("0", 0), (-1, -1), ("-5m", -1)],
+)
+def test_keep_alive_takes_ollamas_durations(given, seconds):
+    assert TypeAdapter(KeepAlive).validate_python(given) == seconds
+
+
+def test_a_keep_alive_that_is_no_duration_is_a_400(registry):
+    with registry.client() as http:
+        bad = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "keep_alive": "soon"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive"
