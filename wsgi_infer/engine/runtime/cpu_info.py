@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 
 
+@functools.cache  # a model's load asks for each layer (242 reads of /proc/cpuinfo for the default model: 9 ms)
 def _cpuinfo(field: str) -> str | None:
     """The first processor's ``field`` in /proc/cpuinfo, or None where there is none."""
     try:

@@ -104,8 +104,10 @@ def start(
         outcome = stream.wait_admission(ADMISSION_TIMEOUT_S)
         if isinstance(outcome, Rejected) and outcome.status == 400:  # bad input: rendered as every other
             raise InvalidParameter(outcome.param, outcome.message)
-        if isinstance(outcome, Rejected):  # the engine failed on this request, and goes on serving
-            raise APIError(outcome.message, outcome.status)
+        if isinstance(outcome, Rejected):  # the engine failed on this request (or its model just went)
+            raise APIError(
+                outcome.message, outcome.status, headers={"Retry-After": "1"} if outcome.status == 503 else None
+            )
         if isinstance(outcome, Terminated):
             raise APIError(outcome.message, 503, code=outcome.code, headers={"Retry-After": "5"})
         if not isinstance(outcome, Accepted):
