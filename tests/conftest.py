@@ -245,9 +245,10 @@ def gunicorn_server():
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """A real headless Chromium (Debian's), driven by Playwright."""
+    """A real headless Chromium (Debian's), driven by Playwright; per module: Playwright's sync API runs an asyncio
+    loop in this thread while it lives, and other modules' clients (openai-agents' run_sync) need none running."""
     if not os.path.exists(CHROMIUM):
         if os.environ.get("CI"):
             pytest.fail("chromium is not installed (.ci/run installs Debian's chromium)")
