@@ -7,6 +7,8 @@ happens here and in the sampler, on the engine's thread.
 from __future__ import annotations
 
 import logging
+import math
+import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,8 +145,9 @@ class ModelRunner:
         caches: list[torch.Tensor | None] = [None] * self.num_layers
         for group in self.kv_groups:
             shape = (group.num_blocks * self.block_size, 2 * self.num_kv_heads, self.head_dim)
-            for layer in group.layers:
-                caches[layer] = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            layers = _zeros((len(group.layers), *shape), self.kv_dtype, self.device)
+            for i, layer in enumerate(group.layers):
+                caches[layer] = layers[i]
             log.info(
                 "KV cache: %d blocks of %d tokens for %d layers%s (%.0f MiB, %s %s)",
                 group.num_blocks,
@@ -233,6 +236,16 @@ class ModelRunner:
                 found.append(PooledRows(seq, lo, hidden[row + lo - start : row + hi - start].float()))
             row += item.num_new_tokens
         return found
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros; on the CPU in an anonymous mapping, whose pages the system gives, zeroed, on a first write (torch.zeros
+    writes every byte: the default 256 MiB KV cache cost 70 ms of each load, all of it resident before any sequence
+    used it). The tensor holds the mapping; it is unmapped with the last view."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    size = math.prod(shape) * dtype.itemsize
+    return torch.frombuffer(mmap.mmap(-1, size), dtype=dtype).view(shape)
 
 
 _SHARE: list[CpuShare] = []  # the process's: the models a thread steps share its crowding

@@ -133,7 +133,10 @@ class EngineManager:
             self.ready = True
             self._ready_event.set()
             return
-        self.failure = next(m.failure for m in preloads if m.failure)
+        failures = [m.failure for m in preloads if m.failure]
+        if not failures:  # none failed, none loaded (unloaded already): nothing settled yet
+            return
+        self.failure = failures[0]
         self._ready_event.set()
         if self.on_load_failure is not None:
             self.on_load_failure(self.failure)
