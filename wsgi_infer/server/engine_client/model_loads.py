@@ -33,6 +33,7 @@ class ModelLoads:
         self._most = most
         self._waiting: dict[str, float] = {}  # models waiting for room, until a monotonic deadline
         self._started: dict[str, float] = {}  # when each load in progress was sent
+        self._keep_alive: dict[str, gevent.Greenlet] = {}  # each idle model's unload, pending
 
     def set_workers(self, workers: int) -> None:
         """The default budget is a share per worker: known once gunicorn's worker starts."""
@@ -84,10 +85,15 @@ class ModelLoads:
     def on_idle(self, model: ServedModel) -> None:
         """``model`` has no open request (any more): a waiting load may go ahead; its keep-alive starts."""
         self._retry_waiting()
+        pending = self._keep_alive.pop(model.name, None)
+        if pending is not None:  # one timer per model, however many requests came and went
+            pending.kill(block=False)
         if model.ready and model.keep_alive >= 0 and not model.num_open_requests:
-            gevent.spawn_later(model.keep_alive, self._unload_if_idle, model, model.last_used)
+            timer = gevent.spawn_later(model.keep_alive, self._unload_if_idle, model, model.last_used)
+            self._keep_alive[model.name] = timer
 
     def _unload_if_idle(self, model: ServedModel, used_at: float) -> None:
+        self._keep_alive.pop(model.name, None)
         if model.last_used == used_at:  # no request came since the keep-alive started
             self.unload(model, "idle")
 
