@@ -48,13 +48,13 @@ class ModelLoads:
             return
         unload = [] if at_start else self._room_for(model)
         if unload is None:
-            model.waiting_for_room(True)
+            model.waiting = True
             self._waiting[model.name] = time.monotonic() + model.settings.load_wait_seconds
             return
         for name in unload:
             self.unload(self._models[name], "memory")
         self._waiting.pop(model.name, None)
-        model.waiting_for_room(False)
+        model.waiting = False
         model.loading()
         self._started[model.name] = time.monotonic()
         self._send(Load(model.name, model.settings.engine_config()))
@@ -102,7 +102,7 @@ class ModelLoads:
         for name, deadline in list(self._waiting.items()):
             if deadline < now:
                 del self._waiting[name]
-                self._models[name].waiting_for_room(False)
+                self._models[name].waiting = False
             else:
                 self.load(self._models[name])
 

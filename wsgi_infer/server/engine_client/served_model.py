@@ -35,7 +35,7 @@ OPENS_THOUGHT_CACHE = 64  # distinct chat_template_kwargs remembered
 
 
 class ServedModel:
-    """``workers`` is the worker's ``EngineManager``: it sends the model's loads and requests to the engine."""
+    """``worker`` is the worker's ``EngineManager``: it sends the model's loads and requests to the engine."""
 
     def __init__(self, spec: ModelSpec, worker: Any) -> None:
         self.spec = spec
@@ -71,9 +71,6 @@ class ServedModel:
         self.state, self.failure = "loading", None
         self._settled.clear()
 
-    def waiting_for_room(self, waiting: bool) -> None:
-        self.waiting = waiting
-
     def on_ready(self, event: EngineReady) -> None:
         if not event.num_blocks:  # an encoder has no KV cache
             self.footprint = footprint(self.spec.files, 0)
@@ -100,7 +97,6 @@ class ServedModel:
         self._settled.clear()
         self.metrics.kv_blocks_total.set(0)
         self.metrics.kv_blocks_free.set(0)
-        log.info("model unloaded: %s", self.name)
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait (cooperatively) while the model loads; a request for an unloaded model loads it."""
