@@ -43,7 +43,7 @@ def models():
 
 @bp.get("/models/<path:model_id>")
 def model(model_id: str):
-    return jsonify(served(model_id).describe())
+    return jsonify(manager().model(model_id).describe())  # a look: no keep-alive of a request's
 
 
 @bp.post("/completions")
