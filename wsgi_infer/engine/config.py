@@ -48,6 +48,12 @@ class EngineConfig:
         None, "context window; default: the model's, clamped at start to what the KV cache holds", ge=2
     )
     enable_prefix_caching: bool = option(True, "reuse KV blocks of identical prompt prefixes")
+    kv_store_dir: str | None = option(
+        None,
+        "a directory where full KV blocks of prompts are kept, for every worker and the next start (the prefix "
+        "cache's second tier; see the README); empty: none",
+    )
+    kv_store_mb: int = option(4096, "the KV store's size limit, over every model in it", ge=1)
     seed: int = option(0, "seed for requests that give none")
     speculative: str = option("ngram", "speculative decoding: ngram (prompt lookup), or none")
     num_speculative_tokens: int | None = option(

@@ -10,12 +10,15 @@ thread.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
+from collections.abc import Callable
 
 import torch
 
 from .config import EngineConfig
+from .kv_store.prefix_store import open_prefix_store, start_native_thread
 from .loading.model_builder import kernels_serve
 from .loading.model_loader import eos_token_ids, load_config, load_tokenizer, resolve_model_dir
 from .model_runner import DraftLogits, ModelRunner
@@ -39,7 +42,13 @@ Prompt = str | list[int]  # text, or token ids
 class LLMEngine:
     task = "generate"
 
-    def __init__(self, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        start_thread: Callable[[Callable[[], None]], None] = start_native_thread,
+        notify: Callable[[], None] = lambda: None,
+    ) -> None:
+        """``start_thread`` and ``notify`` are for the KV store's threads: see ``kv_store.prefix_store``."""
         self.config = config = config or EngineConfig()
         self.device = resolve_device(config.device)
         self.model_dir = resolve_model_dir(config.model)
@@ -51,7 +60,8 @@ class LLMEngine:
         self.runner = ModelRunner(config, self.hf_config, self.model_dir, self.device, self.dtype)
         self.max_model_len = self.runner.max_model_len
         self.kv_cache = KVCacheManager(self.runner.kv_groups, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens)
+        self.store = open_prefix_store(config, self.model_dir, self.runner, start_thread, notify)
+        self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens, self.store)
         self.sampler = Sampler(self.runner.kernels)
         self._seqs: dict[str, Sequence] = {}
         self._seed_source = random.Random(config.seed)
@@ -91,6 +101,9 @@ class LLMEngine:
         seq = Sequence(request_id, prompt_ids, params, max_tokens, detokenizer, generator, matcher)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
+        if self.store is not None and not seq.computes_every_position:  # read ahead what the store has
+            hit = self.kv_cache.find_cached_prefix(seq)
+            self.store.prefetch(seq, hit.num_blocks if hit else 0, (seq.num_tokens - 1) // self.kv_cache.block_size)
         return len(prompt_ids)
 
     def abort(self, request_id: str) -> bool:
@@ -108,6 +121,11 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def close(self, wait: bool = False) -> None:
+        """End the KV store's threads; with ``wait``, after the blocks already queued are written."""
+        if self.store is not None:
+            self.store.close(wait)
+
     def interrupt(self) -> None:
         """From any thread: the step in progress (and any later one) raises ``StepInterrupted`` at its next layer,
         leaving the engine to be aborted and dropped."""
@@ -123,6 +141,10 @@ class LLMEngine:
             num_total_blocks=kv.num_blocks,
             num_prefix_query_tokens=self.scheduler.num_prefix_query_tokens,
             num_prefix_hit_tokens=kv.num_prefix_hit_blocks * kv.block_size,
+            num_store_query_tokens=self.scheduler.num_store_query_tokens,
+            num_store_hit_tokens=kv.num_stored_hit_blocks * kv.block_size,
+            store=dataclasses.asdict(self.store.store.counters) if self.store else {},
+            store_degraded=self.store is not None and self.store.degraded,
             num_preemptions=self.scheduler.num_preemptions,
             num_spec_drafts=self.spec.drafts,
             num_spec_draft_tokens=self.spec.draft_tokens,
@@ -146,6 +168,8 @@ class LLMEngine:
         for item in batch:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.kv_cache.cache_computed_blocks(item.seq)
+            if self.store is not None:
+                self.store.save(item.seq)
         for found in computed.prompt:
             targets = found.seq.token_ids[found.first : found.first + len(found.logits)]
             found.seq.prompt_logprobs += prompt_logprobs(found.logits, targets, found.seq.params.prompt_logprobs)

@@ -109,6 +109,7 @@ class ModelRunner:
             config.max_num_batched_tokens,
             config.num_kv_blocks,
         )
+        self.kv_group_caches: list[torch.Tensor] = []  # each group's layers, as one tensor (``kv_store``)
         self.kv_caches = self._allocate_kv_cache()
         self._fit_max_model_len(config.max_num_batched_tokens)
 
@@ -146,6 +147,7 @@ class ModelRunner:
         for group in self.kv_groups:
             shape = (group.num_blocks * self.block_size, 2 * self.num_kv_heads, self.head_dim)
             layers = _zeros((len(group.layers), *shape), self.kv_dtype, self.device)
+            self.kv_group_caches.append(layers)
             for i, layer in enumerate(group.layers):
                 caches[layer] = layers[i]
             log.info(

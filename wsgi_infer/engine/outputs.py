@@ -89,6 +89,10 @@ class EngineCounters:
     num_prefix_query_tokens: int  # prompt tokens looked up in the prefix cache
     num_prefix_hit_tokens: int  # prompt tokens taken from the prefix cache
     num_preemptions: int
+    num_store_query_tokens: int = 0  # prompt tokens looked up in the KV store (``kv_store``)
+    num_store_hit_tokens: int = 0  # prompt tokens taken from it
+    store: dict[str, int] = field(default_factory=dict)  # its ``StoreCounters``, cumulative
+    store_degraded: bool = False
     num_spec_drafts: int = 0  # speculative steps of a sequence that verified a draft
     num_spec_draft_tokens: int = 0  # draft tokens verified
     num_spec_accepted_tokens: int = 0  # draft tokens accepted

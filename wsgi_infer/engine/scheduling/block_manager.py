@@ -70,21 +70,25 @@ class BlockManager:
             self._cached[block_hash] = block
 
     # --- allocation --------------------------------------------------------------
-    def missing(self, table: BlockTable, num_tokens: int, hits: Sequence[int] = (), skipped: int = 0) -> int:
+    def missing(self, table: BlockTable, num_tokens: int, hits: Sequence[int | None] = (), skipped: int = 0) -> int:
         """How many blocks short the pool is of giving ``table`` its first ``num_tokens`` tokens (after a prefix
-        hit: ``skipped`` placeholders, then the cached ``hits``); 0 or less when they fit."""
-        reused_free = sum(1 for b in hits if self._ref_counts[b] == 0)
-        needed = self.blocks_needed(num_tokens) - len(table.blocks) - skipped - len(hits)
+        hit: ``skipped`` placeholders, then the cached ``hits``, None for a block to fill from the KV store); 0 or
+        less when they fit."""
+        reused_free = sum(1 for b in hits if b is not None and self._ref_counts[b] == 0)
+        to_fill = sum(1 for b in hits if b is None)
+        needed = self.blocks_needed(num_tokens) - len(table.blocks) - skipped - len(hits) + to_fill
         return needed - (len(self._free) - reused_free)
 
-    def allocate(self, table: BlockTable, num_tokens: int, hits: Sequence[int] = (), skipped: int = 0) -> None:
+    def allocate(self, table: BlockTable, num_tokens: int, hits: Sequence[int | None] = (), skipped: int = 0) -> None:
         """Give ``table`` its first ``num_tokens`` tokens' blocks, which must fit (``missing``)."""
         assert self.missing(table, num_tokens, hits, skipped) <= 0
         for block in hits:
-            if self._ref_counts[block] == 0:
-                del self._free[block]
-            self._ref_counts[block] += 1
-        table.blocks += [PLACEHOLDER] * skipped + list(hits)
+            if block is not None:
+                if self._ref_counts[block] == 0:
+                    del self._free[block]
+                self._ref_counts[block] += 1
+        table.blocks += [PLACEHOLDER] * skipped
+        table.blocks += [self._take_free_block() if block is None else block for block in hits]
         table.num_released += skipped
         for _ in range(self.blocks_needed(num_tokens) - len(table.blocks)):
             table.blocks.append(self._take_free_block())

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from .block_manager import BlockManager, BlockTable
 from .sequence import Sequence
@@ -39,10 +41,21 @@ class KVGroup:
 @dataclass
 class PrefixHit:
     """A sequence's first ``num_blocks`` blocks found cached: per pool, the leading blocks its window has left
-    behind (not taken) and the cached blocks after them."""
+    behind (not taken) and the cached blocks after them, None where the block comes from the KV store (its
+    payload in ``stored``, by hash). Allocation notes in ``fills`` each block to fill so: (pool, block id, index
+    in the sequence)."""
 
     num_blocks: int
-    tables: list[tuple[int, list[int]]]
+    tables: list[tuple[int, list[int | None]]]
+    stored: Mapping[bytes, object] = field(default_factory=dict)
+    fills: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def num_stored(self) -> int:
+        """Blocks that some pool takes from the store."""
+        return len(
+            {self.num_blocks - len(hits) + i for _, hits in self.tables for i, b in enumerate(hits) if b is None}
+        )
 
 
 class KVCacheManager:
@@ -51,7 +64,8 @@ class KVCacheManager:
         self.pools = [BlockManager(g.num_blocks, block_size, enable_prefix_caching) for g in groups]
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.num_prefix_hit_blocks = 0  # cumulative, for metrics and tests
+        self.num_prefix_hit_blocks = 0  # cumulative, for metrics and tests: from memory
+        self.num_stored_hit_blocks = 0  # and from the KV store
 
     # --- counters (over every pool) ----------------------------------------------------
     @property
@@ -74,18 +88,22 @@ class KVCacheManager:
             previous = seq.block_hashes[i - 1] if i else b""
             seq.block_hashes.append(chain_hash(previous, seq.token_ids[i * bs : (i + 1) * bs]))
 
-    def find_cached_prefix(self, seq: Sequence) -> PrefixHit | None:
-        """The longest run of ``seq``'s leading blocks that every pool can serve; at least one token is left to
-        compute."""
+    def find_cached_prefix(
+        self, seq: Sequence, stored: Mapping[bytes, object] = MappingProxyType({})
+    ) -> PrefixHit | None:
+        """The longest run of ``seq``'s leading blocks that every pool can serve from memory, or from the blocks
+        read from the KV store (``stored``, by hash); at least one token is left to compute."""
         if not self.enable_prefix_caching:
             return None
         self.update_block_hashes(seq)
         hashes = seq.block_hashes[: (seq.num_tokens - 1) // self.block_size]
         global_pools = [pool for group, pool in zip(self.groups, self.pools) if not group.window]
         num = 0
-        while num < len(hashes) and all(pool.cached_block(hashes[num]) is not None for pool in global_pools):
+        while num < len(hashes) and (
+            hashes[num] in stored or all(p.cached_block(hashes[num]) is not None for p in global_pools)
+        ):
             num += 1  # an upper bound: the global layers read every block before the next token
-        while num and (missing := self._last_missing_in_windows(hashes, num)) is not None:
+        while num and (missing := self._last_missing_in_windows(hashes, num, stored)) is not None:
             num = missing  # a longer prefix's next token reads that block too
         if not num:
             return None
@@ -93,19 +111,20 @@ class KVCacheManager:
         for group, pool in zip(self.groups, self.pools):
             skipped = self._first_read_block(num, group.window)
             tables.append((skipped, [pool.cached_block(h) for h in hashes[skipped:num]]))
-        return PrefixHit(num, tables)
+        return PrefixHit(num, tables, stored)
 
     def _first_read_block(self, num_blocks: int, window: int) -> int:
         """The first block that the token after ``num_blocks`` blocks reads, in a group with this window."""
         return max(0, num_blocks * self.block_size - window + 1) // self.block_size if window else 0
 
-    def _last_missing_in_windows(self, hashes: list[bytes], num: int) -> int | None:
-        """The last of the blocks that the token after ``num`` blocks reads which a sliding pool no longer holds."""
+    def _last_missing_in_windows(self, hashes: list[bytes], num: int, stored: Mapping[bytes, object]) -> int | None:
+        """The last of the blocks that the token after ``num`` blocks reads which a sliding pool no longer holds
+        (and the store did not give)."""
         missing = None
         for group, pool in zip(self.groups, self.pools):
             if group.window:
                 for i in range(num - 1, self._first_read_block(num, group.window) - 1, -1):
-                    if pool.cached_block(hashes[i]) is None:
+                    if pool.cached_block(hashes[i]) is None and hashes[i] not in stored:
                         missing = i if missing is None else max(missing, i)
                         break
         return missing
@@ -137,10 +156,15 @@ class KVCacheManager:
             for pool, table, (skipped, hits) in zip(self.pools, seq.block_tables, plans)
         ):
             return False
-        for pool, table, (skipped, hits) in zip(self.pools, seq.block_tables, plans):
+        for index, (pool, table, (skipped, hits)) in enumerate(zip(self.pools, seq.block_tables, plans)):
             pool.allocate(table, num_tokens, hits, skipped)
+            if hit is not None:
+                hit.fills += [
+                    (index, table.blocks[i], i) for i in range(skipped, hit.num_blocks) if hits[i - skipped] is None
+                ]
         if hit is not None:
-            self.num_prefix_hit_blocks += hit.num_blocks
+            self.num_stored_hit_blocks += hit.num_stored
+            self.num_prefix_hit_blocks += hit.num_blocks - hit.num_stored
             if not seq.num_output_tokens:
                 seq.num_cached_tokens = hit.num_blocks * self.block_size
         seq.num_computed_tokens = num_computed

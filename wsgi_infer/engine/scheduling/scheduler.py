@@ -13,10 +13,22 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-from .kv_cache_manager import KVCacheManager
+from .kv_cache_manager import KVCacheManager, PrefixHit
 from .sequence import Sequence, SequenceStatus
+
+
+class StoreTier(Protocol):
+    """The KV store as admission sees it (``kv_store.prefix_store``)."""
+
+    def blocks_read(self, seq: Sequence) -> Mapping[bytes, object]:
+        """The prompt's blocks read from the store (waiting for the read, which started on arrival)."""
+
+    def load(self, seq: Sequence, hit: PrefixHit | None) -> None:
+        """After admission: fill the blocks the hit takes from the store."""
 
 
 @dataclass
@@ -36,14 +48,22 @@ class ScheduledSequence:
 
 
 class Scheduler:
-    def __init__(self, kv_cache: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        kv_cache: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        store: StoreTier | None = None,
+    ) -> None:
         self.kv_cache = kv_cache
+        self.store = store
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_prefix_query_tokens = 0  # prompt tokens of admissions that looked in the prefix cache
+        self.num_store_query_tokens = 0  # and in the KV store
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -77,21 +97,25 @@ class Scheduler:
         # Admitting new work right after preempting would only thrash the cache.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
-            # Prompt logprobs and mean pooling need every prompt position computed: no cached prefix for them.
-            wants_all = seq.params.prompt_logprobs is not None or seq.params.pooling == "mean"
-            hit = None if wants_all else self.kv_cache.find_cached_prefix(seq)
+            wants_all = seq.computes_every_position
+            looks_in_store = self.store is not None and not wants_all
+            stored = self.store.blocks_read(seq) if looks_in_store else {}
+            hit = None if wants_all else self.kv_cache.find_cached_prefix(seq, stored)
             num_new = min(seq.num_tokens - (hit.num_blocks * self.kv_cache.block_size if hit else 0), budget)
             if not self.kv_cache.allocate(seq, num_new, hit):
                 # Alone, a prompt longer than the cache (its model slides on every layer) may find more of its
                 # prefix cached than the cache can hold with its next chunk: it starts over instead of waiting.
                 if self.running or hit is None:
                     break
-                num_new = min(seq.num_tokens, budget)
+                num_new, hit = min(seq.num_tokens, budget), None
                 if not self.kv_cache.allocate(seq, num_new):
                     break
             self.waiting.popleft()
             if not wants_all and self.kv_cache.enable_prefix_caching:
                 self.num_prefix_query_tokens += seq.num_tokens
+            if looks_in_store:
+                self.store.load(seq, hit)
+                self.num_store_query_tokens += seq.num_tokens
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
             seq.status = SequenceStatus.RUNNING

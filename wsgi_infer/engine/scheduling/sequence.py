@@ -55,7 +55,10 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_tables: list[BlockTable] = []  # one per pool of the KV cache (``kv_cache_manager``)
         self.block_hashes: list[bytes] = []  # chained content hashes of full blocks
-        self.num_cached_tokens = 0  # prompt tokens the prefix cache supplied at admission
+        self.num_cached_tokens = 0  # prompt tokens the prefix cache supplied at admission (either tier)
+        # The KV store (``kv_store``): its read of this prompt's blocks, and the leading blocks it needs no more.
+        self.stored_read: object = None
+        self.num_stored_blocks = 0
         self.arrival_time = time.monotonic()
         self.first_scheduled_time: float | None = None
         self.prompt_logprobs: list[TokenLogprob] = []  # of prompt tokens 1.., when asked for
@@ -69,6 +72,11 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def computes_every_position(self) -> bool:
+        """Prompt logprobs and mean pooling need every prompt position computed: no cached prefix for them."""
+        return self.params.prompt_logprobs is not None or self.params.pooling == "mean"
 
     @property
     def num_output_tokens(self) -> int:

@@ -1,0 +1,130 @@
+"""A KV store in a local directory, which every worker of a server (and the next server) shares.
+
+Each block is a file, ``<root>/<namespace>/<key>.kv``, written under a temporary name and renamed, so a reader
+sees a whole file or none and two workers writing one block each rename a whole copy. The directory is bounded
+over every model in it: a read marks a file recently used (its modification time), and a writer whose count says
+the directory may be over the limit scans it and removes the least recently used files until it holds 7/8 of the
+limit. Each process counts its own writes since its last scan, and scans again after 1/16 of the limit, so the
+workers together overshoot by a sixteenth each at most. The root is never created again once gone: a vanished
+mount must not fill the disk beneath it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from .backend import StoreCounters
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".kv"
+_STALE_TEMPORARY_SECONDS = 3600  # a writer that died mid-write left it
+
+
+class DirectoryStore:
+    def __init__(self, root: Path, limit_bytes: int) -> None:
+        self.root = root
+        self.location = str(root)
+        self.limit_bytes = limit_bytes
+        self.counters = StoreCounters()
+        self._total: int | None = None  # the directory's bytes at the last scan, plus this process's writes since
+        self._written_since_scan = 0
+        try:
+            root.mkdir(parents=True, exist_ok=True)  # only here: see the module's docstring
+        except OSError:
+            pass  # the first write says why, and the store is degraded
+
+    def _path(self, namespace: bytes, key: bytes) -> Path:
+        return self.root / namespace.hex()[:32] / f"{key.hex()}{SUFFIX}"
+
+    def contains(self, namespace: bytes, key: bytes) -> bool:
+        return self._path(namespace, key).is_file()
+
+    def get(self, namespace: bytes, key: bytes) -> bytearray | None:
+        path = self._path(namespace, key)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                data = data[: f.readinto(data)]
+        except FileNotFoundError:
+            return None
+        try:
+            os.utime(path)  # recently used; a read-only store is still read
+        except OSError:
+            pass
+        self.counters.bytes_read += len(data)
+        return data
+
+    def put(self, namespace: bytes, key: bytes, framed: list[memoryview]) -> bool:
+        path = self._path(namespace, key)
+        if path.is_file():  # another worker wrote it
+            return False
+        path.parent.mkdir(exist_ok=True)
+        staging = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_native_id()}.tmp")
+        try:
+            with open(staging, "wb") as f:
+                for part in framed:
+                    f.write(part)
+            os.replace(staging, path)
+        except BaseException:
+            staging.unlink(missing_ok=True)
+            raise
+        size = sum(part.nbytes for part in framed)
+        self.counters.bytes_written += size
+        self._count_write(size)
+        return True
+
+    def discard(self, namespace: bytes, key: bytes) -> None:
+        try:
+            self._path(namespace, key).unlink(missing_ok=True)
+        except OSError:
+            pass  # read-only: it stays a miss
+
+    # --- the bound -------------------------------------------------------------------------
+    def _count_write(self, size: int) -> None:
+        self._written_since_scan += size
+        if self._total is None or self._written_since_scan > self.limit_bytes // 16:
+            self._total = None  # scan: the other workers have written too
+        else:
+            self._total += size
+        if self._total is None or self._total > self.limit_bytes:
+            self._evict()
+
+    def _evict(self) -> None:
+        """Scan the directory; remove the least recently used blocks while it holds more than the limit."""
+        files = sorted(self._scan())
+        total = sum(size for _, size, _ in files)
+        if total > self.limit_bytes:
+            target = self.limit_bytes * 7 // 8
+            for _, size, path in files:
+                if total <= target:
+                    break
+                try:
+                    path.unlink()
+                    self.counters.evicted_blocks += 1
+                except FileNotFoundError:
+                    pass  # another worker evicted it
+                total -= size
+            log.info("KV store %s: least recently used blocks removed, %d MiB kept", self.root, total >> 20)
+        self._total, self._written_since_scan = total, 0
+
+    def _scan(self) -> list[tuple[float, int, Path]]:
+        """(modification time, size, path) of every block; removes temporary files that writers left behind."""
+        found, now = [], time.time()
+        for namespace in os.scandir(self.root):
+            if not namespace.is_dir(follow_symlinks=False):
+                continue
+            for entry in os.scandir(namespace.path):
+                try:
+                    stat = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if entry.name.endswith(SUFFIX):
+                    found.append((stat.st_mtime, stat.st_size, Path(entry.path)))
+                elif entry.name.endswith(".tmp") and now - stat.st_mtime > _STALE_TEMPORARY_SECONDS:
+                    Path(entry.path).unlink(missing_ok=True)
+        return found

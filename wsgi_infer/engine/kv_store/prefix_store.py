@@ -1,0 +1,215 @@
+"""The engine's side of a KV store: blocks read ahead of a prompt's admission, and written behind its prefill.
+
+On the engine thread, a new prompt whose first block beyond the in-memory prefix cache is in the store (one
+``contains``) starts a read of its blocks, in order until one is missing, on the reader thread; admission takes
+what was read (waiting for it only if it is not done: the read started when the request arrived) and copies it
+into the blocks the prefix hit allocates. After a step, each prompt's newly computed full blocks are copied out
+of the cache (a block of the 1B model's 2,048-token prompt: 0.5 MB, some 50 µs) and the writer thread frames and
+stores them. A store the writer cannot write to (full, read-only, gone) is degraded: one warning, a metric,
+nothing written for a while, then one more try; reads go on where they can. Requests never fail for the store.
+The threads come from the engine's owner (the server's bridge, whose threads' log records reach the hub) and
+talk to the engine thread through C queues only: the server's ``threading`` is gevent's.
+"""
+
+from __future__ import annotations
+
+import _thread
+import logging
+import time
+from _queue import Empty, SimpleQueue
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from .backend import KVStore
+from .block_file import CorruptBlock, frame, unframe
+from .cache_blocks import CacheBlocks
+from .directory import DirectoryStore
+from .namespace import store_namespace
+
+if TYPE_CHECKING:
+    from ..config import EngineConfig
+    from ..model_runner import ModelRunner
+    from ..scheduling.kv_cache_manager import PrefixHit
+    from ..scheduling.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+RETRY_SECONDS = 30.0  # a degraded store is tried again after this
+MAX_PENDING_BYTES = 256 << 20  # blocks waiting for the writer; more are dropped, counted
+CLOSE_SECONDS = 10.0  # a stopping engine waits this long at most for its writes
+NO_BLOCKS: Mapping[bytes, torch.Tensor] = {}
+
+
+def start_native_thread(target: Callable[[], None]) -> None:
+    _thread.start_new_thread(target, ())
+
+
+class StoredRead:
+    """One prompt's blocks being read: key -> payload, from its first block beyond the in-memory cache."""
+
+    def __init__(self) -> None:
+        self.reply: SimpleQueue = SimpleQueue()
+        self._blocks: Mapping[bytes, torch.Tensor] | None = None
+
+    def blocks(self) -> Mapping[bytes, torch.Tensor]:
+        if self._blocks is None:
+            self._blocks = self.reply.get()
+        return self._blocks
+
+
+class PrefixStore:
+    """``start_thread`` runs a target on a native thread; ``notify`` (any thread) says the counters moved."""
+
+    def __init__(
+        self,
+        store: KVStore,
+        namespace: bytes,
+        blocks: CacheBlocks,
+        start_thread: Callable[[Callable[[], None]], None] = start_native_thread,
+        notify: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.store, self.namespace, self.blocks, self._notify = store, namespace, blocks, notify
+        self._reads: SimpleQueue = SimpleQueue()
+        self._writes: SimpleQueue = SimpleQueue()
+        self._closed: SimpleQueue = SimpleQueue()
+        self._queued_bytes = 0  # the engine thread's count
+        self._written_bytes = 0  # the writer's: the difference is pending
+        self.degraded = False
+        self._retry_at = 0.0
+        start_thread(self._read_loop)
+        start_thread(self._write_loop)
+
+    # --- the engine thread ---------------------------------------------------------------
+    def prefetch(self, seq: Sequence, first: int, end: int) -> None:
+        """Start reading ``seq``'s blocks ``first``.. (before ``end``) where the store has block ``first``."""
+        if first < end and self.store.contains(self.namespace, seq.block_hashes[first]):
+            seq.stored_read = read = StoredRead()
+            self._reads.put((seq.block_hashes[first:end], read.reply))
+
+    @staticmethod
+    def blocks_read(seq: Sequence) -> Mapping[bytes, torch.Tensor]:
+        read = seq.stored_read
+        return read.blocks() if isinstance(read, StoredRead) else NO_BLOCKS
+
+    def load(self, seq: Sequence, hit: PrefixHit | None) -> None:
+        """After admission: fill the blocks the hit took from the store; the prompt's blocks before the hit's end
+        need no writing."""
+        if hit is not None:
+            for group, block_id, index in hit.fills:
+                self.blocks.write(group, block_id, hit.stored[seq.block_hashes[index]])
+            seq.num_stored_blocks = max(seq.num_stored_blocks, hit.num_blocks)
+        seq.stored_read = None
+
+    def save(self, seq: Sequence) -> None:
+        """After a step: queue the prompt's full blocks computed since the last save."""
+        end = min(min(seq.num_computed_tokens, seq.num_prompt_tokens) // self.blocks.block_size, len(seq.block_hashes))
+        if end <= seq.num_stored_blocks:
+            return
+        if not (self.degraded and time.monotonic() < self._retry_at):
+            for i in range(seq.num_stored_blocks, end):
+                if self._queued_bytes - self._written_bytes > MAX_PENDING_BYTES:
+                    self.store.counters.dropped_blocks += 1
+                    continue
+                payload = self.blocks.read([table.blocks[i] for table in seq.block_tables])
+                self._queued_bytes += payload.nbytes
+                self._writes.put((seq.block_hashes[i], payload))
+        seq.num_stored_blocks = end
+
+    def close(self, wait: bool) -> None:
+        """End both threads; with ``wait``, after the writes already queued (a server stopping keeps them)."""
+        self._reads.put(None)
+        self._writes.put(None)
+        if wait:
+            try:
+                self._closed.get(timeout=CLOSE_SECONDS)
+            except Empty:
+                log.warning("KV store: writes still pending after %.0f s were dropped", CLOSE_SECONDS)
+
+    # --- the reader thread -----------------------------------------------------------------
+    def _read_loop(self) -> None:
+        while (job := self._reads.get()) is not None:
+            keys, reply = job
+            found: dict[bytes, torch.Tensor] = {}
+            for key in keys:
+                payload = self._read(key)
+                if payload is None:
+                    break
+                found[key] = payload
+            reply.put(found)
+            if found:
+                self._notify()
+
+    def _read(self, key: bytes) -> torch.Tensor | None:
+        try:
+            data = self.store.get(self.namespace, key)
+        except OSError as exc:
+            self.store.counters.read_errors += 1
+            log.debug("KV store: reading block %s failed: %s", key.hex(), exc)
+            return None
+        if data is None:
+            return None
+        try:
+            payload = unframe(self.namespace, key, data)
+            if payload.nbytes != self.blocks.payload_nbytes:
+                raise CorruptBlock(f"{payload.nbytes} bytes, a block here has {self.blocks.payload_nbytes}")
+        except CorruptBlock as exc:
+            self.store.counters.corrupt_blocks += 1
+            log.warning("KV store: block %s removed: %s", key.hex(), exc)
+            self.store.discard(self.namespace, key)
+            return None
+        return self.blocks.payload_of(payload)
+
+    # --- the writer thread -------------------------------------------------------------------
+    def _write_loop(self) -> None:
+        while (job := self._writes.get()) is not None:
+            key, payload = job
+            self._write(key, payload)
+            self._written_bytes += payload.nbytes
+            if self._writes.empty():
+                self._notify()
+        self._closed.put(True)
+
+    def _write(self, key: bytes, payload: torch.Tensor) -> None:
+        if self.degraded and time.monotonic() < self._retry_at:
+            return
+        try:
+            framed = frame(self.namespace, key, memoryview(payload.view(torch.uint8).numpy()))
+            self.store.put(self.namespace, key, framed)
+        except OSError as exc:
+            self.store.counters.write_errors += 1
+            if not self.degraded:
+                log.warning(
+                    "KV store %s: %s; nothing is written there for %.0f s (requests are served as before)",
+                    self.store.location,
+                    exc,
+                    RETRY_SECONDS,
+                )
+            self.degraded, self._retry_at = True, time.monotonic() + RETRY_SECONDS
+            return
+        if self.degraded:
+            log.warning("KV store %s: writable again", self.store.location)
+            self.degraded = False
+
+
+def open_prefix_store(
+    config: EngineConfig,
+    model_dir: Path,
+    runner: ModelRunner,
+    start_thread: Callable[[Callable[[], None]], None],
+    notify: Callable[[], None],
+) -> PrefixStore | None:
+    """The engine's store where ``kv_store_dir`` is set (and the prefix cache is on: the store extends it)."""
+    if not config.kv_store_dir:
+        return None
+    if not config.enable_prefix_caching:
+        log.warning("kv_store_dir %s is not used: the prefix cache is off", config.kv_store_dir)
+        return None
+    store = DirectoryStore(Path(config.kv_store_dir), config.kv_store_mb << 20)
+    blocks = CacheBlocks(runner.kv_group_caches, runner.block_size)
+    log.info(
+        "KV store %s: up to %d MiB, %d KiB a block", store.location, config.kv_store_mb, blocks.payload_nbytes >> 10
+    )
+    return PrefixStore(store, store_namespace(config, model_dir, runner), blocks, start_thread, notify)
