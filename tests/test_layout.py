@@ -351,7 +351,7 @@ def test_only_the_bridge_touches_native_threads():
         for path in PACKAGE.rglob("*.py")
         if any(n == t or n.startswith(t + ".") for n in own_imports(path) for t in NATIVE_THREADING)
     )
-    assert touching == ["wsgi_infer.server.engine_client.bridge"]
+    assert touching == ["wsgi_infer.engine.runtime.native_threads", "wsgi_infer.server.engine_client.bridge"]
 
 
 def imported_test_modules(path: Path) -> set[str]:

@@ -58,7 +58,7 @@ def _prepare(args: argparse.Namespace) -> int:
     torch.set_num_threads(max(1, cpu_budget().threads // args.workers))  # as each worker will (gunicorn config)
     kernels_library(build=True)
     for spec in model_specs(ServerSettings()):
-        build_engine(spec.settings.engine_config())
+        build_engine(spec.settings.engine_config()).close()
     return 0
 
 

@@ -108,6 +108,9 @@ class EmbeddingEngine:
     def interrupt(self) -> None:
         self._interrupt.request()
 
+    def close(self, wait: bool = False) -> None:
+        """Nothing runs besides the engine thread (a generating engine's KV store does)."""
+
     def counters(self) -> EngineCounters:
         nothing = dict.fromkeys(("num_free_blocks", "num_cached_blocks", "num_total_blocks"), 0)  # no KV cache
         cumulative = dict.fromkeys(("num_prefix_query_tokens", "num_prefix_hit_tokens", "num_preemptions"), 0)

@@ -18,12 +18,13 @@ from collections.abc import Callable
 import torch
 
 from .config import EngineConfig
-from .kv_store.prefix_store import open_prefix_store, start_native_thread
+from .kv_store.prefix_store import open_prefix_store
 from .loading.model_builder import kernels_serve
 from .loading.model_loader import eos_token_ids, load_config, load_tokenizer, resolve_model_dir
 from .model_runner import DraftLogits, ModelRunner
 from .outputs import EngineCounters, RequestDelta, TokenLogprob
 from .runtime.device import resolve_device, resolve_dtype
+from .runtime.native_threads import start_native_thread
 from .sampling.grammar import GrammarCompiler
 from .sampling.sampler import Sampler, prompt_logprobs
 from .sampling.speculative import SpecCounters, proposer_for, speculates, verify_sampled

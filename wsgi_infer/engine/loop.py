@@ -36,11 +36,13 @@ from .messages import (
     Rejected,
     StepDone,
     Stop,
+    StoreProgress,
     Submit,
     Unload,
 )
 from .model_admission import admit, token_texts
 from .runtime.heap import give_back_freed_memory
+from .runtime.native_threads import start_native_thread
 from .runtime.step_interrupt import StepInterrupted
 from .step_sharing import StepSharing
 
@@ -99,6 +101,7 @@ class EngineLoop:
         finally:
             for engine in self._engines.values():
                 engine.abort_all()
+                engine.close(wait=True)  # a stopping server keeps the KV blocks it computed
             on_cuda = any(engine.device.type == "cuda" for engine in self._engines.values())
             self._engines.clear()  # free the models here: torch destructors must not run in interpreter shutdown
             give_back_freed_memory(on_cuda)
@@ -118,6 +121,8 @@ class EngineLoop:
                     touched[command.model] = None
                 elif isinstance(command, Submit):
                     events.append(self._admit(command))
+                    touched[command.model] = None
+                elif isinstance(command, StoreProgress):
                     touched[command.model] = None
                 elif not isinstance(command, Abort):
                     events += self._lifecycle(command)
@@ -174,7 +179,9 @@ class EngineLoop:
     def _load(self, command: Load) -> None:
         """On the loader thread: build the engine, and hand it (or the failure) to the loop."""
         try:
-            self._channel.send(Loaded(command.model, build_engine(command.config)))
+            notify = lambda: self._channel.send(StoreProgress(command.model))  # noqa: E731
+            engine = build_engine(command.config, self._channel.start_thread, notify)
+            self._channel.send(Loaded(command.model, engine))
         except Exception as exc:  # a bad model path or file: reported, the other models keep serving
             first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
             failure = EngineFailed(f"model failed to load: {first_line}", traceback.format_exc(), command.model)
@@ -197,6 +204,7 @@ class EngineLoop:
         if engine is None:
             return []
         engine.abort_all()
+        engine.close()
         on_cuda = engine.device.type == "cuda"
         del engine
         self._sharing.forget(model)
@@ -205,11 +213,16 @@ class EngineLoop:
         return [ModelUnloaded(model)]
 
 
-def build_engine(config: EngineConfig) -> Engine:
-    """The engine the model needs: an embedding model's, or the generating one."""
+def build_engine(
+    config: EngineConfig,
+    start_thread: Callable[[Callable[[], None]], None] = start_native_thread,
+    notify: Callable[[], None] = lambda: None,
+) -> Engine:
+    """The engine the model needs: an embedding model's, or the generating one (its KV store's threads started
+    with ``start_thread``, ``notify`` called when they moved its counters)."""
     if is_embedding_model(resolve_model_dir(config.model)):
         return EmbeddingEngine(config)
-    return LLMEngine(config)
+    return LLMEngine(config, start_thread, notify)
 
 
 def _ready(model: str, engine: Engine) -> EngineReady:

@@ -64,6 +64,13 @@ class Loaded:
     failure: EngineFailed | None = None
 
 
+@dataclass
+class StoreProgress:
+    """From a model's KV store threads: reads or writes finished, so its counters (``StepDone``) moved."""
+
+    model: str
+
+
 class Stop:
     pass
 

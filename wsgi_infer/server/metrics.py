@@ -105,6 +105,22 @@ _FAMILIES.update(
     model_loads=_counter("model_loads", "Loads of the model that succeeded"),
     model_load_seconds=_histogram("model_load_seconds", "Time from a load's start to the model serving", _LOAD_BUCKETS),
 )
+_FAMILIES.update(
+    external_prefix_cache_queries=_counter("external_prefix_cache_queries", "Prompt tokens looked up in the KV store"),
+    external_prefix_cache_hits=_counter("external_prefix_cache_hits", "Prompt tokens whose KV came from the KV store"),
+    kv_store_degraded=_gauge("kv_store_degraded", "1 while a worker cannot write to the KV store", "livemax"),
+)
+# The KV store's own counters (``StoreCounters``), each this worker's, as kv_store_<name>.
+STORE_COUNTERS = {
+    "bytes_read": "Bytes of KV blocks read from the KV store",
+    "bytes_written": "Bytes of KV blocks written to the KV store",
+    "evicted_blocks": "KV store blocks removed, least recently used first, to keep within its size limit",
+    "corrupt_blocks": "KV store blocks removed as truncated, foreign or failing their checksum (each a miss)",
+    "read_errors": "KV store reads that failed (each a miss)",
+    "write_errors": "KV store writes that failed: a full disk, a read-only or vanished directory",
+    "dropped_blocks": "KV blocks not written because the writer was too far behind",
+}
+_FAMILIES.update({f"kv_store_{name}": _counter(f"kv_store_{name}", doc) for name, doc in STORE_COUNTERS.items()})
 _MODEL_UNLOADS = _counter("model_unloads", "Unloads of the model, by reason: idle, memory, admin", ("reason",))
 _REQUEST_SUCCESS = _counter("request_success", "Finished requests", ("finished_reason",))
 _ACCEPTED_PER_POSITION = _counter(

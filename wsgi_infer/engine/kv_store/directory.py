@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -64,7 +63,7 @@ class DirectoryStore:
         if path.is_file():  # another worker wrote it
             return False
         path.parent.mkdir(exist_ok=True)
-        staging = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_native_id()}.tmp")
+        staging = path.with_name(f".{path.stem}.{os.getpid()}.{os.urandom(4).hex()}.tmp")  # this writer's own
         try:
             with open(staging, "wb") as f:
                 for part in framed:

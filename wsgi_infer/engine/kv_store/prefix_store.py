@@ -7,22 +7,20 @@ into the blocks the prefix hit allocates. After a step, each prompt's newly comp
 of the cache (a block of the 1B model's 2,048-token prompt: 0.5 MB, some 50 µs) and the writer thread frames and
 stores them. A store the writer cannot write to (full, read-only, gone) is degraded: one warning, a metric,
 nothing written for a while, then one more try; reads go on where they can. Requests never fail for the store.
-The threads come from the engine's owner (the server's bridge, whose threads' log records reach the hub) and
-talk to the engine thread through C queues only: the server's ``threading`` is gevent's.
+Its threads are native ones (``runtime.native_threads``).
 """
 
 from __future__ import annotations
 
-import _thread
 import logging
 import time
-from _queue import Empty, SimpleQueue
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from ..runtime.native_threads import Empty, SimpleQueue, start_native_thread
 from .backend import KVStore
 from .block_file import CorruptBlock, frame, unframe
 from .cache_blocks import CacheBlocks
@@ -41,10 +39,6 @@ RETRY_SECONDS = 30.0  # a degraded store is tried again after this
 MAX_PENDING_BYTES = 256 << 20  # blocks waiting for the writer; more are dropped, counted
 CLOSE_SECONDS = 10.0  # a stopping engine waits this long at most for its writes
 NO_BLOCKS: Mapping[bytes, torch.Tensor] = {}
-
-
-def start_native_thread(target: Callable[[], None]) -> None:
-    _thread.start_new_thread(target, ())
 
 
 class StoredRead:

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 CUMULATIVE = {
     "num_prefix_query_tokens": "prefix_cache_queries",
     "num_prefix_hit_tokens": "prefix_cache_hits",
+    "num_store_query_tokens": "external_prefix_cache_queries",
+    "num_store_hit_tokens": "external_prefix_cache_hits",
     "num_preemptions": "num_preemptions",
     "num_spec_drafts": "spec_decode_num_drafts",
     "num_spec_draft_tokens": "spec_decode_num_draft_tokens",
@@ -115,16 +117,18 @@ class StreamRouter:
 
     def _record_counters(self, step: StepDone) -> None:
         m, counters = self._metrics_of(step.model), step.counters
-        last_seen = self._last_seen.setdefault(step.model, dict.fromkeys(CUMULATIVE, 0))
+        last_seen = self._last_seen.setdefault(step.model, {})  # by metric
         m.num_requests_running.set(counters.num_running)
         m.num_requests_waiting.set(counters.num_waiting)
         m.kv_blocks_free.set(counters.num_free_blocks)
         if counters.num_total_blocks:  # an embedding model's engine has no KV cache
             m.kv_cache_usage_perc.set(1 - counters.num_free_blocks / counters.num_total_blocks)
-        for name, metric in CUMULATIVE.items():
-            value = getattr(counters, name)
-            getattr(m, metric).inc(value - last_seen[name])
-            last_seen[name] = value
+        grown = {metric: getattr(counters, name) for name, metric in CUMULATIVE.items()}
+        grown.update({f"kv_store_{name}": value for name, value in counters.store.items()})
+        for metric, value in grown.items():
+            getattr(m, metric).inc(value - last_seen.get(metric, 0))
+            last_seen[metric] = value
+        m.kv_store_degraded.set(int(counters.store_degraded))
         accepted_seen = self._accepted_seen.get(step.model, [])
         seen = accepted_seen + [0] * (len(counters.num_spec_accepted_per_position) - len(accepted_seen))
         for position, (accepted, before) in enumerate(zip(counters.num_spec_accepted_per_position, seen)):

@@ -1,0 +1,144 @@
+"""The KV store's files: each block framed with its key and a checksum, written whole or not at all, bounded by
+least recent use, and never trusted where the frame does not hold."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wsgi_infer.engine.kv_store.block_file import CorruptBlock, frame, unframe
+from wsgi_infer.engine.kv_store.directory import DirectoryStore
+
+NAMESPACE, OTHER = bytes(range(32)), bytes(range(1, 33))
+
+
+def _payload(n: int, fill: int = 7) -> memoryview:
+    return memoryview(bytearray([fill]) * n)
+
+
+def _put(store: DirectoryStore, key: bytes, n: int = 1000, namespace: bytes = NAMESPACE) -> bool:
+    return store.put(namespace, key, frame(namespace, key, _payload(n)))
+
+
+def test_a_frame_gives_back_its_payload_and_refuses_anything_else():
+    key = b"k" * 16
+    data = b"".join(frame(NAMESPACE, key, _payload(100)))
+    assert bytes(unframe(NAMESPACE, key, data)) == bytes(_payload(100))
+    flipped = bytearray(data)
+    flipped[-1] ^= 1
+    cases = {
+        "checksum mismatch": bytes(flipped),
+        "payload bytes": data[:-10],  # truncated
+        "shorter than its header": data[:20],
+        "another model": None,
+    }
+    for reason, corrupt in cases.items():
+        with pytest.raises(CorruptBlock, match=reason):
+            if corrupt is None:
+                unframe(OTHER, key, data)  # another namespace's block under this key
+            else:
+                unframe(NAMESPACE, key, corrupt)
+    with pytest.raises(CorruptBlock, match="another model"):
+        unframe(NAMESPACE, b"x" * 16, data)  # another prefix's block
+
+
+def test_blocks_are_written_once_whole_and_found_by_namespace_and_key(tmp_path):
+    store = DirectoryStore(tmp_path / "kv", 1 << 20)
+    key = b"a" * 16
+    assert not store.contains(NAMESPACE, key) and store.get(NAMESPACE, key) is None
+    assert _put(store, key)
+    assert not _put(store, key)  # another worker's copy is there: not written twice
+    assert store.contains(NAMESPACE, key) and not store.contains(OTHER, key)
+    assert bytes(unframe(NAMESPACE, key, store.get(NAMESPACE, key))) == bytes(_payload(1000))
+    assert not [p for p in (tmp_path / "kv").rglob("*") if p.name.endswith(".tmp")]  # renamed into place
+    store.discard(NAMESPACE, key)
+    assert store.get(NAMESPACE, key) is None
+
+
+def test_the_size_limit_removes_the_least_recently_used_blocks_of_every_model(tmp_path):
+    size = len(b"".join(frame(NAMESPACE, b"k" * 16, _payload(1000))))
+    store = DirectoryStore(tmp_path, 10 * size)
+    keys = [bytes([i]) * 16 for i in range(10)]
+    for i, key in enumerate(keys):
+        assert _put(store, key, namespace=NAMESPACE if i % 2 else OTHER)
+    for i, path in enumerate(sorted(tmp_path.rglob("*.kv"), key=lambda p: keys.index(bytes.fromhex(p.stem)))):
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))  # written in key order, seconds apart
+    assert store.get(OTHER, keys[0]) is not None  # read: now the most recently used
+    assert _put(store, b"n" * 16)  # 11 blocks: over the limit, down to 7/8 of it (8 blocks)
+    kept = {bytes.fromhex(p.stem) for p in tmp_path.rglob("*.kv")}
+    assert kept == {keys[0], *keys[4:], b"n" * 16}
+    assert store.counters.evicted_blocks == 3
+
+
+def test_two_processes_writing_one_directory_keep_it_within_a_sixteenth_each_of_the_limit(tmp_path):
+    size = len(b"".join(frame(NAMESPACE, b"k" * 16, _payload(1000))))
+    one, two = DirectoryStore(tmp_path, 64 * size), DirectoryStore(tmp_path, 64 * size)  # as two workers
+    most = 0
+    for i in range(200):
+        _put(one if i % 2 else two, i.to_bytes(16, "little"))
+        most = max(most, len(list(tmp_path.rglob("*.kv"))))
+    assert 64 < most <= 64 + 2 * 4  # each one's count since its last scan: 1/16 of the limit at most
+    left = len(list(tmp_path.rglob("*.kv")))
+    assert one.counters.evicted_blocks + two.counters.evicted_blocks == 200 - left  # each removal counted once
+
+
+UNSHARE = shutil.which("unshare")
+
+
+def _in_own_mounts(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``script`` in a user and mount namespace of its own, where an unprivileged process may mount a small
+    tmpfs or a read-only bind mount (as a full or read-only disk is, for real)."""
+    return subprocess.run(
+        [UNSHARE, "-rm", sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+
+
+STORE_ON = """
+import subprocess, sys
+from pathlib import Path
+from wsgi_infer.engine.kv_store.block_file import frame
+from wsgi_infer.engine.kv_store.directory import DirectoryStore
+ns = bytes(32)
+root = Path("kv"); root.mkdir()
+subprocess.run(MOUNT, check=True)
+store = DirectoryStore(root, 1 << 30)
+written, failure = 0, None
+for i in range(400):
+    try:
+        store.put(ns, i.to_bytes(16, "little"), frame(ns, i.to_bytes(16, "little"), memoryview(bytes(8192))))
+        written += 1
+    except OSError as exc:
+        failure = exc
+        break
+print(written, type(failure).__name__, getattr(failure, "errno", None), store.get(ns, (0).to_bytes(16, "little")) is not None)
+print(len([p for p in root.rglob("*") if p.name.endswith(".tmp")]))
+"""
+
+
+@pytest.mark.skipif(UNSHARE is None, reason="util-linux's unshare is not installed")
+@pytest.mark.parametrize(
+    "mount, expect",
+    [
+        (["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", "kv"], "ENOSPC"),  # a full disk
+        (["sh", "-c", "mount --bind kv kv && mount -o remount,bind,ro kv"], "EROFS"),  # a read-only directory
+    ],
+    ids=["full", "read-only"],
+)
+def test_a_full_or_read_only_directory_refuses_a_write_whole(tmp_path, mount, expect):
+    import errno
+
+    done = _in_own_mounts(STORE_ON.replace("MOUNT", repr(mount)), tmp_path)
+    if done.returncode and "Operation not permitted" in done.stderr:
+        pytest.skip(f"no user namespaces here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    counts, temporaries = done.stdout.split("\n")[:2]
+    written, error, code, first_found = counts.split()
+    assert (error, int(code)) == ("OSError", getattr(errno, expect))
+    assert int(written) == 0 if expect == "EROFS" else 0 < int(written) < 400
+    assert first_found == str(expect != "EROFS")  # what was written before the disk filled is still read
+    assert temporaries == "0"  # a failed write leaves no half file
