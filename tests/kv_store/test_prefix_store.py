@@ -1,0 +1,112 @@
+"""The KV store under the prefix cache, in one process: what one engine writes, the next one (a restart) reads
+instead of computing, with the same greedy tokens, and nothing of another model or setting is ever taken."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from wsgi_infer import LLM, SamplingParams
+
+from ..conftest import assert_idle
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+SHARED = "In the old town by the river, the bakers rose before dawn to light their ovens, and " * 6
+PROMPTS = [SHARED + "the first customer asked for", SHARED + "nobody could remember why", "A short one"]
+
+
+def _engine(model: Path | None, store: Path, **settings) -> LLM:
+    """The tiny model's exact float32 path (or, with no model, the shipped one on the kernels)."""
+    exact = {"dtype": "float32", "quantization": "none", "block_size": 4} if model is not None else {}
+    settings = {**exact, **settings}
+    return LLM(model=str(model) if model else None, kv_store_dir=str(store), speculative="none", **settings)
+
+
+def _run(llm: LLM, prompts: list[str]) -> list[list[int]]:
+    return [o.token_ids for o in llm.generate(prompts, GREEDY)]
+
+
+def _restart(model: Path | None, store: Path, **settings) -> tuple[list[list[int]], LLM]:
+    """A cold engine's tokens (its blocks written to the store, all of them: it waits at close), and a second
+    engine on the same store."""
+    cold = _engine(model, store, **settings)
+    tokens = _run(cold, PROMPTS)
+    cold.engine.close(wait=True)
+    assert cold.engine.counters().store["bytes_written"] > 0
+    return tokens, _engine(model, store, **settings)
+
+
+@pytest.mark.parametrize("path", ["torch", "kernels"])
+def test_a_restart_reads_the_prefix_from_the_store_with_the_same_tokens(tiny_model_dirs, tmp_path, path):
+    model = tiny_model_dirs["llama"] if path == "torch" else None
+    cold_tokens, warm = _restart(model, tmp_path)
+    assert warm.engine.runner.kernels is None if path == "torch" else warm.engine.runner.kernels is not None
+    prompt_ids = warm.engine.tokenize(PROMPTS[0])
+    outputs = warm.engine.tokenize(SHARED)
+    assert _run(warm, PROMPTS[:1]) == cold_tokens[:1]  # alone
+    counters = warm.engine.counters()
+    bs = warm.engine.kv_cache.block_size
+    assert counters.num_store_hit_tokens == (len(prompt_ids) - 1) // bs * bs  # every full block but the last token's
+    assert counters.num_prefix_hit_tokens == 0 and counters.store["corrupt_blocks"] == 0
+    assert counters.store[
+        "bytes_read"
+    ] == counters.num_store_hit_tokens // bs * warm.engine.store.blocks.payload_nbytes + (
+        counters.num_store_hit_tokens // bs * 80  # each block's frame
+    )
+    assert len(outputs) < len(prompt_ids)
+    assert _run(warm, PROMPTS) == cold_tokens  # a batch: one from memory now, one from the store, one from neither
+    warm.engine.close()
+    assert_idle(warm)
+
+
+def test_sliding_layers_take_their_window_from_the_store(tiny_model_dirs, tmp_path):
+    model = tiny_model_dirs["gemma3"]  # a sliding layer of 8 tokens, then a global one
+    cold_tokens, warm = _restart(model, tmp_path)
+    assert _run(warm, PROMPTS) == cold_tokens
+    assert warm.engine.counters().num_store_hit_tokens > 8
+    warm.engine.close()
+    assert_idle(warm)
+
+
+def test_another_model_or_setting_never_takes_a_block(tiny_model_dirs, tmp_path):
+    _restart(tiny_model_dirs["llama"], tmp_path)[1].engine.close()
+    others = [
+        _engine(tiny_model_dirs["qwen2"], tmp_path),  # another model, the same tokenizer: the same hash chains
+        _engine(tiny_model_dirs["llama"], tmp_path, quantization="int8"),  # the same model packed: other values
+        _engine(tiny_model_dirs["llama"], tmp_path, dtype="bfloat16"),
+    ]
+    for other in others:
+        _run(other, PROMPTS[:1])
+        counters = other.engine.counters()
+        assert counters.num_store_hit_tokens == 0 and counters.store["bytes_read"] == 0
+        other.engine.close()
+    assert len(set(os.listdir(tmp_path))) == 4  # a namespace each
+
+
+def test_corrupt_and_truncated_blocks_are_misses_removed_and_counted(tiny_model_dirs, tmp_path):
+    model = tiny_model_dirs["llama"]
+    cold_tokens, warm = _restart(model, tmp_path)
+    chain = warm.engine.tokenize(PROMPTS[0])
+    (namespace,) = tmp_path.iterdir()
+    blocks = sorted(namespace.iterdir(), key=os.path.getmtime)  # in the order the prefill wrote them
+    flipped, truncated = blocks[3], blocks[6]
+    original = flipped.read_bytes()
+    data = bytearray(original)
+    data[len(data) // 2] ^= 0x40
+    flipped.write_bytes(bytes(data))
+    truncated.write_bytes(truncated.read_bytes()[:-7])
+    assert _run(warm, PROMPTS[:1]) == cold_tokens[:1]
+    counters = warm.engine.counters()
+    assert counters.num_store_hit_tokens == 3 * 4  # up to the flipped block, whose read is a miss
+    assert counters.store["corrupt_blocks"] == 1
+    warm.engine.close(wait=True)  # it removed the flipped block, computed it again and wrote it whole
+    assert flipped.read_bytes() == original  # (the truncated one was there: not written)
+    again = _engine(model, tmp_path)
+    assert _run(again, PROMPTS[:1]) == cold_tokens[:1]
+    counters = again.engine.counters()
+    assert counters.store["corrupt_blocks"] == 1 and counters.num_store_hit_tokens == 6 * 4
+    again.engine.close(wait=True)
+    assert truncated.stat().st_size == blocks[0].stat().st_size  # removed, computed, written whole
+    assert len(chain) > 7 * 4
