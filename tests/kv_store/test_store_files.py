@@ -115,7 +115,8 @@ for i in range(400):
     except OSError as exc:
         failure = exc
         break
-print(written, type(failure).__name__, getattr(failure, "errno", None), store.get(ns, (0).to_bytes(16, "little")) is not None)
+first = store.get(ns, (0).to_bytes(16, "little"))
+print(written, type(failure).__name__, getattr(failure, "errno", None), first is not None)
 print(len([p for p in root.rglob("*") if p.name.endswith(".tmp")]))
 """
 
