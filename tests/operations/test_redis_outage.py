@@ -94,20 +94,13 @@ def test_streams_outlive_a_redis_outage_and_are_mirrored_again(instances, tiny_l
         redis_servers.append(redis_server.again())  # empty: the mirrors copy every event again
         first.wait_for_log(r"Redis is back", after=marks[0])
         second.wait_for_log(r"Redis is back", after=marks[1])
-        wait_for_metric(first, "wsgi_infer:streams_unmirrored", 0)
+        first.wait_for_metric("wsgi_infer:streams_unmirrored", 0)
         with other.stream("GET", f"/v1/streams/{stream_id}") as r:
             assert r.status_code == 200
             replay = [e for e in events(r) if e.data]
         assert [(e.id, e.data) for e in replay] == [(e.id, e.data) for e in received[0]]
         with other.stream("GET", f"/v1/streams/{_cut_after(http, 'After the outage')}") as r:
             assert r.status_code == 200 and [e for e in events(r) if e.data][-1].data == "[DONE]"
-
-
-def wait_for_metric(server: GunicornServer, name: str, value: float, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (seen := server.metrics()[name]) != value:
-        assert time.monotonic() < deadline, f"{name} stayed at {seen}, never {value}"
-        time.sleep(0.05)  # polling a metric: nothing to block on from outside
 
 
 def _assert_outage_answers(http: httpx.Client, other: httpx.Client, stream_id: str) -> None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -54,6 +55,14 @@ if os.getppid() != int(sys.argv[1]):
     sys.exit("the test run ended before this process started")
 os.execvp(sys.argv[2], sys.argv[2:])
 """
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Poll ``condition`` (a metric, a file: nothing to block on from outside) until it holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.05)
 
 
 def dying_with_this_process(argv: list[str]) -> list[str]:
@@ -162,6 +171,9 @@ class GunicornServer(LoggedProcess):
 
     def metrics(self) -> dict[str, float]:
         return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=10).text)
+
+    def wait_for_metric(self, name: str, value: float, timeout: float = 30.0) -> None:
+        wait_until(lambda: self.metrics()[name] == value, f"{name} == {value}", timeout)
 
     def owner_of(self, client_port: int, context: object = "") -> int:
         """The worker process holding the server side of the connection from ``client_port`` (``context``: what the

@@ -1,0 +1,93 @@
+"""The KV store in real servers: a restart and a second worker take a prompt's blocks from it, as the usage and
+the metrics say; a store that vanishes degrades with one warning and a metric, and every request is served."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..conftest import tiny_settings
+from ..support.server import GunicornServer, wait_until
+
+pytestmark = pytest.mark.slow  # real servers
+
+PROMPT = "In the old town by the river, the bakers rose before dawn to light their ovens, and " * 8
+
+
+def _complete(http: httpx.Client) -> dict:
+    r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _cached(body: dict) -> int:
+    return body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def _settings(tiny_model_dirs, store: Path) -> dict:
+    return tiny_settings(tiny_model_dirs, kv_store_dir=store, speculative="none")
+
+
+def test_a_restarted_server_reads_the_prompt_from_the_store(tiny_model_dirs, tmp_path):
+    with GunicornServer(_settings(tiny_model_dirs, tmp_path)).wait_ready() as server, server.client() as http:
+        cold = _complete(http)
+        assert _cached(cold) == 0
+        assert server.stop() == 0  # a graceful stop writes every block it queued
+    full_blocks = (cold["usage"]["prompt_tokens"] - 1) // 4 * 4  # blocks of 4 tokens; the last token computed
+    with GunicornServer(_settings(tiny_model_dirs, tmp_path)).wait_ready() as server, server.client() as http:
+        warm = _complete(http)
+        assert _cached(warm) == full_blocks
+        assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+        metrics = server.metrics()
+        assert metrics["wsgi_infer:external_prefix_cache_hits_total"] == full_blocks
+        assert metrics["wsgi_infer:external_prefix_cache_queries_total"] == warm["usage"]["prompt_tokens"]
+        assert metrics["wsgi_infer:prefix_cache_hits_total"] == 0  # none from memory
+        assert metrics["wsgi_infer:kv_store_bytes_read_total"] > 0 == metrics["wsgi_infer:kv_store_degraded"]
+
+
+def _worker_client(server: GunicornServer, other_than: int | None) -> tuple[httpx.Client, int]:
+    """A client whose one kept-alive connection a worker (not ``other_than``) holds."""
+    for _ in range(40):
+        http = server.client()
+        r = http.get("/health")
+        owner = server.owner_of(r.extensions["network_stream"].get_extra_info("client_addr")[1])
+        if owner != other_than:
+            return http, owner
+        http.close()
+    raise AssertionError("the kernel never gave a connection to the other worker")
+
+
+def test_a_worker_that_never_saw_the_prompt_reads_it_from_the_store(tiny_model_dirs, tmp_path):
+    with GunicornServer(_settings(tiny_model_dirs, tmp_path), "--workers", "2") as server:
+        server.wait_booted(count=2)
+        first, pid = _worker_client(server, None)
+        second, _ = _worker_client(server, pid)
+        try:
+            cold = _complete(first)
+            written = cold["usage"]["prompt_tokens"] // 4  # the prompt's full blocks
+            wait_until(lambda: len(list(tmp_path.rglob("*.kv"))) == written, "the first worker's writes")
+            warm = _complete(second)
+        finally:
+            first.close(), second.close()
+        assert _cached(warm) == (cold["usage"]["prompt_tokens"] - 1) // 4 * 4
+        assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+        assert server.metrics()["wsgi_infer:external_prefix_cache_hits_total"] == _cached(warm)
+
+
+def test_a_vanished_store_degrades_with_one_warning_and_serves_every_request(tiny_model_dirs, tmp_path):
+    store = tmp_path / "kv"
+    with GunicornServer(_settings(tiny_model_dirs, store)).wait_ready() as server, server.client() as http:
+        shutil.rmtree(store)
+        first = _complete(http)
+        server.wait_for_log(rf"KV store {store}: .*nothing is written there for 30 s")
+        other = http.post("/v1/completions", json={"prompt": "Another " + PROMPT, "max_tokens": 8})
+        assert other.status_code == 200 and http.get("/health").status_code == 200
+        again = _complete(http)  # from memory still
+        assert _cached(again) > 0 and again["choices"][0]["text"] == first["choices"][0]["text"]
+        server.wait_for_metric("wsgi_infer:kv_store_degraded", 1)
+        assert server.metrics()["wsgi_infer:kv_store_write_errors_total"] == 1  # then nothing tried for 30 s
+        assert sum("nothing is written there" in line for line in server.lines) == 1
+        assert not store.exists()  # never created again: a vanished mount must not fill the disk beneath it
