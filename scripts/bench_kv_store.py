@@ -1,0 +1,241 @@
+#!/usr/bin/env python
+"""The KV store (issue 54): a prompt's first token cold, warm in the worker's memory, from the store after a
+restart, and from the store in a second worker that never saw it; beside them, what a lookup costs a prompt that
+is not there, and a block's read against its computation.
+
+    .venv/bin/python scripts/bench_kv_store.py --json kv_store.json                       # the shipped 135M
+    .venv/bin/python scripts/bench_kv_store.py --model /work/shaped/shaped-1b-Q4_K_M.gguf  # the 1B shape
+
+Per prompt length (512 and 2,048 tokens, the default model's tokenizer, which the shaped models share), each
+repeat with prompts new to the store (numbered first: no block is shared):
+- restart: one worker on an empty store directory; TTFT cold, then the same prompt again (memory); SIGTERM (which
+  writes what is queued), a new server on the directory, the same prompt (store);
+- second worker: two workers; the prompt on a connection one worker holds, then (its blocks written: the files are
+  counted) on one the other holds;
+- miss: prompts new to the store, with the store and without it, alternated: the lookup's share of their TTFT.
+Streamed completions of 2 tokens, EOS kept, speculation off (it changes no first token). TTFT is the time to the
+first chunk with a token. Each figure is the median over the repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve import healthy  # noqa: E402
+from bench_start import free_port  # noqa: E402
+from long_prompts import long_prompts  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+LENGTHS = (512, 2048)
+
+
+def prompt_ids(n: int, length: int) -> list[list[int]]:
+    from wsgi_infer.engine.loading.model_loader import load_tokenizer, resolve_model_dir
+
+    tokenizer = load_tokenizer(resolve_model_dir(None))
+    return [tokenizer(text).input_ids[:length] for text in long_prompts(n)]
+
+
+class Server:
+    def __init__(self, model: str | None, store: Path | None, workers: int = 1) -> None:
+        self.port = free_port()
+        gunicorn = str(Path(sys.executable).with_name("gunicorn"))
+        command = [gunicorn, "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{self.port}", "--workers", str(workers)]
+        env = {**os.environ, "WSGI_INFER_SPECULATIVE": "none", "WSGI_INFER_MAX_WAITING_REQUESTS": "16"}
+        env.update({"WSGI_INFER_MODEL": model} if model else {})
+        env.update({"WSGI_INFER_KV_STORE_DIR": str(store)} if store else {})
+        self.process = subprocess.Popen(
+            command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.url = healthy(self.process, f"http://127.0.0.1:{self.port}", command)
+        if workers > 1:  # every worker's engine loaded: /health answers from whichever worker accepts
+            deadline = time.monotonic() + 600
+            while len(self.owners_ready()) < workers and time.monotonic() < deadline:
+                time.sleep(0.5)
+
+    def owners_ready(self) -> set[int]:
+        seen = set()
+        for _ in range(20):
+            with httpx.Client(base_url=self.url) as http:
+                if http.get("/health").status_code == 200:
+                    seen.add(self.owner(http))
+        return seen
+
+    def client_on(self, other_than: int | None) -> tuple[httpx.Client, int]:
+        """A client whose kept-alive connection a worker holds (not ``other_than``)."""
+        while True:
+            http = httpx.Client(base_url=self.url, timeout=600)
+            http.get("/health")
+            if (owner := self.owner(http)) != other_than:
+                return http, owner
+            http.close()
+
+    def owner(self, http: httpx.Client) -> int:
+        (pool,) = [http._transport._pool]
+        port = pool.connections[0]._connection._network_stream.get_extra_info("client_addr")[1]
+        for child in psutil.Process(self.process.pid).children():
+            if any(c.raddr and c.raddr.port == port for c in child.net_connections(kind="tcp")):
+                return child.pid
+        raise RuntimeError("no worker holds the connection")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(120)
+
+
+def ttft(http: httpx.Client, ids: list[int]) -> tuple[float, int]:
+    """Seconds to the first token of a streamed completion, and the prompt tokens the usage says were cached."""
+    body = {"prompt": ids, "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+    sent, first, cached = time.perf_counter(), None, None
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and chunk.get("choices"):
+                first = time.perf_counter() - sent
+            if chunk.get("usage"):
+                cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return first, cached
+
+
+def restart_run(model: str | None, length: int, ids: list[int]) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as store:
+        server = Server(model, Path(store))
+        with httpx.Client(base_url=server.url, timeout=600) as http:
+            cold, _ = ttft(http, ids)
+            memory, cached_memory = ttft(http, ids)
+        server.stop()
+        server = Server(model, Path(store))
+        with httpx.Client(base_url=server.url, timeout=600) as http:
+            stored, cached_store = ttft(http, ids)
+        server.stop()
+    assert cached_memory == cached_store == (length - 1) // 16 * 16, (cached_memory, cached_store)
+    return {"cold": cold, "memory": memory, "store_after_restart": stored}
+
+
+def second_worker_run(model: str | None, length: int, ids: list[int]) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as store:
+        server = Server(model, Path(store), workers=2)
+        first, pid = server.client_on(None)
+        second, _ = server.client_on(pid)
+        cold, _ = ttft(first, ids)
+        deadline = time.monotonic() + 120
+        while len(list(Path(store).rglob("*.kv"))) < length // 16 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stored, cached = ttft(second, ids)
+        first.close(), second.close()
+        server.stop()
+    assert cached == (length - 1) // 16 * 16, cached
+    return {"cold_2_workers": cold, "store_other_worker": stored}
+
+
+def miss_run(model: str | None, prompts: list[list[int]]) -> dict[str, float]:
+    """Prompts new to the store, alternately to a server with the store and one without, both warm."""
+    with tempfile.TemporaryDirectory() as store:
+        servers = {"with": Server(model, Path(store)), "without": Server(model, None)}
+        times: dict[str, list[float]] = {"with": [], "without": []}
+        clients = {k: httpx.Client(base_url=s.url, timeout=600) for k, s in servers.items()}
+        for k in clients:
+            ttft(clients[k], prompts[0])  # warm-up
+        for i, ids in enumerate(prompts[1:]):
+            for k in ("with", "without") if i % 2 else ("without", "with"):
+                times[k].append(ttft(clients[k], [ids[0] + (k == "with")] + ids[1:])[0])
+        for k, s in servers.items():
+            clients[k].close()
+            s.stop()
+    return {f"miss_{k}_store": statistics.median(v) for k, v in times.items()}
+
+
+def block_costs(model: str | None, ids: list[int], misses: int = 10_000) -> dict[str, float]:
+    """In this process: a block's prefill (a cold prompt's time over its blocks) against its read from the store
+    (read, checked, copied into the cache), its copy out of the cache and its write; a lookup that misses."""
+    from wsgi_infer import LLM, SamplingParams
+
+    with tempfile.TemporaryDirectory() as store:
+        llm = LLM(model=model, kv_store_dir=store, speculative="none")
+        started = time.perf_counter()
+        llm.generate(ids, SamplingParams(max_tokens=1))
+        prefill = time.perf_counter() - started
+        llm.engine.close(wait=True)
+        tier, bs = llm.engine.store, llm.engine.kv_cache.block_size
+        keys = _hashes(llm, ids)[: len(ids) // bs]
+        started = time.perf_counter()
+        payloads = [tier._read(key) for key in keys]
+        read = time.perf_counter() - started
+        started = time.perf_counter()
+        for block_id, payload in enumerate(payloads):
+            for group in range(len(tier.blocks.group_caches)):
+                tier.blocks.write(group, block_id, payload)
+        copy_in = time.perf_counter() - started
+        started = time.perf_counter()
+        for block_id in range(len(keys)):
+            tier.blocks.read([block_id] * len(tier.blocks.group_caches))
+        copy_out = time.perf_counter() - started
+        started = time.perf_counter()
+        for i in range(misses):
+            tier.store.contains(tier.namespace, i.to_bytes(16, "little"))
+        lookup = (time.perf_counter() - started) / misses
+    n = len(keys)
+    return {
+        "block_bytes": tier.blocks.payload_nbytes,
+        "prefill_per_block": prefill / n,
+        "read_per_block": read / n,
+        "copy_in_per_block": copy_in / n,
+        "copy_out_per_block": copy_out / n,
+        "lookup_miss": lookup,
+    }
+
+
+def _hashes(llm, ids: list[int]) -> list[bytes]:
+    from wsgi_infer.engine.scheduling.sequence import Sequence
+
+    seq = Sequence("hashes", ids, None, 1)
+    llm.engine.kv_cache.update_block_hashes(seq)
+    return seq.block_hashes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="GGUF or directory (default: the shipped SmolLM2)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--misses", type=int, default=20, help="prompts of the miss phase")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    results: dict = {"model": args.model or "SmolLM2-135M-Instruct (shipped)", "cpu": cpu, "date": time.strftime("%F")}
+    for length in LENGTHS:
+        runs = []
+        for ids in prompt_ids(args.repeats, length):
+            run = restart_run(args.model, length, ids)
+            run.update(second_worker_run(args.model, length, prompt_ids(1, length)[0]))
+            print(length, {k: round(v, 3) for k, v in run.items()}, flush=True)
+            runs.append(run)
+        summary = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        summary["store_share_of_cold"] = summary["store_after_restart"] / summary["cold"]
+        summary["other_worker_share_of_cold"] = summary["store_other_worker"] / summary["cold_2_workers"]
+        results[length] = summary
+    results["blocks"] = block_costs(args.model, prompt_ids(1, 2048)[0])
+    print(results["blocks"], flush=True)
+    results["miss"] = miss_run(args.model, prompt_ids(args.misses + 1, 512))
+    results["miss"]["lookup_share"] = results["miss"]["miss_with_store"] / results["miss"]["miss_without_store"] - 1
+    print(json.dumps(results, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
