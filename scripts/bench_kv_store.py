@@ -12,7 +12,8 @@ repeat with prompts new to the store (numbered first: no block is shared):
   writes what is queued), a new server on the directory, the same prompt (store);
 - second worker: two workers; the prompt on a connection one worker holds, then (its blocks written: the files are
   counted) on one the other holds;
-- miss: prompts new to the store, with the store and without it, alternated: the lookup's share of their TTFT.
+- miss: the standard prompts, new to the store, with the store and without it, alternated: the store's share of
+  their TTFT; and in this process, what a block costs to compute, read, copy in and out, and a lookup that misses.
 Streamed completions of 2 tokens, EOS kept, speculation off (it changes no first token). TTFT is the time to the
 first chunk with a token. Each figure is the median over the repeats.
 """
@@ -34,6 +35,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engine import prompts as standard_prompts  # noqa: E402
 from bench_serve import healthy  # noqa: E402
 from bench_start import free_port  # noqa: E402
 from long_prompts import long_prompts  # noqa: E402
@@ -96,7 +98,7 @@ class Server:
         self.process.wait(120)
 
 
-def ttft(http: httpx.Client, ids: list[int]) -> tuple[float, int]:
+def ttft(http: httpx.Client, ids: list[int] | str) -> tuple[float, int]:
     """Seconds to the first token of a streamed completion, and the prompt tokens the usage says were cached."""
     body = {"prompt": ids, "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
     sent, first, cached = time.perf_counter(), None, None
@@ -143,21 +145,62 @@ def second_worker_run(model: str | None, length: int, ids: list[int]) -> dict[st
     return {"cold_2_workers": cold, "store_other_worker": stored}
 
 
-def miss_run(model: str | None, prompts: list[list[int]]) -> dict[str, float]:
-    """Prompts new to the store, alternately to a server with the store and one without, both warm."""
+def miss_run(model: str | None, texts: list[str]) -> dict[str, float]:
+    """The standard prompts (``bench_engine``: about 36 tokens, each new), alternately to a server with the store
+    and one without, both warmed up: what the lookup (and the writes) cost a prompt the store does not have."""
     with tempfile.TemporaryDirectory() as store:
         servers = {"with": Server(model, Path(store)), "without": Server(model, None)}
         times: dict[str, list[float]] = {"with": [], "without": []}
         clients = {k: httpx.Client(base_url=s.url, timeout=600) for k, s in servers.items()}
         for k in clients:
-            ttft(clients[k], prompts[0])  # warm-up
-        for i, ids in enumerate(prompts[1:]):
+            ttft(clients[k], "warm-up " + texts[0])
+        for i, text in enumerate(texts):
             for k in ("with", "without") if i % 2 else ("without", "with"):
-                times[k].append(ttft(clients[k], [ids[0] + (k == "with")] + ids[1:])[0])
+                times[k].append(ttft(clients[k], text)[0])
         for k, s in servers.items():
             clients[k].close()
             s.stop()
     return {f"miss_{k}_store": statistics.median(v) for k, v in times.items()}
+
+
+def llama_ttft(url: str, ids: list[int]) -> tuple[float, int]:
+    """llama-server's first token of the prompt in slot 0, and the prompt tokens it computed."""
+    body = {"prompt": ids, "n_predict": 2, "stream": True, "id_slot": 0, "cache_prompt": True}
+    sent, first, computed = time.perf_counter(), None, None
+    with httpx.stream("POST", f"{url}/completion", json=body, timeout=600) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                first = first or time.perf_counter() - sent
+                computed = chunk.get("timings", {}).get("prompt_n", computed)
+    return first, computed
+
+
+def llama_run(binary: str, model: str | None, ids: list[int]) -> dict[str, float]:
+    """llama-server with --slot-save-path: the prompt cold, its slot saved, a restart, the slot restored (as a
+    client must ask), the prompt again."""
+    from wsgi_infer.engine.loading.model_paths import model_path
+
+    with tempfile.TemporaryDirectory() as slots:
+
+        def start() -> tuple[subprocess.Popen, str]:
+            port = free_port()
+            command = [binary, "-m", str(model_path(model)), "--slot-save-path", slots, "-c", "4096", "-np", "1"]
+            command += ["-t", str(os.cpu_count()), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return process, healthy(process, f"http://127.0.0.1:{port}", command)
+
+        process, url = start()
+        cold, _ = llama_ttft(url, ids)
+        httpx.post(f"{url}/slots/0?action=save", json={"filename": "prompt.bin"}, timeout=600).raise_for_status()
+        process.terminate(), process.wait(60)
+        process, url = start()
+        started = time.perf_counter()
+        httpx.post(f"{url}/slots/0?action=restore", json={"filename": "prompt.bin"}, timeout=600).raise_for_status()
+        restore = time.perf_counter() - started
+        warm, computed = llama_ttft(url, ids)
+        process.terminate(), process.wait(60)
+    return {"llama_cold": cold, "llama_restore": restore, "llama_restored_ttft": warm, "llama_computed": computed}
 
 
 def block_costs(model: str | None, ids: list[int], misses: int = 10_000) -> dict[str, float]:
@@ -212,8 +255,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="GGUF or directory (default: the shipped SmolLM2)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--misses", type=int, default=20, help="prompts of the miss phase")
+    parser.add_argument("--misses", type=int, default=60, help="prompts of the miss phase")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--llama-server", help="llama.cpp's llama-server binary: its slot save and restore beside")
     args = parser.parse_args()
     cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     results: dict = {"model": args.model or "SmolLM2-135M-Instruct (shipped)", "cpu": cpu, "date": time.strftime("%F")}
@@ -222,6 +266,8 @@ def main() -> None:
         for ids in prompt_ids(args.repeats, length):
             run = restart_run(args.model, length, ids)
             run.update(second_worker_run(args.model, length, prompt_ids(1, length)[0]))
+            if args.llama_server:
+                run.update(llama_run(args.llama_server, args.model, prompt_ids(1, length)[0]))
             print(length, {k: round(v, 3) for k, v in run.items()}, flush=True)
             runs.append(run)
         summary = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -230,7 +276,7 @@ def main() -> None:
         results[length] = summary
     results["blocks"] = block_costs(args.model, prompt_ids(1, 2048)[0])
     print(results["blocks"], flush=True)
-    results["miss"] = miss_run(args.model, prompt_ids(args.misses + 1, 512))
+    results["miss"] = miss_run(args.model, standard_prompts(args.misses))
     results["miss"]["lookup_share"] = results["miss"]["miss_with_store"] / results["miss"]["miss_without_store"] - 1
     print(json.dumps(results, indent=1))
     if args.json:

@@ -2,8 +2,8 @@
 
 On the engine thread, a new prompt whose first block beyond the in-memory prefix cache is in the store (one
 ``contains``) starts a read of its blocks, in order until one is missing, on the reader thread; admission takes
-what was read (waiting for it only if it is not done: the read started when the request arrived) and copies it
-into the blocks the prefix hit allocates. After a step, each prompt's newly computed full blocks are copied out
+what was read (it waits for a read that is not over only where no other sequence runs: the read started when the
+request arrived) and copies it into the blocks the prefix hit allocates. After a step, each prompt's newly computed full blocks are copied out
 of the cache (a block of the 1B model's 2,048-token prompt: 0.5 MB, some 50 µs) and the writer thread frames and
 stores them. A store the writer cannot write to (full, read-only, gone) is degraded: one warning, a metric,
 nothing written for a while, then one more try; reads go on where they can. Requests never fail for the store.
@@ -48,6 +48,9 @@ class StoredRead:
         self.reply: SimpleQueue = SimpleQueue()
         self._blocks: Mapping[bytes, torch.Tensor] | None = None
 
+    def done(self) -> bool:
+        return self._blocks is not None or not self.reply.empty()
+
     def blocks(self) -> Mapping[bytes, torch.Tensor]:
         if self._blocks is None:
             self._blocks = self.reply.get()
@@ -82,6 +85,10 @@ class PrefixStore:
         if first < end and self.store.contains(self.namespace, seq.block_hashes[first]):
             seq.stored_read = read = StoredRead()
             self._reads.put((seq.block_hashes[first:end], read.reply))
+
+    @staticmethod
+    def read_done(seq: Sequence) -> bool:
+        return not isinstance(seq.stored_read, StoredRead) or seq.stored_read.done()
 
     @staticmethod
     def blocks_read(seq: Sequence) -> Mapping[bytes, torch.Tensor]:

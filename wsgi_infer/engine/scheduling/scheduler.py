@@ -24,8 +24,11 @@ from .sequence import Sequence, SequenceStatus
 class StoreTier(Protocol):
     """The KV store as admission sees it (``kv_store.prefix_store``)."""
 
+    def read_done(self, seq: Sequence) -> bool:
+        """Whether the store's read of the prompt (started on its arrival) is over, or none was needed."""
+
     def blocks_read(self, seq: Sequence) -> Mapping[bytes, object]:
-        """The prompt's blocks read from the store (waiting for the read, which started on arrival)."""
+        """The prompt's blocks read from the store (waiting for the read if it is not over)."""
 
     def load(self, seq: Sequence, hit: PrefixHit | None) -> None:
         """After admission: fill the blocks the hit takes from the store."""
@@ -99,6 +102,8 @@ class Scheduler:
             seq = self.waiting[0]
             wants_all = seq.computes_every_position
             looks_in_store = self.store is not None and not wants_all
+            if looks_in_store and self.running and not self.store.read_done(seq):
+                break  # running streams do not wait for the store's disk: the read is taken when it is over
             stored = self.store.blocks_read(seq) if looks_in_store else {}
             hit = None if wants_all else self.kv_cache.find_cached_prefix(seq, stored)
             num_new = min(seq.num_tokens - (hit.num_blocks * self.kv_cache.block_size if hit else 0), budget)
