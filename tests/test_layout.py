@@ -50,7 +50,6 @@ ENGINE_LAYERS = (
     ("wsgi_infer.engine.models",),
     ("wsgi_infer.engine.loading",),
     ("wsgi_infer.engine.scheduling",),
-    ("wsgi_infer.engine.kv_store",),
     ("wsgi_infer.engine.sampling",),
     ("wsgi_infer.engine",),
 )

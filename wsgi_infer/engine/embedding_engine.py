@@ -108,6 +108,9 @@ class EmbeddingEngine:
     def interrupt(self) -> None:
         self._interrupt.request()
 
+    def write_stored_blocks(self) -> None:
+        """An encoder keeps no KV blocks (a generating engine's KV store writes them here)."""
+
     def close(self, wait: bool = False) -> None:
         """Nothing runs besides the engine thread (a generating engine's KV store does)."""
 

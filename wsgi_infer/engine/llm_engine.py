@@ -122,6 +122,12 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def write_stored_blocks(self) -> None:
+        """Hand the last step's newly computed prompt blocks to the KV store's writer; the loop calls it after
+        posting the step's output, so that no token waits for their copies."""
+        if self.store is not None:
+            self.store.write_noted()
+
     def close(self, wait: bool = False) -> None:
         """End the KV store's threads; with ``wait``, after the blocks already queued are written."""
         if self.store is not None:
@@ -157,6 +163,7 @@ class LLMEngine:
     def step(self) -> list[RequestDelta]:
         """Compute one batch; return a delta for every request that got a token or ended (several for one that
         accepted draft tokens)."""
+        self.write_stored_blocks()  # the last step's, where no loop did once it was posted
         if self.proposer is not None:
             share = self.proposer.draft_share(len(self.scheduler.running))
             for seq in self.scheduler.running:
@@ -170,7 +177,7 @@ class LLMEngine:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.kv_cache.cache_computed_blocks(item.seq)
             if self.store is not None:
-                self.store.save(item.seq)
+                self.store.note_computed(item.seq)
         for found in computed.prompt:
             targets = found.seq.token_ids[found.first : found.first + len(found.logits)]
             found.seq.prompt_logprobs += prompt_logprobs(found.logits, targets, found.seq.params.prompt_logprobs)

@@ -133,6 +133,8 @@ class EngineLoop:
             events += [self._step_done(m, deltas if m == name else []) for m in touched if m in self._engines]
             if events or aborted:
                 self._channel.post(events + aborted)
+            if name in self._engines:
+                self._engines[name].write_stored_blocks()  # once the step's tokens are on their way
 
     def _abort(self, command: Abort) -> Aborted:
         engine = self._engines[command.model]
