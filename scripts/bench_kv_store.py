@@ -164,6 +164,30 @@ def miss_run(model: str | None, texts: list[str]) -> dict[str, float]:
     return {f"miss_{k}_store": statistics.median(v) for k, v in times.items()}
 
 
+def miss_in_process(model: str | None, texts: list[str]) -> dict[str, float]:
+    """The same prompts in this process, alternately to an engine with the store and one without (one token
+    each): the engine's own share, without two servers' differences."""
+    from wsgi_infer import LLM, SamplingParams
+
+    with tempfile.TemporaryDirectory() as store:
+        engines = {
+            "with": LLM(model=model, kv_store_dir=store, speculative="none"),
+            "without": LLM(model=model, speculative="none"),
+        }
+        one = SamplingParams(max_tokens=1)
+        for engine in engines.values():
+            engine.generate("warm-up " + texts[0], one)
+        times: dict[str, list[float]] = {"with": [], "without": []}
+        for i, text in enumerate(texts):
+            for k in ("with", "without") if i % 2 else ("without", "with"):
+                started = time.perf_counter()
+                engines[k].generate(text, one)
+                times[k].append(time.perf_counter() - started)
+        engines["with"].engine.close(wait=True)
+    summary = {f"{k}_store_median": statistics.median(v) for k, v in times.items()}
+    return summary | {f"{k}_store_mean": statistics.mean(v) for k, v in times.items()}
+
+
 def llama_ttft(url: str, ids: list[int]) -> tuple[float, int]:
     """llama-server's first token of the prompt in slot 0, and the prompt tokens it computed."""
     body = {"prompt": ids, "n_predict": 2, "stream": True, "id_slot": 0, "cache_prompt": True}
@@ -279,6 +303,7 @@ def main() -> None:
     print(results["blocks"], flush=True)
     results["miss"] = miss_run(args.model, standard_prompts(args.misses))
     results["miss"]["lookup_share"] = results["miss"]["miss_with_store"] / results["miss"]["miss_without_store"] - 1
+    results["miss"]["in_process"] = miss_in_process(args.model, standard_prompts(args.misses))
     print(json.dumps(results, indent=1))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
