@@ -45,8 +45,9 @@ RANGES = {
     "max_tokens": Range(0),  # 0 only reads the prompt (its logprobs)
     "logprobs": Range(0, MAX_LOGPROBS),
     "prompt_logprobs": Range(0, MAX_LOGPROBS),
+    "priority": Range(-(2**31), 2**31 - 1),
 }
-INTEGERS = ("top_k", "max_tokens", "logprobs", "prompt_logprobs", "seed")
+INTEGERS = ("top_k", "max_tokens", "logprobs", "prompt_logprobs", "seed", "priority")
 
 
 class InvalidParameter(ValueError):
@@ -133,6 +134,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] = field(default_factory=dict)
     structured_output: StructuredOutput | None = None
+    # Where the request waits, as vLLM's priority: lower runs first (equal ones first come, first served), and
+    # under KV pressure the highest is preempted first. Not a sampling setting; it rides with them to the engine.
+    priority: int = 0
     # An embedding of the prompt instead of text (with max_tokens 0): the mean of its final hidden states, or the
     # last one's, L2-normalized.
     pooling: Literal["mean", "last"] | None = None

@@ -2,11 +2,12 @@
 
 Continuous batching under a per-step token budget: running sequences go first
 (one token each when decoding, a chunk when still prefilling), then waiting
-sequences are admitted while budget, sequence slots and KV blocks allow. A long
+sequences are admitted while budget, sequence slots and KV blocks allow, in order
+of priority (vLLM's: lower first), first come first served among equals. A long
 prompt is cut into chunks, so running decodes wait at most one chunk. When a
-running sequence needs a block and none is free, the most recently admitted
-sequence is preempted: its blocks are freed and it is recomputed later from its
-tokens, which keeps its output unchanged.
+running sequence needs a block and none is free, the lowest-priority sequence,
+of those the most recently admitted, is preempted: its blocks are freed and it is
+recomputed later from its tokens, which keeps its output unchanged.
 """
 
 from __future__ import annotations
@@ -69,7 +70,21 @@ class Scheduler:
         self.num_store_query_tokens = 0  # and in the KV store
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self._enqueue(seq, ahead=False)
+
+    def _enqueue(self, seq: Sequence, ahead: bool) -> None:
+        """Into the waiting queue by priority (lower first): behind its equals, or (``ahead``: preempted, it was
+        admitted before them) in front of them."""
+        priority = seq.params.priority
+        at = next(
+            (
+                i
+                for i, s in enumerate(self.waiting)
+                if s.params.priority > priority or ahead and s.params.priority == priority
+            ),
+            len(self.waiting),
+        )
+        self.waiting.insert(at, seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -85,17 +100,21 @@ class Scheduler:
             num_new = min(seq.num_tokens - seq.num_computed_tokens + len(seq.draft), budget)
             seq.draft = seq.draft[: max(0, seq.num_computed_tokens + num_new - seq.num_tokens)]  # what fits
             while not self.kv_cache.allocate(seq, num_new):
-                victim = self.running.pop()
+                victim = self.running.pop(self._victim())
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
                     break
+                taken = next((item for item in scheduled if item.seq is victim), None)
+                if taken is not None:  # scheduled earlier in this step: its tokens go back to the budget
+                    scheduled.remove(taken)
+                    budget += taken.num_new_tokens
+                    i -= 1
             else:
                 scheduled.append(ScheduledSequence(seq, num_new))
                 budget -= num_new
                 i += 1
-                continue
-            break
+            # Else ``seq`` itself was preempted (the lowest priority): the next one now sits at ``i``.
 
         # Admitting new work right after preempting would only thrash the cache.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
@@ -129,11 +148,15 @@ class Scheduler:
             budget -= num_new
         return scheduled
 
+    def _victim(self) -> int:
+        """The running sequence to preempt: the lowest priority (highest number), of those the latest admitted."""
+        return max(range(len(self.running)), key=lambda i: (self.running[i].params.priority, i))
+
     def _preempt(self, seq: Sequence) -> None:
         self.kv_cache.free(seq)
         seq.draft = []
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        self._enqueue(seq, ahead=True)
         self.num_preemptions += 1
 
     def finish(self, seq: Sequence) -> None:

@@ -152,6 +152,7 @@ class SamplingRequest(Request):
     frequency_penalty: float | None = engine_field("frequency_penalty")
     repetition_penalty: float | None = engine_field("repetition_penalty")
     ignore_eos: bool = False
+    priority: int = 0  # vLLM's: lower runs first
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -188,6 +189,7 @@ class SamplingRequest(Request):
                 seed=None if self.seed is None else self.seed + j,
                 stop=self.stop or [],
                 ignore_eos=self.ignore_eos,
+                priority=self.priority,
                 max_tokens=max_tokens,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
