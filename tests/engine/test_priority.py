@@ -9,6 +9,8 @@ from wsgi_infer.engine.scheduling.kv_cache_manager import KVCacheManager, KVGrou
 from wsgi_infer.engine.scheduling.scheduler import Scheduler
 from wsgi_infer.engine.scheduling.sequence import Sequence
 
+from ..support.scheduling import step
+
 
 def _seq(name: str, priority: int, n: int = 8) -> Sequence:
     return Sequence(name, list(range(n)), SamplingParams(priority=priority), max_tokens=8)
@@ -18,41 +20,32 @@ def _scheduler(num_blocks: int = 64, max_num_seqs: int = 8) -> Scheduler:
     return Scheduler(KVCacheManager([KVGroup((0,), 0, num_blocks)], 4), max_num_seqs, max_num_batched_tokens=64)
 
 
-def _step(scheduler: Scheduler) -> list[str]:
-    """A step as the engine computes it: each scheduled sequence computes its tokens and samples one."""
-    batch = scheduler.schedule()
-    for item in batch:
-        item.seq.num_computed_tokens += item.num_new_tokens
-        item.seq.token_ids.append(1)
-    return [item.seq.request_id for item in batch]
-
-
 def test_lower_priority_numbers_are_admitted_first_and_equals_in_arrival_order():
     scheduler = _scheduler(max_num_seqs=1)
     for name, priority in [("a", 0), ("late", 5), ("urgent", -1), ("b", 0)]:
         scheduler.add(_seq(name, priority))
     assert [s.request_id for s in scheduler.waiting] == ["urgent", "a", "b", "late"]
-    assert _step(scheduler) == ["urgent"]
+    assert step(scheduler) == ["urgent"]
 
 
 def test_kv_pressure_preempts_the_lowest_priority_not_the_latest_admitted():
     scheduler = _scheduler(num_blocks=4)  # blocks of 4 tokens
     scheduler.add(_seq("a", 0, n=3))
     scheduler.add(_seq("low", 5, n=3))
-    assert _step(scheduler) == ["a", "low"]
+    assert step(scheduler) == ["a", "low"]
     scheduler.add(_seq("c", 0, n=3))
-    assert _step(scheduler) == ["a", "low", "c"]  # the latest admitted: "c"
-    assert _step(scheduler) == ["a", "c"]  # a fifth token each: "a" takes the last block, "low" gives its back
+    assert step(scheduler) == ["a", "low", "c"]  # the latest admitted: "c"
+    assert step(scheduler) == ["a", "c"]  # a fifth token each: "a" takes the last block, "low" gives its back
     assert [s.request_id for s in scheduler.waiting] == ["low"] and scheduler.num_preemptions == 1
 
 
 def test_a_victim_scheduled_earlier_in_the_step_gives_its_tokens_back():
     scheduler = _scheduler(num_blocks=3)
     scheduler.add(_seq("low", 5, n=3))
-    assert _step(scheduler) == ["low"]  # admitted first, so scheduled first in each later step
+    assert step(scheduler) == ["low"]  # admitted first, so scheduled first in each later step
     scheduler.add(_seq("high", 0, n=4))
-    assert _step(scheduler) == ["low", "high"]
-    assert _step(scheduler) == ["high"]  # "low" took the last block, then gave it back with its own to "high"
+    assert step(scheduler) == ["low", "high"]
+    assert step(scheduler) == ["high"]  # "low" took the last block, then gave it back with its own to "high"
     assert [s.request_id for s in scheduler.waiting] == ["low"]
     assert [s.request_id for s in scheduler.running] == ["high"]
 

@@ -11,6 +11,8 @@ from wsgi_infer.engine.scheduling.kv_cache_manager import KVCacheManager, KVGrou
 from wsgi_infer.engine.scheduling.scheduler import Scheduler
 from wsgi_infer.engine.scheduling.sequence import Sequence
 
+from ..support.scheduling import step
+
 BS = 4
 
 
@@ -74,25 +76,16 @@ class _Reads:
         self.loaded.append((seq.request_id, hit))
 
 
-def _step(scheduler: Scheduler) -> list[str]:
-    """Schedule a step and compute it as the engine would: each sequence computes its tokens and samples one."""
-    batch = scheduler.schedule()
-    for item in batch:
-        item.seq.num_computed_tokens += item.num_new_tokens
-        item.seq.token_ids.append(1)
-    return [item.seq.request_id for item in batch]
-
-
 def test_a_read_still_going_waits_only_where_nothing_else_runs():
     reads = _Reads()
     kv = KVCacheManager([KVGroup((0,), 0, 64)], BS)
     scheduler = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=64, store=reads)
     scheduler.add(_seq("alone", 10))
-    assert _step(scheduler) == ["alone"]  # nothing else runs: it waited for its read
+    assert step(scheduler) == ["alone"]  # nothing else runs: it waited for its read
     scheduler.add(_seq("later", 10, first=100))
-    assert _step(scheduler) == ["alone"]  # its read is not over: the running sequence does not wait for it
-    assert _step(scheduler) == ["alone"]
+    assert step(scheduler) == ["alone"]  # its read is not over: the running sequence does not wait for it
+    assert step(scheduler) == ["alone"]
     reads.over.add("later")
-    assert _step(scheduler) == ["alone", "later"]
+    assert step(scheduler) == ["alone", "later"]
     assert [name for name, _ in reads.loaded] == ["alone", "later"]
     assert scheduler.num_store_query_tokens == 20
