@@ -134,8 +134,11 @@ def test_a_full_or_read_only_directory_refuses_a_write_whole(tmp_path, mount, ex
     import errno
 
     done = _in_own_mounts(STORE_ON.replace("MOUNT", repr(mount)), tmp_path)
-    if done.returncode and "Operation not permitted" in done.stderr:
-        pytest.skip(f"no user namespaces here: {done.stderr.strip()}")
+    # A kernel or container that forbids user namespaces, or mounts in them, refuses in unshare or in mount: then
+    # there is no disk to fill here (the server's degradation is shown on a vanished directory, everywhere).
+    refused = done.stderr.lstrip().startswith("unshare:") or "CalledProcessError" in done.stderr
+    if done.returncode and refused:
+        pytest.skip(f"no mounts of our own here: {done.stderr.strip()[-200:]}")
     assert done.returncode == 0, done.stderr
     counts, temporaries = done.stdout.split("\n")[:2]
     written, error, code, first_found = counts.split()
