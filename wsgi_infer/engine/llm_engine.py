@@ -129,7 +129,7 @@ class LLMEngine:
             self.store.write_noted()
 
     def close(self, wait: bool = False) -> None:
-        """End the KV store's threads; with ``wait``, after the blocks already queued are written."""
+        """End the KV store's threads; with ``wait``, after the blocks it has noted are written."""
         if self.store is not None:
             self.store.close(wait)
 

@@ -32,7 +32,7 @@ class CacheBlocks:
         cache, bs = self.group_caches[group], self.block_size
         target = cache[:, block_id * bs : (block_id + 1) * bs]
         part = payload[self._offsets[group] : self._offsets[group + 1]]
-        target.copy_(part.view(target.shape), non_blocking=False)
+        target.copy_(part.view(target.shape))
 
     def payload_of(self, data: memoryview) -> torch.Tensor:
         """A stored payload's bytes as a tensor, without a copy."""

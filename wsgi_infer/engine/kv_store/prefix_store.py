@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..runtime.native_threads import Empty, SimpleQueue, start_native_thread
+from ..runtime.native_threads import Empty, SimpleQueue
 from .backend import KVStore
 from .block_file import CorruptBlock, frame, unframe
 from .cache_blocks import CacheBlocks
@@ -66,8 +66,8 @@ class PrefixStore:
         store: KVStore,
         namespace: bytes,
         blocks: CacheBlocks,
-        start_thread: Callable[[Callable[[], None]], None] = start_native_thread,
-        notify: Callable[[], None] = lambda: None,
+        start_thread: Callable[[Callable[[], None]], None],
+        notify: Callable[[], None],
     ) -> None:
         self.store, self.namespace, self.blocks, self._notify = store, namespace, blocks, notify
         self._reads: SimpleQueue = SimpleQueue()
