@@ -6,10 +6,17 @@ from wsgi_infer.engine.scheduling.scheduler import Scheduler
 
 
 def step(scheduler: Scheduler) -> list[str]:
-    """Schedule a step and compute it: each scheduled sequence computes its tokens and samples one; the ids of
-    those scheduled, in order."""
+    """Schedule a step and compute it: each scheduled sequence computes its tokens, and samples one where the
+    step reaches its last; the ids of those scheduled, in order."""
+    return list(step_tokens(scheduler))
+
+
+def step_tokens(scheduler: Scheduler) -> dict[str, int]:
+    """``step``, with the tokens each scheduled sequence computed."""
     batch = scheduler.schedule()
     for item in batch:
+        samples = item.samples
         item.seq.num_computed_tokens += item.num_new_tokens
-        item.seq.token_ids.append(1)
-    return [item.seq.request_id for item in batch]
+        if samples:
+            item.seq.token_ids.append(1)
+    return {item.seq.request_id: item.num_new_tokens for item in batch}

@@ -44,6 +44,10 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # a setting in MB (kv_cache_memory_mb)
     max_num_seqs: int = option(64, "sequences per engine step", ge=1)
     max_num_batched_tokens: int = option(512, "tokens per engine step (prefills are chunked)", ge=1)
+    fair_share: bool = option(True, "share admission and each step between API keys, by weight (weighted fair queuing)")
+    shared_prefill_tokens: int = option(
+        64, "prefill tokens a step carries for each key while several keys have work (fair share)", ge=1
+    )
     max_model_len: int | None = option(
         None, "context window; default: the model's, clamped at start to what the KV cache holds", ge=2
     )

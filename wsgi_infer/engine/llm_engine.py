@@ -29,6 +29,7 @@ from .sampling.grammar import GrammarCompiler
 from .sampling.sampler import Sampler, prompt_logprobs
 from .sampling.speculative import SpecCounters, proposer_for, speculates, verify_sampled
 from .sampling_params import InvalidParameter, SamplingParams, max_tokens_within
+from .scheduling.fair_share import FairShare
 from .scheduling.kv_cache_manager import KVCacheManager
 from .scheduling.scheduler import Scheduler
 from .scheduling.sequence import Sequence, SequenceStatus
@@ -48,8 +49,10 @@ class LLMEngine:
         config: EngineConfig | None = None,
         start_thread: Callable[[Callable[[], None]], None] = start_native_thread,
         notify: Callable[[], None] = lambda: None,
+        share: FairShare | None = None,
     ) -> None:
-        """``start_thread`` and ``notify`` are for the KV store's threads: see ``kv_store.prefix_store``."""
+        """``start_thread`` and ``notify`` are for the KV store's threads: see ``kv_store.prefix_store``; ``share``:
+        the tenants' fair share, when several engines of one thread share one (the thread's models)."""
         self.config = config = config or EngineConfig()
         self.device = resolve_device(config.device)
         self.model_dir = resolve_model_dir(config.model)
@@ -62,7 +65,14 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         self.kv_cache = KVCacheManager(self.runner.kv_groups, config.block_size, config.enable_prefix_caching)
         self.store = open_prefix_store(config, self.model_dir, self.runner, start_thread, notify)
-        self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens, self.store)
+        self.scheduler = Scheduler(
+            self.kv_cache,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.store,
+            share,
+            config.shared_prefill_tokens,
+        )
         self.sampler = Sampler(self.runner.kernels)
         self._seqs: dict[str, Sequence] = {}
         self._seed_source = random.Random(config.seed)
@@ -100,6 +110,7 @@ class LLMEngine:
             self.tokenizer.backend_tokenizer, prompt_ids, params.stop, params.skip_special_tokens
         )
         seq = Sequence(request_id, prompt_ids, params, max_tokens, detokenizer, generator, matcher)
+        seq.tenant = seq.tenant if self.config.fair_share else ""  # one tenant: first come, first served
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
         if self.store is not None and not seq.computes_every_position:  # read ahead what the store has

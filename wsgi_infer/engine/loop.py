@@ -44,6 +44,7 @@ from .model_admission import admit, token_texts
 from .runtime.heap import give_back_freed_memory
 from .runtime.native_threads import start_native_thread
 from .runtime.step_interrupt import StepInterrupted
+from .scheduling.fair_share import FairShare
 from .step_sharing import StepSharing
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class EngineLoop:
         self._engines: dict[str, Engine] = {}  # loaded, in load order
         self._loads: collections.deque[Load] = collections.deque()  # the first one is loading
         self._sharing = StepSharing()
+        self._share = FairShare()  # between tenants, over every model
         self._step_tokens: dict[str, list[int]] = collections.defaultdict(list)  # per step, until the next post
         self._steps = 0
         self._stopping = False
@@ -182,7 +184,7 @@ class EngineLoop:
         """On the loader thread: build the engine, and hand it (or the failure) to the loop."""
         try:
             notify = lambda: self._channel.send(StoreProgress(command.model))  # noqa: E731
-            engine = build_engine(command.config, self._channel.start_thread, notify)
+            engine = build_engine(command.config, self._channel.start_thread, notify, self._share)
             self._channel.send(Loaded(command.model, engine))
         except Exception as exc:  # a bad model path or file: reported, the other models keep serving
             first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
@@ -219,12 +221,13 @@ def build_engine(
     config: EngineConfig,
     start_thread: Callable[[Callable[[], None]], None] = start_native_thread,
     notify: Callable[[], None] = lambda: None,
+    share: FairShare | None = None,
 ) -> Engine:
     """The engine the model needs: an embedding model's, or the generating one (its KV store's threads started
     with ``start_thread``, ``notify`` called when they moved its counters)."""
     if is_embedding_model(resolve_model_dir(config.model)):
         return EmbeddingEngine(config)
-    return LLMEngine(config, start_thread, notify)
+    return LLMEngine(config, start_thread, notify, share)
 
 
 def _ready(model: str, engine: Engine) -> EngineReady:

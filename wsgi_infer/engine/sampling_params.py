@@ -46,6 +46,7 @@ RANGES = {
     "logprobs": Range(0, MAX_LOGPROBS),
     "prompt_logprobs": Range(0, MAX_LOGPROBS),
     "priority": Range(-(2**31), 2**31 - 1),
+    "tenant_weight": Range(0.0, 1e6, low_open=True),
 }
 INTEGERS = ("top_k", "max_tokens", "logprobs", "prompt_logprobs", "seed", "priority")
 
@@ -137,6 +138,10 @@ class SamplingParams:
     # Where the request waits, as vLLM's priority: lower runs first (equal ones first come, first served), and
     # under KV pressure the highest is preempted first. Not a sampling setting; it rides with them to the engine.
     priority: int = 0
+    # Whose request it is (an API key's id; "" for none) and that tenant's weight: when several tenants have work,
+    # each gets a share of the engine in proportion to its weight (``scheduling.fair_share``). Not sampling either.
+    tenant: str = ""
+    tenant_weight: float = 1.0
     # An embedding of the prompt instead of text (with max_tokens 0): the mean of its final hidden states, or the
     # last one's, L2-normalized.
     pooling: Literal["mean", "last"] | None = None

@@ -2,22 +2,30 @@
 
 Continuous batching under a per-step token budget: running sequences go first
 (one token each when decoding, a chunk when still prefilling), then waiting
-sequences are admitted while budget, sequence slots and KV blocks allow, in order
-of priority (vLLM's: lower first), first come first served among equals. A long
+sequences are admitted while budget, sequence slots and KV blocks allow. A long
 prompt is cut into chunks, so running decodes wait at most one chunk. When a
-running sequence needs a block and none is free, the lowest-priority sequence,
-of those the most recently admitted, is preempted: its blocks are freed and it is
-recomputed later from its tokens, which keeps its output unchanged.
+running sequence needs a block and none is free, a sequence is preempted: its
+blocks are freed and it is recomputed later from its tokens, which keeps its
+output unchanged.
+
+Between tenants (API keys; ``fair_share``): admission goes to the least-served
+tenant with work waiting, and takes a seat or blocks from the tenant holding the
+most seats per weight when none is free; while several tenants have work, each
+one's prefills take at most ``shared_prefill_tokens`` a step, so no stream waits
+behind another tenant's long chunk. Within a tenant (and with one tenant, as without keys):
+priority (vLLM's: lower first), then arrival; preemption takes the lowest
+priority, of those the most recently admitted.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from .fair_share import FairShare
 from .kv_cache_manager import KVCacheManager, PrefixHit
 from .sequence import Sequence, SequenceStatus
 
@@ -51,6 +59,33 @@ class ScheduledSequence:
         return max(0, self.seq.num_computed_tokens + self.num_new_tokens - self.seq.num_tokens)
 
 
+@dataclass
+class StepBudget:
+    """What one step may still compute: tokens (a token kept for each running decode not yet scheduled, so that
+    no prefill ahead of it in the batch takes its turn), and, while several tenants have work, the prefill tokens
+    each tenant may still take."""
+
+    tokens: int
+    decodes: int
+    prefill_left: dict[str, int]  # per tenant; none: unlimited
+
+    def fit(self, seq: Sequence, wanted: int) -> int:
+        if not _prefills(seq):
+            self.decodes = max(0, self.decodes - 1)
+            return min(wanted, self.tokens)
+        return min(wanted, self.tokens - self.decodes, self.prefill_left.get(seq.tenant, wanted))
+
+    def take(self, seq: Sequence, num_new: int) -> None:
+        self.tokens -= num_new
+        if seq.tenant in self.prefill_left and _prefills(seq):
+            self.prefill_left[seq.tenant] -= num_new
+
+
+def _prefills(seq: Sequence) -> bool:
+    """More than its next token (and draft) to compute: a prompt, or a preempted sequence's recomputation."""
+    return seq.num_tokens - seq.num_computed_tokens > 1
+
+
 class Scheduler:
     def __init__(
         self,
@@ -58,11 +93,15 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         store: StoreTier | None = None,
+        share: FairShare | None = None,
+        shared_prefill_tokens: int = 64,
     ) -> None:
         self.kv_cache = kv_cache
         self.store = store
+        self.share = share or FairShare()
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.shared_prefill_tokens = shared_prefill_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -70,6 +109,7 @@ class Scheduler:
         self.num_store_query_tokens = 0  # and in the KV store
 
     def add(self, seq: Sequence) -> None:
+        self.share.join(seq)
         self._enqueue(seq, ahead=False)
 
     def _enqueue(self, seq: Sequence, ahead: bool) -> None:
@@ -90,67 +130,118 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> list[ScheduledSequence]:
-        budget = self.max_num_batched_tokens
+        step = StepBudget(
+            self.max_num_batched_tokens,
+            sum(not _prefills(seq) for seq in self.running),
+            self._prefill_shares(),
+        )
         scheduled: list[ScheduledSequence] = []
         preempted = False
 
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and step.tokens > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens + len(seq.draft), budget)
+            num_new = step.fit(seq, seq.num_tokens - seq.num_computed_tokens + len(seq.draft))
+            if num_new <= 0:  # a prefill that waits: for the decodes after it, or for a less-served tenant's step
+                i += 1
+                continue
             seq.draft = seq.draft[: max(0, seq.num_computed_tokens + num_new - seq.num_tokens)]  # what fits
             while not self.kv_cache.allocate(seq, num_new):
-                victim = self.running.pop(self._victim())
-                self._preempt(victim)
+                at = self._victim()
+                self._preempt_running(at, scheduled, step)
                 preempted = True
-                if victim is seq:
-                    break
-                taken = next((item for item in scheduled if item.seq is victim), None)
-                if taken is not None:  # scheduled earlier in this step: its tokens go back to the budget
-                    scheduled.remove(taken)
-                    budget += taken.num_new_tokens
+                if at < i:
                     i -= 1
+                elif at == i:
+                    break  # ``seq`` itself was preempted: the next one now sits at ``i``
             else:
                 scheduled.append(ScheduledSequence(seq, num_new))
-                budget -= num_new
+                step.take(seq, num_new)
                 i += 1
-            # Else ``seq`` itself was preempted (the lowest priority): the next one now sits at ``i``.
 
-        # Admitting new work right after preempting would only thrash the cache.
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
-            seq = self.waiting[0]
+        made_room_for = None  # the sequence another tenant just gave a seat or blocks to
+        while self.waiting and step.tokens > 0:
+            seats = Counter(s.tenant for s in self.running)
+            seq = self._next_waiting(seats)
+            rival = self.share.seat_victim(seq.tenant, seats)  # who gives it a seat or blocks, if anyone
+            if preempted and rival is None and seq is not made_room_for:
+                break  # admitting new work right after preempting would only thrash the cache
+            if len(self.running) >= self.max_num_seqs:
+                if rival is None:
+                    break
+                self._preempt_running(self._victim(rival), scheduled, step)
+                preempted, made_room_for = True, seq
+                continue
             wants_all = seq.computes_every_position
             looks_in_store = self.store is not None and not wants_all
             if looks_in_store and self.running and not self.store.read_done(seq):
                 break  # running streams do not wait for the store's disk: the read is taken when it is over
             stored = self.store.blocks_read(seq) if looks_in_store else {}
             hit = None if wants_all else self.kv_cache.find_cached_prefix(seq, stored)
-            num_new = min(seq.num_tokens - (hit.num_blocks * self.kv_cache.block_size if hit else 0), budget)
+            num_new = step.fit(seq, seq.num_tokens - (hit.num_blocks * self.kv_cache.block_size if hit else 0))
+            if num_new <= 0:
+                break
             if not self.kv_cache.allocate(seq, num_new, hit):
+                if rival is not None:
+                    self._preempt_running(self._victim(rival), scheduled, step)
+                    preempted, made_room_for = True, seq
+                    continue
                 # Alone, a prompt longer than the cache (its model slides on every layer) may find more of its
                 # prefix cached than the cache can hold with its next chunk: it starts over instead of waiting.
                 if self.running or hit is None:
                     break
-                num_new, hit = min(seq.num_tokens, budget), None
+                num_new, hit = min(seq.num_tokens, step.tokens), None
                 if not self.kv_cache.allocate(seq, num_new):
                     break
-            self.waiting.popleft()
-            if not wants_all and self.kv_cache.enable_prefix_caching:
-                self.num_prefix_query_tokens += seq.num_tokens
-            if looks_in_store:
-                self.store.load(seq, hit)
-                self.num_store_query_tokens += seq.num_tokens
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.monotonic()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self._admit(seq, hit, wants_all, looks_in_store)
             scheduled.append(ScheduledSequence(seq, num_new))
-            budget -= num_new
+            step.take(seq, num_new)
+        for item in scheduled:
+            self.share.charge(item.seq.tenant, item.num_new_tokens)
         return scheduled
 
-    def _victim(self) -> int:
-        """The running sequence to preempt: the lowest priority (highest number), of those the latest admitted."""
-        return max(range(len(self.running)), key=lambda i: (self.running[i].params.priority, i))
+    def _admit(self, seq: Sequence, hit: PrefixHit | None, wants_all: bool, looks_in_store: bool) -> None:
+        self.waiting.remove(seq)
+        if not wants_all and self.kv_cache.enable_prefix_caching:
+            self.num_prefix_query_tokens += seq.num_tokens
+        if looks_in_store:
+            self.store.load(seq, hit)
+            self.num_store_query_tokens += seq.num_tokens
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def _next_waiting(self, seats: Counter[str]) -> Sequence:
+        """The first waiting sequence (by priority, then arrival) of the least-served tenant with one waiting."""
+        firsts: dict[str, Sequence] = {}
+        for seq in self.waiting:
+            firsts.setdefault(seq.tenant, seq)
+        return firsts[self.share.least_served(firsts, seats)]
+
+    def _prefill_shares(self) -> dict[str, int]:
+        """While more than one tenant has work, each one's prefills take at most ``shared_prefill_tokens`` a step:
+        no stream waits behind another tenant's long chunk, and a new request's prompt is read at once."""
+        active = {seq.tenant for seq in self.running} | {seq.tenant for seq in self.waiting}
+        return dict.fromkeys(active, self.shared_prefill_tokens) if len(active) > 1 else {}
+
+    def _victim(self, tenant: str | None = None) -> int:
+        """The running sequence to preempt: of ``tenant``'s (default: the tenant holding the most seats per
+        weight, with one tenant any), the lowest priority (highest number), of those the latest admitted."""
+        if tenant is None:
+            seats = Counter(seq.tenant for seq in self.running)
+            tenant = max(seats, key=lambda t: (seats[t] / self.share.weight(t), self.share.served(t)))
+        candidates = (i for i, seq in enumerate(self.running) if seq.tenant == tenant)
+        return max(candidates, key=lambda i: (self.running[i].params.priority, i))
+
+    def _preempt_running(self, at: int, scheduled: list[ScheduledSequence], step: StepBudget) -> None:
+        """Preempt ``running[at]``; if it was scheduled earlier in this step, its tokens go back to the budget."""
+        victim = self.running.pop(at)
+        taken = next((item for item in scheduled if item.seq is victim), None)
+        if taken is not None:
+            scheduled.remove(taken)
+            step.tokens += taken.num_new_tokens
+        self._preempt(victim)
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv_cache.free(seq)
@@ -165,5 +256,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        if seq.status is not SequenceStatus.FINISHED:
+            self.share.leave(seq)
         self.kv_cache.free(seq)
         seq.status = SequenceStatus.FINISHED

@@ -47,6 +47,7 @@ class Sequence:
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
+        self.tenant = params.tenant  # the engine clears it where fair share is off
         self.max_tokens = max_tokens
         self.detokenizer = detokenizer
         self.generator = generator
