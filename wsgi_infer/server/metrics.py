@@ -123,6 +123,13 @@ STORE_COUNTERS = {
 _FAMILIES.update({f"kv_store_{name}": _counter(f"kv_store_{name}", doc) for name, doc in STORE_COUNTERS.items()})
 _MODEL_UNLOADS = _counter("model_unloads", "Unloads of the model, by reason: idle, memory, admin", ("reason",))
 _REQUEST_SUCCESS = _counter("request_success", "Finished requests", ("finished_reason",))
+# Per API key, by its id (a keys-file table's name, or a hash's first digits: never the key).
+_KEY_COUNTERS = {
+    "requests": _counter("key_requests", "A key's requests admitted", ("key",)),
+    "prompt_tokens": _counter("key_prompt_tokens", "Prompt tokens of a key's requests", ("key",)),
+    "generation_tokens": _counter("key_generation_tokens", "Tokens generated for a key", ("key",)),
+}
+_KEY_RATE_LIMITED = _counter("key_rate_limited", "A key's requests refused (429), by the limit", ("key", "limit"))
 _ACCEPTED_PER_POSITION = _counter(
     "spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at each draft position", ("position",)
 )
@@ -146,6 +153,13 @@ class ModelMetrics:
 
     def model_unloads(self, reason: str) -> Counter:
         return _MODEL_UNLOADS.labels(self._model_name, reason)
+
+    def of_key(self, name: str, key: str) -> Counter:
+        """A key's ``requests``, ``prompt_tokens`` or ``generation_tokens``."""
+        return _KEY_COUNTERS[name].labels(self._model_name, key)
+
+    def key_rate_limited(self, key: str, limit: str) -> Counter:
+        return _KEY_RATE_LIMITED.labels(self._model_name, key, limit)
 
     def accepted_at(self, position: int) -> Counter:
         return _ACCEPTED_PER_POSITION.labels(self._model_name, str(position))

@@ -112,7 +112,12 @@ class ServerSettings(EngineSettings):
     api_key: str | None = Field(
         None, description="one key, or several separated by commas; API routes then need `Authorization: Bearer <key>`"
     )
-    protect_ops: bool = Field(False, description="with api_key: /health and /metrics need the key too")
+    keys_file: str | None = Field(
+        None,
+        description="a TOML file of [keys.NAME] tables: each key's weight, priority cap and limits (README, "
+        '"Keys, shares and limits"); with api_key, both sets of keys are accepted',
+    )
+    protect_ops: bool = Field(False, description="with api keys: /health and /metrics need a key too")
     cors_origins: str = Field(
         "", description="origins allowed to call the API from a browser, separated by commas (`*` for any)"
     )

@@ -1,24 +1,22 @@
-"""Who may call the API: API keys (``Authorization: Bearer``, or Anthropic's ``x-api-key``) and CORS for
-browsers."""
+"""Who may call the API: API keys (``Authorization: Bearer``, or Anthropic's ``x-api-key``; ``tenants``) and CORS
+for browsers."""
 
 from __future__ import annotations
-
-import hashlib
-import hmac
 
 from flask import Flask, g, request
 from flask_cors import CORS
 
 from ..errors import APIError
 from ..settings import ServerSettings
+from ..tenants.registry import Tenants
 
 API_PATHS = ("/v1/", "/generate", "/models/")
 OPS_PATHS = ("/health", "/metrics")
 
 
 def install_access_control(app: Flask, settings: ServerSettings) -> None:
-    keys = [key.encode() for key in settings.api_keys]
-    if keys:
+    tenants = app.extensions["wsgi_infer.tenants"] = Tenants(settings)
+    if tenants.policies:
 
         @app.before_request
         def _require_api_key() -> None:
@@ -30,16 +28,16 @@ def install_access_control(app: Flask, settings: ServerSettings) -> None:
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             presented = [token.strip()] if scheme.lower() == "bearer" else []
             presented += [request.headers["x-api-key"].strip()] if "x-api-key" in request.headers else []
-            # Compare with every key, in constant time, so timing tells nothing.
-            matches = [key for p in presented for key in keys if hmac.compare_digest(p.encode(), key)]
-            if not matches:
+            policy = tenants.identify(presented)
+            if policy is None:
                 raise APIError(
                     "missing or invalid API key (send `Authorization: Bearer <key>` or `x-api-key: <key>`)",
                     401,
                     code="invalid_api_key",
                     headers={"WWW-Authenticate": "Bearer"},
                 )
-            g.tenant = hashlib.sha256(matches[0]).hexdigest()[:32]  # what a key creates is its own
+            g.key = policy
+            g.tenant = policy.tenant  # what a key creates is its own
 
     origins = [origin.strip() for origin in settings.cors_origins.split(",") if origin.strip()]
     if origins:

@@ -6,10 +6,11 @@ engine work happens on the manager's thread.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Iterator
 
-from flask import Response, current_app, g
+from flask import Response, after_this_request, current_app, g
 
 from ...engine.messages import Accepted, Rejected
 from ...engine.sampling_params import InvalidParameter, SamplingParams, max_tokens_within
@@ -22,6 +23,7 @@ from ..errors import APIError
 from ..streaming import sse
 from ..streaming.redis_store import RedisStreamReader, StoreUnavailable
 from ..streaming.stream_log import StreamInterrupted, StreamLog
+from ..tenants.registry import Tenants
 
 ADMISSION_TIMEOUT_S = 60.0
 
@@ -99,7 +101,10 @@ def start(
     prompt_ids = model.encode(prompts)
     for ids in prompt_ids:  # as the engine would refuse it, but a long prompt then costs the engine thread nothing
         max_tokens_within(len(ids), params[0].max_tokens, model.max_model_len)
+    ticket = _admit_key(model, params, sum(map(len, prompt_ids)))
     stream = model.submit(g.request_id, prompt_ids, params)
+    if "key" in g:
+        tenants().track(g.key, ticket, stream, model.metrics)
     try:
         outcome = stream.wait_admission(ADMISSION_TIMEOUT_S)
         if isinstance(outcome, Rejected) and outcome.status == 400:  # bad input: rendered as every other
@@ -118,6 +123,32 @@ def start(
         model.release(stream)
         raise
     return stream
+
+
+def tenants() -> Tenants:
+    return current_app.extensions["wsgi_infer.tenants"]
+
+
+def _admit_key(model: ServedModel, params: list[SamplingParams], prompt_tokens: int) -> str:
+    """The request's key (if any) gets its share and priority cap on ``params``, and its limits a ticket for the
+    request (or a 429, with Retry-After and OpenAI's x-ratelimit-* headers, which an admitted response gets too)."""
+    policy = g.get("key")
+    if policy is None:
+        return ""
+    tenants().share(policy, params)
+    decision = tenants().admit(policy, prompt_tokens)
+    if decision.ticket is None:
+        model.metrics.key_rate_limited(policy.id, decision.limit).inc()
+        retry = {} if decision.retry_after is None else {"Retry-After": str(max(1, math.ceil(decision.retry_after)))}
+        raise APIError(decision.message, 429, code="rate_limit_exceeded", headers={**decision.headers, **retry})
+    if decision.headers:
+        after_this_request(lambda response: _with_headers(response, decision.headers))
+    return decision.ticket
+
+
+def _with_headers(response: Response, headers: dict[str, str]) -> Response:
+    response.headers.update(headers)
+    return response
 
 
 class Heartbeat:

@@ -236,6 +236,8 @@ class EngineManager:
         if stream.closed:
             return
         stream.closed = True
+        if stream.on_close is not None:
+            stream.on_close()
         model = self.models[stream.model]
         model.num_open_requests -= 1
         model.metrics.open_streams.dec()

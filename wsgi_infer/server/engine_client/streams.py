@@ -8,6 +8,7 @@ reader gets fewer, larger pieces instead of a growing backlog.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -59,6 +60,8 @@ class RequestStream:
     finish_reasons: dict[int, str] = field(default_factory=dict)
     cached_tokens: dict[int, int] = field(default_factory=dict)  # per choice, from the prefix cache
     closed: bool = False
+    on_first_token: Callable[[], None] | None = None  # its key's limits hear of it (``tenants``)
+    on_close: Callable[[], None] | None = None
     _queue: list[StreamEvent] = field(default_factory=list)
     _ready: gevent.event.Event = field(default_factory=gevent.event.Event)
 
@@ -84,6 +87,9 @@ class RequestStream:
         if isinstance(event, Accepted):
             self.prompt_tokens = event.prompt_tokens
         elif isinstance(event, ChoiceDelta):
+            if event.delta.token_ids and self.on_first_token is not None:
+                self.on_first_token()
+                self.on_first_token = None
             self.completion_tokens += len(event.delta.token_ids)
             self.cached_tokens.setdefault(event.index, event.delta.num_cached_tokens)
             if event.delta.finish_reason is not None:

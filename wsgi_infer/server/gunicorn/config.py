@@ -25,6 +25,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="wsgi-infer-metrics-")
     os.environ["WSGI_INFER_OWNS_METRICS_DIR"] = "1"
+if not os.environ.get("WSGI_INFER_LIMITS_DIR"):  # the API keys' limits, which every worker counts against
+    os.environ["WSGI_INFER_LIMITS_DIR"] = tempfile.mkdtemp(prefix="wsgi-infer-limits-")
+    os.environ["WSGI_INFER_OWNS_LIMITS_DIR"] = "1"
 
 wsgi_app = "wsgi_infer.server.wsgi:app"
 bind = "127.0.0.1:8000"
@@ -137,6 +140,8 @@ def child_exit(server, worker):
 def on_exit(server):
     if os.environ.get("WSGI_INFER_OWNS_METRICS_DIR"):
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+    if os.environ.get("WSGI_INFER_OWNS_LIMITS_DIR"):
+        shutil.rmtree(os.environ["WSGI_INFER_LIMITS_DIR"], ignore_errors=True)
 
 
 def _place_engine(worker, settings):
