@@ -7,6 +7,7 @@ from __future__ import annotations
 from wsgi_infer import SamplingParams
 from wsgi_infer.engine.scheduling.fair_share import FairShare
 from wsgi_infer.engine.scheduling.kv_cache_manager import KVCacheManager, KVGroup
+from wsgi_infer.engine.scheduling.prefill_pacer import PrefillPacer
 from wsgi_infer.engine.scheduling.scheduler import Scheduler
 from wsgi_infer.engine.scheduling.sequence import Sequence
 
@@ -18,9 +19,10 @@ def _seq(name: str, tenant: str, n: int = 8, weight: float = 1.0, priority: int 
     return Sequence(name, list(range(n)), params, max_tokens=max_tokens)
 
 
-def _scheduler(num_blocks: int = 512, max_num_seqs: int = 8, budget: int = 64, shared: int = 8) -> Scheduler:
+def _scheduler(num_blocks: int = 512, max_num_seqs: int = 8, budget: int = 64, paced: int = 8) -> Scheduler:
+    """A scheduler whose paced prefills take ``paced`` tokens a step (no step time is reported to its pacer)."""
     kv = KVCacheManager([KVGroup((0,), 0, num_blocks)], 4)
-    return Scheduler(kv, max_num_seqs, max_num_batched_tokens=budget, shared_prefill_tokens=shared)
+    return Scheduler(kv, max_num_seqs, max_num_batched_tokens=budget, pacer=PrefillPacer(0.1, paced, budget))
 
 
 def _finish_done(scheduler: Scheduler) -> None:
@@ -99,20 +101,44 @@ def test_a_new_tenant_takes_blocks_from_the_one_holding_them():
     assert [s.request_id for s in scheduler.waiting] == ["a2", "a3"]
 
 
-def test_prefills_share_a_short_budget_while_several_tenants_have_work():
-    scheduler = _scheduler(budget=64, shared=8)
+def test_prefills_are_paced_while_another_tenant_decodes_or_waits():
+    scheduler = _scheduler(budget=64, paced=8)
     scheduler.add(_seq("long", "A", n=200))
     assert step_tokens(scheduler) == {"long": 64}  # alone: the whole budget
-    scheduler.add(_seq("b", "B", n=12, max_tokens=2))
-    assert step_tokens(scheduler) == {"long": 8, "b": 8}  # each tenant's prefill: 8 tokens a step
-    assert step_tokens(scheduler) == {"long": 8, "b": 4}
+    scheduler.add(_seq("b", "B", n=12, max_tokens=3))
+    assert step_tokens(scheduler) == {"long": 8, "b": 12}  # B waits: A is paced; B's first turn is read at once
+    assert step_tokens(scheduler) == {"long": 8, "b": 1}  # B decodes: A stays paced
     assert step_tokens(scheduler) == {"long": 8, "b": 1}
     _finish_done(scheduler)
     assert step_tokens(scheduler) == {"long": 64}  # B is done: the whole budget again
+    scheduler.add(_seq("b2", "B", n=100))
+    scheduler.add(_seq("b3", "B", n=100))
+    assert step_tokens(scheduler) == {"long": 8, "b2": 56}  # B's first turn: what A's pacing leaves
+    # B is paced only while A has streams decoding or requests waiting: A only reads its prompt
+    assert step_tokens(scheduler) == {"long": 8, "b2": 44, "b3": 12}
+
+
+def test_the_pacer_sizes_paced_prefill_to_the_step_time():
+    pacer = PrefillPacer(0.1, 64, 512)
+    pacer.observe(0.2)  # too slow: halved
+    assert pacer.tokens == 32
+    pacer.observe(10.0)  # never below half a step, nor below the floor
+    assert pacer.tokens == 16
+    for _ in range(3):
+        pacer.observe(0.1)
+    assert pacer.tokens == 16  # on target: kept
+    pacer.observe(0.05)  # fast: a quarter more at most
+    assert pacer.tokens == 20
+    for _ in range(20):
+        pacer.observe(0.01)
+    assert pacer.tokens == 512  # never above the step's budget
+    for _ in range(20):
+        pacer.observe(1.0)
+    assert pacer.tokens == 8  # the floor: every prompt moves on
 
 
 def test_one_tenant_is_scheduled_as_without_fair_share():
-    keyed, plain = _scheduler(budget=16, shared=4), _scheduler(budget=16, shared=4)
+    keyed, plain = _scheduler(budget=16, paced=8), _scheduler(budget=16, paced=8)
     for scheduler, tenant in ((keyed, "A"), (plain, "")):
         scheduler.add(_seq("long", tenant, n=40))
         scheduler.add(_seq("short", tenant, n=4))
@@ -121,10 +147,10 @@ def test_one_tenant_is_scheduled_as_without_fair_share():
 
 def test_a_chat_beside_a_flood_is_bounded_in_steps_and_tokens():
     """Key A: 32 decoding streams and a 4,096-token prompt arriving every few steps; key B: one chat at a time.
-    B is admitted in the step it arrives, its prompt read in two steps, and every step it decodes in carries at
-    most A's streams, B's token and A's shared prefill; A keeps every stream and its prefills move on."""
-    shared, budget = 64, 512
-    scheduler = _scheduler(num_blocks=4096, max_num_seqs=64, budget=budget, shared=shared)
+    B is admitted in the step it arrives with its whole prompt, and every step it decodes in carries at most A's
+    streams, B's token and A's paced prefill; A keeps every stream and its prefills move on."""
+    paced, budget = 64, 512
+    scheduler = _scheduler(num_blocks=4096, max_num_seqs=64, budget=budget, paced=paced)
     for i in range(32):
         scheduler.add(_seq(f"a{i}", "A", n=40, max_tokens=10_000))
     for _ in range(3):
@@ -135,13 +161,12 @@ def test_a_chat_beside_a_flood_is_bounded_in_steps_and_tokens():
             scheduler.add(_seq(f"long{chat}.{n}", "A", n=4096, max_tokens=16))
         step(scheduler)
         scheduler.add(_seq(f"b{chat}", "B", n=120, max_tokens=20))
-        assert step_tokens(scheduler)[f"b{chat}"] == shared  # admitted at once
-        assert step_tokens(scheduler)[f"b{chat}"] == 120 - shared  # the rest of its prompt: its first token
+        assert step_tokens(scheduler)[f"b{chat}"] == 120  # admitted, its prompt read at once: its first token
         for _ in range(19):
             tokens = step_tokens(scheduler)
             a_prefill += sum(t for name, t in tokens.items() if name.startswith("long") and t > 1)
             assert tokens[f"b{chat}"] == 1
-            assert sum(t for t in tokens.values() if t > 1) <= shared  # the step's prefill: A's share
+            assert sum(t for t in tokens.values() if t > 1) <= paced  # the step's prefill: A's paced share
             assert sum(1 for name in tokens if name.startswith("a")) == 32  # A's streams keep decoding
         _finish_done(scheduler)
-    assert a_prefill == 5 * 19 * shared  # A's prefill took every step's shared share
+    assert a_prefill == 5 * 19 * paced  # A's prefill took every step's paced share

@@ -48,23 +48,11 @@ def test_a_restarted_server_reads_the_prompt_from_the_store(tiny_model_dirs, tmp
         assert metrics["wsgi_infer:kv_store_bytes_read_total"] > 0 == metrics["wsgi_infer:kv_store_degraded"]
 
 
-def _worker_client(server: GunicornServer, other_than: int | None) -> tuple[httpx.Client, int]:
-    """A client whose one kept-alive connection a worker (not ``other_than``) holds."""
-    for _ in range(40):
-        http = server.client()
-        r = http.get("/health")
-        owner = server.owner_of(r.extensions["network_stream"].get_extra_info("client_addr")[1])
-        if owner != other_than:
-            return http, owner
-        http.close()
-    raise AssertionError("the kernel never gave a connection to the other worker")
-
-
 def test_a_worker_that_never_saw_the_prompt_reads_it_from_the_store(tiny_model_dirs, tmp_path):
     with GunicornServer(_settings(tiny_model_dirs, tmp_path), "--workers", "2") as server:
         server.wait_booted(count=2)
-        first, pid = _worker_client(server, None)
-        second, _ = _worker_client(server, pid)
+        first, pid = server.client_on_worker(None)
+        second, _ = server.client_on_worker(pid)
         try:
             cold = _complete(first)
             written = cold["usage"]["prompt_tokens"] // 4  # the prompt's full blocks

@@ -45,6 +45,18 @@ def parse_metrics(text: str, model_name: str | None = None) -> dict[str, float]:
     return values
 
 
+def labelled_samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of metric ``name``, by their labels other than ``model_name`` (sorted pairs)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                values[tuple(sorted((k, v) for k, v in sample.labels.items() if k != "model_name"))] = sample.value
+    return values
+
+
 # Runs a command that dies with the test process, even one killed from outside (SIGKILL), which runs no cleanup:
 # Linux sends the command SIGINT when its parent goes (PR_SET_PDEATHSIG, kept across exec), a quick stop for
 # gunicorn, nginx and redis alike. A parent that died before the prctl is caught by its pid.
@@ -186,6 +198,17 @@ class GunicornServer(LoggedProcess):
             if client_port in peers[pid]:
                 return pid
         raise AssertionError(f"no worker holds the connection from port {client_port} {context} (their peers: {peers})")
+
+    def client_on_worker(self, other_than: int | None) -> tuple[httpx.Client, int]:
+        """A client whose one kept-alive connection a worker (not ``other_than``) holds, and that worker's pid."""
+        for _ in range(40):
+            http = self.client()
+            r = http.get("/health")
+            owner = self.owner_of(r.extensions["network_stream"].get_extra_info("client_addr")[1])
+            if owner != other_than:
+                return http, owner
+            http.close()
+        raise AssertionError("the kernel never gave a connection to the other worker")
 
     def worker_pids(self) -> list[int]:
         import psutil

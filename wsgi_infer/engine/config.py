@@ -45,8 +45,8 @@ class EngineConfig:
     max_num_seqs: int = option(64, "sequences per engine step", ge=1)
     max_num_batched_tokens: int = option(512, "tokens per engine step (prefills are chunked)", ge=1)
     fair_share: bool = option(True, "share admission and each step between API keys, by weight (weighted fair queuing)")
-    shared_prefill_tokens: int = option(
-        64, "prefill tokens a step carries for each key while several keys have work (fair share)", ge=1
+    shared_step_ms: int = option(
+        100, "while one key's streams decode, other keys' prefill chunks are sized so that a step takes this long", ge=1
     )
     max_model_len: int | None = option(
         None, "context window; default: the model's, clamped at start to what the KV cache holds", ge=2

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import time
 from collections.abc import Callable
 
 import torch
@@ -31,6 +32,7 @@ from .sampling.speculative import SpecCounters, proposer_for, speculates, verify
 from .sampling_params import InvalidParameter, SamplingParams, max_tokens_within
 from .scheduling.fair_share import FairShare
 from .scheduling.kv_cache_manager import KVCacheManager
+from .scheduling.prefill_pacer import PrefillPacer
 from .scheduling.scheduler import Scheduler
 from .scheduling.sequence import Sequence, SequenceStatus
 from .text.chat_template import chat_prompt_ids
@@ -71,7 +73,7 @@ class LLMEngine:
             config.max_num_batched_tokens,
             self.store,
             share,
-            config.shared_prefill_tokens,
+            PrefillPacer(config.shared_step_ms / 1000, 64, config.max_num_batched_tokens),
         )
         self.sampler = Sampler(self.runner.kernels)
         self._seqs: dict[str, Sequence] = {}
@@ -183,7 +185,9 @@ class LLMEngine:
         self.last_step_num_tokens = sum(item.num_new_tokens for item in batch)
         if not batch:
             return []
+        started = time.perf_counter()
         computed = self.runner.execute(batch)
+        self.scheduler.step_took(time.perf_counter() - started)
         for item in batch:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.kv_cache.cache_computed_blocks(item.seq)

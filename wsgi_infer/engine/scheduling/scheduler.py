@@ -10,9 +10,10 @@ output unchanged.
 
 Between tenants (API keys; ``fair_share``): admission goes to the least-served
 tenant with work waiting, and takes a seat or blocks from the tenant holding the
-most seats per weight when none is free; while several tenants have work, each
-one's prefills take at most ``shared_prefill_tokens`` a step, so no stream waits
-behind another tenant's long chunk. Within a tenant (and with one tenant, as without keys):
+most seats per weight when none is free; while a tenant has streams decoding or
+requests waiting, every other tenant's prefill is paced (``prefill_pacer``) so
+that its streams never wait behind a long chunk; a tenant with nothing running
+has its first chunk read at once. Within a tenant (and with one tenant, as without keys):
 priority (vLLM's: lower first), then arrival; preemption takes the lowest
 priority, of those the most recently admitted.
 """
@@ -27,6 +28,7 @@ from typing import Protocol
 
 from .fair_share import FairShare
 from .kv_cache_manager import KVCacheManager, PrefixHit
+from .prefill_pacer import PrefillPacer
 from .sequence import Sequence, SequenceStatus
 
 
@@ -62,23 +64,27 @@ class ScheduledSequence:
 @dataclass
 class StepBudget:
     """What one step may still compute: tokens (a token kept for each running decode not yet scheduled, so that
-    no prefill ahead of it in the batch takes its turn), and, while several tenants have work, the prefill tokens
-    each tenant may still take."""
+    no prefill ahead of it in the batch takes its turn), and the paced prefill tokens each tenant may still take
+    (none: unpaced)."""
 
     tokens: int
     decodes: int
-    prefill_left: dict[str, int]  # per tenant; none: unlimited
+    prefill_left: dict[str, int]
+    paced: int = 0  # paced prefill tokens taken
 
-    def fit(self, seq: Sequence, wanted: int) -> int:
+    def fit(self, seq: Sequence, wanted: int, paced: bool = True) -> int:
+        """``paced``: False for a tenant's first chunk when it has nothing running (its turn to be served)."""
         if not _prefills(seq):
             self.decodes = max(0, self.decodes - 1)
             return min(wanted, self.tokens)
-        return min(wanted, self.tokens - self.decodes, self.prefill_left.get(seq.tenant, wanted))
+        num_new = min(wanted, self.tokens - self.decodes)
+        return min(num_new, self.prefill_left[seq.tenant]) if paced and seq.tenant in self.prefill_left else num_new
 
-    def take(self, seq: Sequence, num_new: int) -> None:
+    def take(self, seq: Sequence, num_new: int, paced: bool = True) -> None:
         self.tokens -= num_new
-        if seq.tenant in self.prefill_left and _prefills(seq):
+        if paced and seq.tenant in self.prefill_left and _prefills(seq):
             self.prefill_left[seq.tenant] -= num_new
+            self.paced += num_new
 
 
 def _prefills(seq: Sequence) -> bool:
@@ -94,14 +100,15 @@ class Scheduler:
         max_num_batched_tokens: int,
         store: StoreTier | None = None,
         share: FairShare | None = None,
-        shared_prefill_tokens: int = 64,
+        pacer: PrefillPacer | None = None,
     ) -> None:
         self.kv_cache = kv_cache
         self.store = store
         self.share = share or FairShare()
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.shared_prefill_tokens = shared_prefill_tokens
+        self.pacer = pacer or PrefillPacer(0.1, 64, max_num_batched_tokens)
+        self._paced_last_step = False
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -133,7 +140,7 @@ class Scheduler:
         step = StepBudget(
             self.max_num_batched_tokens,
             sum(not _prefills(seq) for seq in self.running),
-            self._prefill_shares(),
+            self._paced_prefills(),
         )
         scheduled: list[ScheduledSequence] = []
         preempted = False
@@ -178,7 +185,9 @@ class Scheduler:
                 break  # running streams do not wait for the store's disk: the read is taken when it is over
             stored = self.store.blocks_read(seq) if looks_in_store else {}
             hit = None if wants_all else self.kv_cache.find_cached_prefix(seq, stored)
-            num_new = step.fit(seq, seq.num_tokens - (hit.num_blocks * self.kv_cache.block_size if hit else 0))
+            first_turn = not seats[seq.tenant]  # nothing of its tenant runs: its prompt is read at once
+            wanted = seq.num_tokens - (hit.num_blocks * self.kv_cache.block_size if hit else 0)
+            num_new = step.fit(seq, wanted, paced=not first_turn)
             if num_new <= 0:
                 break
             if not self.kv_cache.allocate(seq, num_new, hit):
@@ -195,10 +204,16 @@ class Scheduler:
                     break
             self._admit(seq, hit, wants_all, looks_in_store)
             scheduled.append(ScheduledSequence(seq, num_new))
-            step.take(seq, num_new)
+            step.take(seq, num_new, paced=not first_turn)
         for item in scheduled:
             self.share.charge(item.seq.tenant, item.num_new_tokens)
+        self._paced_last_step = step.paced > 0
         return scheduled
+
+    def step_took(self, seconds: float) -> None:
+        """The engine computed the last scheduled step in ``seconds``: the pacer learns from the paced ones."""
+        if self._paced_last_step:
+            self.pacer.observe(seconds)
 
     def _admit(self, seq: Sequence, hit: PrefixHit | None, wants_all: bool, looks_in_store: bool) -> None:
         self.waiting.remove(seq)
@@ -219,11 +234,14 @@ class Scheduler:
             firsts.setdefault(seq.tenant, seq)
         return firsts[self.share.least_served(firsts, seats)]
 
-    def _prefill_shares(self) -> dict[str, int]:
-        """While more than one tenant has work, each one's prefills take at most ``shared_prefill_tokens`` a step:
-        no stream waits behind another tenant's long chunk, and a new request's prompt is read at once."""
+    def _paced_prefills(self) -> dict[str, int]:
+        """The prefill tokens each paced tenant's prefills may take this step: every tenant with work is paced
+        while another one has streams decoding or requests waiting."""
         active = {seq.tenant for seq in self.running} | {seq.tenant for seq in self.waiting}
-        return dict.fromkeys(active, self.shared_prefill_tokens) if len(active) > 1 else {}
+        if len(active) < 2:
+            return {}
+        served = {seq.tenant for seq in self.running if not _prefills(seq)} | {seq.tenant for seq in self.waiting}
+        return {tenant: self.pacer.tokens for tenant in active if served - {tenant}}
 
     def _victim(self, tenant: str | None = None) -> int:
         """The running sequence to preempt: of ``tenant``'s (default: the tenant holding the most seats per

@@ -1,0 +1,106 @@
+"""Limits per API key on real servers: a 429 in OpenAI's shape with Retry-After and x-ratelimit-* headers, a limit
+that two workers (and, through Redis, two servers) count together, counters that recover, and metrics by key id
+that never show the key."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from ..support.server import GunicornServer, RedisServer, labelled_samples, wait_until
+
+pytestmark = pytest.mark.slow  # real processes
+
+KEYS = """
+[keys.solo]
+key = "solo-secret"
+max_concurrent_requests = 1
+
+[keys.meter]
+key = "meter-secret"
+generated_tokens_per_minute = 1200
+
+[keys.free]
+key = "free-secret"
+"""
+
+
+def _settings(tiny_model_dirs, tmp_path, **more) -> dict:
+    (tmp_path / "keys.toml").write_text(KEYS)
+    keys_file = str(tmp_path / "keys.toml")
+    return {"model": tiny_model_dirs["llama"], "dtype": "float32", "keys_file": keys_file, **more}
+
+
+def _ask(http: httpx.Client, key: str, **body) -> httpx.Response:
+    body = {"prompt": "Once upon a time", "max_tokens": 4, **body}
+    return http.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+
+
+def _open_stream(http: httpx.Client, key: str):
+    """A streamed request that stays open (EOS ignored, far from its end) until the caller closes it."""
+    body = {"prompt": "Once upon a time", "max_tokens": 30_000, "ignore_eos": True, "stream": True}
+    response = http.send(
+        http.build_request("POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}),
+        stream=True,
+    )
+    lines = response.iter_lines()
+    assert next(line for line in lines if line.startswith("data: {"))  # admitted, and generating
+    return response
+
+
+def _assert_limited(response: httpx.Response, limit_word: str) -> None:
+    assert response.status_code == 429, response.text
+    error = response.json()["error"]
+    assert error["code"] == "rate_limit_exceeded" and error["type"] == "rate_limit_error"
+    assert limit_word in error["message"] and int(response.headers["retry-after"]) >= 1
+
+
+def test_a_key_over_its_concurrency_gets_429_from_the_other_worker_too(tiny_model_dirs, tmp_path):
+    with GunicornServer(_settings(tiny_model_dirs, tmp_path), "--workers", "2") as server:
+        server.wait_booted(count=2)
+        first, pid = server.client_on_worker(None)
+        second, _ = server.client_on_worker(pid)
+        with first, second:
+            stream = _open_stream(first, "solo-secret")
+            _assert_limited(_ask(second, "solo-secret"), "requests open")
+            assert _ask(second, "free-secret").status_code == 200  # other keys are served meanwhile
+            stream.close()  # the client leaves: the worker aborts it and frees the key's slot
+            wait_until(lambda: _ask(second, "solo-secret").status_code == 200, "solo's slot freed")
+        text = httpx.get(f"{server.url}/metrics").text
+        assert "secret" not in text
+        limited = labelled_samples(text, "wsgi_infer:key_rate_limited_total")
+        assert limited[(("key", "solo"), ("limit", "concurrent_requests"))] >= 1
+        requests = labelled_samples(text, "wsgi_infer:key_requests_total")
+        assert requests[(("key", "free"),)] == 1 and requests[(("key", "solo"),)] >= 2
+
+
+def test_generated_tokens_a_minute_refuse_with_retry_after_and_recover(tiny_model_dirs, tmp_path):
+    with GunicornServer(_settings(tiny_model_dirs, tmp_path)).wait_ready() as server, server.client() as http:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="meter-secret", max_retries=0)
+        # 8 choices of 170 tokens: 1,360 generated in about the time of 170, from a bucket of 1,200 that refills
+        # 20 a second: about 8 s in debt, however long the generation took below that.
+        first = client.completions.with_raw_response.create(
+            model="x", prompt="Once", max_tokens=170, n=8, extra_body={"ignore_eos": True}
+        )
+        assert first.headers["x-ratelimit-limit-output-tokens"] == "1200"
+        assert first.headers["x-ratelimit-remaining-output-tokens"] == "1200"  # taken when the request ends
+        refused = _ask(http, "meter-secret")
+        _assert_limited(refused, "generated tokens per minute")
+        assert refused.headers["x-ratelimit-remaining-output-tokens"] == "0"
+        assert 1 <= int(refused.headers["retry-after"]) <= 9
+        with pytest.raises(openai.RateLimitError):
+            client.completions.create(model="x", prompt="Once", max_tokens=2)
+        assert _ask(http, "free-secret").status_code == 200
+        wait_until(lambda: _ask(http, "meter-secret").status_code == 200, "the bucket refilled", timeout=15)
+
+
+def test_redis_holds_a_limit_across_two_servers(tiny_model_dirs, tmp_path):
+    with RedisServer(tmp_path / "redis") as redis:
+        settings = _settings(tiny_model_dirs, tmp_path, redis_url=redis.url)
+        with GunicornServer(settings).wait_ready() as one, GunicornServer(settings).wait_ready() as other:
+            with one.client() as first, other.client() as second:
+                stream = _open_stream(first, "solo-secret")
+                _assert_limited(_ask(second, "solo-secret"), "requests open")
+                stream.close()
+                wait_until(lambda: _ask(second, "solo-secret").status_code == 200, "solo's slot freed")
