@@ -64,7 +64,7 @@ async def request(http: httpx.AsyncClient, key: str, path: str, body: dict, cloc
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     record = {"key": key, "start": clock.now(), "chunks": [], "usage": None, "status": None}
     async with http.stream("POST", path, json=body, headers=headers) as r:
-        record["status"] = r.status_code
+        record["status"], record["accepted"] = r.status_code, clock.now()  # the engine took it: headers sent
         async for line in r.aiter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -121,6 +121,7 @@ def summary(records: list[dict], since: float, until: float) -> dict:
     return {
         "requests": len(done),
         "refused": sum(r["status"] != 200 for r in records),
+        "accepted_p50_ms": ms([r["accepted"] - r["start"] for r in done], 50),
         "ttft_p50_ms": ms(ttft, 50),
         "ttft_p99_ms": ms(ttft, 99),
         "itl_p50_ms": ms(itl, 50),

@@ -5,7 +5,7 @@ short while a less-served tenant has work, priority within a tenant, and the flo
 from __future__ import annotations
 
 from wsgi_infer import SamplingParams
-from wsgi_infer.engine.scheduling.fair_share import FairShare
+from wsgi_infer.engine.scheduling.fair_share import RECENT_SECONDS, FairShare
 from wsgi_infer.engine.scheduling.kv_cache_manager import KVCacheManager, KVGroup
 from wsgi_infer.engine.scheduling.prefill_pacer import PrefillPacer
 from wsgi_infer.engine.scheduling.scheduler import Scheduler
@@ -19,10 +19,22 @@ def _seq(name: str, tenant: str, n: int = 8, weight: float = 1.0, priority: int 
     return Sequence(name, list(range(n)), params, max_tokens=max_tokens)
 
 
-def _scheduler(num_blocks: int = 512, max_num_seqs: int = 8, budget: int = 64, paced: int = 8) -> Scheduler:
-    """A scheduler whose paced prefills take ``paced`` tokens a step (no step time is reported to its pacer)."""
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _scheduler(
+    num_blocks: int = 512, max_num_seqs: int = 8, budget: int = 64, paced: int = 8, clock: Clock | None = None
+) -> Scheduler:
+    """A scheduler whose paced prefills take ``paced`` tokens a step (no step time is reported to its pacer), on
+    a clock that stands still unless the test moves it."""
     kv = KVCacheManager([KVGroup((0,), 0, num_blocks)], 4)
-    return Scheduler(kv, max_num_seqs, max_num_batched_tokens=budget, pacer=PrefillPacer(0.1, paced, budget))
+    pacer, share = PrefillPacer(0.1, paced, budget), FairShare(clock or Clock())
+    return Scheduler(kv, max_num_seqs, max_num_batched_tokens=budget, share=share, pacer=pacer)
 
 
 def _finish_done(scheduler: Scheduler) -> None:
@@ -101,8 +113,9 @@ def test_a_new_tenant_takes_blocks_from_the_one_holding_them():
     assert [s.request_id for s in scheduler.waiting] == ["a2", "a3"]
 
 
-def test_prefills_are_paced_while_another_tenant_decodes_or_waits():
-    scheduler = _scheduler(budget=64, paced=8)
+def test_prefills_are_paced_while_another_tenant_decodes_or_waits_or_did_a_moment_ago():
+    clock = Clock()
+    scheduler = _scheduler(budget=64, paced=8, clock=clock)
     scheduler.add(_seq("long", "A", n=200))
     assert step_tokens(scheduler) == {"long": 64}  # alone: the whole budget
     scheduler.add(_seq("b", "B", n=12, max_tokens=3))
@@ -110,7 +123,11 @@ def test_prefills_are_paced_while_another_tenant_decodes_or_waits():
     assert step_tokens(scheduler) == {"long": 8, "b": 1}  # B decodes: A stays paced
     assert step_tokens(scheduler) == {"long": 8, "b": 1}
     _finish_done(scheduler)
-    assert step_tokens(scheduler) == {"long": 64}  # B is done: the whole budget again
+    assert step_tokens(scheduler) == {"long": 8}  # B's next request may come any moment
+    clock.now += RECENT_SECONDS
+    assert step_tokens(scheduler) == {"long": 8}
+    clock.now += 0.01
+    assert step_tokens(scheduler) == {"long": 64}  # B has gone: the whole budget again
     scheduler.add(_seq("b2", "B", n=100))
     scheduler.add(_seq("b3", "B", n=100))
     assert step_tokens(scheduler) == {"long": 8, "b2": 56}  # B's first turn: what A's pacing leaves

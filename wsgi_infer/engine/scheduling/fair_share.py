@@ -11,16 +11,23 @@ an engine thread, so a key's share counts its tokens on all of them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 
 from .sequence import Sequence
 
+# A tenant whose last request ended this recently still counts as present: a chat's next request comes a moment
+# after its last, and must not find the engine in the middle of another tenant's long unpaced chunk.
+RECENT_SECONDS = 2.0
+
 
 class FairShare:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._served: dict[str, float] = {}  # tokens computed over weight, relative to the others
         self._weights: dict[str, float] = {}
         self._open: dict[str, int] = {}  # sequences not finished, per tenant
+        self._left: dict[str, float] = {}  # when each tenant's last sequence ended
+        self._clock = clock
 
     def join(self, seq: Sequence) -> None:
         """A sequence arrived."""
@@ -35,6 +42,13 @@ class FairShare:
     def leave(self, seq: Sequence) -> None:
         """A sequence finished or was aborted."""
         self._open[seq.tenant] -= 1
+        if not self._open[seq.tenant]:
+            self._left[seq.tenant] = self._clock()
+
+    def recently_present(self) -> set[str]:
+        """Tenants with nothing open whose last sequence ended within ``RECENT_SECONDS``."""
+        since = self._clock() - RECENT_SECONDS
+        return {t for t, at in self._left.items() if at >= since and not self._open.get(t)}
 
     def charge(self, tenant: str, num_tokens: int) -> None:
         self._served[tenant] += num_tokens / self._weights[tenant]

@@ -11,9 +11,9 @@ output unchanged.
 Between tenants (API keys; ``fair_share``): admission goes to the least-served
 tenant with work waiting, and takes a seat or blocks from the tenant holding the
 most seats per weight when none is free; while a tenant has streams decoding or
-requests waiting, every other tenant's prefill is paced (``prefill_pacer``) so
-that its streams never wait behind a long chunk; a tenant with nothing running
-has its first chunk read at once. Within a tenant (and with one tenant, as without keys):
+requests waiting (or had, a moment ago), every other tenant's prefill is paced
+(``prefill_pacer``) so that its streams never wait behind a long chunk; a tenant
+with nothing running has its first chunk read at once. Within a tenant (and with one tenant, as without keys):
 priority (vLLM's: lower first), then arrival; preemption takes the lowest
 priority, of those the most recently admitted.
 """
@@ -236,11 +236,10 @@ class Scheduler:
 
     def _paced_prefills(self) -> dict[str, int]:
         """The prefill tokens each paced tenant's prefills may take this step: every tenant with work is paced
-        while another one has streams decoding or requests waiting."""
+        while another one has streams decoding or requests waiting, or had until a moment ago."""
         active = {seq.tenant for seq in self.running} | {seq.tenant for seq in self.waiting}
-        if len(active) < 2:
-            return {}
         served = {seq.tenant for seq in self.running if not _prefills(seq)} | {seq.tenant for seq in self.waiting}
+        served |= self.share.recently_present()
         return {tenant: self.pacer.tokens for tenant in active if served - {tenant}}
 
     def _victim(self, tenant: str | None = None) -> int:

@@ -29,7 +29,7 @@ class RedisLimitStore:
         self._client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
         self._errors = (redis.RedisError, OSError)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._beating = gevent.spawn(self._beat)
+        gevent.spawn(self._beat)  # for the worker's life
 
     def update(self, key_id: str, change: Callable[[dict], T]) -> T:
         try:
@@ -54,6 +54,3 @@ class RedisLimitStore:
             except self._errors:
                 pass  # an outage: requests are refused nothing meanwhile (``Tenants.admit``), and beats resume
             gevent.sleep(HEARTBEAT_SECONDS)
-
-    def close(self) -> None:
-        self._beating.kill(block=False)

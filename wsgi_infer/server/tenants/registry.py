@@ -25,8 +25,10 @@ log = logging.getLogger(__name__)
 class Tenants:
     def __init__(self, settings: ServerSettings) -> None:
         self.policies = load_keys(settings.api_keys, settings.keys_file)
-        store: LimitStore = RedisLimitStore(settings.redis_url) if settings.redis_url else LocalLimitStore()
-        self.ledger = Ledger(store) if any(policy.limited for policy in self.policies) else None
+        self.ledger = None
+        if any(policy.limited for policy in self.policies):
+            store: LimitStore = RedisLimitStore(settings.redis_url) if settings.redis_url else LocalLimitStore()
+            self.ledger = Ledger(store)
         self._store_down = False
 
     def identify(self, presented: list[str]) -> KeyPolicy | None:
