@@ -27,7 +27,7 @@ def store_namespace(config: EngineConfig, model_dir: Path, runner: ModelRunner) 
     kernels = runner.kernels
     identity = {
         "format": VERSION,
-        "package": importlib.metadata.version("wsgi-infer"),
+        "package": _package_version(),
         "weights": _weights_digests(config.model, model_dir),
         "config": hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest(),
         "device": runner.device.type,
@@ -39,6 +39,15 @@ def store_namespace(config: EngineConfig, model_dir: Path, runner: ModelRunner) 
         "compute": (kernels.build, kernels.int8_activations) if kernels else f"torch {torch.__version__}",
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).digest()
+
+
+def _package_version() -> str:
+    """The installed version; run from a source tree that was never installed, a digest of the engine's code."""
+    try:
+        return importlib.metadata.version("wsgi-infer")
+    except importlib.metadata.PackageNotFoundError:
+        engine = Path(__file__).resolve().parents[1]
+        return hashlib.sha256(b"".join(f.read_bytes() for f in sorted(engine.rglob("*.py")))).hexdigest()
 
 
 def _weights_digests(model: str | None, model_dir: Path) -> list[tuple[str, str]]:
