@@ -192,12 +192,15 @@ def plot(results: list[dict], path: str) -> None:
         itl = result["b_flood"]["itl_over_time"]
         top.plot([t for t, _ in ttft], [v for _, v in ttft], "o-", ms=3, label=label)
         bottom.plot([t for t, _ in itl], [v * 1000 for _, v in itl], ".", ms=2, label=label)
+    top.axhline(0.5, ls="--", color="gray", lw=1, label="goal: 0.5 s")
+    bottom.axhline(150, ls="--", color="gray", lw=1, label="goal: 150 ms")
     top.set_ylabel("B's time to first token (s)")
     top.set_yscale("log")
     bottom.set_ylabel("B's inter-token latency (ms)")
     bottom.set_yscale("log")
     bottom.set_xlabel("seconds into A's flood (after its warm-up)")
     top.legend()
+    bottom.legend()
     top.set_title("Key B chats while key A floods (32 streams + a 4,096-token prompt every 2 s)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -215,9 +218,13 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--plot")
     parser.add_argument("--server-log")
+    parser.add_argument("--from-json", help="print and plot the results of an earlier run instead of running")
     args = parser.parse_args()
-    modes = [m == "fair" for m in ([args.only] if args.only else ["fcfs", "fair"])]
-    results = [asyncio.run(run(args, fair)) for fair in modes]
+    if args.from_json:
+        results = json.loads(Path(args.from_json).read_text())
+    else:
+        modes = [m == "fair" for m in ([args.only] if args.only else ["fcfs", "fair"])]
+        results = [asyncio.run(run(args, fair)) for fair in modes]
     for result in results:
         brief = {k: v for k, v in result["b_flood"].items() if not k.endswith("over_time")}
         print(json.dumps({**result, "b_flood": brief}, indent=1))

@@ -154,6 +154,17 @@ def test_the_pacer_sizes_paced_prefill_to_the_step_time():
     assert pacer.tokens == 8  # the floor: every prompt moves on
 
 
+def test_one_share_counts_a_tenants_tokens_on_every_model():
+    share = FairShare(Clock())
+    kv = [KVCacheManager([KVGroup((0,), 0, 64)], 4) for _ in range(2)]
+    first, second = (Scheduler(k, 1, max_num_batched_tokens=16, share=share) for k in kv)
+    first.add(_seq("a-busy", "A", n=8))
+    second.add(_seq("a-other", "A", n=8))
+    second.add(_seq("b", "B", n=8))  # level with A on arrival
+    step(first)  # A's tokens on the first model
+    assert step(second) == ["b"]  # so B goes first on the second
+
+
 def test_one_tenant_is_scheduled_as_without_fair_share():
     keyed, plain = _scheduler(budget=16, paced=8), _scheduler(budget=16, paced=8)
     for scheduler, tenant in ((keyed, "A"), (plain, "")):

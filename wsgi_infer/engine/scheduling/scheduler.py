@@ -143,13 +143,20 @@ class Scheduler:
             self._paced_prefills(),
         )
         scheduled: list[ScheduledSequence] = []
-        preempted = False
+        preempted = self._schedule_running(step, scheduled)
+        self._admit_waiting(step, scheduled, preempted)
+        for item in scheduled:
+            self.share.charge(item.seq.tenant, item.num_new_tokens)
+        self._paced_last_step = step.paced > 0
+        return scheduled
 
-        i = 0
+    def _schedule_running(self, step: StepBudget, scheduled: list[ScheduledSequence]) -> bool:
+        """Each running sequence's tokens, as the budget allows; True if KV pressure preempted any."""
+        preempted, i = False, 0
         while i < len(self.running) and step.tokens > 0:
             seq = self.running[i]
             num_new = step.fit(seq, seq.num_tokens - seq.num_computed_tokens + len(seq.draft))
-            if num_new <= 0:  # a prefill that waits: for the decodes after it, or for a less-served tenant's step
+            if num_new <= 0:  # a prefill that waits: for the decodes after it, or for its tenant's paced share
                 i += 1
                 continue
             seq.draft = seq.draft[: max(0, seq.num_computed_tokens + num_new - seq.num_tokens)]  # what fits
@@ -165,11 +172,14 @@ class Scheduler:
                 scheduled.append(ScheduledSequence(seq, num_new))
                 step.take(seq, num_new)
                 i += 1
+        return preempted
 
+    def _admit_waiting(self, step: StepBudget, scheduled: list[ScheduledSequence], preempted: bool) -> None:
+        """Admit waiting sequences, the least-served tenant's first, while the step has room."""
         made_room_for = None  # the sequence another tenant just gave a seat or blocks to
-        while self.waiting and step.tokens > 0:
+        full: set[str] = set()  # tenants whose paced share of this step is taken
+        while step.tokens > 0 and (seq := self._next_waiting(full)) is not None:
             seats = Counter(s.tenant for s in self.running)
-            seq = self._next_waiting(seats)
             rival = self.share.seat_victim(seq.tenant, seats)  # who gives it a seat or blocks, if anyone
             if preempted and rival is None and seq is not made_room_for:
                 break  # admitting new work right after preempting would only thrash the cache
@@ -185,11 +195,11 @@ class Scheduler:
                 break  # running streams do not wait for the store's disk: the read is taken when it is over
             stored = self.store.blocks_read(seq) if looks_in_store else {}
             hit = None if wants_all else self.kv_cache.find_cached_prefix(seq, stored)
-            first_turn = not seats[seq.tenant]  # nothing of its tenant runs: its prompt is read at once
-            wanted = seq.num_tokens - (hit.num_blocks * self.kv_cache.block_size if hit else 0)
-            num_new = step.fit(seq, wanted, paced=not first_turn)
+            paced = bool(seats[seq.tenant])  # a tenant with nothing running has its first chunk read at once
+            num_new = step.fit(seq, seq.num_tokens - (hit.num_blocks * self.kv_cache.block_size if hit else 0), paced)
             if num_new <= 0:
-                break
+                full.add(seq.tenant)
+                continue
             if not self.kv_cache.allocate(seq, num_new, hit):
                 if rival is not None:
                     self._preempt_running(self._victim(rival), scheduled, step)
@@ -204,11 +214,7 @@ class Scheduler:
                     break
             self._admit(seq, hit, wants_all, looks_in_store)
             scheduled.append(ScheduledSequence(seq, num_new))
-            step.take(seq, num_new, paced=not first_turn)
-        for item in scheduled:
-            self.share.charge(item.seq.tenant, item.num_new_tokens)
-        self._paced_last_step = step.paced > 0
-        return scheduled
+            step.take(seq, num_new, paced)
 
     def step_took(self, seconds: float) -> None:
         """The engine computed the last scheduled step in ``seconds``: the pacer learns from the paced ones."""
@@ -227,12 +233,16 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
-    def _next_waiting(self, seats: Counter[str]) -> Sequence:
-        """The first waiting sequence (by priority, then arrival) of the least-served tenant with one waiting."""
+    def _next_waiting(self, full: set[str]) -> Sequence | None:
+        """The first waiting sequence (by priority, then arrival) of the least-served tenant with one waiting, of
+        those not ``full``."""
         firsts: dict[str, Sequence] = {}
         for seq in self.waiting:
-            firsts.setdefault(seq.tenant, seq)
-        return firsts[self.share.least_served(firsts, seats)]
+            if seq.tenant not in full:
+                firsts.setdefault(seq.tenant, seq)
+        if not firsts:
+            return None
+        return firsts[self.share.least_served(firsts, Counter(seq.tenant for seq in self.running))]
 
     def _paced_prefills(self) -> dict[str, int]:
         """The prefill tokens each paced tenant's prefills may take this step: every tenant with work is paced
