@@ -63,6 +63,7 @@ LAYERS = (
     ),
     ("wsgi_infer.server.streaming",),
     ("wsgi_infer.server.engine_client",),
+    ("wsgi_infer.server.tenants",),
     # the API: what every route shares, a conversation's path, then the routes and their API families
     ("wsgi_infer.server.api.access", "wsgi_infer.server.api.serving", "wsgi_infer.server.api.schemas"),
     ("wsgi_infer.server.api.chat",),

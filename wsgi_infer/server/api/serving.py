@@ -90,7 +90,7 @@ def start(
     else:
         require_task(model, task)  # waits for readiness too
     limit = model.settings.max_num_seqs + model.settings.max_waiting_requests
-    if model.num_open_requests >= limit:
+    if model.num_open_requests >= limit and not tenants().within_equal_share(g.get("key"), model, limit):
         raise APIError(
             f"too many requests in flight ({limit}); retry later",
             429,
@@ -104,7 +104,7 @@ def start(
     ticket = _admit_key(model, params, sum(map(len, prompt_ids)))
     stream = model.submit(g.request_id, prompt_ids, params)
     if "key" in g:
-        tenants().track(g.key, ticket, stream, model.metrics)
+        tenants().track(g.key, ticket, stream, model)
     try:
         outcome = stream.wait_admission(ADMISSION_TIMEOUT_S)
         if isinstance(outcome, Rejected) and outcome.status == 400:  # bad input: rendered as every other

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ class ServedModel:
         self._settled = gevent.event.Event()  # set while loaded or failed
         self.metrics = metrics.ModelMetrics(self.name)
         self.num_open_requests = 0
+        self.open_by_key: Counter[str] = Counter()  # of them, each API key's (``tenants``)
         self.last_used = time.monotonic()
         # Seconds it stays loaded with no request (-1: for ever): its table's, else for ever where loaded at start;
         # a request may set another for the time after it (``keep_alive``).

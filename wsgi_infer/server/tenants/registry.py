@@ -11,8 +11,8 @@ import logging
 import gevent
 
 from ...engine.sampling_params import SamplingParams
+from ..engine_client.served_model import ServedModel
 from ..engine_client.streams import RequestStream
-from ..metrics import ModelMetrics
 from ..settings import ServerSettings
 from .keys import KeyPolicy, load_keys
 from .limits import Decision, Ledger, LimitStore
@@ -60,20 +60,32 @@ class Tenants:
         self._store_down = False
         return decision
 
-    def track(self, policy: KeyPolicy, ticket: str, stream: RequestStream, metrics: ModelMetrics) -> None:
-        """Count the request's tokens under its key, and tell the limits when its first token comes and when it
-        ends."""
+    def track(self, policy: KeyPolicy, ticket: str, stream: RequestStream, model: ServedModel) -> None:
+        """Count the request under its key (open on the model, its tokens), and tell the limits when its first
+        token comes and when it ends."""
+        metrics = model.metrics
 
         def close() -> None:
+            model.open_by_key[policy.id] -= 1
             metrics.of_key("prompt_tokens", policy.id).inc(stream.prompt_tokens)
             metrics.of_key("generation_tokens", policy.id).inc(stream.completion_tokens)
             if ticket:
                 self._quietly(self.ledger.finish, policy, ticket, stream.completion_tokens)
 
+        model.open_by_key[policy.id] += 1
         metrics.of_key("requests", policy.id).inc()
         stream.on_close = close
         if ticket:  # the first token comes in the bridge's delivery, which must not wait for Redis
             stream.on_first_token = lambda: gevent.spawn(self._quietly, self.ledger.started, policy, ticket)
+
+    @staticmethod
+    def within_equal_share(policy: KeyPolicy | None, model: ServedModel, limit: int) -> bool:
+        """Whether a key holds fewer of the model's open requests than an equal share of ``limit`` among the keys
+        with any open (itself included): a full queue refuses the keys that filled it, not a newcomer."""
+        if policy is None:
+            return False
+        keys = {key for key, n in model.open_by_key.items() if n} | {policy.id}
+        return model.open_by_key[policy.id] < limit / len(keys)
 
     @staticmethod
     def _quietly(call, *args) -> None:

@@ -4,6 +4,9 @@ that never show the key."""
 
 from __future__ import annotations
 
+import json
+import socket
+
 import httpx
 import openai
 import pytest
@@ -107,3 +110,29 @@ def test_redis_holds_a_limit_across_two_servers(tiny_model_dirs, tmp_path):
                 _assert_limited(_ask(second, "solo-secret"), "requests open")
                 stream.close()
                 wait_until(lambda: _ask(second, "solo-secret").status_code == 200, "solo's slot freed")
+
+
+def _send_stream(server: GunicornServer, key: str) -> socket.socket:
+    """An endless streamed request, sent on its own connection and left unread."""
+    body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 30_000, "ignore_eos": True, "stream": True}).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {key}\r\n"
+    head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def test_a_full_queue_refuses_the_key_that_filled_it_and_serves_another(tiny_model_dirs):
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "api_key": "flood-key,chat-key"}
+    settings.update(max_num_seqs=2, max_waiting_requests=2)  # 4 requests in flight at most
+    with GunicornServer(settings).wait_ready() as server, server.client() as http:
+        flood = [_send_stream(server, "flood-key") for _ in range(4)]
+        try:
+            server.wait_for_metric("wsgi_infer:num_requests_waiting", 2)
+            refused = _ask(http, "flood-key")
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_requests"
+            served = _ask(http, "chat-key")  # under its share of the queue; a seat is taken from the flood for it
+            assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 4
+        finally:
+            for sock in flood:
+                sock.close()
