@@ -50,9 +50,7 @@ def test_a_restarted_server_reads_the_prompt_from_the_store(tiny_model_dirs, tmp
 
 def test_a_worker_that_never_saw_the_prompt_reads_it_from_the_store(tiny_model_dirs, tmp_path):
     with GunicornServer(_settings(tiny_model_dirs, tmp_path), "--workers", "2") as server:
-        server.wait_booted(count=2)
-        first, pid = server.client_on_worker(None)
-        second, _ = server.client_on_worker(pid)
+        first, second = server.clients_on_two_workers()
         try:
             cold = _complete(first)
             written = cold["usage"]["prompt_tokens"] // 4  # the prompt's full blocks

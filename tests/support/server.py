@@ -210,6 +210,12 @@ class GunicornServer(LoggedProcess):
             http.close()
         raise AssertionError("the kernel never gave a connection to the other worker")
 
+    def clients_on_two_workers(self) -> tuple[httpx.Client, httpx.Client]:
+        """Once both workers of a two-worker server are ready, a client on each."""
+        self.wait_booted(count=2)
+        first, pid = self.client_on_worker(None)
+        return first, self.client_on_worker(pid)[0]
+
     def worker_pids(self) -> list[int]:
         import psutil
 

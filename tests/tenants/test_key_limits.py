@@ -50,7 +50,8 @@ def test_the_keys_file_gives_ids_weights_and_caps_and_names_what_is_wrong(tmp_pa
         ('[keys.a]\nkey = "k"\nmax_queued = 3\n', "max_queued"),
         ('[keys.a]\nkey = "k"\nkey_sha256 = "' + digest + '"\n', "one of them"),
         ('[keys.a]\nkey = "k"\n[keys.b]\nkey = "k"\n', "twice"),
-        ("[models.a]\n", "[keys.NAME]"),
+        ("[models.a]\n", "only \\[keys.NAME\\] tables"),
+        ("", "no \\[keys.NAME\\] table"),
     ]:
         path.write_text(text)
         with pytest.raises(KeysConfigError, match=says):

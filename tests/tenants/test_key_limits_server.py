@@ -61,9 +61,7 @@ def _assert_limited(response: httpx.Response, limit_word: str) -> None:
 
 def test_a_key_over_its_concurrency_gets_429_from_the_other_worker_too(tiny_model_dirs, tmp_path):
     with GunicornServer(_settings(tiny_model_dirs, tmp_path), "--workers", "2") as server:
-        server.wait_booted(count=2)
-        first, pid = server.client_on_worker(None)
-        second, _ = server.client_on_worker(pid)
+        first, second = server.clients_on_two_workers()
         try:
             stream = _open_stream(first, "solo-secret")
             _assert_limited(_ask(second, "solo-secret"), "requests open")

@@ -11,12 +11,11 @@ From the settings, in this order (the first model is the default, for requests t
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine.loading.model_paths import is_embedding_model, model_name, model_path
-from .settings import ServerSettings
+from .settings import ServerSettings, toml_tables
 
 # The settings a model may have of its own (each also a global one, its default).
 PER_MODEL = frozenset(
@@ -119,16 +118,7 @@ def _models_in(directory: Path) -> list[Path]:
 
 
 def _tables(config_file: str | None) -> dict[str, dict]:
-    if not config_file:
-        return {}
-    try:
-        with open(Path(config_file).expanduser(), "rb") as f:
-            document = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ModelsConfigError(f"models config {config_file!r}: {exc}") from None
-    tables = document.get("models", {})
-    if set(document) - {"models"} or not isinstance(tables, dict):
-        raise ModelsConfigError(f"models config {config_file!r}: only [models.NAME] tables are read")
+    tables = toml_tables(config_file, "models", ModelsConfigError, "models config")
     for name, table in tables.items():
         unknown = set(table) - TABLE_KEYS if isinstance(table, dict) else {"(not a table)"}
         if unknown:

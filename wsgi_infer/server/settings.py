@@ -6,6 +6,8 @@ types, defaults, help and bounds); the server's own are declared here.
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
 from typing import Literal, get_type_hints
 
 from pydantic import Field, create_model
@@ -137,3 +139,19 @@ class ServerSettings(EngineSettings):
             **{**engine, "model": self.model or None},
             kv_cache_memory_bytes=self.kv_cache_memory_mb << 20 if self.kv_cache_memory_mb else None,
         )
+
+
+def toml_tables(path: str | None, section: str, error: type[ValueError], what: str) -> dict:
+    """The ``[section.NAME]`` tables of a TOML file (none without a path); ``error`` says what is wrong with it,
+    naming it as ``what``."""
+    if not path:
+        return {}
+    try:
+        with open(Path(path).expanduser(), "rb") as f:
+            document = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise error(f"{what} {path!r}: {exc}") from None
+    tables = document.get(section, {})
+    if set(document) - {section} or not isinstance(tables, dict):
+        raise error(f"{what} {path!r}: only [{section}.NAME] tables are read")
+    return tables

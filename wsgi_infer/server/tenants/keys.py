@@ -8,10 +8,10 @@ Keys come from ``api_key`` (each its own tenant: weight 1, no limits) and from `
 from __future__ import annotations
 
 import hashlib
-import tomllib
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..settings import toml_tables
 
 
 class KeysConfigError(ValueError):
@@ -67,7 +67,10 @@ class KeyPolicy(KeyLimits):
 def load_keys(api_keys: list[str], keys_file: str | None) -> list[KeyPolicy]:
     """Every key the settings give; raises KeysConfigError naming the file and the table."""
     policies = [KeyPolicy(id=hashlib.sha256(key.encode()).hexdigest()[:12], key=key) for key in api_keys]
-    for name, table in _tables(keys_file).items():
+    tables = toml_tables(keys_file, "keys", KeysConfigError, "keys file")
+    if keys_file and not tables:
+        raise KeysConfigError(f"keys file {keys_file!r} holds no [keys.NAME] table")
+    for name, table in tables.items():
         try:
             policies.append(KeyPolicy(id=name, **table))
         except ValidationError as exc:
@@ -80,17 +83,3 @@ def load_keys(api_keys: list[str], keys_file: str | None) -> list[KeyPolicy]:
             raise KeysConfigError(f"one key is given twice ({seen[policy.digest]} and {policy.id})")
         seen[policy.digest] = policy.id
     return policies
-
-
-def _tables(keys_file: str | None) -> dict:
-    if not keys_file:
-        return {}
-    try:
-        with open(Path(keys_file).expanduser(), "rb") as f:
-            document = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise KeysConfigError(f"keys file {keys_file!r}: {exc}") from None
-    tables = document.get("keys", {})
-    if set(document) - {"keys"} or not isinstance(tables, dict) or not tables:
-        raise KeysConfigError(f"keys file {keys_file!r}: it holds [keys.NAME] tables, and nothing else")
-    return tables
