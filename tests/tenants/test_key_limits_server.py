@@ -5,6 +5,7 @@ that never show the key."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 
 import httpx
@@ -134,3 +135,20 @@ def test_a_full_queue_refuses_the_key_that_filled_it_and_serves_another(tiny_mod
         finally:
             for sock in flood:
                 sock.close()
+
+
+def test_a_sighup_reads_the_changed_keys_file(tiny_model_dirs, tmp_path):
+    with GunicornServer(_settings(tiny_model_dirs, tmp_path)).wait_ready() as server:
+        old_worker = server.worker_pids()[0]
+
+        def fresh(key: str) -> int:  # a new connection: the new worker answers once the old one has gone
+            with server.client() as http:
+                return _ask(http, key).status_code
+
+        assert fresh("free-secret") == 200 and fresh("new-secret") == 401
+        (tmp_path / "keys.toml").write_text('[keys.new]\nkey = "new-secret"\n')
+        after = len(server.lines)
+        server.process.send_signal(signal.SIGHUP)
+        server.wait_booted(after=after)
+        server.wait_for_log(rf"\[{old_worker}\] \[INFO\] Worker exiting")
+        assert fresh("new-secret") == 200 and fresh("free-secret") == 401
