@@ -4,7 +4,8 @@ and everyone's throughput, with fair share and without.
 
     .venv/bin/python scripts/bench_tenants.py --json tenants.json --plot docs/tenants.png
 
-Per run, a fresh server (one worker, the default model, speculation off) with the keys A and B:
+Per run, a fresh server (one worker, the default model, speculation off unless ``--speculative ngram``) with the
+keys A and B:
 - B alone: ``--alone`` chat requests, one at a time (EOS kept): B's unshared figures;
 - the flood: A keeps ``--streams`` chat streams open (each a new request once the last ends; 128 tokens,
   EOS ignored: load, not quality) and sends a new ``--long``-token prompt every ``--every`` seconds (16 tokens;
@@ -39,11 +40,11 @@ ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"A": "tenant-a-key", "B": "tenant-b-key"}
 
 
-def start(fair_share: bool, log_path: str | None) -> tuple[subprocess.Popen, str]:
+def start(fair_share: bool, log_path: str | None, speculative: str = "none") -> tuple[subprocess.Popen, str]:
     port = free_port()
     command = [str(Path(sys.executable).with_name("gunicorn")), "-c", "gunicorn.conf.py"]
     command += ["--bind", f"127.0.0.1:{port}", "--workers", "1", "--access-logfile", "/dev/null"]
-    env = {**os.environ, "WSGI_INFER_SPECULATIVE": "none", "WSGI_INFER_API_KEY": ",".join(KEYS.values())}
+    env = {**os.environ, "WSGI_INFER_SPECULATIVE": speculative, "WSGI_INFER_API_KEY": ",".join(KEYS.values())}
     env["WSGI_INFER_FAIR_SHARE"] = "true" if fair_share else "false"
     log = open(log_path or os.devnull, "w")
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -144,7 +145,7 @@ def throughput(records: list[dict], since: float, until: float) -> dict:
 
 
 async def run(args, fair_share: bool) -> dict:
-    process, url = start(fair_share, args.server_log)
+    process, url = start(fair_share, args.server_log, args.speculative)
     chats = chat_prompts(64)
     longs = prompt_ids(int(args.seconds + args.warmup) // int(args.every) + 2, args.long)
     limits = httpx.Limits(max_connections=args.streams + 64, max_keepalive_connections=args.streams + 64)
@@ -215,6 +216,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=90.0, help="B's window under the flood")
     parser.add_argument("--alone", type=int, default=8, help="B's requests before the flood")
     parser.add_argument("--only", choices=("fair", "fcfs"), help="one run instead of both")
+    parser.add_argument("--speculative", default="none", help="WSGI_INFER_SPECULATIVE (ngram: the default)")
     parser.add_argument("--json")
     parser.add_argument("--plot")
     parser.add_argument("--server-log")
