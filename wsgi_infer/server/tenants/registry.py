@@ -92,4 +92,4 @@ class Tenants:
         try:
             call(*args)
         except RedisUnavailable as exc:
-            log.warning("a request's end was not counted in its key's limits: %s", exc)
+            log.warning("a request's first token or end was not counted in its key's limits: %s", exc)
