@@ -178,8 +178,11 @@ class Scheduler:
         """Admit waiting sequences, the least-served tenant's first, while the step has room."""
         made_room_for = None  # the sequence another tenant just gave a seat or blocks to
         full: set[str] = set()  # tenants whose paced share of this step is taken
-        while step.tokens > 0 and (seq := self._next_waiting(full)) is not None:
+        while step.tokens > 0:
             seats = Counter(s.tenant for s in self.running)
+            seq = self._next_waiting(full, seats)
+            if seq is None:
+                break
             rival = self.share.seat_victim(seq.tenant, seats)  # who gives it a seat or blocks, if anyone
             if preempted and rival is None and seq is not made_room_for:
                 break  # admitting new work right after preempting would only thrash the cache
@@ -233,16 +236,16 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
-    def _next_waiting(self, full: set[str]) -> Sequence | None:
+    def _next_waiting(self, full: set[str], seats: Counter[str]) -> Sequence | None:
         """The first waiting sequence (by priority, then arrival) of the least-served tenant with one waiting, of
-        those not ``full``."""
+        those not ``full`` (``seats``: each tenant's running sequences)."""
         firsts: dict[str, Sequence] = {}
         for seq in self.waiting:
             if seq.tenant not in full:
                 firsts.setdefault(seq.tenant, seq)
         if not firsts:
             return None
-        return firsts[self.share.least_served(firsts, Counter(seq.tenant for seq in self.running))]
+        return firsts[self.share.least_served(firsts, seats)]
 
     def _paced_prefills(self) -> dict[str, int]:
         """The prefill tokens each paced tenant's prefills may take this step: every tenant with work is paced
