@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from wsgi_infer import SamplingParams
+from wsgi_infer.server.settings import ServerSettings
 from wsgi_infer.server.tenants.keys import KeysConfigError, load_keys
 from wsgi_infer.server.tenants.limits import Ledger, duration
 from wsgi_infer.server.tenants.local_store import LocalLimitStore
@@ -39,9 +40,10 @@ def test_the_keys_file_gives_ids_weights_and_caps_and_names_what_is_wrong(tmp_pa
     plain, batch = load_keys(["env-key"], str(path))
     assert plain.id == hashlib.sha256(b"env-key").hexdigest()[:12] and plain.weight == 1 and not plain.limited
     assert batch.id == "batch" and batch.weight == 0.5 and batch.digest == bytes.fromhex(digest)
-    tenants = Tenants.__new__(Tenants)
-    tenants.policies = [plain, batch]
-    assert tenants.identify(["nope", "hashed-key"]) is batch and tenants.identify(["nope"]) is None
+    tenants = Tenants(ServerSettings(api_key="env-key", keys_file=str(path)))
+    assert tenants.ledger is None  # no key has a limit: nothing to count
+    assert tenants.identify(["nope", "hashed-key"]).id == "batch" and tenants.identify(["nope"]) is None
+    assert tenants.identify(["env-key"]).id == plain.id
     params = [SamplingParams(priority=-5), SamplingParams(priority=20)]
     Tenants.share(batch, params)
     assert [(p.tenant, p.tenant_weight, p.priority) for p in params] == [("batch", 0.5, 10), ("batch", 0.5, 20)]
