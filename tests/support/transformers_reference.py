@@ -8,15 +8,14 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
-from wsgi_infer.engine.loading.packed_groups_file import has_stored_groups
+from wsgi_infer.engine.loading.file_weights import FileWeights
 
 
 def load_hf_model(model_dir, dtype: torch.dtype = torch.float32):
-    """transformers' own model for a checkpoint directory. A converted GGUF keeps the weights its packed groups hold
-    bit for bit only as groups (test_gguf_formats checks them against gguf-py's values): its model is given the
-    checkpoint's tensors as our reader dequantizes them."""
+    """transformers' own model for a checkpoint directory. A converted GGUF keeps its 2-D weights only in the GGUF:
+    its model is given the checkpoint's tensors as our reader dequantizes them there (gguf-py's values)."""
     model_dir = Path(model_dir)
-    if not has_stored_groups(model_dir):
+    if not FileWeights(model_dir):
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)

@@ -85,8 +85,8 @@ class ModelRunner:
             reason = why_not_on_kernels(config, hf_config) or f"the kernels take float32 rows, not {dtype}"
             log.info("steps run on torch's ops: %s", reason)
         self.kernels = kernels = load_cpu_kernels() if on_kernels else None
-        if config.activations == "int8":
-            _use_int8_activations(kernels)
+        if kernels is not None:
+            _use_activations(kernels, config.activations)
         self.kv_dtype = torch.bfloat16 if kernels is not None else dtype  # half the cache, 0.0-0.1% of agreement
         self.model = build_model(hf_config, model_dir, config.quantization, device, dtype, kernels)
         self.max_model_len = min(config.max_model_len or hf_config.max_position_embeddings, self.model.max_positions)
@@ -269,13 +269,12 @@ def _cpu_share() -> CpuShare:
     return _SHARE[0]
 
 
-def _use_int8_activations(kernels: CpuKernels | None) -> None:
-    """The setting's effect, said once: it changes outputs, so a server says when it trades exactness for speed."""
-    if kernels is not None and kernels.use_int8_activations():
+def _use_activations(kernels: CpuKernels, activations: str) -> None:
+    """The setting, said once: 8-bit activations change outputs, so a server says when it trades exactness for
+    speed."""
+    kernels.use_exact_activations(activations == "int16")
+    if activations == "int8":
         log.info(
-            "8-bit activations: packed multiplies take each row's groups of 32 inputs as 8-bit integers (faster "
-            "batches; each input within 1/254 of its group's largest: not exact; activations=int16 is)"
+            "8-bit activations: packed multiplies take each row's blocks of 32 inputs as 8-bit integers, as llama.cpp "
+            "does (each input within 1/254 of its block's largest: not exact; activations=int16 is)"
         )
-    else:
-        why = "steps run on torch's ops" if kernels is None else f"the {kernels.build} kernels have no AVX2"
-        log.warning("activations=int8 has no effect here (%s): rows stay as they are", why)

@@ -1,7 +1,7 @@
 """Which CPU kernels library a process loads: the installed variant for its CPU, or one built here.
 
 ``pip install`` builds the kernels in one variant per x86-64 level (``variants.py``); a process loads the best
-its CPU runs, and nothing compiles at start. A source tree whose ``cpu_kernels.c`` changed since its install (a
+its CPU runs, and nothing compiles at start. A source tree whose C sources changed since its install (a
 developer's editable install), or a package installed without a compiler, builds for this very CPU
 (``-march=native``) into the user cache instead, once: the gunicorn master starts that build in a child process
 before it forks workers (``on_starting``), because a gevent worker cannot wait for a child process from its engine
@@ -36,7 +36,7 @@ def library_path(extra_flags: tuple[str, ...] = ()) -> Path:
     """Where a build for this source, these flags and this CPU (its model and instruction sets) lives."""
     cpu = f"{cpu_model_name()} {' '.join(sorted(cpu_flags()))}"
     flags = " ".join(variants.COMMON_FLAGS + NATIVE + extra_flags)
-    key = hashlib.sha256(b"\0".join([variants.SOURCE.read_bytes(), flags.encode(), cpu.encode()]))
+    key = hashlib.sha256(b"\0".join([variants.source_bytes(), flags.encode(), cpu.encode()]))
     return cache_root() / KERNELS_DIR / f"cpu_kernels-{key.hexdigest()[:16]}.so"
 
 

@@ -1,12 +1,12 @@
-"""The CPU kernels (cpu_kernels.c) as torch functions, called through ctypes.
+"""The CPU kernels (``c/``) as torch functions, called through ctypes.
 
 A one-stream decode step ran ~1,500 torch ops, most of them tiny: RMSNorm and its residual add are 6 (it rounds as
 transformers does), SiLU-and-mul 4, rotary 7, attention over the paged cache 12. Their dispatch, not their arithmetic,
-was the distance to llama.cpp. Each of these is one call here, packed weights (int4 and int8 groups) have their
-own multiply, and ``FusedDecoder`` runs a step's decoder layers in one call. Activations are float32 (bf16 ones
-cost a 135M model's greedy output 1-3% of its top-1 agreement with float32, whatever the weights); the KV cache is
-bf16. They take CPU tensors contiguous in their last dimension, which the layers give them (see
-``attach_kernels``).
+was the distance to llama.cpp. Each of these is one call here, packed weights (GGUF's own blocks, ``packed``) have
+their own multiply, and ``FusedDecoder`` runs a step's decoder layers in one call. Activations are float32 between
+the kernels; a packed multiply takes them as 8-bit integers (llama.cpp's trade, the default) or, on the exact path,
+as 16-bit ones. The KV cache is bf16. They take CPU tensors contiguous in their last dimension, which the layers give
+them (see ``attach_kernels``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch import nn
 
 from .build import kernels_library
 from .fused_decoder import DecoderDims, DecoderWeights, FusedDecoder
-from .layouts import KernelWeight
+from .packed import PackedWeight
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +32,8 @@ _SIGNATURES = {
     "rotate": [_P, _I, _P, _P, _I, _I, _I, _I, ctypes.c_int],
     "head_norm": [_P, _I, _P, _P, _I, _I, _I, _I, _F, ctypes.c_int],
     "paged_attention": [_P, _I, _P, _P, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, _I, ctypes.c_int],
-    "int4_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int, ctypes.c_int],
-    "int4_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
-    "int8_mm": [_P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_int, ctypes.c_int],
-    "int8_dequantize": [_P, _P, _P, _P, _I, _I, ctypes.c_int],
+    "packed_mm": [_P, _I, _P, _P, ctypes.c_int, ctypes.c_int],
+    "packed_rows": [_P, _P, _I, _P, ctypes.c_int],
     "decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _P, _I, _I, _P],
     "gelu_mul": [_P, _P, _I, _I, ctypes.c_int],
     "argmax_rows": [_P, _I, _I, _P, ctypes.c_int],
@@ -83,13 +81,15 @@ class CpuKernels:
         for name, argtypes in _SIGNATURES.items():
             getattr(self._lib, name).argtypes = argtypes
             getattr(self._lib, name).restype = None
-        self._dequantized = torch.empty(0, dtype=torch.bfloat16)  # see int4_dequantize
         self._lib.packed_rows_per_pass.argtypes, self._lib.packed_rows_per_pass.restype = [], ctypes.c_int
-        # rows a packed multiply computes in one pass over its weight (8 with AVX-512 VNNI, 5 with AVX2)
+        # rows a packed multiply computes in one pass over its weight (8 with AVX-512, 4 with AVX2)
         self.rows_per_pass: int = self._lib.packed_rows_per_pass()
-        self._lib.activations_of_8_bits.argtypes, self._lib.activations_of_8_bits.restype = [], ctypes.c_int
-        self.has_int8_activations = bool(self._lib.activations_of_8_bits())  # with AVX2
-        self.int8_activations = False  # packed multiplies take the rows as 8-bit groups (use_int8_activations)
+        self._lib.packed_block_bytes.argtypes, self._lib.packed_block_bytes.restype = [ctypes.c_int], ctypes.c_int64
+        self.planes = 1  # of packed multiplies' activations: 1, 8-bit; 2, the exact path (use_exact_activations)
+
+    def block_bytes(self, fmt: int) -> int:
+        """The bytes of a tile's block of a format, as the kernels read it (0: a format they do not read)."""
+        return self._lib.packed_block_bytes(fmt)
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
@@ -104,7 +104,7 @@ class CpuKernels:
         out = torch.empty_like(x)
         ptr = residual.data_ptr() if residual is not None else None
         self._lib.rms_norm(
-            x.data_ptr(), ptr, weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps, torch.get_num_threads()
+            x.data_ptr(), ptr, weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps, _threads()
         )
         return out, x if residual is None else residual
 
@@ -122,7 +122,7 @@ class CpuKernels:
         _expect(gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0, f"gated activation: rows {gate_up.shape}")
         gate_up = gate_up.contiguous()
         out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
-        function(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1], torch.get_num_threads())
+        function(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1], _threads())
         return out
 
     def rotate_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -136,7 +136,7 @@ class CpuKernels:
             _expect(table.is_contiguous() and table.numel() == tokens * cos.shape[-1], f"rotate: table {table.shape}")
         _expect(cos.shape[-1] <= head_dim and cos.shape[-1] % 2 == 0, f"rotate: {cos.shape[-1]} of {head_dim} dims")
         tables, dims = (cos.data_ptr(), sin.data_ptr()), (head_dim, cos.shape[-1])
-        self._lib.rotate(x.data_ptr(), x.stride(0), *tables, tokens, heads, *dims, torch.get_num_threads())
+        self._lib.rotate(x.data_ptr(), x.stride(0), *tables, tokens, heads, *dims, _threads())
 
     def head_norm_(
         self, x: torch.Tensor, heads: int, kv_heads: int, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
@@ -151,7 +151,7 @@ class CpuKernels:
         _expect(x.shape[1] >= heads + kv_heads, f"head_norm: {heads} + {kv_heads} heads of {x.shape[1]}")
         _expect(q_weight.shape == k_weight.shape == (head_dim,), f"head_norm: weights for heads of {head_dim}")
         args = (q_weight.data_ptr(), k_weight.data_ptr(), tokens, heads, kv_heads, head_dim, eps)
-        self._lib.head_norm(x.data_ptr(), x.stride(0), *args, torch.get_num_threads())
+        self._lib.head_norm(x.data_ptr(), x.stride(0), *args, _threads())
 
     def paged_attention(
         self, q: torch.Tensor, kv_cache: torch.Tensor, rows: CacheRows, scale: float, window: int = 0
@@ -183,36 +183,29 @@ class CpuKernels:
             head_dim,
             scale,
             window,
-            torch.get_num_threads(),
+            _threads(),
         )
         return out
 
-    def packed_mm(self, x: torch.Tensor, weight: KernelWeight, n: int) -> torch.Tensor:
-        """x [rows, k] times a packed weight [n, k] (``layouts.KernelWeight``) -> [rows, n]."""
+    def packed_mm(self, x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [rows, k] times a packed weight [n, k] (+ bias) -> [rows, n]."""
         _check(x, "packed_mm x")
-        if x.shape[1] != weight.k:
-            raise TypeError(f"packed_mm: {x.shape[1]} inputs for a weight of {weight.k}")
-        _expect(0 < n <= weight.scale.shape[0] * 16, f"packed_mm: {n} outputs of {weight.scale.shape[0] * 16}")
+        _expect(x.dim() == 2 and x.shape[1] == weight.k, f"packed_mm: {tuple(x.shape)} for a weight of {weight.k}")
         x = x.contiguous()
-        out = x.new_empty(x.shape[0], n)
-        multiply = self._lib.int4_mm if weight.bits == 4 else self._lib.int8_mm
-        low = None if weight.low is None else weight.low.data_ptr()
-        args = (weight.codes.data_ptr(), weight.scale.data_ptr(), low, out.data_ptr(), n, x.shape[1])
-        multiply(x.data_ptr(), x.shape[0], *args, int(self.int8_activations), torch.get_num_threads())
+        out = x.new_empty(x.shape[0], weight.n)
+        struct = weight.struct(bias)
+        self._lib.packed_mm(x.data_ptr(), x.shape[0], ctypes.byref(struct), out.data_ptr(), self.planes, _threads())
         return out
 
-    def dequantize(self, weight: KernelWeight, n: int, k: int) -> torch.Tensor:
-        """The packed weight [n, k] as bf16 (each value rounded once, to nearest even), in a buffer that the next
-        call overwrites: a fresh one per weight cost 5 to 12 times the unpacking itself in page faults (the
-        allocator hands buffers this large back to the system when they are freed)."""
-        _expect(k == weight.k and 0 < n <= weight.scale.shape[0] * 16, f"dequantize: [{n}, {k}] of {weight.k} inputs")
-        if self._dequantized.numel() < n * k:
-            self._dequantized = torch.empty(n * k, dtype=torch.bfloat16)
-        out = self._dequantized[: n * k].view(n, k)
-        unpack = self._lib.int4_dequantize if weight.bits == 4 else self._lib.int8_dequantize
-        low = None if weight.low is None else weight.low.data_ptr()
-        unpack(weight.codes.data_ptr(), weight.scale.data_ptr(), low, out.data_ptr(), n, k, torch.get_num_threads())
-        return out
+    def packed_rows(self, weight: PackedWeight, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of a packed weight as float32 [*ids.shape, k], each value as gguf-py dequantizes the file's
+        blocks (a tied embedding's lookups)."""
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        _expect(bool(((flat >= 0) & (flat < weight.n)).all()), f"packed_rows: ids outside 0..{weight.n - 1}")
+        out = torch.empty(len(flat), weight.k)
+        struct = weight.struct()
+        self._lib.packed_rows(ctypes.byref(struct), flat.data_ptr(), len(flat), out.data_ptr(), _threads())
+        return out.view(*ids.shape, weight.k)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """torch.argmax over the last dimension of float32 rows [rows, n] (the first of equal maxima; NaN
@@ -223,18 +216,20 @@ class CpuKernels:
         logits = logits.contiguous()
         rows, n = logits.shape
         out = torch.empty(rows, dtype=torch.long)
-        self._lib.argmax_rows(logits.data_ptr(), rows, n, out.data_ptr(), torch.get_num_threads())
+        self._lib.argmax_rows(logits.data_ptr(), rows, n, out.data_ptr(), _threads())
         return out
 
     def fused_decoder(self, layers: list[DecoderWeights], dims: DecoderDims) -> FusedDecoder:
-        return FusedDecoder(self._lib, layers, dims, self.int8_activations)
+        return FusedDecoder(self._lib, layers, dims, lambda: self.planes)
 
-    def use_int8_activations(self) -> bool:
-        """Packed multiplies from now on take each row's groups of 32 as 8-bit integers (llama.cpp's q8
-        activations): 2x the products per instruction, each input within 1/254 of its group's largest. False where
-        this build has no such path (no AVX2): the rows stay as they are."""
-        self.int8_activations = self.has_int8_activations
-        return self.int8_activations
+    def use_exact_activations(self, exact: bool = True) -> None:
+        """Packed multiplies from now on take each row's blocks of 32 as 16-bit integers (each input within 2^-16
+        of its block's largest: the exact path, two 8-bit passes), or as 8-bit ones (1/254: llama.cpp's trade)."""
+        self.planes = 2 if exact else 1
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
 
 
 def load_cpu_kernels() -> CpuKernels | None:

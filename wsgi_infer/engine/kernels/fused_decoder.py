@@ -1,29 +1,19 @@
-"""``decoder_layers`` (cpu_kernels.c): every decoder layer of a step in one call, for steps whose projections
-are all packed on the kernels (``layers.quantization.PackedLinear``: int4 or int8 groups, mixed as a checkpoint
-mixes them). The weights' addresses are laid out once; the step's own tensors are passed per call."""
+"""``decoder_layers`` (c/decoder.c): every decoder layer of a step in one call, for models whose projections are
+all packed on the kernels (``layers.quantization.PackedLinear``, in the formats a checkpoint mixes). The weights'
+addresses are laid out once; the step's own tensors are passed per call."""
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from .packed import CPackedWeight
+
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-
-
-class _PackedWeight(ctypes.Structure):
-    _fields_ = [
-        ("codes", _P),
-        ("scale", _P),
-        ("low", _P),
-        ("bias", _P),
-        ("n", _I),
-        ("k", _I),
-        ("bits", _I),
-        ("act8", _I),  # 8-bit activations
-    ]
 
 
 class _DecoderLayer(ctypes.Structure):
@@ -31,7 +21,7 @@ class _DecoderLayer(ctypes.Structure):
         *((name, _P) for name in ("input_norm", "post_attention_norm", "q_norm", "k_norm")),
         *((name, _I) for name in ("rope", "window", "local_rope", "gelu")),
         *((name, _P) for name in ("attention_out_norm", "mlp_out_norm")),
-        *((name, _PackedWeight) for name in ("qkv", "o", "gate_up", "down")),
+        *((name, CPackedWeight) for name in ("qkv", "o", "gate_up", "down")),
     ]
 
 
@@ -42,14 +32,15 @@ class _DecoderShape(ctypes.Structure):
         ("eps", _F),
         ("scale", _F),
         ("threads", ctypes.c_int),
+        ("planes", ctypes.c_int),  # the packed multiplies' activations (CpuKernels.planes)
     ]
 
 
 @dataclass
 class DecoderWeights:
-    """One Llama decoder layer as the fused decoder reads it: norms' weights, and four packed projections,
-    each with ``bits``, ``codes``, ``scale``, ``low`` (``layouts.KernelWeight``) and ``bias`` (or None); the
-    per-head norms of queries and keys where the layer has them, whether it rotates them, and its window."""
+    """One Llama decoder layer as the fused decoder reads it: norms' weights, and four packed projections
+    (``PackedLinear``: ``packed`` and ``bias``); the per-head norms of queries and keys where the layer has them,
+    whether it rotates them, and its window."""
 
     input_norm: torch.Tensor
     post_attention_norm: torch.Tensor
@@ -83,30 +74,21 @@ def _address(t: torch.Tensor | None) -> int | None:
 
 
 class FusedDecoder:
-    def __init__(self, lib: ctypes.CDLL, layers: list[DecoderWeights], dims: DecoderDims, act8: bool) -> None:
+    def __init__(
+        self, lib: ctypes.CDLL, layers: list[DecoderWeights], dims: DecoderDims, planes: Callable[[], int]
+    ) -> None:
         self._lib = lib
         self._dims = dims
-        self._layers = (_DecoderLayer * len(layers))(*(self._layer(layer, act8) for layer in layers))
+        self._planes = planes  # the kernels' activations, as they are at each call
+        self._layers = (_DecoderLayer * len(layers))(*(self._layer(layer) for layer in layers))
         self._kept = layers  # the addresses above stay valid while the layers live
         self._caches: list[torch.Tensor] | None = None
         self._cache_pointers = (_P * len(layers))()
 
     @staticmethod
-    def _layer(weights: DecoderWeights, act8: bool) -> _DecoderLayer:
-        def packed(linear: nn.Module) -> _PackedWeight:
-            w = linear.packed
-            return _PackedWeight(
-                w.codes.data_ptr(),
-                w.scale.data_ptr(),
-                _address(w.low),
-                _address(linear.bias),
-                linear.out_features,
-                linear.in_features,
-                w.bits,
-                int(act8),
-            )
-
-        projections = (packed(weights.qkv), packed(weights.o), packed(weights.gate_up), packed(weights.down))
+    def _layer(weights: DecoderWeights) -> _DecoderLayer:
+        linears = (weights.qkv, weights.o, weights.gate_up, weights.down)
+        projections = [linear.packed.struct(linear.bias) for linear in linears]
         norms = (weights.input_norm.data_ptr(), weights.post_attention_norm.data_ptr())
         head_norms = (_address(weights.q_norm), _address(weights.k_norm))
         flags = (int(weights.rope), weights.window, int(weights.local_rope), int(weights.gelu))
@@ -141,6 +123,7 @@ class FusedDecoder:
             d.eps,
             d.scale,
             torch.get_num_threads(),
+            self._planes(),
         )
         residual = torch.empty_like(x)
         self._lib.decoder_layers(

@@ -1,6 +1,6 @@
 """The CPU kernels' builds for every x86-64 CPU, as ggml builds its CPU variants.
 
-``pip install`` compiles ``cpu_kernels.c`` once per variant into ``lib/`` beside
+``pip install`` compiles the C sources (``c/``) once per variant into ``lib/`` beside
 this module (``setup.py`` runs ``build_variants``), and a process loads the
 best variant its CPU can run (``build.kernels_library``): a package built on one
 x86-64 machine runs at full speed on another, and start-up compiles nothing.
@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+SOURCES = Path(__file__).with_name("c")  # the kernels' C sources and headers
 INSTALLED = Path(__file__).with_name("lib")
 STAMP = "variants.json"  # in INSTALLED: the source's hash and the variants built from it
 # No contraction of a * b + c into one rounding, so the kernels round as the torch ops they replace; no errno or
@@ -75,8 +75,17 @@ def variants_for(machine: str | None = None) -> tuple[Variant, ...]:
     return X86_VARIANTS if machine in ("x86_64", "AMD64") else (PORTABLE,)
 
 
+def source_files() -> list[Path]:
+    return sorted([*SOURCES.glob("*.c"), *SOURCES.glob("*.h")])
+
+
+def source_bytes() -> bytes:
+    """Every source and header, named: what a build is made of."""
+    return b"\0".join(path.name.encode() + b"\0" + path.read_bytes() for path in source_files())
+
+
 def source_hash() -> str:
-    return hashlib.sha256(SOURCE.read_bytes() + " ".join(COMMON_FLAGS).encode()).hexdigest()[:16]
+    return hashlib.sha256(source_bytes() + " ".join(COMMON_FLAGS).encode()).hexdigest()[:16]
 
 
 def _is_clang(compiler: str) -> bool:
@@ -91,7 +100,8 @@ def compile_library(compiler: str, flags: tuple[str, ...], target: Path) -> str 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     common = [("-fopenmp=libgomp" if flag == "-fopenmp" and _is_clang(compiler) else flag) for flag in COMMON_FLAGS]
-    command = [compiler, *common, *flags, "-o", str(staging), str(SOURCE), "-lm"]
+    sources = [str(path) for path in source_files() if path.suffix == ".c"]
+    command = [compiler, *common, *flags, "-o", str(staging), *sources, "-lm"]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         staging.unlink(missing_ok=True)

@@ -36,7 +36,7 @@ def store_namespace(config: EngineConfig, model_dir: Path, runner: ModelRunner) 
         "block_size": runner.block_size,
         "kv_layout": [runner.num_kv_heads, runner.head_dim, [(g.layers, g.window) for g in runner.kv_groups]],
         "quantization": config.quantization,
-        "compute": (kernels.build, kernels.int8_activations) if kernels else f"torch {torch.__version__}",
+        "compute": (kernels.build, kernels.planes) if kernels else f"torch {torch.__version__}",
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).digest()
 

@@ -1,8 +1,9 @@
-"""How many rows a packed layer serves: the crossing point where the full-precision multiply wins.
+"""How many rows torch's packed copy of a weight serves (without the CPU kernels): the crossing point where the
+full-precision multiply wins.
 
 Decoding a few sequences is bound by reading weights, so a smaller copy of each weight pays there; large
-batches are compute-bound, where oneDNN's bf16 GEMM (AMX where present) wins. The crossing point is measured
-once per weight shape on a machine, and kept.
+batches are compute-bound, where oneDNN's GEMM wins. The crossing point is measured once per weight shape on a
+machine, and kept. (The CPU kernels' packed weights serve every step: one arithmetic for any number of rows.)
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import torch
 
 from ..runtime.cache_files import file_lock, read_json, write_json
 from ..runtime.cpu_info import cpu_model_name
-from ..runtime.device import cpu_has_native_bf16
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +28,6 @@ LAYERS_TIMED = 8  # of a shape's layers, spread over the model: every one of the
 # at as many rows as this or more, a multiply is bound by its arithmetic, not by reading its weight: two layers
 # time it as well as eight (a 1B model's first start spent 2-2.8 s on its crossing points)
 COMPUTE_BOUND_ROWS, LAYERS_TIMED_COMPUTE_BOUND = 64, 2
-# A multiply's time grows with its outputs, so a large LM head on the kernels is timed on its first so many: its
-# full multiply's bf16 copy (a 49,152-token vocabulary's 200 MB, 262,144 tokens' 1 GB) set a first start's peak RSS
-MOST_OUTPUTS_TIMED = 16384
-ANY_ROWS = 2**31 - 1  # a crossing point no step reaches
 CLEARLY_SLOWER = 4  # a warm-up this many times slower than the other way's fastest run: no need to time its runs
 LONG_RUN_SECONDS = 0.05  # a warm-up this long: a disturbance barely moves one run, so one is timed, not three
 
@@ -43,12 +39,11 @@ class SmallBatchLinear(Protocol):
     out_features: int
     in_features: int
     dtype: torch.dtype
-    on_kernels: bool
     max_rows: int
 
-    def packed_mm(self, rows: torch.Tensor, outputs: int | None = None) -> torch.Tensor: ...
+    def packed_mm(self, rows: torch.Tensor) -> torch.Tensor: ...
 
-    def full_mm(self, x: torch.Tensor, outputs: int | None = None) -> torch.Tensor: ...
+    def full_mm(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 def choose_max_rows(layers: list[SmallBatchLinear], saved: Path | None = None) -> None:
@@ -73,8 +68,7 @@ def _choose(layers: list[SmallBatchLinear], known: dict[str, int], saved: Path |
     unknown = [key for key in by_key if key not in known]
     for key in unknown:
         known[key] = _measured_max_rows(by_key[key])
-        steps = "of any size" if known[key] == ANY_ROWS else f"of at most {known[key]} rows (measured)"
-        log.info("%s: packed weights for steps %s", key, steps)
+        log.info("%s: packed weights for steps of at most %d rows (measured)", key, known[key])
     for key, same_shape in by_key.items():
         for layer in same_shape:
             layer.max_rows = known[key]
@@ -92,22 +86,14 @@ def _measured_max_rows(same_shape: list[SmallBatchLinear]) -> int:
     """The most rows where the packed copy wins, timed as a step uses them: the layers of the shape in turn
     (``LAYERS_TIMED`` of them, two where the rows make it compute-bound), each weight read from memory rather than
     from the cache a single layer's repeated calls would leave it in. Counted down: the packed copy's lead only
-    grows as rows fall (it reads fewer bytes for the same products), so where it wins at 64 rows, as int4 on the
-    kernels does, one count is timed, not seven (a first start spent 2.5 s here).
-
-    Without native bf16, oneDNN's bf16 GEMM is emulated, and a full multiply loses to the kernels' packed one at
-    every count (the default model's step of 64 rows: 945 ms against 279 in int4), where a 512-row prefill step
-    would take seconds: layers on the kernels take steps of any size there, unmeasured."""
-    if same_shape[0].on_kernels and not cpu_has_native_bf16():
-        return ANY_ROWS
-    large = same_shape[0].out_features > MOST_OUTPUTS_TIMED
+    grows as rows fall (it reads fewer bytes for the same products), so where it wins at 64 rows, one count is
+    timed, not seven."""
     for rows in sorted(ROWS_MEASURED, reverse=True):
         timed = LAYERS_TIMED_COMPUTE_BOUND if rows >= COMPUTE_BOUND_ROWS else LAYERS_TIMED
         layers = same_shape[:: math.ceil(len(same_shape) / timed)]  # every layer of a shape of that many or fewer
         x = torch.randn(rows, layers[0].in_features, dtype=layers[0].dtype)
-        part = {"outputs": MOST_OUTPUTS_TIMED} if layers[0].on_kernels and large else {}
-        packed = _seconds([partial(layer.packed_mm, x, **part) for layer in layers])
-        full = _seconds([partial(layer.full_mm, x, **part) for layer in layers], losing_to=packed)
+        packed = _seconds([partial(layer.packed_mm, x) for layer in layers])
+        full = _seconds([partial(layer.full_mm, x) for layer in layers], losing_to=packed)
         if packed < full:
             return rows
     return 0
@@ -117,9 +103,8 @@ def _seconds(calls: list[Callable[[], object]], repeats: int = 3, losing_to: flo
     """The fastest of a few runs through ``calls``: the one least disturbed by whatever else the
     machine was doing (a mean let one slow call move a crossing point from 16 rows to 2). A warm-up over
     ``CLEARLY_SLOWER`` times ``losing_to`` ends it: the runs would lose to that anyway. A warm-up over
-    ``LONG_RUN_SECONDS`` is followed by one run: timing long runs is what took longest (Gemma 3 270M's LM head of
-    262,144 rows, 1.4 s of its first start: the full multiply unpacks 168 M weights each time), and a few
-    milliseconds of disturbance barely move them."""
+    ``LONG_RUN_SECONDS`` is followed by one run: timing long runs is what took longest (a large LM head's), and a
+    few milliseconds of disturbance barely move them."""
     started = perf_counter()
     for call in calls:
         call()  # warm-up: first calls allocate, so only ever slower than a run

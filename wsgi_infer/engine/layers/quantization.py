@@ -1,10 +1,9 @@
-"""Linear layers with a packed copy of their weight, for the steps small enough that reading weights bounds them.
+"""Linear layers with packed weights.
 
-On the CPU kernels, ``PackedLinear`` multiplies int4 or int8 groups (``weight_groups``: a GGUF's own blocks, or
-weights quantized as Q8_0 and Q4_1 are made) and keeps no full-precision copy: a step above its crossing point
-(``crossing_points``) unpacks the weight into bf16 for oneDNN's GEMM, where that wins (a CPU with native bf16);
-elsewhere the kernels serve steps of every size. Without the kernels, torch's own int4 and int8 kernels serve
-small steps beside the full weight.
+On the CPU kernels, ``PackedLinear`` multiplies a weight packed in a GGUF's own blocks (``kernels.packed``: the
+file's, or our Q8_M made from float values) and keeps no full-precision copy: every step, whatever its rows, runs
+the kernels' one arithmetic, so a row's result never depends on its step. Without the kernels, torch's own int4 and
+int8 kernels serve small steps beside the full weight, up to a crossing point (``crossing_points``).
 """
 
 from __future__ import annotations
@@ -17,19 +16,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.block_fields import BlockFields, format_name, from_values
 from ..kernels.cpu import CpuKernels
-from ..kernels.layouts import kernel_weight
-from ..kernels.weight_groups import GROUP_SIZE, Int4Groups, WeightGroups
+from ..kernels.packed import PackedWeight
+
+GROUP_SIZE = 32  # inputs a block: torch's int4 kernel's group size, and GGUF's
 
 
 class SmallBatchLinear(nn.Module, ABC):
     """A linear layer that multiplies steps of at most ``max_rows`` rows with a packed copy of its weight."""
 
-    def __init__(self, linear: nn.Linear, keep_weight: bool = True) -> None:
+    def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.out_features, self.in_features = linear.weight.shape
         self.dtype = linear.weight.dtype
-        self.weight = linear.weight if keep_weight else None
+        self.weight = linear.weight
         self.bias = linear.bias
         self.max_rows = 0  # set by measuring: see crossing_points.choose_max_rows
 
@@ -41,12 +42,7 @@ class SmallBatchLinear(nn.Module, ABC):
         return y if self.bias is None else y + self.bias
 
     def full_mm(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.full_weight(), self.bias)
-
-    def full_weight(self) -> torch.Tensor:
-        return self.weight
-
-    on_kernels = False  # whether the CPU kernels multiply the packed copy
+        return F.linear(x, self.weight, self.bias)
 
     @property
     def kind(self) -> str:
@@ -58,49 +54,38 @@ class SmallBatchLinear(nn.Module, ABC):
         """``rows @ weight.T`` with the packed copy."""
 
 
-class PackedLinear(SmallBatchLinear):
-    """int4 or int8 groups on the CPU kernels, in their layout (``kernels.layouts``), times float32 rows; no
-    full-precision copy: a larger step unpacks the groups into bf16, one weight at a time (20-35 ms for the default
-    model's 120)."""
+class PackedLinear(nn.Module):
+    """A weight packed for the CPU kernels (``kernels.packed``), times float32 rows, for steps of any size: no
+    full-precision copy is kept."""
 
-    on_kernels = True
-
-    def __init__(self, linear: nn.Linear, groups: WeightGroups, kernels: CpuKernels) -> None:
-        super().__init__(linear, keep_weight=False)
+    def __init__(self, linear: nn.Linear, weight: PackedWeight, kernels: CpuKernels) -> None:
+        super().__init__()
+        self.out_features, self.in_features = linear.weight.shape
+        self.weight = None  # never read: the checkpoint's values are not loaded into it
+        self.bias = linear.bias
+        self.packed = weight
         self.kernels = kernels
-        self.packed = kernel_weight(groups)
-
-    @property
-    def bits(self) -> int:
-        return self.packed.bits
 
     @property
     def kind(self) -> str:
-        # the build, since a new one is measured anew; "dequantized": the full multiply unpacks the weight first
-        activations = ", 8-bit activations" if self.kernels.int8_activations else ""
-        return f"PackedLinear int{self.bits} ({self.kernels.build}{activations}, dequantized)"
+        return "packed " + "+".join(dict.fromkeys(format_name(part.format) for part in self.packed.parts))
 
-    def packed_mm(self, rows: torch.Tensor, outputs: int | None = None) -> torch.Tensor:
-        """``outputs``: only the first so many (a crossing point's timing of a large LM head)."""
-        return self.kernels.packed_mm(rows, self.packed, outputs or self.out_features)
-
-    def full_mm(self, x: torch.Tensor, outputs: int | None = None) -> torch.Tensor:
-        """The weight unpacked into bf16 (valid until the next layer unpacks its own), times the rows in bf16: where
-        the CPU has native bf16, oneDNN's GEMM there wins for large steps. ``outputs``: as for ``packed_mm``."""
-        outputs = outputs or self.out_features
-        weight = self.kernels.dequantize(self.packed, outputs, self.in_features)
-        y = F.linear(x.to(weight.dtype), weight).to(x.dtype)
-        return y if self.bias is None else y + self.bias[:outputs]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        return self.kernels.packed_mm(rows, self.packed, self.bias).view(*x.shape[:-1], -1)
 
 
 class TorchInt4Linear(SmallBatchLinear):
-    """int4 groups through torch's CPU kernel, beside the full weight."""
+    """int4 blocks (Q4_1's, made from the weight) through torch's CPU kernel, beside the full weight."""
 
-    def __init__(self, linear: nn.Linear, groups: Int4Groups) -> None:
+    def __init__(self, linear: nn.Linear, blocks: BlockFields) -> None:
         super().__init__(linear)
         # innerKTiles 2 packs 2 x 16 codes per group, what the kernel expects for groups of 32.
-        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(groups.q.to(torch.int32), 2))
-        scale_zero = torch.stack([groups.scale, groups.zero], dim=-1).transpose(0, 1)  # [in // 32, out, 2]
+        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), 2))
+        scale, low = blocks.d.float(), blocks.low.float()
+        scale_zero = torch.stack([scale, low + 8 * scale], dim=-1).transpose(
+            0, 1
+        )  # [in // 32, out, 2]: w = (q - 8) s + z
         self.register_buffer("scale_zero", scale_zero.to(linear.weight.dtype).contiguous())
 
     def packed_mm(self, rows: torch.Tensor) -> torch.Tensor:
@@ -140,32 +125,33 @@ def _int8_per_channel(weight: torch.Tensor, rows_per_chunk: int = 2048) -> tuple
     return codes, scale
 
 
-def pack_on_kernels(model: nn.Module, groups_of: Callable[[str], WeightGroups | None], kernels: CpuKernels) -> None:
-    """Every nn.Linear of ``model`` for which ``groups_of(name)`` gives groups becomes a PackedLinear, in place.
-    They need no weights: called before loading, their full-precision weights are never read."""
+def pack_on_kernels(model: nn.Module, weight_of: Callable[[str], PackedWeight | None], kernels: CpuKernels) -> None:
+    """Every nn.Linear of ``model`` for which ``weight_of(name)`` gives a packed weight becomes a PackedLinear, in
+    place. Called before loading: their full-precision weights are never read."""
     for name, linear in _linear_layers(model):
-        groups = groups_of(name)
-        if groups is not None:
-            model.set_submodule(name, PackedLinear(linear, groups, kernels))
+        weight = weight_of(name)
+        if weight is not None:
+            model.set_submodule(name, PackedLinear(linear, weight, kernels))
 
 
-def quantize_with_torch(model: nn.Module, method: str, stored_int4: Callable[[str], Int4Groups | None]) -> None:
+def quantize_with_torch(model: nn.Module, method: str) -> None:
     """Without the kernels: every nn.Linear of the loaded ``model`` gets torch's packed copy, in place. int8: int8
-    per channel; int4: int4 groups, the checkpoint's own where ``stored_int4(name)`` has them, else from the weights
-    (as Q4_1 is made); auto: int4 where the checkpoint is 4-bit, else int8."""
+    per channel; int4 (and auto): int4 blocks made from the weights as Q4_1 is made."""
     for name, linear in _linear_layers(model):
-        groups = stored_int4(name) if method != "int8" else None
-        if groups is None and method == "int4" and linear.in_features % GROUP_SIZE == 0:
-            groups = Int4Groups.from_weight(linear.weight)
-        model.set_submodule(name, TorchInt8Linear(linear) if groups is None else TorchInt4Linear(linear, groups))
+        int4 = method != "int8" and linear.in_features % GROUP_SIZE == 0
+        model.set_submodule(
+            name, TorchInt4Linear(linear, from_values(linear.weight, 15)) if int4 else TorchInt8Linear(linear)
+        )
 
 
 def packed_layers(model: nn.Module) -> list[SmallBatchLinear]:
+    """The layers beside a full weight, whose crossing points are measured."""
     return [module for module in model.modules() if isinstance(module, SmallBatchLinear)]
 
 
-def kinds(layers: list[SmallBatchLinear]) -> dict[str, int]:
+def kinds(model: nn.Module) -> dict[str, int]:
     """How many layers are of each kind, for the log."""
+    layers = [m for m in model.modules() if isinstance(m, (SmallBatchLinear, PackedLinear))]
     return dict(Counter(layer.kind for layer in layers))
 
 

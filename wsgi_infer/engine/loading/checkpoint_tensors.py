@@ -1,5 +1,5 @@
-"""A checkpoint's tensors by name, read one at a time: from its safetensors files, or for a converted GGUF from its
-packed groups (where they hold the values bit for bit) or the GGUF itself."""
+"""A checkpoint's tensors by name, read one at a time: from its safetensors files, or for a converted GGUF from the
+GGUF itself."""
 
 from __future__ import annotations
 
@@ -10,17 +10,15 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .file_weights import FileEmbedding, FileWeights
+from .file_weights import FileBlocks, FileEmbedding, FileWeights
 from .model_paths import ModelLoadError
-from .packed_groups_file import StoredGroups
 
 MAPPED_BYTES = 64 << 20  # see CheckpointTensors.__getitem__
 
 
 class CheckpointTensors(Mapping):
-    """The checkpoint's tensors by name, read one at a time from its safetensors files; for a converted GGUF,
-    dequantized from the packed groups where they hold a weight bit for bit, else read from the GGUF
-    (``file_weights``).
+    """The checkpoint's tensors by name, read one at a time from its safetensors files; for a converted GGUF, its
+    2-D weights from the GGUF (``file_weights``).
 
     Our models copy (and fuse) weights from this mapping, so loading never holds
     more than our model plus one tensor, unlike instantiating the transformers
@@ -30,8 +28,7 @@ class CheckpointTensors(Mapping):
     def __init__(self, model_dir: Path, dtype: torch.dtype) -> None:
         self._files = _checkpoint_files(model_dir)
         self._in_gguf = FileWeights(model_dir)
-        self._groups = StoredGroups(model_dir)
-        self._names = list(dict.fromkeys([*self._files, *self._in_gguf, *self._groups]))
+        self._names = list(dict.fromkeys([*self._files, *self._in_gguf]))
         if not self._names:
             raise ModelLoadError(f"model {model_dir}: expected model.safetensors (or a sharded index) in the directory")
         self._dtype = dtype
@@ -41,8 +38,7 @@ class CheckpointTensors(Mapping):
     def __getitem__(self, name: str) -> torch.Tensor:
         path = self._files.get(name)
         if path is None:
-            weight = self._in_gguf[name] if name in self._in_gguf else self._groups[name].dequantize()
-            return weight.to(self._dtype)
+            return self._in_gguf[name].to(self._dtype)
         if path not in self._handles:
             self._handles[path], self._mapped[path] = safe_open(path, framework="pt"), 0
         tensor = self._handles[path].get_tensor(name)
@@ -57,12 +53,12 @@ class CheckpointTensors(Mapping):
         """Lookups of the table ``name`` from the GGUF's own rows, where the table is read from the file."""
         return None if name in self._files else self._in_gguf.embedding(name)
 
-    def only_as_groups(self, name: str) -> bool:
-        """Whether the weight is read back from its packed groups, which hold it bit for bit."""
-        return name not in self._files and name not in self._in_gguf and name in self._groups
+    def blocks(self, name: str) -> FileBlocks | None:
+        """A weight's blocks in the GGUF, where it is read from one (``FileWeights.blocks``)."""
+        return None if name in self._files else self._in_gguf.blocks(name)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._files or name in self._in_gguf or name in self._groups  # without reading the tensor
+        return name in self._files or name in self._in_gguf  # without reading the tensor
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)

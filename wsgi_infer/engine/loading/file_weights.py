@@ -1,16 +1,17 @@
-"""The weights a converted GGUF does not keep, read from the GGUF itself when a load needs their values.
+"""A converted GGUF's 2-D weights, read from the GGUF itself: their blocks, or their values.
 
-A converted copy keeps a 2-D weight only as its packed groups, which is all the CPU kernels read: its values in full
-(float32, 8 times a 4-bit file: 4.6 GB for a 1B model's Q4_K_M) would be a second copy of the file. Where a load
-does need them (the embedding's table, a GPU, ``quantization none``, groups of another format), they come from the
-file: mapped at the place the conversion recorded here, dequantized by gguf-py, reordered by transformers'
-processor for the architecture, as the conversion would have.
+A converted copy keeps no 2-D weight: its values in full (float32, 8 times a 4-bit file: 4.6 GB for a 1B model's
+Q4_K_M) would be a second copy of the file, and the CPU kernels read the file's own blocks. So each weight is read
+from the file, mapped, at the place the conversion recorded here: its blocks as they are (``FileBlocks``), or its
+values (the embedding's table, a GPU, ``quantization none``, a type the kernels do not read), dequantized by
+gguf-py; either way in our row order, as transformers' processor for the architecture reorders them.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,21 @@ def point_at(directory: Path, gguf: Path) -> None:
             pass
 
 
+@dataclass
+class FileBlocks:
+    """A 2-D weight's blocks in the mapped file, in our row order: ``rows(a, b)`` copies rows [a, b) out as uint8
+    [b - a, bytes a row] (our row r being the file's ``order[r]``, where its rows move)."""
+
+    ggml_type: int
+    shape: tuple[int, int]
+    raw: np.ndarray
+    order: np.ndarray | None
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        picked = self.raw[start:stop] if self.order is None else self.raw[self.order[start:stop]]
+        return torch.from_numpy(np.array(picked))
+
+
 class FileWeights(Mapping):
     """A converted copy's weights that its GGUF holds, by Hugging Face name, as float32 values (empty for a Hugging
     Face directory). Nothing is mapped or imported until a value is read."""
@@ -53,6 +69,21 @@ class FileWeights(Mapping):
         tensor = self._tensor(name)
         values = self._reorder(tensor.values().numpy(), tensor.name)
         return torch.from_numpy(np.ascontiguousarray(values))
+
+    def blocks(self, name: str) -> FileBlocks | None:
+        """A 2-D weight's blocks as the file holds them, where it is in the file and transformers' processor at most
+        moves its rows (llama.cpp's permutation of the query and key rows, undone); else None."""
+        if name not in self:
+            return None
+        tensor = self._tensor(name)
+        if len(tensor.shape) != 2:
+            return None
+        rows = np.arange(tensor.shape[0], dtype=np.float32)[:, None]
+        moved = self._reorder(rows, tensor.name)
+        if moved.shape != rows.shape or not np.array_equal(np.sort(moved, axis=0), rows):
+            return None  # GPT-2's processor transposes its Conv1D weights: their blocks are not rows
+        order = None if np.array_equal(moved, rows) else moved[:, 0].astype(np.int64)
+        return FileBlocks(tensor.ggml_type, tensor.shape, tensor.raw, order)
 
     def embedding(self, name: str) -> FileEmbedding | None:
         """Token embeddings read from the file's own rows at each lookup, where ``name`` is read from the file and

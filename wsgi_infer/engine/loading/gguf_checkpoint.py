@@ -2,34 +2,23 @@
 
 The config comes from the file's metadata through transformers' key mapping
 and fast reader. Each tensor our model reads becomes: its float32 values where
-it is 1-D (norms), and its packed groups where it is 2-D, the blocks' own where
-they map onto the packed formats (``gguf_blocks``), else made from gguf-py's
-values; transformers' tensor processors reorder them (undoing llama.cpp's
-permutation of the query and key rows). A 2-D weight's values are never kept:
-where its groups do not give them bit for bit, its place in the file is, for a
-load to read them there (``file_weights``).
+it is 1-D (norms), reordered by transformers' tensor processor; where it is 2-D,
+its place in the file, for a load to read its blocks or values there
+(``file_weights``): no 2-D weight is copied.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..kernels.weight_groups import Int8Groups, WeightGroups, group_tensors
 from ..models import allocate_model
-from .gguf_blocks import BYTE_TYPES, ROUNDED_TYPES, dequantize_to, groups_from_blocks
 from .gguf_file import GgufTensor, tensor_table
-
-log = logging.getLogger(__name__)
-
 
 # As the legacy reader: a GGUF of these holds the text backbone only, whose config is of its own type.
 TEXT_BACKBONES = {"gemma3": "gemma3_text"}
@@ -92,93 +81,40 @@ def _phi3_rope(gguf_file: Path, metadata: dict, values: dict) -> dict:
     return {"rope_parameters": rope, "partial_rotary_factor": rope["partial_rotary_factor"]}
 
 
-VALUES_ROWS = 4096  # rows of a tensor whose groups are made from its values, at a time
-
-
 @dataclass
 class ConvertedTensor:
     """What a converted copy keeps of one tensor, under its Hugging Face name: its float32 ``values`` (a norm's, a
-    bias's: 1-D), its packed ``groups``, and, where these do not give its values bit for bit, the ``place`` in the
-    file to read them from (``file_weights``)."""
+    bias's: 1-D), or the ``place`` in the file to read it from (a 2-D weight: ``file_weights``)."""
 
     name: str
     values: torch.Tensor | None = None
-    groups: WeightGroups | None = None
     place: list | None = None
 
 
 def gguf_tensors(gguf_file: Path, config) -> tuple[str, Iterator[ConvertedTensor]]:
-    """Each tensor the model reads, one at a time, so that a converter can write each away before the next is read
-    (holding them all took 5.5 GB for Gemma 3 270M). A 2-D tensor's values are never kept: its groups are the
-    blocks' own where they map (``gguf_blocks``), else made from its values as a load would make them, for the
-    tensors our linear layers read; Q4_0, Q4_1 and Q8_0 blocks are not even dequantized (0.9 s of the default
-    model's first start), nor are the tensors no linear layer reads. Returns the file's architecture too."""
+    """Each tensor the model reads, one at a time, so that a converter can write each away before the next is read.
+    Returns the file's architecture too."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     architecture, tensors = tensor_table(gguf_file)
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
-    names, packed = _hf_names(architecture, config, {t.name for t in tensors})
-    return architecture, _converted(gguf_file, tensors, processor, names, packed)
+    names = _hf_names(architecture, config, {t.name for t in tensors})
+    return architecture, _converted(tensors, processor, names)
 
 
-def _converted(
-    gguf_file: Path, tensors: list[GgufTensor], processor, names: dict[str, str], packed: set[str]
-) -> Iterator[ConvertedTensor]:
-    started = time.monotonic()
-    for index, tensor in enumerate(tensors):
+def _converted(tensors: list[GgufTensor], processor, names: dict[str, str]) -> Iterator[ConvertedTensor]:
+    for tensor in tensors:
         if tensor.name not in names:
             continue  # e.g. precomputed rope frequencies: our model computes them
-
-        def reorder(t: torch.Tensor, name: str = tensor.name) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(processor.process(weights=t.numpy(), name=name).weights))
-
-        name = names[tensor.name]
-        if len(tensor.shape) != 2:
-            yield ConvertedTensor(name, values=reorder(tensor.values()))
+        if len(tensor.shape) == 2:
+            yield ConvertedTensor(names[tensor.name], place=tensor.place)
             continue
-        groups, exact = None, False
-        if _moves_rows_only(processor, tensor) and (name in packed or tensor.ggml_type in BYTE_TYPES):
-            groups, exact = _groups(tensor)
-        if groups is not None:
-            groups = type(groups)(*(None if t is None else reorder(t) for t in group_tensors(groups)))
-        yield ConvertedTensor(name, groups=groups, place=None if exact else tensor.place)
-        tensor.let_go()
-        if time.monotonic() - started > 2 and index % 50 == 0:
-            log.info("GGUF %s: %d of %d tensors read", gguf_file.name, index, len(tensors))
+        values = processor.process(weights=tensor.values().numpy(), name=tensor.name).weights
+        yield ConvertedTensor(names[tensor.name], values=torch.from_numpy(np.ascontiguousarray(values)))
 
 
-def _moves_rows_only(processor, tensor: GgufTensor) -> bool:
-    """Whether transformers' processor of the architecture at most permutes this 2-D tensor's rows (llama.cpp's
-    query and key permutation, undone): then the groups of its blocks, which are rows of the file, move with
-    them. Found by processing a column of row numbers: GPT-2's processor transposes its Conv1D weights, and
-    their groups would be garbage."""
-    rows = np.arange(tensor.shape[0], dtype=np.float32)[:, None]
-    moved = processor.process(weights=rows, name=tensor.name).weights
-    return moved.shape == rows.shape and np.array_equal(np.sort(moved, axis=0), rows)
-
-
-def _groups(tensor: GgufTensor) -> tuple[WeightGroups, bool]:
-    """A 2-D tensor's groups in the file's row order, and whether they give its values bit for bit: known from the
-    blocks for Q4_0, Q4_1 and Q8_0, which are then not dequantized at all; compared for the types whose codes come
-    from the values (Q5_0, Q5_1, IQ4_NL hold them; K-quants round their scales). A type whose blocks do not map
-    gets 8-bit groups made from its values, as a load makes them for a layer (``packing``)."""
-    raw = torch.from_numpy(tensor.raw.copy())
-    if tensor.ggml_type in BYTE_TYPES:
-        return groups_from_blocks(raw, tensor.ggml_type, lambda: None), True
-    values = cache(tensor.values)  # not at all for Q4_K, whose codes come from its bits
-    try:
-        found = groups_from_blocks(raw, tensor.ggml_type, values)
-    except ValueError as exc:
-        raise ValueError(f"tensor {tensor.name} ({tensor.ggml_type.name}): {exc}") from exc
-    if found is None:  # a chunk of rows at a time: a 1B model's Q6_K embedding is 400 MB of float32 values
-        chunks = range(0, tensor.shape[0], VALUES_ROWS)
-        return Int8Groups.cat([Int8Groups.from_weight(tensor.rows(r, r + VALUES_ROWS).values()) for r in chunks]), False
-    return found, tensor.ggml_type not in ROUNDED_TYPES and dequantize_to(found, values())
-
-
-def _hf_names(architecture: str, config, present: set[str]) -> tuple[dict[str, str], set[str]]:
-    """GGUF tensor name -> the transformers name our model reads it by, for the tensors it reads; and the names its
-    linear layers read (their groups are what the CPU kernels multiply).
+def _hf_names(architecture: str, config, present: set[str]) -> dict[str, str]:
+    """GGUF tensor name -> the transformers name our model reads it by, for the tensors it reads.
 
     Our model, allocated and never written, loads from a mapping that translates each name it asks for through
     gguf-py's table for the architecture (as transformers' ``get_gguf_hf_weights_map`` does) and keeps it, while
@@ -191,8 +127,7 @@ def _hf_names(architecture: str, config, present: set[str]) -> tuple[dict[str, s
     model = allocate_model(config, torch.device("cpu"), torch.bfloat16)  # memory never touched, so never taken
     with _Inert():
         model.load_hf_state_dict(asked)
-    linear = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
-    return asked.names, {part for name in linear for part in model.checkpoint_names(name)}
+    return asked.names
 
 
 class _NamesAsked(Mapping):

@@ -12,16 +12,15 @@ from torch import nn
 from ..config import EngineConfig
 from ..kernels.build import kernels_library
 from ..kernels.cpu import CpuKernels, attach_kernels
-from ..kernels.weight_groups import Int8Groups
+from ..kernels.packed import bits_per_weight
 from ..layers.crossing_points import choose_max_rows
 from ..layers.packed_embedding import share_embedding_with_packed_head
-from ..layers.quantization import kinds, pack_on_kernels, packed_layers, quantize_with_torch
+from ..layers.quantization import PackedLinear, kinds, pack_on_kernels, packed_layers, quantize_with_torch
 from ..models import allocate_model, model_class
 from ..runtime.cache_files import cache_root
 from ..runtime.heap import release_free_heap
 from .checkpoint_tensors import CheckpointTensors
-from .packed_groups_file import StoredGroups
-from .packing import layer_groups, stored_int4
+from .packing import layer_weight
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +51,6 @@ def build_model(
     model = allocate_model(hf_config, device, dtype)
     _load_and_quantize(model, method, model_dir, device, dtype, kernels)
     if kernels is not None:
-        share_embedding_with_packed_head(model)  # where not known before: the table read is compared
         attach_kernels(model, kernels)
     return model.eval()
 
@@ -65,51 +63,43 @@ def _load_and_quantize(
     dtype: torch.dtype,
     kernels: CpuKernels | None,
 ) -> None:
-    """Packed weights for small steps. On the kernels: every linear layer (``packing``), built from the
-    checkpoint before the other weights load, so no full-precision copy of a projection is read into the model
-    or kept (a start of the default model reads 190 MB of its converted files, not 620). Without them, torch's
-    packed copies beside the weights: asked for, or by default a checkpoint's own 4-bit blocks when serving
-    bf16 on a CPU. float32 stays exact; GPUs have their own fast GEMMs."""
+    """Packed weights. On the kernels: every linear layer (``packing``), a GGUF's from its own blocks, built before
+    the other weights load, so no full-precision copy of a projection is read into the model or kept. Without them
+    (no compiler for them here), torch's packed copies beside the weights where asked for, for small steps; by
+    default none: float32 stays exact. GPUs have their own fast GEMMs."""
     if device.type != "cpu":
         if method != "auto" and method != "none":
             raise ValueError(f"quantization {method!r} is implemented for the CPU only, not {device.type}")
         method = "none"
-    stored = StoredGroups(model_dir)
-    names = model.checkpoint_names
     if kernels is not None and method != "none":
-        values = CheckpointTensors(model_dir, torch.float32)
-        pack_on_kernels(model, lambda linear: layer_groups(method, names(linear), stored, values), kernels)
-        if _head_known_to_hold_the_table(model, method, stored, values):
-            share_embedding_with_packed_head(model, known_exact=True)  # before the table is read
-        elif (from_file := values.embedding_in_file("model.embed_tokens.weight")) is not None:
-            model.embed_tokens = from_file  # the table is never read: its rows come from the GGUF's blocks
-            log.info("embedding rows read from the GGUF's own blocks at each lookup: no table kept")
+        _pack_on_kernels(model, method, model_dir, kernels)
     _load_weights(model, model_dir, dtype)
-    if kernels is None and method == "auto" and not (stored and dtype == torch.bfloat16):
+    if kernels is None and method == "auto":
         method = "none"
     if kernels is None and method != "none":
-        quantize_with_torch(model, method, lambda linear: stored_int4(names(linear), stored))
-    layers = packed_layers(model)
-    if layers:
-        choose_max_rows(layers, cache_root() / PACKED_ROWS_FILE)
-        log.info("quantization %s: %s", method, kinds(layers))
-        release_free_heap()  # packing leaves ~100 MB of freed, fragmented heap behind (per-layer transients)
+        quantize_with_torch(model, method)
+        choose_max_rows(packed_layers(model), cache_root() / PACKED_ROWS_FILE)
+    if kernels is not None or method != "none":
+        log.info("quantization %s: %s", method, kinds(model))
+        release_free_heap()  # packing leaves freed, fragmented heap behind (per-layer transients)
     unpacked = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    if layers and unpacked:
+    if method != "none" and unpacked:
         log.warning("%d linear layers stay unpacked (inputs not in groups of 32): %s", len(unpacked), unpacked[:3])
 
 
-def _head_known_to_hold_the_table(
-    model: nn.Module, method: str, stored: StoredGroups, values: CheckpointTensors
-) -> bool:
-    """Whether the packed LM head is known to hold a tied embedding exactly, without reading the table: the copy keeps
-    the table only as int8 groups (a converted GGUF keeps a weight so where they give its values bit for bit, as
-    Q8_0 blocks do), which the head packs as they are, so the table would be those groups dequantized, the very
-    products the head's rows are (tests hold the two to it). A first load of Gemma 3 270M reads 671 MB less."""
-    if not getattr(model, "tied_embeddings", False) or method == "int4":
-        return False
-    (name,) = model.checkpoint_names("lm_head")
-    return stored.format_of(name) is Int8Groups and values.only_as_groups(name)
+def _pack_on_kernels(model: nn.Module, method: str, model_dir: Path, kernels: CpuKernels) -> None:
+    """Every linear layer packed, the LM head's rows serving a tied embedding where they are the file's, else the
+    embedding's rows read from the GGUF at each lookup where it is there: the table is never read."""
+    values = CheckpointTensors(model_dir, torch.float32)
+    names = model.checkpoint_names
+    pack_on_kernels(model, lambda linear: layer_weight(method, names(linear), values.blocks, values), kernels)
+    if not share_embedding_with_packed_head(model):
+        from_file = values.embedding_in_file("model.embed_tokens.weight")
+        if from_file is not None:
+            model.embed_tokens = from_file
+            log.info("embedding rows read from the GGUF's own blocks at each lookup: no table kept")
+    packed = [m.packed for m in model.modules() if isinstance(m, PackedLinear)]
+    log.info("packed weights, bits a weight by format: %s", bits_per_weight(packed))
 
 
 def _load_weights(model: nn.Module, model_dir: Path, dtype: torch.dtype) -> None:

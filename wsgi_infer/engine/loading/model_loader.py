@@ -3,11 +3,9 @@
 A model is a Hugging Face directory (config.json, safetensors, tokenizer files)
 or a ``.gguf`` file. The first load of a GGUF converts it once into such a
 directory in the user cache, keyed by the file's hash: its config and tokenizer,
-its norms, and every 2-D weight as the packed kernels' groups, but no weight's
-values. Where the groups hold a weight bit for bit (Q4_0, Q4_1, Q8_0 blocks;
-Q5_0, Q5_1, IQ4_NL ones where compared so) a load that needs it in full reads it
-back from them; any other weight it reads from the GGUF itself
-(``file_weights``). Later loads read that directory in under a second.
+its norms, and where each 2-D weight lies in the GGUF, but no weight itself:
+every load reads those from the GGUF (``file_weights``), the CPU kernels its
+blocks as they are.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ from .model_paths import (
     model_path,
     older_conversions,
 )
-from .packed_groups_file import GroupsWriter
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +81,8 @@ def _convert_gguf_into(gguf: Path, target: Path) -> None:
 
 
 def _convert_gguf(gguf: Path, staging: Path) -> None:
-    """Config, tokenizer, the weights' groups, the 1-D tensors and where the other weights lie in the file, each read
-    once from the file: no 2-D weight's values are copied (``file_weights``)."""
+    """Config, tokenizer, the 1-D tensors and where the 2-D weights lie in the file: no 2-D weight is copied
+    (``file_weights``)."""
     from safetensors.torch import save_file
     from transformers import GenerationConfig
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
@@ -99,14 +96,11 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
         log.info("model %s: config and tokenizer read; reading the weights", gguf.name)
         values, places = {}, {}
         architecture, tensors = gguf_tensors(gguf, config)
-        with GroupsWriter(staging) as groups:
-            for tensor in tensors:
-                if tensor.values is not None:
-                    values[tensor.name] = tensor.values
-                if tensor.groups is not None:
-                    groups.add(tensor.name, tensor.groups)
-                if tensor.place is not None:
-                    places[tensor.name] = tensor.place
+        for tensor in tensors:
+            if tensor.values is not None:
+                values[tensor.name] = tensor.values
+            else:
+                places[tensor.name] = tensor.place
     except Exception as exc:  # transformers and gguf-py raise many kinds for unreadable files
         raise ModelLoadError(f"model {gguf}: cannot read GGUF file ({exc})") from exc
     save_file(values, staging / "model.safetensors", metadata={"format": "pt"})

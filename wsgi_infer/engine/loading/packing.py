@@ -1,42 +1,42 @@
-"""Which packed groups each of our linear layers gets, from the checkpoint.
+"""Which packed weight each of our linear layers gets, from the checkpoint.
 
-A fused layer (qkv, gate-up) stacks its checkpoint weights' rows, so its groups stack theirs. Each part comes
-from the checkpoint's own blocks where a GGUF's map onto a packed format (``gguf_blocks``), else from its float32
-values, quantized to 8-bit groups with offsets (``Int8Groups.from_weight``), which keep 16- and 32-bit weights (a
-Hugging Face directory, an F16 or BF16 GGUF) and 6-, 3- and 2-bit blocks close to what they were. A layer whose
-parts are all 4-bit is 4-bit; a mix is 8-bit (4-bit parts exactly so). ``int4`` asks for 4-bit everywhere (other
-parts quantized as Q4_1 is made), ``int8`` for 8-bit everywhere.
+A fused layer (qkv, gate-up) stacks its checkpoint weights' rows, each part in its own format. A part comes from the
+GGUF's own blocks, read from the mapped file, where the kernels read its type (``kernels.block_fields.FILE_TYPES``),
+else from its float32 values as our Q8_M (16- and 32-bit weights of a Hugging Face directory or an F16 or BF16 GGUF,
+and the types the kernels do not read: Q2_K, Q3_K, the IQ types). ``int4`` asks for 4 bits everywhere (a file's Q4_0,
+Q4_1 and Q4_K as they are, other parts made as Q4_1 is), ``int8`` for 8 bits (a file's Q8_0 as it is, the rest Q8_M).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
+from gguf import GGMLQuantizationType as Q
 
-from ..kernels.weight_groups import GROUP_SIZE, Int4Groups, Int8Groups, WeightGroups, cat_groups
+from ..kernels.block_fields import FILE_TYPES, from_file_blocks, from_values
+from ..kernels.packed import PackedWeight, packed_part, packed_weight
+from .file_weights import FileBlocks
+
+_KEPT = {"auto": FILE_TYPES, "int4": {Q.Q4_0, Q.Q4_1, Q.Q4_K}, "int8": {Q.Q8_0}}
 
 
-def layer_groups(
-    method: str, names: list[str], stored: Mapping[str, WeightGroups], values: Mapping[str, torch.Tensor]
-) -> WeightGroups | None:
-    """The groups of the layer that stacks the checkpoint weights ``names``, from their ``stored`` groups or their
-    float32 ``values``; None where it cannot be grouped (no names, or inputs not a multiple of 32)."""
-    parts = []
+def layer_weight(
+    method: str, names: list[str], blocks: Callable[[str], FileBlocks | None], values: Mapping[str, torch.Tensor]
+) -> PackedWeight | None:
+    """The packed weight of the layer that stacks the checkpoint weights ``names``, from their blocks in the file
+    (``blocks(name)``, None where a weight is not there) or their float32 ``values``; None where it cannot be packed
+    (no names, or inputs not a multiple of 32)."""
+    parts, from_file = [], True
     for name in names:
-        part = stored.get(name)
-        if part is None or (method == "int4" and isinstance(part, Int8Groups)):
-            weight = values[name]
-            if weight.shape[1] % GROUP_SIZE:
-                return None
-            part = (Int4Groups if method == "int4" else Int8Groups).from_weight(weight)
-        elif method == "int8" and isinstance(part, Int4Groups):
-            part = part.as_int8()
-        parts.append(part)
-    return cat_groups(parts) if parts else None
-
-
-def stored_int4(names: list[str], stored: Mapping[str, WeightGroups]) -> Int4Groups | None:
-    """The layer's 4-bit groups where the checkpoint holds every part of it in 4 bits."""
-    parts = [stored.get(name) for name in names]
-    return Int4Groups.cat(parts) if parts and all(isinstance(p, Int4Groups) for p in parts) else None
+        found = blocks(name)
+        if found is not None and found.ggml_type in _KEPT[method]:
+            parts.append(packed_part(found.shape[0], lambda a, b, f=found: from_file_blocks(f.rows(a, b), f.ggml_type)))
+            continue
+        weight = values[name]
+        if weight.shape[1] % 32:
+            return None
+        levels = 15 if method == "int4" else 255
+        parts.append(packed_part(weight.shape[0], lambda a, b, w=weight, n=levels: from_values(w[a:b], n)))
+        from_file = False
+    return packed_weight(parts, from_file) if parts else None

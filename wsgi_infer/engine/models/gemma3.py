@@ -8,8 +8,7 @@
 - Per-head RMSNorm of queries and keys (as Qwen3), then RoPE with a base per kind of layer: sliding-window
   layers (5 of every 6) and global ones.
 
-On the CPU kernels, small steps run every layer in the fused decoder (its Gemma flags), larger ones layer by
-layer through the same kernels.
+On the CPU kernels, steps run every layer in the fused decoder (its Gemma flags).
 """
 
 from __future__ import annotations

@@ -112,7 +112,6 @@ class LlamaForCausalLM(nn.Module):
     runs_on_kernels = True  # its layers have the CPU kernels' paths (see kernels.cpu.attach_kernels)
     _kernels: CpuKernels | None = None
     fused_decoder: FusedDecoder | None = None  # with the kernels, when every projection is packed on them too
-    fused_max_rows = 0  # the fewest rows any of those projections serves packed
 
     def __init__(self, config, max_positions: int) -> None:
         super().__init__()
@@ -137,7 +136,7 @@ class LlamaForCausalLM(nn.Module):
     @kernels.setter
     def kernels(self, kernels: CpuKernels | None) -> None:
         self._kernels = kernels
-        self.fused_decoder, self.fused_max_rows = self._fuse(kernels) if kernels is not None else (None, 0)
+        self.fused_decoder = self._fuse(kernels) if kernels is not None else None
 
     @staticmethod
     def _rotary(config, max_positions: int) -> nn.Module:
@@ -149,8 +148,7 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x, residual = self.embed(input_ids), None
         rope = self.rotary(positions)
-        rows = len(input_ids)
-        if self.fused_decoder is not None and meta.cache_rows is not None and rows <= self.fused_max_rows:
+        if self.fused_decoder is not None and meta.cache_rows is not None:
             x, residual = self.fused_decoder(x, self.fused_tables(rope), kv_caches, meta, self.interrupt.address)
             self.interrupt.check()
             return self.norm(x, residual)[0]
@@ -164,13 +162,12 @@ class LlamaForCausalLM(nn.Module):
         """The step's RoPE tables as the fused decoder takes them: one pair here."""
         return [rope]
 
-    def _fuse(self, kernels: CpuKernels) -> tuple[FusedDecoder | None, int]:
-        """The kernels' decoder: the layers' loop in one call, where every projection is packed on the kernels
-        (for steps up to the fewest rows any of them serves packed, prefill chunks included)."""
+    def _fuse(self, kernels: CpuKernels) -> FusedDecoder | None:
+        """The kernels' decoder: the layers' loop in one call, where every projection is packed on the kernels."""
         weights = [self._decoder_weights(layer) for layer in self.layers]
         projections = [p for w in weights for p in (w.qkv, w.o, w.gate_up, w.down)]
         if not all(isinstance(p, PackedLinear) for p in projections):
-            return None, 0
+            return None
         attn, mlp = self.layers[0].self_attn, self.layers[0].mlp
         dims = DecoderDims(
             hidden=self.norm.weight.shape[0],
@@ -181,7 +178,7 @@ class LlamaForCausalLM(nn.Module):
             eps=self.norm.eps,
             scale=attn.scale,
         )
-        return kernels.fused_decoder(weights, dims), min(p.max_rows for p in projections)
+        return kernels.fused_decoder(weights, dims)
 
     @staticmethod
     def _decoder_weights(layer: nn.Module) -> DecoderWeights:

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's own llama-server and llama-quantize, the peer the benchmarks compare with, from the llama.cpp
+# tree that the llama-cpp-python sdist on PyPI vendors (no other network). Kept out of CI: about 10 minutes on 2
+# cores. Usage: bash scripts/build_llama_server.sh [DIR]   (default: ../peers); prints the binaries' directory.
+set -euo pipefail
+VERSION=0.3.36
+DIR=$(realpath -m "${1:-$(dirname "$0")/../../peers}")
+mkdir -p "$DIR"
+cd "$DIR"
+if [ ! -d llsrc/llama_cpp_python-$VERSION ]; then
+    pip download --no-deps --no-binary :all: -d llsrc llama-cpp-python==$VERSION
+    tar xzf llsrc/llama_cpp_python-$VERSION.tar.gz -C llsrc
+fi
+cd llsrc/llama_cpp_python-$VERSION/vendor/llama.cpp
+cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DBUILD_SHARED_LIBS=OFF >/dev/null
+cmake --build build --target llama-server llama-quantize llama-bench -j"$(nproc)" >/dev/null
+echo "$PWD/build/bin"

@@ -1,0 +1,52 @@
+/* Activations quantized once per multiply (activations.h). Generic vector code: every build rounds alike. */
+#include "activations.h"
+
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+
+static inline f32x8 round_even(f32x8 v) { /* to the nearest integer, ties to even: |v| < 2^22 here */
+    const float magic = 12582912.0f; /* 1.5 * 2^23 */
+    return (v + magic) - magic;
+}
+
+static void quantize_block(const float *x, int planes, uint8_t *out) {
+    act_head *head = (act_head *)out;
+    int8_t *hi = (int8_t *)(out + sizeof(act_head)), *lo = hi + QK;
+    float amax = 0.0f;
+    for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(x[i])); /* fmaxf drops a NaN: checked below */
+    int finite = isfinite(amax);
+    for (int i = 0; i < QK; i++) finite &= isfinite(x[i]);
+    memset(out, 0, ACT_BYTES(planes));
+    if (!finite) {
+        head->d = head->s = head->s_half[0] = head->s_half[1] = NAN;
+        return;
+    }
+    const float top = planes == 1 ? 127.0f : 32512.0f;
+    float d = amax / top, id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t sums[2] = {0, 0};
+    for (int c = 0; c < QK; c += 8) {
+        f32x8 v;
+        memcpy(&v, x + c, sizeof(v));
+        i32x8 q = __builtin_convertvector(round_even(v * id), i32x8);
+        if (planes == 2) { /* q = 255 hi + lo, both within -127..127: hi = round(q / 255), never a tie */
+            i32x8 h = __builtin_convertvector(round_even(__builtin_convertvector(q, f32x8) * (1.0f / 255.0f)), i32x8);
+            i32x8 l = q - 255 * h;
+            for (int i = 0; i < 8; i++) hi[c + i] = (int8_t)h[i], lo[c + i] = (int8_t)l[i];
+        } else {
+            for (int i = 0; i < 8; i++) hi[c + i] = (int8_t)q[i];
+        }
+        for (int i = 0; i < 8; i++) sums[c / 16] += q[i];
+    }
+    head->d = d;
+    head->s = d * (float)(sums[0] + sums[1]);
+    head->s_half[0] = d * (float)sums[0];
+    head->s_half[1] = d * (float)sums[1];
+}
+
+uint8_t *quantize_activations(const float *x, int64_t rows, int64_t k, int planes, int threads) {
+    int64_t blocks = k / QK, size = ACT_BYTES(planes);
+    uint8_t *out = aligned_alloc(64, (rows * blocks * size + 63) / 64 * 64);
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * blocks > 256)
+    for (int64_t i = 0; i < rows * blocks; i++) quantize_block(x + i * QK, planes, out + i * size);
+    return out;
+}

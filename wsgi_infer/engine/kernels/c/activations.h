@@ -1,0 +1,27 @@
+/* A row of activations as the packed multiplies read it: per 32 inputs, integer codes and their scale.
+ *
+ * planes 1 (8-bit activations, llama.cpp's Q8_0 rows): x = d * q, q = round(x / d) in -127..127, d = max|x| / 127.
+ * planes 2 (the exact path): x = d * (255 * hi + lo), hi and lo in -127..127, d = max|x| / 32512: each input
+ * within 2^-16 of its block's largest, as 16-bit integers would hold it; the integer sums are the same sums of
+ * 16-bit products, made of two 8-bit passes (255, not 256, so that every plane stays within -127..127).
+ * Each block also keeps s = d * (the sum of its codes), and the same over each half of 16 inputs: a weight's
+ * offsets (w = s * code + m) multiply the activations' sum, not each input.
+ */
+#ifndef WSGI_INFER_ACTIVATIONS_H
+#define WSGI_INFER_ACTIVATIONS_H
+#include "common.h"
+
+#define QK 32 /* inputs per block */
+
+typedef struct {
+    float d;         /* the scale; NaN where an input is infinite or NaN (its outputs are NaN) */
+    float s;         /* d * the sum of the block's inputs as integers */
+    float s_half[2]; /* the same over inputs 0-15 and 16-31 */
+    float pad[4];
+} act_head; /* then the planes: 32 signed codes each (hi first) */
+
+#define ACT_BYTES(planes) ((int64_t)sizeof(act_head) + QK * (planes))
+
+/* x [rows, k] (k a multiple of 32) as [rows][k / 32] blocks of ACT_BYTES(planes), in a new buffer the caller frees */
+uint8_t *quantize_activations(const float *x, int64_t rows, int64_t k, int planes, int threads);
+#endif

@@ -1,0 +1,422 @@
+/* Attention over the paged bf16 KV cache: each query row over its sequence's cached context, in float32. */
+#include "common.h"
+
+/* hsum of each of 16 vectors, as one vector (lane t: hsum(v[t])), with every addition hsum makes, in its
+ * order: a transposition by halves, 30 shuffles and 15 additions where 16 hsums take 48 and 64. */
+#if LANES == 8 /* the same additions on 8-lane halves, whose shuffles GCC keeps in registers */
+static inline __attribute__((always_inline)) f32x16 hsum16(const f32x16 v[16]) {
+    f32v halves[16], quarters[8], eighths[4], sums[2];
+    for (int t = 0; t < 16; t++) { /* lanes i and i + 8 of each vector */
+        f32v piece[2];
+        memcpy(piece, &v[t], sizeof(v[t]));
+        halves[t] = piece[0] + piece[1];
+    }
+    for (int j = 0; j < 8; j++) /* lanes i and i + 4: two vectors' 4 sums each */
+        quarters[j] = __builtin_shufflevector(halves[2 * j], halves[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+                      __builtin_shufflevector(halves[2 * j], halves[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int j = 0; j < 4; j++) /* lanes i and i + 2 of each 4 */
+        eighths[j] = __builtin_shufflevector(quarters[2 * j], quarters[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+                     __builtin_shufflevector(quarters[2 * j], quarters[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    for (int j = 0; j < 2; j++)
+        sums[j] = __builtin_shufflevector(eighths[2 * j], eighths[2 * j + 1], 0, 2, 4, 6, 8, 10, 12, 14) +
+                  __builtin_shufflevector(eighths[2 * j], eighths[2 * j + 1], 1, 3, 5, 7, 9, 11, 13, 15);
+    f32x16 out;
+    memcpy(&out, sums, sizeof(out));
+    return out;
+}
+#else
+static inline __attribute__((always_inline)) f32x16 hsum16(const f32x16 v[16]) {
+    f32x16 halves[8], quarters[4], eighths[2];
+    for (int j = 0; j < 8; j++) /* lanes i and i + 8 of two vectors: 8 sums of each */
+        halves[j] = __builtin_shufflevector(v[2 * j], v[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                    __builtin_shufflevector(v[2 * j], v[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int j = 0; j < 4; j++) /* lanes i and i + 4 of each 8: 4 sums of four vectors */
+        quarters[j] = __builtin_shufflevector(halves[2 * j], halves[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                      __builtin_shufflevector(halves[2 * j], halves[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    for (int j = 0; j < 2; j++) /* lanes i and i + 2 of each 4 */
+        eighths[j] = __builtin_shufflevector(quarters[2 * j], quarters[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+                     __builtin_shufflevector(quarters[2 * j], quarters[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return __builtin_shufflevector(eighths[0], eighths[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(eighths[0], eighths[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+#endif
+
+#define PREFETCH_AHEAD 8 /* tokens */
+
+/* slots are scattered over blocks: fetch a token's key and value ahead of their use */
+static inline void prefetch_token(const bf16 *keys, const bf16 *values, const int64_t *offsets, int64_t t,
+                                  int64_t len, int64_t head_dim) {
+    if (t + PREFETCH_AHEAD < len)
+        for (int64_t line = 0; line < head_dim; line += 32) {
+            __builtin_prefetch(keys + offsets[t + PREFETCH_AHEAD] + line);
+            __builtin_prefetch(values + offsets[t + PREFETCH_AHEAD] + line);
+        }
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) /* 8-lane registers: 16-lane sums would spill */
+/* 8 bf16 as float32 */
+static inline __m256 widen8(const bf16 *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* scores [group, stride] of the group's heads for each of len tokens (whole blocks of 16 computed): each key
+ * widened once into registers for the group, each head's query read from L1 (aligned), one multiply-add per 8
+ * products; a token's sums in two halves of 8 lanes (even and odd runs of 8 dimensions), 16 tokens' sums folded
+ * by hsum16 */
+static inline __attribute__((always_inline)) void score_tokens(const float *q, const int64_t group, const bf16 *keys,
+                                                               const bf16 *values, const int64_t *offsets,
+                                                               int64_t len, const int64_t head_dim, float scale,
+                                                               int64_t stride, float *scores) {
+    const int64_t runs = head_dim / 8; /* even: head_dim is a multiple of 16 (attention_fits) */
+    float query[group][head_dim] __attribute__((aligned(32)));
+    memcpy(query, q, sizeof(query));
+    for (int64_t start = 0; start < len; start += 16) {
+        f32x16 sums[group][16];
+        for (int64_t i = 0; i < 16; i++) {
+            int64_t t = start + i;
+            if (t >= len) {
+                for (int64_t h = 0; h < group; h++) sums[h][i] = (f32x16){0};
+                continue;
+            }
+            prefetch_token(keys, values, offsets, t, len, head_dim);
+            __m256 key[runs];
+            for (int64_t c = 0; c < runs; c++) key[c] = widen8(keys + offsets[t] + 8 * c);
+            for (int64_t h = 0; h < group; h++) {
+                __m256 acc[2] = {_mm256_mul_ps(_mm256_load_ps(query[h]), key[0]),
+                                 _mm256_mul_ps(_mm256_load_ps(query[h] + 8), key[1])};
+                for (int64_t c = 2; c < runs; c++)
+                    acc[c % 2] = _mm256_fmadd_ps(_mm256_load_ps(query[h] + 8 * c), key[c], acc[c % 2]);
+                memcpy(&sums[h][i], acc, sizeof(acc));
+            }
+        }
+        for (int64_t h = 0; h < group; h++) {
+            f32x16 block = hsum16(sums[h]) * scale;
+            memcpy(scores + h * stride + start, &block, sizeof(block));
+        }
+    }
+}
+
+/* weighed [group, D] = sum over each head's tokens (lens) of weights [group, stride] times values (in token
+ * order): 16 tokens' values widened at a time into L1, then each head's sums in 8 registers of 8 lanes (16-lane
+ * sums would not fit the 16 registers), one multiply-add per value */
+static inline __attribute__((always_inline)) void weigh_values(const bf16 *values, const int64_t *offsets,
+                                                               int64_t len, const int64_t *lens, const int64_t group,
+                                                               const int64_t head_dim, int64_t stride,
+                                                               const float *weights, float *weighed) {
+    const int64_t chunks = head_dim / 8;
+    float value[16][head_dim] __attribute__((aligned(32)));
+    for (int64_t d = 0; d < group * head_dim; d++) weighed[d] = 0.0f;
+    for (int64_t start = 0; start < len; start += 16) {
+        int64_t block = len - start < 16 ? len - start : 16;
+        for (int64_t i = 0; i < block; i++)
+            for (int64_t d = 0; d < head_dim; d++) value[i][d] = to_float(values[offsets[start + i] + d]);
+        for (int64_t h = 0; h < group; h++) {
+            int64_t own = lens[h] - start < block ? lens[h] - start : block; /* this head's tokens of the block */
+            /* 64 dimensions at a time, in a fixed array that stays in registers (one sized by head_dim was
+             * written back to the stack at every token: 8 stores per 8 multiply-adds) */
+            for (int64_t c0 = 0; c0 < chunks && own > 0; c0 += 8) {
+                const int64_t width = chunks - c0 < 8 ? chunks - c0 : 8;
+                float *sums = weighed + h * head_dim + 8 * c0;
+                __m256 acc[8];
+                for (int64_t c = 0; c < width; c++) acc[c] = _mm256_loadu_ps(sums + 8 * c);
+                for (int64_t i = 0; i < own; i++) {
+                    __m256 weight = _mm256_broadcast_ss(weights + h * stride + start + i);
+                    for (int64_t c = 0; c < width; c++)
+                        acc[c] = _mm256_fmadd_ps(weight, _mm256_load_ps(value[i] + 8 * (c0 + c)), acc[c]);
+                }
+                for (int64_t c = 0; c < width; c++) _mm256_storeu_ps(sums + 8 * c, acc[c]);
+            }
+        }
+    }
+}
+#else
+/* scores [group, stride] of the group's heads for each of len tokens (whole blocks of 16 computed): each key
+ * widened once for the group, 16 dimensions at a time, 16 tokens' sums folded into one vector by hsum16 */
+static inline __attribute__((always_inline)) void score_tokens(const float *q, const int64_t group, const bf16 *keys,
+                                                               const bf16 *values, const int64_t *offsets,
+                                                               int64_t len, const int64_t head_dim, float scale,
+                                                               int64_t stride, float *scores) {
+    const int64_t chunks = head_dim / 16; /* head_dim is a multiple of 16 (attention_fits) */
+    f32x16 sums[group][16];
+    for (int64_t start = 0; start < len; start += 16) {
+        for (int64_t i = 0; i < 16; i++) {
+            int64_t t = start + i;
+            prefetch_token(keys, values, offsets, t, len, head_dim);
+            f32x16 key[chunks];
+            for (int64_t c = 0; c < chunks; c++) key[c] = t < len ? load16(keys + offsets[t] + c * 16) : (f32x16){0};
+            for (int64_t h = 0; h < group; h++) {
+                f32x16 acc = load16f(q + h * head_dim) * key[0];
+                for (int64_t c = 1; c < chunks; c++) acc += load16f(q + h * head_dim + c * 16) * key[c];
+                sums[h][i] = acc;
+            }
+        }
+        for (int64_t h = 0; h < group; h++) {
+            f32x16 block = hsum16(sums[h]) * scale;
+            memcpy(scores + h * stride + start, &block, sizeof(block));
+        }
+    }
+}
+
+/* weighed [group, D] = sum over each head's tokens (lens) of weights [group, stride] times values (in token
+ * order), each value widened once for the group's heads, their sums a chain per head and 16 dimensions, several
+ * in flight */
+static inline __attribute__((always_inline)) void weigh_values(const bf16 *values, const int64_t *offsets,
+                                                               int64_t len, const int64_t *lens, const int64_t group,
+                                                               const int64_t head_dim, int64_t stride,
+                                                               const float *weights, float *weighed) {
+    const int64_t chunks = head_dim / 16;
+    f32x16 acc[group][chunks];
+    for (int64_t h = 0; h < group; h++)
+        for (int64_t c = 0; c < chunks; c++) acc[h][c] = (f32x16){0};
+    for (int64_t t = 0; t < len; t++) {
+        f32x16 value[chunks];
+        for (int64_t c = 0; c < chunks; c++) value[c] = load16(values + offsets[t] + c * 16);
+        for (int64_t h = 0; h < group; h++)
+            if (t < lens[h])
+                for (int64_t c = 0; c < chunks; c++) acc[h][c] += weights[h * stride + t] * value[c];
+    }
+    memcpy(weighed, acc, sizeof(acc));
+}
+#endif
+
+/* scores [0, len) as exp(score - their largest), in place, and their sum; the largest (in *peak) and the sum run
+ * per lane, then across the lanes (a serial sum took a dependent addition per score). The padding past len, up to a
+ * whole block of 16 (the scores' stride leaves room), is computed, never counted. */
+static inline float softmax_numerators(float *scores, int64_t len, float *peak_out) {
+    i32v lane;
+    for (int l = 0; l < LANES; l++) lane[l] = l;
+    f32v most = (f32v){0} - INFINITY, sum = {0};
+    for (int64_t t = 0; t < len; t += LANES) {
+        f32v v;
+        memcpy(&v, scores + t, sizeof(v));
+        v = select_v(lane + (int32_t)t < (int32_t)len, v, most);
+        most = select_v(v > most, v, most); /* a NaN never wins, as in a scan */
+    }
+    float peak = -INFINITY, total = 0.0f;
+    for (int l = 0; l < LANES; l++) peak = most[l] > peak ? most[l] : peak;
+    for (int64_t t = 0; t < len; t += 16) {
+        f32x16 block;
+        memcpy(&block, scores + t, sizeof(block));
+        block = exp16(block - peak);
+        memcpy(scores + t, &block, sizeof(block));
+        for (int p = 0; p < 16; p += LANES) {
+            f32v part;
+            memcpy(&part, scores + t + p, sizeof(part));
+            sum += select_v(lane + (int32_t)(t + p) < (int32_t)len, part, (f32v){0});
+        }
+    }
+    for (int l = 0; l < LANES; l++) total += sum[l];
+    *peak_out = peak;
+    return total;
+}
+
+/* One part of softmax(q k^T * scale) v for the group query heads that share one key-value head: over the len cached
+ * tokens at offsets, each head over its own first lens[h] of them (none, where lens[h] is 0), in float32. Per head:
+ * weighed [group, D], the sum of each token's exp(score - peak) times its value; total, the sum of those
+ * numerators; peak, the largest score. Each key and value is read once for the whole group, and each head's sums
+ * run in the order one head alone would run them (the scores of tokens past its own are computed, never read).
+ * Scores fit on the stack (a float per token and head, in whole blocks of 16). q: the group's heads, one after
+ * another. */
+static inline __attribute__((always_inline)) void attend_part(const float *q, const int64_t group, const bf16 *keys,
+                                                              const bf16 *values, const int64_t *offsets, int64_t len,
+                                                              const int64_t *lens, const int64_t head_dim, float scale,
+                                                              float *peak, float *total, float *weighed) {
+    const int64_t stride = len + 15;
+    float scores[group][stride];
+    score_tokens(q, group, keys, values, offsets, len, head_dim, scale, stride, &scores[0][0]);
+    for (int64_t h = 0; h < group; h++) total[h] = softmax_numerators(scores[h], lens[h], peak + h);
+    weigh_values(values, offsets, len, lens, group, head_dim, stride, &scores[0][0], weighed);
+}
+
+/* attend_part with the common head sizes as constants, so that a head's query stays in registers */
+typedef void (*attend_fn)(const float *, int64_t, const bf16 *, const bf16 *, const int64_t *, int64_t,
+                          const int64_t *, int64_t, float, float *, float *, float *);
+#define ATTEND_HEAD_DIM(D)                                                                                         \
+    static void attend_##D(const float *q, int64_t group, const bf16 *keys, const bf16 *values,                   \
+                           const int64_t *offsets, int64_t len, const int64_t *lens, int64_t head_dim, float scale, \
+                           float *peak, float *total, float *weighed) {                                            \
+        (void)head_dim;                                                                                            \
+        attend_part(q, group, keys, values, offsets, len, lens, D, scale, peak, total, weighed);                   \
+    }
+ATTEND_HEAD_DIM(64) ATTEND_HEAD_DIM(128)
+static void attend_any(const float *q, int64_t group, const bf16 *keys, const bf16 *values, const int64_t *offsets,
+                       int64_t len, const int64_t *lens, int64_t head_dim, float scale, float *peak, float *total,
+                       float *weighed) {
+    attend_part(q, group, keys, values, offsets, len, lens, head_dim, scale, peak, total, weighed);
+}
+
+/* A context is attended in parts of ATTEND_PART tokens (counted from its first token), each with its own peak, then
+ * the parts are folded in order (fold_part): a row's result depends on its context alone, whichever thread computed
+ * each part. A context of one part is attended as one whole. */
+#define ATTEND_PART 256
+
+/* Folds a part (peak, total, weighed) of heads heads into the running one, which it starts where `first`: each
+ * side's sums rescaled to the larger peak. */
+static void fold_part(int64_t heads, int64_t head_dim, int first, float *peak, float *total, float *weighed,
+                      const float *part_peak, const float *part_total, const float *part_weighed) {
+    for (int64_t h = 0; h < heads; h++) {
+        if (first) {
+            peak[h] = part_peak[h], total[h] = part_total[h];
+            memcpy(weighed + h * head_dim, part_weighed + h * head_dim, head_dim * sizeof(float));
+            continue;
+        }
+        if (part_total[h] == 0.0f) continue; /* the head has no tokens in this part */
+        float most = part_peak[h] > peak[h] ? part_peak[h] : peak[h];
+        float before = expf(peak[h] - most), after = expf(part_peak[h] - most);
+        peak[h] = most, total[h] = total[h] * before + part_total[h] * after;
+        for (int64_t d = 0; d < head_dim; d++)
+            weighed[h * head_dim + d] = weighed[h * head_dim + d] * before + part_weighed[h * head_dim + d] * after;
+    }
+}
+
+/* The rows a task attends at once (see paged_attention): at most RUN_ROWS, and fewer where there would be under
+ * two tasks per thread, or where the run's scores would take more than RUN_SCORES bytes of the stack. */
+#define RUN_ROWS 8
+#define RUN_SCORES (256 * 1024)
+
+/* Runs of consecutive rows of one sequence (a prefill chunk's, a draft's verification), none of them cut by a
+ * sliding window, of at most `most` rows: their starting rows and sizes. Returns how many. */
+static int64_t row_runs(const int64_t *row_seqs, const int64_t *context_lens, int64_t rows, int64_t window,
+                        int64_t most, int64_t *run_start, int64_t *run_rows) {
+    int64_t runs = 0;
+#define CUT(r) (window > 0 && context_lens[r] > window) /* row r sees only the window's last tokens */
+    for (int64_t r = 0; r < rows; r++) {
+        int joins = runs > 0 && !CUT(r) && !CUT(r - 1) && run_rows[runs - 1] < most && row_seqs[r] == row_seqs[r - 1];
+        if (joins) {
+            run_rows[runs - 1]++;
+        } else {
+            run_start[runs] = r, run_rows[runs] = 1, runs++;
+        }
+    }
+    return runs;
+#undef CUT
+}
+
+/* What paged_attention's tasks share: a task is one key-value head of one run of rows (row_runs) */
+typedef struct {
+    const float *q;
+    int64_t q_row_stride;
+    const bf16 *cache;
+    const int64_t *offsets, *starts, *row_seqs, *context_lens, *run_start, *run_rows;
+    int64_t heads, kv_heads, head_dim, window;
+    float scale;
+    attend_fn attend;
+} attention_job;
+
+/* A task's first row and rows, its first token (past a sliding window's cut) and the tokens it reads from there */
+static void task_span(const attention_job *job, int64_t task, int64_t *r0, int64_t *n, int64_t *first, int64_t *span) {
+    int64_t run = task / job->kv_heads, len = 0;
+    *r0 = job->run_start[run], *n = job->run_rows[run];
+    for (int64_t i = 0; i < *n; i++) len = job->context_lens[*r0 + i] > len ? job->context_lens[*r0 + i] : len;
+    *first = *n == 1 && job->window > 0 && len > job->window ? len - job->window : 0; /* runs are never cut */
+    *span = len - *first;
+}
+
+static int64_t task_parts(const attention_job *job, int64_t task) {
+    int64_t r0, n, first, span;
+    task_span(job, task, &r0, &n, &first, &span);
+    return (span + ATTEND_PART - 1) / ATTEND_PART;
+}
+
+/* Part `part` of a task: its heads (each row's query heads of the task's key-value head, row by row) over their
+ * tokens in that part, each over its own row's context */
+static void attend_task_part(const attention_job *job, int64_t task, int64_t part, float *peak, float *total,
+                             float *weighed) {
+    int64_t r0, n, first, span, group = job->heads / job->kv_heads, g = task % job->kv_heads, d = job->head_dim;
+    task_span(job, task, &r0, &n, &first, &span);
+    int64_t start = part * ATTEND_PART, len = span - start < ATTEND_PART ? span - start : ATTEND_PART;
+    int64_t own[n * group];
+    float run_q[n == 1 ? 1 : n * group * d];
+    const float *q = job->q + r0 * job->q_row_stride + g * group * d; /* one row's heads in place */
+    for (int64_t i = 0; i < n; i++) {
+        int64_t row_len = (n == 1 ? span : job->context_lens[r0 + i]) - start;
+        for (int64_t h = 0; h < group; h++) own[i * group + h] = row_len < 0 ? 0 : row_len < len ? row_len : len;
+        if (n > 1) memcpy(run_q + i * group * d, q + i * job->q_row_stride, group * d * sizeof(float));
+    }
+    const int64_t *offsets = job->offsets + job->starts[job->row_seqs[r0]] + first + start;
+    const bf16 *keys = job->cache + g * d, *values = job->cache + (job->kv_heads + g) * d;
+    job->attend(n == 1 ? q : run_q, n * group, keys, values, offsets, len, own, d, job->scale, peak, total, weighed);
+}
+
+/* A task's parts folded in order (each computed here, or found at parts, where not NULL), divided into its rows' out */
+static void finish_task(const attention_job *job, int64_t task, const float *parts, float *out) {
+    int64_t r0, n, first, span, group = job->heads / job->kv_heads, g = task % job->kv_heads, d = job->head_dim;
+    task_span(job, task, &r0, &n, &first, &span);
+    int64_t heads = n * group, count = task_parts(job, task), width = heads * (2 + d);
+    float peak[heads], total[heads], weighed[heads * d], part[parts ? 1 : width];
+    for (int64_t p = 0; p < count; p++) {
+        const float *found = parts ? parts + p * width : part;
+        if (!parts) attend_task_part(job, task, p, part, part + heads, part + 2 * heads);
+        fold_part(heads, d, p == 0, peak, total, weighed, found, found + heads, found + 2 * heads);
+    }
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t h = 0; h < group; h++)
+            for (int64_t j = 0; j < d; j++)
+                out[((r0 + i) * job->heads + g * group + h) * d + j] = weighed[(i * group + h) * d + j] / total[i * group + h];
+}
+
+/* Query rows over their sequences' cached contexts, which already hold the rows' own keys and values: a decode's
+ * one token, or each token of a prefill chunk, which sees its sequence up to itself. q: [rows, heads, D] with a
+ * row stride; cache: [slots, 2 * kv_heads, D]; block_table: [seqs, max_blocks]; row_seqs: [rows], each row's
+ * table row; context_lens: [rows], the tokens each row sees, itself included (of which the last window, where
+ * window > 0); out: [rows, heads * D]. A run of one sequence's consecutive rows attends at once, as one group of
+ * query heads over the run's longest context with each head over its own row's (attend_part): each key and value
+ * is read once for the run instead of once per row, and each row's result is the one it gets alone. Each run's
+ * key-value heads are independent tasks, handed out dynamically (see the top); where there are fewer than two a
+ * thread (a decode or two, whose contexts grow long), the parts of their contexts are (ATTEND_PART). */
+void paged_attention(const float *q, int64_t q_row_stride, const bf16 *cache, const int64_t *block_table,
+                     int64_t seqs, int64_t max_blocks, const int64_t *row_seqs, const int64_t *context_lens,
+                     int64_t block_size, float *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                     float scale, int64_t window, int threads) {
+    int64_t group = heads / kv_heads, slot_width = 2 * kv_heads * head_dim, total = 0, work = 0;
+    int64_t lens[seqs], starts[seqs]; /* a sequence's slots, read by all its rows: as many as its last row sees */
+    for (int64_t s = 0; s < seqs; s++) lens[s] = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t *len = lens + row_seqs[r];
+        *len = context_lens[r] > *len ? context_lens[r] : *len;
+        work += context_lens[r];
+    }
+    int64_t longest = 0;
+    for (int64_t s = 0; s < seqs; s++) starts[s] = total, total += lens[s], longest = lens[s] > longest ? lens[s] : longest;
+    int64_t *offsets = malloc(total * sizeof(int64_t)); /* each token's slot, as an element offset */
+    for (int64_t s = 0; s < seqs; s++)
+        for (int64_t t = 0; t < lens[s]; t++)
+            offsets[starts[s] + t] = (block_table[s * max_blocks + t / block_size] * block_size + t % block_size) * slot_width;
+    int64_t part = longest < ATTEND_PART ? longest : ATTEND_PART;
+    int64_t most = rows * kv_heads / (2 * threads), fits = RUN_SCORES / ((part + 15) * group * (int64_t)sizeof(float));
+    most = most < RUN_ROWS ? most : RUN_ROWS;
+    most = most < fits ? most : fits;
+    int64_t *run_start = malloc(2 * rows * sizeof(int64_t)), *run_rows = run_start + rows;
+    int64_t runs = row_runs(row_seqs, context_lens, rows, window, most > 1 ? most : 1, run_start, run_rows);
+    attention_job job = {q, q_row_stride, cache, offsets, starts, row_seqs, context_lens, run_start, run_rows,
+                         heads, kv_heads, head_dim, window, scale,
+                         head_dim == 64 ? attend_64 : head_dim == 128 ? attend_128 : attend_any};
+    int64_t tasks = runs * kv_heads, parallel = work * heads >= 2048;
+    if (tasks >= 2 * threads || !parallel) {
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (parallel)
+        for (int64_t task = 0; task < tasks; task++) finish_task(&job, task, NULL, out);
+    } else { /* few tasks: their parts spread over the threads, then folded in order */
+        int64_t first_item[tasks + 1], width = RUN_ROWS * group * (2 + head_dim);
+        first_item[0] = 0;
+        for (int64_t task = 0; task < tasks; task++) first_item[task + 1] = first_item[task] + task_parts(&job, task);
+        float *parts = malloc(first_item[tasks] * width * sizeof(float));
+#pragma omp parallel num_threads(threads)
+        {
+#pragma omp for schedule(dynamic)
+            for (int64_t item = 0; item < first_item[tasks]; item++) {
+                int64_t task = 0;
+                while (first_item[task + 1] <= item) task++;
+                int64_t r0, n, first, span, heads_of = group;
+                task_span(&job, task, &r0, &n, &first, &span);
+                heads_of *= n;
+                float *at = parts + first_item[task] * width + (item - first_item[task]) * heads_of * (2 + head_dim);
+                attend_task_part(&job, task, item - first_item[task], at, at + heads_of, at + 2 * heads_of);
+            }
+#pragma omp for schedule(static)
+            for (int64_t task = 0; task < tasks; task++) finish_task(&job, task, parts + first_item[task] * width, out);
+        }
+        free(parts);
+    }
+    free(run_start);
+    free(offsets);
+}

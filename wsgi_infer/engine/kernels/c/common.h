@@ -1,0 +1,156 @@
+/* What every source of the CPU kernels shares: bf16 and IEEE half conversions, 16-lane float vectors (GCC's vector
+ * extensions: AVX-512 where present, narrower registers elsewhere), e^x in plain arithmetic that vectorizes, and
+ * the public functions one source calls in another.
+ *
+ * The kernels compute as transformers does in float32, up to the order of sums and the packed weights' own
+ * arithmetic, and are compiled with -ffp-contract=off so a*b+c stays two roundings wherever it is written (an
+ * explicit fma is one). Rows are independent: a row's result never depends on the other rows of its batch.
+ *
+ * The large loops (tiles of a weight, attention's heads) hand out their tasks dynamically, to whichever thread is
+ * free: there are as many threads as cores, and when the OS runs something else on one core (the server's hub, a
+ * client), a static share would hold the whole team at the loop's end. A task's result never depends on the
+ * thread that computes it.
+ */
+#ifndef WSGI_INFER_COMMON_H
+#define WSGI_INFER_COMMON_H
+#include <math.h>
+#include <stdint.h>
+#if defined(__AVX512BF16__) || defined(__AVX512BW__) || defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+#include <stdlib.h>
+#include <string.h>
+
+typedef uint16_t bf16;
+
+static inline float to_float(bf16 x) {
+    uint32_t bits = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+typedef uint16_t f16; /* IEEE half precision: a GGUF's blocks' scales */
+
+static inline float half_to_float(f16 h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, bits = (uint32_t)(h & 0x7fffu) << 13;
+    float f;
+    if (bits >= 0x0f800000u) { /* infinity or NaN */
+        bits |= 0x7f800000u;
+    } else { /* the float with the half's exponent field, times 2^(127 - 15): exact, subnormals included */
+        memcpy(&f, &bits, 4);
+        f *= 0x1p112f;
+        memcpy(&bits, &f, 4);
+    }
+    bits |= sign;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline bf16 to_bf16(float f) { /* round to nearest even, as torch does; NaN stays NaN */
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16)((bits >> 16) | 0x40);
+    return (bf16)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* count floats as bf16 (the KV cache's), each rounded to nearest even */
+static inline void store_bf16(bf16 *out, const float *x, int64_t count) {
+    for (int64_t i = 0; i < count; i++) out[i] = to_bf16(x[i]);
+}
+
+/* 16 floats as one vector (GCC's vector extensions: AVX-512 where present, narrower registers elsewhere). */
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint16_t u16x32 __attribute__((vector_size(64)));
+
+static inline f32x16 load16f(const float *p) {
+    f32x16 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+/* 16 bf16 values (the KV cache's) as floats */
+static inline f32x16 load16(const bf16 *p) {
+    u16x16 half;
+    memcpy(&half, p, sizeof(half));
+    u32x16 bits = __builtin_convertvector(half, u32x16) << 16;
+    f32x16 v;
+    memcpy(&v, &bits, sizeof(v));
+    return v;
+}
+
+static inline float hsum(f32x16 v) {
+    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1);
+    return v[0] + v[1];
+}
+
+/* e^x in plain arithmetic that vectorizes, where expf would not without -ffast-math: 2^k * e^r with
+ * |r| <= ln 2 / 2 (Cephes' expf polynomial, within 2 ulp), x clamped to where floats stay normal. */
+static inline float exp_approx(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float k = floorf(x * 1.44269504f + 0.5f);
+    float r = x - k * 0.693359375f + k * 2.12194440e-4f, r2 = r * r;
+    float p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
+               1.6666665459e-1f) * r + 5.0000001201e-1f;
+    int32_t bits = ((int32_t)k + 127) << 23;
+    float two_k;
+    memcpy(&two_k, &bits, 4);
+    return (p * r2 + r + 1.0f) * two_k;
+}
+
+/* Vectors of the CPU's own width, for code with comparisons: GCC splits wider vectors into registers for
+ * arithmetic, but compares them one lane at a time, with a branch each. */
+#ifdef __AVX512F__
+#define LANES 16
+#else
+#define LANES 8
+#endif
+typedef float f32v __attribute__((vector_size(LANES * 4)));
+typedef int32_t i32v __attribute__((vector_size(LANES * 4)));
+typedef uint32_t u32v __attribute__((vector_size(LANES * 4)));
+typedef uint16_t u16v __attribute__((vector_size(LANES * 2)));
+
+static inline f32v select_v(i32v mask, f32v a, f32v b) { return (f32v)(((i32v)a & mask) | ((i32v)b & ~mask)); }
+
+/* exp_approx of each lane, with exactly exp_approx's operations (GCC does not vectorize its floorf) */
+static inline f32v exp_v(f32v x) {
+    const f32v zero = {0}, lowest = zero - 87.0f, highest = zero + 88.0f;
+    x = select_v(x < lowest, lowest, select_v(x > highest, highest, x));
+    f32v scaled = x * 1.44269504f + 0.5f;
+    f32v truncated = __builtin_convertvector(__builtin_convertvector(scaled, i32v), f32v);
+    f32v k = truncated - select_v(truncated > scaled, zero + 1.0f, zero); /* floor: |scaled| < 2^23 */
+    f32v r = x - k * 0.693359375f + k * 2.12194440e-4f, r2 = r * r;
+    f32v p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
+              1.6666665459e-1f) * r + 5.0000001201e-1f;
+    i32v bits = (__builtin_convertvector(k, i32v) + 127) << 23;
+    return (p * r2 + r + 1.0f) * (f32v)bits;
+}
+
+/* exp_v of 16 lanes, a register's width at a time */
+static inline f32x16 exp16(f32x16 x) {
+    f32v piece[16 / LANES];
+    memcpy(piece, &x, sizeof(x));
+    for (int i = 0; i < 16 / LANES; i++) piece[i] = exp_v(piece[i]);
+    memcpy(&x, piece, sizeof(x));
+    return x;
+}
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* --- across sources ------------------------------------------------------------------------------------------ */
+void rms_norm(const float *x, float *residual, const float *weight, float *out, int64_t rows, int64_t dim, float eps,
+              int threads);
+void head_norm(float *x, int64_t row_stride, const float *q_weight, const float *k_weight, int64_t rows, int64_t heads,
+               int64_t kv_heads, int64_t head_dim, float eps, int threads);
+void gated_mul(const float *gate_up, float *out, int64_t rows, int64_t width, int gelu, int threads);
+void rotate(float *x, int64_t row_stride, const float *cos_rows, const float *sin_rows, int64_t rows, int64_t heads,
+            int64_t head_dim, int64_t rotary_dim, int threads);
+void paged_attention(const float *q, int64_t q_row_stride, const bf16 *cache, const int64_t *block_table,
+                     int64_t seqs, int64_t max_blocks, const int64_t *row_seqs, const int64_t *context_lens,
+                     int64_t block_size, float *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                     float scale, int64_t window, int threads);
+#endif

@@ -1,0 +1,128 @@
+/* A step's element-wise work: RMSNorm (with its residual add), per-head norms, gated activations, rotary
+ * positions, and the sampler's argmax. */
+#include "common.h"
+
+/* out = weight * rms_norm(x) in float32, as transformers computes it (the sum of squares in another order). With
+ * a residual, the sum residual + x is normalized, and kept in residual, in place. */
+/* dst = weight * (row / rms(row)); dst may be row. */
+static inline void norm_row(const float *row, const float *weight, float *dst, int64_t dim, float eps) {
+    f32x16 lanes = {0};
+    float squares = 0.0f;
+    int64_t i = 0;
+    for (; i + 16 <= dim; i += 16) {
+        f32x16 v = load16f(row + i);
+        lanes += v * v;
+    }
+    for (; i < dim; i++) squares += row[i] * row[i];
+    squares += hsum(lanes);
+    float inv = 1.0f / sqrtf(squares / (float)dim + eps);
+    for (int64_t i = 0; i < dim; i++) dst[i] = weight[i] * (row[i] * inv);
+}
+
+void rms_norm(const float *x, float *residual, const float *weight, float *out, int64_t rows, int64_t dim, float eps,
+              int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * dim;
+        if (residual) {
+            float *sum = residual + r * dim;
+            for (int64_t i = 0; i < dim; i++) sum[i] += row[i];
+            row = sum;
+        }
+        norm_row(row, weight, out + r * dim, dim, eps);
+    }
+}
+
+/* Per-head RMSNorm (Qwen3's q and k norms), in place: in each row (stride in elements), the first heads vectors
+ * of head_dim under q_weight, the next kv_heads under k_weight. */
+void head_norm(float *x, int64_t row_stride, const float *q_weight, const float *k_weight, int64_t rows, int64_t heads,
+               int64_t kv_heads, int64_t head_dim, float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < heads + kv_heads; h++) {
+            float *v = x + r * row_stride + h * head_dim;
+            norm_row(v, h < heads ? q_weight : k_weight, v, head_dim, eps);
+        }
+}
+
+/* out = act(gate) * up, from gate_up = [gate | up] per row, where act(x) = x / (1 + e^-z): SiLU with z = x, or
+ * (gelu) GELU's tanh approximation, Gemma's GeGLU, with z = 2y, y = sqrt(2 / pi) (x + 0.044715 x^3), as
+ * 0.5 x (1 + tanh(y)) is. */
+void gated_mul(const float *gate_up, float *out, int64_t rows, int64_t width, int gelu, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * width, *up = gate + width;
+        int64_t i = 0;
+        for (; i + 16 <= width; i += 16) { /* what the loop below does, 16 at a time */
+            f32x16 g = load16f(gate + i), z = gelu ? 2.0f * (0.7978845608f * (g + 0.044715f * g * g * g)) : g;
+            f32x16 product = g / (1.0f + exp16(-z)) * load16f(up + i);
+            memcpy(out + r * width + i, &product, sizeof(product));
+        }
+        for (; i < width; i++) {
+            float g = gate[i], z = gelu ? 2.0f * (0.7978845608f * (g + 0.044715f * g * g * g)) : g;
+            out[r * width + i] = g / (1.0f + exp_approx(-z)) * up[i];
+        }
+    }
+}
+
+void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t width, int threads) {
+    gated_mul(gate_up, out, rows, width, 0, threads);
+}
+
+void gelu_mul(const float *gate_up, float *out, int64_t rows, int64_t width, int threads) {
+    gated_mul(gate_up, out, rows, width, 1, threads);
+}
+
+/* Rotate heads [rows, heads, D] (row stride in elements) in place: each head's first R dims (R = D, or less for
+ * a partial rotary) x * cos + roll(x, R / 2) * sin with each row's table rows [rows, R] (sin signed: see
+ * rotary.py); the rest of the head passes unrotated. */
+void rotate(float *x, int64_t row_stride, const float *cos_rows, const float *sin_rows, int64_t rows, int64_t heads,
+            int64_t head_dim, int64_t rotary_dim, int threads) {
+    int64_t half = rotary_dim / 2;
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        float rotated[rotary_dim];
+        const float *c = cos_rows + r * rotary_dim, *s = sin_rows + r * rotary_dim;
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = x + r * row_stride + h * head_dim;
+            for (int64_t d = 0; d < half; d++) /* two halves, so that each loop vectorizes */
+                rotated[d] = v[d] * c[d] + v[d + half] * s[d];
+            for (int64_t d = half; d < rotary_dim; d++) rotated[d] = v[d] * c[d] + v[d - half] * s[d];
+            memcpy(v, rotated, rotary_dim * sizeof(float));
+        }
+    }
+}
+
+/* --- the sampler's rows ------------------------------------------------------------------------------------ */
+
+/* Each row's index of its largest value, the first where several are equal, as torch.argmax gives it (a NaN
+ * counts as the largest). One pass keeps, per lane, the largest value and where it came first. */
+void argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out, int threads) {
+    i32v lanes;
+    for (int j = 0; j < LANES; j++) lanes[j] = j;
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * n;
+        f32v top = {0};
+        i32v at = lanes, nan = {0};
+        int64_t i = 0, found = 0;
+        for (int j = 0; j < LANES; j++) top[j] = -INFINITY;
+        for (; i + LANES <= n; i += LANES) {
+            f32v v;
+            memcpy(&v, row + i, sizeof(v));
+            i32v larger = v > top;
+            top = select_v(larger, v, top);
+            at = (at & ~larger) | ((lanes + (int32_t)i) & larger);
+            nan |= v != v;
+        }
+        float best = -INFINITY;
+        for (int j = 0; j < LANES; j++) /* the lanes' maxima; the earliest index among equals */
+            if (top[j] > best || (top[j] == best && at[j] < found)) best = top[j], found = at[j];
+        for (int j = 0; j < LANES; j++) nan[0] |= nan[j];
+        for (int64_t j = nan[0] ? 0 : i; j < n; j++) { /* the tail, or the first NaN */
+            if (row[j] != row[j]) { found = j; break; }
+            if (row[j] > best) best = row[j], found = j;
+        }
+        out[r] = found;
+    }
+}

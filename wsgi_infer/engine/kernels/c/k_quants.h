@@ -1,0 +1,73 @@
+/* GGUF's K-quants (Q4_K, Q5_K, Q6_K): super-blocks of 256 weights in 8 sub-blocks of 32, as tiles of 16 rows.
+ *
+ * A tile's super-block (layouts.py writes it): the float16 d of the 16 rows (and dmin: Q4_K, Q5_K), then each
+ * sub-block's scales of the 16 rows as bytes (Q4_K and Q5_K: 6-bit scale and min, unpacked from the file's 12
+ * bytes into 16, 2.8% more than the file; Q6_K: its 16 signed scales, one per 16 weights, as they are), then the
+ * high bits of the codes, then the 4-bit codes, each sub-block as the legacy formats lay theirs out
+ * (legacy_quants.h). Q6_K's two high bits of a row's 8 codes of two units are one byte: bits 0-1 the low quad of
+ * the first unit, 2-3 the second's, 4-5 and 6-7 their high quads.
+ *
+ * Per sub-block, w = (d * sc) * q - dmin * mn (Q4_K, Q5_K), and (d * sc) * (q - 32) per 16 weights (Q6_K): the
+ * products d * sc are exact in float32 (an 11-bit significand times a 6- or 8-bit integer).
+ */
+#ifndef WSGI_INFER_K_QUANTS_H
+#define WSGI_INFER_K_QUANTS_H
+#include "legacy_quants.h"
+
+enum { Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+#define SIXTH_BITS 0x30303030u
+
+/* a unit pair's two high bits (legacy_quants.h's layout, as above) into quads u, u + 1, u + 4 and u + 5 */
+ALWAYS_INLINE void add_high_pairs(wvec bits, int u, wvec w[8]) {
+    w[u] |= (bits << 4) & SIXTH_BITS;
+    w[u + 1] |= (bits << 2) & SIXTH_BITS;
+    w[u + 4] |= bits & SIXTH_BITS;
+    w[u + 5] |= (bits >> 2) & SIXTH_BITS;
+}
+
+/* sub-block j of part h (QL rows) of a tile's super-block */
+ALWAYS_INLINE void decode_k(const int type, const uint8_t *block, int j, int h, decoded *out) {
+    fvec d = halves_f((const f16 *)block + QL * h);
+    if (type == Q6_K) {
+        const uint8_t *scales = block + 32 + 2 * TILE * j + QL * h, *high = block + 288 + 128 * j;
+        out->s[0] = d * sbytes_f(scales);
+        out->s[1] = d * sbytes_f(scales + TILE);
+        out->m[0] = out->s[0] * -32.0f;
+        out->m[1] = out->s[1] * -32.0f;
+        unpack_nibbles(block + 1312 + 256 * j, h, out->w);
+        add_high_pairs(load_w(high + 4 * QL * h), 0, out->w);
+        add_high_pairs(load_w(high + 64 + 4 * QL * h), 2, out->w);
+        return;
+    }
+    fvec dmin = halves_f((const f16 *)(block + 32) + QL * h);
+    out->s[0] = d * ubytes_f(block + 64 + TILE * j + QL * h);
+    out->m[0] = dmin * ubytes_f(block + 192 + TILE * j + QL * h) * -1.0f;
+    if (type == Q4_K) {
+        unpack_nibbles(block + 320 + 256 * j, h, out->w);
+    } else {
+        unpack_nibbles(block + 832 + 256 * j, h, out->w);
+        add_fifth_bits(block + 320 + 64 * j, h, out->w);
+    }
+}
+
+/* row r's values of a tile's super-block, as gguf-py dequantizes them */
+static void k_row(const int type, const uint8_t *block, int r, float *out) {
+    float d = half_to_float(((const f16 *)block)[r]), dmin = half_to_float(((const f16 *)(block + 32))[r]);
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 32; i++) {
+            float *value = out + 32 * j + i;
+            if (type == Q6_K) {
+                const uint8_t *high = block + 288 + 128 * j + 64 * ((i % 16) / 8) + 4 * r;
+                int u = (i % 16) / 4, bits = (high[i % 4] >> (4 * (i >= 16) + 2 * (u % 2))) & 3;
+                float scale = d * (float)(int8_t)block[32 + TILE * (2 * j + i / 16) + r];
+                *value = scale * (float)(nibble_code(block + 1312 + 256 * j, NULL, r, i) + 16 * bits - 32);
+                continue;
+            }
+            float scale = d * (float)block[64 + TILE * j + r], low = dmin * (float)block[192 + TILE * j + r];
+            const uint8_t *fifth = type == Q5_K ? block + 320 + 64 * j : NULL;
+            int code = nibble_code(block + (type == Q5_K ? 832 : 320) + 256 * j, fifth, r, i);
+            *value = scale * (float)code - low;
+        }
+}
+#endif

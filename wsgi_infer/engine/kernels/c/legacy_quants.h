@@ -1,0 +1,105 @@
+/* GGUF's blocks of 32 weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and our own Q8_M, as tiles of 16 rows.
+ *
+ * A tile's block (layouts.py writes it) holds each row's block, fields side by side: the float16 scale d of the
+ * 16 rows, then their minimum m where the format has one, then their high bits (Q5: a 32-bit word a row, laid out
+ * so that a shift and a mask give each code's fifth bit in place), then the codes: 4 units of 64 bytes for 4-bit
+ * codes (unit u: each row's 4 bytes, low nibbles inputs 4u..4u+3, high nibbles 16 + 4u.., as the file's bytes
+ * hold them), or 8 quads of 64 bytes for 8-bit ones. So a tile's block holds its rows' blocks' bits, byte for byte
+ * but for their order (and Q8_0's codes shifted by 128, unsigned).
+ *
+ * w = d * q + m per row, m being -8d (Q4_0), -16d (Q5_0), -128d (Q8_0, as stored), or the block's own. Our Q8_M
+ * (weights quantized here from float values) is Q8_0 with a minimum: 255 steps between each block's least and
+ * largest weight.
+ */
+#ifndef WSGI_INFER_LEGACY_QUANTS_H
+#define WSGI_INFER_LEGACY_QUANTS_H
+#include "quant_simd.h"
+
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_M = 200 }; /* ggml's type ids; Q8_M our own */
+
+#define NIBBLES 0x0F0F0F0Fu
+#define FIFTH_BITS 0x10101010u
+
+/* the 4-bit codes of units 0-3 into w[0..7]: unit u's low nibbles are quad u, its high ones quad u + 4 */
+ALWAYS_INLINE void unpack_nibbles(const uint8_t *codes, int h, wvec w[8]) {
+    for (int u = 0; u < 4; u++) {
+        wvec v = load_w(codes + 64 * u + 4 * QL * h);
+        w[u] = v & NIBBLES;
+        w[u + 4] = (v >> 4) & NIBBLES;
+    }
+}
+
+/* each code's fifth bit from a row's word: byte b's bit u is input 4u + b's, its bit 4 + u input 16 + 4u + b's */
+ALWAYS_INLINE void add_fifth_bits(const uint8_t *bits, int h, wvec w[8]) {
+    wvec word = load_w(bits + 4 * QL * h);
+    for (int u = 0; u < 4; u++) {
+        w[u] |= (word << (4 - u)) & FIFTH_BITS;
+        w[u + 4] |= (word >> u) & FIFTH_BITS;
+    }
+}
+
+ALWAYS_INLINE void unpack_bytes(const uint8_t *codes, int h, wvec w[8]) {
+    for (int i = 0; i < 8; i++) w[i] = load_w(codes + 64 * i + 4 * QL * h);
+}
+
+/* part h (QL rows) of a tile's block of one of these formats */
+ALWAYS_INLINE void decode_legacy(const int type, const uint8_t *block, int h, decoded *out) {
+    const f16 *d = (const f16 *)block + QL * h, *m = (const f16 *)(block + 32) + QL * h;
+    out->s[0] = halves_f(d);
+    switch (type) {
+    case Q4_0:
+        out->m[0] = out->s[0] * -8.0f;
+        unpack_nibbles(block + 32, h, out->w);
+        break;
+    case Q4_1:
+        out->m[0] = halves_f(m);
+        unpack_nibbles(block + 64, h, out->w);
+        break;
+    case Q5_0:
+        out->m[0] = out->s[0] * -16.0f;
+        unpack_nibbles(block + 96, h, out->w);
+        add_fifth_bits(block + 32, h, out->w);
+        break;
+    case Q5_1:
+        out->m[0] = halves_f(m);
+        unpack_nibbles(block + 128, h, out->w);
+        add_fifth_bits(block + 64, h, out->w);
+        break;
+    case Q8_0:
+        out->m[0] = out->s[0] * -128.0f;
+        unpack_bytes(block + 32, h, out->w);
+        break;
+    default: /* Q8_M */
+        out->m[0] = halves_f(m);
+        unpack_bytes(block + 64, h, out->w);
+    }
+}
+
+/* --- one row's values, as gguf-py dequantizes the file's blocks (float32, in its order of operations) --- */
+
+/* row r's code for input i of a sub-block: 4-bit units at codes, 5-bit words at fifth (or NULL) */
+static inline int nibble_code(const uint8_t *codes, const uint8_t *fifth, int r, int i) {
+    int high = i >= 16, u = (i % 16) / 4, b = i % 4;
+    int code = (codes[64 * u + 4 * r + b] >> (4 * high)) & 15;
+    if (fifth) {
+        uint32_t word;
+        memcpy(&word, fifth + 4 * r, 4);
+        code |= (int)((word >> (8 * b + 4 * high + u)) & 1) << 4;
+    }
+    return code;
+}
+
+static void legacy_row(const int type, const uint8_t *block, int r, float *out) {
+    float d = half_to_float(((const f16 *)block)[r]), m = half_to_float(((const f16 *)(block + 32))[r]);
+    for (int i = 0; i < 32; i++) {
+        switch (type) {
+        case Q4_0: out[i] = d * (float)(nibble_code(block + 32, NULL, r, i) - 8); break;
+        case Q4_1: out[i] = d * (float)nibble_code(block + 64, NULL, r, i) + m; break;
+        case Q5_0: out[i] = d * (float)(nibble_code(block + 96, block + 32, r, i) - 16); break;
+        case Q5_1: out[i] = d * (float)nibble_code(block + 128, block + 64, r, i) + m; break;
+        case Q8_0: out[i] = d * (float)(block[32 + 64 * (i / 4) + 4 * r + i % 4] - 128); break;
+        default: out[i] = d * (float)block[64 + 64 * (i / 4) + 4 * r + i % 4] + m; /* Q8_M */
+        }
+    }
+}
+#endif

@@ -1,0 +1,308 @@
+/* Rows of activations times packed weights, in every format, with one arithmetic for every number of rows.
+ *
+ * Per output and per sub-block of 32 inputs (16 for Q6_K's halves), the integer sum of the weight's codes times
+ * the row's 8-bit codes (one plane, or the exact path's two: 255 * hi + lo) is exact; it is scaled as
+ *     acc = fma(float(sum), s * d, acc);  acc = fma(m, d * sum(q), acc)
+ * with s and m the weight's scale and offset (w = s * code + m), d the activations' scale, sub-block after sub-block
+ * in input order. A row's result depends on its own activations alone: alone or in any batch, through either path
+ * below, on any thread, it is the same to the bit.
+ *
+ * Few rows (up to FEW_ROWS) decode each sub-block into registers and multiply every row by it: the weight streams
+ * from memory once. More rows decode a whole tile once into a buffer that stays in L2, then take the rows
+ * ROWS_AT_ONCE at a time from it: the int8 GEMM of a prefill. Tiles are the tasks, handed out to the threads.
+ */
+#include "activations.h"
+#include "k_quants.h"
+#include "packed_mm.h"
+
+#if QL == 16
+#define ROWS_AT_ONCE 8 /* rows whose sums stay in registers beside a sub-block's 8 codes */
+#else
+#define ROWS_AT_ONCE 4
+#endif
+#define FEW_ROWS 8 /* rows decoded in registers; more go through a tile's buffer */
+
+static inline int is_k(const int type) { return type == Q4_K || type == Q5_K || type == Q6_K; }
+static inline int sub_blocks(const int type) { return is_k(type) ? 8 : 1; } /* 32-input sub-blocks a block */
+static inline int halves_scaled(const int type) { return type == Q6_K; }   /* a scale per 16 inputs */
+static inline int wide_codes(const int type) { return type == Q8_0 || type == Q8_M; }
+
+/* a tile's block of a format, in bytes (layouts.py: TILE_BLOCK_BYTES) */
+static int64_t block_bytes(int type) {
+    switch (type) {
+    case Q4_0: return 288;
+    case Q4_1: return 320;
+    case Q5_0: return 352;
+    case Q5_1: return 384;
+    case Q8_0: return 544;
+    case Q8_M: return 576;
+    case Q4_K: return 2368;
+    case Q5_K: return 2880;
+    case Q6_K: return 3360;
+    default: return 0;
+    }
+}
+
+ALWAYS_INLINE void decode(const int type, const uint8_t *block, int j, int h, decoded *out) {
+    if (is_k(type))
+        decode_k(type, block, j, h, out);
+    else
+        decode_legacy(type, block, h, out);
+}
+
+/* acc + one row's products with a decoded sub-block; a: the row's activation block */
+ALWAYS_INLINE fvec row_step(const decoded *w, const int halves, const int wide, const int planes, const uint8_t *a,
+                            fvec acc) {
+    const act_head *head = (const act_head *)a;
+    ivec lo, hi;
+    dot_sub(w->w, (const int8_t *)(a + sizeof(act_head)), wide, &lo, &hi);
+    if (planes == 2) {
+        ivec lo2, hi2;
+        dot_sub(w->w, (const int8_t *)(a + sizeof(act_head) + QK), wide, &lo2, &hi2);
+        lo = (ivec)(((wvec)lo << 8) - (wvec)lo) + lo2; /* 255 * hi + lo, in 32 bits: at most 2^28 */
+        hi = (ivec)(((wvec)hi << 8) - (wvec)hi) + hi2;
+    }
+    fvec d = broadcast_f(head->d);
+    if (halves) {
+        acc = fma_f(to_f(lo), w->s[0] * d, acc);
+        acc = fma_f(w->m[0], broadcast_f(head->s_half[0]), acc);
+        acc = fma_f(to_f(hi), w->s[1] * d, acc);
+        return fma_f(w->m[1], broadcast_f(head->s_half[1]), acc);
+    }
+    acc = fma_f(to_f(lo + hi), w->s[0] * d, acc);
+    return fma_f(w->m[0], broadcast_f(head->s), acc);
+}
+
+ALWAYS_INLINE void store_rows(const fvec *acc, int rows, int h, int width, float *out, int64_t out_stride) {
+    for (int r = 0; r < rows; r++)
+        for (int lane = 0; lane < QL && h * QL + lane < width; lane++) out[r * out_stride + h * QL + lane] = acc[r][lane];
+}
+
+/* --- few rows: each sub-block decoded in registers --------------------------------------------------------- */
+
+/* rows (a constant) of activations x (row stride x_stride bytes) times one tile of `blocks` blocks: its first
+ * `width` outputs of each row into out */
+ALWAYS_INLINE void tile_few(const int type, const int planes, const int rows, const uint8_t *tile, int64_t blocks,
+                            const uint8_t *x, int64_t x_stride, float *out, int64_t out_stride, int width) {
+    const int64_t bytes = block_bytes(type), subs = sub_blocks(type), act = ACT_BYTES(planes);
+    for (int h = 0; h < HALVES; h++) {
+        fvec acc[rows];
+        for (int r = 0; r < rows; r++) acc[r] = (fvec){0};
+        for (int64_t b = 0; b < blocks; b++) {
+            const uint8_t *block = tile + b * bytes;
+            for (int j = 0; j < subs; j++) {
+                /* the weight streams: fetch what the sub-block two blocks on reads (a block ahead for K-quants) */
+                const uint8_t *ahead = block + (is_k(type) ? bytes : 2 * bytes) + j * (bytes / subs);
+                for (int64_t line = 0; line < bytes / subs; line += 64) __builtin_prefetch(ahead + line);
+                decoded w;
+                decode(type, block, j, h, &w);
+                for (int r = 0; r < rows; r++)
+                    acc[r] = row_step(&w, halves_scaled(type), wide_codes(type), planes,
+                                      x + r * x_stride + (b * subs + j) * act, acc[r]);
+            }
+        }
+        store_rows(acc, rows, h, width, out, out_stride);
+    }
+}
+
+typedef void (*few_fn)(const uint8_t *, int64_t, const uint8_t *, int64_t, float *, int64_t, int);
+#define FEW(T, P, R)                                                                                               \
+    static void few_##T##_##P##_##R(const uint8_t *tile, int64_t blocks, const uint8_t *x, int64_t x_stride,       \
+                                    float *out, int64_t out_stride, int width) {                                   \
+        tile_few(T, P, R, tile, blocks, x, x_stride, out, out_stride, width);                                      \
+    }
+#if ROWS_AT_ONCE == 8
+#define FEW_OF(T, P) FEW(T, P, 1) FEW(T, P, 2) FEW(T, P, 4) FEW(T, P, 8)
+#define FEW_ROW(T, P) {few_##T##_##P##_1, few_##T##_##P##_2, few_##T##_##P##_4, few_##T##_##P##_8}
+#else
+#define FEW_OF(T, P) FEW(T, P, 1) FEW(T, P, 2) FEW(T, P, 4)
+#define FEW_ROW(T, P) {few_##T##_##P##_1, few_##T##_##P##_2, few_##T##_##P##_4}
+#endif
+#define FEW_TYPE(T) FEW_OF(T, 1) FEW_OF(T, 2)
+FEW_TYPE(Q4_0) FEW_TYPE(Q4_1) FEW_TYPE(Q5_0) FEW_TYPE(Q5_1) FEW_TYPE(Q8_0) FEW_TYPE(Q8_M)
+FEW_TYPE(Q4_K) FEW_TYPE(Q5_K) FEW_TYPE(Q6_K)
+#define CHUNKS (ROWS_AT_ONCE == 8 ? 4 : 3) /* row counts: 1, 2, 4 (and 8) */
+#define FEW_TABLE(T) {FEW_ROW(T, 1), FEW_ROW(T, 2)}
+
+static const int TYPES[] = {Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_M, Q4_K, Q5_K, Q6_K};
+#define TYPE_COUNT 9
+static const few_fn FEW_KERNELS[TYPE_COUNT][2][CHUNKS] = {
+    FEW_TABLE(Q4_0), FEW_TABLE(Q4_1), FEW_TABLE(Q5_0), FEW_TABLE(Q5_1), FEW_TABLE(Q8_0),
+    FEW_TABLE(Q8_M), FEW_TABLE(Q4_K), FEW_TABLE(Q5_K), FEW_TABLE(Q6_K)};
+
+static int type_index(int type) { /* of a format above: packed.py lays out no other */
+    int i = 0;
+    while (i < TYPE_COUNT - 1 && TYPES[i] != type) i++;
+    return i;
+}
+
+/* --- many rows: a tile decoded once ----------------------------------------------------------------------- */
+
+/* every sub-block of a tile, part by part: buffer[h * subs + s] */
+static void decode_tile(const int type, const uint8_t *tile, int64_t blocks, decoded *buffer) {
+    const int64_t subs = sub_blocks(type), bytes = block_bytes(type);
+    for (int h = 0; h < HALVES; h++)
+        for (int64_t b = 0; b < blocks; b++)
+            for (int j = 0; j < subs; j++) decode(type, tile + b * bytes, j, h, buffer + (h * blocks + b) * subs + j);
+}
+
+#define DECODE_TILE(T)                                                                                             \
+    static void decode_tile_##T(const uint8_t *tile, int64_t blocks, decoded *buffer) {                            \
+        decode_tile(T, tile, blocks, buffer);                                                                      \
+    }
+DECODE_TILE(Q4_0) DECODE_TILE(Q4_1) DECODE_TILE(Q5_0) DECODE_TILE(Q5_1) DECODE_TILE(Q8_0) DECODE_TILE(Q8_M)
+DECODE_TILE(Q4_K) DECODE_TILE(Q5_K) DECODE_TILE(Q6_K)
+typedef void (*decode_tile_fn)(const uint8_t *, int64_t, decoded *);
+static const decode_tile_fn DECODE_TILES[TYPE_COUNT] = {
+    decode_tile_Q4_0, decode_tile_Q4_1, decode_tile_Q5_0, decode_tile_Q5_1, decode_tile_Q8_0,
+    decode_tile_Q8_M, decode_tile_Q4_K, decode_tile_Q5_K, decode_tile_Q6_K};
+
+/* rows (a constant) times a part of a decoded tile (its subs sub-blocks) */
+ALWAYS_INLINE void buffer_rows(const int halves, const int wide, const int planes, const int rows,
+                               const decoded *buffer, int64_t subs, const uint8_t *x, int64_t x_stride, float *out,
+                               int64_t out_stride, int h, int width) {
+    fvec acc[rows];
+    for (int r = 0; r < rows; r++) acc[r] = (fvec){0};
+    for (int64_t s = 0; s < subs; s++)
+        for (int r = 0; r < rows; r++)
+            acc[r] = row_step(buffer + s, halves, wide, planes, x + r * x_stride + s * ACT_BYTES(planes), acc[r]);
+    store_rows(acc, rows, h, width, out, out_stride);
+}
+
+typedef void (*buffer_fn)(const decoded *, int64_t, const uint8_t *, int64_t, float *, int64_t, int, int);
+#define BUFFER(HS, W, P, R)                                                                                        \
+    static void buffer_##HS##W##P##_##R(const decoded *buffer, int64_t subs, const uint8_t *x, int64_t x_stride,   \
+                                         float *out, int64_t out_stride, int h, int width) {                       \
+        buffer_rows(HS, W, P, R, buffer, subs, x, x_stride, out, out_stride, h, width);                            \
+    }
+#if ROWS_AT_ONCE == 8
+#define BUFFER_OF(HS, W, P) BUFFER(HS, W, P, 1) BUFFER(HS, W, P, 2) BUFFER(HS, W, P, 4) BUFFER(HS, W, P, 8)
+#define BUFFER_ROW(HS, W, P)                                                                                       \
+    {buffer_##HS##W##P##_1, buffer_##HS##W##P##_2, buffer_##HS##W##P##_4, buffer_##HS##W##P##_8}
+#else
+#define BUFFER_OF(HS, W, P) BUFFER(HS, W, P, 1) BUFFER(HS, W, P, 2) BUFFER(HS, W, P, 4)
+#define BUFFER_ROW(HS, W, P) {buffer_##HS##W##P##_1, buffer_##HS##W##P##_2, buffer_##HS##W##P##_4}
+#endif
+BUFFER_OF(0, 0, 1) BUFFER_OF(0, 0, 2) BUFFER_OF(0, 1, 1) BUFFER_OF(0, 1, 2) BUFFER_OF(1, 0, 1) BUFFER_OF(1, 0, 2)
+/* [halves][wide][planes - 1][chunk]: Q6_K (the one format scaled per 16) has narrow codes */
+static const buffer_fn BUFFER_KERNELS[2][2][2][CHUNKS] = {
+    {{BUFFER_ROW(0, 0, 1), BUFFER_ROW(0, 0, 2)}, {BUFFER_ROW(0, 1, 1), BUFFER_ROW(0, 1, 2)}},
+    {{BUFFER_ROW(1, 0, 1), BUFFER_ROW(1, 0, 2)}, {BUFFER_ROW(1, 0, 1), BUFFER_ROW(1, 0, 2)}}};
+
+/* --- the public multiply ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    const packed_weight *w;
+    const uint8_t *x;
+    int64_t rows, planes;
+    float *out;
+} mm_job;
+
+/* the part and tile of a task (tasks count the parts' tiles in order), and its first output */
+static void task_tile(const packed_weight *w, int64_t task, int *part, int64_t *tile, int64_t *first) {
+    int64_t start = 0;
+    *part = 0, *tile = 0, *first = 0;
+    for (int p = 0; p < w->count; p++) {
+        int64_t tiles = (w->parts[p].n + TILE - 1) / TILE;
+        if (task < tiles) {
+            *part = p, *tile = task, *first = start + task * TILE;
+            return;
+        }
+        task -= tiles, start += w->parts[p].n;
+    }
+}
+
+static int64_t tile_count(const packed_weight *w) {
+    int64_t tiles = 0;
+    for (int p = 0; p < w->count; p++) tiles += (w->parts[p].n + TILE - 1) / TILE;
+    return tiles;
+}
+
+/* a task's tile, its outputs for rows [r0, r0 + rows) in chunks of 8, 4, 2 and 1 (each its own pass) */
+static void few_task(const mm_job *job, int64_t task, int64_t r0, int64_t rows) {
+    int part, chunk = CHUNKS - 1;
+    int64_t tile, first;
+    task_tile(job->w, task, &part, &tile, &first);
+    const packed_part *p = job->w->parts + part;
+    int64_t k = job->w->k, inputs = is_k((int)p->type) ? 256 : 32, blocks = k / inputs;
+    int64_t x_stride = k / QK * ACT_BYTES(job->planes), width = p->n - tile * TILE < TILE ? p->n - tile * TILE : TILE;
+    const uint8_t *tiles = p->tiles + tile * blocks * block_bytes((int)p->type);
+    const few_fn *kernels = FEW_KERNELS[type_index((int)p->type)][job->planes - 1];
+    for (int64_t r = r0; r < r0 + rows;) {
+        while ((1 << chunk) > r0 + rows - r) chunk--;
+        kernels[chunk](tiles, blocks, job->x + r * x_stride, x_stride, job->out + r * job->w->n + first, job->w->n,
+                       (int)width);
+        r += 1 << chunk;
+    }
+}
+
+static void many_task(const mm_job *job, int64_t task, decoded *buffer) {
+    int part;
+    int64_t tile, first;
+    task_tile(job->w, task, &part, &tile, &first);
+    const packed_part *p = job->w->parts + part;
+    const int type = (int)p->type;
+    int64_t k = job->w->k, blocks = k / (is_k(type) ? 256 : 32), subs = k / QK;
+    int64_t x_stride = subs * ACT_BYTES(job->planes), width = p->n - tile * TILE < TILE ? p->n - tile * TILE : TILE;
+    DECODE_TILES[type_index(type)](p->tiles + tile * blocks * block_bytes(type), blocks, buffer);
+    const buffer_fn *kernels = BUFFER_KERNELS[halves_scaled(type)][wide_codes(type)][job->planes - 1];
+    for (int h = 0; h < HALVES; h++)
+        for (int64_t r = 0, chunk = CHUNKS - 1; r < job->rows;) {
+            while ((1 << chunk) > job->rows - r) chunk--;
+            kernels[chunk](buffer + h * subs, subs, job->x + r * x_stride, x_stride, job->out + r * job->w->n + first,
+                           job->w->n, h, (int)width);
+            r += 1 << chunk;
+        }
+}
+
+/* out [rows, n] = x [rows, k] w^T (+ bias), with activations of `planes` (1: 8-bit, 2: the exact path); k a multiple
+ * of every part's block. With few rows the weight streams from memory and a thread reads best long runs: guided
+ * grabs, half of what is left and then less, let the thread that ends first take the rest; with more, each tile
+ * is a task. */
+void packed_mm(const float *x, int64_t rows, const packed_weight *w, float *out, int planes, int threads) {
+    uint8_t *act = quantize_activations(x, rows, w->k, planes, threads);
+    mm_job job = {w, act, rows, planes, out};
+    int64_t tasks = tile_count(w);
+    if (rows <= FEW_ROWS) {
+#pragma omp parallel for schedule(guided) num_threads(threads)
+        for (int64_t task = 0; task < tasks; task++) few_task(&job, task, 0, rows);
+    } else {
+#pragma omp parallel num_threads(threads)
+        {
+            decoded *buffer = aligned_alloc(64, HALVES * (w->k / QK) * sizeof(decoded));
+#pragma omp for schedule(dynamic)
+            for (int64_t task = 0; task < tasks; task++) many_task(&job, task, buffer);
+            free(buffer);
+        }
+    }
+    free(act);
+    if (w->bias)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < w->n; i++) out[r * w->n + i] += w->bias[i];
+}
+
+/* Rows ids of the weight (a tied embedding's lookups), each value as gguf-py dequantizes the file's blocks */
+void packed_rows(const packed_weight *w, const int64_t *ids, int64_t count, float *out, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (count > 1)
+    for (int64_t i = 0; i < count; i++) {
+        int64_t row = ids[i];
+        int p = 0;
+        while (row >= w->parts[p].n) row -= w->parts[p].n, p++;
+        const int type = (int)w->parts[p].type;
+        int64_t inputs = is_k(type) ? 256 : 32, blocks = w->k / inputs, bytes = block_bytes(type);
+        const uint8_t *tile = w->parts[p].tiles + row / TILE * blocks * bytes;
+        for (int64_t b = 0; b < blocks; b++) {
+            if (is_k(type))
+                k_row(type, tile + b * bytes, (int)(row % TILE), out + i * w->k + b * inputs);
+            else
+                legacy_row(type, tile + b * bytes, (int)(row % TILE), out + i * w->k + b * inputs);
+        }
+    }
+}
+
+/* The most rows a packed multiply computes in one pass over its weight (a draft's verification of one token more
+ * costs little more than reading the weights there) */
+int packed_rows_per_pass(void) { return ROWS_AT_ONCE; }
+
+/* The bytes of a tile's block of a format (0: not a format here), for layouts.py to check against its own */
+int64_t packed_block_bytes(int type) { return block_bytes(type); }

@@ -1,0 +1,163 @@
+/* The packed multiplies' registers: a weight tile's rows, one per 32-bit lane.
+ *
+ * A weight is laid out in tiles of TILE rows (layouts.py): for every 4 inputs of a sub-block, the tile's rows' 4
+ * codes side by side, so one register holds QL rows' codes for 4 inputs (16 rows with AVX-512, 8 elsewhere: a
+ * tile in HALVES parts), each lane one output row: no horizontal sums, and each decoded register serves every
+ * row of activations. Codes are unsigned (a signed format's are shifted up, the shift undone by the offset term),
+ * activations signed 8-bit: vpdpbusd's operands. The integer sums are exact; how they are scaled is in
+ * packed_mm.c. Everything but the dot products and fused multiply-adds is GCC's vector extensions.
+ */
+#ifndef WSGI_INFER_QUANT_SIMD_H
+#define WSGI_INFER_QUANT_SIMD_H
+#include "common.h"
+
+#define TILE 16 /* rows of a weight tile: the layouts' unit, whatever the registers' width */
+#if defined(__AVX512BW__) && defined(__AVX512F__)
+#define QL 16
+#else
+#define QL 8
+#endif
+#define HALVES (TILE / QL) /* a tile's parts of QL rows */
+
+typedef uint32_t wvec __attribute__((vector_size(QL * 4))); /* QL rows' 4 codes each, one row a lane */
+typedef int32_t ivec __attribute__((vector_size(QL * 4)));
+typedef float fvec __attribute__((vector_size(QL * 4)));
+typedef uint8_t u8q __attribute__((vector_size(QL)));
+typedef int8_t i8q __attribute__((vector_size(QL)));
+
+static inline wvec load_w(const uint8_t *p) {
+    wvec v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static inline fvec broadcast_f(float x) { return (fvec){0} + x; }
+static inline fvec to_f(ivec v) { return __builtin_convertvector(v, fvec); }
+
+/* QL IEEE halves as floats: vcvtph2ps where the CPU has it */
+static inline fvec halves_f(const f16 *h) {
+#if QL == 16
+    return (fvec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+#elif defined(__F16C__)
+    return (fvec)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+#else
+    fvec v;
+    for (int i = 0; i < QL; i++) v[i] = half_to_float(h[i]);
+    return v;
+#endif
+}
+
+/* QL unsigned or signed bytes as floats */
+static inline fvec ubytes_f(const uint8_t *p) {
+    u8q b;
+    memcpy(&b, p, sizeof(b));
+    return __builtin_convertvector(b, fvec);
+}
+
+static inline fvec sbytes_f(const uint8_t *p) {
+    i8q b;
+    memcpy(&b, p, sizeof(b));
+    return __builtin_convertvector(b, fvec);
+}
+
+/* a * b + c, each lane rounded once: the same value on every path */
+static inline fvec fma_f(fvec a, fvec b, fvec c) {
+#if QL == 16
+    return (fvec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+    return (fvec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    for (int i = 0; i < QL; i++) a[i] = fmaf(a[i], b[i], c[i]);
+    return a;
+#endif
+}
+
+static inline int32_t quad(const int8_t *q) { /* 4 activation codes as one 32-bit word */
+    int32_t v;
+    memcpy(&v, q, 4);
+    return v;
+}
+
+/* A sub-block's products with one row's 32 activation codes q: per lane, the sum over quads 0-3 (inputs 0-15) in
+ * *lo and over quads 4-7 in *hi, of the lane's 4 codes (w[i]: inputs 4i..4i+3) times q's. `wide`: codes may
+ * reach 255 (8-bit formats), which vpmaddubsw's 16-bit pairs cannot hold: without VNNI those are split into
+ * nibbles. Exact integers either way. */
+#if defined(__AVX512VNNI__) && QL == 16
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int wide, ivec *lo, ivec *hi) {
+    (void)wide;
+    __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+    for (int i = 0; i < 4; i++) a = _mm512_dpbusd_epi32(a, (__m512i)w[i], _mm512_set1_epi32(quad(q + 4 * i)));
+    for (int i = 4; i < 8; i++) b = _mm512_dpbusd_epi32(b, (__m512i)w[i], _mm512_set1_epi32(quad(q + 4 * i)));
+    *lo = (ivec)a, *hi = (ivec)b;
+}
+#elif defined(__AVXVNNI__) && QL == 8
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int wide, ivec *lo, ivec *hi) {
+    (void)wide;
+    __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) a = _mm256_dpbusd_avx_epi32(a, (__m256i)w[i], _mm256_set1_epi32(quad(q + 4 * i)));
+    for (int i = 4; i < 8; i++) b = _mm256_dpbusd_avx_epi32(b, (__m256i)w[i], _mm256_set1_epi32(quad(q + 4 * i)));
+    *lo = (ivec)a, *hi = (ivec)b;
+}
+#elif defined(__AVX2__)
+/* vpmaddubsw: pairs of u8 x s8 products in 16 bits (two quads' pairs added there: codes up to 63 keep the sum
+ * within 4 * 63 * 127), then vpmaddwd by ones into 32 bits */
+#if QL == 16
+#define MADDUBS _mm512_maddubs_epi16
+#define MADDWD _mm512_madd_epi16
+#define SET1_16 _mm512_set1_epi16
+#define SET1_32 _mm512_set1_epi32
+typedef __m512i mvec;
+#else
+#define MADDUBS _mm256_maddubs_epi16
+#define MADDWD _mm256_madd_epi16
+#define SET1_16 _mm256_set1_epi16
+#define SET1_32 _mm256_set1_epi32
+typedef __m256i mvec;
+#endif
+typedef int16_t h16 __attribute__((vector_size(QL * 4)));
+ALWAYS_INLINE ivec pair_sum(wvec w0, wvec w1, const int8_t *q0, const int8_t *q1) {
+    h16 both = (h16)MADDUBS((mvec)w0, SET1_32(quad(q0))) + (h16)MADDUBS((mvec)w1, SET1_32(quad(q1)));
+    return (ivec)MADDWD((mvec)both, SET1_16(1));
+}
+
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int wide, ivec *lo, ivec *hi) {
+    ivec part[2];
+    for (int half = 0; half < 2; half++) {
+        const wvec *v = w + 4 * half;
+        const int8_t *x = q + 16 * half;
+        if (!wide) {
+            part[half] = pair_sum(v[0], v[1], x, x + 4) + pair_sum(v[2], v[3], x + 8, x + 12);
+        } else { /* each byte as 16 * high nibble + low nibble */
+            ivec low = {0}, high = {0};
+            for (int i = 0; i < 4; i += 2) {
+                low += pair_sum(v[i] & 0x0F0F0F0Fu, v[i + 1] & 0x0F0F0F0Fu, x + 4 * i, x + 4 * i + 4);
+                high += pair_sum((v[i] >> 4) & 0x0F0F0F0Fu, (v[i + 1] >> 4) & 0x0F0F0F0Fu, x + 4 * i, x + 4 * i + 4);
+            }
+            part[half] = low + (ivec)((wvec)high << 4);
+        }
+    }
+    *lo = part[0], *hi = part[1];
+}
+#else
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int wide, ivec *lo, ivec *hi) {
+    (void)wide;
+    ivec part[2] = {{0}, {0}};
+    for (int i = 0; i < 8; i++)
+        for (int lane = 0; lane < QL; lane++) {
+            uint32_t codes = w[i][lane];
+            int32_t sum = 0;
+            for (int b = 0; b < 4; b++) sum += (int32_t)((codes >> (8 * b)) & 0xFF) * q[4 * i + b];
+            part[i / 4][lane] += sum;
+        }
+    *lo = part[0], *hi = part[1];
+}
+#endif
+
+/* A sub-block of 32 inputs of a tile's QL rows, decoded: the codes w (quad i: inputs 4i..4i+3), and per row the
+ * scale s and offset m of inputs 0-15 ([0]) and 16-31 ([1]); formats with one scale per 32 inputs fill [0] only.
+ * A weight is then w = s * code + m. */
+typedef struct {
+    wvec w[8];
+    fvec s[2], m[2];
+} decoded;
+#endif

@@ -1,0 +1,95 @@
+"""A weight as the CPU kernels multiply it: parts of its rows (a fused projection stacks several checkpoint weights),
+each in its format's tiles (``tiles``), and the C structure that hands it to them (``c/packed_mm.h``)."""
+
+from __future__ import annotations
+
+import ctypes
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .block_fields import FORMATS, BlockFields, file_bits_per_weight, format_name
+from .tiles import TILE, tile_layout
+
+MAX_PARTS = 4  # c/packed_mm.h
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+class CPackedPart(ctypes.Structure):
+    _fields_ = [("type", _I), ("tiles", _P), ("n", _I)]
+
+
+class CPackedWeight(ctypes.Structure):
+    _fields_ = [("parts", CPackedPart * MAX_PARTS), ("count", _I), ("n", _I), ("k", _I), ("bias", _P)]
+
+
+@dataclass
+class PackedPart:
+    format: int
+    tiles: torch.Tensor  # uint8 [tiles, blocks, bytes a tile's block]
+    n: int  # its rows
+
+    @property
+    def weights(self) -> int:
+        return self.n * self.tiles.shape[1] * FORMATS[self.format][0]
+
+
+@dataclass
+class PackedWeight:
+    """A weight [n, k]. ``file_values``: every part holds a file's blocks as they are, so that its rows dequantized
+    are the file's values exactly (gguf-py's); not for weights quantized here from float values."""
+
+    parts: list[PackedPart]
+    k: int
+    file_values: bool
+
+    @property
+    def n(self) -> int:
+        return sum(part.n for part in self.parts)
+
+    def struct(self, bias: torch.Tensor | None = None) -> CPackedWeight:
+        """The C structure; valid while this weight (and the bias) live."""
+        parts = [CPackedPart(part.format, part.tiles.data_ptr(), part.n) for part in self.parts]
+        address = None if bias is None else bias.data_ptr()
+        return CPackedWeight((CPackedPart * MAX_PARTS)(*parts), len(parts), self.n, self.k, address)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.tiles.nbytes for part in self.parts)
+
+
+ROWS_AT_ONCE = 256 * TILE  # a part is laid out so many rows at a time: its temporaries stay tens of MB
+
+
+def packed_part(rows: int, fields_of: Callable[[int, int], BlockFields]) -> PackedPart:
+    """A part of ``rows`` rows, whose rows [a, b) have the fields ``fields_of(a, b)``: laid out ``ROWS_AT_ONCE`` rows
+    at a time (whole tiles each, so the pieces join as one layout would)."""
+    pieces, fmt = [], None
+    for start in range(0, rows, ROWS_AT_ONCE):
+        fields = fields_of(start, min(rows, start + ROWS_AT_ONCE))
+        fmt = fields.format
+        pieces.append(tile_layout(fields))
+    return PackedPart(fmt, torch.cat(pieces) if len(pieces) > 1 else pieces[0], rows)
+
+
+def packed_weight(parts: list[PackedPart], file_values: bool) -> PackedWeight:
+    """A weight of parts stacked in order, all with the same inputs."""
+    inputs = {part.tiles.shape[1] * FORMATS[part.format][0] for part in parts}
+    if not 0 < len(parts) <= MAX_PARTS or len(inputs) != 1:
+        raise ValueError(f"a packed weight has 1 to {MAX_PARTS} parts of the same inputs, not {len(parts)} of {inputs}")
+    return PackedWeight(parts, inputs.pop(), file_values)
+
+
+def bits_per_weight(weights: list[PackedWeight]) -> dict[str, str]:
+    """Per format, what the packed weights hold a weight in beside the file's blocks of that type (the load's log)."""
+    held, counted = defaultdict(int), defaultdict(int)
+    for weight in weights:
+        for part in weight.parts:
+            held[part.format] += part.tiles.nbytes
+            counted[part.format] += part.weights
+    return {
+        format_name(fmt): f"{8 * held[fmt] / counted[fmt]:.3f} bits (file {file_bits_per_weight(fmt):.3f})"
+        for fmt in sorted(held)
+    }
