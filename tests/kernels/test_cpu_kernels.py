@@ -8,20 +8,17 @@ import torch
 import torch.nn.functional as F
 
 from wsgi_infer import LLM
-from wsgi_infer.engine.kernels.build import build_cpu_kernels
-from wsgi_infer.engine.kernels.cpu import CacheRows, CpuKernels
-from wsgi_infer.engine.kernels.layouts import kernel_weight
-from wsgi_infer.engine.kernels.weight_groups import Int8Groups
+from wsgi_infer.engine.kernels.cpu import CacheRows
 from wsgi_infer.engine.layers.activation import GatedActivation
 from wsgi_infer.engine.layers.norm import RMSNorm, rms_norm
-from wsgi_infer.engine.layers.quantization import PackedLinear, SmallBatchLinear
+from wsgi_infer.engine.layers.quantization import PackedLinear
 from wsgi_infer.engine.layers.rotary import apply_rotary_
 from wsgi_infer.engine.runtime.step_interrupt import StepInterrupted
 
 from ..conftest import assert_idle
 from ..support.batch_runs import GREEDY, PROMPTS, run_alone, run_staggered
 from ..support.gguf_files import MIXED_TYPES, write_tiny_gguf
-from ..support.kernel_libraries import KINDS, WITHOUT_VNNI, groups_of_kind, randn
+from ..support.kernel_libraries import randn
 
 F32_CLOSE = dict(rtol=1e-5, atol=1e-6)  # float32 sums in another order
 
@@ -77,11 +74,6 @@ def test_the_kernels_refuse_what_they_cannot_read(kernels):
         kernels.silu_mul(randn(2, 64).bfloat16())
     with pytest.raises(TypeError, match="contiguous"):
         kernels.argmax(randn(64, 2).t())
-    weight = kernel_weight(Int8Groups.from_weight(randn(32, 64)))
-    with pytest.raises(TypeError, match="32 inputs for a weight of 64"):
-        kernels.packed_mm(randn(2, 32), weight, 32)
-    with pytest.raises(TypeError, match="48 outputs of 32"):
-        kernels.packed_mm(randn(2, 64), weight, 48)
     with pytest.raises(TypeError, match="rms_norm: weight"):
         kernels.rms_norm(randn(3, 64), randn(32), 1e-5, None)
     with pytest.raises(TypeError, match="gated activation"):
@@ -181,63 +173,6 @@ def test_argmax_picks_what_torch_picks(kernels, vocab):
     assert kernels.argmax(logits[7:8]).item() == logits[7].argmax().item()  # one row: no threads
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_vnni_multiply_adds_give_the_very_sums_of_the_ones_they_replace(kind):
-    """Where the CPU has VNNI, one vpdpwssd replaces a vpmaddwd and a vpaddd, and with AVX-512 a step's 16 outputs
-    are one register for up to 8 rows: the outputs are bit for bit those of a build without it, at one row, the
-    rows of a draft's verification, and many (elsewhere both builds are the same code)."""
-    built, without = (CpuKernels(build_cpu_kernels(flags)) for flags in ((), WITHOUT_VNNI))
-    torch.manual_seed(1)
-    weight = kernel_weight(groups_of_kind(kind, randn(64, 256, scale=0.05)))
-    x = randn(20, 256)
-    for rows in (slice(0, 1), slice(0, 2), slice(0, 5), slice(0, 7), slice(0, 8), slice(0, 20)):
-        assert torch.equal(built.packed_mm(x[rows], weight, 64), without.packed_mm(x[rows], weight, 64))
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_packed_mm_multiplies_the_groups_values_and_each_row_alone(kernels, kind):
-    """Both ways of summing the codes (AVX2's integer multiply-adds of each group's inputs scaled to 16 bits, else
-    float32 lanes) give the dequantized weight's product within the inputs' 16-bit rounding, and a row's result
-    never depends on its batch. Groups of zeros, of one outlier among tiny values, and of a NaN keep their
-    meaning."""
-    torch.manual_seed(0)
-    groups = groups_of_kind(kind, randn(88, 128, scale=0.05))  # outputs: 5 tiles of 16, the last partial
-    weight = kernel_weight(groups)
-    x = randn(70, 128)  # more rows than the kernels' tiles of 8 and chunks of 64
-    x[6, 32:64] = 0
-    x[7, :32] *= 1e-4
-    x[7, 5] = 3000.0
-    x[8, :] = 1e-38  # all but subnormal
-    got = kernels.packed_mm(x, weight, 88)
-    expected = x.double() @ groups.dequantize().double().t()
-    # AVX2 rounds each input to 16 bits of its group's largest: off by 2^-15 of that at most.
-    group_max = x.abs().view(70, -1, 32).amax(-1).repeat_interleave(32, dim=1).double()
-    bound = 2**-15 * group_max @ groups.dequantize().abs().double().t() + 1e-6 * expected.abs() + 1e-7
-    assert ((got.double() - expected).abs() <= bound).all()
-    x[10, 70] = float("nan")
-    assert kernels.packed_mm(x[10:11], weight, 88).isnan().all()
-    # each way of few rows: one, two, blocks in registers (3, 5, 8: one block with AVX-512 VNNI, else 5 + 3), and
-    # widened into L1 (10)
-    for rows in (slice(0, 1), slice(9, 10), slice(3, 5), slice(1, 4), slice(2, 7), slice(11, 19), slice(60, 70)):
-        assert torch.equal(kernels.packed_mm(x[rows], weight, 88), got[rows])
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_packed_layers_keep_no_full_weight_and_unpack_it_for_large_steps(kernels, kind):
-    """Above its crossing point a packed layer multiplies in bf16 the weight its codes hold, each value
-    ``q * scale + low`` rounded once to bf16, for oneDNN's GEMM where the CPU has native bf16."""
-    torch.manual_seed(0)
-    linear = torch.nn.Linear(128, 88)  # outputs: 5 tiles of 16, the last partial
-    groups = groups_of_kind(kind, linear.weight)
-    layer = PackedLinear(linear, groups, kernels)
-    assert layer.weight is None
-    weight = groups.dequantize().bfloat16()
-    assert torch.equal(kernels.dequantize(layer.packed, 88, 128), weight)
-    layer.max_rows = 4
-    large = randn(5, 128)
-    assert torch.equal(layer(large), F.linear(large.bfloat16(), weight).float() + linear.bias)
-
-
 @pytest.fixture(scope="module")
 def mixed_gguf(tmp_path_factory) -> str:
     return str(write_tiny_gguf(tmp_path_factory.mktemp("mixed") / "mixed.gguf", MIXED_TYPES).path)
@@ -250,9 +185,9 @@ def mixed_gguf(tmp_path_factory) -> str:
 )  # qwen2: QKV biases; the GGUF: 4- and 8-bit projections in each layer; qwen3: q and k norms and a sliding window;
 # smollm3: NoPE layers; phi3: a partial rotary; gemma3: its norms, GeGLU and RoPE per kind
 def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs, mixed_gguf, arch, quantization):
-    """Steps up to the projections' crossing point, prefill chunks included, run every layer in one call;
-    without it the layers' loop runs. Each request's tokens are the same either way, in staggered batches and
-    alone, and every KV block is free afterwards."""
+    """Every step, prefill chunks included, runs every layer in one call; without it the layers' loop runs. Each
+    request's tokens are the same either way, in staggered batches and alone, and every KV block is free
+    afterwards."""
     llm = LLM(
         model=mixed_gguf if arch == "mixed GGUF" else str(tiny_model_dirs[arch]),
         quantization=quantization,
@@ -261,17 +196,14 @@ def test_the_fused_decoder_equals_the_layers_one_by_one(tiny_model_dirs, mixed_g
     )
     model = llm.engine.runner.model
     for layer in model.modules():
-        if isinstance(layer, SmallBatchLinear):
-            layer.max_rows = 64  # every step packed (the measured crossing point is noise on tiny shapes)
-            if layer.bias is not None:
-                with torch.no_grad():  # transformers initializes biases to zero: make them count
-                    layer.bias.normal_(0, 0.5)
+        if isinstance(layer, PackedLinear) and layer.bias is not None:
+            with torch.no_grad():  # transformers initializes biases to zero: make them count
+                layer.bias.normal_(0, 0.5)
     for name, param in model.named_parameters():
         if name.endswith(("q_norm.weight", "k_norm.weight")):
             with torch.no_grad():  # initialized to ones: make each head's scales count
                 param.normal_(1, 0.5)
-    model.kernels = model.kernels  # fuse again, with those crossing points
-    assert model.fused_decoder is not None and model.fused_max_rows == 64
+    assert model.fused_decoder is not None
     fused, calls = model.fused_decoder, []
     model.fused_decoder = lambda x, *args: calls.append((len(x), args[-2].num_single_token_seqs)) or fused(x, *args)
     alone = {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}

@@ -3,8 +3,8 @@
 gguf-py quantizes F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 itself. For the other types a block is built
 from the format's definition: its codes and sub-block scales are any bits (every pattern is a valid block), and its
 float16 super-block scales (``d``, ``dmin``, at the offsets ggml's structs give) are set so the weights come out
-near the magnitudes a trained layer has. ``gguf_blocks.groups_from_blocks`` is then checked against gguf-py's own
-dequantization of these blocks.
+near the magnitudes a trained layer has. What the engine reads of these blocks is then checked against gguf-py's own
+dequantization of them.
 """
 
 from __future__ import annotations

@@ -1,24 +1,26 @@
-"""The CPU kernels' libraries a test multiplies with, and the packed weights it multiplies."""
+"""The CPU kernels' libraries a test multiplies with, the packed weights it multiplies, and their references."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+import gguf
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
 
 from wsgi_infer.engine.kernels import variants
+from wsgi_infer.engine.kernels.block_fields import FILE_BLOCK_BYTES, FORMATS, from_file_blocks, from_values
 from wsgi_infer.engine.kernels.build import build_cpu_kernels, installed_dir
-from wsgi_infer.engine.kernels.weight_groups import Int4Groups, Int8Groups
+from wsgi_infer.engine.kernels.packed import PackedWeight, packed_part, packed_weight
 from wsgi_infer.engine.runtime.cpu_info import cpu_flags
 
 # Every library a CPU like this one may load: each installed variant it runs (x86-64-v2 is the path without
 # AVX2), clang's build, and a build here where none is installed.
 INSTALLED_HERE = variants.runnable(variants.installed_variants(installed_dir()) or [], cpu_flags())
 LIBRARIES = [*(f"installed {v.name}" for v in INSTALLED_HERE), *([] if INSTALLED_HERE else ["built here"]), "clang"]
-KINDS = ["int4", "int8", "int8 with lows"]
-WITHOUT_VNNI = ("-mno-avx512vnni", "-mno-avxvnni")
+FILE_FORMATS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]  # the GGUF types the kernels read
 
 
 def _clang_build(tmp_path_factory) -> Path:
@@ -43,12 +45,41 @@ def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
     return torch.randn(*shape) * scale
 
 
-def groups_of_kind(kind: str, weight: torch.Tensor) -> Int4Groups | Int8Groups:
-    """int4 (Q4_1's min/max), int8 (Q8_0's symmetric codes), or int8 with an offset per group (as Q5_1 and Q5_K
-    have: codes 0..31 above each group's low)."""
-    if kind == "int4":
-        return Int4Groups.from_weight(weight)
-    if kind == "int8":
-        return Int8Groups.from_weight(weight)
-    groups = Int4Groups.from_weight(weight)
-    return Int8Groups((groups.q * 2).to(torch.int8), groups.scale / 2, groups.low)
+def random_file_blocks(ggml_type: int, rows: int, k: int, seed: int = 0) -> torch.Tensor:
+    """A tensor [rows, k] as GGUF blocks of the type (uint8 [rows, row bytes]): every code and sub-block scale bit
+    random, each float16 scale (d, and the minimum or dmin) a small number of either sign."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs, _, _ = FORMATS[ggml_type]
+    raw = torch.randint(
+        0, 256, (rows, k // inputs, FILE_BLOCK_BYTES[ggml_type]), dtype=torch.uint8, generator=generator
+    )
+    for at in _HALVES_AT[ggml_type]:
+        halves = (torch.randn(rows, k // inputs, generator=generator) * 0.01).half()
+        raw[..., at : at + 2] = halves.view(torch.uint8).view(rows, k // inputs, 2)
+    return raw.reshape(rows, -1)
+
+
+_HALVES_AT = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2]}
+_HALVES_AT[Q.Q6_K] = [208]
+
+
+def file_values(raw: torch.Tensor, ggml_type: int) -> torch.Tensor:
+    """gguf-py's values of a tensor's blocks: the reference every packed format is held to."""
+    return torch.from_numpy(gguf.dequantize(raw.numpy(), ggml_type)).reshape(raw.shape[0], -1)
+
+
+def packed_from_file(raw: torch.Tensor, ggml_type: int) -> PackedWeight:
+    return packed_weight([packed_part(raw.shape[0], lambda a, b: from_file_blocks(raw[a:b], ggml_type))], True)
+
+
+def packed_from_values(weight: torch.Tensor, levels: int = 255) -> PackedWeight:
+    return packed_weight([packed_part(weight.shape[0], lambda a, b: from_values(weight[a:b], levels))], False)
+
+
+def quantized_rows(x: torch.Tensor, planes: int) -> torch.Tensor:
+    """What the kernels multiply (c/activations.h), in float64: each block of 32 inputs as integers times its scale,
+    rounded to 127ths (8-bit) or 32512ths (the exact path) of its largest magnitude, ties to even."""
+    blocks = x.view(x.shape[0], -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / (127.0 if planes == 1 else 32512.0)
+    inverse = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    return (torch.round(blocks * inverse).double() * d.double()).view_as(x)

@@ -29,7 +29,7 @@ FORMATS = {
     Q.Q6_K: (256, 3360, 6),
 }
 FILE_TYPES = frozenset(f for f in FORMATS if f != Q8_M)  # GGUF's types the kernels read as the file holds them
-_FILE_BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34, Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210}
+FILE_BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34, Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210}
 
 
 def format_name(fmt: int) -> str:
@@ -38,7 +38,7 @@ def format_name(fmt: int) -> str:
 
 def file_bits_per_weight(fmt: int) -> float:
     """What the file's blocks of a type hold a weight in (Q8_M: what ours would, 9)."""
-    return 9.0 if fmt == Q8_M else _FILE_BLOCK_BYTES[fmt] * 8 / FORMATS[fmt][0]
+    return 9.0 if fmt == Q8_M else FILE_BLOCK_BYTES[fmt] * 8 / FORMATS[fmt][0]
 
 
 @dataclass
@@ -79,7 +79,7 @@ def _bits(words: torch.Tensor, count: int) -> torch.Tensor:
 def from_file_blocks(raw: torch.Tensor, ggml_type: int) -> BlockFields:
     """A 2-D tensor's blocks as the file holds them (uint8 [rows, row bytes]) -> their fields, bit for bit."""
     rows = raw.shape[0]
-    blocks = raw.reshape(rows, -1, _FILE_BLOCK_BYTES[ggml_type])
+    blocks = raw.reshape(rows, -1, FILE_BLOCK_BYTES[ggml_type])
     d = _half(blocks, 0)
     if ggml_type in (Q.Q4_0, Q.Q4_1):
         low = _half(blocks, 2) if ggml_type == Q.Q4_1 else None

@@ -67,8 +67,11 @@ class FileWeights(Mapping):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         tensor = self._tensor(name)
-        values = self._reorder(tensor.values().numpy(), tensor.name)
-        return torch.from_numpy(np.ascontiguousarray(values))
+        try:
+            values = tensor.values()
+        except ValueError as exc:  # a type gguf-py cannot read (a conversion refuses it first)
+            raise ModelLoadError(f"model {self._record['gguf']}: {exc}") from None
+        return torch.from_numpy(np.ascontiguousarray(self._reorder(values.numpy(), tensor.name)))
 
     def blocks(self, name: str) -> FileBlocks | None:
         """A 2-D weight's blocks as the file holds them, where it is in the file and transformers' processor at most

@@ -107,6 +107,7 @@ def _converted(tensors: list[GgufTensor], processor, names: dict[str, str]) -> I
         if tensor.name not in names:
             continue  # e.g. precomputed rope frequencies: our model computes them
         if len(tensor.shape) == 2:
+            tensor.rows(0, 1).values()  # a type gguf-py cannot read is refused now, by name, not at a later load
             yield ConvertedTensor(names[tensor.name], place=tensor.place)
             continue
         values = processor.process(weights=tensor.values().numpy(), name=tensor.name).weights

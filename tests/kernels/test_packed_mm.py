@@ -1,0 +1,134 @@
+"""Packed weights in GGUF's own formats, multiplied by the CPU kernels: every format against gguf-py's dequantization
+times a float64 product, on odd shapes; one arithmetic for every number of rows; the same bits from every build."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from wsgi_infer.engine.kernels.block_fields import FILE_BLOCK_BYTES, FORMATS, Q8_M, file_bits_per_weight
+from wsgi_infer.engine.kernels.cpu import CpuKernels
+from wsgi_infer.engine.kernels.packed import packed_weight
+
+from ..support.kernel_libraries import (
+    FILE_FORMATS,
+    LIBRARIES,
+    file_values,
+    library,
+    packed_from_file,
+    packed_from_values,
+    quantized_rows,
+    randn,
+    random_file_blocks,
+)
+
+# (rows, inputs): one row, rows not a multiple of the 16-row tile, a tile and one row more; inputs of one block,
+# of 9 blocks of 32 (no multiple of 256: only the 32-input formats take it), of 3 super-blocks
+SHAPES = [(1, 256), (17, 768), (37, 288)]
+ROW_COUNTS = [1, 2, 3, 5, 8, 9, 20, 33]  # 1..8: each sub-block decoded in registers; more: a tile's buffer
+
+
+def _shapes(ggml_type: int) -> list[tuple[int, int]]:
+    return [(rows, k) for rows, k in SHAPES if k % FORMATS[ggml_type][0] == 0]
+
+
+@pytest.mark.parametrize("ggml_type", FILE_FORMATS, ids=lambda t: t.name)
+def test_the_layout_holds_the_files_bits_and_gives_gguf_py_values(kernels: CpuKernels, ggml_type):
+    """A tile's block holds its rows' blocks within 3% of the file's bytes (K-quants' 6-bit scales as bytes: 2.8%),
+    as the kernels count them; each row read back is gguf-py's values of the file's row, bit for bit."""
+    inputs, block_bytes, _ = FORMATS[ggml_type]
+    assert kernels.block_bytes(ggml_type) == block_bytes
+    assert block_bytes / (16 * FILE_BLOCK_BYTES[ggml_type]) <= 1.03
+    for rows, k in _shapes(ggml_type):
+        raw = random_file_blocks(ggml_type, rows, k)
+        weight = packed_from_file(raw, ggml_type)
+        assert weight.nbytes == -(-rows // 16) * (k // inputs) * block_bytes  # whole tiles of 16 rows
+        ids = torch.tensor([rows - 1, 0, rows // 2, rows - 1])
+        assert torch.equal(kernels.packed_rows(weight, ids), file_values(raw, ggml_type)[ids])
+
+
+@pytest.mark.parametrize("planes", [1, 2], ids=["8-bit", "exact"])
+@pytest.mark.parametrize("ggml_type", FILE_FORMATS, ids=lambda t: t.name)
+def test_packed_mm_is_the_product_of_gguf_py_values_and_each_row_alone(kernels: CpuKernels, ggml_type, planes):
+    """Each output is the float64 product of gguf-py's values and the activations as the kernels quantize them
+    (8-bit, or 16-bit on the exact path), within float32's rounding of each block's scaled sum; on the exact path
+    also within 2^-16 of each block's largest input of the true product. A row's outputs are the same bits alone
+    and in any batch, through registers (up to 8 rows) or a tile's buffer (more)."""
+    kernels.use_exact_activations(planes == 2)
+    for rows, k in _shapes(ggml_type):
+        raw = random_file_blocks(ggml_type, rows, k, seed=rows)
+        weight, values = packed_from_file(raw, ggml_type), file_values(raw, ggml_type).double()
+        torch.manual_seed(rows)
+        x = randn(max(ROW_COUNTS), k, scale=2)
+        x[3, :32] *= 1e-4
+        x[3, 7] = 300.0  # an outlier in a block of tiny values
+        x[4, 32:64] = 0  # a block of zeros
+        got = kernels.packed_mm(x, weight)
+        magnitudes = x.abs().double() @ values.abs().T
+        assert ((got.double() - quantized_rows(x, planes) @ values.T).abs() <= 2e-6 * magnitudes + 1e-30).all()
+        if planes == 2:
+            block_max = x.abs().view(len(x), -1, 32).amax(-1).repeat_interleave(32, dim=1).double()
+            bound = 2**-16 * block_max @ values.abs().T + 2e-6 * magnitudes
+            assert ((got.double() - x.double() @ values.T).abs() <= bound).all()
+        for count in ROW_COUNTS:
+            assert torch.equal(kernels.packed_mm(x[:count], weight), got[:count])
+        assert torch.equal(kernels.packed_mm(x[7:8], weight), got[7:8])
+
+
+def test_a_nan_or_infinite_input_makes_its_rows_outputs_nan(kernels: CpuKernels):
+    weight = packed_from_file(random_file_blocks(Q.Q4_K, 20, 512), Q.Q4_K)
+    x = randn(10, 512)
+    x[2, 300], x[5, 3] = float("nan"), float("inf")
+    got = kernels.packed_mm(x, weight)
+    assert got[[2, 5]].isnan().all() and not got[[0, 1, 3, 4, 6, 7, 8, 9]].isnan().any()
+
+
+@pytest.fixture(scope="module")
+def every_library(tmp_path_factory) -> list[CpuKernels]:
+    return [CpuKernels(library(which, tmp_path_factory)) for which in LIBRARIES]
+
+
+@pytest.mark.parametrize("ggml_type", [*FILE_FORMATS, Q8_M], ids=lambda t: getattr(t, "name", "Q8_M"))
+def test_every_build_multiplies_to_the_same_bits(every_library, ggml_type):
+    """AVX-512 with VNNI (vpdpbusd), without it and AVX2 (vpmaddubsw; 8-bit codes in nibbles), the plain C of CPUs
+    without AVX2, and clang's build sum the same integers and scale them with the same roundings: the same bits
+    for every format, in both activation modes, at every count of rows."""
+    if ggml_type == Q8_M:
+        weight = packed_from_values(randn(40, 256))
+    else:
+        weight = packed_from_file(random_file_blocks(ggml_type, 40, 256), ggml_type)
+    x = randn(12, 256, scale=3)
+    for planes in (1, 2):
+        outputs = []
+        for kernels in every_library:
+            kernels.use_exact_activations(planes == 2)
+            outputs.append(torch.cat([kernels.packed_mm(x[:5], weight), kernels.packed_mm(x[5:], weight)]))
+        assert all(torch.equal(out, outputs[0]) for out in outputs[1:]), [k.build for k in every_library]
+
+
+@pytest.mark.parametrize("levels, fmt", [(255, Q8_M), (15, Q.Q4_1)])
+def test_float_weights_are_packed_within_half_a_step_of_their_blocks_range(kernels: CpuKernels, levels, fmt):
+    """Our Q8_M (and Q4_1, where 4 bits are asked for): a float16 scale and minimum per block of 32, each code
+    rounded against them, so each value is within half a step of the weight; a constant block stays exact."""
+    torch.manual_seed(0)
+    weight = randn(33, 96, scale=0.05)
+    weight[5, 32:64] = 0.25
+    packed = packed_from_values(weight, levels)
+    assert [part.format for part in packed.parts] == [fmt] and not packed.file_values
+    values = kernels.packed_rows(packed, torch.arange(33))
+    step = (weight.view(33, 3, 32).amax(-1) - weight.view(33, 3, 32).amin(-1)) / levels
+    assert ((values - weight).abs() <= step.repeat_interleave(32, dim=1) * (0.5 + 2**-9) + 1e-7).all()
+    assert torch.equal(values[5, 32:64], weight[5, 32:64])
+    bits = 8 * packed.nbytes / (48 * 96)  # 33 rows padded to 48
+    assert bits == (9.0 if fmt == Q8_M else file_bits_per_weight(Q.Q4_1))
+
+
+def test_the_kernels_refuse_what_they_cannot_multiply(kernels: CpuKernels):
+    weight = packed_from_values(randn(32, 64))
+    with pytest.raises(TypeError, match="packed_mm: \\(2, 32\\) for a weight of 64"):
+        kernels.packed_mm(randn(2, 32), weight)
+    with pytest.raises(TypeError, match="ids outside 0..31"):
+        kernels.packed_rows(weight, torch.tensor([32]))
+    with pytest.raises(ValueError, match="parts of the same inputs"):
+        packed_weight([weight.parts[0], packed_from_values(randn(16, 96)).parts[0]], False)
