@@ -20,6 +20,8 @@ same GGUF (--peer-model for another file: a Hugging Face --model's BF16 GGUF),
 with as many threads as this machine has cores and a slot per stream; like
 ours, it starts afresh for each run, so that no run reuses the prompts an
 earlier run left in its cache.
+--ik-llama-server BINARY starts ik_llama.cpp's llama-server the same way, with ``-rtr`` (its run-time repacking
+of every tensor into row-interleaved types, its fastest CPU path).
 --json and --plot write the medians and a PNG of tok/s and TTFT against
 concurrency, one line per system:
 
@@ -38,6 +40,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -54,6 +57,7 @@ from wsgi_infer.engine.config import QUANTIZATION_METHODS  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = {"standard": prompts, "repeat": repeat_prompts, "long": long_prompts}
 WORKLOAD = prompts  # --workload sets it
+IK_NAME = "ik_llama.cpp -rtr"
 
 
 async def one_request(
@@ -211,16 +215,24 @@ def start_server(args, wrap: list[str] | None = None, env: dict | None = None) -
     return process, f"http://127.0.0.1:{port}"
 
 
-def start_llama_server(args, wrap: list[str] | None = None, extra: list[str] = ()) -> tuple[subprocess.Popen, str]:
-    """llama.cpp's llama-server on the peer model: 2048 tokens of context per slot, one slot per stream."""
+def start_llama_server(
+    args, wrap: list[str] | None = None, extra: list[str] = (), binary: str | None = None
+) -> tuple[subprocess.Popen, str]:
+    """llama.cpp's llama-server (or ``binary``: ik_llama.cpp's) on the peer model: 2048 tokens of context per slot,
+    one slot per stream."""
     model = args.peer_model or args.model
     if not model or not model.endswith(".gguf"):
         raise SystemExit("--llama-server needs a GGUF: --model FILE.gguf, or --peer-model FILE.gguf")
-    port, slots = free_port(), max(args.concurrency)
-    command = [args.llama_server, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+    model, port, slots = str(Path(model).resolve()), free_port(), max(args.concurrency)
+    web_ui = ["--webui", "none"] if binary else ["--no-webui"]  # ik_llama.cpp's spelling, and llama.cpp's
+    binary = str(Path(binary or args.llama_server).resolve())
+    command = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), *web_ui]
     command += ["-t", str(os.cpu_count()), "-np", str(slots), "-c", str(2048 * slots), *extra]
     log = open(os.environ.get("LLAMA_SERVER_LOG", os.devnull), "w")
-    process = subprocess.Popen([*(wrap or []), *command], stdout=log, stderr=subprocess.STDOUT)
+    # in a scratch directory: ik_llama.cpp's server writes a llama.log where it runs
+    process = subprocess.Popen(
+        [*(wrap or []), *command], stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir()
+    )
     return process, healthy(process, f"http://127.0.0.1:{port}", command)
 
 
@@ -271,7 +283,8 @@ def serve_levels(
     (started here with ``llama_args`` added, where they are not None) or a peer at ``peer_url``."""
     llama = llama_args is not None
     if llama:
-        server, url = start_llama_server(args, extra=llama_args)
+        binary = args.ik_llama_server if name == IK_NAME else None
+        server, url = start_llama_server(args, extra=llama_args, binary=binary)
     elif peer_url or args.url:
         server, url = None, peer_url or args.url
     else:
@@ -407,6 +420,7 @@ def main() -> None:
         "--ours", action="append", default=[], metavar="NAME=KEY=VALUE,...", help="our server again, with settings"
     )
     parser.add_argument("--llama-variant", action="append", default=[], metavar="NAME=ARGS", help="llama-server again")
+    parser.add_argument("--ik-llama-server", metavar="BINARY", help="ik_llama.cpp's llama-server, a peer")
     parser.add_argument("--json", default=None, help="write every system's medians here")
     parser.add_argument("--plot", default=None, help="write a PNG of tok/s and TTFT against concurrency here")
     args = parser.parse_args()
@@ -421,6 +435,8 @@ def main() -> None:
     if args.llama_server:  # started afresh for each run, as ours are: no run reuses another's cached prompts
         for name, extra in [("llama-server", "")] + [v.split("=", 1) for v in args.llama_variant]:
             systems.append((name, None, None, extra.split()))
+    if args.ik_llama_server:
+        systems.append((IK_NAME, None, None, ["-rtr"]))
     runs: dict[str, list] = {system[0]: [] for system in systems}
     alone_runs = []
     for _ in range(args.repeat):  # alternate the systems so drift of this shared machine hits each of them

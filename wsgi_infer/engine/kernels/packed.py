@@ -4,12 +4,14 @@ each in its format's tiles (``tiles``), and the C structure that hands it to the
 from __future__ import annotations
 
 import ctypes
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from ..runtime.huge_pages import huge_page_bytes
 from .block_fields import FORMATS, BlockFields, file_bits_per_weight, format_name
 from .tiles import TILE, tile_layout
 
@@ -65,13 +67,16 @@ ROWS_AT_ONCE = 256 * TILE  # a part is laid out so many rows at a time: its temp
 
 def packed_part(rows: int, fields_of: Callable[[int, int], BlockFields]) -> PackedPart:
     """A part of ``rows`` rows, whose rows [a, b) have the fields ``fields_of(a, b)``: laid out ``ROWS_AT_ONCE`` rows
-    at a time (whole tiles each, so the pieces join as one layout would)."""
-    pieces, fmt = [], None
+    at a time (whole tiles each, so the pieces join as one layout would), into memory in huge pages."""
+    tiles = None
     for start in range(0, rows, ROWS_AT_ONCE):
         fields = fields_of(start, min(rows, start + ROWS_AT_ONCE))
-        fmt = fields.format
-        pieces.append(tile_layout(fields))
-    return PackedPart(fmt, torch.cat(pieces) if len(pieces) > 1 else pieces[0], rows)
+        piece = tile_layout(fields)
+        if tiles is None:
+            shape = (-(-rows // TILE), *piece.shape[1:])
+            tiles = huge_page_bytes(math.prod(shape)).view(shape)
+        tiles[start // TILE : start // TILE + len(piece)] = piece
+    return PackedPart(fields.format, tiles, rows)
 
 
 def packed_weight(parts: list[PackedPart], file_values: bool) -> PackedWeight:

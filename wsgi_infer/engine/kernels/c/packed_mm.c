@@ -16,11 +16,11 @@
 #include "packed_mm.h"
 
 #if QL == 16
-#define ROWS_AT_ONCE 8 /* rows whose sums stay in registers beside a sub-block's 8 codes */
+#define ROWS_AT_ONCE 16 /* rows whose sums stay in registers beside a sub-block's 8 codes: 29 of 32 */
 #else
-#define ROWS_AT_ONCE 4
+#define ROWS_AT_ONCE 4 /* 16 registers */
 #endif
-#define FEW_ROWS 8 /* rows decoded in registers; more go through a tile's buffer */
+#define FEW_ROWS 16 /* rows decoded in registers; more go through a tile's buffer */
 
 static inline int is_k(const int type) { return type == Q4_K || type == Q5_K || type == Q6_K; }
 static inline int sub_blocks(const int type) { return is_k(type) ? 8 : 1; } /* 32-input sub-blocks a block */
@@ -111,9 +111,9 @@ typedef void (*few_fn)(const uint8_t *, int64_t, const uint8_t *, int64_t, float
                                     float *out, int64_t out_stride, int width) {                                   \
         tile_few(T, P, R, tile, blocks, x, x_stride, out, out_stride, width);                                      \
     }
-#if ROWS_AT_ONCE == 8
-#define FEW_OF(T, P) FEW(T, P, 1) FEW(T, P, 2) FEW(T, P, 4) FEW(T, P, 8)
-#define FEW_ROW(T, P) {few_##T##_##P##_1, few_##T##_##P##_2, few_##T##_##P##_4, few_##T##_##P##_8}
+#if ROWS_AT_ONCE == 16
+#define FEW_OF(T, P) FEW(T, P, 1) FEW(T, P, 2) FEW(T, P, 4) FEW(T, P, 8) FEW(T, P, 16)
+#define FEW_ROW(T, P) {few_##T##_##P##_1, few_##T##_##P##_2, few_##T##_##P##_4, few_##T##_##P##_8, few_##T##_##P##_16}
 #else
 #define FEW_OF(T, P) FEW(T, P, 1) FEW(T, P, 2) FEW(T, P, 4)
 #define FEW_ROW(T, P) {few_##T##_##P##_1, few_##T##_##P##_2, few_##T##_##P##_4}
@@ -121,7 +121,7 @@ typedef void (*few_fn)(const uint8_t *, int64_t, const uint8_t *, int64_t, float
 #define FEW_TYPE(T) FEW_OF(T, 1) FEW_OF(T, 2)
 FEW_TYPE(Q4_0) FEW_TYPE(Q4_1) FEW_TYPE(Q5_0) FEW_TYPE(Q5_1) FEW_TYPE(Q8_0) FEW_TYPE(Q8_M)
 FEW_TYPE(Q4_K) FEW_TYPE(Q5_K) FEW_TYPE(Q6_K)
-#define CHUNKS (ROWS_AT_ONCE == 8 ? 4 : 3) /* row counts: 1, 2, 4 (and 8) */
+#define CHUNKS (ROWS_AT_ONCE == 16 ? 5 : 3) /* row counts: 1, 2, 4 (and 8, 16) */
 #define FEW_TABLE(T) {FEW_ROW(T, 1), FEW_ROW(T, 2)}
 
 static const int TYPES[] = {Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_M, Q4_K, Q5_K, Q6_K};
@@ -175,10 +175,12 @@ typedef void (*buffer_fn)(const decoded *, int64_t, const uint8_t *, int64_t, fl
                                          float *out, int64_t out_stride, int h, int width) {                       \
         buffer_rows(HS, W, P, R, buffer, subs, x, x_stride, out, out_stride, h, width);                            \
     }
-#if ROWS_AT_ONCE == 8
-#define BUFFER_OF(HS, W, P) BUFFER(HS, W, P, 1) BUFFER(HS, W, P, 2) BUFFER(HS, W, P, 4) BUFFER(HS, W, P, 8)
+#if ROWS_AT_ONCE == 16
+#define BUFFER_OF(HS, W, P)                                                                                        \
+    BUFFER(HS, W, P, 1) BUFFER(HS, W, P, 2) BUFFER(HS, W, P, 4) BUFFER(HS, W, P, 8) BUFFER(HS, W, P, 16)
 #define BUFFER_ROW(HS, W, P)                                                                                       \
-    {buffer_##HS##W##P##_1, buffer_##HS##W##P##_2, buffer_##HS##W##P##_4, buffer_##HS##W##P##_8}
+    {buffer_##HS##W##P##_1, buffer_##HS##W##P##_2, buffer_##HS##W##P##_4, buffer_##HS##W##P##_8,                   \
+     buffer_##HS##W##P##_16}
 #else
 #define BUFFER_OF(HS, W, P) BUFFER(HS, W, P, 1) BUFFER(HS, W, P, 2) BUFFER(HS, W, P, 4)
 #define BUFFER_ROW(HS, W, P) {buffer_##HS##W##P##_1, buffer_##HS##W##P##_2, buffer_##HS##W##P##_4}
