@@ -1,183 +1,124 @@
 /* Attention over the paged bf16 KV cache: each query row over its sequence's cached context, in float32. */
 #include "common.h"
 
-/* hsum of each of 16 vectors, as one vector (lane t: hsum(v[t])), with every addition hsum makes, in its
- * order: a transposition by halves, 30 shuffles and 15 additions where 16 hsums take 48 and 64. */
-#if LANES == 8 /* the same additions on 8-lane halves, whose shuffles GCC keeps in registers */
-static inline __attribute__((always_inline)) f32x16 hsum16(const f32x16 v[16]) {
-    f32v halves[16], quarters[8], eighths[4], sums[2];
-    for (int t = 0; t < 16; t++) { /* lanes i and i + 8 of each vector */
-        f32v piece[2];
-        memcpy(piece, &v[t], sizeof(v[t]));
-        halves[t] = piece[0] + piece[1];
-    }
-    for (int j = 0; j < 8; j++) /* lanes i and i + 4: two vectors' 4 sums each */
-        quarters[j] = __builtin_shufflevector(halves[2 * j], halves[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
-                      __builtin_shufflevector(halves[2 * j], halves[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15);
-    for (int j = 0; j < 4; j++) /* lanes i and i + 2 of each 4 */
-        eighths[j] = __builtin_shufflevector(quarters[2 * j], quarters[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
-                     __builtin_shufflevector(quarters[2 * j], quarters[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15);
-    for (int j = 0; j < 2; j++)
-        sums[j] = __builtin_shufflevector(eighths[2 * j], eighths[2 * j + 1], 0, 2, 4, 6, 8, 10, 12, 14) +
-                  __builtin_shufflevector(eighths[2 * j], eighths[2 * j + 1], 1, 3, 5, 7, 9, 11, 13, 15);
-    f32x16 out;
-    memcpy(&out, sums, sizeof(out));
-    return out;
-}
+/* a * b + c, 16 lanes, each rounded once */
+static inline f32x16 fma16(f32x16 a, f32x16 b, f32x16 c) {
+#ifdef __AVX512F__
+    return (f32x16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+    __m256 x[2], y[2], z[2];
+    memcpy(x, &a, 64), memcpy(y, &b, 64), memcpy(z, &c, 64);
+    for (int h = 0; h < 2; h++) x[h] = _mm256_fmadd_ps(x[h], y[h], z[h]);
+    memcpy(&a, x, 64);
+    return a;
 #else
-static inline __attribute__((always_inline)) f32x16 hsum16(const f32x16 v[16]) {
-    f32x16 halves[8], quarters[4], eighths[2];
-    for (int j = 0; j < 8; j++) /* lanes i and i + 8 of two vectors: 8 sums of each */
-        halves[j] = __builtin_shufflevector(v[2 * j], v[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-                    __builtin_shufflevector(v[2 * j], v[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    for (int j = 0; j < 4; j++) /* lanes i and i + 4 of each 8: 4 sums of four vectors */
-        quarters[j] = __builtin_shufflevector(halves[2 * j], halves[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-                      __builtin_shufflevector(halves[2 * j], halves[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    for (int j = 0; j < 2; j++) /* lanes i and i + 2 of each 4 */
-        eighths[j] = __builtin_shufflevector(quarters[2 * j], quarters[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-                     __builtin_shufflevector(quarters[2 * j], quarters[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-    return __builtin_shufflevector(eighths[0], eighths[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
-           __builtin_shufflevector(eighths[0], eighths[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-}
+    for (int i = 0; i < 16; i++) a[i] = fmaf(a[i], b[i], c[i]);
+    return a;
 #endif
+}
+
+static inline f32x16 splat16(float x) { /* every lane x (0 + x would be an addition: no -ffast-math) */
+#ifdef __AVX512F__
+    return (f32x16)_mm512_set1_ps(x);
+#else
+    f32x16 v;
+    for (int i = 0; i < 16; i++) v[i] = x;
+    return v;
+#endif
+}
+
+/* 16 vectors of 16 transposed: v[i][j] and v[j][i] swap. Four stages, each swapping the off-diagonal blocks of
+ * size 8, 4, 2 and 1 between pairs of vectors: 64 two-input shuffles. */
+#define SWAP_BLOCKS(B, ...)                                                                                        \
+    for (int i = 0; i < 16; i++)                                                                                   \
+        if (!(i & B)) {                                                                                            \
+            f32x16 a = v[i], b = v[i + B];                                                                         \
+            v[i] = __builtin_shufflevector(a, b, __VA_ARGS__);                                                     \
+            v[i + B] = __builtin_shufflevector(a, b, HIGH_##B);                                                    \
+        }
+#define HIGH_8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define HIGH_4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define HIGH_2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define HIGH_1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+static inline __attribute__((always_inline)) void transpose16(f32x16 v[16]) {
+    SWAP_BLOCKS(8, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+    SWAP_BLOCKS(4, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
+    SWAP_BLOCKS(2, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
+    SWAP_BLOCKS(1, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
+}
 
 #define PREFETCH_AHEAD 8 /* tokens */
 
-/* slots are scattered over blocks: fetch a token's key and value ahead of their use */
-static inline void prefetch_token(const bf16 *keys, const bf16 *values, const int64_t *offsets, int64_t t,
-                                  int64_t len, int64_t head_dim) {
-    if (t + PREFETCH_AHEAD < len)
-        for (int64_t line = 0; line < head_dim; line += 32) {
-            __builtin_prefetch(keys + offsets[t + PREFETCH_AHEAD] + line);
-            __builtin_prefetch(values + offsets[t + PREFETCH_AHEAD] + line);
-        }
-}
-
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) /* 8-lane registers: 16-lane sums would spill */
-/* 8 bf16 as float32 */
-static inline __m256 widen8(const bf16 *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-
-/* scores [group, stride] of the group's heads for each of len tokens (whole blocks of 16 computed): each key
- * widened once into registers for the group, each head's query read from L1 (aligned), one multiply-add per 8
- * products; a token's sums in two halves of 8 lanes (even and odd runs of 8 dimensions), 16 tokens' sums folded
- * by hsum16 */
-static inline __attribute__((always_inline)) void score_tokens(const float *q, const int64_t group, const bf16 *keys,
-                                                               const bf16 *values, const int64_t *offsets,
-                                                               int64_t len, const int64_t head_dim, float scale,
-                                                               int64_t stride, float *scores) {
-    const int64_t runs = head_dim / 8; /* even: head_dim is a multiple of 16 (attention_fits) */
-    float query[group][head_dim] __attribute__((aligned(32)));
-    memcpy(query, q, sizeof(query));
-    for (int64_t start = 0; start < len; start += 16) {
-        f32x16 sums[group][16];
-        for (int64_t i = 0; i < 16; i++) {
-            int64_t t = start + i;
-            if (t >= len) {
-                for (int64_t h = 0; h < group; h++) sums[h][i] = (f32x16){0};
-                continue;
+/* the part's keys, each block of 16 tokens transposed: keys_t[block][d] holds dimension d of the block's 16
+ * tokens (zeros past len), so that a query's 16 scores are one vector of multiply-adds, no sums across lanes */
+static inline __attribute__((always_inline)) void transposed_keys(const bf16 *keys, const int64_t *offsets,
+                                                                  int64_t len, const int64_t head_dim,
+                                                                  f32x16 *keys_t) {
+    for (int64_t start = 0; start < len; start += 16)
+        for (int64_t c = 0; c < head_dim / 16; c++) {
+            f32x16 v[16];
+            for (int64_t i = 0; i < 16; i++) {
+                int64_t t = start + i;
+                if (t + PREFETCH_AHEAD < len) __builtin_prefetch(keys + offsets[t + PREFETCH_AHEAD] + 16 * c);
+                v[i] = t < len ? load16(keys + offsets[t] + 16 * c) : (f32x16){0};
             }
-            prefetch_token(keys, values, offsets, t, len, head_dim);
-            __m256 key[runs];
-            for (int64_t c = 0; c < runs; c++) key[c] = widen8(keys + offsets[t] + 8 * c);
-            for (int64_t h = 0; h < group; h++) {
-                __m256 acc[2] = {_mm256_mul_ps(_mm256_load_ps(query[h]), key[0]),
-                                 _mm256_mul_ps(_mm256_load_ps(query[h] + 8), key[1])};
-                for (int64_t c = 2; c < runs; c++)
-                    acc[c % 2] = _mm256_fmadd_ps(_mm256_load_ps(query[h] + 8 * c), key[c], acc[c % 2]);
-                memcpy(&sums[h][i], acc, sizeof(acc));
-            }
+            transpose16(v);
+            memcpy(keys_t + (start / 16) * head_dim + 16 * c, v, sizeof(v));
         }
-        for (int64_t h = 0; h < group; h++) {
-            f32x16 block = hsum16(sums[h]) * scale;
-            memcpy(scores + h * stride + start, &block, sizeof(block));
-        }
-    }
 }
 
-/* weighed [group, D] = sum over each head's tokens (lens) of weights [group, stride] times values (in token
- * order): 16 tokens' values widened at a time into L1, then each head's sums in 8 registers of 8 lanes (16-lane
- * sums would not fit the 16 registers), one multiply-add per value */
-static inline __attribute__((always_inline)) void weigh_values(const bf16 *values, const int64_t *offsets,
-                                                               int64_t len, const int64_t *lens, const int64_t group,
-                                                               const int64_t head_dim, int64_t stride,
-                                                               const float *weights, float *weighed) {
-    const int64_t chunks = head_dim / 8;
-    float value[16][head_dim] __attribute__((aligned(32)));
-    for (int64_t d = 0; d < group * head_dim; d++) weighed[d] = 0.0f;
-    for (int64_t start = 0; start < len; start += 16) {
-        int64_t block = len - start < 16 ? len - start : 16;
-        for (int64_t i = 0; i < block; i++)
-            for (int64_t d = 0; d < head_dim; d++) value[i][d] = to_float(values[offsets[start + i] + d]);
-        for (int64_t h = 0; h < group; h++) {
-            int64_t own = lens[h] - start < block ? lens[h] - start : block; /* this head's tokens of the block */
-            /* 64 dimensions at a time, in a fixed array that stays in registers (one sized by head_dim was
-             * written back to the stack at every token: 8 stores per 8 multiply-adds) */
-            for (int64_t c0 = 0; c0 < chunks && own > 0; c0 += 8) {
-                const int64_t width = chunks - c0 < 8 ? chunks - c0 : 8;
-                float *sums = weighed + h * head_dim + 8 * c0;
-                __m256 acc[8];
-                for (int64_t c = 0; c < width; c++) acc[c] = _mm256_loadu_ps(sums + 8 * c);
-                for (int64_t i = 0; i < own; i++) {
-                    __m256 weight = _mm256_broadcast_ss(weights + h * stride + start + i);
-                    for (int64_t c = 0; c < width; c++)
-                        acc[c] = _mm256_fmadd_ps(weight, _mm256_load_ps(value[i] + 8 * (c0 + c)), acc[c]);
-                }
-                for (int64_t c = 0; c < width; c++) _mm256_storeu_ps(sums + 8 * c, acc[c]);
+#define SCORE_QUERIES 4 /* queries whose 16 scores a key block's dimensions update at once: 4 independent chains */
+
+/* scores [group, stride] of each query over the part's tokens (whole blocks of 16), scaled: per query and token,
+ * one chain of multiply-adds over the dimensions in order, whichever queries share its block */
+static inline __attribute__((always_inline)) void score_tokens(const float *q, const int64_t group,
+                                                               const f32x16 *keys_t, int64_t len,
+                                                               const int64_t head_dim, float scale, int64_t stride,
+                                                               float *scores) {
+    for (int64_t m0 = 0; m0 < group; m0 += SCORE_QUERIES) {
+        const int64_t count = group - m0 < SCORE_QUERIES ? group - m0 : SCORE_QUERIES;
+        for (int64_t block = 0; block * 16 < len; block++) {
+            const f32x16 *k = keys_t + block * head_dim;
+            f32x16 acc[SCORE_QUERIES] = {{0}};
+            for (int64_t d = 0; d < head_dim; d++)
+                for (int64_t m = 0; m < SCORE_QUERIES; m++)
+                    if (m < count) acc[m] = fma16(splat16(q[(m0 + m) * head_dim + d]), k[d], acc[m]);
+            for (int64_t m = 0; m < count; m++) {
+                f32x16 scaled = acc[m] * scale;
+                memcpy(scores + (m0 + m) * stride + 16 * block, &scaled, sizeof(scaled));
             }
         }
     }
 }
+
+#ifdef __AVX512F__
+#define VALUE_SUMS 16 /* a query block's sums held in registers (16-lane vectors) */
 #else
-/* scores [group, stride] of the group's heads for each of len tokens (whole blocks of 16 computed): each key
- * widened once for the group, 16 dimensions at a time, 16 tokens' sums folded into one vector by hsum16 */
-static inline __attribute__((always_inline)) void score_tokens(const float *q, const int64_t group, const bf16 *keys,
-                                                               const bf16 *values, const int64_t *offsets,
-                                                               int64_t len, const int64_t head_dim, float scale,
-                                                               int64_t stride, float *scores) {
-    const int64_t chunks = head_dim / 16; /* head_dim is a multiple of 16 (attention_fits) */
-    f32x16 sums[group][16];
-    for (int64_t start = 0; start < len; start += 16) {
-        for (int64_t i = 0; i < 16; i++) {
-            int64_t t = start + i;
-            prefetch_token(keys, values, offsets, t, len, head_dim);
-            f32x16 key[chunks];
-            for (int64_t c = 0; c < chunks; c++) key[c] = t < len ? load16(keys + offsets[t] + c * 16) : (f32x16){0};
-            for (int64_t h = 0; h < group; h++) {
-                f32x16 acc = load16f(q + h * head_dim) * key[0];
-                for (int64_t c = 1; c < chunks; c++) acc += load16f(q + h * head_dim + c * 16) * key[c];
-                sums[h][i] = acc;
+#define VALUE_SUMS 8
+#endif
+
+/* weighed [group, D] = sum over each query's own tokens (lens) of weights [group, stride] times the tokens' values
+ * (widened once into values_f), in token order: per query and dimension one chain, whichever queries share it */
+static inline __attribute__((always_inline)) void weigh_values(const float *values_f, int64_t len, const int64_t *lens,
+                                                               const int64_t group, const int64_t head_dim,
+                                                               int64_t stride, const float *weights, float *weighed) {
+    const int64_t chunks = head_dim / 16, block = VALUE_SUMS / chunks > 0 ? VALUE_SUMS / chunks : 1;
+    for (int64_t m0 = 0; m0 < group; m0 += block) {
+        const int64_t count = group - m0 < block ? group - m0 : block;
+        int64_t shortest = len;
+        for (int64_t m = 0; m < count; m++) shortest = lens[m0 + m] < shortest ? lens[m0 + m] : shortest;
+        f32x16 acc[VALUE_SUMS] = {{0}};
+        for (int64_t t = 0; t < len; t++) {
+            const f32x16 *value = (const f32x16 *)(values_f + t * head_dim);
+            for (int64_t m = 0; m < block; m++) { /* a constant count: the sums stay in registers */
+                if (m >= count || (t >= shortest && t >= lens[m0 + m])) continue; /* past this query's context */
+                f32x16 weight = splat16(weights[(m0 + m) * stride + t]);
+                for (int64_t c = 0; c < chunks; c++) acc[m * chunks + c] = fma16(weight, value[c], acc[m * chunks + c]);
             }
         }
-        for (int64_t h = 0; h < group; h++) {
-            f32x16 block = hsum16(sums[h]) * scale;
-            memcpy(scores + h * stride + start, &block, sizeof(block));
-        }
+        memcpy(weighed + m0 * head_dim, acc, count * head_dim * sizeof(float));
     }
 }
-
-/* weighed [group, D] = sum over each head's tokens (lens) of weights [group, stride] times values (in token
- * order), each value widened once for the group's heads, their sums a chain per head and 16 dimensions, several
- * in flight */
-static inline __attribute__((always_inline)) void weigh_values(const bf16 *values, const int64_t *offsets,
-                                                               int64_t len, const int64_t *lens, const int64_t group,
-                                                               const int64_t head_dim, int64_t stride,
-                                                               const float *weights, float *weighed) {
-    const int64_t chunks = head_dim / 16;
-    f32x16 acc[group][chunks];
-    for (int64_t h = 0; h < group; h++)
-        for (int64_t c = 0; c < chunks; c++) acc[h][c] = (f32x16){0};
-    for (int64_t t = 0; t < len; t++) {
-        f32x16 value[chunks];
-        for (int64_t c = 0; c < chunks; c++) value[c] = load16(values + offsets[t] + c * 16);
-        for (int64_t h = 0; h < group; h++)
-            if (t < lens[h])
-                for (int64_t c = 0; c < chunks; c++) acc[h][c] += weights[h * stride + t] * value[c];
-    }
-    memcpy(weighed, acc, sizeof(acc));
-}
-#endif
 
 /* scores [0, len) as exp(score - their largest), in place, and their sum; the largest (in *peak) and the sum run
  * per lane, then across the lanes (a serial sum took a dependent addition per score). The padding past len, up to a
@@ -213,19 +154,29 @@ static inline float softmax_numerators(float *scores, int64_t len, float *peak_o
 /* One part of softmax(q k^T * scale) v for the group query heads that share one key-value head: over the len cached
  * tokens at offsets, each head over its own first lens[h] of them (none, where lens[h] is 0), in float32. Per head:
  * weighed [group, D], the sum of each token's exp(score - peak) times its value; total, the sum of those
- * numerators; peak, the largest score. Each key and value is read once for the whole group, and each head's sums
- * run in the order one head alone would run them (the scores of tokens past its own are computed, never read).
- * Scores fit on the stack (a float per token and head, in whole blocks of 16). q: the group's heads, one after
+ * numerators; peak, the largest score. The part's keys are transposed and its values widened once for the whole
+ * group, and each head's sums run in the order one head alone would run them (the scores of tokens past its own
+ * are computed, never read), so a row's result never depends on the rows beside it. q: the group's heads, one after
  * another. */
 static inline __attribute__((always_inline)) void attend_part(const float *q, const int64_t group, const bf16 *keys,
                                                               const bf16 *values, const int64_t *offsets, int64_t len,
                                                               const int64_t *lens, const int64_t head_dim, float scale,
                                                               float *peak, float *total, float *weighed) {
-    const int64_t stride = len + 15;
-    float scores[group][stride];
-    score_tokens(q, group, keys, values, offsets, len, head_dim, scale, stride, &scores[0][0]);
-    for (int64_t h = 0; h < group; h++) total[h] = softmax_numerators(scores[h], lens[h], peak + h);
-    weigh_values(values, offsets, len, lens, group, head_dim, stride, &scores[0][0], weighed);
+    const int64_t stride = (len + 15) / 16 * 16;
+    float *scores = aligned_alloc(64, group * stride * sizeof(float));
+    f32x16 *keys_t = aligned_alloc(64, stride * head_dim * sizeof(float));
+    float *values_f = aligned_alloc(64, len * head_dim * sizeof(float));
+    transposed_keys(keys, offsets, len, head_dim, keys_t);
+    score_tokens(q, group, keys_t, len, head_dim, scale, stride, scores);
+    for (int64_t h = 0; h < group; h++) total[h] = softmax_numerators(scores + h * stride, lens[h], peak + h);
+    for (int64_t t = 0; t < len; t++)
+        for (int64_t c = 0; c < head_dim / 16; c++) {
+            if (t + PREFETCH_AHEAD < len) __builtin_prefetch(values + offsets[t + PREFETCH_AHEAD] + 16 * c);
+            f32x16 v = load16(values + offsets[t] + 16 * c);
+            memcpy(values_f + t * head_dim + 16 * c, &v, sizeof(v));
+        }
+    weigh_values(values_f, len, lens, group, head_dim, stride, scores, weighed);
+    free(scores), free(keys_t), free(values_f);
 }
 
 /* attend_part with the common head sizes as constants, so that a head's query stays in registers */
@@ -269,10 +220,11 @@ static void fold_part(int64_t heads, int64_t head_dim, int first, float *peak, f
     }
 }
 
-/* The rows a task attends at once (see paged_attention): at most RUN_ROWS, and fewer where there would be under
- * two tasks per thread, or where the run's scores would take more than RUN_SCORES bytes of the stack. */
-#define RUN_ROWS 8
-#define RUN_SCORES (256 * 1024)
+/* The rows a task attends at once (see paged_attention): at most RUN_ROWS (a part's keys are transposed and its
+ * values widened once for all their heads: 8 rows of 4 heads each read 2.1 times as long as 32), and fewer where
+ * there would be under two tasks per thread, or where the run's scores would take more than RUN_SCORES bytes. */
+#define RUN_ROWS 32
+#define RUN_SCORES (1024 * 1024)
 
 /* Runs of consecutive rows of one sequence (a prefill chunk's, a draft's verification), none of them cut by a
  * sliding window, of at most `most` rows: their starting rows and sizes. Returns how many. */

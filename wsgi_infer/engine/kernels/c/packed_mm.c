@@ -96,6 +96,7 @@ ALWAYS_INLINE void tile_few(const int type, const int planes, const int rows, co
                 for (int64_t line = 0; line < bytes / subs; line += 64) __builtin_prefetch(ahead + line);
                 decoded w;
                 decode(type, block, j, h, &w);
+#pragma GCC unroll 16
                 for (int r = 0; r < rows; r++)
                     acc[r] = row_step(&w, halves_scaled(type), wide_codes(type), planes,
                                       x + r * x_stride + (b * subs + j) * act, acc[r]);
@@ -163,9 +164,12 @@ ALWAYS_INLINE void buffer_rows(const int halves, const int wide, const int plane
                                int64_t out_stride, int h, int width) {
     fvec acc[rows];
     for (int r = 0; r < rows; r++) acc[r] = (fvec){0};
-    for (int64_t s = 0; s < subs; s++)
+    for (int64_t s = 0; s < subs; s++) {
+        const decoded w = buffer[s]; /* in registers for every row */
+#pragma GCC unroll 16 /* every row's sums in registers, not an array in memory */
         for (int r = 0; r < rows; r++)
-            acc[r] = row_step(buffer + s, halves, wide, planes, x + r * x_stride + s * ACT_BYTES(planes), acc[r]);
+            acc[r] = row_step(&w, halves, wide, planes, x + r * x_stride + s * ACT_BYTES(planes), acc[r]);
+    }
     store_rows(acc, rows, h, width, out, out_stride);
 }
 
