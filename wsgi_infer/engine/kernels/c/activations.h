@@ -21,7 +21,15 @@ typedef struct {
 } act_head; /* then the planes: 32 signed codes each (hi first) */
 
 #define ACT_BYTES(planes) ((int64_t)sizeof(act_head) + QK * (planes))
+/* Rows in groups of ACT_ROWS, each group's rows side by side for every block: [group][block][row of the group], so
+ * that the rows a multiply takes at once lie at fixed distances from one pointer (a tail group padded) */
+#define ACT_ROWS 16
 
-/* x [rows, k] (k a multiple of 32) as [rows][k / 32] blocks of ACT_BYTES(planes), in a new buffer the caller frees */
+/* where row r's block b lies (blocks: a row's) */
+static inline int64_t act_offset(int64_t r, int64_t b, int64_t blocks, int planes) {
+    return ((r / ACT_ROWS * blocks + b) * ACT_ROWS + r % ACT_ROWS) * ACT_BYTES(planes);
+}
+
+/* x [rows, k] (k a multiple of 32) as k / 32 blocks a row, laid out as above, in a new buffer the caller frees */
 uint8_t *quantize_activations(const float *x, int64_t rows, int64_t k, int planes, int threads);
 #endif

@@ -80,13 +80,14 @@ ALWAYS_INLINE void store_rows(const fvec *acc, int rows, int h, int width, float
 
 /* --- few rows: each sub-block decoded in registers --------------------------------------------------------- */
 
-/* rows (a constant) of activations x (row stride x_stride bytes) times one tile of `blocks` blocks: its first
+/* rows (a constant) of activations x (their first's first block; activations.h: the group's next row ACT_BYTES on,
+ * the next block ACT_ROWS rows on) times one tile of `blocks` blocks: its first
  * `width` outputs of each row into out */
 ALWAYS_INLINE void tile_few(const int type, const int planes, const int rows, const uint8_t *tile, int64_t blocks,
-                            const uint8_t *x, int64_t x_stride, float *out, int64_t out_stride, int width) {
+                            const uint8_t *x, float *out, int64_t out_stride, int width) {
     const int64_t bytes = block_bytes(type), subs = sub_blocks(type), act = ACT_BYTES(planes);
     for (int h = 0; h < HALVES; h++) {
-        fvec acc[rows];
+        fvec acc[ROWS_AT_ONCE]; /* not [rows]: an array of variable size lives in memory */
         for (int r = 0; r < rows; r++) acc[r] = (fvec){0};
         for (int64_t b = 0; b < blocks; b++) {
             const uint8_t *block = tile + b * bytes;
@@ -99,18 +100,18 @@ ALWAYS_INLINE void tile_few(const int type, const int planes, const int rows, co
 #pragma GCC unroll 16
                 for (int r = 0; r < rows; r++)
                     acc[r] = row_step(&w, halves_scaled(type), wide_codes(type), planes,
-                                      x + r * x_stride + (b * subs + j) * act, acc[r]);
+                                      x + ((b * subs + j) * ACT_ROWS + r) * act, acc[r]);
             }
         }
         store_rows(acc, rows, h, width, out, out_stride);
     }
 }
 
-typedef void (*few_fn)(const uint8_t *, int64_t, const uint8_t *, int64_t, float *, int64_t, int);
+typedef void (*few_fn)(const uint8_t *, int64_t, const uint8_t *, float *, int64_t, int);
 #define FEW(T, P, R)                                                                                               \
-    static void few_##T##_##P##_##R(const uint8_t *tile, int64_t blocks, const uint8_t *x, int64_t x_stride,       \
-                                    float *out, int64_t out_stride, int width) {                                   \
-        tile_few(T, P, R, tile, blocks, x, x_stride, out, out_stride, width);                                      \
+    static void few_##T##_##P##_##R(const uint8_t *tile, int64_t blocks, const uint8_t *x, float *out,             \
+                                    int64_t out_stride, int width) {                                               \
+        tile_few(T, P, R, tile, blocks, x, out, out_stride, width);                                                \
     }
 #if ROWS_AT_ONCE == 16
 #define FEW_OF(T, P) FEW(T, P, 1) FEW(T, P, 2) FEW(T, P, 4) FEW(T, P, 8) FEW(T, P, 16)
@@ -160,24 +161,24 @@ static const decode_tile_fn DECODE_TILES[TYPE_COUNT] = {
 
 /* rows (a constant) times a part of a decoded tile (its subs sub-blocks) */
 ALWAYS_INLINE void buffer_rows(const int halves, const int wide, const int planes, const int rows,
-                               const decoded *buffer, int64_t subs, const uint8_t *x, int64_t x_stride, float *out,
-                               int64_t out_stride, int h, int width) {
-    fvec acc[rows];
+                               const decoded *buffer, int64_t subs, const uint8_t *x, float *out, int64_t out_stride,
+                               int h, int width) {
+    fvec acc[ROWS_AT_ONCE]; /* not [rows]: an array of variable size lives in memory */
     for (int r = 0; r < rows; r++) acc[r] = (fvec){0};
     for (int64_t s = 0; s < subs; s++) {
         const decoded w = buffer[s]; /* in registers for every row */
 #pragma GCC unroll 16 /* every row's sums in registers, not an array in memory */
         for (int r = 0; r < rows; r++)
-            acc[r] = row_step(&w, halves, wide, planes, x + r * x_stride + s * ACT_BYTES(planes), acc[r]);
+            acc[r] = row_step(&w, halves, wide, planes, x + (s * ACT_ROWS + r) * ACT_BYTES(planes), acc[r]);
     }
     store_rows(acc, rows, h, width, out, out_stride);
 }
 
-typedef void (*buffer_fn)(const decoded *, int64_t, const uint8_t *, int64_t, float *, int64_t, int, int);
+typedef void (*buffer_fn)(const decoded *, int64_t, const uint8_t *, float *, int64_t, int, int);
 #define BUFFER(HS, W, P, R)                                                                                        \
-    static void buffer_##HS##W##P##_##R(const decoded *buffer, int64_t subs, const uint8_t *x, int64_t x_stride,   \
-                                         float *out, int64_t out_stride, int h, int width) {                       \
-        buffer_rows(HS, W, P, R, buffer, subs, x, x_stride, out, out_stride, h, width);                            \
+    static void buffer_##HS##W##P##_##R(const decoded *buffer, int64_t subs, const uint8_t *x, float *out,         \
+                                         int64_t out_stride, int h, int width) {                                   \
+        buffer_rows(HS, W, P, R, buffer, subs, x, out, out_stride, h, width);                                      \
     }
 #if ROWS_AT_ONCE == 16
 #define BUFFER_OF(HS, W, P)                                                                                        \
@@ -231,13 +232,13 @@ static void few_task(const mm_job *job, int64_t task, int64_t r0, int64_t rows) 
     task_tile(job->w, task, &part, &tile, &first);
     const packed_part *p = job->w->parts + part;
     int64_t k = job->w->k, inputs = is_k((int)p->type) ? 256 : 32, blocks = k / inputs;
-    int64_t x_stride = k / QK * ACT_BYTES(job->planes), width = p->n - tile * TILE < TILE ? p->n - tile * TILE : TILE;
+    int64_t width = p->n - tile * TILE < TILE ? p->n - tile * TILE : TILE;
     const uint8_t *tiles = p->tiles + tile * blocks * block_bytes((int)p->type);
     const few_fn *kernels = FEW_KERNELS[type_index((int)p->type)][job->planes - 1];
     for (int64_t r = r0; r < r0 + rows;) {
         while ((1 << chunk) > r0 + rows - r) chunk--;
-        kernels[chunk](tiles, blocks, job->x + r * x_stride, x_stride, job->out + r * job->w->n + first, job->w->n,
-                       (int)width);
+        kernels[chunk](tiles, blocks, job->x + act_offset(r, 0, k / QK, job->planes), job->out + r * job->w->n + first,
+                       job->w->n, (int)width);
         r += 1 << chunk;
     }
 }
@@ -249,14 +250,14 @@ static void many_task(const mm_job *job, int64_t task, decoded *buffer) {
     const packed_part *p = job->w->parts + part;
     const int type = (int)p->type;
     int64_t k = job->w->k, blocks = k / (is_k(type) ? 256 : 32), subs = k / QK;
-    int64_t x_stride = subs * ACT_BYTES(job->planes), width = p->n - tile * TILE < TILE ? p->n - tile * TILE : TILE;
+    int64_t width = p->n - tile * TILE < TILE ? p->n - tile * TILE : TILE;
     DECODE_TILES[type_index(type)](p->tiles + tile * blocks * block_bytes(type), blocks, buffer);
     const buffer_fn *kernels = BUFFER_KERNELS[halves_scaled(type)][wide_codes(type)][job->planes - 1];
     for (int h = 0; h < HALVES; h++)
         for (int64_t r = 0, chunk = CHUNKS - 1; r < job->rows;) {
             while ((1 << chunk) > job->rows - r) chunk--;
-            kernels[chunk](buffer + h * subs, subs, job->x + r * x_stride, x_stride, job->out + r * job->w->n + first,
-                           job->w->n, h, (int)width);
+            kernels[chunk](buffer + h * subs, subs, job->x + act_offset(r, 0, subs, job->planes),
+                           job->out + r * job->w->n + first, job->w->n, h, (int)width);
             r += 1 << chunk;
         }
 }

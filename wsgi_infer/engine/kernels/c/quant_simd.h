@@ -101,9 +101,16 @@ ALWAYS_INLINE __m512i dpbusd_at(__m512i acc, __m512i w, const int8_t *q) {
     return acc;
 }
 
+/* a zeroed register: vpxord, which needs no execution unit, where GCC copied one zero register into each */
+ALWAYS_INLINE __m512i zero_512(void) {
+    __m512i z;
+    __asm__("vpxord %0, %0, %0" : "=v"(z));
+    return z;
+}
+
 ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int wide, ivec *lo, ivec *hi) {
     (void)wide;
-    __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+    __m512i a = zero_512(), b = zero_512();
     for (int i = 0; i < 4; i++) a = dpbusd_at(a, (__m512i)w[i], q + 4 * i);
     for (int i = 4; i < 8; i++) b = dpbusd_at(b, (__m512i)w[i], q + 4 * i);
     *lo = (ivec)a, *hi = (ivec)b;
