@@ -43,9 +43,9 @@ def _name_models(args: argparse.Namespace) -> None:
 
 def _prepare(args: argparse.Namespace) -> int:
     """A first start's work, done ahead for the engines the server's WSGI_INFER_* settings describe (every
-    model): compile the CPU kernels (where none are installed), convert each GGUF, resolve its config and measure
-    the crossing points with each worker's threads. In a container image's build, say, so that every start is a
-    later one and the cache may be read-only."""
+    model): compile the CPU kernels (where none are installed), convert each GGUF, resolve its config, and measure
+    the crossing points of torch's packed layers (where the kernels do not serve) with each worker's threads. In a
+    container image's build, say, so that every start is a later one and the cache may be read-only."""
     import torch
 
     from .engine.kernels.build import kernels_library

@@ -95,18 +95,20 @@ def test_a_config_is_resolved_by_its_class_once_then_read_back_whole(arch, tiny_
 def test_a_later_start_imports_only_the_modules_load_imports_names(default_model_dir, tmp_path, monkeypatch):
     """The server's hub imports them before the engine thread loads (importing creates loggers, which that thread
     must not). A later start needs no auto class and no architecture's config class (which brings transformers'
-    kernel hub, torch.distributed and dynamo: 1.3 s and 80 MB); a first load needs the auto classes."""
+    kernel hub, torch.distributed and dynamo: 1.3 s and 80 MB), nor transformers' GGUF module (0.8 s: the rows'
+    order is recorded); it reads the weights' blocks from the GGUF (gguf-py's type table: 0.03 s); a first load
+    needs the auto classes."""
     load_config(default_model_dir)  # the first start resolves the config (and imports its class) once
     code = (
         "import importlib, sys\n"
-        "from wsgi_infer.engine.loading.model_loader import PREPARED_LOAD_IMPORTS, load_imports\n"
-        "assert load_imports(None) == PREPARED_LOAD_IMPORTS, load_imports(None)\n"
+        "from wsgi_infer.engine.loading.model_loader import FILE_IMPORTS, PREPARED_LOAD_IMPORTS, load_imports\n"
+        "assert load_imports(None) == PREPARED_LOAD_IMPORTS + FILE_IMPORTS, load_imports(None)\n"
         "for module in load_imports(None): importlib.import_module(module)\n"
         "before = set(sys.modules)\n"
         "from wsgi_infer import LLM; LLM()\n"
         "new = sorted(m for m in set(sys.modules) - before if m.startswith('transformers'))\n"
         "assert not new, new\n"
-        "heavy = ('transformers.models.llama.configuration_llama', 'torch._dynamo', 'gguf')  # gguf-py: conversions\n"
+        "heavy = ('transformers.models.llama.configuration_llama', 'torch._dynamo', 'transformers.integrations.gguf')\n"
         "assert not [m for m in heavy if m in sys.modules], [m for m in heavy if m in sys.modules]"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -117,8 +119,8 @@ def test_a_later_start_imports_only_the_modules_load_imports_names(default_model
 
 @pytest.mark.slow  # a fresh interpreter loads a model
 def test_a_later_start_that_reads_weights_from_the_file_imports_what_load_imports_names(tmp_path, monkeypatch):
-    """A copy that reads some weights from its GGUF (an F16 embedding: its rows) needs gguf-py and transformers' GGUF
-    processors at every start: named, so the hub imports them before the engine thread loads."""
+    """A copy reads its weights from its GGUF (an F16 embedding: its rows, at every lookup) with gguf-py at every
+    start: named, so the hub imports it before the engine thread loads."""
     monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path / "cache"))
     path = write_tiny_gguf(tmp_path / "f16.gguf", MIXED_TYPES, embedding="F16").path
     LLM(model=str(path))  # converted

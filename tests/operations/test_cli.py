@@ -9,11 +9,8 @@ import pytest
 
 from wsgi_infer import SamplingParams
 from wsgi_infer.engine.kernels.build import KERNELS_DIR, kernels_library
-from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.loading.model_loader import RESOLVED_CONFIGS_DIR
 from wsgi_infer.engine.models import MODEL_REGISTRY
-from wsgi_infer.engine.runtime.cache_files import read_json
-from wsgi_infer.engine.runtime.cpu_budget import cpu_budget
 
 from ..support.server import GunicornServer
 
@@ -64,8 +61,6 @@ def test_prepare_does_a_first_starts_work_and_the_server_only_reads_it(tiny_mode
     assert result.returncode == 0, result.stderr
     assert kernels_library() is not None and not (tmp_path / KERNELS_DIR).exists()  # installed: nothing compiled
     assert len(list((tmp_path / RESOLVED_CONFIGS_DIR).iterdir())) == 1
-    threads = max(1, cpu_budget().threads // 2)  # what each of two workers steps with
-    assert f"| {threads} threads |" in next(iter(read_json(tmp_path / PACKED_ROWS_FILE)))
     prepared = _tree(tmp_path)
     with GunicornServer({"model": tiny_model_dirs["llama"]}, "--workers", "2") as server:
         server.wait_booted(count=2)

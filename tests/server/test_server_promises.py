@@ -13,7 +13,6 @@ import pytest
 
 from wsgi_infer import LLM, SamplingParams
 
-from ..conftest import pin_packed_rows
 from ..support.in_process import InProcessServer
 from ..support.server import GunicornServer
 from ..support.sse_client import events
@@ -142,15 +141,14 @@ def test_settings_are_honoured_on_the_server(tiny_model_dirs, tmp_path, monkeypa
     CORS_ORIGINS=* on one server."""
     model = str(tiny_model_dirs["llama"])
     monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))  # the server below inherits it
-    pin_packed_rows(model, 8)  # int8 serves steps of up to 8 rows, here and in the server
-    offline = LLM(model=model, device="cpu", dtype="float32", quantization="int8", seed=1234)  # int8: CPU only
+    offline = LLM(model=model, device="cpu", dtype="float32", quantization="int4", seed=1234)  # int4: CPU only
     sampled = SamplingParams(temperature=1.0, max_tokens=12)
     first_unseeded = offline.generate(PROMPT, sampled)[0].text  # the first request draws the first seed
     quantized_greedy = offline.generate(PROMPT, SamplingParams(temperature=0, max_tokens=24))[0].text
     plain = LLM(model=model, device="cpu", dtype="float32", quantization="none").generate(
         PROMPT, SamplingParams(temperature=0, max_tokens=24)
     )[0]
-    assert quantized_greedy != plain.text, "int8 changes nothing here: the test would show nothing"
+    assert quantized_greedy != plain.text, "int4 changes nothing here: the test would show nothing"
     settings = {
         "model": model,
         "device": "cpu",
@@ -158,7 +156,7 @@ def test_settings_are_honoured_on_the_server(tiny_model_dirs, tmp_path, monkeypa
         "served_model_name": "house-model",
         "max_model_len": 48,
         "seed": 1234,
-        "quantization": "int8",
+        "quantization": "int4",
         "cors_origins": "*",
         "enable_prefix_caching": "false",
     }

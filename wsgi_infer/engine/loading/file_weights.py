@@ -4,7 +4,9 @@ A converted copy keeps no 2-D weight: its values in full (float32, 8 times a 4-b
 Q4_K_M) would be a second copy of the file, and the CPU kernels read the file's own blocks. So each weight is read
 from the file, mapped, at the place the conversion recorded here: its blocks as they are (``FileBlocks``), or its
 values (the embedding's table, a GPU, ``quantization none``, a type the kernels do not read), dequantized by
-gguf-py; either way in our row order, as transformers' processor for the architecture reorders them.
+gguf-py; either way in our row order, as transformers' processor for the architecture reorders them. The conversion
+records that order (``ROW_ORDERS_FILE``), so a later load needs transformers' GGUF module (0.8 s to import) only
+for a weight the processor does more than reorder.
 """
 
 from __future__ import annotations
@@ -22,12 +24,23 @@ from ..runtime.cache_files import read_json, write_json
 from .model_paths import ModelLoadError
 
 FILE_WEIGHTS_FILE = "gguf_weights.json"  # in a converted copy: the file, and where each weight lies in it
+ROW_ORDERS_FILE = "row_orders.npz"  # beside it: our row order of each weight whose rows the processor moves
 
 
-def save_file_weights(directory: Path, gguf: Path, architecture: str, config: dict, places: dict[str, list]) -> None:
-    """``places``: each weight's Hugging Face name -> ``GgufTensor.place``."""
+def save_file_weights(
+    directory: Path,
+    gguf: Path,
+    architecture: str,
+    config: dict,
+    places: dict[str, list],
+    orders: dict[str, np.ndarray],
+    processed: list[str],
+) -> None:
+    """``places``: each weight's Hugging Face name -> ``GgufTensor.place``; ``orders``: the weights whose rows move,
+    -> their order; ``processed``: those the processor changes otherwise (their values are read through it)."""
     record = {"gguf": str(gguf.resolve()), "architecture": architecture, "config": config, "weights": places}
-    write_json(directory / FILE_WEIGHTS_FILE, record)
+    write_json(directory / FILE_WEIGHTS_FILE, record | {"processed": processed})
+    np.savez(directory / ROW_ORDERS_FILE, **orders)
 
 
 def point_at(directory: Path, gguf: Path) -> None:
@@ -62,43 +75,50 @@ class FileWeights(Mapping):
 
     def __init__(self, directory: Path) -> None:
         self._record = read_json(directory / FILE_WEIGHTS_FILE) or {"weights": {}}
+        self._orders = directory / ROW_ORDERS_FILE
         self._blob: np.ndarray | None = None
         self._processor = None
 
     def __getitem__(self, name: str) -> torch.Tensor:
         tensor = self._tensor(name)
         try:
-            values = tensor.values()
+            values = tensor.values().numpy()
         except ValueError as exc:  # a type gguf-py cannot read (a conversion refuses it first)
             raise ModelLoadError(f"model {self._record['gguf']}: {exc}") from None
-        return torch.from_numpy(np.ascontiguousarray(self._reorder(values.numpy(), tensor.name)))
+        if name in self.processed:
+            return torch.from_numpy(np.ascontiguousarray(self._reorder(values, tensor.name)))
+        order = self._order(name)
+        return torch.from_numpy(values if order is None else values[order])
 
     def blocks(self, name: str) -> FileBlocks | None:
-        """A 2-D weight's blocks as the file holds them, where it is in the file and transformers' processor at most
-        moves its rows (llama.cpp's permutation of the query and key rows, undone); else None."""
-        if name not in self:
+        """A 2-D weight's blocks as the file holds them, in our row order (llama.cpp's permutation of the query and
+        key rows, undone); None where it is not in the file, or not a matrix of rows (GPT-2's Conv1D weights, which
+        the processor transposes)."""
+        if name not in self or name in self.processed:
             return None
         tensor = self._tensor(name)
         if len(tensor.shape) != 2:
             return None
-        rows = np.arange(tensor.shape[0], dtype=np.float32)[:, None]
-        moved = self._reorder(rows, tensor.name)
-        if moved.shape != rows.shape or not np.array_equal(np.sort(moved, axis=0), rows):
-            return None  # GPT-2's processor transposes its Conv1D weights: their blocks are not rows
-        order = None if np.array_equal(moved, rows) else moved[:, 0].astype(np.int64)
-        return FileBlocks(tensor.ggml_type, tensor.shape, tensor.raw, order)
+        return FileBlocks(tensor.ggml_type, tensor.shape, tensor.raw, self._order(name))
 
     def embedding(self, name: str) -> FileEmbedding | None:
         """Token embeddings read from the file's own rows at each lookup, where ``name`` is read from the file and
         kept in the file's row order: no table of the values is held (a 1B model's 49,152 x 2,048 is 400 MB in
         float32, Llama 3.2 3B's 1.6 GB; llama.cpp reads its rows from the file's blocks too)."""
-        if name not in self:
+        if self.blocks(name) is None or self._order(name) is not None:
+            return None  # not there, or its rows are not the file's
+        return FileEmbedding(self._tensor(name))
+
+    @property
+    def processed(self) -> list[str]:
+        """The weights read through transformers' processor."""
+        return self._record.get("processed", [])
+
+    def _order(self, name: str) -> np.ndarray | None:
+        if not self._orders.is_file():
             return None
-        tensor = self._tensor(name)
-        rows = np.arange(tensor.shape[0], dtype=np.float32)[:, None]
-        if not np.array_equal(self._reorder(rows, tensor.name), rows):
-            return None  # the processor moves or changes its rows: the table's rows are not the file's
-        return FileEmbedding(tensor)
+        with np.load(self._orders) as orders:
+            return orders[name] if name in orders.files else None
 
     def _tensor(self, name: str):
         from .gguf_file import mapped_file, mapped_tensor

@@ -84,11 +84,15 @@ def _phi3_rope(gguf_file: Path, metadata: dict, values: dict) -> dict:
 @dataclass
 class ConvertedTensor:
     """What a converted copy keeps of one tensor, under its Hugging Face name: its float32 ``values`` (a norm's, a
-    bias's: 1-D), or the ``place`` in the file to read it from (a 2-D weight: ``file_weights``)."""
+    bias's: 1-D), or the ``place`` in the file to read it from (a 2-D weight: ``file_weights``), with the order
+    transformers' processor puts its rows in (``order``: our row r is the file's ``order[r]``; None: the file's), or
+    ``processed`` where the processor does more than move its rows (GPT-2 transposes its Conv1D weights)."""
 
     name: str
     values: torch.Tensor | None = None
     place: list | None = None
+    order: np.ndarray | None = None
+    processed: bool = False
 
 
 def gguf_tensors(gguf_file: Path, config) -> tuple[str, Iterator[ConvertedTensor]]:
@@ -108,7 +112,11 @@ def _converted(tensors: list[GgufTensor], processor, names: dict[str, str]) -> I
             continue  # e.g. precomputed rope frequencies: our model computes them
         if len(tensor.shape) == 2:
             tensor.rows(0, 1).values()  # a type gguf-py cannot read is refused now, by name, not at a later load
-            yield ConvertedTensor(names[tensor.name], place=tensor.place)
+            rows = np.arange(tensor.shape[0], dtype=np.float32)[:, None]
+            moved = processor.process(weights=rows, name=tensor.name).weights
+            processed = moved.shape != rows.shape or not np.array_equal(np.sort(moved, axis=0), rows)
+            order = None if processed or np.array_equal(moved, rows) else moved[:, 0].astype(np.int64)
+            yield ConvertedTensor(names[tensor.name], place=tensor.place, order=order, processed=processed)
             continue
         values = processor.process(weights=tensor.values().numpy(), name=tensor.name).weights
         yield ConvertedTensor(names[tensor.name], values=torch.from_numpy(np.ascontiguousarray(values)))

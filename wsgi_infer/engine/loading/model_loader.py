@@ -94,17 +94,21 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
         # Not AutoTokenizer: it would parse the whole file again (gguf-py, about 5 s) to choose this class.
         tokenizer = TokenizersBackend.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         log.info("model %s: config and tokenizer read; reading the weights", gguf.name)
-        values, places = {}, {}
+        values, places, orders, processed = {}, {}, {}, []
         architecture, tensors = gguf_tensors(gguf, config)
         for tensor in tensors:
             if tensor.values is not None:
                 values[tensor.name] = tensor.values
-            else:
-                places[tensor.name] = tensor.place
+                continue
+            places[tensor.name] = tensor.place
+            if tensor.order is not None:
+                orders[tensor.name] = tensor.order
+            if tensor.processed:
+                processed.append(tensor.name)
     except Exception as exc:  # transformers and gguf-py raise many kinds for unreadable files
         raise ModelLoadError(f"model {gguf}: cannot read GGUF file ({exc})") from exc
     save_file(values, staging / "model.safetensors", metadata={"format": "pt"})
-    save_file_weights(staging, gguf, architecture, config.to_dict(), places)
+    save_file_weights(staging, gguf, architecture, config.to_dict(), places, orders, processed)
     config.save_pretrained(staging)
     _resolve_config(staging)  # while its class is imported: the worker that waited on us need not import it
     generation = GenerationConfig.from_model_config(config)
@@ -216,15 +220,18 @@ PREPARED_LOAD_IMPORTS = (
     "transformers.tokenization_utils_tokenizers",
 )
 FIRST_LOAD_IMPORTS = ("transformers.models.auto.configuration_auto", "transformers.models.auto.tokenization_auto")
-# Reading a GGUF's weights from the file (a copy that keeps some weights' values only there), and converting one.
-FILE_IMPORTS = ("gguf", "transformers.modeling_gguf_pytorch_utils", "wsgi_infer.engine.loading.gguf_file")
-CONVERSION_IMPORTS = (*FILE_IMPORTS, "wsgi_infer.engine.loading.gguf_checkpoint")
+# Reading a GGUF's weights from the file (a copy keeps none), those transformers' processor changes beyond their
+# row order (GPT-2's), and converting one.
+FILE_IMPORTS = ("gguf", "wsgi_infer.engine.loading.gguf_file")
+PROCESSOR_IMPORTS = ("transformers.modeling_gguf_pytorch_utils",)
+CONVERSION_IMPORTS = (*FILE_IMPORTS, *PROCESSOR_IMPORTS, "wsgi_infer.engine.loading.gguf_checkpoint")
 
 
 def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
     """What loading ``model`` imports, beyond the engine's own modules: a first load's auto classes (0.6 s) only where
     no earlier load prepared it (converted the GGUF, resolved the config) or its tokenizer has a class of its own;
-    gguf-py and transformers' GGUF processors where a GGUF's weights are read from the file."""
+    gguf-py where a GGUF's weights are read from the file, and transformers' GGUF processors where one of them is
+    read through those."""
     try:
         path = model_path(model)
         prepared = _prepared(path)
@@ -232,7 +239,12 @@ def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
         return PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS  # the load will say why
     if prepared is None:
         return PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS + (CONVERSION_IMPORTS if is_gguf(path) else ())
-    return PREPARED_LOAD_IMPORTS + (FILE_IMPORTS if len(FileWeights(prepared)) else ())
+    weights = FileWeights(prepared)
+    return (
+        PREPARED_LOAD_IMPORTS
+        + (FILE_IMPORTS if len(weights) else ())
+        + (PROCESSOR_IMPORTS if weights.processed else ())
+    )
 
 
 def _prepared(path: Path) -> Path | None:
