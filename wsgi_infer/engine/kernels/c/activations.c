@@ -45,7 +45,7 @@ static void quantize_block(const float *x, int planes, uint8_t *out) {
 
 uint8_t *quantize_activations(const float *x, int64_t rows, int64_t k, int planes, int threads) {
     int64_t blocks = k / QK, padded = (rows + ACT_ROWS - 1) / ACT_ROWS * ACT_ROWS;
-    uint8_t *out = aligned_alloc(64, padded * blocks * ACT_BYTES(planes));
+    uint8_t *out = scratch(SCRATCH_ACTIVATIONS, padded * blocks * ACT_BYTES(planes));
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * blocks > 256)
     for (int64_t i = 0; i < rows * blocks; i++)
         quantize_block(x + i * QK, planes, out + act_offset(i / blocks, i % blocks, blocks, planes));

@@ -30,6 +30,6 @@ static inline int64_t act_offset(int64_t r, int64_t b, int64_t blocks, int plane
     return ((r / ACT_ROWS * blocks + b) * ACT_ROWS + r % ACT_ROWS) * ACT_BYTES(planes);
 }
 
-/* x [rows, k] (k a multiple of 32) as k / 32 blocks a row, laid out as above, in a new buffer the caller frees */
+/* x [rows, k] (k a multiple of 32) as k / 32 blocks a row, laid out as above, in the thread's scratch buffer */
 uint8_t *quantize_activations(const float *x, int64_t rows, int64_t k, int planes, int threads);
 #endif

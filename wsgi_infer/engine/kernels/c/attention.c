@@ -163,9 +163,9 @@ static inline __attribute__((always_inline)) void attend_part(const float *q, co
                                                               const int64_t *lens, const int64_t head_dim, float scale,
                                                               float *peak, float *total, float *weighed) {
     const int64_t stride = (len + 15) / 16 * 16;
-    float *scores = aligned_alloc(64, group * stride * sizeof(float));
-    f32x16 *keys_t = aligned_alloc(64, stride * head_dim * sizeof(float));
-    float *values_f = aligned_alloc(64, len * head_dim * sizeof(float));
+    float *scores = scratch(SCRATCH_SCORES, group * stride * sizeof(float));
+    f32x16 *keys_t = scratch(SCRATCH_KEYS, stride * head_dim * sizeof(float));
+    float *values_f = scratch(SCRATCH_VALUES, len * head_dim * sizeof(float));
     transposed_keys(keys, offsets, len, head_dim, keys_t);
     score_tokens(q, group, keys_t, len, head_dim, scale, stride, scores);
     for (int64_t h = 0; h < group; h++) total[h] = softmax_numerators(scores + h * stride, lens[h], peak + h);
@@ -176,7 +176,6 @@ static inline __attribute__((always_inline)) void attend_part(const float *q, co
             memcpy(values_f + t * head_dim + 16 * c, &v, sizeof(v));
         }
     weigh_values(values_f, len, lens, group, head_dim, stride, scores, weighed);
-    free(scores), free(keys_t), free(values_f);
 }
 
 /* attend_part with the common head sizes as constants, so that a head's query stays in registers */

@@ -145,6 +145,21 @@ static inline f32x16 exp16(f32x16 x) {
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* --- across sources ------------------------------------------------------------------------------------------ */
+/* A thread's scratch buffer `which` (one of the SCRATCH_* below) of at least `bytes`, 64-byte aligned: kept, and
+ * grown, from call to call (scratch.c). Its contents are whatever the last user left. */
+void *scratch(int which, size_t bytes);
+enum {
+    SCRATCH_ACTIVATIONS, /* packed_mm's quantized rows */
+    SCRATCH_TILE,        /* packed_mm's decoded tile (its worker threads') */
+    SCRATCH_SCORES,      /* attention's, per part (its worker threads') */
+    SCRATCH_KEYS,
+    SCRATCH_VALUES,
+    SCRATCH_NORMED, /* decoder_layers' rows */
+    SCRATCH_ATTENDED,
+    SCRATCH_QKV,
+    SCRATCH_GATE_UP,
+    SCRATCH_GATED,
+};
 void rms_norm(const float *x, float *residual, const float *weight, float *out, int64_t rows, int64_t dim, float eps,
               int threads);
 void head_norm(float *x, int64_t row_stride, const float *q_weight, const float *k_weight, int64_t rows, int64_t heads,

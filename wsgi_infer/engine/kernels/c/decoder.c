@@ -37,10 +37,11 @@ void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const Decode
                     int64_t window_max_blocks, int64_t rows, const volatile int *stop) {
     int64_t hidden = shape->hidden, head_dim = shape->head_dim, heads = shape->heads, kv_heads = shape->kv_heads;
     int64_t qkv_width = (heads + 2 * kv_heads) * head_dim, kv_width = 2 * kv_heads * head_dim;
-    float *h = malloc(rows * hidden * sizeof(float)), *attn = malloc(rows * heads * head_dim * sizeof(float));
-    float *qkv = malloc(rows * qkv_width * sizeof(float));
-    float *gate_up = malloc(rows * 2 * shape->intermediate * sizeof(float));
-    float *act = malloc(rows * shape->intermediate * sizeof(float));
+    float *h = scratch(SCRATCH_NORMED, rows * hidden * sizeof(float));
+    float *attn = scratch(SCRATCH_ATTENDED, rows * heads * head_dim * sizeof(float));
+    float *qkv = scratch(SCRATCH_QKV, rows * qkv_width * sizeof(float));
+    float *gate_up = scratch(SCRATCH_GATE_UP, rows * 2 * shape->intermediate * sizeof(float));
+    float *act = scratch(SCRATCH_GATED, rows * shape->intermediate * sizeof(float));
     memcpy(residual, x, rows * hidden * sizeof(float)); /* the first norm adds nothing to the embeddings */
     for (int64_t l = 0; l < num_layers && !*stop; l++) { /* stop: set by another thread (step_interrupt.py) */
         const DecoderLayer *layer = layers + l;
@@ -68,6 +69,5 @@ void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const Decode
         packed_mm(act, rows, &layer->down, x, shape->planes, shape->threads);
         if (layer->mlp_out_norm) rms_norm(x, NULL, layer->mlp_out_norm, x, rows, hidden, shape->eps, shape->threads);
     }
-    free(h), free(attn), free(qkv), free(gate_up), free(act);
 }
 

@@ -276,13 +276,11 @@ void packed_mm(const float *x, int64_t rows, const packed_weight *w, float *out,
     } else {
 #pragma omp parallel num_threads(threads)
         {
-            decoded *buffer = aligned_alloc(64, HALVES * (w->k / QK) * sizeof(decoded));
+            decoded *buffer = scratch(SCRATCH_TILE, HALVES * (w->k / QK) * sizeof(decoded));
 #pragma omp for schedule(dynamic)
             for (int64_t task = 0; task < tasks; task++) many_task(&job, task, buffer);
-            free(buffer);
         }
     }
-    free(act);
     if (w->bias)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t i = 0; i < w->n; i++) out[r * w->n + i] += w->bias[i];
