@@ -67,27 +67,35 @@ static inline __attribute__((always_inline)) void transposed_keys(const bf16 *ke
         }
 }
 
-#define SCORE_QUERIES 4 /* queries whose 16 scores a key block's dimensions update at once: 4 independent chains */
+#define SCORE_QUERIES 8 /* queries whose 16 scores a key block's dimensions update at once: 8 independent chains */
 
-/* scores [group, stride] of each query over the part's tokens (whole blocks of 16), scaled: per query and token,
- * one chain of multiply-adds over the dimensions in order, whichever queries share its block */
+/* the 16 scores of each of `count` (a constant) queries from q over a block of transposed keys k, scaled, into
+ * scores (a query's row stride apart): one chain of multiply-adds a query, over the dimensions in order */
+static inline __attribute__((always_inline)) void score_block(const float *q, const int count, const f32x16 *k,
+                                                              const int64_t head_dim, float scale, int64_t stride,
+                                                              float *scores) {
+    f32x16 acc[SCORE_QUERIES] = {{0}};
+    for (int64_t d = 0; d < head_dim; d++)
+        for (int m = 0; m < count; m++) acc[m] = fma16(splat16(q[m * head_dim + d]), k[d], acc[m]);
+    for (int m = 0; m < count; m++) {
+        f32x16 scaled = acc[m] * scale;
+        memcpy(scores + m * stride, &scaled, sizeof(scaled));
+    }
+}
+
+/* scores [group, stride] of each query over the part's tokens (whole blocks of 16): each query's arithmetic the
+ * same whichever queries share its block */
 static inline __attribute__((always_inline)) void score_tokens(const float *q, const int64_t group,
                                                                const f32x16 *keys_t, int64_t len,
                                                                const int64_t head_dim, float scale, int64_t stride,
                                                                float *scores) {
-    for (int64_t m0 = 0; m0 < group; m0 += SCORE_QUERIES) {
-        const int64_t count = group - m0 < SCORE_QUERIES ? group - m0 : SCORE_QUERIES;
-        for (int64_t block = 0; block * 16 < len; block++) {
-            const f32x16 *k = keys_t + block * head_dim;
-            f32x16 acc[SCORE_QUERIES] = {{0}};
-            for (int64_t d = 0; d < head_dim; d++)
-                for (int64_t m = 0; m < SCORE_QUERIES; m++)
-                    if (m < count) acc[m] = fma16(splat16(q[(m0 + m) * head_dim + d]), k[d], acc[m]);
-            for (int64_t m = 0; m < count; m++) {
-                f32x16 scaled = acc[m] * scale;
-                memcpy(scores + (m0 + m) * stride + 16 * block, &scaled, sizeof(scaled));
-            }
-        }
+    for (int64_t block = 0; block * 16 < len; block++) {
+        const f32x16 *k = keys_t + block * head_dim;
+        int64_t m0 = 0;
+        for (; m0 + SCORE_QUERIES <= group; m0 += SCORE_QUERIES)
+            score_block(q + m0 * head_dim, SCORE_QUERIES, k, head_dim, scale, stride, scores + m0 * stride + 16 * block);
+        for (; m0 < group; m0++) /* the rest one at a time */
+            score_block(q + m0 * head_dim, 1, k, head_dim, scale, stride, scores + m0 * stride + 16 * block);
     }
 }
 
