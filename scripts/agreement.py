@@ -1,24 +1,36 @@
 #!/usr/bin/env python
-"""Top-1 agreement of the default engine with the same weights' float32 reference, teacher-forced, per model file.
+"""Top-1 agreement of the engine with the same weights' float32 reference, teacher-forced, per model file.
 
 For each model (a GGUF of any type, or a Hugging Face directory), the float32 engine without packed weights
 (``quantization="none"``: exactly transformers' output on the file's dequantized weights) writes greedy
-continuations of chat prompts (``--tokens`` in all). The engine as it serves by default (``dtype`` and
-``quantization`` auto: float32 activations on the CPU kernels over the file's own blocks, KV cache in bf16) then
-reads the same sequences with ``prompt_logprobs=1``, every packed layer forced onto its packed weights (as one
-decode step uses them), and we count the generated positions where its top-1 token is the reference's. Example:
+continuations of chat prompts (``--tokens`` in all). The engine as it serves (``dtype`` and ``quantization`` auto:
+the CPU kernels over the file's own blocks, KV cache in bf16), with each of ``--activations`` (int8: 8-bit
+activations; int16: the exact path), then reads the same sequences with ``prompt_logprobs=1``, and we count the
+generated positions where its top-1 token is the reference's. ``--llama-server BINARY`` measures llama.cpp's own
+server on the same GGUF the same way: for each position, the sequence up to it as token ids to ``/completion``
+(its prompt cache keeps the prefix), one greedy token back. Example:
 
-    .venv/bin/python scripts/agreement.py --tokens 1000 smol-q8_0.gguf smol-q4_k_m.gguf hf-directory/
+    .venv/bin/python scripts/agreement.py --tokens 4000 --activations int8 int16 --llama-server LLAMA_SERVER \
+        smol-q8_0.gguf smol-q4_k_m.gguf
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine.layers.quantization import SmallBatchLinear, kinds
+from wsgi_infer.engine.layers.quantization import kinds
 from wsgi_infer.engine.runtime.cpu_info import cpu_model_name
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve import free_port, healthy  # noqa: E402
 
 TOPICS = ["rain", "volcanoes", "photosynthesis", "black holes", "the printing press", "tides", "vaccines", "bridges"]
 
@@ -37,9 +49,6 @@ def reference(model: str | None, tokens: int) -> list[tuple[list[int], list[int]
 
 def agreement(model: str | None, pairs: list[tuple[list[int], list[int]]], quantization: str, activations: str) -> dict:
     llm = LLM(model=model, quantization=quantization, activations=activations)
-    packed = [m for m in llm.engine.runner.model.modules() if isinstance(m, SmallBatchLinear)]
-    for module in packed:
-        module.max_rows = 1 << 30  # as in a decode step, whatever the rows
     agree = total = 0
     for prompt, continuation in pairs:
         params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
@@ -54,10 +63,32 @@ def agreement(model: str | None, pairs: list[tuple[list[int], list[int]]], quant
         "quantization": quantization,
         "activations": activations,
         "dtype": str(llm.engine.dtype).removeprefix("torch."),
-        "packed_layers": kinds(packed),
+        "packed_layers": kinds(llm.engine.runner.model),
         "tokens": total,
         "top1_agreement": agree / total,
     }
+
+
+def llama_agreement(binary: str, model: str, pairs: list[tuple[list[int], list[int]]]) -> dict:
+    """llama-server's top-1 at each generated position, given the reference's tokens before it."""
+    port = free_port()
+    command = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+    command += ["-t", str(os.cpu_count()), "-np", "1", "-c", "8192"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    agree = total = 0
+    try:
+        url = healthy(process, f"http://127.0.0.1:{port}", command)
+        with httpx.Client(base_url=url, timeout=120) as client:
+            for prompt, continuation in pairs:
+                for i, reference_token in enumerate(continuation):
+                    body = {"prompt": prompt + continuation[:i], "n_predict": 1, "temperature": 0}
+                    reply = client.post("/completion", json=body | {"cache_prompt": True, "return_tokens": True})
+                    agree += reply.json()["tokens"][0] == reference_token
+                    total += 1
+    finally:
+        process.terminate()
+        process.wait(60)
+    return {"model": model, "system": "llama-server", "tokens": total, "top1_agreement": agree / total}
 
 
 def main() -> None:
@@ -65,18 +96,19 @@ def main() -> None:
     parser.add_argument("models", nargs="*", default=[None], help="default: the shipped model")
     parser.add_argument("--tokens", type=int, default=1000)
     parser.add_argument("--quantization", default="auto", help="what the engine under test packs (default auto)")
-    parser.add_argument("--activations", nargs="+", default=["int16"], help="each measured against one reference")
+    parser.add_argument("--activations", nargs="+", default=["int8"], help="each measured against one reference")
+    parser.add_argument("--llama-server", metavar="BINARY", help="measure llama.cpp's server on each GGUF too")
     args = parser.parse_args()
     results = []
     for model in args.models:
         pairs = reference(model, args.tokens)
         results += [agreement(model, pairs, args.quantization, activations) for activations in args.activations]
+        if args.llama_server and model and model.endswith(".gguf"):
+            results.append(llama_agreement(args.llama_server, model, pairs))
     print(json.dumps({"cpu": cpu_model_name(), "results": results}, indent=2))
     for r in results:
-        print(
-            f"{r['model']}: {r['dtype']}, {r['activations']} activations, top-1 agreement {r['top1_agreement']:.2%} "
-            f"over {r['tokens']} tokens"
-        )
+        who = r.get("system") or f"wsgi-infer, {r['dtype']}, {r['activations']} activations"
+        print(f"{r['model']}: {who}, top-1 agreement {r['top1_agreement']:.2%} over {r['tokens']} tokens")
 
 
 if __name__ == "__main__":

@@ -200,9 +200,9 @@ class LLMEngine:
             seq = pooled.seq
             if seq.params.pooling == "last":
                 seq.pooled = pooled.hidden[-1]
-            else:  # mean: a running sum over the prompt's chunks
-                total = pooled.hidden.sum(0)
-                seq.pooled = total if seq.pooled is None else seq.pooled + total
+            else:  # mean: a running sum, row after row, whichever chunks the prompt came in (a sum over a
+                for row in pooled.hidden:  # chunk's rows adds them in an order of its own: an embedding moved)
+                    seq.pooled = row.clone() if seq.pooled is None else seq.pooled + row
             seq.num_pooled = pooled.first + len(pooled.hidden)
         # max_tokens=0 only reads the prompt: it ends here without sampling.
         deltas = [self._finish(seq, "length", [], "", None) for seq in computed.sampling if not seq.max_tokens]
