@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from wsgi_infer import LLM
+from wsgi_infer.engine import model_runner
 from wsgi_infer.engine.kernels.cpu import CacheRows
 from wsgi_infer.engine.layers.activation import GatedActivation
 from wsgi_infer.engine.layers.norm import RMSNorm, rms_norm
@@ -84,20 +85,20 @@ def test_the_kernels_refuse_what_they_cannot_read(kernels):
         kernels.head_norm_(randn(5, 6, 16), 4, 2, randn(8), randn(8), 1e-6)
     rows = CacheRows(4, torch.zeros(1, 2, dtype=torch.long), torch.zeros(2, dtype=torch.long), torch.ones(2).long())
     with pytest.raises(TypeError, match="paged_attention: cache"):
-        kernels.paged_attention(randn(2, 4, 64), randn(8, 4, 32).bfloat16(), rows, 0.125)
+        kernels.paged_attention(randn(2, 4, 64), randn(8, 4, 32).half(), rows, 0.125)
     with pytest.raises(TypeError, match="a row per token"):
-        kernels.paged_attention(randn(3, 4, 64), randn(8, 4, 64).bfloat16(), rows, 0.125)
+        kernels.paged_attention(randn(3, 4, 64), randn(8, 4, 64).half(), rows, 0.125)
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])  # 80: pairs of 32 values and a last 16, padded
 def test_paged_attention_reads_scattered_blocks_as_sdpa_does(kernels, head_dim):
     """Three sequences over blocks out of order, grouped-query heads (9 over 3): two decode a token each, the
     third runs a prefill chunk of 5 tokens, each of which sees its sequence up to itself (the chunk's rows attend
-    as one run). Float32 queries over a bf16 cache: on AVX2 without AVX-512, in 8-lane registers; elsewhere, in
+    as one run). Float32 queries over a float16 cache: on AVX2 without AVX-512, in 8-lane registers; elsewhere, in
     16-lane vectors."""
     torch.manual_seed(0)
     block_size, kv_heads, heads, scale = 4, 3, 9, head_dim**-0.5
-    cache = randn(40 * block_size, 2 * kv_heads, head_dim).bfloat16()
+    cache = randn(40 * block_size, 2 * kv_heads, head_dim).half()
     tables = [torch.randperm(40)[: -(-n // block_size)] for n in (1, 13, 30)]
     padded = torch.stack([F.pad(t, (0, 8 - len(t))) for t in tables])
     row_seqs, lens = torch.tensor([0, 1, 2, 2, 2, 2, 2]), torch.tensor([1, 13, 26, 27, 28, 29, 30])
@@ -135,7 +136,7 @@ def test_long_contexts_attend_in_parts_alike_alone_and_in_a_batch(kernels, windo
     count from the window's first token."""
     torch.manual_seed(0)
     block_size, kv_heads, heads, head_dim, scale = 16, 3, 9, 64, 0.125
-    cache = randn(200 * block_size, 2 * kv_heads, head_dim).bfloat16()
+    cache = randn(200 * block_size, 2 * kv_heads, head_dim).half()
     tables = [torch.randperm(200)[:60], torch.randperm(200)[:20]]
     padded = torch.stack([F.pad(t, (0, 60 - len(t))) for t in tables])
     # a prefill chunk of 6 rows of the long sequence, then decodes of both sequences
@@ -220,10 +221,22 @@ def test_batches_on_the_kernels_equal_each_request_alone(tiny_model_dirs, arch):
     layer = llm.engine.runner.model.layers[0]
     assert layer.self_attn.kernels is not None and layer.input_layernorm.kernels is not None
     assert isinstance(layer.mlp.gate_up_proj, PackedLinear)
-    assert llm.engine.dtype == torch.float32 and llm.engine.runner.kv_caches[0].dtype == torch.bfloat16
+    assert llm.engine.dtype == torch.float32 and llm.engine.runner.kv_caches[0].dtype == torch.float16
     alone = {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
     assert run_staggered(llm, PROMPTS) == alone
     assert_idle(llm)
+
+
+def test_each_build_writes_the_kv_cache_as_torch_rounds_it(kernels, tiny_model_dirs, monkeypatch):
+    """The fused decoder stores each step's keys and values as IEEE halves (vcvtps2ph, or plain C without F16C),
+    rounded as the layers' loop rounds them with torch (``.half()``): both paths fill the cache with the same bits,
+    and give the same tokens, whichever build runs (a build without F16C rounds every value in C)."""
+    monkeypatch.setattr(model_runner, "load_cpu_kernels", lambda: kernels)
+    fused, layers = (LLM(model=str(tiny_model_dirs["llama"]), block_size=4) for _ in range(2))  # fresh caches
+    assert fused.engine.runner.model.fused_decoder is not None and fused.engine.runner.kernels is kernels
+    layers.engine.runner.model.fused_decoder = None
+    assert run_alone(fused, PROMPTS[1]) == run_alone(layers, PROMPTS[1])
+    assert all(torch.equal(a, b) for a, b in zip(fused.engine.runner.kv_caches, layers.engine.runner.kv_caches))
 
 
 def test_an_interrupted_step_stops_before_its_next_layer(tiny_model_dirs):

@@ -5,7 +5,7 @@ transformers does), SiLU-and-mul 4, rotary 7, attention over the paged cache 12.
 was the distance to llama.cpp. Each of these is one call here, packed weights (GGUF's own blocks, ``packed``) have
 their own multiply, and ``FusedDecoder`` runs a step's decoder layers in one call. Activations are float32 between
 the kernels; a packed multiply takes them as 8-bit integers (llama.cpp's trade, the default) or, on the exact path,
-as 16-bit ones. The KV cache is bf16. They take CPU tensors contiguous in their last dimension, which the layers give
+as 16-bit ones. The KV cache holds IEEE halves (llama.cpp's default: 3 more bits than bf16). They take CPU tensors contiguous in their last dimension, which the layers give
 them (see ``attach_kernels``).
 """
 
@@ -156,10 +156,10 @@ class CpuKernels:
     def paged_attention(
         self, q: torch.Tensor, kv_cache: torch.Tensor, rows: CacheRows, scale: float, window: int = 0
     ) -> torch.Tensor:
-        """q: float32 [tokens, heads, D], rows strided, each token over its sequence's bf16 cache up to itself (its
+        """q: float32 [tokens, heads, D], rows strided, each token over its sequence's float16 cache up to itself (its
         last ``window`` tokens, where that is not 0); -> float32 [tokens, heads * D]."""
         _check(q, "paged_attention q")
-        _check(kv_cache, "paged_attention cache", torch.bfloat16)
+        _check(kv_cache, "paged_attention cache", torch.float16)
         if q.stride(1) != q.shape[2] or not kv_cache.is_contiguous():
             raise TypeError("paged_attention: a row's heads and the cache must be contiguous")
         tokens, heads, head_dim = q.shape

@@ -69,7 +69,7 @@ def paged_attention(
     """
     if window and meta.window_group is not None:
         meta = meta.window_group
-    kv_cache.index_copy_(0, meta.slot_mapping, kv.to(kv_cache.dtype))  # a bf16 cache for float32 rows: rounded
+    kv_cache.index_copy_(0, meta.slot_mapping, kv.to(kv_cache.dtype))  # a float16 cache for float32 rows: rounded
     if kernels is not None:
         return kernels.paged_attention(q, kv_cache, meta.cache_rows, scale, window)
     num_kv_heads = kv_cache.shape[1] // 2

@@ -1,4 +1,4 @@
-/* Attention over the paged bf16 KV cache: each query row over its sequence's cached context, in float32. */
+/* Attention over the paged KV cache (IEEE halves): each query row over its sequence's cached context, in float32. */
 #include "common.h"
 
 /* a * b + c, 16 lanes, each rounded once */
@@ -51,7 +51,7 @@ static inline __attribute__((always_inline)) void transpose16(f32x16 v[16]) {
 
 /* the part's keys, each block of 16 tokens transposed: keys_t[block][d] holds dimension d of the block's 16
  * tokens (zeros past len), so that a query's 16 scores are one vector of multiply-adds, no sums across lanes */
-static inline __attribute__((always_inline)) void transposed_keys(const bf16 *keys, const int64_t *offsets,
+static inline __attribute__((always_inline)) void transposed_keys(const f16 *keys, const int64_t *offsets,
                                                                   int64_t len, const int64_t head_dim,
                                                                   f32x16 *keys_t) {
     for (int64_t start = 0; start < len; start += 16)
@@ -166,8 +166,8 @@ static inline float softmax_numerators(float *scores, int64_t len, float *peak_o
  * group, and each head's sums run in the order one head alone would run them (the scores of tokens past its own
  * are computed, never read), so a row's result never depends on the rows beside it. q: the group's heads, one after
  * another. */
-static inline __attribute__((always_inline)) void attend_part(const float *q, const int64_t group, const bf16 *keys,
-                                                              const bf16 *values, const int64_t *offsets, int64_t len,
+static inline __attribute__((always_inline)) void attend_part(const float *q, const int64_t group, const f16 *keys,
+                                                              const f16 *values, const int64_t *offsets, int64_t len,
                                                               const int64_t *lens, const int64_t head_dim, float scale,
                                                               float *peak, float *total, float *weighed) {
     const int64_t stride = (len + 15) / 16 * 16;
@@ -187,17 +187,17 @@ static inline __attribute__((always_inline)) void attend_part(const float *q, co
 }
 
 /* attend_part with the common head sizes as constants, so that a head's query stays in registers */
-typedef void (*attend_fn)(const float *, int64_t, const bf16 *, const bf16 *, const int64_t *, int64_t,
+typedef void (*attend_fn)(const float *, int64_t, const f16 *, const f16 *, const int64_t *, int64_t,
                           const int64_t *, int64_t, float, float *, float *, float *);
 #define ATTEND_HEAD_DIM(D)                                                                                         \
-    static void attend_##D(const float *q, int64_t group, const bf16 *keys, const bf16 *values,                   \
+    static void attend_##D(const float *q, int64_t group, const f16 *keys, const f16 *values,                   \
                            const int64_t *offsets, int64_t len, const int64_t *lens, int64_t head_dim, float scale, \
                            float *peak, float *total, float *weighed) {                                            \
         (void)head_dim;                                                                                            \
         attend_part(q, group, keys, values, offsets, len, lens, D, scale, peak, total, weighed);                   \
     }
 ATTEND_HEAD_DIM(64) ATTEND_HEAD_DIM(128)
-static void attend_any(const float *q, int64_t group, const bf16 *keys, const bf16 *values, const int64_t *offsets,
+static void attend_any(const float *q, int64_t group, const f16 *keys, const f16 *values, const int64_t *offsets,
                        int64_t len, const int64_t *lens, int64_t head_dim, float scale, float *peak, float *total,
                        float *weighed) {
     attend_part(q, group, keys, values, offsets, len, lens, head_dim, scale, peak, total, weighed);
@@ -255,7 +255,7 @@ static int64_t row_runs(const int64_t *row_seqs, const int64_t *context_lens, in
 typedef struct {
     const float *q;
     int64_t q_row_stride;
-    const bf16 *cache;
+    const f16 *cache;
     const int64_t *offsets, *starts, *row_seqs, *context_lens, *run_start, *run_rows;
     int64_t heads, kv_heads, head_dim, window;
     float scale;
@@ -293,7 +293,7 @@ static void attend_task_part(const attention_job *job, int64_t task, int64_t par
         if (n > 1) memcpy(run_q + i * group * d, q + i * job->q_row_stride, group * d * sizeof(float));
     }
     const int64_t *offsets = job->offsets + job->starts[job->row_seqs[r0]] + first + start;
-    const bf16 *keys = job->cache + g * d, *values = job->cache + (job->kv_heads + g) * d;
+    const f16 *keys = job->cache + g * d, *values = job->cache + (job->kv_heads + g) * d;
     job->attend(n == 1 ? q : run_q, n * group, keys, values, offsets, len, own, d, job->scale, peak, total, weighed);
 }
 
@@ -323,7 +323,7 @@ static void finish_task(const attention_job *job, int64_t task, const float *par
  * is read once for the run instead of once per row, and each row's result is the one it gets alone. Each run's
  * key-value heads are independent tasks, handed out dynamically (see the top); where there are fewer than two a
  * thread (a decode or two, whose contexts grow long), the parts of their contexts are (ATTEND_PART). */
-void paged_attention(const float *q, int64_t q_row_stride, const bf16 *cache, const int64_t *block_table,
+void paged_attention(const float *q, int64_t q_row_stride, const f16 *cache, const int64_t *block_table,
                      int64_t seqs, int64_t max_blocks, const int64_t *row_seqs, const int64_t *context_lens,
                      int64_t block_size, float *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
                      float scale, int64_t window, int threads) {

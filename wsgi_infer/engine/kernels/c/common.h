@@ -1,4 +1,4 @@
-/* What every source of the CPU kernels shares: bf16 and IEEE half conversions, 16-lane float vectors (GCC's vector
+/* What every source of the CPU kernels shares: IEEE half conversions, 16-lane float vectors (GCC's vector
  * extensions: AVX-512 where present, narrower registers elsewhere), e^x in plain arithmetic that vectorizes, and
  * the public functions one source calls in another.
  *
@@ -21,16 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef uint16_t bf16;
-
-static inline float to_float(bf16 x) {
-    uint32_t bits = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-typedef uint16_t f16; /* IEEE half precision: a GGUF's blocks' scales */
+typedef uint16_t f16; /* IEEE half precision: a GGUF's blocks' scales, and the KV cache */
 
 static inline float half_to_float(f16 h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, bits = (uint32_t)(h & 0x7fffu) << 13;
@@ -47,24 +38,36 @@ static inline float half_to_float(f16 h) {
     return f;
 }
 
-static inline bf16 to_bf16(float f) { /* round to nearest even, as torch does; NaN stays NaN */
+/* a float as an IEEE half, rounded to nearest even, as torch's .half() and vcvtps2ph round it: past the largest
+ * half (65504) infinity, subnormals kept, a NaN a NaN */
+static inline f16 to_half(float f) {
     uint32_t bits;
     memcpy(&bits, &f, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16)((bits >> 16) | 0x40);
-    return (bf16)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+    uint32_t sign = (bits >> 16) & 0x8000u, magnitude = bits & 0x7fffffffu;
+    if (magnitude > 0x7f800000u) return (f16)(sign | 0x7e00u);
+    if (magnitude >= 0x477ff000u) return (f16)(sign | 0x7c00u); /* 65520 and above round to infinity */
+    if (magnitude < 0x38800000u) {                               /* under 2^-14: a subnormal's count of 2^-24 */
+        float v;
+        memcpy(&v, &magnitude, 4);
+        return (f16)(sign | (uint32_t)nearbyintf(v * 0x1p24f));
+    }
+    uint32_t half = (magnitude - 0x38000000u) >> 13, rest = magnitude & 0x1fffu; /* exponent 127 -> 15 */
+    half += rest > 0x1000u || (rest == 0x1000u && (half & 1u));
+    return (f16)(sign | half);
 }
 
-/* count floats as bf16 (the KV cache's), each rounded to nearest even */
-static inline void store_bf16(bf16 *out, const float *x, int64_t count) {
-    for (int64_t i = 0; i < count; i++) out[i] = to_bf16(x[i]);
+/* count floats as halves (the KV cache's), each rounded to nearest even */
+static inline void store_halves(f16 *out, const float *x, int64_t count) {
+    int64_t i = 0;
+#ifdef __F16C__
+    for (; i + 8 <= count; i += 8)
+        _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < count; i++) out[i] = to_half(x[i]);
 }
 
 /* 16 floats as one vector (GCC's vector extensions: AVX-512 where present, narrower registers elsewhere). */
 typedef float f32x16 __attribute__((vector_size(64)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef uint16_t u16x32 __attribute__((vector_size(64)));
 
 static inline f32x16 load16f(const float *p) {
     f32x16 v;
@@ -72,17 +75,21 @@ static inline f32x16 load16f(const float *p) {
     return v;
 }
 
-/* 16 bf16 values (the KV cache's) as floats: their bits shifted into a float's upper half */
-static inline f32x16 load16(const bf16 *p) {
-#ifdef __AVX512F__ /* one widening load and a shift, where GCC's generic code took 256-bit pieces */
-    return (f32x16)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+/* 16 halves (the KV cache's) as floats, exactly */
+static inline f32x16 load16(const f16 *p) {
+#ifdef __AVX512F__
+    return (f32x16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(__F16C__)
+    __m256 v[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+    f32x16 out;
+    memcpy(&out, v, sizeof(out));
+    return out;
+#else
+    f32x16 out;
+    for (int i = 0; i < 16; i++) out[i] = half_to_float(p[i]);
+    return out;
 #endif
-    u16x16 half;
-    memcpy(&half, p, sizeof(half));
-    u32x16 bits = __builtin_convertvector(half, u32x16) << 16;
-    f32x16 v;
-    memcpy(&v, &bits, sizeof(v));
-    return v;
 }
 
 static inline float hsum(f32x16 v) {
@@ -167,7 +174,7 @@ void head_norm(float *x, int64_t row_stride, const float *q_weight, const float 
 void gated_mul(const float *gate_up, float *out, int64_t rows, int64_t width, int gelu, int threads);
 void rotate(float *x, int64_t row_stride, const float *cos_rows, const float *sin_rows, int64_t rows, int64_t heads,
             int64_t head_dim, int64_t rotary_dim, int threads);
-void paged_attention(const float *q, int64_t q_row_stride, const bf16 *cache, const int64_t *block_table,
+void paged_attention(const float *q, int64_t q_row_stride, const f16 *cache, const int64_t *block_table,
                      int64_t seqs, int64_t max_blocks, const int64_t *row_seqs, const int64_t *context_lens,
                      int64_t block_size, float *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
                      float scale, int64_t window, int threads);

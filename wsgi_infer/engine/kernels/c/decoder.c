@@ -23,14 +23,14 @@ typedef struct {
     int planes; /* the activations' (packed_mm) */
 } DecoderShape;
 
-/* kv_caches: a layer's [slots, 2 * kv_heads, head_dim] each, bf16. x: [rows, hidden], the embeddings in, the
+/* kv_caches: a layer's [slots, 2 * kv_heads, head_dim] each, IEEE halves. x: [rows, hidden], the embeddings in, the
  * last layer's output out; residual: [rows, hidden], the running sum before that output (the final norm adds
  * them). cos_sin: cos, sin, then a second pair for layers with local_rope, each [rows, rotary dims]; slots: [rows]
  * where each row's key and value go; block_table, seqs, max_blocks, row_seqs, context_lens: as paged_attention reads
  * them. window_slots, window_block_table, window_max_blocks: the same for sliding-window layers where they keep
  * blocks of their own (kv_cache_manager.py), or NULL. stop: read before each layer; once set, the remaining layers
  * are skipped (the caller then discards the step). */
-void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const DecoderShape *shape, bf16 *const *kv_caches,
+void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const DecoderShape *shape, f16 *const *kv_caches,
                     float *x, float *residual, const float *const *cos_sin, const int64_t *slots,
                     const int64_t *block_table, int64_t seqs, int64_t max_blocks, const int64_t *row_seqs,
                     const int64_t *context_lens, const int64_t *window_slots, const int64_t *window_block_table,
@@ -56,7 +56,7 @@ void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const Decode
         int own = layer->window && window_block_table;
         const int64_t *layer_slots = own ? window_slots : slots, *table = own ? window_block_table : block_table;
         for (int64_t r = 0; r < rows; r++)
-            store_bf16(kv_caches[l] + layer_slots[r] * kv_width, qkv + r * qkv_width + heads * head_dim, kv_width);
+            store_halves(kv_caches[l] + layer_slots[r] * kv_width, qkv + r * qkv_width + heads * head_dim, kv_width);
         paged_attention(qkv, qkv_width, kv_caches[l], table, seqs, own ? window_max_blocks : max_blocks, row_seqs,
                         context_lens, shape->block_size, attn, rows, heads, kv_heads, head_dim, shape->scale,
                         layer->window, shape->threads);
