@@ -35,9 +35,9 @@ class EngineConfig:
         "packed weights on the CPU: auto (a GGUF's own blocks where they map, else 8-bit groups), none, int4, int8",
     )
     activations: str = option(
-        "int16",
-        "rows times packed weights on the CPU kernels: int16 (each input within 2^-16 of its group's largest), or "
-        "int8 (faster batches; within 1/254: not exact)",
+        "int8",
+        "rows times packed weights on the CPU kernels: int8, as llama.cpp takes them (each input within 1/254 of its "
+        "block's largest), or int16, the exact path (within 2^-16: slower batches and prefill)",
     )
     block_size: int = option(16, "tokens per KV block", ge=1)
     num_kv_blocks: int | None = None
