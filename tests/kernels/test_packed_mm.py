@@ -35,11 +35,10 @@ def _shapes(ggml_type: int) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("ggml_type", FILE_FORMATS, ids=lambda t: t.name)
 def test_the_layout_holds_the_files_bits_and_gives_gguf_py_values(kernels: CpuKernels, ggml_type):
-    """A tile's block holds its rows' blocks within 3% of the file's bytes (K-quants' 6-bit scales as bytes: 2.8%),
-    as the kernels count them; each row read back is gguf-py's values of the file's row, bit for bit."""
+    """A tile's block holds its rows' blocks in exactly the file's bytes, as the kernels count them; each row read
+    back is gguf-py's values of the file's row, bit for bit."""
     inputs, block_bytes, _ = FORMATS[ggml_type]
-    assert kernels.block_bytes(ggml_type) == block_bytes
-    assert block_bytes / (16 * FILE_BLOCK_BYTES[ggml_type]) <= 1.03
+    assert kernels.block_bytes(ggml_type) == block_bytes == 16 * FILE_BLOCK_BYTES[ggml_type]
     for rows, k in _shapes(ggml_type):
         raw = random_file_blocks(ggml_type, rows, k)
         weight = packed_from_file(raw, ggml_type)

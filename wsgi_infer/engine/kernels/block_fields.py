@@ -24,8 +24,8 @@ FORMATS = {
     Q.Q5_1: (32, 384, 5),
     Q.Q8_0: (32, 544, 8),
     Q8_M: (32, 576, 8),
-    Q.Q4_K: (256, 2368, 4),
-    Q.Q5_K: (256, 2880, 5),
+    Q.Q4_K: (256, 2304, 4),
+    Q.Q5_K: (256, 2816, 5),
     Q.Q6_K: (256, 3360, 6),
 }
 FILE_TYPES = frozenset(f for f in FORMATS if f != Q8_M)  # GGUF's types the kernels read as the file holds them
@@ -45,15 +45,14 @@ def file_bits_per_weight(fmt: int) -> float:
 class BlockFields:
     """A weight [rows, k] in a format: codes uint8 [rows, k] (unsigned: Q8_0's shifted by 128); d float16
     [rows, blocks]; low float16 [rows, blocks], the minimum (Q4_1, Q5_1, Q8_M) or dmin (Q4_K, Q5_K), else None;
-    scales [rows, blocks, 8] uint8 (Q4_K, Q5_K) or [rows, blocks, 16] int8 (Q6_K), mins [rows, blocks, 8] uint8
-    (Q4_K, Q5_K), else None."""
+    scales uint8 [rows, blocks, 12], the file's 6-bit scales and mins as it packs them (Q4_K, Q5_K), or int8
+    [rows, blocks, 16] (Q6_K), else None."""
 
     format: int
     codes: torch.Tensor
     d: torch.Tensor
     low: torch.Tensor | None = None
     scales: torch.Tensor | None = None
-    mins: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -97,13 +96,6 @@ def from_file_blocks(raw: torch.Tensor, ggml_type: int) -> BlockFields:
     return _q4_k_or_q5_k(blocks, ggml_type)
 
 
-def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 8 sub-blocks' 6-bit scales and mins from a K-quant's 12 bytes (ggml's ``get_scale_min_k4``)."""
-    sc = torch.cat([packed[..., :4] & 63, (packed[..., 8:12] & 0xF) | ((packed[..., 0:4] >> 6) << 4)], dim=-1)
-    m = torch.cat([packed[..., 4:8] & 63, (packed[..., 8:12] >> 4) | ((packed[..., 4:8] >> 6) << 4)], dim=-1)
-    return sc, m
-
-
 def _q4_k_or_q5_k(blocks: torch.Tensor, ggml_type: int) -> BlockFields:
     """Q4_K: d, dmin, 12 bytes of scales, 128 of codes (each 32 bytes two sub-blocks: low nibbles the first, high
     the second); Q5_K has 32 bytes of fifth bits before its codes (byte t's bit j: sub-block j's input t)."""
@@ -113,8 +105,7 @@ def _q4_k_or_q5_k(blocks: torch.Tensor, ggml_type: int) -> BlockFields:
     codes = codes.reshape(rows, count, 8, 32)
     if ggml_type == Q.Q5_K:
         codes = codes | ((blocks[..., 16:48, None] >> torch.arange(8, dtype=torch.uint8)) & 1).transpose(-1, -2) << 4
-    scales, mins = _k_scales(blocks[..., 4:16])
-    return BlockFields(ggml_type, codes.reshape(rows, -1), _half(blocks, 0), _half(blocks, 2), scales, mins)
+    return BlockFields(ggml_type, codes.reshape(rows, -1), _half(blocks, 0), _half(blocks, 2), blocks[..., 4:16])
 
 
 def _q6_k(blocks: torch.Tensor) -> BlockFields:

@@ -31,10 +31,12 @@ def tile_layout(fields: BlockFields) -> torch.Tensor:
     parts = [_per_row(F.pad(fields.d, (0, 0, 0, pad)).view(torch.uint8).view(tiles * TILE, blocks, 2), tiles)]
     if fields.low is not None:
         parts.append(_per_row(F.pad(fields.low, (0, 0, 0, pad)).view(torch.uint8).view(tiles * TILE, blocks, 2), tiles))
-    for per_sub in (fields.scales, fields.mins):
-        if per_sub is not None:  # a byte per row and sub-block (or half of one): [sub][row]
-            padded = F.pad(per_sub.view(torch.uint8), (0, 0, 0, 0, 0, pad))
-            parts.append(padded.view(tiles, TILE, blocks, -1).permute(0, 2, 3, 1).reshape(tiles, blocks, -1))
+    if fields.scales is not None:
+        padded = F.pad(fields.scales.view(torch.uint8), (0, 0, 0, 0, 0, pad)).view(tiles, TILE, blocks, -1)
+        if fields.format == Q.Q6_K:  # a byte per row and half sub-block: [half][row]
+            parts.append(padded.permute(0, 2, 3, 1).reshape(tiles, blocks, -1))
+        else:  # the file's 12 bytes a row, as 3 words: [word][row]
+            parts.append(padded.view(tiles, TILE, blocks, 3, 4).permute(0, 2, 3, 1, 4).reshape(tiles, blocks, -1))
     if fields.format in _FIFTH:
         parts.append(_fifth_bit_words(by_sub))
     elif fields.format == Q.Q6_K:

@@ -1,11 +1,11 @@
 /* GGUF's K-quants (Q4_K, Q5_K, Q6_K): super-blocks of 256 weights in 8 sub-blocks of 32, as tiles of 16 rows.
  *
- * A tile's super-block (layouts.py writes it): the float16 d of the 16 rows (and dmin: Q4_K, Q5_K), then each
- * sub-block's scales of the 16 rows as bytes (Q4_K and Q5_K: 6-bit scale and min, unpacked from the file's 12
- * bytes into 16, 2.8% more than the file; Q6_K: its 16 signed scales, one per 16 weights, as they are), then the
+ * A tile's super-block (tiles.py writes it): the float16 d of the 16 rows (and dmin: Q4_K, Q5_K), then their
+ * sub-block scales (Q4_K and Q5_K: each row's 6-bit scales and mins in the file's 12 bytes, as 3 words of the 16
+ * rows side by side; Q6_K: its 16 signed scales, one per 16 weights, a byte of each row side by side), then the
  * high bits of the codes, then the 4-bit codes, each sub-block as the legacy formats lay theirs out
- * (legacy_quants.h). Q6_K's two high bits of a row's 8 codes of two units are one byte: bits 0-1 the low quad of
- * the first unit, 2-3 the second's, 4-5 and 6-7 their high quads.
+ * (legacy_quants.h): the file's bytes, no more. Q6_K's two high bits of a row's 8 codes of two units are one byte:
+ * bits 0-1 the low quad of the first unit, 2-3 the second's, 4-5 and 6-7 their high quads.
  *
  * Per sub-block, w = (d * sc) * q - dmin * mn (Q4_K, Q5_K), and (d * sc) * (q - 32) per 16 weights (Q6_K): the
  * products d * sc are exact in float32 (an 11-bit significand times a 6- or 8-bit integer).
@@ -26,6 +26,19 @@ ALWAYS_INLINE void add_high_pairs(wvec bits, int u, wvec w[8]) {
     w[u + 5] |= (bits >> 2) & SIXTH_BITS;
 }
 
+/* sub-block j's 6-bit scale and min of each row, from the file's 12 bytes a row (ggml's get_scale_min_k4): the 3
+ * words of part h's rows at `words` ([word][16 rows]) */
+ALWAYS_INLINE void k_scale_min(const uint8_t *words, int j, int h, wvec *scale, wvec *low) {
+    const int shift = 8 * (j % 4);
+    wvec first = load_w(words + 4 * QL * h) >> shift, second = load_w(words + 64 + 4 * QL * h) >> shift;
+    if (j < 4) {
+        *scale = first & 63, *low = second & 63;
+        return;
+    }
+    wvec third = load_w(words + 128 + 4 * QL * h) >> shift;
+    *scale = (third & 15) | ((first >> 2) & 0x30), *low = ((third >> 4) & 15) | ((second >> 2) & 0x30);
+}
+
 /* sub-block j of part h (QL rows) of a tile's super-block */
 ALWAYS_INLINE void decode_k(const int type, const uint8_t *block, int j, int h, decoded *out) {
     fvec d = halves_f((const f16 *)block + QL * h);
@@ -41,13 +54,15 @@ ALWAYS_INLINE void decode_k(const int type, const uint8_t *block, int j, int h, 
         return;
     }
     fvec dmin = halves_f((const f16 *)(block + 32) + QL * h);
-    out->s[0] = d * ubytes_f(block + 64 + TILE * j + QL * h);
-    out->m[0] = dmin * ubytes_f(block + 192 + TILE * j + QL * h) * -1.0f;
+    wvec scale, low;
+    k_scale_min(block + 64, j, h, &scale, &low);
+    out->s[0] = d * __builtin_convertvector(scale, fvec);
+    out->m[0] = dmin * __builtin_convertvector(low, fvec) * -1.0f;
     if (type == Q4_K) {
-        unpack_nibbles(block + 320 + 256 * j, h, out->w);
+        unpack_nibbles(block + 256 + 256 * j, h, out->w);
     } else {
-        unpack_nibbles(block + 832 + 256 * j, h, out->w);
-        add_fifth_bits(block + 320 + 64 * j, h, out->w);
+        unpack_nibbles(block + 768 + 256 * j, h, out->w);
+        add_fifth_bits(block + 256 + 64 * j, h, out->w);
     }
 }
 
@@ -64,9 +79,13 @@ static void k_row(const int type, const uint8_t *block, int r, float *out) {
                 *value = scale * (float)(nibble_code(block + 1312 + 256 * j, NULL, r, i) + 16 * bits - 32);
                 continue;
             }
-            float scale = d * (float)block[64 + TILE * j + r], low = dmin * (float)block[192 + TILE * j + r];
-            const uint8_t *fifth = type == Q5_K ? block + 320 + 64 * j : NULL;
-            int code = nibble_code(block + (type == Q5_K ? 832 : 320) + 256 * j, fifth, r, i);
+            uint8_t bytes[12]; /* the row's 12 bytes of scales and mins, as the file holds them */
+            for (int w = 0; w < 3; w++) memcpy(bytes + 4 * w, block + 64 + 64 * w + 4 * r, 4);
+            int sc = j < 4 ? bytes[j] & 63 : (bytes[j + 4] & 15) | ((bytes[j - 4] >> 6) << 4);
+            int mn = j < 4 ? bytes[j + 4] & 63 : (bytes[j + 4] >> 4) | ((bytes[j] >> 6) << 4);
+            float scale = d * (float)sc, low = dmin * (float)mn;
+            const uint8_t *fifth = type == Q5_K ? block + 256 + 64 * j : NULL;
+            int code = nibble_code(block + (type == Q5_K ? 768 : 256) + 256 * j, fifth, r, i);
             *value = scale * (float)code - low;
         }
 }

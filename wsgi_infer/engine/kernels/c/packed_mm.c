@@ -36,8 +36,8 @@ static int64_t block_bytes(int type) {
     case Q5_1: return 384;
     case Q8_0: return 544;
     case Q8_M: return 576;
-    case Q4_K: return 2368;
-    case Q5_K: return 2880;
+    case Q4_K: return 2304;
+    case Q5_K: return 2816;
     case Q6_K: return 3360;
     default: return 0;
     }

@@ -57,13 +57,7 @@ static inline fvec halves_f(const f16 *h) {
 #endif
 }
 
-/* QL unsigned or signed bytes as floats */
-static inline fvec ubytes_f(const uint8_t *p) {
-    u8q b;
-    memcpy(&b, p, sizeof(b));
-    return __builtin_convertvector(b, fvec);
-}
-
+/* QL signed bytes as floats */
 static inline fvec sbytes_f(const uint8_t *p) {
     i8q b;
     memcpy(&b, p, sizeof(b));
