@@ -56,8 +56,8 @@ ALWAYS_INLINE void decode_k(const int type, const uint8_t *block, int j, int h, 
     fvec dmin = halves_f((const f16 *)(block + 32) + QL * h);
     wvec scale, low;
     k_scale_min(block + 64, j, h, &scale, &low);
-    out->s[0] = d * __builtin_convertvector(scale, fvec);
-    out->m[0] = dmin * __builtin_convertvector(low, fvec) * -1.0f;
+    out->s[0] = d * to_f((ivec)scale); /* 6 bits: as signed, one instruction without AVX-512 too */
+    out->m[0] = dmin * to_f((ivec)low) * -1.0f;
     if (type == Q4_K) {
         unpack_nibbles(block + 256 + 256 * j, h, out->w);
     } else {

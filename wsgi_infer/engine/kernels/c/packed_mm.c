@@ -21,6 +21,9 @@
 #define ROWS_AT_ONCE 4 /* 16 registers */
 #endif
 #define FEW_ROWS 16 /* rows decoded in registers; more go through a tile's buffer */
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 2048 /* how far ahead of a tile's sub-block its weight is fetched, in whole blocks */
+#endif
 
 static inline int is_k(const int type) { return type == Q4_K || type == Q5_K || type == Q6_K; }
 static inline int sub_blocks(const int type) { return is_k(type) ? 8 : 1; } /* 32-input sub-blocks a block */
@@ -92,8 +95,8 @@ ALWAYS_INLINE void tile_few(const int type, const int planes, const int rows, co
         for (int64_t b = 0; b < blocks; b++) {
             const uint8_t *block = tile + b * bytes;
             for (int j = 0; j < subs; j++) {
-                /* the weight streams: fetch what the sub-block two blocks on reads (a block ahead for K-quants) */
-                const uint8_t *ahead = block + (is_k(type) ? bytes : 2 * bytes) + j * (bytes / subs);
+                /* the weight streams: fetch what the sub-block PREFETCH_BYTES on reads */
+                const uint8_t *ahead = block + PREFETCH_BYTES / bytes * bytes + j * (bytes / subs);
                 for (int64_t line = 0; line < bytes / subs; line += 64) __builtin_prefetch(ahead + line);
                 decoded w;
                 decode(type, block, j, h, &w);

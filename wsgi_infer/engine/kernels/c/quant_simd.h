@@ -22,8 +22,6 @@
 typedef uint32_t wvec __attribute__((vector_size(QL * 4))); /* QL rows' 4 codes each, one row a lane */
 typedef int32_t ivec __attribute__((vector_size(QL * 4)));
 typedef float fvec __attribute__((vector_size(QL * 4)));
-typedef uint8_t u8q __attribute__((vector_size(QL)));
-typedef int8_t i8q __attribute__((vector_size(QL)));
 
 static inline wvec load_w(const uint8_t *p) {
     wvec v;
@@ -57,11 +55,17 @@ static inline fvec halves_f(const f16 *h) {
 #endif
 }
 
-/* QL signed bytes as floats */
+/* QL signed bytes as floats (GCC's generic conversion of a byte vector went one byte at a time) */
 static inline fvec sbytes_f(const uint8_t *p) {
-    i8q b;
-    memcpy(&b, p, sizeof(b));
-    return __builtin_convertvector(b, fvec);
+#if QL == 16
+    return (fvec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#elif defined(__AVX2__)
+    return (fvec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+#else
+    fvec v;
+    for (int i = 0; i < QL; i++) v[i] = (float)(int8_t)p[i];
+    return v;
+#endif
 }
 
 /* a * b + c, each lane rounded once: the same value on every path */
