@@ -9,15 +9,32 @@ static inline f32x8 round_even(f32x8 v) { /* to the nearest integer, ties to eve
     return (v + magic) - magic;
 }
 
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+/* the block's largest magnitude, as bits: floats' magnitudes order as their bits do, an infinity above every number
+ * and a NaN above that (fmaxf, a library call that drops NaNs, took 1.4% of a prefill) */
+static inline uint32_t largest_magnitude(const float *x) {
+    u32x8 top = {0};
+    for (int c = 0; c < QK; c += 8) {
+        u32x8 bits;
+        memcpy(&bits, x + c, sizeof(bits));
+        bits &= 0x7fffffffu;
+        u32x8 greater = (u32x8)(top > bits);
+        top = (top & greater) | (bits & ~greater);
+    }
+    uint32_t largest = 0;
+    for (int i = 0; i < 8; i++) largest = top[i] > largest ? top[i] : largest;
+    return largest;
+}
+
 static void quantize_block(const float *x, int planes, uint8_t *out) {
     act_head *head = (act_head *)out;
     int8_t *hi = (int8_t *)(out + sizeof(act_head)), *lo = hi + QK;
-    float amax = 0.0f;
-    for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(x[i])); /* fmaxf drops a NaN: checked below */
-    int finite = isfinite(amax);
-    for (int i = 0; i < QK; i++) finite &= isfinite(x[i]);
+    uint32_t largest = largest_magnitude(x);
+    float amax;
+    memcpy(&amax, &largest, 4);
     memset(out, 0, ACT_BYTES(planes));
-    if (!finite) {
+    if (largest >= 0x7f800000u) { /* an infinity or a NaN */
         head->d = head->s = head->s_half[0] = head->s_half[1] = NAN;
         return;
     }
