@@ -157,7 +157,6 @@ static inline f32x16 exp16(f32x16 x) {
 void *scratch(int which, size_t bytes);
 enum {
     SCRATCH_ACTIVATIONS, /* packed_mm's quantized rows */
-    SCRATCH_TILE,        /* packed_mm's decoded tile (its worker threads') */
     SCRATCH_SCORES,      /* attention's, per part (its worker threads') */
     SCRATCH_KEYS,
     SCRATCH_VALUES,

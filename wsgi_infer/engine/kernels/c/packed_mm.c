@@ -4,12 +4,13 @@
  * the row's 8-bit codes (one plane, or the exact path's two: 255 * hi + lo) is exact; it is scaled as
  *     acc = fma(float(sum), s * d, acc);  acc = fma(m, d * sum(q), acc)
  * with s and m the weight's scale and offset (w = s * code + m), d the activations' scale, sub-block after sub-block
- * in input order. A row's result depends on its own activations alone: alone or in any batch, through either path
- * below, on any thread, it is the same to the bit.
+ * in input order. A row's result depends on its own activations alone: alone or in any batch, in any pass, on any
+ * thread, it is the same to the bit.
  *
- * Few rows (up to FEW_ROWS) decode each sub-block into registers and multiply every row by it: the weight streams
- * from memory once. More rows decode a whole tile once into a buffer that stays in L2, then take the rows
- * ROWS_AT_ONCE at a time from it: the int8 GEMM of a prefill. Tiles are the tasks, handed out to the threads.
+ * A tile (16 outputs) takes the rows ROWS_AT_ONCE at a time: each pass decodes every sub-block into registers and
+ * multiplies each of its rows by it, their sums in registers. One or two passes stream the weight from memory once;
+ * a prefill's many passes read the tile again from L1 and L2, which beat decoding it once into a buffer there and
+ * reading that back (a 512-row gate and up 7% faster). Tiles are the tasks, handed out to the threads.
  */
 #include "activations.h"
 #include "k_quants.h"
@@ -20,7 +21,6 @@
 #else
 #define ROWS_AT_ONCE 4 /* 16 registers */
 #endif
-#define FEW_ROWS 16 /* rows decoded in registers; more go through a tile's buffer */
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 2048 /* how far ahead of a tile's sub-block its weight is fetched, in whole blocks */
 #endif
@@ -81,12 +81,12 @@ ALWAYS_INLINE void store_rows(const fvec *acc, int rows, int h, int width, float
         for (int lane = 0; lane < QL && h * QL + lane < width; lane++) out[r * out_stride + h * QL + lane] = acc[r][lane];
 }
 
-/* --- few rows: each sub-block decoded in registers --------------------------------------------------------- */
+/* --- a tile for a pass of rows: each sub-block decoded in registers ------------------------------------------ */
 
 /* rows (a constant) of activations x (their first's first block; activations.h: the group's next row ACT_BYTES on,
  * the next block ACT_ROWS rows on) times one tile of `blocks` blocks: its first
  * `width` outputs of each row into out */
-ALWAYS_INLINE void tile_few(const int type, const int planes, const int rows, const uint8_t *tile, int64_t blocks,
+ALWAYS_INLINE void tile_pass(const int type, const int planes, const int rows, const uint8_t *tile, int64_t blocks,
                             const uint8_t *x, float *out, int64_t out_stride, int width) {
     const int64_t bytes = block_bytes(type), subs = sub_blocks(type), act = ACT_BYTES(planes);
     for (int h = 0; h < HALVES; h++) {
@@ -110,94 +110,36 @@ ALWAYS_INLINE void tile_few(const int type, const int planes, const int rows, co
     }
 }
 
-typedef void (*few_fn)(const uint8_t *, int64_t, const uint8_t *, float *, int64_t, int);
-#define FEW(T, P, R)                                                                                               \
-    static void few_##T##_##P##_##R(const uint8_t *tile, int64_t blocks, const uint8_t *x, float *out,             \
+typedef void (*pass_fn)(const uint8_t *, int64_t, const uint8_t *, float *, int64_t, int);
+#define PASS(T, P, R)                                                                                               \
+    static void pass_##T##_##P##_##R(const uint8_t *tile, int64_t blocks, const uint8_t *x, float *out,             \
                                     int64_t out_stride, int width) {                                               \
-        tile_few(T, P, R, tile, blocks, x, out, out_stride, width);                                                \
+        tile_pass(T, P, R, tile, blocks, x, out, out_stride, width);                                                \
     }
 #if ROWS_AT_ONCE == 16
-#define FEW_OF(T, P) FEW(T, P, 1) FEW(T, P, 2) FEW(T, P, 4) FEW(T, P, 8) FEW(T, P, 16)
-#define FEW_ROW(T, P) {few_##T##_##P##_1, few_##T##_##P##_2, few_##T##_##P##_4, few_##T##_##P##_8, few_##T##_##P##_16}
+#define PASSES_OF(T, P) PASS(T, P, 1) PASS(T, P, 2) PASS(T, P, 4) PASS(T, P, 8) PASS(T, P, 16)
+#define PASS_ROW(T, P) {pass_##T##_##P##_1, pass_##T##_##P##_2, pass_##T##_##P##_4, pass_##T##_##P##_8, pass_##T##_##P##_16}
 #else
-#define FEW_OF(T, P) FEW(T, P, 1) FEW(T, P, 2) FEW(T, P, 4)
-#define FEW_ROW(T, P) {few_##T##_##P##_1, few_##T##_##P##_2, few_##T##_##P##_4}
+#define PASSES_OF(T, P) PASS(T, P, 1) PASS(T, P, 2) PASS(T, P, 4)
+#define PASS_ROW(T, P) {pass_##T##_##P##_1, pass_##T##_##P##_2, pass_##T##_##P##_4}
 #endif
-#define FEW_TYPE(T) FEW_OF(T, 1) FEW_OF(T, 2)
-FEW_TYPE(Q4_0) FEW_TYPE(Q4_1) FEW_TYPE(Q5_0) FEW_TYPE(Q5_1) FEW_TYPE(Q8_0) FEW_TYPE(Q8_M)
-FEW_TYPE(Q4_K) FEW_TYPE(Q5_K) FEW_TYPE(Q6_K)
+#define PASS_TYPE(T) PASSES_OF(T, 1) PASSES_OF(T, 2)
+PASS_TYPE(Q4_0) PASS_TYPE(Q4_1) PASS_TYPE(Q5_0) PASS_TYPE(Q5_1) PASS_TYPE(Q8_0) PASS_TYPE(Q8_M)
+PASS_TYPE(Q4_K) PASS_TYPE(Q5_K) PASS_TYPE(Q6_K)
 #define CHUNKS (ROWS_AT_ONCE == 16 ? 5 : 3) /* row counts: 1, 2, 4 (and 8, 16) */
-#define FEW_TABLE(T) {FEW_ROW(T, 1), FEW_ROW(T, 2)}
+#define PASS_TABLE(T) {PASS_ROW(T, 1), PASS_ROW(T, 2)}
 
 static const int TYPES[] = {Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_M, Q4_K, Q5_K, Q6_K};
 #define TYPE_COUNT 9
-static const few_fn FEW_KERNELS[TYPE_COUNT][2][CHUNKS] = {
-    FEW_TABLE(Q4_0), FEW_TABLE(Q4_1), FEW_TABLE(Q5_0), FEW_TABLE(Q5_1), FEW_TABLE(Q8_0),
-    FEW_TABLE(Q8_M), FEW_TABLE(Q4_K), FEW_TABLE(Q5_K), FEW_TABLE(Q6_K)};
+static const pass_fn PASS_KERNELS[TYPE_COUNT][2][CHUNKS] = {
+    PASS_TABLE(Q4_0), PASS_TABLE(Q4_1), PASS_TABLE(Q5_0), PASS_TABLE(Q5_1), PASS_TABLE(Q8_0),
+    PASS_TABLE(Q8_M), PASS_TABLE(Q4_K), PASS_TABLE(Q5_K), PASS_TABLE(Q6_K)};
 
 static int type_index(int type) { /* of a format above: packed.py lays out no other */
     int i = 0;
     while (i < TYPE_COUNT - 1 && TYPES[i] != type) i++;
     return i;
 }
-
-/* --- many rows: a tile decoded once ----------------------------------------------------------------------- */
-
-/* every sub-block of a tile, part by part: buffer[h * subs + s] */
-static void decode_tile(const int type, const uint8_t *tile, int64_t blocks, decoded *buffer) {
-    const int64_t subs = sub_blocks(type), bytes = block_bytes(type);
-    for (int h = 0; h < HALVES; h++)
-        for (int64_t b = 0; b < blocks; b++)
-            for (int j = 0; j < subs; j++) decode(type, tile + b * bytes, j, h, buffer + (h * blocks + b) * subs + j);
-}
-
-#define DECODE_TILE(T)                                                                                             \
-    static void decode_tile_##T(const uint8_t *tile, int64_t blocks, decoded *buffer) {                            \
-        decode_tile(T, tile, blocks, buffer);                                                                      \
-    }
-DECODE_TILE(Q4_0) DECODE_TILE(Q4_1) DECODE_TILE(Q5_0) DECODE_TILE(Q5_1) DECODE_TILE(Q8_0) DECODE_TILE(Q8_M)
-DECODE_TILE(Q4_K) DECODE_TILE(Q5_K) DECODE_TILE(Q6_K)
-typedef void (*decode_tile_fn)(const uint8_t *, int64_t, decoded *);
-static const decode_tile_fn DECODE_TILES[TYPE_COUNT] = {
-    decode_tile_Q4_0, decode_tile_Q4_1, decode_tile_Q5_0, decode_tile_Q5_1, decode_tile_Q8_0,
-    decode_tile_Q8_M, decode_tile_Q4_K, decode_tile_Q5_K, decode_tile_Q6_K};
-
-/* rows (a constant) times a part of a decoded tile (its subs sub-blocks) */
-ALWAYS_INLINE void buffer_rows(const int halves, const int wide, const int planes, const int rows,
-                               const decoded *buffer, int64_t subs, const uint8_t *x, float *out, int64_t out_stride,
-                               int h, int width) {
-    fvec acc[ROWS_AT_ONCE]; /* not [rows]: an array of variable size lives in memory */
-    for (int r = 0; r < rows; r++) acc[r] = (fvec){0};
-    for (int64_t s = 0; s < subs; s++) {
-        const decoded w = buffer[s]; /* in registers for every row */
-#pragma GCC unroll 16 /* every row's sums in registers, not an array in memory */
-        for (int r = 0; r < rows; r++)
-            acc[r] = row_step(&w, halves, wide, planes, x + (s * ACT_ROWS + r) * ACT_BYTES(planes), acc[r]);
-    }
-    store_rows(acc, rows, h, width, out, out_stride);
-}
-
-typedef void (*buffer_fn)(const decoded *, int64_t, const uint8_t *, float *, int64_t, int, int);
-#define BUFFER(HS, W, P, R)                                                                                        \
-    static void buffer_##HS##W##P##_##R(const decoded *buffer, int64_t subs, const uint8_t *x, float *out,         \
-                                         int64_t out_stride, int h, int width) {                                   \
-        buffer_rows(HS, W, P, R, buffer, subs, x, out, out_stride, h, width);                                      \
-    }
-#if ROWS_AT_ONCE == 16
-#define BUFFER_OF(HS, W, P)                                                                                        \
-    BUFFER(HS, W, P, 1) BUFFER(HS, W, P, 2) BUFFER(HS, W, P, 4) BUFFER(HS, W, P, 8) BUFFER(HS, W, P, 16)
-#define BUFFER_ROW(HS, W, P)                                                                                       \
-    {buffer_##HS##W##P##_1, buffer_##HS##W##P##_2, buffer_##HS##W##P##_4, buffer_##HS##W##P##_8,                   \
-     buffer_##HS##W##P##_16}
-#else
-#define BUFFER_OF(HS, W, P) BUFFER(HS, W, P, 1) BUFFER(HS, W, P, 2) BUFFER(HS, W, P, 4)
-#define BUFFER_ROW(HS, W, P) {buffer_##HS##W##P##_1, buffer_##HS##W##P##_2, buffer_##HS##W##P##_4}
-#endif
-BUFFER_OF(0, 0, 1) BUFFER_OF(0, 0, 2) BUFFER_OF(0, 1, 1) BUFFER_OF(0, 1, 2) BUFFER_OF(1, 0, 1) BUFFER_OF(1, 0, 2)
-/* [halves][wide][planes - 1][chunk]: Q6_K (the one format scaled per 16) has narrow codes */
-static const buffer_fn BUFFER_KERNELS[2][2][2][CHUNKS] = {
-    {{BUFFER_ROW(0, 0, 1), BUFFER_ROW(0, 0, 2)}, {BUFFER_ROW(0, 1, 1), BUFFER_ROW(0, 1, 2)}},
-    {{BUFFER_ROW(1, 0, 1), BUFFER_ROW(1, 0, 2)}, {BUFFER_ROW(1, 0, 1), BUFFER_ROW(1, 0, 2)}}};
 
 /* --- the public multiply ------------------------------------------------------------------------------------ */
 
@@ -228,8 +170,9 @@ static int64_t tile_count(const packed_weight *w) {
     return tiles;
 }
 
-/* a task's tile, its outputs for rows [r0, r0 + rows) in chunks of 8, 4, 2 and 1 (each its own pass) */
-static void few_task(const mm_job *job, int64_t task, int64_t r0, int64_t rows) {
+/* a task's tile, its outputs for every row, 16, 8, 4, 2 or 1 rows a pass (the tile stays in L1 and L2 from pass to
+ * pass) */
+static void tile_task(const mm_job *job, int64_t task) {
     int part, chunk = CHUNKS - 1;
     int64_t tile, first;
     task_tile(job->w, task, &part, &tile, &first);
@@ -237,53 +180,24 @@ static void few_task(const mm_job *job, int64_t task, int64_t r0, int64_t rows) 
     int64_t k = job->w->k, inputs = is_k((int)p->type) ? 256 : 32, blocks = k / inputs;
     int64_t width = p->n - tile * TILE < TILE ? p->n - tile * TILE : TILE;
     const uint8_t *tiles = p->tiles + tile * blocks * block_bytes((int)p->type);
-    const few_fn *kernels = FEW_KERNELS[type_index((int)p->type)][job->planes - 1];
-    for (int64_t r = r0; r < r0 + rows;) {
-        while ((1 << chunk) > r0 + rows - r) chunk--;
+    const pass_fn *kernels = PASS_KERNELS[type_index((int)p->type)][job->planes - 1];
+    for (int64_t r = 0; r < job->rows;) {
+        while ((1 << chunk) > job->rows - r) chunk--;
         kernels[chunk](tiles, blocks, job->x + act_offset(r, 0, k / QK, job->planes), job->out + r * job->w->n + first,
                        job->w->n, (int)width);
         r += 1 << chunk;
     }
 }
 
-static void many_task(const mm_job *job, int64_t task, decoded *buffer) {
-    int part;
-    int64_t tile, first;
-    task_tile(job->w, task, &part, &tile, &first);
-    const packed_part *p = job->w->parts + part;
-    const int type = (int)p->type;
-    int64_t k = job->w->k, blocks = k / (is_k(type) ? 256 : 32), subs = k / QK;
-    int64_t width = p->n - tile * TILE < TILE ? p->n - tile * TILE : TILE;
-    DECODE_TILES[type_index(type)](p->tiles + tile * blocks * block_bytes(type), blocks, buffer);
-    const buffer_fn *kernels = BUFFER_KERNELS[halves_scaled(type)][wide_codes(type)][job->planes - 1];
-    for (int h = 0; h < HALVES; h++)
-        for (int64_t r = 0, chunk = CHUNKS - 1; r < job->rows;) {
-            while ((1 << chunk) > job->rows - r) chunk--;
-            kernels[chunk](buffer + h * subs, subs, job->x + act_offset(r, 0, subs, job->planes),
-                           job->out + r * job->w->n + first, job->w->n, h, (int)width);
-            r += 1 << chunk;
-        }
-}
-
 /* out [rows, n] = x [rows, k] w^T (+ bias), with activations of `planes` (1: 8-bit, 2: the exact path); k a multiple
- * of every part's block. With few rows the weight streams from memory and a thread reads best long runs: guided
- * grabs, half of what is left and then less, let the thread that ends first take the rest; with more, each tile
- * is a task. */
+ * of every part's block. Tiles are the tasks: with few rows the weight streams from memory, and a thread reads best
+ * long runs: guided grabs, half of what is left and then less, let the thread that ends first take the rest. */
 void packed_mm(const float *x, int64_t rows, const packed_weight *w, float *out, int planes, int threads) {
     uint8_t *act = quantize_activations(x, rows, w->k, planes, threads);
     mm_job job = {w, act, rows, planes, out};
     int64_t tasks = tile_count(w);
-    if (rows <= FEW_ROWS) {
 #pragma omp parallel for schedule(guided) num_threads(threads)
-        for (int64_t task = 0; task < tasks; task++) few_task(&job, task, 0, rows);
-    } else {
-#pragma omp parallel num_threads(threads)
-        {
-            decoded *buffer = scratch(SCRATCH_TILE, HALVES * (w->k / QK) * sizeof(decoded));
-#pragma omp for schedule(dynamic)
-            for (int64_t task = 0; task < tasks; task++) many_task(&job, task, buffer);
-        }
-    }
+    for (int64_t task = 0; task < tasks; task++) tile_task(&job, task);
     if (w->bias)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t i = 0; i < w->n; i++) out[r * w->n + i] += w->bias[i];
