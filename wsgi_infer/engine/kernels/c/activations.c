@@ -33,8 +33,8 @@ static void quantize_block(const float *x, int planes, uint8_t *out) {
     uint32_t largest = largest_magnitude(x);
     float amax;
     memcpy(&amax, &largest, 4);
-    memset(out, 0, ACT_BYTES(planes));
     if (largest >= 0x7f800000u) { /* an infinity or a NaN */
+        memset(out, 0, ACT_BYTES(planes));
         head->d = head->s = head->s_half[0] = head->s_half[1] = NAN;
         return;
     }
