@@ -90,7 +90,7 @@ def test_the_kernels_refuse_what_they_cannot_read(kernels):
         kernels.paged_attention(randn(3, 4, 64), randn(8, 4, 64).half(), rows, 0.125)
 
 
-@pytest.mark.parametrize("head_dim", [64, 80])  # 80: pairs of 32 values and a last 16, padded
+@pytest.mark.parametrize("head_dim", [64, 80, 256])  # 80: 5 blocks of 16; 256: more sums than registers hold
 def test_paged_attention_reads_scattered_blocks_as_sdpa_does(kernels, head_dim):
     """Three sequences over blocks out of order, grouped-query heads (9 over 3): two decode a token each, the
     third runs a prefill chunk of 5 tokens, each of which sees its sequence up to itself (the chunk's rows attend

@@ -1,130 +1,160 @@
 /* Attention over the paged KV cache (IEEE halves): each query row over its sequence's cached context, in float32. */
 #include "common.h"
 
-/* a * b + c, 16 lanes, each rounded once */
-static inline f32x16 fma16(f32x16 a, f32x16 b, f32x16 c) {
+/* Vectors of the CPU's width (LANES tokens or dimensions): AVX2's 16 registers then hold what AVX-512's 32 do. */
+
+/* a * b + c, each lane rounded once */
+static inline f32v fma_v(f32v a, f32v b, f32v c) {
 #ifdef __AVX512F__
-    return (f32x16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+    return (f32v)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
 #elif defined(__FMA__)
-    __m256 x[2], y[2], z[2];
-    memcpy(x, &a, 64), memcpy(y, &b, 64), memcpy(z, &c, 64);
-    for (int h = 0; h < 2; h++) x[h] = _mm256_fmadd_ps(x[h], y[h], z[h]);
-    memcpy(&a, x, 64);
-    return a;
+    return (f32v)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
 #else
-    for (int i = 0; i < 16; i++) a[i] = fmaf(a[i], b[i], c[i]);
+    for (int i = 0; i < LANES; i++) a[i] = fmaf(a[i], b[i], c[i]);
     return a;
 #endif
 }
 
-static inline f32x16 splat16(float x) { /* every lane x (0 + x would be an addition: no -ffast-math) */
+static inline f32v splat_v(float x) { /* every lane x (0 + x would be an addition: no -ffast-math) */
 #ifdef __AVX512F__
-    return (f32x16)_mm512_set1_ps(x);
+    return (f32v)_mm512_set1_ps(x);
+#elif defined(__AVX__)
+    return (f32v)_mm256_set1_ps(x);
 #else
-    f32x16 v;
-    for (int i = 0; i < 16; i++) v[i] = x;
+    f32v v;
+    for (int i = 0; i < LANES; i++) v[i] = x;
     return v;
 #endif
 }
 
-/* 16 vectors of 16 transposed: v[i][j] and v[j][i] swap. Four stages, each swapping the off-diagonal blocks of
- * size 8, 4, 2 and 1 between pairs of vectors: 64 two-input shuffles. */
-#define SWAP_BLOCKS(B, ...)                                                                                        \
-    for (int i = 0; i < 16; i++)                                                                                   \
-        if (!(i & B)) {                                                                                            \
-            f32x16 a = v[i], b = v[i + B];                                                                         \
-            v[i] = __builtin_shufflevector(a, b, __VA_ARGS__);                                                     \
-            v[i + B] = __builtin_shufflevector(a, b, HIGH_##B);                                                    \
-        }
-#define HIGH_8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
-#define HIGH_4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
-#define HIGH_2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
-#define HIGH_1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
-static inline __attribute__((always_inline)) void transpose16(f32x16 v[16]) {
-    SWAP_BLOCKS(8, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
-    SWAP_BLOCKS(4, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
-    SWAP_BLOCKS(2, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
-    SWAP_BLOCKS(1, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
+/* LANES halves (the KV cache's) as floats, exactly */
+static inline f32v load_halves(const f16 *p) {
+#ifdef __AVX512F__
+    return (f32v)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(__F16C__)
+    return (f32v)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    f32v v;
+    for (int i = 0; i < LANES; i++) v[i] = half_to_float(p[i]);
+    return v;
+#endif
 }
+
+/* LANES vectors of LANES transposed: v[i][j] and v[j][i] swap. A stage per halving B of the block size, each
+ * swapping the off-diagonal blocks of size B between pairs of vectors: two two-input shuffles a pair. */
+#define SWAP_BLOCKS(B, LOW, HIGH)                                                                                  \
+    for (int i = 0; i < LANES; i++)                                                                                \
+        if (!(i & B)) {                                                                                            \
+            f32v a = v[i], b = v[i + B];                                                                           \
+            v[i] = __builtin_shufflevector(a, b, LOW);                                                             \
+            v[i + B] = __builtin_shufflevector(a, b, HIGH);                                                        \
+        }
+#if LANES == 16
+#define LOW_8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define HIGH_8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define LOW_4 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define HIGH_4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define LOW_2 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define HIGH_2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define LOW_1 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define HIGH_1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+static inline __attribute__((always_inline)) void transpose_v(f32v v[LANES]) {
+    SWAP_BLOCKS(8, LOW_8, HIGH_8) SWAP_BLOCKS(4, LOW_4, HIGH_4) SWAP_BLOCKS(2, LOW_2, HIGH_2) SWAP_BLOCKS(1, LOW_1, HIGH_1)
+}
+#else
+#define LOW_4 0, 1, 2, 3, 8, 9, 10, 11
+#define HIGH_4 4, 5, 6, 7, 12, 13, 14, 15
+#define LOW_2 0, 1, 8, 9, 4, 5, 12, 13
+#define HIGH_2 2, 3, 10, 11, 6, 7, 14, 15
+#define LOW_1 0, 8, 2, 10, 4, 12, 6, 14
+#define HIGH_1 1, 9, 3, 11, 5, 13, 7, 15
+static inline __attribute__((always_inline)) void transpose_v(f32v v[LANES]) {
+    SWAP_BLOCKS(4, LOW_4, HIGH_4) SWAP_BLOCKS(2, LOW_2, HIGH_2) SWAP_BLOCKS(1, LOW_1, HIGH_1)
+}
+#endif
 
 #define PREFETCH_AHEAD 8 /* tokens */
 
-/* the part's keys, each block of 16 tokens transposed: keys_t[block][d] holds dimension d of the block's 16
- * tokens (zeros past len), so that a query's 16 scores are one vector of multiply-adds, no sums across lanes */
+/* the part's keys, each block of LANES tokens transposed: keys_t[block][d] holds dimension d of the block's tokens
+ * (zeros past len), so that a query's scores are vectors of multiply-adds, no sums across lanes */
 static inline __attribute__((always_inline)) void transposed_keys(const f16 *keys, const int64_t *offsets,
-                                                                  int64_t len, const int64_t head_dim,
-                                                                  f32x16 *keys_t) {
-    for (int64_t start = 0; start < len; start += 16)
-        for (int64_t c = 0; c < head_dim / 16; c++) {
-            f32x16 v[16];
-            for (int64_t i = 0; i < 16; i++) {
+                                                                  int64_t len, const int64_t head_dim, f32v *keys_t) {
+    for (int64_t start = 0; start < len; start += LANES)
+        for (int64_t c = 0; c < head_dim / LANES; c++) {
+            f32v v[LANES];
+            for (int64_t i = 0; i < LANES; i++) {
                 int64_t t = start + i;
-                if (t + PREFETCH_AHEAD < len) __builtin_prefetch(keys + offsets[t + PREFETCH_AHEAD] + 16 * c);
-                v[i] = t < len ? load16(keys + offsets[t] + 16 * c) : (f32x16){0};
+                if (t + PREFETCH_AHEAD < len) __builtin_prefetch(keys + offsets[t + PREFETCH_AHEAD] + LANES * c);
+                v[i] = t < len ? load_halves(keys + offsets[t] + LANES * c) : (f32v){0};
             }
-            transpose16(v);
-            memcpy(keys_t + (start / 16) * head_dim + 16 * c, v, sizeof(v));
+            transpose_v(v);
+            memcpy(keys_t + (start / LANES) * head_dim + LANES * c, v, sizeof(v));
         }
 }
 
-#define SCORE_QUERIES 8 /* queries whose 16 scores a key block's dimensions update at once: 8 independent chains */
+#define SCORE_QUERIES 8 /* queries whose scores a key block's dimensions update at once: 8 independent chains */
 
-/* the 16 scores of each of `count` (a constant) queries from q over a block of transposed keys k, scaled, into
+/* the scores of each of `count` (a constant) queries from q over a block of transposed keys k, scaled, into
  * scores (a query's row stride apart): one chain of multiply-adds a query, over the dimensions in order */
-static inline __attribute__((always_inline)) void score_block(const float *q, const int count, const f32x16 *k,
+static inline __attribute__((always_inline)) void score_block(const float *q, const int count, const f32v *k,
                                                               const int64_t head_dim, float scale, int64_t stride,
                                                               float *scores) {
-    f32x16 acc[SCORE_QUERIES] = {{0}};
+    f32v acc[SCORE_QUERIES] = {{0}};
     for (int64_t d = 0; d < head_dim; d++)
-        for (int m = 0; m < count; m++) acc[m] = fma16(splat16(q[m * head_dim + d]), k[d], acc[m]);
+        for (int m = 0; m < count; m++) acc[m] = fma_v(splat_v(q[m * head_dim + d]), k[d], acc[m]);
     for (int m = 0; m < count; m++) {
-        f32x16 scaled = acc[m] * scale;
+        f32v scaled = acc[m] * scale;
         memcpy(scores + m * stride, &scaled, sizeof(scaled));
     }
 }
 
 /* scores [group, stride] of each query over the part's tokens (whole blocks of 16): each query's arithmetic the
  * same whichever queries share its block */
-static inline __attribute__((always_inline)) void score_tokens(const float *q, const int64_t group,
-                                                               const f32x16 *keys_t, int64_t len,
-                                                               const int64_t head_dim, float scale, int64_t stride,
-                                                               float *scores) {
-    for (int64_t block = 0; block * 16 < len; block++) {
-        const f32x16 *k = keys_t + block * head_dim;
+static inline __attribute__((always_inline)) void score_tokens(const float *q, const int64_t group, const f32v *keys_t,
+                                                               int64_t len, const int64_t head_dim, float scale,
+                                                               int64_t stride, float *scores) {
+    for (int64_t block = 0; block * LANES < len; block++) {
+        const f32v *k = keys_t + block * head_dim;
+        float *at = scores + LANES * block;
         int64_t m0 = 0;
         for (; m0 + SCORE_QUERIES <= group; m0 += SCORE_QUERIES)
-            score_block(q + m0 * head_dim, SCORE_QUERIES, k, head_dim, scale, stride, scores + m0 * stride + 16 * block);
+            score_block(q + m0 * head_dim, SCORE_QUERIES, k, head_dim, scale, stride, at + m0 * stride);
         for (; m0 < group; m0++) /* the rest one at a time */
-            score_block(q + m0 * head_dim, 1, k, head_dim, scale, stride, scores + m0 * stride + 16 * block);
+            score_block(q + m0 * head_dim, 1, k, head_dim, scale, stride, at + m0 * stride);
     }
 }
 
 #ifdef __AVX512F__
-#define VALUE_SUMS 16 /* a query block's sums held in registers (16-lane vectors) */
+#define VALUE_SUMS 16 /* a query block's sums held in registers */
 #else
-#define VALUE_SUMS 8
+#define VALUE_SUMS 12
 #endif
 
 /* weighed [group, D] = sum over each query's own tokens (lens) of weights [group, stride] times the tokens' values
- * (widened once into values_f), in token order: per query and dimension one chain, whichever queries share it */
+ * (widened once into values_f), in token order: per query and dimension one chain, whichever queries share it. A
+ * pass over the tokens takes as many queries and dimensions as VALUE_SUMS registers hold. */
 static inline __attribute__((always_inline)) void weigh_values(const float *values_f, int64_t len, const int64_t *lens,
                                                                const int64_t group, const int64_t head_dim,
                                                                int64_t stride, const float *weights, float *weighed) {
-    const int64_t chunks = head_dim / 16, block = VALUE_SUMS / chunks > 0 ? VALUE_SUMS / chunks : 1;
+    const int64_t chunks = head_dim / LANES, width = chunks < VALUE_SUMS ? chunks : VALUE_SUMS;
+    const int64_t block = VALUE_SUMS / width;
     for (int64_t m0 = 0; m0 < group; m0 += block) {
         const int64_t count = group - m0 < block ? group - m0 : block;
         int64_t shortest = len;
         for (int64_t m = 0; m < count; m++) shortest = lens[m0 + m] < shortest ? lens[m0 + m] : shortest;
-        f32x16 acc[VALUE_SUMS] = {{0}};
-        for (int64_t t = 0; t < len; t++) {
-            const f32x16 *value = (const f32x16 *)(values_f + t * head_dim);
-            for (int64_t m = 0; m < block; m++) { /* a constant count: the sums stay in registers */
-                if (m >= count || (t >= shortest && t >= lens[m0 + m])) continue; /* past this query's context */
-                f32x16 weight = splat16(weights[(m0 + m) * stride + t]);
-                for (int64_t c = 0; c < chunks; c++) acc[m * chunks + c] = fma16(weight, value[c], acc[m * chunks + c]);
+        for (int64_t c0 = 0; c0 < chunks; c0 += width) {
+            f32v acc[VALUE_SUMS] = {{0}};
+            for (int64_t t = 0; t < len; t++) {
+                const f32v *value = (const f32v *)(values_f + t * head_dim) + c0;
+                for (int64_t m = 0; m < block; m++) { /* a constant count: the sums stay in registers */
+                    if (m >= count || (t >= shortest && t >= lens[m0 + m])) continue; /* past its own context */
+                    f32v weight = splat_v(weights[(m0 + m) * stride + t]);
+                    for (int64_t c = 0; c < width; c++) acc[m * width + c] = fma_v(weight, value[c], acc[m * width + c]);
+                }
             }
+            for (int64_t m = 0; m < count; m++)
+                memcpy(weighed + (m0 + m) * head_dim + c0 * LANES, acc + m * width, width * sizeof(f32v));
         }
-        memcpy(weighed + m0 * head_dim, acc, count * head_dim * sizeof(float));
     }
 }
 
@@ -172,16 +202,16 @@ static inline __attribute__((always_inline)) void attend_part(const float *q, co
                                                               float *peak, float *total, float *weighed) {
     const int64_t stride = (len + 15) / 16 * 16;
     float *scores = scratch(SCRATCH_SCORES, group * stride * sizeof(float));
-    f32x16 *keys_t = scratch(SCRATCH_KEYS, stride * head_dim * sizeof(float));
+    f32v *keys_t = scratch(SCRATCH_KEYS, stride * head_dim * sizeof(float));
     float *values_f = scratch(SCRATCH_VALUES, len * head_dim * sizeof(float));
     transposed_keys(keys, offsets, len, head_dim, keys_t);
     score_tokens(q, group, keys_t, len, head_dim, scale, stride, scores);
     for (int64_t h = 0; h < group; h++) total[h] = softmax_numerators(scores + h * stride, lens[h], peak + h);
     for (int64_t t = 0; t < len; t++)
-        for (int64_t c = 0; c < head_dim / 16; c++) {
-            if (t + PREFETCH_AHEAD < len) __builtin_prefetch(values + offsets[t + PREFETCH_AHEAD] + 16 * c);
-            f32x16 v = load16(values + offsets[t] + 16 * c);
-            memcpy(values_f + t * head_dim + 16 * c, &v, sizeof(v));
+        for (int64_t c = 0; c < head_dim / LANES; c++) {
+            if (t + PREFETCH_AHEAD < len) __builtin_prefetch(values + offsets[t + PREFETCH_AHEAD] + LANES * c);
+            f32v v = load_halves(values + offsets[t] + LANES * c);
+            memcpy(values_f + t * head_dim + LANES * c, &v, sizeof(v));
         }
     weigh_values(values_f, len, lens, group, head_dim, stride, scores, weighed);
 }

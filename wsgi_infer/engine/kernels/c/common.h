@@ -75,23 +75,6 @@ static inline f32x16 load16f(const float *p) {
     return v;
 }
 
-/* 16 halves (the KV cache's) as floats, exactly */
-static inline f32x16 load16(const f16 *p) {
-#ifdef __AVX512F__
-    return (f32x16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-#elif defined(__F16C__)
-    __m256 v[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
-                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
-    f32x16 out;
-    memcpy(&out, v, sizeof(out));
-    return out;
-#else
-    f32x16 out;
-    for (int i = 0; i < 16; i++) out[i] = half_to_float(p[i]);
-    return out;
-#endif
-}
-
 static inline float hsum(f32x16 v) {
     v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
     v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);
