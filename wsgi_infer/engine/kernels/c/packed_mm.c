@@ -84,29 +84,41 @@ ALWAYS_INLINE void store_rows(const fvec *acc, int rows, int h, int width, float
 /* --- a tile for a pass of rows: each sub-block decoded in registers ------------------------------------------ */
 
 /* rows (a constant) of activations x (their first's first block; activations.h: the group's next row ACT_BYTES on,
- * the next block ACT_ROWS rows on) times one tile of `blocks` blocks: its first
- * `width` outputs of each row into out */
-ALWAYS_INLINE void tile_pass(const int type, const int planes, const int rows, const uint8_t *tile, int64_t blocks,
-                            const uint8_t *x, float *out, int64_t out_stride, int width) {
+ * the next block ACT_ROWS rows on) times one tile of `blocks` blocks: its first `width` outputs of each row into
+ * out. `parts` of the tile's HALVES (QL rows each) at once, from `h0` on: both, where their sums fit the registers
+ * beside the codes (each byte of the weight then used while it is in L1), else one at a time. */
+ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, const int parts, int h0,
+                             const uint8_t *tile, int64_t blocks, const uint8_t *x, float *out, int64_t out_stride,
+                             int width) {
     const int64_t bytes = block_bytes(type), subs = sub_blocks(type), act = ACT_BYTES(planes);
-    for (int h = 0; h < HALVES; h++) {
-        fvec acc[ROWS_AT_ONCE]; /* not [rows]: an array of variable size lives in memory */
-        for (int r = 0; r < rows; r++) acc[r] = (fvec){0};
-        for (int64_t b = 0; b < blocks; b++) {
-            const uint8_t *block = tile + b * bytes;
-            for (int j = 0; j < subs; j++) {
-                /* the weight streams: fetch what the sub-block PREFETCH_BYTES on reads */
-                const uint8_t *ahead = block + PREFETCH_BYTES / bytes * bytes + j * (bytes / subs);
-                for (int64_t line = 0; line < bytes / subs; line += 64) __builtin_prefetch(ahead + line);
+    fvec acc[HALVES][ROWS_AT_ONCE]; /* not [rows]: an array of variable size lives in memory */
+    for (int h = 0; h < parts; h++)
+        for (int r = 0; r < rows; r++) acc[h][r] = (fvec){0};
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *block = tile + b * bytes;
+        for (int j = 0; j < subs; j++) {
+            /* the weight streams: fetch what the sub-block PREFETCH_BYTES on reads */
+            const uint8_t *ahead = block + PREFETCH_BYTES / bytes * bytes + j * (bytes / subs);
+            for (int64_t line = 0; line < bytes / subs; line += 64) __builtin_prefetch(ahead + line);
+            for (int h = 0; h < parts; h++) {
                 decoded w;
-                decode(type, block, j, h, &w);
+                decode(type, block, j, h0 + h, &w);
 #pragma GCC unroll 16
                 for (int r = 0; r < rows; r++)
-                    acc[r] = row_step(&w, halves_scaled(type), wide_codes(type), planes,
-                                      x + ((b * subs + j) * ACT_ROWS + r) * act, acc[r]);
+                    acc[h][r] = row_step(&w, halves_scaled(type), wide_codes(type), planes,
+                                         x + ((b * subs + j) * ACT_ROWS + r) * act, acc[h][r]);
             }
         }
-        store_rows(acc, rows, h, width, out, out_stride);
+    }
+    for (int h = 0; h < parts; h++) store_rows(acc[h], rows, h0 + h, width, out, out_stride);
+}
+
+ALWAYS_INLINE void tile_pass(const int type, const int planes, const int rows, const uint8_t *tile, int64_t blocks,
+                             const uint8_t *x, float *out, int64_t out_stride, int width) {
+    if (HALVES == 1 || rows > 2) {
+        for (int h = 0; h < HALVES; h++) tile_rows(type, planes, rows, 1, h, tile, blocks, x, out, out_stride, width);
+    } else {
+        tile_rows(type, planes, rows, HALVES, 0, tile, blocks, x, out, out_stride, width);
     }
 }
 
