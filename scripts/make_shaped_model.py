@@ -21,11 +21,13 @@ import sys
 from pathlib import Path
 
 # name: (hidden, intermediate, layers, heads, kv heads, vocab, tied): Llama 3.2's and Qwen's shapes, Llama's blocks
+# (a head's size is hidden / heads)
 SHAPES = {
     "0.5b": (896, 4864, 24, 14, 2, 49152, True),  # Qwen2.5 0.5B's shape (head_dim 64)
     "1b": (2048, 8192, 16, 32, 8, 49152, True),  # Llama 3.2 1B's shape with SmolLM2's vocabulary: 1.07B
     "1b-vocab128k": (2048, 8192, 16, 32, 8, 128256, True),  # Llama 3.2 1B's own vocabulary and LM head: 1.24B
     "1.7b": (2048, 8192, 24, 32, 8, 49152, True),  # SmolLM2 1.7B's shape (head_dim 64)
+    "qwen3-1.7b": (2048, 6144, 28, 16, 8, 151936, True),  # Qwen3-1.7B's shape: head_dim 128, 151,936 tokens
     "3b": (3072, 8192, 28, 24, 8, 128256, True),  # Llama 3.2 3B's shape (head_dim 128)
 }
 

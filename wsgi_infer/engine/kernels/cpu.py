@@ -5,8 +5,8 @@ transformers does), SiLU-and-mul 4, rotary 7, attention over the paged cache 12.
 was the distance to llama.cpp. Each of these is one call here, packed weights (GGUF's own blocks, ``packed``) have
 their own multiply, and ``FusedDecoder`` runs a step's decoder layers in one call. Activations are float32 between
 the kernels; a packed multiply takes them as 8-bit integers (llama.cpp's trade, the default) or, on the exact path,
-as 16-bit ones. The KV cache holds IEEE halves (llama.cpp's default: 3 more bits than bf16). They take CPU tensors contiguous in their last dimension, which the layers give
-them (see ``attach_kernels``).
+as 16-bit ones. The KV cache holds IEEE halves (llama.cpp's default: 3 more bits than bf16). They take CPU tensors
+contiguous in their last dimension, which the layers give them (see ``attach_kernels``).
 """
 
 from __future__ import annotations
