@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType as Q
 from wsgi_infer.engine.kernels.block_fields import FILE_BLOCK_BYTES, FORMATS, Q8_M, file_bits_per_weight
 from wsgi_infer.engine.kernels.cpu import CpuKernels
 from wsgi_infer.engine.kernels.packed import packed_weight
+from wsgi_infer.engine.runtime.huge_pages import HUGE_PAGE, HugePageArena
 
 from ..support.kernel_libraries import (
     FILE_FORMATS,
@@ -131,3 +132,21 @@ def test_the_kernels_refuse_what_they_cannot_multiply(kernels: CpuKernels):
         kernels.packed_rows(weight, torch.tensor([32]))
     with pytest.raises(ValueError, match="parts of the same inputs"):
         packed_weight([weight.parts[0], packed_from_values(randn(16, 96)).parts[0]], False)
+
+
+def _anonymous_mb() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("RssAnon:")) / 1024
+
+
+def test_a_models_weights_share_huge_pages_and_hold_about_their_bytes():
+    """A region of huge pages each rounded every part up to whole 2 MB pages: the shipped 135M model's 210 parts
+    (120 MB) held 0.5 GB. From one arena, 200 parts of 100 kB, written, hold about 20 MB; each on its own 64-byte
+    lines, none overlapping another."""
+    arena, before = HugePageArena(), _anonymous_mb()
+    parts = [arena.take(100_000).fill_(i % 256) for i in range(200)]
+    assert _anonymous_mb() - before < 20 + 2 * HUGE_PAGE / 2**20 * 2  # the bytes, and each region's last page
+    starts = sorted(part.data_ptr() for part in parts)
+    assert all(start % 64 == 0 for start in starts)
+    assert all(b - a >= 100_000 for a, b in zip(starts, starts[1:]))
+    assert all(int(part[0]) == int(part[-1]) == i % 256 for i, part in enumerate(parts))  # none written over

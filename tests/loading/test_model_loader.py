@@ -204,6 +204,28 @@ def test_checkpoint_tensors_let_go_of_a_files_mapping_as_they_read(tiny_model_di
     assert torch.equal(first, again)
 
 
+@pytest.mark.slow  # a fresh interpreter loads a model
+def test_a_load_leaves_the_files_pages_to_the_page_cache(default_model_dir):
+    """Once packed, a weight is read from its packed tiles: the GGUF's pages it was read from leave the process (a
+    1B Q4_K_M's worker peaked at the file plus its packed weights, 2.2 GB against llama-server's 1.4), and what the
+    process still maps of the file is a small share of it after a load and a generation."""
+    code = (
+        "import os\n"
+        "from wsgi_infer import LLM\n"
+        "from wsgi_infer.engine.loading.model_paths import default_model_path\n"
+        "llm = LLM()\n"
+        "assert llm.generate('The capital of France is')[0].text\n"
+        "path, rss, mine = str(default_model_path().resolve()), 0, False\n"
+        "for line in open('/proc/self/smaps'):\n"
+        "    if not line[0].isupper(): mine = line.rstrip().endswith(path)\n"
+        "    elif mine and line.startswith('Rss:'): rss += int(line.split()[1]) * 1024\n"
+        "print(rss, os.path.getsize(path))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True)
+    held, size = map(int, done.stdout.split())
+    assert held < size // 20, f"{held:,} bytes of the {size:,}-byte file still in the process"
+
+
 def test_a_conversion_copies_no_weights_values_and_a_load_reads_them_from_the_file(tmp_path, monkeypatch):
     """A converted copy keeps no 2-D weight: a load reads each from the GGUF itself, its values as gguf-py gives them.
     So a float32 load equals transformers' reference on them, and the copy holds the norms alone. Moved elsewhere

@@ -15,6 +15,7 @@ from wsgi_infer.engine.kernels.block_fields import FILE_BLOCK_BYTES, FORMATS, fr
 from wsgi_infer.engine.kernels.build import build_cpu_kernels, installed_dir
 from wsgi_infer.engine.kernels.packed import PackedWeight, packed_part, packed_weight
 from wsgi_infer.engine.runtime.cpu_info import cpu_flags
+from wsgi_infer.engine.runtime.huge_pages import HugePageArena
 
 # Every library a CPU like this one may load: each installed variant it runs (x86-64-v2 is the path without
 # AVX2), clang's build, and a build here where none is installed.
@@ -69,11 +70,13 @@ def file_values(raw: torch.Tensor, ggml_type: int) -> torch.Tensor:
 
 
 def packed_from_file(raw: torch.Tensor, ggml_type: int) -> PackedWeight:
-    return packed_weight([packed_part(raw.shape[0], lambda a, b: from_file_blocks(raw[a:b], ggml_type))], True)
+    part = packed_part(raw.shape[0], lambda a, b: from_file_blocks(raw[a:b], ggml_type), HugePageArena())
+    return packed_weight([part], True)
 
 
 def packed_from_values(weight: torch.Tensor, levels: int = 255) -> PackedWeight:
-    return packed_weight([packed_part(weight.shape[0], lambda a, b: from_values(weight[a:b], levels))], False)
+    part = packed_part(weight.shape[0], lambda a, b: from_values(weight[a:b], levels), HugePageArena())
+    return packed_weight([part], False)
 
 
 def quantized_rows(x: torch.Tensor, planes: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..runtime.huge_pages import huge_page_bytes
+from ..runtime.huge_pages import HugePageArena
 from .block_fields import FORMATS, BlockFields, file_bits_per_weight, format_name
 from .tiles import TILE, tile_layout
 
@@ -65,16 +65,16 @@ class PackedWeight:
 ROWS_AT_ONCE = 256 * TILE  # a part is laid out so many rows at a time: its temporaries stay tens of MB
 
 
-def packed_part(rows: int, fields_of: Callable[[int, int], BlockFields]) -> PackedPart:
+def packed_part(rows: int, fields_of: Callable[[int, int], BlockFields], memory: HugePageArena) -> PackedPart:
     """A part of ``rows`` rows, whose rows [a, b) have the fields ``fields_of(a, b)``: laid out ``ROWS_AT_ONCE`` rows
-    at a time (whole tiles each, so the pieces join as one layout would), into memory in huge pages."""
+    at a time (whole tiles each, so the pieces join as one layout would), into the huge pages of ``memory``."""
     tiles = None
     for start in range(0, rows, ROWS_AT_ONCE):
         fields = fields_of(start, min(rows, start + ROWS_AT_ONCE))
         piece = tile_layout(fields)
         if tiles is None:
             shape = (-(-rows // TILE), *piece.shape[1:])
-            tiles = huge_page_bytes(math.prod(shape)).view(shape)
+            tiles = memory.take(math.prod(shape)).view(shape)
         tiles[start // TILE : start // TILE + len(piece)] = piece
     return PackedPart(fields.format, tiles, rows)
 

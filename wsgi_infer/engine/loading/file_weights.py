@@ -68,6 +68,12 @@ class FileBlocks:
         picked = self.raw[start:stop] if self.order is None else self.raw[self.order[start:stop]]
         return torch.from_numpy(np.array(picked))
 
+    def release(self) -> None:
+        """Its pages out of this process, once it is packed (``gguf_file.release_pages``)."""
+        from .gguf_file import release_pages
+
+        release_pages(self.raw)
+
 
 class FileWeights(Mapping):
     """A converted copy's weights that its GGUF holds, by Hugging Face name, as float32 values (empty for a Hugging
@@ -80,11 +86,15 @@ class FileWeights(Mapping):
         self._processor = None
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        from .gguf_file import release_pages
+
         tensor = self._tensor(name)
         try:
             values = tensor.values().numpy()
         except ValueError as exc:  # a type gguf-py cannot read (a conversion refuses it first)
             raise ModelLoadError(f"model {self._record['gguf']}: {exc}") from None
+        finally:
+            release_pages(tensor.raw)  # read: its pages need not stay in this process
         if name in self.processed:
             return torch.from_numpy(np.ascontiguousarray(self._reorder(values, tensor.name)))
         order = self._order(name)

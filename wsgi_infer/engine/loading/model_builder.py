@@ -19,6 +19,7 @@ from ..layers.quantization import PackedLinear, kinds, pack_on_kernels, packed_l
 from ..models import allocate_model, model_class
 from ..runtime.cache_files import cache_root
 from ..runtime.heap import release_free_heap
+from ..runtime.huge_pages import HugePageArena
 from .checkpoint_tensors import CheckpointTensors
 from .packing import layer_weight
 
@@ -91,8 +92,8 @@ def _pack_on_kernels(model: nn.Module, method: str, model_dir: Path, kernels: Cp
     """Every linear layer packed, the LM head's rows serving a tied embedding where they are the file's, else the
     embedding's rows read from the GGUF at each lookup where it is there: the table is never read."""
     values = CheckpointTensors(model_dir, torch.float32)
-    names = model.checkpoint_names
-    pack_on_kernels(model, lambda linear: layer_weight(method, names(linear), values.blocks, values), kernels)
+    names, memory = model.checkpoint_names, HugePageArena()
+    pack_on_kernels(model, lambda linear: layer_weight(method, names(linear), values.blocks, values, memory), kernels)
     if not share_embedding_with_packed_head(model):
         from_file = values.embedding_in_file("model.embed_tokens.weight")
         if from_file is not None:

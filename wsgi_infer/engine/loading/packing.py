@@ -10,33 +10,48 @@ Q4_1 and Q4_K as they are, other parts made as Q4_1 is), ``int8`` for 8 bits (a 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from ..kernels.block_fields import FILE_TYPES, from_file_blocks, from_values
+from ..kernels.block_fields import FILE_TYPES, BlockFields, from_file_blocks, from_values
 from ..kernels.packed import PackedWeight, packed_part, packed_weight
+from ..runtime.huge_pages import HugePageArena
 from .file_weights import FileBlocks
 
 _KEPT = {"auto": FILE_TYPES, "int4": {Q.Q4_0, Q.Q4_1, Q.Q4_K}, "int8": {Q.Q8_0}}
 
 
 def layer_weight(
-    method: str, names: list[str], blocks: Callable[[str], FileBlocks | None], values: Mapping[str, torch.Tensor]
+    method: str,
+    names: list[str],
+    blocks: Callable[[str], FileBlocks | None],
+    values: Mapping[str, torch.Tensor],
+    memory: HugePageArena,
 ) -> PackedWeight | None:
     """The packed weight of the layer that stacks the checkpoint weights ``names``, from their blocks in the file
-    (``blocks(name)``, None where a weight is not there) or their float32 ``values``; None where it cannot be packed
-    (no names, or inputs not a multiple of 32)."""
+    (``blocks(name)``, None where a weight is not there) or their float32 ``values``, in ``memory``; None where it
+    cannot be packed (no names, or inputs not a multiple of 32)."""
     parts, from_file = [], True
     for name in names:
         found = blocks(name)
         if found is not None and found.ggml_type in _KEPT[method]:
-            parts.append(packed_part(found.shape[0], lambda a, b, f=found: from_file_blocks(f.rows(a, b), f.ggml_type)))
+            parts.append(packed_part(found.shape[0], partial(_file_rows, found), memory))
+            found.release()
             continue
         weight = values[name]
         if weight.shape[1] % 32:
             return None
         levels = 15 if method == "int4" else 255
-        parts.append(packed_part(weight.shape[0], lambda a, b, w=weight, n=levels: from_values(w[a:b], n)))
+        parts.append(packed_part(weight.shape[0], partial(_value_rows, weight, levels), memory))
         from_file = False
     return packed_weight(parts, from_file) if parts else None
+
+
+def _file_rows(blocks: FileBlocks, start: int, stop: int) -> BlockFields:
+    return from_file_blocks(blocks.rows(start, stop), blocks.ggml_type)
+
+
+def _value_rows(weight: torch.Tensor, levels: int, start: int, stop: int) -> BlockFields:
+    return from_values(weight[start:stop], levels)
