@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's own llama-server and llama-quantize, the peer the benchmarks compare with, from the llama.cpp
 # tree that the llama-cpp-python sdist on PyPI vendors (no other network). Kept out of CI: about 10 minutes on 2
-# cores. Usage: bash scripts/build_llama_server.sh [DIR]   (default: ../peers); prints the binaries' directory.
+# cores. Usage: bash scripts/build_llama_server.sh [DIR] [IK_TREE]   (DIR default: ../peers); prints the binaries'
+# directory. IK_TREE, a checkout of github.com/ikawrakow/ik_llama.cpp (a git clone, or a mirror's work tree), builds
+# its llama-server too, the other peer (about 25 minutes more: its iqk/ kernels); run it with -rtr.
 set -euo pipefail
 VERSION=0.3.36
 DIR=$(realpath -m "${1:-$(dirname "$0")/../../peers}")
+IK_TREE=${2:+$(realpath "$2")}
 mkdir -p "$DIR"
 cd "$DIR"
 if [ ! -d llsrc/llama_cpp_python-$VERSION ]; then
@@ -16,3 +19,9 @@ cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=O
     -DBUILD_SHARED_LIBS=OFF >/dev/null
 cmake --build build --target llama-server llama-quantize llama-bench -j"$(nproc)" >/dev/null
 echo "$PWD/build/bin"
+if [ -n "$IK_TREE" ]; then
+    cd "$IK_TREE"
+    cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
+    cmake --build build --target llama-server -j"$(nproc)" >/dev/null
+    echo "$PWD/build/bin"
+fi
