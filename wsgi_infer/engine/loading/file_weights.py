@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,6 +23,9 @@ from torch import nn
 
 from ..runtime.cache_files import read_json, write_json
 from .model_paths import ModelLoadError
+
+if TYPE_CHECKING:  # gguf_file imports gguf, which a load imports only when it reads a file
+    from .gguf_file import GgufTensor
 
 FILE_WEIGHTS_FILE = "gguf_weights.json"  # in a converted copy: the file, and where each weight lies in it
 ROW_ORDERS_FILE = "row_orders.npz"  # beside it: our row order of each weight whose rows the processor moves
@@ -56,23 +60,35 @@ def point_at(directory: Path, gguf: Path) -> None:
 
 @dataclass
 class FileBlocks:
-    """A 2-D weight's blocks in the mapped file, in our row order: ``rows(a, b)`` copies rows [a, b) out as uint8
-    [b - a, bytes a row] (our row r being the file's ``order[r]``, where its rows move)."""
+    """A 2-D weight's blocks in the mapped file (a ``gguf_file.GgufTensor``), in our row order: ``rows(a, b)``
+    copies rows [a, b) out as uint8 [b - a, bytes a row] (our row r being the file's ``order[r]``, where its rows
+    move)."""
 
-    ggml_type: int
-    shape: tuple[int, int]
-    raw: np.ndarray
+    tensor: GgufTensor
     order: np.ndarray | None
 
+    @property
+    def ggml_type(self) -> int:
+        return self.tensor.ggml_type
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.tensor.shape
+
+    @property
+    def raw(self) -> np.ndarray:
+        return self.tensor.raw
+
     def rows(self, start: int, stop: int) -> torch.Tensor:
-        picked = self.raw[start:stop] if self.order is None else self.raw[self.order[start:stop]]
-        return torch.from_numpy(np.array(picked))
+        if self.order is not None:
+            return torch.from_numpy(self.raw[self.order[start:stop]])
+        copied = torch.from_numpy(np.array(self.raw[start:stop]))
+        self.tensor.rows(start, stop).let_go()  # a large weight's pages leave as it is read, not once it is packed
+        return copied
 
-    def release(self) -> None:
-        """Its pages out of this process, once it is packed (``gguf_file.release_pages``)."""
-        from .gguf_file import release_pages
-
-        release_pages(self.raw)
+    def let_go(self) -> None:
+        """Its pages out of this process, once it is packed (``GgufTensor.let_go``)."""
+        self.tensor.let_go()
 
 
 class FileWeights(Mapping):
@@ -86,15 +102,13 @@ class FileWeights(Mapping):
         self._processor = None
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        from .gguf_file import release_pages
-
         tensor = self._tensor(name)
         try:
             values = tensor.values().numpy()
         except ValueError as exc:  # a type gguf-py cannot read (a conversion refuses it first)
             raise ModelLoadError(f"model {self._record['gguf']}: {exc}") from None
         finally:
-            release_pages(tensor.raw)  # read: its pages need not stay in this process
+            tensor.let_go()  # read: its pages need not stay in this process
         if name in self.processed:
             return torch.from_numpy(np.ascontiguousarray(self._reorder(values, tensor.name)))
         order = self._order(name)
@@ -109,7 +123,7 @@ class FileWeights(Mapping):
         tensor = self._tensor(name)
         if len(tensor.shape) != 2:
             return None
-        return FileBlocks(tensor.ggml_type, tensor.shape, tensor.raw, self._order(name))
+        return FileBlocks(tensor, self._order(name))
 
     def embedding(self, name: str) -> FileEmbedding | None:
         """Token embeddings read from the file's own rows at each lookup, where ``name`` is read from the file and

@@ -7,8 +7,6 @@ the file itself, at the places the conversion recorded (``file_weights``), witho
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import mmap
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,19 +137,3 @@ def tensor_table(gguf_file: Path) -> tuple[str, list[GgufTensor]]:
             raise ValueError(f"tensor {name}: ggml type {type_id} is unknown to gguf-py") from None
         tensors.append(_at(blob, name, ggml_type, shape, data_start + offset))
     return metadata["general.architecture"], tensors
-
-
-def release_pages(raw: np.ndarray) -> None:
-    """Drops a mapped tensor's pages from this process; the page cache keeps them, and a later read maps them again.
-    Once a weight is packed its file pages are not read, and a process that kept them would peak at the file plus
-    the packed weights (2.2 GB for a 1B Q4_K_M against llama-server's 1.4)."""
-    advice = getattr(mmap, "MADV_DONTNEED", None)
-    if advice is None or raw.nbytes == 0:
-        return
-    start = raw.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE
-    _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(raw.ctypes.data + raw.nbytes - start), advice)
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)

@@ -38,7 +38,7 @@ def layer_weight(
         found = blocks(name)
         if found is not None and found.ggml_type in _KEPT[method]:
             parts.append(packed_part(found.shape[0], partial(_file_rows, found), memory))
-            found.release()
+            found.let_go()
             continue
         weight = values[name]
         if weight.shape[1] % 32:
