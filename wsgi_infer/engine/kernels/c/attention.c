@@ -27,19 +27,6 @@ static inline f32v splat_v(float x) { /* every lane x (0 + x would be an additio
 #endif
 }
 
-/* LANES halves (the KV cache's) as floats, exactly */
-static inline f32v load_halves(const f16 *p) {
-#ifdef __AVX512F__
-    return (f32v)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-#elif defined(__F16C__)
-    return (f32v)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-#else
-    f32v v;
-    for (int i = 0; i < LANES; i++) v[i] = half_to_float(p[i]);
-    return v;
-#endif
-}
-
 /* LANES vectors of LANES transposed: v[i][j] and v[j][i] swap. A stage per halving B of the block size, each
  * swapping the off-diagonal blocks of size B between pairs of vectors: two two-input shuffles a pair. */
 #define SWAP_BLOCKS(B, LOW, HIGH)                                                                                  \

@@ -108,6 +108,19 @@ typedef int32_t i32v __attribute__((vector_size(LANES * 4)));
 typedef uint32_t u32v __attribute__((vector_size(LANES * 4)));
 typedef uint16_t u16v __attribute__((vector_size(LANES * 2)));
 
+/* LANES IEEE halves as floats, exactly: vcvtph2ps where the CPU has it */
+static inline f32v load_halves(const f16 *p) {
+#ifdef __AVX512F__
+    return (f32v)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(__F16C__)
+    return (f32v)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    f32v v;
+    for (int i = 0; i < LANES; i++) v[i] = half_to_float(p[i]);
+    return v;
+#endif
+}
+
 static inline f32v select_v(i32v mask, f32v a, f32v b) { return (f32v)(((i32v)a & mask) | ((i32v)b & ~mask)); }
 
 /* exp_approx of each lane, with exactly exp_approx's operations (GCC does not vectorize its floorf) */

@@ -41,7 +41,7 @@ ALWAYS_INLINE void k_scale_min(const uint8_t *words, int j, int h, wvec *scale, 
 
 /* sub-block j of part h (QL rows) of a tile's super-block */
 ALWAYS_INLINE void decode_k(const int type, const uint8_t *block, int j, int h, decoded *out) {
-    fvec d = halves_f((const f16 *)block + QL * h);
+    fvec d = load_halves((const f16 *)block + QL * h);
     if (type == Q6_K) {
         const uint8_t *scales = block + 32 + 2 * TILE * j + QL * h, *high = block + 288 + 128 * j;
         out->s[0] = d * sbytes_f(scales);
@@ -53,7 +53,7 @@ ALWAYS_INLINE void decode_k(const int type, const uint8_t *block, int j, int h, 
         add_high_pairs(load_w(high + 64 + 4 * QL * h), 2, out->w);
         return;
     }
-    fvec dmin = halves_f((const f16 *)(block + 32) + QL * h);
+    fvec dmin = load_halves((const f16 *)(block + 32) + QL * h);
     wvec scale, low;
     k_scale_min(block + 64, j, h, &scale, &low);
     out->s[0] = d * to_f((ivec)scale); /* 6 bits: as signed, one instruction without AVX-512 too */

@@ -45,14 +45,14 @@ ALWAYS_INLINE void unpack_bytes(const uint8_t *codes, int h, wvec w[8]) {
 /* part h (QL rows) of a tile's block of one of these formats */
 ALWAYS_INLINE void decode_legacy(const int type, const uint8_t *block, int h, decoded *out) {
     const f16 *d = (const f16 *)block + QL * h, *m = (const f16 *)(block + 32) + QL * h;
-    out->s[0] = halves_f(d);
+    out->s[0] = load_halves(d);
     switch (type) {
     case Q4_0:
         out->m[0] = out->s[0] * -8.0f;
         unpack_nibbles(block + 32, h, out->w);
         break;
     case Q4_1:
-        out->m[0] = halves_f(m);
+        out->m[0] = load_halves(m);
         unpack_nibbles(block + 64, h, out->w);
         break;
     case Q5_0:
@@ -61,7 +61,7 @@ ALWAYS_INLINE void decode_legacy(const int type, const uint8_t *block, int h, de
         add_fifth_bits(block + 32, h, out->w);
         break;
     case Q5_1:
-        out->m[0] = halves_f(m);
+        out->m[0] = load_halves(m);
         unpack_nibbles(block + 128, h, out->w);
         add_fifth_bits(block + 64, h, out->w);
         break;
@@ -70,7 +70,7 @@ ALWAYS_INLINE void decode_legacy(const int type, const uint8_t *block, int h, de
         unpack_bytes(block + 32, h, out->w);
         break;
     default: /* Q8_M */
-        out->m[0] = halves_f(m);
+        out->m[0] = load_halves(m);
         unpack_bytes(block + 64, h, out->w);
     }
 }

@@ -12,16 +12,15 @@
 #include "common.h"
 
 #define TILE 16 /* rows of a weight tile: the layouts' unit, whatever the registers' width */
-#if defined(__AVX512BW__) && defined(__AVX512F__)
-#define QL 16
-#else
-#define QL 8
+#define QL LANES /* rows a register holds: 16 with AVX-512 (whose byte ops need BW), else 8 */
+#if defined(__AVX512F__) && !defined(__AVX512BW__)
+#error "the 16-lane quant kernels need AVX-512 BW as well as F"
 #endif
 #define HALVES (TILE / QL) /* a tile's parts of QL rows */
 
 typedef uint32_t wvec __attribute__((vector_size(QL * 4))); /* QL rows' 4 codes each, one row a lane */
 typedef int32_t ivec __attribute__((vector_size(QL * 4)));
-typedef float fvec __attribute__((vector_size(QL * 4)));
+typedef f32v fvec;
 
 static inline wvec load_w(const uint8_t *p) {
     wvec v;
@@ -41,19 +40,6 @@ static inline fvec broadcast_f(float x) { /* not 0 + x: without -ffast-math that
 #endif
 }
 static inline fvec to_f(ivec v) { return __builtin_convertvector(v, fvec); }
-
-/* QL IEEE halves as floats: vcvtph2ps where the CPU has it */
-static inline fvec halves_f(const f16 *h) {
-#if QL == 16
-    return (fvec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
-#elif defined(__F16C__)
-    return (fvec)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-#else
-    fvec v;
-    for (int i = 0; i < QL; i++) v[i] = half_to_float(h[i]);
-    return v;
-#endif
-}
 
 /* QL signed bytes as floats (GCC's generic conversion of a byte vector went one byte at a time) */
 static inline fvec sbytes_f(const uint8_t *p) {
