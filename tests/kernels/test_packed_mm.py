@@ -15,6 +15,7 @@ from wsgi_infer.engine.runtime.huge_pages import HUGE_PAGE, HugePageArena
 from ..support.kernel_libraries import (
     FILE_FORMATS,
     LIBRARIES,
+    activation_span,
     file_values,
     library,
     packed_from_file,
@@ -52,9 +53,10 @@ def test_the_layout_holds_the_files_bits_and_gives_gguf_py_values(kernels: CpuKe
 @pytest.mark.parametrize("ggml_type", FILE_FORMATS, ids=lambda t: t.name)
 def test_packed_mm_is_the_product_of_gguf_py_values_and_each_row_alone(kernels: CpuKernels, ggml_type, planes):
     """Each output is the float64 product of gguf-py's values and the activations as the kernels quantize them
-    (8-bit, or 16-bit on the exact path), within float32's rounding of each block's scaled sum; on the exact path
-    also within 2^-16 of each block's largest input of the true product. A row's outputs are the same bits alone
-    and in any batch, through registers (up to 8 rows) or a tile's buffer (more)."""
+    (8-bit, or 16-bit on the exact path; a scale per 32 inputs, or per K-quant super-block), within float32's
+    rounding of each block's scaled sum; on the exact path also within 2^-16 of each span's largest input of the
+    true product. A row's outputs are the same bits alone and in any batch, through registers (up to 8 rows) or a
+    tile's buffer (more)."""
     kernels.use_exact_activations(planes == 2)
     for rows, k in _shapes(ggml_type):
         raw = random_file_blocks(ggml_type, rows, k, seed=rows)
@@ -65,10 +67,10 @@ def test_packed_mm_is_the_product_of_gguf_py_values_and_each_row_alone(kernels: 
         x[3, 7] = 300.0  # an outlier in a block of tiny values
         x[4, 32:64] = 0  # a block of zeros
         got = kernels.packed_mm(x, weight)
-        magnitudes = x.abs().double() @ values.abs().T
-        assert ((got.double() - quantized_rows(x, planes) @ values.T).abs() <= 2e-6 * magnitudes + 1e-30).all()
+        magnitudes, span = x.abs().double() @ values.abs().T, activation_span(weight)
+        assert ((got.double() - quantized_rows(x, planes, span) @ values.T).abs() <= 2e-6 * magnitudes + 1e-30).all()
         if planes == 2:
-            block_max = x.abs().view(len(x), -1, 32).amax(-1).repeat_interleave(32, dim=1).double()
+            block_max = x.abs().view(len(x), -1, span).amax(-1).repeat_interleave(span, dim=1).double()
             bound = 2**-16 * block_max @ values.abs().T + 2e-6 * magnitudes
             assert ((got.double() - x.double() @ values.T).abs() <= bound).all()
         for count in ROW_COUNTS:

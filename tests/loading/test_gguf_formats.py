@@ -37,7 +37,7 @@ from ..support.gguf_files import (
     TinyGGUF,
     write_tiny_gguf,
 )
-from ..support.kernel_libraries import quantized_rows
+from ..support.kernel_libraries import activation_span, quantized_rows
 from ..support.transformers_reference import load_hf_model
 
 
@@ -78,7 +78,7 @@ def test_every_type_loads_as_gguf_py_reads_it_and_packs_what_it_holds(tiny_ggufs
         weight = torch.cat([values[n] for n in model.checkpoint_names(name)]).double()
         x = torch.randn(3, layer.in_features)
         got = layer(x).double()
-        expected = quantized_rows(x, 2) @ weight.T if own else x.double() @ weight.T
+        expected = quantized_rows(x, 2, activation_span(layer.packed)) @ weight.T if own else x.double() @ weight.T
         magnitudes = x.abs().double() @ weight.abs().T
         assert ((got - expected).abs() <= (2e-6 if own else 2**-8) * magnitudes + 1e-12).all(), name
     out = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]

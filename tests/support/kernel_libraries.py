@@ -79,10 +79,19 @@ def packed_from_values(weight: torch.Tensor, levels: int = 255) -> PackedWeight:
     return packed_weight([part], False)
 
 
-def quantized_rows(x: torch.Tensor, planes: int) -> torch.Tensor:
+K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+
+
+def activation_span(weight: PackedWeight) -> int:
+    """Inputs that share an activation scale before the weight (c/activations.h): a super-block where every part
+    is a K-quant (as llama.cpp's Q8_K), else a 32-input block."""
+    return 256 if all(part.format in K_QUANTS for part in weight.parts) else 32
+
+
+def quantized_rows(x: torch.Tensor, planes: int, span: int = 32) -> torch.Tensor:
     """What the kernels multiply (c/activations.h), in float64: each block of 32 inputs as integers times its scale,
-    rounded to 127ths (8-bit) or 32512ths (the exact path) of its largest magnitude, ties to even."""
-    blocks = x.view(x.shape[0], -1, 32)
-    d = blocks.abs().amax(-1, keepdim=True) / (127.0 if planes == 1 else 32512.0)
+    rounded to 127ths (8-bit) or 32512ths (the exact path) of the largest magnitude of its span, ties to even."""
+    spans = x.view(x.shape[0], -1, span)
+    d = spans.abs().amax(-1, keepdim=True) / (127.0 if planes == 1 else 32512.0)
     inverse = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
-    return (torch.round(blocks * inverse).double() * d.double()).view_as(x)
+    return (torch.round(spans * inverse).double() * d.double()).view_as(x)

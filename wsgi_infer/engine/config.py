@@ -37,7 +37,8 @@ class EngineConfig:
     activations: str = option(
         "int8",
         "rows times packed weights on the CPU kernels: int8, as llama.cpp takes them (each input within 1/254 of its "
-        "block's largest), or int16, the exact path (within 2^-16: slower batches and prefill)",
+        "block's largest: 32 inputs, 256 before K-quants), or int16, the exact path (within 2^-16: slower batches and "
+        "prefill)",
     )
     block_size: int = option(16, "tokens per KV block", ge=1)
     num_kv_blocks: int | None = None

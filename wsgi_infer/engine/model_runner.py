@@ -277,6 +277,7 @@ def _use_activations(kernels: CpuKernels, activations: str) -> None:
     kernels.use_exact_activations(activations == "int16")
     if activations == "int8":
         log.info(
-            "8-bit activations: packed multiplies take each row's blocks of 32 inputs as 8-bit integers, as llama.cpp "
-            "does (each input within 1/254 of its block's largest: not exact; activations=int16 is)"
+            "8-bit activations: packed multiplies take each row's blocks of 32 inputs (256 before K-quants) as 8-bit "
+            "integers, as llama.cpp does (each input within 1/254 of its block's largest: not exact; activations=int16 "
+            "is)"
         )

@@ -223,8 +223,9 @@ class CpuKernels:
         return FusedDecoder(self._lib, layers, dims, lambda: self.planes)
 
     def use_exact_activations(self, exact: bool = True) -> None:
-        """Packed multiplies from now on take each row's blocks of 32 as 16-bit integers (each input within 2^-16
-        of its block's largest: the exact path, two 8-bit passes), or as 8-bit ones (1/254: llama.cpp's trade)."""
+        """Packed multiplies from now on take each row's blocks (32 inputs, 256 before K-quants) as 16-bit integers
+        (each input within 2^-16 of its block's largest: the exact path, two 8-bit passes), or as 8-bit ones (1/254:
+        llama.cpp's trade)."""
         self.planes = 2 if exact else 1
 
 

@@ -27,19 +27,16 @@ static inline uint32_t largest_magnitude(const float *x) {
     return largest;
 }
 
-static void quantize_block(const float *x, int planes, uint8_t *out) {
+/* a block of 32 inputs at x as codes of the scale d (planes: activations.h) */
+static void quantize_block(const float *x, int planes, float d, uint8_t *out) {
     act_head *head = (act_head *)out;
     int8_t *hi = (int8_t *)(out + sizeof(act_head)), *lo = hi + QK;
-    uint32_t largest = largest_magnitude(x);
-    float amax;
-    memcpy(&amax, &largest, 4);
-    if (largest >= 0x7f800000u) { /* an infinity or a NaN */
+    if (isnan(d)) { /* an infinity or a NaN in the span */
         memset(out, 0, ACT_BYTES(planes));
-        head->d = head->s = head->s_half[0] = head->s_half[1] = NAN;
+        head->d = head->s = NAN;
         return;
     }
-    const float top = planes == 1 ? 127.0f : 32512.0f;
-    float d = amax / top, id = d != 0.0f ? 1.0f / d : 0.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
     int32_t sums[2] = {0, 0};
     for (int c = 0; c < QK; c += 8) {
         f32x8 v;
@@ -55,16 +52,35 @@ static void quantize_block(const float *x, int planes, uint8_t *out) {
         for (int i = 0; i < 8; i++) sums[c / 16] += q[i];
     }
     head->d = d;
-    head->s = d * (float)(sums[0] + sums[1]);
-    head->s_half[0] = d * (float)sums[0];
-    head->s_half[1] = d * (float)sums[1];
+    head->sum = sums[0] + sums[1];
+    head->sum_half[0] = sums[0], head->sum_half[1] = sums[1];
+    head->sum_f = (float)head->sum; /* exact: at most 32 * 32512 */
+    head->s = d * head->sum_f;
 }
 
-uint8_t *quantize_activations(const float *x, int64_t rows, int64_t k, int planes, int threads) {
-    int64_t blocks = k / QK, padded = (rows + ACT_ROWS - 1) / ACT_ROWS * ACT_ROWS;
+/* the scale of a span of inputs at x: its largest magnitude over the largest code, NaN where one is not finite */
+static float span_scale(const float *x, int span, int planes) {
+    uint32_t largest = 0;
+    for (int b = 0; b < span; b += QK) {
+        uint32_t block = largest_magnitude(x + b);
+        largest = block > largest ? block : largest;
+    }
+    if (largest >= 0x7f800000u) return NAN;
+    float amax;
+    memcpy(&amax, &largest, 4);
+    return amax / (planes == 1 ? 127.0f : 32512.0f);
+}
+
+uint8_t *quantize_activations(const float *x, int64_t rows, int64_t k, int planes, int span, int threads) {
+    int64_t blocks = k / QK, spans = k / span, per_span = span / QK, padded = (rows + ACT_ROWS - 1) / ACT_ROWS * ACT_ROWS;
     uint8_t *out = scratch(SCRATCH_ACTIVATIONS, padded * blocks * ACT_BYTES(planes));
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * blocks > 256)
-    for (int64_t i = 0; i < rows * blocks; i++)
-        quantize_block(x + i * QK, planes, out + act_offset(i / blocks, i % blocks, blocks, planes));
+    for (int64_t i = 0; i < rows * spans; i++) {
+        int64_t row = i / spans, first = i % spans * per_span;
+        const float *at = x + row * k + first * QK;
+        float d = span_scale(at, span, planes);
+        for (int64_t b = 0; b < per_span; b++)
+            quantize_block(at + b * QK, planes, d, out + act_offset(row, first + b, blocks, planes));
+    }
     return out;
 }

@@ -1,11 +1,13 @@
 /* A row of activations as the packed multiplies read it: per 32 inputs, integer codes and their scale.
  *
- * planes 1 (8-bit activations, llama.cpp's Q8_0 rows): x = d * q, q = round(x / d) in -127..127, d = max|x| / 127.
+ * planes 1 (8-bit activations, llama.cpp's Q8_0 and Q8_K rows): x = d * q, q = round(x / d) in -127..127,
+ * d = max|x| / 127 over a span of the row: 32 inputs, or 256 for K-quant weights (whose sub-block scales are then
+ * applied to integer sums under one activation scale, and d once per super-block, as llama.cpp's Q8_K is).
  * planes 2 (the exact path): x = d * (255 * hi + lo), hi and lo in -127..127, d = max|x| / 32512: each input
- * within 2^-16 of its block's largest, as 16-bit integers would hold it; the integer sums are the same sums of
+ * within 2^-16 of its span's largest, as 16-bit integers would hold it; the integer sums are the same sums of
  * 16-bit products, made of two 8-bit passes (255, not 256, so that every plane stays within -127..127).
- * Each block also keeps s = d * (the sum of its codes), and the same over each half of 16 inputs: a weight's
- * offsets (w = s * code + m) multiply the activations' sum, not each input.
+ * Each block also keeps the sum of its codes, and of each half's 16: a weight's offsets (w = s * code + m)
+ * multiply the activations' sum, not each input.
  */
 #ifndef WSGI_INFER_ACTIVATIONS_H
 #define WSGI_INFER_ACTIVATIONS_H
@@ -14,10 +16,12 @@
 #define QK 32 /* inputs per block */
 
 typedef struct {
-    float d;         /* the scale; NaN where an input is infinite or NaN (its outputs are NaN) */
-    float s;         /* d * the sum of the block's inputs as integers */
-    float s_half[2]; /* the same over inputs 0-15 and 16-31 */
-    float pad[4];
+    float d;           /* the scale; NaN where an input of the span is infinite or NaN (its outputs are NaN) */
+    float s;           /* d * sum */
+    float sum_f;       /* sum, as a float */
+    int32_t sum;       /* the sum of the block's codes as integers (255 * hi + lo on the exact path) */
+    int32_t sum_half[2]; /* the same over inputs 0-15 and 16-31 */
+    float pad[2];
 } act_head; /* then the planes: 32 signed codes each (hi first) */
 
 #define ACT_BYTES(planes) ((int64_t)sizeof(act_head) + QK * (planes))
@@ -30,6 +34,7 @@ static inline int64_t act_offset(int64_t r, int64_t b, int64_t blocks, int plane
     return ((r / ACT_ROWS * blocks + b) * ACT_ROWS + r % ACT_ROWS) * ACT_BYTES(planes);
 }
 
-/* x [rows, k] (k a multiple of 32) as k / 32 blocks a row, laid out as above, in the thread's scratch buffer */
-uint8_t *quantize_activations(const float *x, int64_t rows, int64_t k, int planes, int threads);
+/* x [rows, k] (k a multiple of span, 32 or 256) as k / 32 blocks a row, laid out as above, in the thread's scratch
+ * buffer */
+uint8_t *quantize_activations(const float *x, int64_t rows, int64_t k, int planes, int span, int threads);
 #endif

@@ -46,8 +46,6 @@ ALWAYS_INLINE void decode_k(const int type, const uint8_t *block, int j, int h, 
         const uint8_t *scales = block + 32 + 2 * TILE * j + QL * h, *high = block + 288 + 128 * j;
         out->s[0] = d * sbytes_f(scales);
         out->s[1] = d * sbytes_f(scales + TILE);
-        out->m[0] = out->s[0] * -32.0f;
-        out->m[1] = out->s[1] * -32.0f;
         unpack_nibbles(block + 1312 + 256 * j, h, out->w);
         add_high_pairs(load_w(high + 4 * QL * h), 0, out->w);
         add_high_pairs(load_w(high + 64 + 4 * QL * h), 2, out->w);
@@ -57,7 +55,7 @@ ALWAYS_INLINE void decode_k(const int type, const uint8_t *block, int j, int h, 
     wvec scale, low;
     k_scale_min(block + 64, j, h, &scale, &low);
     out->s[0] = d * to_f((ivec)scale); /* 6 bits: as signed, one instruction without AVX-512 too */
-    out->m[0] = dmin * to_f((ivec)low) * -1.0f;
+    out->m = dmin * to_f(-(ivec)low);
     if (type == Q4_K) {
         unpack_nibbles(block + 256 + 256 * j, h, out->w);
     } else {

@@ -7,7 +7,8 @@
  * hold them), or 8 quads of 64 bytes for 8-bit ones. So a tile's block holds its rows' blocks' bits, byte for byte
  * but for their order (and Q8_0's codes shifted by 128, unsigned).
  *
- * w = d * q + m per row, m being -8d (Q4_0), -16d (Q5_0), -128d (Q8_0, as stored), or the block's own. Our Q8_M
+ * w = d * (q - 8) (Q4_0), d * (q - 16) (Q5_0), d * (q - 128) (Q8_0, as stored; packed_mm.c subtracts the offset from
+ * the integer sums), or d * q + m with the block's own minimum m (Q4_1, Q5_1, Q8_M). Our Q8_M
  * (weights quantized here from float values) is Q8_0 with a minimum: 255 steps between each block's least and
  * largest weight.
  */
@@ -48,29 +49,26 @@ ALWAYS_INLINE void decode_legacy(const int type, const uint8_t *block, int h, de
     out->s[0] = load_halves(d);
     switch (type) {
     case Q4_0:
-        out->m[0] = out->s[0] * -8.0f;
         unpack_nibbles(block + 32, h, out->w);
         break;
     case Q4_1:
-        out->m[0] = load_halves(m);
+        out->m = load_halves(m);
         unpack_nibbles(block + 64, h, out->w);
         break;
     case Q5_0:
-        out->m[0] = out->s[0] * -16.0f;
         unpack_nibbles(block + 96, h, out->w);
         add_fifth_bits(block + 32, h, out->w);
         break;
     case Q5_1:
-        out->m[0] = load_halves(m);
+        out->m = load_halves(m);
         unpack_nibbles(block + 128, h, out->w);
         add_fifth_bits(block + 64, h, out->w);
         break;
     case Q8_0:
-        out->m[0] = out->s[0] * -128.0f;
         unpack_bytes(block + 32, h, out->w);
         break;
     default: /* Q8_M */
-        out->m[0] = load_halves(m);
+        out->m = load_halves(m);
         unpack_bytes(block + 64, h, out->w);
     }
 }

@@ -163,10 +163,10 @@ ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int wide, ive
 #endif
 
 /* A sub-block of 32 inputs of a tile's QL rows, decoded: the codes w (quad i: inputs 4i..4i+3), and per row the
- * scale s and offset m of inputs 0-15 ([0]) and 16-31 ([1]); formats with one scale per 32 inputs fill [0] only.
- * A weight is then w = s * code + m. */
+ * scale s of inputs 0-15 ([0]) and 16-31 ([1]) (formats with one scale per 32 inputs fill [0] only) and the
+ * minimum m of formats that have their own. A weight is then w = s * code + m, or s * (code - a fixed offset). */
 typedef struct {
     wvec w[8];
-    fvec s[2], m[2];
+    fvec s[2], m;
 } decoded;
 #endif
