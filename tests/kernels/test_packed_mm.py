@@ -78,6 +78,25 @@ def test_packed_mm_is_the_product_of_gguf_py_values_and_each_row_alone(kernels: 
         assert torch.equal(kernels.packed_mm(x[7:8], weight), got[7:8])
 
 
+@pytest.mark.parametrize("planes", [1, 2], ids=["8-bit", "exact"])
+def test_a_fused_weight_of_k_quant_and_32_input_parts_is_each_parts_product(kernels: CpuKernels, planes):
+    """A fused projection's parts may mix formats (a Q4_K_M file's queries, keys and values): the K-quants'
+    activations then have one scale per super-block, which the other parts read as well. Each part's outputs are
+    the product of its own values, within float32's rounding, alone and in a batch."""
+    kernels.use_exact_activations(planes == 2)
+    types = [Q.Q4_K, Q.Q5_0, Q.Q6_K, Q.Q8_0]
+    raws = [random_file_blocks(t, 17 + i, 512, seed=i) for i, t in enumerate(types)]
+    weight = packed_weight([packed_from_file(raw, t).parts[0] for raw, t in zip(raws, types, strict=True)], True)
+    values = torch.cat([file_values(raw, t) for raw, t in zip(raws, types, strict=True)]).double()
+    torch.manual_seed(planes)
+    x = randn(20, 512, scale=2)
+    got = kernels.packed_mm(x, weight)
+    expected = quantized_rows(x, planes, activation_span(weight)) @ values.T
+    assert activation_span(weight) == 256
+    assert ((got.double() - expected).abs() <= 2e-6 * (x.abs().double() @ values.abs().T) + 1e-30).all()
+    assert torch.equal(kernels.packed_mm(x[3:4], weight), got[3:4])
+
+
 def test_a_nan_or_infinite_input_makes_its_rows_outputs_nan(kernels: CpuKernels):
     weight = packed_from_file(random_file_blocks(Q.Q4_K, 20, 512), Q.Q4_K)
     x = randn(10, 512)

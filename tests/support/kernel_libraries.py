@@ -83,9 +83,9 @@ K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
 def activation_span(weight: PackedWeight) -> int:
-    """Inputs that share an activation scale before the weight (c/activations.h): a super-block where every part
-    is a K-quant (as llama.cpp's Q8_K), else a 32-input block."""
-    return 256 if all(part.format in K_QUANTS for part in weight.parts) else 32
+    """Inputs that share an activation scale before the weight (c/activations.h): a super-block where a part is a
+    K-quant (as llama.cpp's Q8_K), else a 32-input block."""
+    return 256 if any(part.format in K_QUANTS for part in weight.parts) else 32
 
 
 def quantized_rows(x: torch.Tensor, planes: int, span: int = 32) -> torch.Tensor:

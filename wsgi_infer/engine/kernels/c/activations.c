@@ -27,10 +27,12 @@ static inline uint32_t largest_magnitude(const float *x) {
     return largest;
 }
 
-/* a block of 32 inputs at x as codes of the scale d (planes: activations.h) */
-static void quantize_block(const float *x, int planes, float d, uint8_t *out) {
+/* a block of 32 inputs at x as codes of the scale d (planes: activations.h); each plane's sum of codes into
+ * plane_sums */
+static void quantize_block(const float *x, int planes, float d, uint8_t *out, int16_t plane_sums[2]) {
     act_head *head = (act_head *)out;
     int8_t *hi = (int8_t *)(out + sizeof(act_head)), *lo = hi + QK;
+    plane_sums[0] = plane_sums[1] = 0;
     if (isnan(d)) { /* an infinity or a NaN in the span */
         memset(out, 0, ACT_BYTES(planes));
         head->d = head->s = NAN;
@@ -49,13 +51,13 @@ static void quantize_block(const float *x, int planes, float d, uint8_t *out) {
         } else {
             for (int i = 0; i < 8; i++) hi[c + i] = (int8_t)q[i];
         }
+        for (int i = 0; i < 8; i++) plane_sums[0] += hi[c + i], plane_sums[1] += planes == 2 ? lo[c + i] : 0;
         for (int i = 0; i < 8; i++) sums[c / 16] += q[i];
     }
     head->d = d;
     head->sum = sums[0] + sums[1];
     head->sum_half[0] = sums[0], head->sum_half[1] = sums[1];
-    head->sum_f = (float)head->sum; /* exact: at most 32 * 32512 */
-    head->s = d * head->sum_f;
+    head->s = d * (float)head->sum; /* the sum exact: at most 32 * 32512 */
 }
 
 /* the scale of a span of inputs at x: its largest magnitude over the largest code, NaN where one is not finite */
@@ -79,8 +81,14 @@ uint8_t *quantize_activations(const float *x, int64_t rows, int64_t k, int plane
         int64_t row = i / spans, first = i % spans * per_span;
         const float *at = x + row * k + first * QK;
         float d = span_scale(at, span, planes);
+        int16_t sums[span / QK][2]; /* each block's planes' sums (at most 32 * 127) */
         for (int64_t b = 0; b < per_span; b++)
-            quantize_block(at + b * QK, planes, d, out + act_offset(row, first + b, blocks, planes));
+            quantize_block(at + b * QK, planes, d, out + act_offset(row, first + b, blocks, planes), sums[b]);
+        for (int64_t b = 0; b + 1 < per_span; b += 2) {
+            act_head *head = (act_head *)(out + act_offset(row, first + b, blocks, planes));
+            for (int p = 0; p < 2; p++)
+                head->pairs[p] = (int32_t)((uint32_t)(uint16_t)sums[b][p] | (uint32_t)(uint16_t)sums[b + 1][p] << 16);
+        }
     }
     return out;
 }

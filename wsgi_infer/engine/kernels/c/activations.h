@@ -1,8 +1,8 @@
 /* A row of activations as the packed multiplies read it: per 32 inputs, integer codes and their scale.
  *
  * planes 1 (8-bit activations, llama.cpp's Q8_0 and Q8_K rows): x = d * q, q = round(x / d) in -127..127,
- * d = max|x| / 127 over a span of the row: 32 inputs, or 256 for K-quant weights (whose sub-block scales are then
- * applied to integer sums under one activation scale, and d once per super-block, as llama.cpp's Q8_K is).
+ * d = max|x| / 127 over a span of the row: 32 inputs, or 256 for weights with K-quant parts (whose sub-block scales
+ * are then applied to integer sums under one activation scale, and d once per super-block, as llama.cpp's Q8_K is).
  * planes 2 (the exact path): x = d * (255 * hi + lo), hi and lo in -127..127, d = max|x| / 32512: each input
  * within 2^-16 of its span's largest, as 16-bit integers would hold it; the integer sums are the same sums of
  * 16-bit products, made of two 8-bit passes (255, not 256, so that every plane stays within -127..127).
@@ -16,12 +16,13 @@
 #define QK 32 /* inputs per block */
 
 typedef struct {
-    float d;           /* the scale; NaN where an input of the span is infinite or NaN (its outputs are NaN) */
-    float s;           /* d * sum */
-    float sum_f;       /* sum, as a float */
-    int32_t sum;       /* the sum of the block's codes as integers (255 * hi + lo on the exact path) */
+    float d;             /* the scale; NaN where an input of the span is infinite or NaN (its outputs are NaN) */
+    float s;             /* d * sum */
+    int32_t sum;         /* the sum of the block's codes as integers (255 * hi + lo on the exact path) */
     int32_t sum_half[2]; /* the same over inputs 0-15 and 16-31 */
-    float pad[2];
+    int32_t pairs[2];    /* a K-quant span's even block: its sum of each plane's codes (hi, then lo) and the next
+                          * block's, as two int16s, for vpmaddwd by the weight's pairs of sub-block minimums */
+    float pad;
 } act_head; /* then the planes: 32 signed codes each (hi first) */
 
 #define ACT_BYTES(planes) ((int64_t)sizeof(act_head) + QK * (planes))
