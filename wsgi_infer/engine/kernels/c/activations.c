@@ -27,19 +27,18 @@ static inline uint32_t largest_magnitude(const float *x) {
     return largest;
 }
 
-/* a block of 32 inputs at x as codes of the scale d (planes: activations.h); returns each plane's sum of codes as
- * an int16, hi in the low half (each at most 32 * 127) */
-static uint32_t quantize_block(const float *x, int planes, float d, uint8_t *out) {
+/* a block of 32 inputs at x as codes of the scale d (planes: activations.h) */
+static void quantize_block(const float *x, int planes, float d, uint8_t *out) {
     act_head *head = (act_head *)out;
     int8_t *hi = (int8_t *)(out + sizeof(act_head)), *lo = hi + QK;
-    int32_t hi_sum = 0, lo_sum = 0; /* scalars, not arrays: an array read back as one vector waited for its stores */
     if (isnan(d)) { /* an infinity or a NaN in the span */
         memset(out, 0, ACT_BYTES(planes));
         head->d = head->s = NAN;
-        return 0;
+        return;
     }
     float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int32_t halves[2] = {0, 0};
+    int32_t halves[2] = {0, 0}; /* added as scalars: summed into an array, GCC read it back as one vector before
+                                 * its stores had landed (a store-forwarding stall, 3% of a prefill) */
     for (int c = 0; c < QK; c += 8) {
         f32x8 v;
         memcpy(&v, x + c, sizeof(v));
@@ -48,7 +47,6 @@ static uint32_t quantize_block(const float *x, int planes, float d, uint8_t *out
             i32x8 h = __builtin_convertvector(round_even(__builtin_convertvector(q, f32x8) * (1.0f / 255.0f)), i32x8);
             i32x8 l = q - 255 * h;
             for (int i = 0; i < 8; i++) hi[c + i] = (int8_t)h[i], lo[c + i] = (int8_t)l[i];
-            for (int i = 0; i < 8; i++) hi_sum += h[i], lo_sum += l[i];
         } else {
             for (int i = 0; i < 8; i++) hi[c + i] = (int8_t)q[i];
         }
@@ -61,10 +59,9 @@ static uint32_t quantize_block(const float *x, int planes, float d, uint8_t *out
     }
     head->d = d;
     head->sum = halves[0] + halves[1];
-    if (planes == 1) hi_sum = head->sum;
     head->sum_half[0] = halves[0], head->sum_half[1] = halves[1];
-    head->s = d * (float)head->sum; /* the sum exact: at most 32 * 32512 */
-    return (uint16_t)hi_sum | (uint32_t)(uint16_t)lo_sum << 16;
+    head->sum_f = (float)head->sum; /* exact: at most 32 * 32512 */
+    head->s = d * head->sum_f;
 }
 
 /* the scale of a span of inputs at x: its largest magnitude over the largest code, NaN where one is not finite */
@@ -88,18 +85,8 @@ uint8_t *quantize_activations(const float *x, int64_t rows, int64_t k, int plane
         int64_t row = i / spans, first = i % spans * per_span;
         const float *at = x + row * k + first * QK;
         float d = span_scale(at, span, planes);
-        uint32_t even = 0; /* the last even block's planes' sums (in registers: read back from memory as a pair,
-                            * they waited for their stores, 3% of a prefill) */
-        for (int64_t b = 0; b < per_span; b++) {
-            uint32_t own = quantize_block(at + b * QK, planes, d, out + act_offset(row, first + b, blocks, planes));
-            if (b % 2 == 0) {
-                even = own;
-                continue;
-            }
-            act_head *head = (act_head *)(out + act_offset(row, first + b - 1, blocks, planes));
-            head->pairs[0] = (int32_t)((even & 0xffffu) | own << 16);
-            head->pairs[1] = (int32_t)((even >> 16) | (own & 0xffff0000u));
-        }
+        for (int64_t b = 0; b < per_span; b++)
+            quantize_block(at + b * QK, planes, d, out + act_offset(row, first + b, blocks, planes));
     }
     return out;
 }

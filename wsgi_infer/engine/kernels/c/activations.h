@@ -16,13 +16,12 @@
 #define QK 32 /* inputs per block */
 
 typedef struct {
-    float d;             /* the scale; NaN where an input of the span is infinite or NaN (its outputs are NaN) */
-    float s;             /* d * sum */
-    int32_t sum;         /* the sum of the block's codes as integers (255 * hi + lo on the exact path) */
+    float d;           /* the scale; NaN where an input of the span is infinite or NaN (its outputs are NaN) */
+    float s;           /* d * sum */
+    float sum_f;       /* sum, as a float */
+    int32_t sum;       /* the sum of the block's codes as integers (255 * hi + lo on the exact path) */
     int32_t sum_half[2]; /* the same over inputs 0-15 and 16-31 */
-    int32_t pairs[2];    /* a K-quant span's even block: its sum of each plane's codes (hi, then lo) and the next
-                          * block's, as two int16s, for vpmaddwd by the weight's pairs of sub-block minimums */
-    float pad;
+    float pad[2];
 } act_head; /* then the planes: 32 signed codes each (hi first) */
 
 #define ACT_BYTES(planes) ((int64_t)sizeof(act_head) + QK * (planes))

@@ -51,27 +51,17 @@ ALWAYS_INLINE void decode_k(const int type, const uint8_t *block, int j, int h, 
         add_high_pairs(load_w(high + 64 + 4 * QL * h), 2, out->w);
         return;
     }
+    fvec dmin = load_halves((const f16 *)(block + 32) + QL * h);
     wvec scale, low;
     k_scale_min(block + 64, j, h, &scale, &low);
     out->s[0] = d * to_f((ivec)scale); /* 6 bits: as signed, one instruction without AVX-512 too */
+    out->m = dmin * to_f(-(ivec)low);
     if (type == Q4_K) {
         unpack_nibbles(block + 256 + 256 * j, h, out->w);
     } else {
         unpack_nibbles(block + 768 + 256 * j, h, out->w);
         add_fifth_bits(block + 256 + 64 * j, h, out->w);
     }
-}
-
-/* the 6-bit minimums of part h's rows (Q4_K, Q5_K), sub-blocks 2i and 2i + 1 as the int16 pair pairs[i] (a row a
- * lane), and -dmin: w = ... - dmin * mn, the minimums' term -dmin * (the pairs times the activations' sums) */
-ALWAYS_INLINE void k_min_pairs(const uint8_t *block, int h, ivec pairs[4], fvec *neg_dmin) {
-    for (int i = 0; i < 4; i++) {
-        wvec scale, even, odd;
-        k_scale_min(block + 64, 2 * i, h, &scale, &even);
-        k_scale_min(block + 64, 2 * i + 1, h, &scale, &odd);
-        pairs[i] = (ivec)(even | odd << 16);
-    }
-    *neg_dmin = (fvec){0} - load_halves((const f16 *)(block + 32) + QL * h);
 }
 
 /* row r's values of a tile's super-block, as gguf-py dequantizes them */

@@ -162,20 +162,6 @@ ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int wide, ive
 }
 #endif
 
-/* per lane, the sum of the products of the int16 pairs in `pairs` and the two int16s of `act` (vpmaddwd): exact */
-static inline ivec pair_products(ivec pairs, int32_t act) {
-#if QL == 16
-    return (ivec)_mm512_madd_epi16((__m512i)pairs, _mm512_set1_epi32(act));
-#elif defined(__AVX2__)
-    return (ivec)_mm256_madd_epi16((__m256i)pairs, _mm256_set1_epi32(act));
-#else
-    ivec v;
-    for (int i = 0; i < QL; i++)
-        v[i] = (int16_t)pairs[i] * (int16_t)act + (int16_t)((uint32_t)pairs[i] >> 16) * (int16_t)((uint32_t)act >> 16);
-    return v;
-#endif
-}
-
 /* A sub-block of 32 inputs of a tile's QL rows, decoded: the codes w (quad i: inputs 4i..4i+3), and per row the
  * scale s of inputs 0-15 ([0]) and 16-31 ([1]) (formats with one scale per 32 inputs fill [0] only) and the
  * minimum m of formats that have their own. A weight is then w = s * code + m, or s * (code - a fixed offset). */
