@@ -37,8 +37,8 @@ static void quantize_block(const float *x, int planes, float d, uint8_t *out) {
         return;
     }
     float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int32_t halves[2] = {0, 0}; /* added as scalars: summed into an array, GCC read it back as one vector before
-                                 * its stores had landed (a store-forwarding stall, 3% of a prefill) */
+    int32_t halves[2] = {0, 0}; /* indexed by constants: summed at c / 16, GCC kept the sums in memory and read
+                                 * them back as one vector before their stores had landed (a store-forwarding stall) */
     for (int c = 0; c < QK; c += 8) {
         f32x8 v;
         memcpy(&v, x + c, sizeof(v));
