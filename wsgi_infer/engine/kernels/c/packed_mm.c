@@ -26,9 +26,9 @@
 #else
 #define ROWS_AT_ONCE 4 /* 16 registers */
 #endif
-#ifndef PREFETCH_BYTES
-#define PREFETCH_BYTES 2048 /* how far ahead of a tile's sub-block its weight is fetched, in whole blocks */
-#endif
+/* how far ahead of a tile's sub-block its weight is fetched: at least this, in whole blocks. Rounded down, a
+ * K-quant's block (2,304-3,360 bytes) fetched its own sub-block: a 16-row Q6_K step ran at 199 G MAC/s, now 294 */
+#define PREFETCH_BYTES 4096
 
 static inline int is_k(const int type) { return type == Q4_K || type == Q5_K || type == Q6_K; }
 static inline int sub_blocks(const int type) { return is_k(type) ? 8 : 1; } /* 32-input sub-blocks a block */
@@ -122,8 +122,8 @@ ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, c
         for (int h = 0; h < parts; h++)
             for (int r = 0; r < rows; r++) sb[h][r] = (fvec){0};
         for (int j = 0; j < subs; j++) {
-            /* the weight streams: fetch what the sub-block PREFETCH_BYTES on reads */
-            const uint8_t *ahead = block + PREFETCH_BYTES / bytes * bytes + j * (bytes / subs);
+            /* the weight streams: fetch what the sub-block PREFETCH_BYTES (or more) on reads */
+            const uint8_t *ahead = block + (PREFETCH_BYTES + bytes - 1) / bytes * bytes + j * (bytes / subs);
             for (int64_t line = 0; line < bytes / subs; line += 64) __builtin_prefetch(ahead + line);
             for (int h = 0; h < parts; h++) {
                 decoded w;
