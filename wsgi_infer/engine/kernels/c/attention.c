@@ -3,30 +3,6 @@
 
 /* Vectors of the CPU's width (LANES tokens or dimensions): AVX2's 16 registers then hold what AVX-512's 32 do. */
 
-/* a * b + c, each lane rounded once */
-static inline f32v fma_v(f32v a, f32v b, f32v c) {
-#ifdef __AVX512F__
-    return (f32v)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif defined(__FMA__)
-    return (f32v)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#else
-    for (int i = 0; i < LANES; i++) a[i] = fmaf(a[i], b[i], c[i]);
-    return a;
-#endif
-}
-
-static inline f32v splat_v(float x) { /* every lane x (0 + x would be an addition: no -ffast-math) */
-#ifdef __AVX512F__
-    return (f32v)_mm512_set1_ps(x);
-#elif defined(__AVX__)
-    return (f32v)_mm256_set1_ps(x);
-#else
-    f32v v;
-    for (int i = 0; i < LANES; i++) v[i] = x;
-    return v;
-#endif
-}
-
 /* LANES vectors of LANES transposed: v[i][j] and v[j][i] swap. A stage per halving B of the block size, each
  * swapping the off-diagonal blocks of size B between pairs of vectors: two two-input shuffles a pair. */
 #define SWAP_BLOCKS(B, LOW, HIGH)                                                                                  \

@@ -82,20 +82,6 @@ static inline float hsum(f32x16 v) {
     return v[0] + v[1];
 }
 
-/* e^x in plain arithmetic that vectorizes, where expf would not without -ffast-math: 2^k * e^r with
- * |r| <= ln 2 / 2 (Cephes' expf polynomial, within 2 ulp), x clamped to where floats stay normal. */
-static inline float exp_approx(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float k = floorf(x * 1.44269504f + 0.5f);
-    float r = x - k * 0.693359375f + k * 2.12194440e-4f, r2 = r * r;
-    float p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
-               1.6666665459e-1f) * r + 5.0000001201e-1f;
-    int32_t bits = ((int32_t)k + 127) << 23;
-    float two_k;
-    memcpy(&two_k, &bits, 4);
-    return (p * r2 + r + 1.0f) * two_k;
-}
-
 /* Vectors of the CPU's own width, for code with comparisons: GCC splits wider vectors into registers for
  * arithmetic, but compares them one lane at a time, with a branch each. */
 #ifdef __AVX512F__
@@ -123,18 +109,59 @@ static inline f32v load_halves(const f16 *p) {
 
 static inline f32v select_v(i32v mask, f32v a, f32v b) { return (f32v)(((i32v)a & mask) | ((i32v)b & ~mask)); }
 
-/* exp_approx of each lane, with exactly exp_approx's operations (GCC does not vectorize its floorf) */
+/* a * b + c, each lane rounded once */
+static inline f32v fma_v(f32v a, f32v b, f32v c) {
+#ifdef __AVX512F__
+    return (f32v)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+    return (f32v)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    for (int i = 0; i < LANES; i++) a[i] = fmaf(a[i], b[i], c[i]);
+    return a;
+#endif
+}
+
+static inline f32v splat_v(float x) { /* every lane x (0 + x would be an addition: no -ffast-math) */
+#ifdef __AVX512F__
+    return (f32v)_mm512_set1_ps(x);
+#elif defined(__AVX__)
+    return (f32v)_mm256_set1_ps(x);
+#else
+    f32v v;
+    for (int i = 0; i < LANES; i++) v[i] = x;
+    return v;
+#endif
+}
+
+/* e^x in plain arithmetic that vectorizes, where expf would not without -ffast-math: 2^k * e^r with k = x / ln 2
+ * rounded to nearest (by adding 1.5 * 2^23, whose low bits then hold k) and |r| <= ln 2 / 2 (Cephes' expf
+ * polynomial, within 2 ulp), in multiply-adds; x clamped to where floats stay normal. exp_approx is one lane of
+ * exp_v, operation for operation (fmaf is one rounding, as vfmadd is). */
+#define EXP_SHIFTER 12582912.0f /* 1.5 * 2^23 */
+static const float EXP_POLYNOMIAL[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                        4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+static inline float exp_approx(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float shifted = fmaf(x, 1.44269504f, EXP_SHIFTER), k = shifted - EXP_SHIFTER;
+    float r = fmaf(k, 2.12194440e-4f, fmaf(k, -0.693359375f, x)), p = EXP_POLYNOMIAL[0];
+    for (int i = 1; i < 6; i++) p = fmaf(p, r, EXP_POLYNOMIAL[i]);
+    int32_t bits;
+    memcpy(&bits, &shifted, 4);
+    bits = (bits - 0x4B400000 + 127) << 23; /* k + 127 as the exponent field */
+    float two_k;
+    memcpy(&two_k, &bits, 4);
+    return (fmaf(p, r * r, r) + 1.0f) * two_k;
+}
+
 static inline f32v exp_v(f32v x) {
     const f32v zero = {0}, lowest = zero - 87.0f, highest = zero + 88.0f;
-    x = select_v(x < lowest, lowest, select_v(x > highest, highest, x));
-    f32v scaled = x * 1.44269504f + 0.5f;
-    f32v truncated = __builtin_convertvector(__builtin_convertvector(scaled, i32v), f32v);
-    f32v k = truncated - select_v(truncated > scaled, zero + 1.0f, zero); /* floor: |scaled| < 2^23 */
-    f32v r = x - k * 0.693359375f + k * 2.12194440e-4f, r2 = r * r;
-    f32v p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
-              1.6666665459e-1f) * r + 5.0000001201e-1f;
-    i32v bits = (__builtin_convertvector(k, i32v) + 127) << 23;
-    return (p * r2 + r + 1.0f) * (f32v)bits;
+    x = select_v(x < lowest, lowest, select_v(x > highest, highest, x)); /* a NaN stays */
+    f32v shifted = fma_v(x, splat_v(1.44269504f), splat_v(EXP_SHIFTER)), k = shifted - EXP_SHIFTER;
+    f32v r = fma_v(k, splat_v(2.12194440e-4f), fma_v(k, splat_v(-0.693359375f), x));
+    f32v p = splat_v(EXP_POLYNOMIAL[0]);
+    for (int i = 1; i < 6; i++) p = fma_v(p, r, splat_v(EXP_POLYNOMIAL[i]));
+    i32v bits = ((i32v)shifted - 0x4B400000 + 127) << 23;
+    return (fma_v(p, r * r, r) + 1.0f) * (f32v)bits;
 }
 
 /* exp_v of 16 lanes, a register's width at a time */

@@ -86,16 +86,16 @@ ALWAYS_INLINE fvec row_step(const int type, const decoded *w, const int planes, 
     const act_head *head = (const act_head *)a;
     ivec sum, unused;
     row_sums(type, w, planes, a, &sum, &unused);
-    acc = fma_f(to_f(sum), w->s[0] * broadcast_f(head->d), acc);
-    return code_offset(type) ? acc : fma_f(w->m, broadcast_f(head->s), acc);
+    acc = fma_v(to_f(sum), w->s[0] * splat_v(head->d), acc);
+    return code_offset(type) ? acc : fma_v(w->m, splat_v(head->s), acc);
 }
 
 /* sb + one row's products with a decoded sub-block of a K-quant, before the super-block's activation scale */
 ALWAYS_INLINE fvec k_row_step(const int type, const decoded *w, const int planes, const uint8_t *a, fvec sb) {
     ivec lo, hi;
     row_sums(type, w, planes, a, &lo, &hi);
-    if (halves_scaled(type)) return fma_f(to_f(hi), w->s[1], fma_f(to_f(lo), w->s[0], sb));
-    return fma_f(w->m, broadcast_f(((const act_head *)a)->sum_f), fma_f(to_f(lo), w->s[0], sb));
+    if (halves_scaled(type)) return fma_v(to_f(hi), w->s[1], fma_v(to_f(lo), w->s[0], sb));
+    return fma_v(w->m, splat_v(((const act_head *)a)->sum_f), fma_v(to_f(lo), w->s[0], sb));
 }
 
 ALWAYS_INLINE void store_rows(const fvec *acc, int rows, int h, int width, float *out, int64_t out_stride) {
@@ -142,7 +142,7 @@ ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, c
             for (int h = 0; h < parts; h++)
                 for (int r = 0; r < rows; r++) {
                     const act_head *head = (const act_head *)(x + ((b * subs + subs - 1) * ACT_ROWS + r) * act);
-                    acc[h][r] = fma_f(sb[h][r], broadcast_f(head->d), acc[h][r]);
+                    acc[h][r] = fma_v(sb[h][r], splat_v(head->d), acc[h][r]);
                 }
     }
     for (int h = 0; h < parts; h++) store_rows(acc[h], rows, h0 + h, width, out, out_stride);

@@ -28,17 +28,6 @@ static inline wvec load_w(const uint8_t *p) {
     return v;
 }
 
-static inline fvec broadcast_f(float x) { /* not 0 + x: without -ffast-math that is an addition, then a shuffle */
-#if QL == 16
-    return (fvec)_mm512_set1_ps(x);
-#elif defined(__AVX__)
-    return (fvec)_mm256_set1_ps(x);
-#else
-    fvec v;
-    for (int i = 0; i < QL; i++) v[i] = x;
-    return v;
-#endif
-}
 static inline fvec to_f(ivec v) { return __builtin_convertvector(v, fvec); }
 
 /* QL signed bytes as floats (GCC's generic conversion of a byte vector went one byte at a time) */
@@ -51,18 +40,6 @@ static inline fvec sbytes_f(const uint8_t *p) {
     fvec v;
     for (int i = 0; i < QL; i++) v[i] = (float)(int8_t)p[i];
     return v;
-#endif
-}
-
-/* a * b + c, each lane rounded once: the same value on every path */
-static inline fvec fma_f(fvec a, fvec b, fvec c) {
-#if QL == 16
-    return (fvec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif defined(__FMA__)
-    return (fvec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#else
-    for (int i = 0; i < QL; i++) a[i] = fmaf(a[i], b[i], c[i]);
-    return a;
 #endif
 }
 
