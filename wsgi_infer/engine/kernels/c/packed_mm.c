@@ -138,25 +138,24 @@ ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, c
                 }
             }
         }
-        if (is_k(type)) /* the super-block's activation scale, as its last block holds it */
+        if (is_k(type)) { /* the super-block's activation scale, as its last block holds it */
             for (int h = 0; h < parts; h++)
                 for (int r = 0; r < rows; r++) {
                     const act_head *head = (const act_head *)(x + ((b * subs + subs - 1) * ACT_ROWS + r) * act);
                     acc[h][r] = fma_v(sb[h][r], splat_v(head->d), acc[h][r]);
                 }
+            /* the totals kept in L1, read and written once a super-block, so that the registers hold 16 rows'
+             * super-block sums beside the codes: 16 rows in one pass, each sub-block decoded once (3% faster than
+             * two passes of 8, Zen 4) */
+            __asm__("" : : "r"(acc) : "memory");
+        }
     }
     for (int h = 0; h < parts; h++) store_rows(acc[h], rows, h0 + h, width, out, out_stride);
 }
 
 ALWAYS_INLINE void tile_pass(const int type, const int planes, const int rows, const uint8_t *tile, int64_t blocks,
                              const uint8_t *x, float *out, int64_t out_stride, int width) {
-    if (type == Q4_K && rows == 16) { /* a K-quant's row keeps two sums (its super-block's, its total): Q4_K's 16 rows
-                                       * as two passes of 8, whose sums stay in registers, ran 6% faster (Zen 4);
-                                       * Q5_K's and Q6_K's heavier decoding is worth its spills */
-        tile_rows(type, planes, 8, 1, 0, tile, blocks, x, out, out_stride, width);
-        tile_rows(type, planes, 8, 1, 0, tile, blocks, x + 8 * ACT_BYTES(planes), out + 8 * out_stride, out_stride,
-                  width);
-    } else if (HALVES == 1 || rows > 2) {
+    if (HALVES == 1 || rows > 2) {
         for (int h = 0; h < HALVES; h++) tile_rows(type, planes, rows, 1, h, tile, blocks, x, out, out_stride, width);
     } else {
         tile_rows(type, planes, rows, HALVES, 0, tile, blocks, x, out, out_stride, width);
