@@ -151,12 +151,11 @@ static inline float exp_approx(float x) {
 }
 
 static inline f32v exp_v(f32v x) {
-    const f32v zero = {0};
 #ifdef __AVX512F__ /* the same values in fewer instructions: a NaN x is max's and min's second operand, returned */
     x = (f32v)_mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.0f), (__m512)x));
     f32v k = (f32v)_mm512_roundscale_ps((__m512)(x * 1.44269504f + 0.5f), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
 #else
-    const f32v lowest = zero - 87.0f, highest = zero + 88.0f;
+    const f32v zero = {0}, lowest = zero - 87.0f, highest = zero + 88.0f;
     x = select_v(x < lowest, lowest, select_v(x > highest, highest, x));
     f32v scaled = x * 1.44269504f + 0.5f;
     f32v truncated = __builtin_convertvector(__builtin_convertvector(scaled, i32v), f32v);
