@@ -153,6 +153,11 @@ def test_the_kernels_refuse_what_they_cannot_multiply(kernels: CpuKernels):
         kernels.packed_rows(weight, torch.tensor([32]))
     with pytest.raises(ValueError, match="parts of the same inputs"):
         packed_weight([weight.parts[0], packed_from_values(randn(16, 96)).parts[0]], False)
+    raw = random_file_blocks(Q.Q4_K, 20, 512)  # 2 tiles of 2 super-blocks
+    with pytest.raises(TypeError, match="tiles' size"):
+        kernels.tile_blocks(Q.Q4_K, raw, torch.empty(1, 2, 2304, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="rows of 287 bytes"):
+        kernels.tile_blocks(Q.Q4_K, raw[:, 1:].contiguous(), torch.empty(2, 2, 2304, dtype=torch.uint8))
 
 
 def _anonymous_mb() -> float:

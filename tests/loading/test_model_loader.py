@@ -15,6 +15,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from wsgi_infer import LLM, SamplingParams
+from wsgi_infer.engine.kernels.cpu import load_cpu_kernels
 from wsgi_infer.engine.loading import checkpoint_tensors
 from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
 from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE
@@ -227,7 +228,7 @@ def test_a_packed_weights_pages_leave_the_process_as_it_is_packed(default_model_
     name = "model.layers.0.mlp.gate_proj.weight"
     blocks = tensors.blocks(name)
     before = _mapping_rss(blocks.raw.ctypes.data)  # the file's pages other reads left there
-    weight = layer_weight("auto", [name], tensors.blocks, tensors, HugePageArena())
+    weight = layer_weight("auto", [name], tensors.blocks, tensors, HugePageArena(), load_cpu_kernels())
     assert weight is not None and weight.file_values and weight.nbytes >= blocks.raw.nbytes
     fault_around = 2 * (64 << 10)  # a page fault maps up to 64 kB about it: some of it beyond the weight's ends
     assert _mapping_rss(blocks.raw.ctypes.data) - before < blocks.raw.nbytes // 10 + fault_around

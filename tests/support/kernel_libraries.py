@@ -11,8 +11,9 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from wsgi_infer.engine.kernels import variants
-from wsgi_infer.engine.kernels.block_fields import FILE_BLOCK_BYTES, FORMATS, from_file_blocks, from_values
+from wsgi_infer.engine.kernels.block_fields import FILE_BLOCK_BYTES, FORMATS, file_blocks, from_values
 from wsgi_infer.engine.kernels.build import build_cpu_kernels, installed_dir
+from wsgi_infer.engine.kernels.cpu import CpuKernels, load_cpu_kernels
 from wsgi_infer.engine.kernels.packed import PackedWeight, packed_part, packed_weight
 from wsgi_infer.engine.runtime.cpu_info import cpu_flags
 from wsgi_infer.engine.runtime.huge_pages import HugePageArena
@@ -69,13 +70,22 @@ def file_values(raw: torch.Tensor, ggml_type: int) -> torch.Tensor:
     return torch.from_numpy(gguf.dequantize(raw.numpy(), ggml_type)).reshape(raw.shape[0], -1)
 
 
+def _layout_kernels() -> CpuKernels:
+    """Any library lays out tiles the same way (``c/tiles.c`` has no ISA's code): the one this CPU loads."""
+    kernels = load_cpu_kernels()
+    assert kernels is not None, "the test machine has the CPU kernels"
+    return kernels
+
+
 def packed_from_file(raw: torch.Tensor, ggml_type: int) -> PackedWeight:
-    part = packed_part(raw.shape[0], lambda a, b: from_file_blocks(raw[a:b], ggml_type), HugePageArena())
+    part = packed_part(ggml_type, raw.shape[0], lambda a, b: raw[a:b].contiguous(), HugePageArena(), _layout_kernels())
     return packed_weight([part], True)
 
 
 def packed_from_values(weight: torch.Tensor, levels: int = 255) -> PackedWeight:
-    part = packed_part(weight.shape[0], lambda a, b: from_values(weight[a:b], levels), HugePageArena())
+    fields = from_values(weight, levels)
+    blocks = file_blocks(fields)
+    part = packed_part(fields.format, len(blocks), lambda a, b: blocks[a:b], HugePageArena(), _layout_kernels())
     return packed_weight([part], False)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .block_fields import FILE_BLOCK_BYTES, FORMATS
 from .build import kernels_library
 from .fused_decoder import DecoderDims, DecoderWeights, FusedDecoder
 from .packed import PackedWeight
@@ -85,11 +86,25 @@ class CpuKernels:
         # rows a packed multiply computes in one pass over its weight (8 with AVX-512, 4 with AVX2)
         self.rows_per_pass: int = self._lib.packed_rows_per_pass()
         self._lib.packed_block_bytes.argtypes, self._lib.packed_block_bytes.restype = [ctypes.c_int], ctypes.c_int64
+        self._lib.tile_blocks.argtypes, self._lib.tile_blocks.restype = [_I, _P, _I, _I, _P, ctypes.c_int], ctypes.c_int
         self.planes = 1  # of packed multiplies' activations: 1, 8-bit; 2, the exact path (use_exact_activations)
 
     def block_bytes(self, fmt: int) -> int:
         """The bytes of a tile's block of a format, as the kernels read it (0: a format they do not read)."""
         return self._lib.packed_block_bytes(fmt)
+
+    def tile_blocks(self, fmt: int, blocks: torch.Tensor, tiles: torch.Tensor) -> None:
+        """Rows of a format's blocks as a file holds them (uint8 [rows, bytes a row]) into ``tiles``, uint8 [tiles of
+        16 rows, blocks a row, bytes a tile's block] (``c/tiles.c``)."""
+        _check(blocks, "tile_blocks blocks", torch.uint8)
+        _check(tiles, "tile_blocks tiles", torch.uint8)
+        inputs, file_block = FORMATS[fmt][0], FILE_BLOCK_BYTES[fmt]
+        _expect(blocks.is_contiguous() and tiles.is_contiguous(), "tile_blocks: contiguous blocks and tiles")
+        _expect(blocks.shape[1] % file_block == 0, f"tile_blocks: rows of {blocks.shape[1]} bytes in format {fmt}")
+        _expect(tiles.numel() == -(-blocks.shape[0] // 16) * blocks.shape[1] * 16, "tile_blocks: tiles' size")
+        k = blocks.shape[1] // file_block * inputs
+        if self._lib.tile_blocks(fmt, blocks.data_ptr(), blocks.shape[0], k, tiles.data_ptr(), _threads()):
+            raise ValueError(f"tile_blocks: format {fmt} is not laid out by the kernels")
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None

@@ -1,5 +1,6 @@
 """A weight as the CPU kernels multiply it: parts of its rows (a fused projection stacks several checkpoint weights),
-each in its format's tiles (``tiles``), and the C structure that hands it to them (``c/packed_mm.h``)."""
+each its format's blocks in tiles of 16 rows (``c/tiles.c`` lays them out), and the C structure that hands it to
+them (``c/packed_mm.h``)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..runtime.huge_pages import HugePageArena
-from .block_fields import FORMATS, BlockFields, file_bits_per_weight, format_name
-from .tiles import TILE, tile_layout
+from .block_fields import FILE_BLOCK_BYTES, FORMATS, file_bits_per_weight, format_name
+
+if TYPE_CHECKING:  # cpu imports this module
+    from .cpu import CpuKernels
 
 MAX_PARTS = 4  # c/packed_mm.h
+TILE = 16  # rows of a tile: one register's lanes, each an output
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -62,21 +67,22 @@ class PackedWeight:
         return sum(part.tiles.nbytes for part in self.parts)
 
 
-ROWS_AT_ONCE = 256 * TILE  # a part is laid out so many rows at a time: its temporaries stay tens of MB
+ROWS_AT_ONCE = 256 * TILE  # a part is laid out so many rows at a time: a file's pages can go as it is read
 
 
-def packed_part(rows: int, fields_of: Callable[[int, int], BlockFields], memory: HugePageArena) -> PackedPart:
-    """A part of ``rows`` rows, whose rows [a, b) have the fields ``fields_of(a, b)``: laid out ``ROWS_AT_ONCE`` rows
-    at a time (whole tiles each, so the pieces join as one layout would), into the huge pages of ``memory``."""
+def packed_part(
+    fmt: int, rows: int, blocks_of: Callable[[int, int], torch.Tensor], memory: HugePageArena, kernels: CpuKernels
+) -> PackedPart:
+    """A part of ``rows`` rows in format ``fmt``, whose rows [a, b) are the blocks ``blocks_of(a, b)`` as a file holds
+    them (uint8 [b - a, bytes a row]): laid out in the huge pages of ``memory``, ``ROWS_AT_ONCE`` rows at a time."""
     tiles = None
     for start in range(0, rows, ROWS_AT_ONCE):
-        fields = fields_of(start, min(rows, start + ROWS_AT_ONCE))
-        piece = tile_layout(fields)
+        blocks = blocks_of(start, min(rows, start + ROWS_AT_ONCE))
         if tiles is None:
-            shape = (-(-rows // TILE), *piece.shape[1:])
+            shape = (-(-rows // TILE), blocks.shape[1] // FILE_BLOCK_BYTES[fmt], TILE * FILE_BLOCK_BYTES[fmt])
             tiles = memory.take(math.prod(shape)).view(shape)
-        tiles[start // TILE : start // TILE + len(piece)] = piece
-    return PackedPart(fields.format, tiles, rows)
+        kernels.tile_blocks(fmt, blocks, tiles[start // TILE : -(-(start + len(blocks)) // TILE)])
+    return PackedPart(fmt, tiles, rows)
 
 
 def packed_weight(parts: list[PackedPart], file_values: bool) -> PackedWeight:

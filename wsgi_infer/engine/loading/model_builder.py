@@ -12,7 +12,7 @@ from torch import nn
 from ..config import EngineConfig
 from ..kernels.build import kernels_library
 from ..kernels.cpu import CpuKernels, attach_kernels
-from ..kernels.packed import bits_per_weight
+from ..kernels.packed import PackedWeight, bits_per_weight
 from ..layers.crossing_points import choose_max_rows
 from ..layers.packed_embedding import share_embedding_with_packed_head
 from ..layers.quantization import PackedLinear, kinds, pack_on_kernels, packed_layers, quantize_with_torch
@@ -93,7 +93,11 @@ def _pack_on_kernels(model: nn.Module, method: str, model_dir: Path, kernels: Cp
     embedding's rows read from the GGUF at each lookup where it is there: the table is never read."""
     values = CheckpointTensors(model_dir, torch.float32)
     names, memory = model.checkpoint_names, HugePageArena()
-    pack_on_kernels(model, lambda linear: layer_weight(method, names(linear), values.blocks, values, memory), kernels)
+
+    def weight_of(linear: str) -> PackedWeight | None:
+        return layer_weight(method, names(linear), values.blocks, values, memory, kernels)
+
+    pack_on_kernels(model, weight_of, kernels)
     if not share_embedding_with_packed_head(model):
         from_file = values.embedding_in_file("model.embed_tokens.weight")
         if from_file is not None:

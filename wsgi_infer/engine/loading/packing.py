@@ -15,7 +15,8 @@ from functools import partial
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from ..kernels.block_fields import FILE_TYPES, BlockFields, from_file_blocks, from_values
+from ..kernels.block_fields import FILE_TYPES, Q8_M, file_blocks, from_values
+from ..kernels.cpu import CpuKernels
 from ..kernels.packed import PackedWeight, packed_part, packed_weight
 from ..runtime.huge_pages import HugePageArena
 from .file_weights import FileBlocks
@@ -29,29 +30,27 @@ def layer_weight(
     blocks: Callable[[str], FileBlocks | None],
     values: Mapping[str, torch.Tensor],
     memory: HugePageArena,
+    kernels: CpuKernels,
 ) -> PackedWeight | None:
     """The packed weight of the layer that stacks the checkpoint weights ``names``, from their blocks in the file
-    (``blocks(name)``, None where a weight is not there) or their float32 ``values``, in ``memory``; None where it
-    cannot be packed (no names, or inputs not a multiple of 32)."""
+    (``blocks(name)``, None where a weight is not there) or their float32 ``values``, laid out by ``kernels`` in
+    ``memory``; None where it cannot be packed (no names, or inputs not a multiple of 32)."""
     parts, from_file = [], True
     for name in names:
         found = blocks(name)
         if found is not None and found.ggml_type in _KEPT[method]:
-            parts.append(packed_part(found.shape[0], partial(_file_rows, found), memory))
+            parts.append(packed_part(found.ggml_type, found.shape[0], found.rows, memory, kernels))
             found.let_go()
             continue
         weight = values[name]
         if weight.shape[1] % 32:
             return None
         levels = 15 if method == "int4" else 255
-        parts.append(packed_part(weight.shape[0], partial(_value_rows, weight, levels), memory))
+        fmt = Q.Q4_1 if method == "int4" else Q8_M
+        parts.append(packed_part(fmt, weight.shape[0], partial(_value_rows, weight, levels), memory, kernels))
         from_file = False
     return packed_weight(parts, from_file) if parts else None
 
 
-def _file_rows(blocks: FileBlocks, start: int, stop: int) -> BlockFields:
-    return from_file_blocks(blocks.rows(start, stop), blocks.ggml_type)
-
-
-def _value_rows(weight: torch.Tensor, levels: int, start: int, stop: int) -> BlockFields:
-    return from_values(weight[start:stop], levels)
+def _value_rows(weight: torch.Tensor, levels: int, start: int, stop: int) -> torch.Tensor:
+    return file_blocks(from_values(weight[start:stop], levels))

@@ -1,6 +1,6 @@
 /* GGUF's K-quants (Q4_K, Q5_K, Q6_K): super-blocks of 256 weights in 8 sub-blocks of 32, as tiles of 16 rows.
  *
- * A tile's super-block (tiles.py writes it): the float16 d of the 16 rows (and dmin: Q4_K, Q5_K), then their
+ * A tile's super-block (tiles.c writes it): the float16 d of the 16 rows (and dmin: Q4_K, Q5_K), then their
  * sub-block scales (Q4_K and Q5_K: each row's 6-bit scales and mins in the file's 12 bytes, as 3 words of the 16
  * rows side by side; Q6_K: its 16 signed scales, one per 16 weights, a byte of each row side by side), then the
  * high bits of the codes, then the 4-bit codes, each sub-block as the legacy formats lay theirs out

@@ -1,6 +1,6 @@
 /* GGUF's blocks of 32 weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and our own Q8_M, as tiles of 16 rows.
  *
- * A tile's block (layouts.py writes it) holds each row's block, fields side by side: the float16 scale d of the
+ * A tile's block (tiles.c writes it) holds each row's block, fields side by side: the float16 scale d of the
  * 16 rows, then their minimum m where the format has one, then their high bits (Q5: a 32-bit word a row, laid out
  * so that a shift and a mask give each code's fifth bit in place), then the codes: 4 units of 64 bytes for 4-bit
  * codes (unit u: each row's 4 bytes, low nibbles inputs 4u..4u+3, high nibbles 16 + 4u.., as the file's bytes

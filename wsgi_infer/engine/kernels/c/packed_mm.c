@@ -38,7 +38,7 @@ static inline int code_offset(const int type) { /* codes a format's weights are 
 }
 static inline int wide_codes(const int type) { return type == Q8_0 || type == Q8_M; }
 
-/* a tile's block of a format, in bytes (layouts.py: TILE_BLOCK_BYTES) */
+/* a tile's block of a format, in bytes: 16 rows' blocks (tiles.c lays them out) */
 static int64_t block_bytes(int type) {
     switch (type) {
     case Q4_0: return 288;
@@ -281,5 +281,5 @@ void packed_rows(const packed_weight *w, const int64_t *ids, int64_t count, floa
  * costs little more than reading the weights there) */
 int packed_rows_per_pass(void) { return ROWS_AT_ONCE; }
 
-/* The bytes of a tile's block of a format (0: not a format here), for layouts.py to check against its own */
+/* The bytes of a tile's block of a format (0: not a format here), for block_fields.py to check against its own */
 int64_t packed_block_bytes(int type) { return block_bytes(type); }

@@ -1,6 +1,6 @@
 /* The packed multiplies' registers: a weight tile's rows, one per 32-bit lane.
  *
- * A weight is laid out in tiles of TILE rows (layouts.py): for every 4 inputs of a sub-block, the tile's rows' 4
+ * A weight is laid out in tiles of TILE rows (tiles.c): for every 4 inputs of a sub-block, the tile's rows' 4
  * codes side by side, so one register holds QL rows' codes for 4 inputs (16 rows with AVX-512, 8 elsewhere: a
  * tile in HALVES parts), each lane one output row: no horizontal sums, and each decoded register serves every
  * row of activations. Codes are unsigned (a signed format's are shifted up, the shift undone by the offset term),

@@ -1,0 +1,140 @@
+/* A weight's blocks, as a GGUF file holds them, laid out in the kernels' tiles of 16 rows (legacy_quants.h and
+ * k_quants.h say what each field of a tile's block is): each row's block's bytes moved, and only Q6_K's and the
+ * fifth bits' regrouped. A load lays out a 1B model's 700 MB in a fraction of a second, where torch's reshapes
+ * took 5 s. Our Q8_M comes as blocks of its own: d, m (float16) and 32 codes, 36 bytes.
+ */
+#include "k_quants.h"
+
+/* the bytes of a block as the file holds it, and the inputs it covers */
+static int64_t file_block_bytes(int type) {
+    switch (type) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
+    case Q8_0: return 34;
+    case Q8_M: return 36;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+static int block_inputs(int type) { return type == Q4_K || type == Q5_K || type == Q6_K ? 256 : 32; }
+
+/* row r's 2-byte field (a float16) of a tile's block, at `at` */
+static void put_half(uint8_t *tile, int at, int r, const uint8_t *from) { memcpy(tile + at + 2 * r, from, 2); }
+
+/* row r's 16 bytes of 4-bit codes (byte t: input t low, t + 16 high) as the tile's 4 units of 64 bytes at `at` */
+static void put_units(uint8_t *tile, int at, int r, const uint8_t *bytes, int units) {
+    for (int u = 0; u < units; u++) memcpy(tile + at + 64 * u + 4 * r, bytes + 4 * u, 4);
+}
+
+/* row r's fifth bits (bit i: input i's) as its word at `at`: byte b's bit u is input 4u + b's, its bit 4 + u input
+ * 16 + 4u + b's (legacy_quants.h: add_fifth_bits) */
+static void put_fifth_word(uint8_t *tile, int at, int r, uint32_t bits) {
+    uint8_t word[4] = {0};
+    for (int half = 0; half < 2; half++)
+        for (int u = 0; u < 4; u++)
+            for (int b = 0; b < 4; b++) word[b] |= ((bits >> (16 * half + 4 * u + b)) & 1) << (u + 4 * half);
+    memcpy(tile + at + 4 * r, word, 4);
+}
+
+static uint32_t word_at(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* row r of a tile's block from its block in the file, f: a format of 32 inputs */
+static void legacy_block(int type, const uint8_t *f, uint8_t *tile, int r) {
+    put_half(tile, 0, r, f);
+    switch (type) {
+    case Q4_0: put_units(tile, 32, r, f + 2, 4); break;
+    case Q4_1: put_half(tile, 32, r, f + 2), put_units(tile, 64, r, f + 4, 4); break;
+    case Q5_0: put_fifth_word(tile, 32, r, word_at(f + 2)), put_units(tile, 96, r, f + 6, 4); break;
+    case Q5_1:
+        put_half(tile, 32, r, f + 2), put_fifth_word(tile, 64, r, word_at(f + 4)), put_units(tile, 128, r, f + 8, 4);
+        break;
+    case Q8_0: {
+        uint8_t codes[32]; /* unsigned: shifted by 128 */
+        for (int i = 0; i < 32; i++) codes[i] = f[2 + i] ^ 0x80;
+        put_units(tile, 32, r, codes, 8);
+        break;
+    }
+    default: put_half(tile, 32, r, f + 2), put_units(tile, 64, r, f + 4, 8); /* Q8_M */
+    }
+}
+
+/* Q4_K, Q5_K: d, dmin, 12 bytes of scales and mins (as 3 words), then per sub-block j its codes (qs: 32 bytes a
+ * pair of sub-blocks, low nibbles the even one) and Q5_K's fifth bits (qh: byte t's bit j, sub-block j's input t) */
+static void k_block(int type, const uint8_t *f, uint8_t *tile, int r) {
+    put_half(tile, 0, r, f), put_half(tile, 32, r, f + 2);
+    for (int w = 0; w < 3; w++) memcpy(tile + 64 + 64 * w + 4 * r, f + 4 + 4 * w, 4);
+    const uint8_t *qh = f + 16, *qs = f + (type == Q5_K ? 48 : 16);
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *pair = qs + 32 * (j / 2);
+        const int shift = 4 * (j % 2);
+        uint8_t nibbles[16];
+        for (int t = 0; t < 16; t++) nibbles[t] = ((pair[t] >> shift) & 15) | (((pair[t + 16] >> shift) & 15) << 4);
+        put_units(tile, (type == Q5_K ? 768 : 256) + 256 * j, r, nibbles, 4);
+        if (type == Q5_K) {
+            uint32_t bits = 0;
+            for (int t = 0; t < 32; t++) bits |= (uint32_t)((qh[t] >> j) & 1) << t;
+            put_fifth_word(tile, 256 + 64 * j, r, bits);
+        }
+    }
+}
+
+/* Q6_K: ql (128 bytes), qh (64), 16 signed scales, d. Sub-block j's input i: low nibble of ql[64 (j / 4) + 32 (j % 2)
+ * + i] (the high one where j % 4 >= 2), high pair (qh[32 (j / 4) + i] >> 2 (j % 4)) & 3 (k_quants.h: the tile's
+ * pairs of units in a byte) */
+static void q6_k_block(const uint8_t *f, uint8_t *tile, int r) {
+    put_half(tile, 0, r, f + 208);
+    for (int s = 0; s < 16; s++) tile[32 + 16 * s + r] = f[192 + s];
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *low = f + 64 * (j / 4) + 32 * (j % 2), *high = f + 128 + 32 * (j / 4);
+        const int low_shift = 4 * ((j % 4) / 2), high_shift = 2 * (j % 4);
+#define LOW(i) ((low[i] >> low_shift) & 15)
+#define HIGH(i) ((high[i] >> high_shift) & 3)
+        uint8_t nibbles[16], pairs[8];
+        for (int t = 0; t < 16; t++) nibbles[t] = LOW(t) | (LOW(t + 16) << 4);
+        for (int w = 0; w < 2; w++)
+            for (int b = 0; b < 4; b++) {
+                int i = 8 * w + b;
+                pairs[4 * w + b] = HIGH(i) | (HIGH(i + 4) << 2) | (HIGH(i + 16) << 4) | (HIGH(i + 20) << 6);
+            }
+#undef LOW
+#undef HIGH
+        put_units(tile, 288 + 128 * j, r, pairs, 2);
+        put_units(tile, 1312 + 256 * j, r, nibbles, 4);
+    }
+}
+
+/* tiles [ceil(rows / 16)][k / block inputs][a tile's block] from raw [rows][k / block inputs][a file's block]: rows
+ * past the last, up to a whole tile, are zeros. Returns 0, or -1 for a format not laid out here. */
+int tile_blocks(int64_t type, const uint8_t *raw, int64_t rows, int64_t k, uint8_t *tiles, int threads) {
+    const int t = (int)type;
+    const int64_t file_bytes = file_block_bytes(t), tile_bytes = 16 * file_bytes; /* a tile's block: its rows' */
+    if (!file_bytes) return -1;
+    const int64_t blocks = k / block_inputs(t), count = (rows + 15) / 16;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t tile = 0; tile < count; tile++) {
+        uint8_t *out = tiles + tile * blocks * tile_bytes;
+        const int64_t first = 16 * tile, held = rows - first < 16 ? rows - first : 16;
+        if (held < 16) memset(out, 0, blocks * tile_bytes);
+        for (int64_t b = 0; b < blocks; b++)
+            for (int r = 0; r < held; r++) {
+                const uint8_t *f = raw + ((first + r) * blocks + b) * file_bytes;
+                uint8_t *at = out + b * tile_bytes;
+                if (t == Q6_K)
+                    q6_k_block(f, at, r);
+                else if (t == Q4_K || t == Q5_K)
+                    k_block(t, f, at, r);
+                else
+                    legacy_block(t, f, at, r);
+            }
+    }
+    return 0;
+}
