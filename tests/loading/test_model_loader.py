@@ -20,6 +20,7 @@ from wsgi_infer.engine.loading import checkpoint_tensors
 from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
 from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE
 from wsgi_infer.engine.loading.gguf_checkpoint import read_gguf_config
+from wsgi_infer.engine.loading.gguf_file import file_header, tensor_table
 from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.loading.model_loader import (
     CONVERSION_IMPORTS,
@@ -37,6 +38,7 @@ from wsgi_infer.engine.loading.model_paths import (
     ModelLoadError,
     default_model_path,
     file_digest,
+    gguf_identity,
 )
 from wsgi_infer.engine.loading.packing import layer_weight
 from wsgi_infer.engine.runtime.cache_files import cache_root
@@ -50,11 +52,11 @@ from ..support.transformers_reference import load_hf_model
 
 def test_a_converted_gguf_is_reused(default_model_dir, caplog):
     files = {path: path.stat().st_mtime_ns for path in default_model_dir.iterdir()}
-    assert any(path.suffix == ".safetensors" for path in files)
+    assert (default_model_dir / FILE_WEIGHTS_FILE) in files
     with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.loading.model_loader"):
         again = resolve_model_dir(None)
     assert again == default_model_dir
-    assert "using converted copy" in caplog.text and "converting" not in caplog.text
+    assert "using converted copy" in caplog.text and "reading its config and tokenizer" not in caplog.text
     assert {path: path.stat().st_mtime_ns for path in again.iterdir()} == files  # nothing rewritten
 
 
@@ -158,18 +160,22 @@ def test_a_gguf_digest_is_remembered_until_the_file_changes(tmp_path, monkeypatc
 
 def test_a_conversion_removes_the_copies_earlier_versions_made_of_the_same_file(tmp_path, monkeypatch, caplog):
     """Nothing reads an older version's copy once this one is written: it goes (the default model's v7 held
-    650 MB). A newer version's copy, and other files' copies, stay."""
+    650 MB), whatever digest named it (v13's was the file's bytes', now its place and header). A newer version's
+    copy, and other files' copies (a name that only begins like this one's too), stay."""
     monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path / "cache"))
     path = write_tiny_gguf(tmp_path / "tiny[1].gguf", "Q8_0").path  # glob's brackets in the name
-    stem = f"{path.stem}-{file_digest(path)}"
-    older, newer, other = (cache_root() / name for name in (f"{stem}-v7", f"{stem}-v99", "other-0123-v1"))
-    for directory in (older, newer, other):
+    stem = f"{path.stem}-{gguf_identity(path)}"
+    names = (f"{stem}-v7", f"{path.stem}-0123456789abcdef-v13", f"{stem}-v99", "other-0123-v1")
+    older, older_digest, newer, other = (cache_root() / name for name in names)
+    longer = cache_root() / f"{path.stem}-extra-0123456789abcdef-v1"
+    for directory in (older, older_digest, newer, other, longer):
         directory.mkdir(parents=True)
         (directory / "model.safetensors").write_bytes(b"weights")
     with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.loading.model_loader"):
         converted = resolve_model_dir(path)
     assert converted.name == f"{stem}-{CONVERSION_VERSION}" and (converted / "config.json").is_file()
-    assert not older.exists() and newer.exists() and other.exists()
+    assert not older.exists() and not older_digest.exists()
+    assert newer.exists() and other.exists() and longer.exists()
     assert f"removed {older}, an earlier version's conversion of it" in caplog.text
 
 
@@ -183,7 +189,7 @@ def test_workers_starting_on_a_new_gguf_convert_it_once(default_model_dir, tmp_p
         shutil.copy(cache_root() / PACKED_ROWS_FILE, cache)
     with GunicornServer({}, "--workers", "2", WSGI_INFER_CACHE_DIR=str(cache)) as server:
         workers = server.wait_booted(count=2)
-        conversions = [line for line in server.lines if "converting GGUF to safetensors" in line]
+        conversions = [line for line in server.lines if "reading its config and tokenizer into" in line]
         assert len(conversions) == 1, conversions
         (other,) = [pid for pid in workers if f"[{pid}]" not in conversions[0]]
         server.wait_for_log(rf"\[{other}\] .*using converted copy")
@@ -236,33 +242,42 @@ def test_a_packed_weights_pages_leave_the_process_as_it_is_packed(default_model_
     assert _mapping_rss(blocks.raw.ctypes.data) - before > blocks.raw.nbytes * 0.9
 
 
-def test_a_conversion_copies_no_weights_values_and_a_load_reads_them_from_the_file(tmp_path, monkeypatch):
-    """A converted copy keeps no 2-D weight: a load reads each from the GGUF itself, its values as gguf-py gives them.
-    So a float32 load equals transformers' reference on them, and the copy holds the norms alone. Moved elsewhere
-    (same bytes, same copy), the file is read there; gone, the load says so."""
+def test_a_conversion_copies_no_tensor_and_a_load_reads_each_from_its_own_file(tmp_path, monkeypatch):
+    """A converted copy keeps no tensor, norms included: a load reads each from the GGUF itself, its values as
+    gguf-py gives them, so a float32 load equals transformers' reference on them. The copy is named by the file's
+    place and header, not its bytes: another file of the same header (another seed: the same types, shapes and
+    metadata) gets a copy of its own, reading its own tensors; a file moved elsewhere, a new one reading it there;
+    a file gone, the load says so."""
     monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path / "cache"))
     path = write_tiny_gguf(tmp_path / "tiny.gguf", MIXED_TYPES, embedding="F16").path
     llm = LLM(model=str(path), dtype="float32", quantization="none")
     model_dir = llm.engine.model_dir
     in_file = json.loads((model_dir / FILE_WEIGHTS_FILE).read_text())
     assert in_file["gguf"] == str(path.resolve()) and "model.embed_tokens.weight" in in_file["weights"]
+    assert "model.norm.weight" in in_file["weights"] and not list(model_dir.glob("*.safetensors"))
     assert "lm_head.weight" not in in_file["weights"]  # tied: the embedding serves both
-    norms = sum(t.numel() * 4 for n, t in CheckpointTensors(model_dir, torch.float32).items() if t.dim() == 1)
-    assert sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) < norms + 4096  # and a header
     prompt = llm.engine.tokenize("The quick brown fox")
-    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    out = llm.generate(prompt, greedy)[0]
     reference = load_hf_model(model_dir, torch.float32)
     expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0)
     assert out.token_ids == expected[0, len(prompt) :].tolist()
+
+    (tmp_path / "other").mkdir()
+    other = write_tiny_gguf(tmp_path / "other" / "tiny.gguf", MIXED_TYPES, seed=1, embedding="F16").path
+    header = file_header(path)[2]
+    assert header == file_header(other)[2] and path.read_bytes()[:header] == other.read_bytes()[:header]
+    other_dir = LLM(model=str(other), dtype="float32", quantization="none").engine.model_dir
+    assert other_dir != model_dir and (other_dir / "config.json").read_text() == (model_dir / "config.json").read_text()
+    for directory, gguf in ((model_dir, path), (other_dir, other)):
+        norm = next(t for t in tensor_table(gguf)[1] if t.name == "output_norm.weight").values()
+        assert torch.equal(CheckpointTensors(directory, torch.float32)["model.norm.weight"], norm)
+
     moved = tmp_path / "elsewhere" / "tiny.gguf"
     moved.parent.mkdir()
     path.rename(moved)
     again = LLM(model=str(moved), dtype="float32", quantization="none")
-    assert again.engine.model_dir == model_dir
-    assert (
-        again.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].token_ids
-        == out.token_ids
-    )
+    assert again.engine.model_dir != model_dir and again.generate(prompt, greedy)[0].token_ids == out.token_ids
     moved.unlink()
     with pytest.raises(ModelLoadError, match="the GGUF this model was converted from is gone"):
-        CheckpointTensors(model_dir, torch.float32)["model.embed_tokens.weight"]
+        CheckpointTensors(again.engine.model_dir, torch.float32)["model.embed_tokens.weight"]

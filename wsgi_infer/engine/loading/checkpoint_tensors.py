@@ -17,8 +17,8 @@ MAPPED_BYTES = 64 << 20  # see CheckpointTensors.__getitem__
 
 
 class CheckpointTensors(Mapping):
-    """The checkpoint's tensors by name, read one at a time from its safetensors files; for a converted GGUF, its
-    2-D weights from the GGUF (``file_weights``).
+    """The checkpoint's tensors by name, read one at a time from its safetensors files; for a converted GGUF, from the
+    GGUF (``file_weights``).
 
     Our models copy (and fuse) weights from this mapping, so loading never holds
     more than our model plus one tensor, unlike instantiating the transformers

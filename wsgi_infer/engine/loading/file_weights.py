@@ -1,12 +1,12 @@
-"""A converted GGUF's 2-D weights, read from the GGUF itself: their blocks, or their values.
+"""A converted GGUF's tensors, read from the GGUF itself: their blocks, or their values.
 
-A converted copy keeps no 2-D weight: its values in full (float32, 8 times a 4-bit file: 4.6 GB for a 1B model's
-Q4_K_M) would be a second copy of the file, and the CPU kernels read the file's own blocks. So each weight is read
+A converted copy keeps no tensor: a weight's values in full (float32, 8 times a 4-bit file: 4.6 GB for a 1B model's
+Q4_K_M) would be a second copy of the file, and the CPU kernels read the file's own blocks. So each tensor is read
 from the file, mapped, at the place the conversion recorded here: its blocks as they are (``FileBlocks``), or its
-values (the embedding's table, a GPU, ``quantization none``, a type the kernels do not read), dequantized by
+values (norms, the embedding's table, a GPU, ``quantization none``, a type the kernels do not read), dequantized by
 gguf-py; either way in our row order, as transformers' processor for the architecture reorders them. The conversion
-records that order (``ROW_ORDERS_FILE``), so a later load needs transformers' GGUF module (0.8 s to import) only
-for a weight the processor does more than reorder.
+records that order (``ROW_ORDERS_FILE``), so a later load needs transformers' GGUF module only for a tensor the
+processor does more than reorder (Gemma's norms, GPT-2's Conv1D weights).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .model_paths import ModelLoadError
 if TYPE_CHECKING:  # gguf_file imports gguf, which a load imports only when it reads a file
     from .gguf_file import GgufTensor
 
-FILE_WEIGHTS_FILE = "gguf_weights.json"  # in a converted copy: the file, and where each weight lies in it
+FILE_WEIGHTS_FILE = "gguf_weights.json"  # in a converted copy: the file, and where each tensor lies in it
 ROW_ORDERS_FILE = "row_orders.npz"  # beside it: our row order of each weight whose rows the processor moves
 
 
@@ -45,17 +45,6 @@ def save_file_weights(
     record = {"gguf": str(gguf.resolve()), "architecture": architecture, "config": config, "weights": places}
     write_json(directory / FILE_WEIGHTS_FILE, record | {"processed": processed})
     np.savez(directory / ROW_ORDERS_FILE, **orders)
-
-
-def point_at(directory: Path, gguf: Path) -> None:
-    """The copy reads ``gguf`` from now on: the same bytes (its directory is named by their digest), moved or copied
-    elsewhere since. A cache it cannot write (a prepared, read-only one) keeps the path it has."""
-    record = read_json(directory / FILE_WEIGHTS_FILE)
-    if record is not None and record["gguf"] != str(gguf.resolve()):
-        try:
-            write_json(directory / FILE_WEIGHTS_FILE, record | {"gguf": str(gguf.resolve())})
-        except OSError:
-            pass
 
 
 @dataclass
@@ -92,7 +81,7 @@ class FileBlocks:
 
 
 class FileWeights(Mapping):
-    """A converted copy's weights that its GGUF holds, by Hugging Face name, as float32 values (empty for a Hugging
+    """A converted copy's tensors, which its GGUF holds, by Hugging Face name, as float32 values (empty for a Hugging
     Face directory). Nothing is mapped or imported until a value is read."""
 
     def __init__(self, directory: Path) -> None:

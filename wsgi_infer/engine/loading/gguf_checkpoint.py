@@ -1,10 +1,9 @@
 """A GGUF file's config, and its tensors under their Hugging Face names as a converted copy keeps them.
 
 The config comes from the file's metadata through transformers' key mapping
-and fast reader. Each tensor our model reads becomes: its float32 values where
-it is 1-D (norms), reordered by transformers' tensor processor; where it is 2-D,
-its place in the file, for a load to read its blocks or values there
-(``file_weights``): no 2-D weight is copied.
+and fast reader. Each tensor our model reads becomes its place in the file, for a
+load to read its blocks or values there (``file_weights``), with what
+transformers' tensor processor does to it: no tensor is copied.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..models import allocate_model
-from .gguf_file import GgufTensor, tensor_table
+from .gguf_file import GgufTensor, file_header, tensor_table
 
 # As the legacy reader: a GGUF of these holds the text backbone only, whose config is of its own type.
 TEXT_BACKBONES = {"gemma3": "gemma3_text"}
@@ -26,12 +25,12 @@ TEXT_BACKBONES = {"gemma3": "gemma3_text"}
 
 def read_gguf_config(gguf_file: Path):
     """The transformers config of a GGUF file, from its metadata as transformers' legacy reader maps it
-    (``load_gguf_checkpoint``), but read with its fast reader: 0.01 s instead of about 4 s."""
+    (``load_gguf_checkpoint``), but read with its fast reader (``file_header``): 0.01 s instead of about 4 s."""
     from transformers import AutoConfig
-    from transformers.integrations.gguf import read_gguf_metadata
     from transformers.modeling_gguf_pytorch_utils import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_TO_TRANSFORMERS_MAPPING
 
-    metadata, tensor_names = read_gguf_metadata(str(gguf_file))
+    metadata, entries, _ = file_header(gguf_file)
+    tensor_names = {name for name, *_ in entries}
     architecture = file_architecture = metadata["general.architecture"]
     if architecture == "llama" and metadata.get("general.name") == "mistral":
         architecture = "mistral"  # the legacy reader's one rule for Mistral, which llama.cpp files as llama
@@ -83,14 +82,13 @@ def _phi3_rope(gguf_file: Path, metadata: dict, values: dict) -> dict:
 
 @dataclass
 class ConvertedTensor:
-    """What a converted copy keeps of one tensor, under its Hugging Face name: its float32 ``values`` (a norm's, a
-    bias's: 1-D), or the ``place`` in the file to read it from (a 2-D weight: ``file_weights``), with the order
-    transformers' processor puts its rows in (``order``: our row r is the file's ``order[r]``; None: the file's), or
-    ``processed`` where the processor does more than move its rows (GPT-2 transposes its Conv1D weights)."""
+    """What a converted copy keeps of one tensor, under its Hugging Face name: the ``place`` in the file to read it
+    from (``file_weights``), with the order transformers' processor puts a matrix's rows in (``order``: our row r is
+    the file's ``order[r]``; None: the file's), or ``processed`` where the processor does more than move its rows
+    (GPT-2 transposes its Conv1D weights; Gemma's norms are stored less one)."""
 
     name: str
-    values: torch.Tensor | None = None
-    place: list | None = None
+    place: list
     order: np.ndarray | None = None
     processed: bool = False
 
@@ -110,16 +108,17 @@ def _converted(tensors: list[GgufTensor], processor, names: dict[str, str]) -> I
     for tensor in tensors:
         if tensor.name not in names:
             continue  # e.g. precomputed rope frequencies: our model computes them
-        if len(tensor.shape) == 2:
-            tensor.rows(0, 1).values()  # a type gguf-py cannot read is refused now, by name, not at a later load
-            rows = np.arange(tensor.shape[0], dtype=np.float32)[:, None]
-            moved = processor.process(weights=rows, name=tensor.name).weights
-            processed = moved.shape != rows.shape or not np.array_equal(np.sort(moved, axis=0), rows)
-            order = None if processed or np.array_equal(moved, rows) else moved[:, 0].astype(np.int64)
-            yield ConvertedTensor(names[tensor.name], place=tensor.place, order=order, processed=processed)
+        if len(tensor.shape) != 2:  # a norm's, a bias's: the processor's output for its values, against them
+            values = tensor.values().numpy()
+            moved = processor.process(weights=values.copy(), name=tensor.name).weights
+            yield ConvertedTensor(names[tensor.name], tensor.place, processed=not np.array_equal(moved, values))
             continue
-        values = processor.process(weights=tensor.values().numpy(), name=tensor.name).weights
-        yield ConvertedTensor(names[tensor.name], values=torch.from_numpy(np.ascontiguousarray(values)))
+        tensor.rows(0, 1).values()  # a type gguf-py cannot read is refused now, by name, not at a later load
+        rows = np.arange(tensor.shape[0], dtype=np.float32)[:, None]
+        moved = processor.process(weights=rows, name=tensor.name).weights
+        processed = moved.shape != rows.shape or not np.array_equal(np.sort(moved, axis=0), rows)
+        order = None if processed or np.array_equal(moved, rows) else moved[:, 0].astype(np.int64)
+        yield ConvertedTensor(names[tensor.name], tensor.place, order=order, processed=processed)
 
 
 def _hf_names(architecture: str, config, present: set[str]) -> dict[str, str]:

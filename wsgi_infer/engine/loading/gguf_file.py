@@ -7,6 +7,8 @@ the file itself, at the places the conversion recorded (``file_weights``), witho
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import mmap
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,13 +123,8 @@ def tensor_table(gguf_file: Path) -> tuple[str, list[GgufTensor]]:
     """The file's architecture and tensors, mapped, not read. Parsed with transformers' fast GGUF reader, which
     walks past the vocabulary's strings: gguf-py's ``GGUFReader`` builds a field for each (3.3 s per file), and the
     tensor table's byte counts come from gguf-py's sizes of every type, where transformers' cover fewer."""
-    from transformers.integrations.gguf.reader import _read_metadata, _read_tensor_table
-
     blob = mapped_file(gguf_file)
-    metadata, count, pos = _read_metadata(blob, str(gguf_file))
-    entries, pos = _read_tensor_table(blob, count, pos)
-    alignment = metadata.get("general.alignment", 32)
-    data_start = (pos + alignment - 1) // alignment * alignment
+    metadata, entries, data_start = file_header(gguf_file)
     tensors = []
     for name, shape, type_id, offset in entries:
         try:
@@ -137,3 +134,32 @@ def tensor_table(gguf_file: Path) -> tuple[str, list[GgufTensor]]:
             raise ValueError(f"tensor {name}: ggml type {type_id} is unknown to gguf-py") from None
         tensors.append(_at(blob, name, ggml_type, shape, data_start + offset))
     return metadata["general.architecture"], tensors
+
+
+def header_digest(gguf_file: Path) -> str:
+    """A digest of the file's place, size and header (its metadata and tensor table): what a converted copy is made
+    of (config, tokenizer, where each tensor lies) and the file it reads every tensor from, at each load. A few MB
+    hashed, where the whole file took 0.5 s at 1B and 1.5 s at 3B."""
+    blob = mapped_file(gguf_file)
+    data_start = file_header(gguf_file)[2]
+    place = f"{gguf_file.resolve()}\0{len(blob)}\0".encode()
+    return hashlib.sha256(place + blob[:data_start].tobytes()).hexdigest()[:16]
+
+
+def file_header(gguf_file: Path) -> tuple[dict, list, int]:
+    """(metadata, tensor table entries, where the tensors' data starts), by transformers' fast reader (its string
+    arrays, the vocabulary's, skipped): parsed once per file as it is now, for its digest, config and table (each
+    parse of a 49,152-token file took 0.23 s)."""
+    stat = gguf_file.stat()
+    return _parsed_header(str(gguf_file.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_header(path: str, size: int, mtime_ns: int) -> tuple[dict, list, int]:
+    from transformers.integrations.gguf.reader import _read_metadata, _read_tensor_table
+
+    blob = mapped_file(Path(path))
+    metadata, count, pos = _read_metadata(blob, path)
+    entries, pos = _read_tensor_table(blob, count, pos)
+    alignment = metadata.get("general.alignment", 32)
+    return metadata, entries, (pos + alignment - 1) // alignment * alignment

