@@ -11,6 +11,7 @@ many KV tokens as our default KV budget does (ik_llama.cpp with ``-rtr``, its re
 a 2,048-token prompt's prefill), ours also on the exact path (``WSGI_INFER_ACTIVATIONS=int16``); and one stream's
 share of the read bandwidth (``bench_bandwidth.py``'s C probe): a token reads the file's weights once, on every
 side. It prints a table, writes the figures (``--json``) and each ratio against parameters (``--plot``).
+``--starts-only`` times the starts alone (and the imports' floors), ``--repeat`` rounds.
 The shaped models come from ``make_shaped_model.py``: random weights, for speed only.
 """
 
@@ -31,7 +32,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from bench_bandwidth import probe_gb_s  # noqa: E402
 from bench_serve import IK_NAME, tree_peak_rss_mb  # noqa: E402
-from bench_start import seconds_to_health  # noqa: E402
+from bench_start import FLOORS, floor_seconds, seconds_to_health  # noqa: E402
 
 SERVE = [str(Path(sys.executable).with_name("wsgi-infer")), "serve"]
 KV_BUDGET_BYTES = 256 << 20  # our default KV cache on a CPU, in halves
@@ -149,6 +150,19 @@ def plot(results: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def starts_only(models: list[Path], peers: dict[str, str], rounds: int) -> None:
+    """Each model's starts beside the peers', then the floors (``bench_start.py``), round after round: medians."""
+    figures: dict[str, dict[str, list[float]]] = {}
+    for _ in range(rounds):
+        for model in models:
+            for key, value in starts(model, peers, shape(model)[2]).items():
+                figures.setdefault(model.name, {}).setdefault(key, []).append(value)
+        for name, imports in FLOORS.items():
+            figures.setdefault("floor", {}).setdefault(name, []).append(floor_seconds(imports))
+    for name, values in figures.items():
+        print(name, {key: f"{np.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" for key, v in values.items()})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="+", type=Path)
@@ -157,8 +171,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="alternating runs of every system; medians")
     parser.add_argument("--json")
     parser.add_argument("--plot")
+    parser.add_argument("--starts-only", action="store_true", help="only the starts (and the floors), --repeat rounds")
     args = parser.parse_args()
     peers = {"llama-server": args.llama_server} | ({IK_NAME: args.ik_llama_server} if args.ik_llama_server else {})
+    if args.starts_only:
+        starts_only(args.models, peers, args.repeat)
+        return
     bandwidth = max(probe_gb_s(huge_pages=True).values())
     print(f"read bandwidth {bandwidth:.1f} GB/s", file=sys.stderr)
     results = []
