@@ -30,8 +30,16 @@ def test_a_model_back_from_idleness_gets_no_burst():
 
 
 def test_nothing_busy_steps_nothing_and_an_unloaded_model_is_forgotten():
+    """Unloaded while busy, a model leaves no count behind; loaded again, it comes back level with the busy one,
+    as an idle model does, and the other keeps its share."""
     sharing = StepSharing()
     assert sharing.next([]) is None
     run(sharing, ["a", "b"], {"a": 1, "b": 1}, 10)
     sharing.forget("b")
-    assert sharing.next(["a"]) == "a"
+    assert len(sharing) == 1 and sharing.next(["a"]) == "a"
+    for name in (f"m{i}" for i in range(1000)):  # models come and go: nothing of them stays
+        run(sharing, ["a", name], {"a": 1, name: 1}, 2)
+        sharing.forget(name)
+    assert len(sharing) == 1
+    run(sharing, ["a"], {"a": 10}, 1000)
+    assert run(sharing, ["a", "b"], {"a": 10, "b": 10}, 100) == {"a": 500, "b": 500}

@@ -174,12 +174,19 @@ def test_a_model_that_fails_to_load_fails_alone(models_server):
 
 
 def test_metrics_carry_each_models_name(models_server):
-    text = httpx.get(f"{models_server.url}/metrics", timeout=10).text
-    for name in ("tiny", "smollm2", "minilm"):
-        assert parse_metrics(text, name)["wsgi_infer:prompt_tokens_total"] > 0, name
-    for name in ("tiny", "smollm2"):
-        assert parse_metrics(text, name)["wsgi_infer:generation_tokens_total"] > 0, name
-    assert parse_metrics(text, "minilm")["wsgi_infer:generation_tokens_total"] == 0
+    """A request to each model moves that model's own series, whatever ran before (alone, the test passes too)."""
+    before, usages = httpx.get(f"{models_server.url}/metrics", timeout=10).text, {}
+    with models_server.client() as http:
+        for name in ("tiny", "smollm2"):
+            body = {"model": name, "prompt": PROMPT, "max_tokens": 3, "ignore_eos": True}
+            usages[name] = http.post("/v1/completions", json=body).json()["usage"]
+        usages["minilm"] = http.post("/v1/embeddings", json={"model": "minilm", "input": PROMPT}).json()["usage"]
+    after = httpx.get(f"{models_server.url}/metrics", timeout=10).text
+    for name, usage in usages.items():
+        earlier, now = parse_metrics(before, name), parse_metrics(after, name)
+        keys = ("wsgi_infer:prompt_tokens_total", "wsgi_infer:generation_tokens_total")
+        grew = [now[key] - earlier.get(key, 0) for key in keys]
+        assert grew == [usage["prompt_tokens"], 0 if name == "minilm" else 3], name
 
 
 def test_the_chat_page_picks_a_model(browser, models_server, packed_llm):

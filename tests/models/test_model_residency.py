@@ -47,6 +47,16 @@ path = "{tiny_model_dirs["qwen3"]}"
     yield from serving(folder, tiny_model_dirs, tables, max_loaded_models=1, load_wait_seconds=2)
 
 
+@pytest.fixture(scope="module", params=["count", "memory"])
+def two_of_three(request, tmp_path_factory, tiny_model_dirs):
+    """Three tiny models (a loaded at start) and room for two: two loaded at most, or a memory budget two fit in
+    (a model's footprint: its KV budget, 256 MiB, and a few MB of weights)."""
+    models = {"a": "llama", "b": "qwen3", "c": "gemma3"}
+    tables = "".join(f'[models.{name}]\npath = "{tiny_model_dirs[arch]}"\n' for name, arch in models.items())
+    room = {"max_loaded_models": 2} if request.param == "count" else {"models_memory_mb": 600}
+    yield from serving(tmp_path_factory.mktemp("two"), tiny_model_dirs, tables, load_wait_seconds=2, **room)
+
+
 @pytest.fixture(scope="module")
 def keep_alive_server(tmp_path_factory, tiny_model_dirs):
     """The tiny Llama (loaded at start) and SmolLM2 (a keep-alive of 1 s), behind an API key."""
@@ -100,6 +110,19 @@ def test_a_load_beyond_the_budget_unloads_the_least_recently_used_idle_model(one
     one_at_a_time.wait_for_log(r"model a freed")
 
 
+def test_where_two_of_three_fit_the_least_recently_used_goes(two_of_three):
+    """Not the first loaded, not any: the one used longest ago, round after round."""
+    server = two_of_three
+    assert complete(server, "b").status_code == 200
+    assert states(server) == {"a": "loaded", "b": "loaded", "c": "unloaded"}
+    assert complete(server, "c").status_code == 200  # a was used longest ago
+    assert states(server) == {"a": "unloaded", "b": "loaded", "c": "loaded"}
+    assert complete(server, "b").status_code == 200  # now c was
+    assert complete(server, "a").status_code == 200
+    assert states(server) == {"a": "loaded", "b": "loaded", "c": "unloaded"}
+    server.wait_for_log(r"unloading c \(memory\)")
+
+
 def test_a_model_under_its_streams_is_never_unloaded(one_at_a_time):
     complete(one_at_a_time, "b")
     _, stop = open_stream(one_at_a_time, "b")
@@ -121,6 +144,9 @@ def test_a_finished_stream_replays_after_its_model_is_unloaded(one_at_a_time):
     replayed = httpx.get(f"{one_at_a_time.url}/v1/streams/{streamed.headers['x-stream-id']}", timeout=60)
     data = [[line for line in r.text.splitlines() if line.startswith("data:")] for r in (streamed, replayed)]
     assert data[0] == data[1] and data[0][-1] == "data: [DONE]"
+
+
+SMOLLM2_PACKED_MB = 80  # the shipped SmolLM2's packed weights: most of its file's 94 MiB
 
 
 def test_the_admin_routes_load_and_unload_and_the_memory_comes_back(keep_alive_server):
@@ -145,6 +171,7 @@ def test_the_admin_routes_load_and_unload_and_the_memory_comes_back(keep_alive_s
     server.wait_for_log(r"model smollm2 freed", after=mark)
     after = psutil.Process(worker).memory_info().rss
     print(f"worker RSS: {before >> 20} MiB, with SmolLM2 {with_model >> 20} MiB, after its unload {after >> 20} MiB")
+    assert with_model - before >= SMOLLM2_PACKED_MB << 20  # the load raised it by at least its packed weights
     assert with_model - after >= (with_model - before) // 2
     routed = httpx.post(f"{server.url}/models/load", json={"model": "smollm2"}, headers=AUTH, timeout=120)
     assert routed.json() == {"success": True} and states(server)["smollm2"] == "loaded"

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from wsgi_infer.server.engine_client import residency
 from wsgi_infer.server.engine_client.residency import CONVERTED_COPY, Resident, default_budget, evictions, footprint
 
 MB = 1 << 20
@@ -45,6 +50,22 @@ def test_a_footprint_is_the_files_and_the_kv_budget(tmp_path):
     assert footprint(hf, None) == 3 * MB + 256 * MB  # the CPU's default KV budget
 
 
-def test_the_default_budget_is_a_share_per_worker():
-    assert 0 < default_budget(4) * 4 <= default_budget(1) * 4 + 4
-    assert default_budget(2) < default_budget(1)
+@pytest.mark.parametrize(
+    ("cgroup_v2", "cgroup_v1", "usable_gib"),
+    [(None, None, 16), ("max", None, 16), ("8589934592", None, 8), (None, "4294967296", 4), ("68719476736", None, 16)],
+    ids=["no cgroup", "v2 unlimited", "v2 8 GiB", "v1 4 GiB", "v2 above the machine"],
+)
+def test_the_default_budget_is_three_quarters_of_the_memory_a_share_per_worker(
+    monkeypatch, tmp_path, cgroup_v2, cgroup_v1, usable_gib
+):
+    """3/4 of the machine's memory (16 GiB here), or of the cgroup's limit where it is lower, over the workers."""
+    pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 4 << 20}
+    monkeypatch.setattr(residency.os, "sysconf", pages.__getitem__)
+    limits = {"/sys/fs/cgroup/memory.max": cgroup_v2, "/sys/fs/cgroup/memory/memory.limit_in_bytes": cgroup_v1}
+    files = {name: tmp_path / str(number) for number, name in enumerate(limits)}
+    for name, limit in limits.items():
+        if limit is not None:
+            files[name].write_text(limit + "\n")
+    monkeypatch.setattr(residency, "Path", lambda name: files.get(name, Path(name)))
+    for workers in (1, 2, 3, 4):
+        assert default_budget(workers) == int(usable_gib * (1 << 30) * 3 / 4 / workers), workers

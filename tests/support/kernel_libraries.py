@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 
@@ -70,6 +71,7 @@ def file_values(raw: torch.Tensor, ggml_type: int) -> torch.Tensor:
     return torch.from_numpy(gguf.dequantize(raw.numpy(), ggml_type)).reshape(raw.shape[0], -1)
 
 
+@functools.cache
 def _layout_kernels() -> CpuKernels:
     """Any library lays out tiles the same way (``c/tiles.c`` has no ISA's code): the one this CPU loads."""
     kernels = load_cpu_kernels()
@@ -77,15 +79,19 @@ def _layout_kernels() -> CpuKernels:
     return kernels
 
 
+def _tile_blocks(fmt: int, blocks: torch.Tensor, tiles: torch.Tensor) -> None:
+    _layout_kernels().tile_blocks(fmt, blocks, tiles)
+
+
 def packed_from_file(raw: torch.Tensor, ggml_type: int) -> PackedWeight:
-    part = packed_part(ggml_type, raw.shape[0], lambda a, b: raw[a:b].contiguous(), HugePageArena(), _layout_kernels())
+    part = packed_part(ggml_type, raw.shape[0], lambda a, b: raw[a:b].contiguous(), HugePageArena(), _tile_blocks)
     return packed_weight([part], True)
 
 
 def packed_from_values(weight: torch.Tensor, levels: int = 255) -> PackedWeight:
     fields = from_values(weight, levels)
     blocks = file_blocks(fields)
-    part = packed_part(fields.format, len(blocks), lambda a, b: blocks[a:b], HugePageArena(), _layout_kernels())
+    part = packed_part(fields.format, len(blocks), lambda a, b: blocks[a:b], HugePageArena(), _tile_blocks)
     return packed_weight([part], False)
 
 

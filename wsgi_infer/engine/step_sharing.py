@@ -30,6 +30,10 @@ class StepSharing:
         self._computed[name] = self._computed.get(name, 0) + max(1, num_tokens)
 
     def forget(self, name: str) -> None:
-        """The model was unloaded."""
+        """The model was unloaded: nothing of it is kept (a server loading and unloading models keeps no count)."""
         self._computed.pop(name, None)
         self._busy.discard(name)
+
+    def __len__(self) -> int:
+        """The models it keeps a count for."""
+        return len(self._computed)

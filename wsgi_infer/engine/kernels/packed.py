@@ -9,15 +9,11 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..runtime.huge_pages import HugePageArena
 from .block_fields import FILE_BLOCK_BYTES, FORMATS, file_bits_per_weight, format_name
-
-if TYPE_CHECKING:  # cpu imports this module
-    from .cpu import CpuKernels
 
 MAX_PARTS = 4  # c/packed_mm.h
 TILE = 16  # rows of a tile: one register's lanes, each an output
@@ -71,17 +67,22 @@ ROWS_AT_ONCE = 256 * TILE  # a part is laid out so many rows at a time: a file's
 
 
 def packed_part(
-    fmt: int, rows: int, blocks_of: Callable[[int, int], torch.Tensor], memory: HugePageArena, kernels: CpuKernels
+    fmt: int,
+    rows: int,
+    blocks_of: Callable[[int, int], torch.Tensor],
+    memory: HugePageArena,
+    tile_blocks: Callable[[int, torch.Tensor, torch.Tensor], None],
 ) -> PackedPart:
     """A part of ``rows`` rows in format ``fmt``, whose rows [a, b) are the blocks ``blocks_of(a, b)`` as a file holds
-    them (uint8 [b - a, bytes a row]): laid out in the huge pages of ``memory``, ``ROWS_AT_ONCE`` rows at a time."""
+    them (uint8 [b - a, bytes a row]): laid out by ``tile_blocks`` (the kernels': ``CpuKernels.tile_blocks``) in the
+    huge pages of ``memory``, ``ROWS_AT_ONCE`` rows at a time."""
     tiles = None
     for start in range(0, rows, ROWS_AT_ONCE):
         blocks = blocks_of(start, min(rows, start + ROWS_AT_ONCE))
         if tiles is None:
             shape = (-(-rows // TILE), blocks.shape[1] // FILE_BLOCK_BYTES[fmt], TILE * FILE_BLOCK_BYTES[fmt])
             tiles = memory.take(math.prod(shape)).view(shape)
-        kernels.tile_blocks(fmt, blocks, tiles[start // TILE : -(-(start + len(blocks)) // TILE)])
+        tile_blocks(fmt, blocks, tiles[start // TILE : -(-(start + len(blocks)) // TILE)])
     return PackedPart(fmt, tiles, rows)
 
 

@@ -39,7 +39,7 @@ def layer_weight(
     for name in names:
         found = blocks(name)
         if found is not None and found.ggml_type in _KEPT[method]:
-            parts.append(packed_part(found.ggml_type, found.shape[0], found.rows, memory, kernels))
+            parts.append(packed_part(found.ggml_type, found.shape[0], found.rows, memory, kernels.tile_blocks))
             found.let_go()
             continue
         weight = values[name]
@@ -47,7 +47,8 @@ def layer_weight(
             return None
         levels = 15 if method == "int4" else 255
         fmt = Q.Q4_1 if method == "int4" else Q8_M
-        parts.append(packed_part(fmt, weight.shape[0], partial(_value_rows, weight, levels), memory, kernels))
+        rows_of = partial(_value_rows, weight, levels)
+        parts.append(packed_part(fmt, weight.shape[0], rows_of, memory, kernels.tile_blocks))
         from_file = False
     return packed_weight(parts, from_file) if parts else None
 
