@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from transformers import AutoConfig
-from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, get_gguf_hf_weights_map
 
 from wsgi_infer import LLM, EngineConfig, SamplingParams
 from wsgi_infer.engine.kernels.block_fields import Q8_M, from_values
@@ -115,6 +115,22 @@ def test_gguf_weights_equal_what_transformers_reads(gguf_weights, gguf_name, hf_
     kernels = load_cpu_kernels()
     packed = packed_from_file(blocks.rows(0, blocks.shape[0]), blocks.ggml_type)
     assert torch.equal(kernels.packed_rows(packed, torch.arange(blocks.shape[0])), weights[hf_name])
+
+
+def test_every_tensor_of_the_file_is_what_transformers_reads(gguf_weights):
+    """Not a sample: each of the file's 272 tensors, named by transformers' own map of gguf-py's names and reordered by
+    its processor, equals what our reader gives, bit for bit. So the reference model the exactness tests build from
+    our reader's tensors (``transformers_reference``) is transformers' reading of the file."""
+    reader, config, weights = gguf_weights
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    processor = LlamaTensorProcessor(config=config.to_dict())
+    names = get_gguf_hf_weights_map(model, processor)
+    for tensor in reader.tensors:
+        values = gguf.dequantize(tensor.data, tensor.tensor_type)
+        expected = processor.process(weights=values, name=tensor.name).weights
+        assert torch.equal(weights[names[tensor.name]], torch.from_numpy(np.require(expected, requirements="CW")))
+    assert len(reader.tensors) == len(weights) == 272 and {names[t.name] for t in reader.tensors} == set(weights)
 
 
 def test_a_conversion_keeps_no_tensor(gguf_weights, default_model_dir):
