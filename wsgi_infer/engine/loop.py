@@ -13,6 +13,7 @@ client's side (gevent, for the server); ``messages`` is all they share.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import traceback
 from collections.abc import Callable, Iterator
@@ -42,7 +43,7 @@ from .messages import (
 )
 from .model_admission import admit, token_texts
 from .runtime.heap import give_back_freed_memory
-from .runtime.native_threads import start_native_thread
+from .runtime.native_threads import Empty, SimpleQueue, start_native_thread
 from .runtime.step_interrupt import StepInterrupted
 from .scheduling.fair_share import FairShare
 from .step_sharing import StepSharing
@@ -72,10 +73,13 @@ class EngineLoop:
     """``fault_at_step`` (tests only, from the settings) makes that step raise; after ``stall_after_step`` the loop
     takes no step until its next command (a request, an abort, a stop), as a stuck step looks from outside."""
 
-    def __init__(self, channel: Channel, fault_at_step: int = 0, stall_after_step: int = 0) -> None:
+    def __init__(
+        self, channel: Channel, fault_at_step: int = 0, stall_after_step: int = 0, load_seconds: float = 0.0
+    ) -> None:
         self._channel = channel
         self._fault_at_step = fault_at_step
         self._stall_after_step = stall_after_step
+        self._load_seconds = load_seconds  # tests only: every load takes this much longer, on its loader thread
         self._engines: dict[str, Engine] = {}  # loaded, in load order
         self._loads: collections.deque[Load] = collections.deque()  # the first one is loading
         self._sharing = StepSharing()
@@ -185,6 +189,8 @@ class EngineLoop:
         try:
             notify = lambda: self._channel.send(StoreProgress(command.model))  # noqa: E731
             engine = build_engine(command.config, self._channel.start_thread, notify, self._share)
+            with contextlib.suppress(Empty):  # a native wait: the server's time.sleep is gevent's
+                SimpleQueue().get(timeout=self._load_seconds)
             self._channel.send(Loaded(command.model, engine))
         except Exception as exc:  # a bad model path or file: reported, the other models keep serving
             first_line = (str(exc).splitlines() or [type(exc).__name__])[0]

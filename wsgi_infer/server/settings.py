@@ -128,6 +128,9 @@ class ServerSettings(EngineSettings):
     test_stall_after_step: int = Field(
         0, ge=0, description="tests only: after step N the engine takes no step until its next command, as if stuck"
     )
+    test_load_seconds: float = Field(
+        0.0, ge=0, description="tests only: every model load takes this much longer, on its loader thread"
+    )
 
     @property
     def api_keys(self) -> list[str]:

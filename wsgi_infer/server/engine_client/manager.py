@@ -98,7 +98,8 @@ class EngineManager:
             importlib.import_module(module)
 
         self._bridge = HubBridge(self._router.deliver, RELAYED_LOGGERS)
-        tests_only = (self.settings.test_fault_at_step, self.settings.test_stall_after_step)
+        settings = self.settings
+        tests_only = (settings.test_fault_at_step, settings.test_stall_after_step, settings.test_load_seconds)
         self._loop = EngineLoop(self._bridge, *tests_only)
         self._bridge.start_thread(self._loop.run)
         for model in self.models.values():
