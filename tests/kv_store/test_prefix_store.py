@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from wsgi_infer import LLM, SamplingParams
+from wsgi_infer.engine.kv_store.directory import SUFFIX
+from wsgi_infer.engine.scheduling.kv_cache_manager import chain_hash
 
 from ..conftest import assert_idle
 
@@ -68,6 +70,15 @@ def test_sliding_layers_take_their_window_from_the_store(tiny_model_dirs, tmp_pa
     assert_idle(warm)
 
 
+def _prompt_block_keys(llm: LLM, prompt: str) -> list[bytes]:
+    """The names of a prompt's full blocks in the store, first to last: each its prefix's hash chain (as the files'
+    modification times would give them, but never tied)."""
+    ids, size, keys = llm.engine.tokenize(prompt), llm.engine.kv_cache.block_size, []
+    for start in range(0, len(ids) - size + 1, size):
+        keys.append(chain_hash(keys[-1] if keys else b"", ids[start : start + size]))
+    return keys
+
+
 def test_another_model_or_setting_never_takes_a_block(tiny_model_dirs, tmp_path):
     _restart(tiny_model_dirs["llama"], tmp_path)[1].engine.close()
     others = [
@@ -87,7 +98,7 @@ def test_corrupt_and_truncated_blocks_are_misses_removed_and_counted(tiny_model_
     model = tiny_model_dirs["llama"]
     cold_tokens, warm = _restart(model, tmp_path)
     (namespace,) = tmp_path.iterdir()
-    blocks = sorted(namespace.iterdir(), key=os.path.getmtime)  # in the order the prefill wrote them
+    blocks = [namespace / f"{key.hex()}{SUFFIX}" for key in _prompt_block_keys(warm, PROMPTS[0])]  # in prompt order
     flipped, truncated = blocks[3], blocks[6]
     original = flipped.read_bytes()
     data = bytearray(original)
