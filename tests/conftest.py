@@ -22,6 +22,7 @@ from wsgi_infer.engine.runtime.cache_files import cache_root  # noqa: E402
 
 from .support.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from .support.in_process import InProcessServer  # noqa: E402
+from .support.prerequisites import unavailable  # noqa: E402
 from .support.server import GunicornServer  # noqa: E402
 
 TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2", "qwen3", "smollm3", "llama3", "gemma3", "phi3", "mistral")
@@ -250,9 +251,7 @@ def browser():
     """A real headless Chromium (Debian's), driven by Playwright; per module: Playwright's sync API runs an asyncio
     loop in this thread while it lives, and other modules' clients (openai-agents' run_sync) need none running."""
     if not os.path.exists(CHROMIUM):
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (.ci/run installs Debian's chromium)")
-        pytest.skip("chromium is not installed")
+        unavailable("chromium is not installed")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

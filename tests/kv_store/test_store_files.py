@@ -14,6 +14,8 @@ import pytest
 from wsgi_infer.engine.kv_store.block_file import CorruptBlock, frame, unframe
 from wsgi_infer.engine.kv_store.directory import DirectoryStore
 
+from ..support.prerequisites import unavailable
+
 NAMESPACE, OTHER = bytes(range(32)), bytes(range(1, 33))
 
 
@@ -121,7 +123,6 @@ print(len([p for p in root.rglob("*") if p.name.endswith(".tmp")]))
 """
 
 
-@pytest.mark.skipif(UNSHARE is None, reason="util-linux's unshare is not installed")
 @pytest.mark.parametrize(
     "mount, expect",
     [
@@ -133,12 +134,14 @@ print(len([p for p in root.rglob("*") if p.name.endswith(".tmp")]))
 def test_a_full_or_read_only_directory_refuses_a_write_whole(tmp_path, mount, expect):
     import errno
 
+    if UNSHARE is None:
+        unavailable("util-linux's unshare is not installed")
     done = _in_own_mounts(STORE_ON.replace("MOUNT", repr(mount)), tmp_path)
     # A kernel or container that forbids user namespaces, or mounts in them, refuses in unshare or in mount: then
     # there is no disk to fill here (the server's degradation is shown on a vanished directory, everywhere).
     refused = done.stderr.lstrip().startswith("unshare:") or "CalledProcessError" in done.stderr
     if done.returncode and refused:
-        pytest.skip(f"no mounts of our own here: {done.stderr.strip()[-200:]}")
+        unavailable(f"no mounts of our own here: {done.stderr.strip()[-200:]}")
     assert done.returncode == 0, done.stderr
     counts, temporaries = done.stdout.split("\n")[:2]
     written, error, code, first_found = counts.split()

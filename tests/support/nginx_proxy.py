@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -10,8 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
-
+from .prerequisites import unavailable
 from .server import ROOT, dying_with_this_process, free_port
 
 SHIPPED = ROOT / "scripts" / "nginx" / "wsgi-infer.conf"
@@ -20,9 +18,7 @@ SHIPPED = ROOT / "scripts" / "nginx" / "wsgi-infer.conf"
 def require_nginx() -> str:
     path = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
     if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("nginx is not installed (.ci/run installs Debian's nginx)")
-        pytest.skip("nginx is not installed")
+        unavailable("nginx is not installed")
     return path
 
 

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import pytest
+
+from .prerequisites import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
@@ -228,9 +229,7 @@ class RedisServer(LoggedProcess):
     def __init__(self, directory: Path, port: int | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            if os.environ.get("CI"):
-                pytest.fail("redis-server is not installed (.ci/run installs Debian's redis-server)")
-            pytest.skip("redis-server is not installed")
+            unavailable("redis-server is not installed")
         self.port = port or free_port()
         self.directory = directory
         argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
