@@ -15,6 +15,7 @@ from wsgi_infer.engine.runtime import cpu_budget as budget_module
 from wsgi_infer.engine.runtime.cpu_budget import CpuBudget, cgroup_quota, cpu_budget
 from wsgi_infer.engine.runtime.cpu_share import CpuShare, Sample
 
+from ..support.prerequisites import unavailable
 from ..support.server import GUNICORN, GunicornServer
 
 pytestmark = pytest.mark.slow  # real processes
@@ -88,7 +89,7 @@ def test_the_share_gives_a_thread_back_while_other_processes_crowd_and_takes_it_
 
 def test_a_server_under_taskset_sizes_its_steps_to_one_cpu(tiny_model_dirs):
     if not shutil.which("taskset") or len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs taskset and two CPUs")
+        unavailable("needs taskset and two CPUs")
     command = ["taskset", "-c", "0", GUNICORN, "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0"]
     with GunicornServer({"model": tiny_model_dirs["llama"]}, command=command) as server:
         server.wait_for_log(r"worker 0 uses the CPU with 1 threads \(affinity mask: 1 CPU\)")

@@ -26,6 +26,7 @@ from wsgi_infer.engine.kernels.cpu import load_cpu_kernels
 from wsgi_infer.engine.runtime.cpu_info import cpu_flags
 
 from ..support.batch_runs import GREEDY
+from ..support.prerequisites import unavailable
 from ..support.server import GunicornServer
 
 INSTALLED_HERE = variants.runnable(variants.installed_variants(installed_dir()) or [], cpu_flags())
@@ -58,7 +59,7 @@ def test_a_cpu_without_any_variant_gets_none():
 def test_the_portable_variant_builds_for_aarch64(tmp_path):
     compiler = shutil.which("aarch64-linux-gnu-gcc")
     if compiler is None:
-        pytest.skip("no aarch64 cross compiler here (CI installs Debian's gcc-aarch64-linux-gnu)")
+        unavailable("no aarch64 cross compiler here (Debian's gcc-aarch64-linux-gnu)")
     assert variants.build_variants(tmp_path, compiler, machine="aarch64") == []
     assert json.loads((tmp_path / variants.STAMP).read_text())["variants"] == ["portable"]
     header = (tmp_path / variants.PORTABLE.file_name()).read_bytes()[:20]

@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import gguf
-import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
@@ -19,6 +18,8 @@ from wsgi_infer.engine.kernels.packed import PackedWeight, packed_part, packed_w
 from wsgi_infer.engine.runtime.cpu_info import cpu_flags
 from wsgi_infer.engine.runtime.huge_pages import HugePageArena
 
+from .prerequisites import unavailable
+
 # Every library a CPU like this one may load: each installed variant it runs (x86-64-v2 is the path without
 # AVX2), clang's build, and a build here where none is installed.
 INSTALLED_HERE = variants.runnable(variants.installed_variants(installed_dir()) or [], cpu_flags())
@@ -28,7 +29,7 @@ FILE_FORMATS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K] 
 
 def _clang_build(tmp_path_factory) -> Path:
     if shutil.which("clang") is None:
-        pytest.skip("no clang here (CI installs Debian's)")
+        unavailable("no clang here (Debian's)")
     target = tmp_path_factory.mktemp("clang") / "cpu_kernels-clang.so"
     assert variants.compile_library("clang", ("-march=native",), target) is None
     return target
