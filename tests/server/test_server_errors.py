@@ -4,12 +4,14 @@ unharmed (on a real server)."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
 
 from wsgi_infer import SamplingParams
 
+from ..conftest import tiny_settings
 from ..support.server import GunicornServer
 from ..support.sse_client import events
 
@@ -102,6 +104,36 @@ def test_a_model_that_fails_to_load_stops_the_server_with_its_reason(tmp_path, b
         assert server.process.wait(120) == 3  # gunicorn's boot error, passed on by its master
         server.wait_for_log(r"model failed to load: .*" + str(model))
         server.wait_for_log(r"Reason: Worker failed to boot")
+
+
+@pytest.mark.slow
+def test_exit_code_3_only_when_no_model_loaded_at_start_could_load(tmp_path, tiny_model_dirs):
+    """Several models loaded at start: a broken one beside one that loads, the server serves (the broken one
+    answers 503); every one broken, it stops with gunicorn's boot error."""
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(64))
+    also_broken = tmp_path / "empty"
+    also_broken.mkdir()
+    (also_broken / "config.json").write_text('{"model_type": "llama"}')  # no weights, no tokenizer
+
+    def served(second: Path) -> GunicornServer:
+        config = tmp_path / f"{second.name}.toml"
+        config.write_text(f'[models.broken]\npath = "{broken}"\n[models.second]\npath = "{second}"\n')
+        settings = tiny_settings(tiny_model_dirs, models_config=config, preload="*", cache_dir=tmp_path / "cache")
+        del settings["model"]  # the file names every model
+        return GunicornServer(settings)
+
+    with served(Path(tiny_model_dirs["llama"])) as server:
+        server.wait_ready()
+        with server.client() as http:
+            good = http.post("/v1/completions", json={"model": "second", "prompt": "Hi", "max_tokens": 2})
+            bad = http.post("/v1/completions", json={"model": "broken", "prompt": "Hi", "max_tokens": 2})
+        assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 2
+        assert bad.status_code == 503 and bad.json()["error"]["code"] == "model_load_failed"
+        assert server.process.poll() is None
+    with served(also_broken) as server:
+        assert server.process.wait(120) == 3
+        server.wait_for_log(r"model failed to load: .*" + str(broken))
 
 
 @pytest.mark.slow
