@@ -70,6 +70,39 @@ def test_sliding_layers_take_their_window_from_the_store(tiny_model_dirs, tmp_pa
     assert_idle(warm)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1), SamplingParams(max_tokens=0, pooling="mean")],
+    ids=["prompt_logprobs", "mean pooling"],
+)
+def test_a_request_that_computes_every_position_reads_no_block_and_writes_its_own(tiny_model_dirs, tmp_path, params):
+    """Prompt logprobs and mean pooling need every prompt position computed: on a store holding the whole prompt,
+    such a request reads nothing and gives what a cold engine gave; on an empty one, it writes its blocks like any
+    other request."""
+    model = tiny_model_dirs["llama"]
+    cold = _engine(model, tmp_path)
+    first = _computed(cold, PROMPTS[0], params)
+    cold.engine.close(wait=True)
+    assert cold.engine.counters().store["bytes_written"] > 0
+    warm = _engine(model, tmp_path)
+    again = _computed(warm, PROMPTS[0], params)
+    counters = warm.engine.counters()
+    assert counters.store["bytes_read"] == 0 and counters.num_store_hit_tokens == 0
+    assert again == first and any(again)
+    warm.engine.close(wait=True)
+
+
+def _computed(llm: LLM, prompt: str, params: SamplingParams) -> tuple[list, list[float] | None]:
+    """A request's prompt logprobs and its embedding, from the engine's deltas."""
+    llm.engine.add_request("r", llm.engine.tokenize(prompt), params)
+    logprobs, embedding = [], None
+    while llm.engine.has_unfinished():
+        for delta in llm.engine.step():
+            logprobs += [(p.token_id, p.logprob) for p in delta.prompt_logprobs or []]
+            embedding = delta.embedding if delta.embedding is not None else embedding
+    return logprobs, embedding
+
+
 def _prompt_block_keys(llm: LLM, prompt: str) -> list[bytes]:
     """The names of a prompt's full blocks in the store, first to last: each its prefix's hash chain (as the files'
     modification times would give them, but never tied)."""
