@@ -4,12 +4,14 @@ instead of computing, with the same greedy tokens, and nothing of another model 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine.kv_store.directory import SUFFIX
+from wsgi_infer.engine.kv_store import prefix_store
+from wsgi_infer.engine.kv_store.directory import SUFFIX, DirectoryStore
 from wsgi_infer.engine.scheduling.kv_cache_manager import chain_hash
 
 from ..conftest import assert_idle
@@ -90,6 +92,23 @@ def test_a_request_that_computes_every_position_reads_no_block_and_writes_its_ow
     assert counters.store["bytes_read"] == 0 and counters.num_store_hit_tokens == 0
     assert again == first and any(again)
     warm.engine.close(wait=True)
+
+
+def test_a_writer_too_far_behind_drops_blocks_and_counts_them(tiny_model_dirs, tmp_path, monkeypatch):
+    """Blocks wait for the writer up to MAX_PENDING_BYTES (256 MiB); past that, they are dropped and counted, not
+    queued without bound. Here the bound is one block and the writer is held: the prompt's first full block waits,
+    every other one is dropped; let go, the writer writes the one."""
+    monkeypatch.setattr(prefix_store, "MAX_PENDING_BYTES", 0)
+    held, put = threading.Event(), DirectoryStore.put
+    monkeypatch.setattr(DirectoryStore, "put", lambda *args: held.wait(60) and put(*args))
+    llm = _engine(tiny_model_dirs["llama"], tmp_path)
+    _run(llm, PROMPTS[:1])
+    full_blocks = len(_prompt_block_keys(llm, PROMPTS[0]))
+    assert full_blocks > 8 and llm.engine.counters().store["dropped_blocks"] == full_blocks - 1
+    held.set()
+    llm.engine.close(wait=True)
+    (namespace,) = tmp_path.iterdir()
+    assert [p.name for p in namespace.iterdir()] == [f"{_prompt_block_keys(llm, PROMPTS[0])[0].hex()}{SUFFIX}"]
 
 
 def _computed(llm: LLM, prompt: str, params: SamplingParams) -> tuple[list, list[float] | None]:
