@@ -178,6 +178,18 @@ def test_the_admin_routes_load_and_unload_and_the_memory_comes_back(keep_alive_s
     assert httpx.post(f"{server.url}/models/unload", json={"model": "smollm2"}, headers=AUTH).json()["success"]
 
 
+def test_the_global_keep_alive_unloads_models_loaded_on_demand_never_those_loaded_at_start(tmp_path, tiny_model_dirs):
+    """WSGI_INFER_KEEP_ALIVE (1 s here) unloads an idle model loaded on demand; the one loaded at start, used before
+    it and so idle for longer still, stays."""
+    tables = f'[models.tiny]\npath = "{tiny_model_dirs["llama"]}"\n[models.b]\npath = "{tiny_model_dirs["qwen3"]}"\n'
+    for server in serving(tmp_path, tiny_model_dirs, tables, keep_alive=1):
+        mark = len(server.lines)
+        assert complete(server, "tiny").status_code == 200 and complete(server, "b").status_code == 200
+        server.wait_for_log(r"unloading b \(idle\)", after=mark, timeout=30)
+        assert states(server) == {"tiny": "loaded", "b": "unloaded"}
+        assert not [line for line in server.lines if "unloading tiny" in line]
+
+
 def test_an_idle_model_unloads_after_its_keep_alive(keep_alive_server):
     server = keep_alive_server
     mark = len(server.lines)
