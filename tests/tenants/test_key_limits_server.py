@@ -121,17 +121,31 @@ def _send_stream(server: GunicornServer, key: str) -> socket.socket:
     return sock
 
 
-def test_a_full_queue_refuses_the_key_that_filled_it_and_serves_another(tiny_model_dirs):
+@pytest.mark.parametrize("fair_share", [True, False], ids=["fair share", "first come, first served"])
+def test_a_full_queue_refuses_the_key_that_filled_it_and_serves_another(tiny_model_dirs, fair_share):
+    """A flood fills every seat and the queue: its next request gets a 429, another key's is admitted. With fair
+    share, a seat is taken from the flood for it: its answer comes within seconds, a preemption counted, the
+    flood's streams still open. First come, first served (``fair_share`` false), it waits behind the flood."""
     settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "api_key": "flood-key,chat-key"}
-    settings.update(max_num_seqs=2, max_waiting_requests=2)  # 4 requests in flight at most
-    with GunicornServer(settings).wait_ready() as server, server.client() as http:
+    settings.update(max_num_seqs=2, max_waiting_requests=2, fair_share=fair_share)  # 4 requests in flight at most
+    settings["stream_backlog_bytes"] = 64 << 20  # the flood's unread streams are never aborted to free a seat here
+    with GunicornServer(settings).wait_ready() as server, server.client(timeout=5) as http:
         flood = [_send_stream(server, "flood-key") for _ in range(4)]
         try:
             server.wait_for_metric("wsgi_infer:num_requests_waiting", 2)
             refused = _ask(http, "flood-key")
             assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_requests"
+            preempted = server.metrics().get("wsgi_infer:num_preemptions_total", 0)
+            if not fair_share:
+                with pytest.raises(httpx.ReadTimeout):  # behind 60,000 tokens of flood
+                    _ask(http, "chat-key")
+                return
             served = _ask(http, "chat-key")  # under its share of the queue; a seat is taken from the flood for it
             assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 4
+            metrics = server.metrics()
+            assert metrics["wsgi_infer:num_preemptions_total"] > preempted
+            in_flight = metrics["wsgi_infer:num_requests_running"] + metrics["wsgi_infer:num_requests_waiting"]
+            assert in_flight == 4  # the flood's streams, none ended to make room
         finally:
             for sock in flood:
                 sock.close()
