@@ -77,16 +77,50 @@ def test_the_size_limit_removes_the_least_recently_used_blocks_of_every_model(tm
     assert store.counters.evicted_blocks == 3
 
 
+WRITER = """
+import sys
+from pathlib import Path
+from wsgi_infer.engine.kv_store.block_file import frame
+from wsgi_infer.engine.kv_store.directory import DirectoryStore
+root, limit, first, count = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+namespace, payload, most = bytes(range(32)), memoryview(bytearray(1000)), 0
+store = DirectoryStore(root, limit)
+print("ready", flush=True)
+sys.stdin.readline()  # both start together
+for i in range(first, first + count):
+    key = i.to_bytes(16, "little")
+    assert store.put(namespace, key, frame(namespace, key, payload))
+    most = max(most, sum(1 for _ in root.rglob("*.kv")))
+print(store.counters.evicted_blocks, most)
+"""
+
+
 def test_two_processes_writing_one_directory_keep_it_within_a_sixteenth_each_of_the_limit(tmp_path):
+    """Two writer processes (as two workers) at once, each scanning and evicting: the directory stays within the
+    limit and each one's writes since its last scan (a sixteenth of the limit), and every file removed is counted
+    once, by the process whose removal took it (the other finds it gone)."""
     size = len(b"".join(frame(NAMESPACE, b"k" * 16, _payload(1000))))
-    one, two = DirectoryStore(tmp_path, 64 * size), DirectoryStore(tmp_path, 64 * size)  # as two workers
-    most = 0
-    for i in range(200):
-        _put(one if i % 2 else two, i.to_bytes(16, "little"))
-        most = max(most, len(list(tmp_path.rglob("*.kv"))))
-    assert 64 < most <= 64 + 2 * 4  # each one's count since its last scan: 1/16 of the limit at most
+    limit, count = 64 * size, 400
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(tmp_path), str(limit), str(first), str(count)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for first in (0, count)
+    ]
+    for writer in writers:
+        assert writer.stdout.readline() == "ready\n"
+    for writer in writers:
+        writer.stdin.write("go\n")
+        writer.stdin.close()
+    results = [writer.stdout.read().split() for writer in writers]
+    assert [writer.wait(120) for writer in writers] == [0, 0]
+    evicted, most = sum(int(r[0]) for r in results), max(int(r[1]) for r in results)
     left = len(list(tmp_path.rglob("*.kv")))
-    assert one.counters.evicted_blocks + two.counters.evicted_blocks == 200 - left  # each removal counted once
+    assert 64 < most <= 64 + 2 * 4
+    assert evicted == 2 * count - left and evicted > count  # each removal counted once, both evicting
 
 
 UNSHARE = shutil.which("unshare")
