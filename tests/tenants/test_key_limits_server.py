@@ -111,6 +111,36 @@ def test_redis_holds_a_limit_across_two_servers(tiny_model_dirs, tmp_path):
                 wait_until(lambda: _ask(second, "solo-secret").status_code == 200, "solo's slot freed")
 
 
+def test_with_redis_gone_limited_keys_are_served_uncounted_with_one_warning_and_counted_when_it_returns(
+    tiny_model_dirs, tmp_path
+):
+    """Redis stops: a key of one request at most gets three at once and a fourth, uncounted, and one warning
+    says so. Redis back (empty), the key is counted again."""
+    with RedisServer(tmp_path) as redis:
+        with GunicornServer(_settings(tiny_model_dirs, tmp_path, redis_url=redis.url)) as server:
+            _uncounted_while_redis_is_gone(server.wait_ready(), redis)
+
+
+def _uncounted_while_redis_is_gone(server: GunicornServer, redis: RedisServer) -> None:
+    with server.client() as http:
+        stream = _open_stream(http, "solo-secret")
+        _assert_limited(_ask(http, "solo-secret"), "requests open")  # counted in Redis: one open at most
+        stream.close()
+        redis.stop()
+        streams = [_open_stream(http, "solo-secret") for _ in range(3)]  # three at once, none counted
+        assert _ask(http, "solo-secret").status_code == 200
+        warned = [line for line in server.lines if "limits not enforced until Redis answers again" in line]
+        assert len(warned) == 1, warned
+        for open_stream in streams:
+            open_stream.close()
+        with redis.again():
+            enforced = lambda: any("Redis answers again: limits enforced" in line for line in server.lines)  # noqa: E731
+            wait_until(lambda: _ask(http, "solo-secret").status_code == 200 and enforced(), "Redis back", timeout=30)
+            stream = _open_stream(http, "solo-secret")
+            _assert_limited(_ask(http, "solo-secret"), "requests open")
+            stream.close()
+
+
 def _send_stream(server: GunicornServer, key: str) -> socket.socket:
     """An endless streamed request, sent on its own connection and left unread."""
     body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 30_000, "ignore_eos": True, "stream": True}).encode()
