@@ -5,12 +5,15 @@ that never show the key."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 
 import httpx
 import openai
 import pytest
+
+from wsgi_infer.server.tenants.redis_limits import HEARTBEAT_SECONDS, PREFIX
 
 from ..support.server import GunicornServer, RedisServer, labelled_samples, wait_until
 
@@ -119,6 +122,29 @@ def test_with_redis_gone_limited_keys_are_served_uncounted_with_one_warning_and_
     with RedisServer(tmp_path) as redis:
         with GunicornServer(_settings(tiny_model_dirs, tmp_path, redis_url=redis.url)) as server:
             _uncounted_while_redis_is_gone(server.wait_ready(), redis)
+
+
+def test_a_dead_servers_open_request_counts_until_its_heartbeat_expires(tiny_model_dirs, tmp_path):
+    """A server holding a key's one request dies (SIGKILL to its master and workers): the other server refuses the
+    key while the dead one's heartbeat lives (at most three beats, 30 s), and serves it once the heartbeat is gone
+    (deleted here, as its expiry would)."""
+    import redis as redis_py
+
+    with RedisServer(tmp_path) as redis:
+        settings = _settings(tiny_model_dirs, tmp_path, redis_url=redis.url)
+        with GunicornServer(settings).wait_ready() as one, GunicornServer(settings).wait_ready() as other:
+            (dead_worker,) = one.worker_pids()
+            _open_stream(one.client(), "solo-secret")
+            with other.client() as http:
+                _assert_limited(_ask(http, "solo-secret"), "requests open")
+                os.killpg(one.process.pid, signal.SIGKILL)
+                one.process.wait(10)
+                _assert_limited(_ask(http, "solo-secret"), "requests open")  # its heartbeat lives on
+                client = redis_py.Redis.from_url(redis.url)
+                (beat,) = [k for k in client.keys(f"{PREFIX}owner:*") if f":{dead_worker}:".encode() in k]
+                assert 0 < client.ttl(beat) <= 3 * HEARTBEAT_SECONDS
+                client.delete(beat)
+                assert _ask(http, "solo-secret").status_code == 200
 
 
 def _uncounted_while_redis_is_gone(server: GunicornServer, redis: RedisServer) -> None:
