@@ -39,9 +39,10 @@ def _settings(tiny_model_dirs, tmp_path, **more) -> dict:
     return {"model": tiny_model_dirs["llama"], "dtype": "float32", "keys_file": keys_file, **more}
 
 
-def _ask(http: httpx.Client, key: str, **body) -> httpx.Response:
+def _ask(http: httpx.Client, key: str, timeout: float | None = None, **body) -> httpx.Response:
     body = {"prompt": "Once upon a time", "max_tokens": 4, **body}
-    return http.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+    headers = {"Authorization": f"Bearer {key}"}
+    return http.post("/v1/completions", json=body, headers=headers, **({"timeout": timeout} if timeout else {}))
 
 
 def _open_stream(http: httpx.Client, key: str):
@@ -185,6 +186,7 @@ def test_a_full_queue_refuses_the_key_that_filled_it_and_serves_another(tiny_mod
     settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "api_key": "flood-key,chat-key"}
     settings.update(max_num_seqs=2, max_waiting_requests=2, fair_share=fair_share)  # 4 requests in flight at most
     settings["stream_backlog_bytes"] = 64 << 20  # the flood's unread streams are never aborted to free a seat here
+    settings["drain_seconds"] = 1
     with GunicornServer(settings).wait_ready() as server, server.client(timeout=5) as http:
         flood = [_send_stream(server, "flood-key") for _ in range(4)]
         try:
@@ -194,7 +196,7 @@ def test_a_full_queue_refuses_the_key_that_filled_it_and_serves_another(tiny_mod
             preempted = server.metrics().get("wsgi_infer:num_preemptions_total", 0)
             if not fair_share:
                 with pytest.raises(httpx.ReadTimeout):  # behind 60,000 tokens of flood
-                    _ask(http, "chat-key")
+                    _ask(http, "chat-key", timeout=2)
                 return
             served = _ask(http, "chat-key")  # under its share of the queue; a seat is taken from the flood for it
             assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 4
