@@ -246,8 +246,8 @@ def test_a_conversion_copies_no_tensor_and_a_load_reads_each_from_its_own_file(t
     """A converted copy keeps no tensor, norms included: a load reads each from the GGUF itself, its values as
     gguf-py gives them, so a float32 load equals transformers' reference on them. The copy is named by the file's
     place and header, not its bytes: another file of the same header (another seed: the same types, shapes and
-    metadata) gets a copy of its own, reading its own tensors; a file moved elsewhere, a new one reading it there;
-    a file gone, the load says so."""
+    metadata) gets a copy of its own, reading its own tensors; a file moved elsewhere, a new one reading it there
+    (and the copy of the place it left goes, at that conversion); a file gone, the load says so."""
     monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path / "cache"))
     path = write_tiny_gguf(tmp_path / "tiny.gguf", MIXED_TYPES, embedding="F16").path
     llm = LLM(model=str(path), dtype="float32", quantization="none")
@@ -278,6 +278,7 @@ def test_a_conversion_copies_no_tensor_and_a_load_reads_each_from_its_own_file(t
     path.rename(moved)
     again = LLM(model=str(moved), dtype="float32", quantization="none")
     assert again.engine.model_dir != model_dir and again.generate(prompt, greedy)[0].token_ids == out.token_ids
+    assert not model_dir.exists() and other_dir.exists()  # the copy of a file gone goes at the next conversion
     moved.unlink()
     with pytest.raises(ModelLoadError, match="the GGUF this model was converted from is gone"):
         CheckpointTensors(again.engine.model_dir, torch.float32)["model.embed_tokens.weight"]

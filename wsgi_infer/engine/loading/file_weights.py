@@ -47,6 +47,17 @@ def save_file_weights(
     np.savez(directory / ROW_ORDERS_FILE, **orders)
 
 
+def orphaned_copies(root: Path) -> list[Path]:
+    """The converted copies under ``root`` whose GGUF is gone: a copy is named by its file's place, so a file
+    deleted (or one in a temporary directory) leaves its copy for nothing to read again."""
+    orphans = []
+    for record_file in root.glob(f"*/{FILE_WEIGHTS_FILE}"):
+        record = read_json(record_file)
+        if record is not None and not os.path.exists(record.get("gguf", "")):
+            orphans.append(record_file.parent)
+    return orphans
+
+
 @dataclass
 class FileBlocks:
     """A 2-D weight's blocks in the mapped file (a ``gguf_file.GgufTensor``), in our row order: ``rows(a, b)``

@@ -22,7 +22,7 @@ from ..models import model_class
 from ..runtime.cache_files import cache_root, read_json, write_json
 from ..runtime.heap import release_free_heap
 from ..text.builtin_chat_templates import BUILTIN_TEMPLATES
-from .file_weights import FileWeights, save_file_weights
+from .file_weights import FileWeights, orphaned_copies, save_file_weights
 from .model_paths import (
     ModelLoadError,
     conversion_lock,
@@ -77,6 +77,9 @@ def _convert_gguf_into(gguf: Path, target: Path) -> None:
     for older in older_conversions(target):
         shutil.rmtree(older, ignore_errors=True)
         log.info("model %s: removed %s, an earlier version's conversion of it", gguf.name, older)
+    for orphan in orphaned_copies(target.parent):
+        shutil.rmtree(orphan, ignore_errors=True)
+        log.info("removed %s: the GGUF it was converted from is gone", orphan)
 
 
 def _convert_gguf(gguf: Path, staging: Path) -> None:
