@@ -16,6 +16,28 @@
 
 enum { Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
+static inline int is_k(const int type) { return type == Q4_K || type == Q5_K || type == Q6_K; }
+static inline int block_inputs(const int type) { return is_k(type) ? 256 : 32; }
+
+/* a block's bytes as the file holds it (our Q8_M: d, m and 32 codes); 0: not a format the kernels read */
+static inline int64_t file_block_bytes(const int type) {
+    switch (type) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
+    case Q8_0: return 34;
+    case Q8_M: return 36;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+/* a tile's block: its rows' blocks, field by field (tiles.c lays them out) */
+static inline int64_t block_bytes(const int type) { return TILE * file_block_bytes(type); }
+
 #define SIXTH_BITS 0x30303030u
 
 /* a unit pair's two high bits (legacy_quants.h's layout, as above) into quads u, u + 1, u + 4 and u + 5 */

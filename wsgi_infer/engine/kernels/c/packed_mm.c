@@ -30,29 +30,12 @@
  * K-quant's block (2,304-3,360 bytes) fetched its own sub-block: a 16-row Q6_K step ran at 199 G MAC/s, now 294 */
 #define PREFETCH_BYTES 4096
 
-static inline int is_k(const int type) { return type == Q4_K || type == Q5_K || type == Q6_K; }
 static inline int sub_blocks(const int type) { return is_k(type) ? 8 : 1; } /* 32-input sub-blocks a block */
 static inline int halves_scaled(const int type) { return type == Q6_K; }   /* a scale per 16 inputs */
 static inline int code_offset(const int type) { /* codes a format's weights are offset by; 0: their own minimums */
     return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : type == Q6_K ? 32 : 0;
 }
 static inline int wide_codes(const int type) { return type == Q8_0 || type == Q8_M; }
-
-/* a tile's block of a format, in bytes: 16 rows' blocks (tiles.c lays them out) */
-static int64_t block_bytes(int type) {
-    switch (type) {
-    case Q4_0: return 288;
-    case Q4_1: return 320;
-    case Q5_0: return 352;
-    case Q5_1: return 384;
-    case Q8_0: return 544;
-    case Q8_M: return 576;
-    case Q4_K: return 2304;
-    case Q5_K: return 2816;
-    case Q6_K: return 3360;
-    default: return 0;
-    }
-}
 
 ALWAYS_INLINE void decode(const int type, const uint8_t *block, int j, int h, decoded *out) {
     if (is_k(type))
@@ -229,7 +212,7 @@ static void tile_task(const mm_job *job, int64_t task) {
     int64_t tile, first;
     task_tile(job->w, task, &part, &tile, &first);
     const packed_part *p = job->w->parts + part;
-    int64_t k = job->w->k, inputs = is_k((int)p->type) ? 256 : 32, blocks = k / inputs;
+    int64_t k = job->w->k, blocks = k / block_inputs((int)p->type);
     int64_t width = p->n - tile * TILE < TILE ? p->n - tile * TILE : TILE;
     const uint8_t *tiles = p->tiles + tile * blocks * block_bytes((int)p->type);
     const pass_fn *kernels = PASS_KERNELS[type_index((int)p->type)][job->planes - 1];
@@ -266,7 +249,7 @@ void packed_rows(const packed_weight *w, const int64_t *ids, int64_t count, floa
         int p = 0;
         while (row >= w->parts[p].n) row -= w->parts[p].n, p++;
         const int type = (int)w->parts[p].type;
-        int64_t inputs = is_k(type) ? 256 : 32, blocks = w->k / inputs, bytes = block_bytes(type);
+        int64_t inputs = block_inputs(type), blocks = w->k / inputs, bytes = block_bytes(type);
         const uint8_t *tile = w->parts[p].tiles + row / TILE * blocks * bytes;
         for (int64_t b = 0; b < blocks; b++) {
             if (is_k(type))

@@ -5,24 +5,6 @@
  */
 #include "k_quants.h"
 
-/* the bytes of a block as the file holds it, and the inputs it covers */
-static int64_t file_block_bytes(int type) {
-    switch (type) {
-    case Q4_0: return 18;
-    case Q4_1: return 20;
-    case Q5_0: return 22;
-    case Q5_1: return 24;
-    case Q8_0: return 34;
-    case Q8_M: return 36;
-    case Q4_K: return 144;
-    case Q5_K: return 176;
-    case Q6_K: return 210;
-    default: return 0;
-    }
-}
-
-static int block_inputs(int type) { return type == Q4_K || type == Q5_K || type == Q6_K ? 256 : 32; }
-
 /* row r's 2-byte field (a float16) of a tile's block, at `at` */
 static void put_half(uint8_t *tile, int at, int r, const uint8_t *from) { memcpy(tile + at + 2 * r, from, 2); }
 
@@ -116,7 +98,7 @@ static void q6_k_block(const uint8_t *f, uint8_t *tile, int r) {
  * past the last, up to a whole tile, are zeros. Returns 0, or -1 for a format not laid out here. */
 int tile_blocks(int64_t type, const uint8_t *raw, int64_t rows, int64_t k, uint8_t *tiles, int threads) {
     const int t = (int)type;
-    const int64_t file_bytes = file_block_bytes(t), tile_bytes = 16 * file_bytes; /* a tile's block: its rows' */
+    const int64_t file_bytes = file_block_bytes(t), tile_bytes = block_bytes(t);
     if (!file_bytes) return -1;
     const int64_t blocks = k / block_inputs(t), count = (rows + 15) / 16;
 #pragma omp parallel for schedule(static) num_threads(threads)
