@@ -53,7 +53,7 @@ def random_file_blocks(ggml_type: int, rows: int, k: int, seed: int = 0) -> torc
     """A tensor [rows, k] as GGUF blocks of the type (uint8 [rows, row bytes]): every code and sub-block scale bit
     random, each float16 scale (d, and the minimum or dmin) a small number of either sign."""
     generator = torch.Generator().manual_seed(seed)
-    inputs, _, _ = FORMATS[ggml_type]
+    inputs = FORMATS[ggml_type]
     raw = torch.randint(
         0, 256, (rows, k // inputs, FILE_BLOCK_BYTES[ggml_type]), dtype=torch.uint8, generator=generator
     )

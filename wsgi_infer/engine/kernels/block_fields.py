@@ -15,20 +15,10 @@ from gguf import GGMLQuantizationType as Q
 
 Q8_M = 200  # our own format's id, beside ggml's: Q8_0 with a minimum per block (c/legacy_quants.h)
 
-# format -> (inputs a block, bytes a tile's block, bits a code): the kernels' own figures (packed_block_bytes)
-FORMATS = {
-    Q.Q4_0: (32, 288, 4),
-    Q.Q4_1: (32, 320, 4),
-    Q.Q5_0: (32, 352, 5),
-    Q.Q5_1: (32, 384, 5),
-    Q.Q8_0: (32, 544, 8),
-    Q8_M: (32, 576, 8),
-    Q.Q4_K: (256, 2304, 4),
-    Q.Q5_K: (256, 2816, 5),
-    Q.Q6_K: (256, 3360, 6),
-}
+# format -> inputs a block (c/k_quants.h: block_inputs)
+FORMATS = {Q.Q4_0: 32, Q.Q4_1: 32, Q.Q5_0: 32, Q.Q5_1: 32, Q.Q8_0: 32, Q8_M: 32, Q.Q4_K: 256, Q.Q5_K: 256, Q.Q6_K: 256}
 FILE_TYPES = frozenset(f for f in FORMATS if f != Q8_M)  # GGUF's types the kernels read as the file holds them
-# a block's bytes as a file holds it (Q8_M: d, m and 32 codes); a tile's block is 16 of them
+# a block's bytes as a file holds it (Q8_M: d, m and 32 codes); a tile's block is 16 of them (c/k_quants.h)
 FILE_BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34, Q8_M: 36, Q.Q4_K: 144, Q.Q5_K: 176}
 FILE_BLOCK_BYTES[Q.Q6_K] = 210
 
@@ -38,8 +28,8 @@ def format_name(fmt: int) -> str:
 
 
 def file_bits_per_weight(fmt: int) -> float:
-    """What the file's blocks of a type hold a weight in (Q8_M: what ours would, 9)."""
-    return 9.0 if fmt == Q8_M else FILE_BLOCK_BYTES[fmt] * 8 / FORMATS[fmt][0]
+    """What the file's blocks of a type hold a weight in (Q8_M: ours, 9)."""
+    return FILE_BLOCK_BYTES[fmt] * 8 / FORMATS[fmt]
 
 
 @dataclass

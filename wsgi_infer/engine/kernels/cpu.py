@@ -98,7 +98,7 @@ class CpuKernels:
         16 rows, blocks a row, bytes a tile's block] (``c/tiles.c``)."""
         _check(blocks, "tile_blocks blocks", torch.uint8)
         _check(tiles, "tile_blocks tiles", torch.uint8)
-        inputs, file_block = FORMATS[fmt][0], FILE_BLOCK_BYTES[fmt]
+        inputs, file_block = FORMATS[fmt], FILE_BLOCK_BYTES[fmt]
         _expect(blocks.is_contiguous() and tiles.is_contiguous(), "tile_blocks: contiguous blocks and tiles")
         _expect(blocks.shape[1] % file_block == 0, f"tile_blocks: rows of {blocks.shape[1]} bytes in format {fmt}")
         _expect(tiles.numel() == -(-blocks.shape[0] // 16) * blocks.shape[1] * 16, "tile_blocks: tiles' size")

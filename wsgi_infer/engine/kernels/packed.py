@@ -36,7 +36,7 @@ class PackedPart:
 
     @property
     def weights(self) -> int:
-        return self.n * self.tiles.shape[1] * FORMATS[self.format][0]
+        return self.n * self.tiles.shape[1] * FORMATS[self.format]
 
 
 @dataclass
@@ -88,7 +88,7 @@ def packed_part(
 
 def packed_weight(parts: list[PackedPart], file_values: bool) -> PackedWeight:
     """A weight of parts stacked in order, all with the same inputs."""
-    inputs = {part.tiles.shape[1] * FORMATS[part.format][0] for part in parts}
+    inputs = {part.tiles.shape[1] * FORMATS[part.format] for part in parts}
     if not 0 < len(parts) <= MAX_PARTS or len(inputs) != 1:
         raise ValueError(f"a packed weight has 1 to {MAX_PARTS} parts of the same inputs, not {len(parts)} of {inputs}")
     return PackedWeight(parts, inputs.pop(), file_values)
