@@ -29,7 +29,7 @@ from .model_paths import (
     converted_gguf_dir,
     gguf_identity,
     is_gguf,
-    known_file_digest,
+    known_gguf_identity,
     model_path,
     older_conversions,
 )
@@ -246,7 +246,7 @@ def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
 def _prepared(path: Path) -> Path | None:
     """The directory a prepared model loads from (a GGUF's converted copy), or None where it is not prepared."""
     if is_gguf(path):
-        digest = known_file_digest(path, "header")
+        digest = known_gguf_identity(path)
         if digest is None:
             return None
         path = converted_gguf_dir(path, digest)

@@ -69,10 +69,9 @@ def _digest_key(path: Path) -> str:
     return f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}"
 
 
-def known_file_digest(path: Path, kind: str = "content") -> str | None:
-    """The digest of ``kind`` (``file_digest``'s, or ``gguf_identity``'s: "header") remembered for the file as it is
-    now; None if it has not hashed it."""
-    return (read_json(cache_root() / FILE_DIGESTS_FILE) or {}).get(_remembered_as(path, kind))
+def known_gguf_identity(path: Path) -> str | None:
+    """The ``gguf_identity`` remembered for the file as it is now; None if it has not been read."""
+    return (read_json(cache_root() / FILE_DIGESTS_FILE) or {}).get(_remembered_as(path, "header"))
 
 
 def _remembered_as(path: Path, kind: str) -> str:
