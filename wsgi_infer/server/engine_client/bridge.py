@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import gevent
+from gevent._hub_local import get_hub_if_exists  # in its __all__; gevent.hub keeps it private
 from gevent.monkey import get_original
 from gevent.threadpool import ThreadPool
 
@@ -93,6 +94,12 @@ class HubBridge:
                 target()
             finally:
                 self._thread_idents.discard(ident)
+                # A patched primitive used here (transformers' from_pretrained makes a thread pool, whose queue is
+                # gevent's) made this thread a hub of its own: its loop holds an epoll and an eventfd until
+                # destroyed, two descriptors more for every model loaded.
+                hub = get_hub_if_exists()
+                if hub is not None:
+                    hub.destroy(destroy_loop=True)
 
         _start_new_thread(run, ())
 
