@@ -150,16 +150,17 @@ def test_streams_on_two_models_equal_each_alone_and_a_load_stalls_neither(models
 
 def test_embeddings_beside_generation(models_server):
     """MiniLM embeds (loaded for it) while the tiny model streams: the stream's tokens come before, during and after
-    the embedding's request, so the two did overlap."""
+    the embedding's request, so the two did overlap. A chat sent to it first is refused without loading it."""
     running = Stream("tiny", ENDLESS).run(models_server)
     assert running.started.wait(60)
     with models_server.client(timeout=120) as http:
-        sent = time.monotonic()
-        embedded = http.post("/v1/embeddings", json={"model": "minilm", "input": ["a cat", "a dog"]})
-        answered = time.monotonic()
         wrong = http.post(
             "/v1/chat/completions", json={"model": "minilm", "messages": [{"role": "user", "content": "hi"}]}
         )
+        state_after_wrong = http.get("/v1/models/minilm").json()["state"]
+        sent = time.monotonic()
+        embedded = http.post("/v1/embeddings", json={"model": "minilm", "input": ["a cat", "a dog"]})
+        answered = time.monotonic()
         running.started.clear()
         assert running.started.wait(60)  # a token after the answer
     running.stop.set()
@@ -169,6 +170,7 @@ def test_embeddings_beside_generation(models_server):
     vectors = np.array([item["embedding"] for item in embedded.json()["data"]])
     assert vectors.shape == (2, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
     assert wrong.status_code == 400 and wrong.json()["error"]["code"] == "wrong_model_task"
+    assert state_after_wrong == "unloaded"  # the route was wrong: nothing to load
 
 
 def test_a_responses_chain_keeps_its_model(models_server):

@@ -146,6 +146,28 @@ def test_a_finished_stream_replays_after_its_model_is_unloaded(one_at_a_time):
     assert data[0] == data[1] and data[0][-1] == "data: [DONE]"
 
 
+def test_a_model_a_request_waited_for_is_not_unloaded_before_the_request_submits(tmp_path, tiny_model_dirs):
+    """Room for one. a loads for a request while b's request waits for room; a's load ends and b's load goes
+    ahead at once, in the same turn of the hub, before a's request has run again: it must find a busy (held by
+    its request), not idle, or the request that asked first gets a 503 for a model that just loaded for it."""
+    tables = f'[models.a]\npath = "{tiny_model_dirs["llama"]}"\n[models.b]\npath = "{tiny_model_dirs["qwen3"]}"\n'
+    settings = {"max_loaded_models": 1, "load_wait_seconds": 30, "test_load_seconds": 1}
+    for server in serving(tmp_path, tiny_model_dirs, tables, **settings):
+        assert complete(server, "b").status_code == 200  # a goes
+        answers: dict[str, httpx.Response] = {}
+        asks = {name: threading.Thread(target=lambda n=name: answers.update({n: complete(server, n)})) for name in "ab"}
+        mark = len(server.lines)
+        asks["a"].start()
+        server.wait_for_log(r"loading a\b", after=mark)  # its load takes a second more: b's request waits in it
+        asks["b"].start()
+        server.wait_for_log(r"b waits for room", after=mark)
+        for ask in asks.values():
+            ask.join(60)
+        assert answers["a"].status_code == 200, answers["a"].text
+        assert answers["b"].status_code == 200, answers["b"].text  # once a's request ended
+        assert states(server) == {"a": "unloaded", "b": "loaded"}
+
+
 SMOLLM2_PACKED_MB = 80  # the shipped SmolLM2's packed weights: most of its file's 94 MiB
 
 

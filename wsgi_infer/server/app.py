@@ -15,6 +15,7 @@ from .api.messages import routes as messages
 from .api.openai import embeddings
 from .api.openai import routes as openai
 from .api.responses import routes as responses
+from .api.serving import let_go_of_models
 from .engine_client.extension import init_app, manager_of
 from .engine_client.manager import EngineManager
 from .errors import APIError, register_error_handlers
@@ -71,6 +72,9 @@ def _install_request_hooks(app: Flask) -> None:
         limit = manager_of(current_app).settings.body_timeout_seconds
         with gevent.Timeout(limit, APIError(f"the request body did not arrive within {limit:g} s", 408)):
             request.get_data(cache=True)
+
+    # A request that named a model and ends before submitting to it (an error, /tokenize) lets go of it here.
+    app.teardown_request(lambda _exc: let_go_of_models())
 
     @app.after_request
     def _tag_response(response):

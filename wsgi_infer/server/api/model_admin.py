@@ -22,9 +22,10 @@ def load(model_id: str):
 @bp.post("/v1/models/<path:model_id>/unload")
 def unload(model_id: str):
     """Unload the model, unless requests are open on it (a 409: it never goes from under its streams)."""
-    model = served(model_id)
-    if model.num_open_requests:
-        message = f"model {model.name!r} has {model.num_open_requests} open requests; unload it once they end"
+    model = manager().model(model_id)  # not ``served``: naming the model here does not make it busy
+    if model.busy:
+        requests = model.num_open_requests + model.holds
+        message = f"model {model.name!r} has {requests} open requests; unload it once they end"
         raise APIError(message, 409, code="model_busy", headers={"Retry-After": "1"})
     manager().loads.unload(model, "admin")
     return jsonify(model.describe())

@@ -38,7 +38,16 @@ def served(name: str | None, keep_alive: float | None = None) -> ServedModel:
     one, the model's configured keep-alive."""
     model = manager().model(name)
     model.keep_alive = model.configured_keep_alive if keep_alive is None else keep_alive
+    model.holds += 1  # busy from here: no load of another model unloads it before this request submits
+    g.setdefault("held", []).append(model)
     return model
+
+
+def let_go_of_models() -> None:
+    """The request's holds on the models it named end: when it submits (its stream keeps the model busy from then
+    on), or when it ends without."""
+    for model in g.pop("held", ()):
+        manager().let_go(model)
 
 
 def model_of(stream: RequestStream) -> ServedModel:
@@ -64,12 +73,13 @@ TASK_ROUTES = {"generate": "/v1/completions, /v1/chat/completions and the like",
 
 
 def require_task(model: ServedModel, task: str) -> None:
-    """A generation route for an embedding model, or the other way round, is a 400 saying what the model serves."""
-    wait_ready(model)
+    """A generation route for an embedding model, or the other way round, is a 400 saying what the model serves,
+    before it waits (the task is known from the model's files: a wrong route loads nothing)."""
     if model.task != task:
         raise APIError(
             f"the model {model.name} serves {TASK_ROUTES[model.task]}, not this route", code="wrong_model_task"
         )
+    wait_ready(model)
 
 
 def start(
@@ -103,6 +113,7 @@ def start(
         max_tokens_within(len(ids), params[0].max_tokens, model.max_model_len)
     ticket = _admit_key(model, params, sum(map(len, prompt_ids)))
     stream = model.submit(g.request_id, prompt_ids, params)
+    let_go_of_models()
     if "key" in g:
         tenants().track(g.key, ticket, stream, model)
     try:

@@ -243,7 +243,7 @@ class EngineManager:
         model.num_open_requests -= 1
         model.metrics.open_streams.dec()
         model.last_used = time.monotonic()
-        if not model.num_open_requests:
+        if not model.busy:
             self.loads.on_idle(model)
         self._open_streams.discard(id(stream))
         if not self._open_streams:
@@ -252,6 +252,12 @@ class EngineManager:
         unfinished = [cid for i, cid in enumerate(stream.choice_ids) if i not in stream.finish_reasons]
         if unfinished and self.alive:
             self._bridge.send(Abort(stream.model, stream.request_id, unfinished))
+
+    def let_go(self, model: ServedModel) -> None:
+        """A request that named ``model`` submitted to it (its stream keeps it busy now) or ended before."""
+        model.holds -= 1
+        if not model.busy:
+            self.loads.on_idle(model)
 
     @property
     def num_open_requests(self) -> int:

@@ -48,6 +48,8 @@ class ModelLoads:
             return
         unload = [] if at_start else self._room_for(model)
         if unload is None:
+            if not model.waiting:
+                log.info("%s waits for room: the models loaded are busy", model.name)
             model.waiting = True
             self._waiting[model.name] = time.monotonic() + model.settings.load_wait_seconds
             return
@@ -55,13 +57,14 @@ class ModelLoads:
             self.unload(self._models[name], "memory")
         self._waiting.pop(model.name, None)
         model.waiting = False
+        log.info("loading %s", model.name)
         model.loading()
         self._started[model.name] = time.monotonic()
         self._send(Load(model.name, model.settings.engine_config()))
 
     def unload(self, model: ServedModel, reason: str) -> bool:
-        """Unload ``model`` unless a request is open on it (or it is not loaded); whether it was."""
-        if model.state != "loaded" or model.num_open_requests:
+        """Unload ``model`` unless it is busy (or not loaded); whether it was."""
+        if model.state != "loaded" or model.busy:
             return False
         self._send(Unload(model.name))
         model.on_unloaded()
@@ -83,12 +86,12 @@ class ModelLoads:
         self._retry_waiting()
 
     def on_idle(self, model: ServedModel) -> None:
-        """``model`` has no open request (any more): a waiting load may go ahead; its keep-alive starts."""
+        """``model`` is not busy (any more): a waiting load may go ahead; its keep-alive starts."""
         self._retry_waiting()
         pending = self._keep_alive.pop(model.name, None)
         if pending is not None:  # one timer per model, however many requests came and went
             pending.kill(block=False)
-        if model.ready and model.keep_alive >= 0 and not model.num_open_requests:
+        if model.ready and model.keep_alive >= 0 and not model.busy:
             timer = gevent.spawn_later(model.keep_alive, self._unload_if_idle, model, model.last_used)
             self._keep_alive[model.name] = timer
 
@@ -108,7 +111,7 @@ class ModelLoads:
 
     def _room_for(self, model: ServedModel) -> list[str] | None:
         residents = [
-            Resident(m.name, m.footprint, m.last_used, m.num_open_requests > 0 or m.state == "loading")
+            Resident(m.name, m.footprint, m.last_used, m.busy or m.state == "loading")
             for m in self._models.values()
             if m.state in ("loading", "loaded") and m is not model
         ]

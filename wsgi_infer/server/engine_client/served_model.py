@@ -54,6 +54,7 @@ class ServedModel:
         self._settled = gevent.event.Event()  # set while loaded or failed
         self.metrics = metrics.ModelMetrics(self.name)
         self.num_open_requests = 0
+        self.holds = 0  # requests that named the model and have not submitted to it yet (``busy``)
         self.open_by_key: Counter[str] = Counter()  # of them, each API key's (``tenants``)
         self.last_used = time.monotonic()
         # Seconds it stays loaded with no request (-1: for ever): its table's, else for ever where loaded at start;
@@ -68,6 +69,12 @@ class ServedModel:
     @property
     def ready(self) -> bool:
         return self.state == "loaded"
+
+    @property
+    def busy(self) -> bool:
+        """A request is open on the model, or on its way to it: rendering, tokenizing or compiling its constraint
+        between the model's readiness and its submission. A busy model is never unloaded."""
+        return bool(self.num_open_requests or self.holds)
 
     def loading(self) -> None:
         self.state, self.failure = "loading", None
