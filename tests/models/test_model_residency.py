@@ -14,7 +14,7 @@ import pytest
 from wsgi_infer.engine.loading.model_paths import default_model_path
 
 from ..conftest import tiny_settings
-from ..support.server import ENDLESS, GunicornServer, parse_metrics
+from ..support.server import ENDLESS, GunicornServer, labelled_samples, parse_metrics
 from ..support.sse_client import events
 
 pytestmark = pytest.mark.slow  # real servers
@@ -146,6 +146,10 @@ def test_a_finished_stream_replays_after_its_model_is_unloaded(one_at_a_time):
     assert data[0] == data[1] and data[0][-1] == "data: [DONE]"
 
 
+def _answer(server: GunicornServer, model: str, answers: dict[str, httpx.Response]) -> None:
+    answers[model] = complete(server, model)
+
+
 def test_a_model_a_request_waited_for_is_not_unloaded_before_the_request_submits(tmp_path, tiny_model_dirs):
     """Room for one. a loads for a request while b's request waits for room; a's load ends and b's load goes
     ahead at once, in the same turn of the hub, before a's request has run again: it must find a busy (held by
@@ -155,7 +159,7 @@ def test_a_model_a_request_waited_for_is_not_unloaded_before_the_request_submits
     for server in serving(tmp_path, tiny_model_dirs, tables, **settings):
         assert complete(server, "b").status_code == 200  # a goes
         answers: dict[str, httpx.Response] = {}
-        asks = {name: threading.Thread(target=lambda n=name: answers.update({n: complete(server, n)})) for name in "ab"}
+        asks = {name: threading.Thread(target=_answer, args=(server, name, answers)) for name in "ab"}
         mark = len(server.lines)
         asks["a"].start()
         server.wait_for_log(r"loading a\b", after=mark)  # its load takes a second more: b's request waits in it
@@ -213,16 +217,23 @@ def test_the_global_keep_alive_unloads_models_loaded_on_demand_never_those_loade
 
 
 def test_an_idle_model_unloads_after_its_keep_alive(keep_alive_server):
+    """Its own counts: run alone or after the module's other tests, which load these models too."""
     server = keep_alive_server
     mark = len(server.lines)
+    before = httpx.get(f"{server.url}/metrics", timeout=10).text
     assert complete(server, "smollm2").status_code == 200  # its table's keep-alive: 1 s
     server.wait_for_log(r"unloading smollm2 \(idle\)", after=mark, timeout=30)
     assert complete(server, "tiny", keep_alive="0s").status_code == 200  # Ollama's field: unload once idle
     server.wait_for_log(r"unloading tiny \(idle\)", after=mark, timeout=30)
     assert states(server) == {"tiny": "unloaded", "smollm2": "unloaded"}
     assert complete(server, "tiny").status_code == 200  # loaded again on demand
-    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
-    small, tiny = parse_metrics(metrics, "smollm2"), parse_metrics(metrics, "tiny")
-    assert small["wsgi_infer:model_loads_total"] >= 2 and small["wsgi_infer:model_loaded"] == 0
-    assert tiny["wsgi_infer:model_loads_total"] == 2 and tiny["wsgi_infer:model_loaded"] == 1
-    assert 'wsgi_infer:model_unloads_total{model_name="smollm2",reason="idle"}' in metrics
+    after = httpx.get(f"{server.url}/metrics", timeout=10).text
+
+    def grew(model: str, name: str, labels: tuple = ()) -> float:
+        counts = [labelled_samples(text, name, model).get(labels, 0) for text in (after, before)]
+        return counts[0] - counts[1]
+
+    for model, loaded in (("smollm2", 0), ("tiny", 1)):  # each loaded once here: SmolLM2 on demand, tiny again
+        assert grew(model, "wsgi_infer:model_loads_total") == 1
+        assert grew(model, "wsgi_infer:model_unloads_total", (("reason", "idle"),)) == 1  # after its keep-alive
+        assert parse_metrics(after, model)["wsgi_infer:model_loaded"] == loaded

@@ -46,14 +46,15 @@ def parse_metrics(text: str, model_name: str | None = None) -> dict[str, float]:
     return values
 
 
-def labelled_samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    """The samples of metric ``name``, by their labels other than ``model_name`` (sorted pairs)."""
+def labelled_samples(text: str, name: str, model_name: str | None = None) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of metric ``name`` (of one model, where given), by their labels other than ``model_name`` (sorted
+    pairs)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     values = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name:
+            if sample.name == name and model_name in (None, sample.labels.get("model_name")):
                 values[tuple(sorted((k, v) for k, v in sample.labels.items() if k != "model_name"))] = sample.value
     return values
 
