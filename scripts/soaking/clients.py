@@ -199,6 +199,7 @@ class ClientLoop(threading.Thread):
             expect_ok(response, "resume")
             rest = read_stream(response, ref.api, cut.last_id, 0, deadline, self.ctx.stats.add_gap)
         rest.texts[0] = cut.texts[0] + rest.texts[0]
+        rest.usage = rest.usage or cut.usage  # a cut after the usage chunk leaves only [DONE] to resume
         self._check_stream(ref, length, rest)
 
     def _check_stream(self, ref: Reference, length: int, read: StreamRead) -> None:

@@ -147,7 +147,7 @@ def test_a_finished_stream_replays_after_its_model_is_unloaded(one_at_a_time):
 
 
 def _answer(server: GunicornServer, model: str, answers: dict[str, httpx.Response]) -> None:
-    answers[model] = complete(server, model)
+    answers[model] = complete(server, model, max_tokens=100, ignore_eos=True)  # a busy while it generates, too
 
 
 def test_a_model_a_request_waited_for_is_not_unloaded_before_the_request_submits(tmp_path, tiny_model_dirs):

@@ -4,6 +4,7 @@ load and unload every few seconds, and one SIGHUP reload half way, lose and leak
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 MAX_DRIFT = 0.1
 DURATION_S = 120
 CHURN_S = 6  # the two models in use move one along the three every this often
+NICENESS = 10
+
+
+def lower_priority() -> None:
+    os.nice(NICENESS)
 
 
 def test_two_minutes_of_models_coming_and_going_with_a_reload(tiny_model_dirs, minilm_dir, tmp_path):
@@ -27,7 +33,9 @@ def test_two_minutes_of_models_coming_and_going_with_a_reload(tiny_model_dirs, m
     argv += ["--max-loaded-models", "2", "--churn-seconds", str(CHURN_S), "--quantization", "none"]
     argv += ["--kv-cache-mb", "8", "--sample-every", "1.6", "--request-timeout", "180"]
     argv += ["--max-drift", str(MAX_DRIFT), "--out", str(tmp_path)]
-    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    # At a lower priority: the soak's load is elastic (it checks what it sends, however much that is), and the
+    # other test process takes the CPU first rather than waiting behind two minutes of it.
+    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900, preexec_fn=lower_priority)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-6000:]
     report = json.loads((tmp_path / "soak.json").read_text())
     summary, samples = report["summary"], report["samples"]
