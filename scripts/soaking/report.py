@@ -69,6 +69,9 @@ def summarize(ctx: LoadContext, samples: list[dict], reload: dict, final: dict, 
         "rss_drift": drift(samples, "rss_bytes"),
         "fd_drift": drift(samples, "open_fds"),
         "threads": threads(samples),
+        "kv_blocks_in_use_least": min(
+            (s["kv_blocks_in_use"] for s in samples if s["kv_blocks_in_use"] is not None), default=None
+        ),
         "model_loads": model_loads(samples),
         "churn_moves": int(args.duration // args.churn_seconds) if args.churn_seconds else 0,
         "rss_mib_first_last": [round(samples[i]["rss_bytes"] / 2**20, 1) for i in (0, -1)],
@@ -89,6 +92,8 @@ def summarize(ctx: LoadContext, samples: list[dict], reload: dict, final: dict, 
 def violations(summary: dict, max_drift: float | None) -> list[str]:
     """Why the run fails; empty when it passes."""
     found = [f"{count} {category}" for category, count in summary["failures_by_category"].items()]
+    if summary["kv_blocks_in_use_least"] is not None and summary["kv_blocks_in_use_least"] < 0:
+        found.append(f"KV blocks in use below zero: {summary['kv_blocks_in_use_least']} (a model's gauges disagree)")
     if not summary["final"]["idle"]:
         found.append(f"not idle at the end: {summary['final']}")
     reload = summary["reload"]

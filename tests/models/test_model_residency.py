@@ -108,6 +108,9 @@ def test_a_load_beyond_the_budget_unloads_the_least_recently_used_idle_model(one
     assert states(one_at_a_time) == {"a": "unloaded", "b": "loaded"}
     one_at_a_time.wait_for_log(r"unloading a \(memory\)")
     one_at_a_time.wait_for_log(r"model a freed")
+    gauges = parse_metrics(httpx.get(f"{one_at_a_time.url}/metrics", timeout=10).text, "a")
+    names = ("kv_blocks_total", "kv_blocks_free", "num_requests_running", "num_requests_waiting", "model_loaded")
+    assert [gauges[f"wsgi_infer:{name}"] for name in names] == [0] * len(names), gauges
 
 
 def test_where_two_of_three_fit_the_least_recently_used_goes(two_of_three):

@@ -111,9 +111,14 @@ class StreamRouter:
             stream.push(ChoiceDelta(index, delta, step.token_texts))
 
     def forget(self, model: str) -> None:
-        """The model was unloaded: its next engine counts from zero."""
+        """The model was unloaded, and every step it ran is counted (the engine's steps come before its word that
+        the model is gone): its gauges read zero, and its next engine counts from zero."""
         self._last_seen.pop(model, None)
         self._accepted_seen.pop(model, None)
+        m = self._metrics_of(model)
+        for gauge in (m.kv_blocks_total, m.kv_blocks_free, m.kv_cache_usage_perc, m.num_requests_running):
+            gauge.set(0)
+        m.num_requests_waiting.set(0)
 
     def _record_counters(self, step: StepDone) -> None:
         m, counters = self._metrics_of(step.model), step.counters

@@ -103,9 +103,7 @@ class ServedModel:
         self.state = "unloaded"
         self.tokenizer, self._grammars = None, None
         self._opens_thought.clear()
-        self._settled.clear()
-        self.metrics.kv_blocks_total.set(0)
-        self.metrics.kv_blocks_free.set(0)
+        self._settled.clear()  # its gauges read zero once the engine freed it (``Router.forget``)
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait (cooperatively) while the model loads; a request for an unloaded model loads it."""
