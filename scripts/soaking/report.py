@@ -39,12 +39,13 @@ def threads(samples: list[dict]) -> dict:
     return {"steady": Counter(loaded).most_common(1)[0][0] if loaded else None, "idle": last["threads"]}
 
 
-def model_loads(samples: list[dict]) -> int:
-    """Loads counted by the server under the load, each worker generation's own counter added up."""
+def counted(samples: list[dict], key: str) -> int:
+    """What a server counter (``model_loads``, ``preemptions``) counted under the load, each worker generation's
+    own counter added up."""
     counts: dict[tuple, list[float]] = defaultdict(list)
     for s in samples:
-        if s["model_loads"] is not None:
-            counts[tuple(s["worker_pids"])].append(s["model_loads"])
+        if s[key] is not None:
+            counts[tuple(s["worker_pids"])].append(s[key])
     return int(sum(max(values) - min(values) for values in counts.values()))
 
 
@@ -72,7 +73,8 @@ def summarize(ctx: LoadContext, samples: list[dict], reload: dict, final: dict, 
         "kv_blocks_in_use_least": min(
             (s["kv_blocks_in_use"] for s in samples if s["kv_blocks_in_use"] is not None), default=None
         ),
-        "model_loads": model_loads(samples),
+        "model_loads": counted(samples, "model_loads"),
+        "preemptions": counted(samples, "preemptions"),
         "churn_moves": int(args.duration // args.churn_seconds) if args.churn_seconds else 0,
         "rss_mib_first_last": [round(samples[i]["rss_bytes"] / 2**20, 1) for i in (0, -1)],
         "greenlets_exported": any(s["greenlets"] is not None for s in samples),

@@ -15,7 +15,7 @@ from tests.support.server import GunicornServer
 from .streams import Stats, percentile
 
 GAUGES = ("kv_blocks_total", "kv_blocks_free", "num_requests_running", "num_requests_waiting", "open_streams")
-COUNTERS = ("model_loads_total",)
+COUNTERS = ("model_loads_total", "num_preemptions_total")
 GREENLETS = "greenlets"  # a gauge the server may not export yet: then None in every sample
 
 
@@ -97,6 +97,7 @@ class Sampler(threading.Thread):
             "greenlets": metrics.get(GREENLETS),
             "kv_blocks_in_use": blocks_in_use(metrics),
             "model_loads": metrics.get("model_loads_total"),
+            "preemptions": metrics.get("num_preemptions_total"),
             "requests_running": metrics.get("num_requests_running"),
             "requests_waiting": metrics.get("num_requests_waiting"),
             "open_streams": metrics.get("open_streams"),
