@@ -133,7 +133,14 @@ def plot(samples: list[dict], summary: dict, path: Path) -> None:
     fig, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(10, 15))
     for ax, (key, label, scale) in zip(axes, panels):
         values = [math.nan if s[key] is None else s[key] * scale for s in samples]
-        ax.plot(t, values, marker=".")
+        sets = {tuple(m.split(":")[0] for m in s["models"] or ()) for s in samples}
+        if key == "rss_bytes" and len(sets) > 1:  # the memory of each set of models loaded, as drift judges it
+            ax.plot(t, values, color="lightgray", linewidth=0.8)
+            for models in sorted(sets):
+                at = [i for i, s in enumerate(samples) if tuple(m.split(":")[0] for m in s["models"] or ()) == models]
+                ax.plot([t[i] for i in at], [values[i] for i in at], ".", label=" + ".join(models) or "unknown")
+        else:
+            ax.plot(t, values, marker=".")
         if all(math.isnan(v) for v in values):
             ax.text(0.5, 0.5, "not exported by the server", transform=ax.transAxes, ha="center", va="center")
         reload = summary["reload"]
@@ -143,7 +150,7 @@ def plot(samples: list[dict], summary: dict, path: Path) -> None:
             ax.axvspan(reload["sent_at_s"], end, color="tab:red", alpha=0.08, label="old worker draining")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    axes[0].legend(loc="upper left")
+    axes[0].legend(loc="lower left", fontsize=7, ncol=3, framealpha=0.6)
     axes[-1].set_xlabel("seconds since the load started")
     verdict = "PASS" if not summary["violations"] else "FAIL: " + "; ".join(summary["violations"])[:120]
     fig.suptitle(f"soak: {summary['requests_total']} requests, c={summary['concurrency']}, {verdict}")
