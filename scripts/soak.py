@@ -187,6 +187,12 @@ def parse_args() -> argparse.Namespace:
         "2 to 3 minutes at concurrency 8 on 2 cores)",
     )
     parser.add_argument("--max-drift", type=float, default=None, help="fail on RSS or fd drift above this (0.05)")
+    parser.add_argument(
+        "--max-rss-drift",
+        type=float,
+        default=None,
+        help="RSS's own bound (default: --max-drift); a worker's memory still grows in its first minutes of churn",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the clients' choices")
     return parser.parse_args()
 
