@@ -144,7 +144,6 @@ def soak(server: GunicornServer, refs: list[ModelReferences], args: argparse.Nam
     sampler.join()
     sampler.phase = "idle"
     sampler.samples.append(sampler.sample())
-    args.churn_seconds = ctx.churn_seconds
     summary = summarize(ctx, sampler.samples, reload, final, args)
     summary["models"] = {model.name: model.task for model in refs}
     phases = {"load": stopped - t0, "last_requests": joined - stopped}

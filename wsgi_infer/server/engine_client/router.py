@@ -116,9 +116,9 @@ class StreamRouter:
         self._last_seen.pop(model, None)
         self._accepted_seen.pop(model, None)
         m = self._metrics_of(model)
-        for gauge in (m.kv_blocks_total, m.kv_blocks_free, m.kv_cache_usage_perc, m.num_requests_running):
+        gauges = (m.kv_blocks_total, m.kv_blocks_free, m.kv_cache_usage_perc)
+        for gauge in (*gauges, m.num_requests_running, m.num_requests_waiting):
             gauge.set(0)
-        m.num_requests_waiting.set(0)
 
     def _record_counters(self, step: StepDone) -> None:
         m, counters = self._metrics_of(step.model), step.counters
