@@ -6,9 +6,7 @@ model fails alone, and a SIGTERM ends the streams of every model with their term
 from __future__ import annotations
 
 import signal
-import threading
 import time
-from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
@@ -19,15 +17,13 @@ from wsgi_infer.engine.loading.model_paths import default_model_path
 from wsgi_infer.engine.sampling_params import SamplingParams
 
 from ..conftest import tiny_settings
+from ..support.model_servers import LONG, PROMPT, Stream
 from ..support.server import ENDLESS, GunicornServer, parse_metrics
-from ..support.sse_client import events
 
 pytestmark = pytest.mark.slow  # a real server of real models
 
-PROMPT = "The capital of France is"
 LOAD_GAP_SECONDS = 1.0  # the issue's bound on a running stream's gap while another model loads
 LOAD_SECONDS = 2.5  # every load here takes this much longer, on its loader thread: longer than twice that bound
-LONG = 4000  # tokens that outlast a test step (EOS ignored), within SmolLM2's window
 
 
 @pytest.fixture(scope="module")
@@ -59,45 +55,6 @@ path = "{broken}"
     server = GunicornServer(settings, "--graceful-timeout", "10").wait_ready()
     yield server
     server.stop()
-
-
-@dataclass
-class Stream:
-    """A completion streamed on a thread: its text, and when each token event came."""
-
-    model: str
-    max_tokens: int
-    text: str = ""
-    arrivals: list[float] = field(default_factory=list)
-    last: dict = field(default_factory=dict)  # the last data event's JSON ([DONE] aside)
-    started: threading.Event = field(default_factory=threading.Event)
-    stop: threading.Event = field(default_factory=threading.Event)  # set: the reader leaves at its next token
-    thread: threading.Thread | None = None
-
-    def run(self, server: GunicornServer) -> Stream:
-        self.thread = threading.Thread(target=self._read, args=(server,), daemon=True)
-        self.thread.start()
-        return self
-
-    def _read(self, server: GunicornServer) -> None:
-        body = {"model": self.model, "prompt": PROMPT, "max_tokens": self.max_tokens, "temperature": 0, "stream": True}
-        body["ignore_eos"] = self.max_tokens >= LONG
-        with server.client(timeout=120) as http, http.stream("POST", "/v1/completions", json=body) as r:
-            for event in events(r):
-                if not event.data or event.data == "[DONE]":
-                    continue
-                self.last = event.json
-                if event.name is None and self.last["choices"]:
-                    self.arrivals.append(time.monotonic())
-                    self.text += self.last["choices"][0]["text"]
-                    self.started.set()
-                if self.stop.is_set():
-                    return
-
-    def join(self) -> Stream:
-        self.thread.join(120)
-        assert not self.thread.is_alive()
-        return self
 
 
 def greedy(llm, max_tokens: int) -> str:

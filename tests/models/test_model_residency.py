@@ -5,7 +5,6 @@ routes load and unload by hand."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import httpx
 import psutil
@@ -13,7 +12,7 @@ import pytest
 
 from wsgi_infer.engine.loading.model_paths import default_model_path
 
-from ..conftest import tiny_settings
+from ..support.model_servers import serving
 from ..support.server import ENDLESS, GunicornServer, labelled_samples, parse_metrics
 from ..support.sse_client import events
 
@@ -21,17 +20,6 @@ pytestmark = pytest.mark.slow  # real servers
 
 KEY = "admin-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-def serving(folder, tiny_model_dirs, tables: str, **settings) -> Iterator[GunicornServer]:
-    """A module's server of the models ``tables`` name (the tiny models' settings besides), stopped after it."""
-    config = folder / "models.toml"
-    config.write_text(tables)
-    merged = tiny_settings(tiny_model_dirs, models_config=config, **settings)
-    del merged["model"]  # the file names every model
-    server = GunicornServer(merged).wait_ready()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

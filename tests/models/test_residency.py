@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from wsgi_infer.server.engine_client import residency
-from wsgi_infer.server.engine_client.residency import CONVERTED_COPY, Resident, default_budget, evictions, footprint
+from wsgi_infer.server.engine_client.residency import (
+    CONVERTED_COPY,
+    Evictions,
+    Resident,
+    default_budget,
+    evictions,
+    footprint,
+)
 
 MB = 1 << 20
 
@@ -17,13 +24,13 @@ def residents(*specs: tuple[str, int, float, bool]) -> list[Resident]:
 
 
 def test_a_model_that_fits_unloads_nothing():
-    assert evictions(100 * MB, residents(("a", 200, 1.0, False)), 400 * MB, 0) == []
+    assert evictions(100 * MB, residents(("a", 200, 1.0, False)), 400 * MB, 0).unload == []
 
 
 def test_the_least_recently_used_idle_models_make_room():
     loaded = residents(("old", 100, 1.0, False), ("busy", 100, 0.5, True), ("recent", 100, 3.0, False))
-    assert evictions(150 * MB, loaded, 400 * MB, 0) == ["old"]
-    assert evictions(250 * MB, loaded, 400 * MB, 0) == ["old", "recent"]  # never the busy one, however old
+    assert evictions(150 * MB, loaded, 400 * MB, 0).unload == ["old"]
+    assert evictions(250 * MB, loaded, 400 * MB, 0).unload == ["old", "recent"]  # never the busy one, however old
 
 
 def test_no_room_when_the_busy_models_fill_the_budget():
@@ -32,10 +39,24 @@ def test_no_room_when_the_busy_models_fill_the_budget():
     assert evictions(500 * MB, [], 400 * MB, 0) is None  # larger than the whole budget
 
 
+def test_kept_text_sides_go_first_then_models_keep_theirs_where_room_is_left():
+    kept = [Resident("old text", 0, 0.5, False, 60 * MB), Resident("newer text", 0, 2.0, False, 60 * MB)]
+    loaded = [Resident("a", 100 * MB, 1.0, False, 30 * MB), Resident("b", 100 * MB, 3.0, False, 30 * MB)]
+    # 380 MB held: 50 MB more needs one text side to go, the least recently used, and no model.
+    assert evictions(70 * MB, kept + loaded, 400 * MB, 0) == Evictions([], ["old text"])
+    # Every kept text side goes before the least recently used model unloads; its own text side stays.
+    assert evictions(150 * MB, kept + loaded, 400 * MB, 0) == Evictions(["a"], ["old text", "newer text"])
+    # Where unloading it is not enough, its text side goes too.
+    assert evictions(260 * MB, kept + loaded, 400 * MB, 0) == Evictions(["a"], ["old text", "newer text", "a"])
+    # A busy model's text side is never let go of; the count of models loaded ignores text sides.
+    assert evictions(20 * MB, [Resident("t", 0, 0.0, True, 390 * MB)], 400 * MB, 0) is None
+    assert evictions(1 * MB, kept, 400 * MB, 1) == Evictions()
+
+
 def test_the_most_loaded_models_count_too():
     loaded = residents(("a", 1, 1.0, False), ("b", 1, 2.0, False))
-    assert evictions(1 * MB, loaded, 400 * MB, 2) == ["a"]
-    assert evictions(1 * MB, loaded, 400 * MB, 3) == []
+    assert evictions(1 * MB, loaded, 400 * MB, 2).unload == ["a"]
+    assert evictions(1 * MB, loaded, 400 * MB, 3).unload == []
     assert evictions(1 * MB, residents(("a", 1, 1.0, True)), 400 * MB, 1) is None
 
 

@@ -16,11 +16,12 @@ from pathlib import Path
 import torch
 
 from .config import EngineConfig
-from .loading.model_loader import load_tokenizer, resolve_model_dir
+from .loading.model_loader import resolve_model_dir
 from .outputs import EngineCounters, RequestDelta
 from .runtime.device import resolve_device, resolve_dtype
 from .runtime.step_interrupt import StepInterrupt
 from .sampling_params import InvalidParameter, SamplingParams
+from .text_side import TextSide, text_side
 
 log = logging.getLogger(__name__)
 
@@ -71,16 +72,16 @@ class SentenceEncoder:
 class EmbeddingEngine:
     task = "embed"
 
-    def __init__(self, config: EngineConfig | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, text: TextSide | None = None) -> None:
         self.config = config = config or EngineConfig()
         self.device = resolve_device(config.device)
         self.model_dir = resolve_model_dir(config.model)
         dtype = resolve_dtype(config.dtype, self.device, on_kernels=True)  # auto: float32 on a CPU, bf16 on CUDA
         log.info("loading embedding model from %s on %s as %s", self.model_dir, self.device, dtype)
-        self.tokenizer = load_tokenizer(self.model_dir)
+        self.text = text_side(self.model_dir, text, None)
+        self.tokenizer = self.text.tokenizer
         self.encoder = SentenceEncoder(self.model_dir, self.device, dtype)
         self.max_model_len = min(self.encoder.max_seq_length, config.max_model_len or self.encoder.max_seq_length)
-        self.grammars = None  # nothing to constrain
         self.last_step_num_tokens = 0
         self._waiting: OrderedDict[str, list[int]] = OrderedDict()
         self._interrupt = StepInterrupt()

@@ -21,12 +21,11 @@ import torch
 from .config import EngineConfig
 from .kv_store.prefix_store import open_prefix_store
 from .loading.model_builder import kernels_serve
-from .loading.model_loader import eos_token_ids, load_config, load_tokenizer, resolve_model_dir
+from .loading.model_loader import eos_token_ids, load_config, resolve_model_dir
 from .model_runner import DraftLogits, ModelRunner
 from .outputs import EngineCounters, RequestDelta, TokenLogprob
 from .runtime.device import resolve_device, resolve_dtype
 from .runtime.native_threads import start_native_thread
-from .sampling.grammar import GrammarCompiler
 from .sampling.sampler import Sampler, prompt_logprobs
 from .sampling.speculative import SpecCounters, proposer_for, speculates, verify_sampled
 from .sampling_params import InvalidParameter, SamplingParams, max_tokens_within
@@ -37,6 +36,7 @@ from .scheduling.scheduler import Scheduler
 from .scheduling.sequence import Sequence, SequenceStatus
 from .text.chat_template import chat_prompt_ids
 from .text.detokenizer import IncrementalDetokenizer
+from .text_side import TextSide, text_side
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +52,18 @@ class LLMEngine:
         start_thread: Callable[[Callable[[], None]], None] = start_native_thread,
         notify: Callable[[], None] = lambda: None,
         share: FairShare | None = None,
+        text: TextSide | None = None,
     ) -> None:
-        """``start_thread`` and ``notify`` are for the KV store's threads: see ``kv_store.prefix_store``; ``share``:
-        the tenants' fair share, when several engines of one thread share one (the thread's models)."""
+        """``start_thread`` and ``notify``: the KV store's threads' (``kv_store.prefix_store``); ``share``: the tenants'
+        fair share, of every model of a thread; ``text``: the model's text side from its last load, where kept."""
         self.config = config = config or EngineConfig()
         self.device = resolve_device(config.device)
         self.model_dir = resolve_model_dir(config.model)
         self.hf_config = load_config(self.model_dir)
         self.dtype = resolve_dtype(config.dtype, self.device, kernels_serve(config, self.hf_config, self.device))
         log.info("loading model from %s on %s as %s", self.model_dir, self.device, self.dtype)
-        self.tokenizer = load_tokenizer(self.model_dir)
+        self.text = text_side(self.model_dir, text, self.hf_config.vocab_size)
+        self.tokenizer, self.grammars = self.text.tokenizer, self.text.grammars
         self.eos_token_ids = eos_token_ids(self.model_dir, self.hf_config, self.tokenizer)
         self.runner = ModelRunner(config, self.hf_config, self.model_dir, self.device, self.dtype)
         self.max_model_len = self.runner.max_model_len
@@ -78,7 +80,6 @@ class LLMEngine:
         self.sampler = Sampler(self.runner.kernels)
         self._seqs: dict[str, Sequence] = {}
         self._seed_source = random.Random(config.seed)
-        self.grammars = GrammarCompiler(self.tokenizer, self.hf_config.vocab_size)
         self.proposer = proposer_for(config, self.runner.kernels)
         self.spec = SpecCounters()
         self.last_step_num_tokens = 0

@@ -47,6 +47,7 @@ from .runtime.native_threads import Empty, SimpleQueue, start_native_thread
 from .runtime.step_interrupt import StepInterrupted
 from .scheduling.fair_share import FairShare
 from .step_sharing import StepSharing
+from .text_side import TextSide
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ class EngineLoop:
         """On the loader thread: build the engine, and hand it (or the failure) to the loop."""
         try:
             notify = lambda: self._channel.send(StoreProgress(command.model))  # noqa: E731
-            engine = build_engine(command.config, self._channel.start_thread, notify, self._share)
+            engine = build_engine(command.config, self._channel.start_thread, notify, self._share, command.text)
             with contextlib.suppress(Empty):  # a native wait: the server's time.sleep is gevent's
                 SimpleQueue().get(timeout=self._load_seconds)
             self._channel.send(Loaded(command.model, engine))
@@ -228,22 +229,22 @@ def build_engine(
     start_thread: Callable[[Callable[[], None]], None] = start_native_thread,
     notify: Callable[[], None] = lambda: None,
     share: FairShare | None = None,
+    text: TextSide | None = None,
 ) -> Engine:
     """The engine the model needs: an embedding model's, or the generating one (its KV store's threads started
-    with ``start_thread``, ``notify`` called when they moved its counters)."""
+    with ``start_thread``, ``notify`` called when they moved its counters); ``text``: its last load's text side."""
     if is_embedding_model(resolve_model_dir(config.model)):
-        return EmbeddingEngine(config)
-    return LLMEngine(config, start_thread, notify, share)
+        return EmbeddingEngine(config, text)
+    return LLMEngine(config, start_thread, notify, share, text)
 
 
 def _ready(model: str, engine: Engine) -> EngineReady:
-    """What the hub needs of a loaded engine, including the grammar compiler."""
+    """What the hub needs of a loaded engine, including its text side."""
     return EngineReady(
         model=model,
         max_model_len=engine.max_model_len,
         model_dir=str(engine.model_dir),
         num_blocks=engine.counters().num_total_blocks,
-        grammars=engine.grammars,
-        tokenizer=engine.tokenizer,
+        text=engine.text,
         task=engine.task,
     )

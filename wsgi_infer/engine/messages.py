@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .config import EngineConfig
     from .outputs import EngineCounters, RequestDelta
-    from .sampling.grammar import GrammarCompiler
     from .sampling_params import SamplingParams
+    from .text_side import TextSide
 
 
 # --- commands: hub to engine thread --------------------------------------------------
@@ -46,6 +46,7 @@ class Load:
 
     model: str
     config: EngineConfig
+    text: TextSide | None = None  # the model's text side from its last load, which the hub kept (``text_side``)
 
 
 @dataclass
@@ -104,12 +105,12 @@ class EngineReady:
     max_model_len: int
     model_dir: str
     num_blocks: int
-    grammars: GrammarCompiler | None  # thread-safe: the hub compiles constraints before it submits
-    # The engine's own (Hugging Face) tokenizer, for the front end's prompts: a second one took another load (0.12 s
-    # for the default model, 2.2 s for Gemma 3's). Shared read-only: the engine thread only detokenizes through its
-    # Rust backend, and neither side changes its truncation or padding (a change while the other encodes would be
-    # the tokenizers library's "Already borrowed").
-    tokenizer: Any
+    # The engine's own tokenizer and grammar compiler, for the front end's prompts and constraints (the compiler is
+    # thread-safe; a second tokenizer took another load: 0.12 s for the default model, 1.3 s for Gemma 3's), and for
+    # the model's next load. The tokenizer is shared read-only: the engine thread only detokenizes through its Rust
+    # backend, and neither side changes its truncation or padding (a change while the other encodes would be the
+    # tokenizers library's "Already borrowed").
+    text: TextSide
     task: str = "generate"  # or "embed": an embedding model's engine
 
 

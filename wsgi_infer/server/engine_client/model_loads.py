@@ -4,7 +4,9 @@ A load goes ahead when the model fits the memory budget (weights and KV caches, 
 loaded at once; else the least recently used models with no open request are unloaded first. When even that
 would not make room (the others are busy), the load waits for a model to go idle, as long as its requests wait.
 A model with no request for its ``keep_alive`` seconds is unloaded (-1: never). The engine thread takes the
-``Unload`` before any later ``Load``, so the memory is free before the next model is read.
+``Unload`` before any later ``Load``, so the memory is free before the next model is read. An unloaded model's
+text side (tokenizer, grammar vocabulary: building them holds the GIL, seconds for a large vocabulary) stays for its
+next load, while the budget has room for it; kept text sides go before any loaded model.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable
 import gevent
 
 from ...engine.messages import Load, Unload
-from .residency import Resident, default_budget, evictions
+from .residency import Evictions, Resident, default_budget, evictions
 from .served_model import ServedModel
 
 log = logging.getLogger(__name__)
@@ -46,21 +48,24 @@ class ModelLoads:
         load regardless: a worker serves them or fails)."""
         if model.state in ("loading", "loaded"):
             return
-        unload = [] if at_start else self._room_for(model)
-        if unload is None:
+        going = Evictions() if at_start else self._room_for(model)
+        if going is None:
             if not model.waiting:
                 log.info("%s waits for room: the models loaded are busy", model.name)
             model.waiting = True
             self._waiting[model.name] = time.monotonic() + model.settings.load_wait_seconds
             return
-        for name in unload:
+        for name in going.unload:
             self.unload(self._models[name], "memory")
+        for name in going.forget_text:
+            log.info("letting go of %s's text side (tokenizer, grammar vocabulary): memory", name)
+            self._models[name].forget_text()
         self._waiting.pop(model.name, None)
         model.waiting = False
         log.info("loading %s", model.name)
         model.loading()
         self._started[model.name] = time.monotonic()
-        self._send(Load(model.name, model.settings.engine_config()))
+        self._send(Load(model.name, model.settings.engine_config(), model.text))
 
     def unload(self, model: ServedModel, reason: str) -> bool:
         """Unload ``model`` unless it is busy (or not loaded); whether it was."""
@@ -109,10 +114,12 @@ class ModelLoads:
             else:
                 self.load(self._models[name])
 
-    def _room_for(self, model: ServedModel) -> list[str] | None:
-        residents = [
-            Resident(m.name, m.footprint, m.last_used, m.busy or m.state == "loading")
-            for m in self._models.values()
-            if m.state in ("loading", "loaded") and m is not model
-        ]
-        return evictions(model.footprint, residents, self.budget, self._most)
+    def _room_for(self, model: ServedModel) -> Evictions | None:
+        """What must go for ``model`` (and its kept text side) to fit: loaded models, and kept text sides."""
+        residents = []
+        for m in self._models.values():
+            loaded = m.state in ("loading", "loaded")
+            if m is not model and (loaded or m.text is not None):
+                busy = m.busy or m.state == "loading"
+                residents.append(Resident(m.name, m.footprint if loaded else 0, m.last_used, busy, m.text_bytes))
+        return evictions(model.footprint + model.text_bytes, residents, self.budget, self._most)

@@ -1,10 +1,11 @@
-"""Which models stay loaded: a memory budget for their weights and KV caches, a most loaded at once, and the least
-recently used model with no request unloaded first to make room. Plain arithmetic, no gevent or torch."""
+"""Which models stay loaded: a memory budget for their weights and KV caches (and the text sides kept of those
+unloaded), a most loaded at once, and the least recently used model with no request unloaded first to make room.
+Plain arithmetic, no gevent or torch."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 CPU_KV_CACHE_MB = 256  # the engine's KV budget on the CPU when a model sets none (EngineConfig)
@@ -14,29 +15,51 @@ BUDGET_SHARE = 0.75  # of the machine's (or cgroup's) memory, split over the wor
 
 @dataclass
 class Resident:
-    """A loaded (or loading) model as the budget sees it."""
+    """A model as the budget sees it: loaded (or loading), or unloaded with its text side kept."""
 
     name: str
-    footprint: int  # bytes: its weights and KV cache
+    footprint: int  # bytes: its weights and KV cache; 0 when it is not loaded
     last_used: float  # monotonic seconds of its last request
     busy: bool  # a request is open on it, or it is loading: never unloaded
+    text: int = 0  # bytes: its text side (tokenizer, grammar vocabulary), kept across unloads (``text_side``)
 
 
-def evictions(wanted: int, residents: list[Resident], budget: int, most_loaded: int) -> list[str] | None:
-    """The models to unload, least recently used first, so that a model of ``wanted`` bytes fits beside the rest
-    within ``budget`` bytes and ``most_loaded`` models (0: any number); None when unloading every idle model
-    would not make room."""
+@dataclass
+class Evictions:
+    unload: list[str] = field(default_factory=list)  # models to unload, least recently used first
+    forget_text: list[str] = field(default_factory=list)  # text sides to let go of, of unloaded models
 
-    def fits(used: int, count: int) -> bool:
-        return used + wanted <= budget and (most_loaded <= 0 or count < most_loaded)
 
-    used, count, chosen = sum(r.footprint for r in residents), len(residents), []
-    for resident in sorted((r for r in residents if not r.busy), key=lambda r: r.last_used):
-        if fits(used, count):
+def evictions(wanted: int, residents: list[Resident], budget: int, most_loaded: int) -> Evictions | None:
+    """What must go, least recently used first, so that a model of ``wanted`` bytes fits beside the rest within
+    ``budget`` bytes and ``most_loaded`` loaded models (0: any number); None when letting every idle model go would
+    not make room. Kept text sides of unloaded models go first (a load rebuilds one in a second or two); then idle
+    models unload, each keeping its text side where that leaves room."""
+    used = sum(r.footprint + r.text for r in residents)
+    count = sum(1 for r in residents if r.footprint)
+    plan = Evictions()
+
+    def fits_memory() -> bool:
+        return used + wanted <= budget
+
+    def fits() -> bool:
+        return fits_memory() and (most_loaded <= 0 or count < most_loaded)
+
+    idle = sorted((r for r in residents if not r.busy), key=lambda r: r.last_used)
+    for resident in (r for r in idle if not r.footprint and r.text):
+        if fits_memory():
             break
-        chosen.append(resident.name)
+        plan.forget_text.append(resident.name)
+        used -= resident.text
+    for resident in (r for r in idle if r.footprint):
+        if fits():
+            break
+        plan.unload.append(resident.name)
         used, count = used - resident.footprint, count - 1
-    return chosen if fits(used, count) else None
+        if not fits_memory() and resident.text:  # its own text side before the next model's weights
+            plan.forget_text.append(resident.name)
+            used -= resident.text
+    return plan if fits() else None
 
 
 def footprint(path: Path, kv_cache_memory_mb: int | None) -> int:

@@ -26,7 +26,7 @@ from .prompts import Prompt, prompt_ids
 from .residency import footprint
 
 if TYPE_CHECKING:
-    from ...engine.sampling.grammar import GrammarCompiler
+    from ...engine.text_side import TextSide
     from ..model_specs import ModelSpec
     from .streams import RequestStream
 
@@ -48,8 +48,9 @@ class ServedModel:
         self.model_dir = ""
         self.max_model_len = 0
         self.task = spec.task  # "generate", or "embed"
-        self.tokenizer = None  # the engine's own (Hugging Face) tokenizer, for the front end's prompts
-        self._grammars: GrammarCompiler | None = None
+        # The engine's tokenizer and grammar compiler, for the front end's prompts and constraints; kept when the
+        # model unloads, for its next load, while the memory budget has room (``ModelLoads``).
+        self.text: TextSide | None = None
         self._opens_thought: dict[str, bool] = {}  # by the template variables' JSON
         self._settled = gevent.event.Event()  # set while loaded or failed
         self.metrics = metrics.ModelMetrics(self.name)
@@ -85,11 +86,12 @@ class ServedModel:
             self.footprint = footprint(self.spec.files, 0)
         self.max_model_len = event.max_model_len
         self.model_dir = event.model_dir
-        self._grammars = event.grammars
+        if event.text is not self.text:  # a first load, or a new one: the template may differ
+            self.text = event.text
+            self._opens_thought.clear()
         self.task = event.task
         self.metrics.kv_blocks_total.set(event.num_blocks)
         self.metrics.kv_blocks_free.set(event.num_blocks)
-        self.tokenizer = event.tokenizer
         self.state = "loaded"
         self._settled.set()
         log.info("engine ready: serving %s (context %d tokens)", self.name, self.max_model_len)
@@ -100,9 +102,7 @@ class ServedModel:
         log.error("%s: %s\n%s", self.name, event.message, event.detail)
 
     def on_unloaded(self) -> None:
-        self.state = "unloaded"
-        self.tokenizer, self._grammars = None, None
-        self._opens_thought.clear()
+        self.state = "unloaded"  # its text side stays, for its next load
         self._settled.clear()  # its gauges read zero once the engine freed it (``Router.forget``)
 
     def wait_ready(self, timeout: float) -> bool:
@@ -132,7 +132,21 @@ class ServedModel:
             described["failure"] = self.failure
         return described
 
+    @property
+    def text_bytes(self) -> int:
+        """The memory its text side holds, estimated; 0 where none is kept."""
+        return self.text.memory_bytes() if self.text is not None else 0
+
+    def forget_text(self) -> None:
+        """Let its text side go (for room in the memory budget): its next load builds one."""
+        self.text = None
+
     # --- requests (hub, once ready) ---------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        """The engine's own (Hugging Face) tokenizer; None before the first load."""
+        return self.text.tokenizer if self.text is not None else None
+
     @property
     def template_thinks(self) -> bool:
         """Whether the model's chat template thinks in ``<think>…</think>`` before it answers."""
@@ -177,7 +191,7 @@ class ServedModel:
             spec = p.structured_output
             if spec is not None and spec.compiled is None:
                 if id(spec) not in compiled:
-                    compiled[id(spec)] = self._off_hub(self._grammars.compile, spec)
+                    compiled[id(spec)] = self._off_hub(self.text.grammars.compile, spec)
                 p.structured_output = compiled[id(spec)]
 
     def submit(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams]) -> RequestStream:
