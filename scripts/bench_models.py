@@ -6,7 +6,9 @@ Gemma 3 270M Q4_K_M assembled from its PyPI wheels).
 
 Per system, in this order:
 - cold: the first token of a model not loaded (its load included), the other model loaded and idle;
-- gap: the largest gap between the tokens of a stream on one model while the other loads (unloaded first);
+- gap: the largest gap between the tokens of a stream on one model while the other loads (unloaded first); then
+  the other way round (Gemma 3, its 262,144 tokens, loaded again beside a SmolLM2 stream), and while Gemma answers
+  its first JSON-schema request, and its first after a reload (its grammar's tables built, or kept);
 - switch: the first token of requests alternating between the two loaded models, against requests to one model
   (a switch's cost is the difference of their medians);
 - fairness: the median and mean gap between a stream's tokens on one model, alone and while the other model takes
@@ -148,27 +150,55 @@ def tree_rss_mb(pid: int) -> float:
     return sum(_peak_rss_kb(p.pid) for p in processes) / 1024
 
 
+def largest_gap_during(url: str, steady: str, action) -> tuple[float, float]:
+    """``action()``'s result (seconds) and the largest gap between a stream's tokens on ``steady`` while it ran."""
+    times: list[float] = []
+    started = threading.Event()
+    reader = threading.Thread(target=token_times, args=(url, steady, times, started))
+    reader.start()
+    started.wait(120)
+    began = time.perf_counter()
+    took = action()
+    ended = time.perf_counter()
+    reader.join()
+    return took, max((b - a for a, b in zip(times, times[1:]) if b > began and a < ended), default=0.0)
+
+
+def constrained(url: str, model: str) -> float:
+    """Seconds to a short answer in a JSON schema (the model's first one builds its grammar's tables)."""
+    schema = {"type": "object", "properties": {"open": {"type": "boolean"}}, "required": ["open"]}
+    response_format = {"type": "json_schema", "json_schema": {"name": "open", "schema": schema}}
+    body = {"model": model, "messages": [{"role": "user", "content": "Open?"}], "max_tokens": 16}
+    sent = time.perf_counter()
+    httpx.post(f"{url}/v1/chat/completions", json={**body, "response_format": response_format}, timeout=300)
+    return time.perf_counter() - sent
+
+
 def measure(url: str, process: subprocess.Popen, first: str, second: str) -> dict:
     first_token(url, first)  # the first model loaded and warm
     cold = first_token(url, second)
     unload(url, second)
-    times: list[float] = []
-    started = threading.Event()
-    reader = threading.Thread(target=token_times, args=(url, first, times, started))
-    reader.start()
-    started.wait(120)
-    load_began = time.perf_counter()
-    reloaded = first_token(url, second)
-    load_ended = load_began + reloaded
-    reader.join()
-    gaps = [b - a for a, b in zip(times, times[1:]) if b > load_began and a < load_ended]
+    reloaded, gap = largest_gap_during(url, first, lambda: first_token(url, second))
+    # The other way round: the first model (Gemma 3: 262,144 tokens) loaded again, then its constrained requests.
+    unload(url, first)
+    first_again, first_gap = largest_gap_during(url, second, lambda: first_token(url, first))
+    schema_first, schema_first_gap = largest_gap_during(url, second, lambda: constrained(url, first))
+    unload(url, first)
+    largest_gap_during(url, second, lambda: first_token(url, first))
+    schema_again, schema_again_gap = largest_gap_during(url, second, lambda: constrained(url, first))
     alternating = [first_token(url, (first, second)[i % 2]) for i in range(2 * SWITCHES)]
     same = [first_token(url, first) for _ in range(2 * SWITCHES)]
     alone, beside = gaps_beside_prefills(url, first, None), gaps_beside_prefills(url, first, second)
     return {
         "cold_ttft_s": round(cold, 3),
         "reload_ttft_s": round(reloaded, 3),
-        "gap_while_loading_s": round(max(gaps, default=0.0), 3),
+        "gap_while_loading_s": round(gap, 3),
+        "first_model_reload_ttft_s": round(first_again, 3),
+        "gap_while_first_model_loads_s": round(first_gap, 3),
+        "first_schema_s": round(schema_first, 3),
+        "gap_during_first_schema_s": round(schema_first_gap, 3),
+        "schema_after_reload_s": round(schema_again, 3),
+        "gap_during_schema_after_reload_s": round(schema_again_gap, 3),
         "switch_ttft_ms": round(statistics.median(alternating) * 1e3, 1),
         "same_model_ttft_ms": round(statistics.median(same) * 1e3, 1),
         "peak_rss_mb": round(tree_rss_mb(process.pid)),
