@@ -29,23 +29,21 @@ class TextSide:
     model_dir: Path
     tokenizer: Any  # transformers' (its Rust backend is what holds the memory)
     grammars: GrammarCompiler | None  # None for an embedding model: nothing to constrain
+    json_bytes: int  # its tokenizer.json's size, read once: the hub weighs text sides at every load it considers
 
     def memory_bytes(self) -> int:
         """What keeping it holds, estimated from its tokenizer.json (and whether a grammar built its vocabulary)."""
-        try:
-            size = (self.model_dir / "tokenizer.json").stat().st_size
-        except OSError:
-            return 0
         built = self.grammars is not None and self.grammars.vocabulary.cache_info().currsize > 0
-        return size * (TOKENIZER_BYTES + (VOCABULARY_BYTES if built else 0))
+        return self.json_bytes * (TOKENIZER_BYTES + (VOCABULARY_BYTES if built else 0))
 
 
 def text_side(model_dir: Path, kept: TextSide | None, vocab_size: int | None) -> TextSide:
     """``kept`` where it is this directory's (a model file replaced since is prepared in another directory), else a
     new one: with a grammar compiler for a vocabulary of ``vocab_size`` (None: an embedding model, none)."""
     if kept is not None and kept.model_dir == model_dir:
-        log.info("%s: its tokenizer and grammar compiler kept from its last load", model_dir.name)
+        log.info("%s: its text side kept from its last load", model_dir.name)
         return kept
     tokenizer = load_tokenizer(model_dir)
     grammars = GrammarCompiler(tokenizer, vocab_size) if vocab_size is not None else None
-    return TextSide(model_dir, tokenizer, grammars)
+    json_file = model_dir / "tokenizer.json"  # absent where transformers converted another form: not weighed
+    return TextSide(model_dir, tokenizer, grammars, json_file.stat().st_size if json_file.is_file() else 0)
