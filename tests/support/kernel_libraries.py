@@ -24,7 +24,8 @@ from .prerequisites import unavailable
 # AVX2), clang's build, and a build here where none is installed.
 INSTALLED_HERE = variants.runnable(variants.installed_variants(installed_dir()) or [], cpu_flags())
 LIBRARIES = [*(f"installed {v.name}" for v in INSTALLED_HERE), *([] if INSTALLED_HERE else ["built here"]), "clang"]
-FILE_FORMATS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]  # the GGUF types the kernels read
+# the GGUF types the kernels read
+FILE_FORMATS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
 
 
 def _clang_build(tmp_path_factory) -> Path:
@@ -64,7 +65,7 @@ def random_file_blocks(ggml_type: int, rows: int, k: int, seed: int = 0) -> torc
 
 
 _HALVES_AT = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2]}
-_HALVES_AT[Q.Q6_K] = [208]
+_HALVES_AT |= {Q.Q6_K: [208], Q.IQ4_NL: [0], Q.IQ4_XS: [0]}
 
 
 def file_values(raw: torch.Tensor, ggml_type: int) -> torch.Tensor:
@@ -96,13 +97,10 @@ def packed_from_values(weight: torch.Tensor, levels: int = 255) -> PackedWeight:
     return packed_weight([part], False)
 
 
-K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
-
-
 def activation_span(weight: PackedWeight) -> int:
-    """Inputs that share an activation scale before the weight (c/activations.h): a super-block where a part is a
-    K-quant (as llama.cpp's Q8_K), else a 32-input block."""
-    return 256 if any(part.format in K_QUANTS for part in weight.parts) else 32
+    """Inputs that share an activation scale before the weight (c/activations.h): a super-block where a part has
+    super-blocks (K-quants, IQ4_XS: as llama.cpp's Q8_K), else a 32-input block."""
+    return 256 if any(FORMATS[part.format] == 256 for part in weight.parts) else 32
 
 
 def quantized_rows(x: torch.Tensor, planes: int, span: int = 32) -> torch.Tensor:

@@ -17,10 +17,11 @@ Q8_M = 200  # our own format's id, beside ggml's: Q8_0 with a minimum per block 
 
 # format -> inputs a block (c/k_quants.h: block_inputs)
 FORMATS = {Q.Q4_0: 32, Q.Q4_1: 32, Q.Q5_0: 32, Q.Q5_1: 32, Q.Q8_0: 32, Q8_M: 32, Q.Q4_K: 256, Q.Q5_K: 256, Q.Q6_K: 256}
+FORMATS |= {Q.IQ4_NL: 32, Q.IQ4_XS: 256}
 FILE_TYPES = frozenset(f for f in FORMATS if f != Q8_M)  # GGUF's types the kernels read as the file holds them
 # a block's bytes as a file holds it (Q8_M: d, m and 32 codes); a tile's block is 16 of them (c/k_quants.h)
 FILE_BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34, Q8_M: 36, Q.Q4_K: 144, Q.Q5_K: 176}
-FILE_BLOCK_BYTES[Q.Q6_K] = 210
+FILE_BLOCK_BYTES |= {Q.Q6_K: 210, Q.IQ4_NL: 18, Q.IQ4_XS: 136}
 
 
 def format_name(fmt: int) -> str:

@@ -3,8 +3,9 @@
 A fused layer (qkv, gate-up) stacks its checkpoint weights' rows, each part in its own format. A part comes from the
 GGUF's own blocks, read from the mapped file, where the kernels read its type (``kernels.block_fields.FILE_TYPES``),
 else from its float32 values as our Q8_M (16- and 32-bit weights of a Hugging Face directory or an F16 or BF16 GGUF,
-and the types the kernels do not read: Q2_K, Q3_K, the IQ types). ``int4`` asks for 4 bits everywhere (a file's Q4_0,
-Q4_1 and Q4_K as they are, other parts made as Q4_1 is), ``int8`` for 8 bits (a file's Q8_0 as it is, the rest Q8_M).
+and the types the kernels do not read: Q2_K, Q3_K, the IQ types but IQ4_NL and IQ4_XS). ``int4`` asks for 4 bits
+everywhere (a file's Q4_0, Q4_1, Q4_K, IQ4_NL and IQ4_XS as they are, other parts made as Q4_1 is), ``int8`` for 8 bits
+(a file's Q8_0 as it is, the rest Q8_M).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..kernels.packed import PackedWeight, packed_part, packed_weight
 from ..runtime.huge_pages import HugePageArena
 from .file_weights import FileBlocks
 
-_KEPT = {"auto": FILE_TYPES, "int4": {Q.Q4_0, Q.Q4_1, Q.Q4_K}, "int8": {Q.Q8_0}}
+_KEPT = {"auto": FILE_TYPES, "int4": {Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.IQ4_NL, Q.IQ4_XS}, "int8": {Q.Q8_0}}
 
 
 def layer_weight(

@@ -1,4 +1,4 @@
-/* GGUF's blocks of 32 weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and our own Q8_M, as tiles of 16 rows.
+/* GGUF's blocks of 32 weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and our own Q8_M, as tiles of 16 rows.
  *
  * A tile's block (tiles.c writes it) holds each row's block, fields side by side: the float16 scale d of the
  * 16 rows, then their minimum m where the format has one, then their high bits (Q5: a 32-bit word a row, laid out
@@ -8,15 +8,16 @@
  * but for their order (and Q8_0's codes shifted by 128, unsigned).
  *
  * w = d * (q - 8) (Q4_0), d * (q - 16) (Q5_0), d * (q - 128) (Q8_0, as stored; packed_mm.c subtracts the offset from
- * the integer sums), or d * q + m with the block's own minimum m (Q4_1, Q5_1, Q8_M). Our Q8_M
- * (weights quantized here from float values) is Q8_0 with a minimum: 255 steps between each block's least and
- * largest weight.
+ * the integer sums), or d * q + m with the block's own minimum m (Q4_1, Q5_1, Q8_M). IQ4_NL's 4-bit codes (and
+ * IQ4_XS's, k_quants.h) index 16 signed levels (ggml's kvalues_iq4nl): decoded in registers, a code is its level
+ * + 128, and w = d * (code - 128). Our Q8_M (weights quantized here from float values) is Q8_0 with a minimum: 255
+ * steps between each block's least and largest weight.
  */
 #ifndef WSGI_INFER_LEGACY_QUANTS_H
 #define WSGI_INFER_LEGACY_QUANTS_H
 #include "quant_simd.h"
 
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_M = 200 }; /* ggml's type ids; Q8_M our own */
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, IQ4_NL = 20, Q8_M = 200 }; /* ggml's ids; Q8_M our own */
 
 #define NIBBLES 0x0F0F0F0Fu
 #define FIFTH_BITS 0x10101010u
@@ -37,6 +38,31 @@ ALWAYS_INLINE void add_fifth_bits(const uint8_t *bits, int h, wvec w[8]) {
         w[u] |= (word << (4 - u)) & FIFTH_BITS;
         w[u + 4] |= (word >> u) & FIFTH_BITS;
     }
+}
+
+/* IQ4's levels, + 128: the unsigned codes its 4-bit indices decode to */
+static const uint8_t IQ4_LEVELS[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+
+/* each byte of w (an index, 0-15) as its level's code: one byte shuffle where the CPU has it */
+ALWAYS_INLINE wvec iq4_levels(wvec w) {
+#if QL == 16
+    return (wvec)_mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_LEVELS)), (__m512i)w);
+#elif defined(__AVX2__)
+    return (wvec)_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_LEVELS)),
+                                     (__m256i)w);
+#else
+    uint8_t bytes[sizeof(w)];
+    memcpy(bytes, &w, sizeof(w));
+    for (size_t i = 0; i < sizeof(w); i++) bytes[i] = IQ4_LEVELS[bytes[i]];
+    memcpy(&w, bytes, sizeof(w));
+    return w;
+#endif
+}
+
+/* the 4-bit indices of units 0-3 (unpack_nibbles' layout) as IQ4 codes */
+ALWAYS_INLINE void unpack_iq4(const uint8_t *codes, int h, wvec w[8]) {
+    unpack_nibbles(codes, h, w);
+    for (int i = 0; i < 8; i++) w[i] = iq4_levels(w[i]);
 }
 
 ALWAYS_INLINE void unpack_bytes(const uint8_t *codes, int h, wvec w[8]) {
@@ -67,6 +93,9 @@ ALWAYS_INLINE void decode_legacy(const int type, const uint8_t *block, int h, de
     case Q8_0:
         unpack_bytes(block + 32, h, out->w);
         break;
+    case IQ4_NL:
+        unpack_iq4(block + 32, h, out->w);
+        break;
     default: /* Q8_M */
         out->m = load_halves(m);
         unpack_bytes(block + 64, h, out->w);
@@ -96,6 +125,7 @@ static void legacy_row(const int type, const uint8_t *block, int r, float *out) 
         case Q5_0: out[i] = d * (float)(nibble_code(block + 96, block + 32, r, i) - 16); break;
         case Q5_1: out[i] = d * (float)nibble_code(block + 128, block + 64, r, i) + m; break;
         case Q8_0: out[i] = d * (float)(block[32 + 64 * (i / 4) + 4 * r + i % 4] - 128); break;
+        case IQ4_NL: out[i] = d * (float)(IQ4_LEVELS[nibble_code(block + 32, NULL, r, i)] - 128); break;
         default: out[i] = d * (float)block[64 + 64 * (i / 4) + 4 * r + i % 4] + m; /* Q8_M */
         }
     }

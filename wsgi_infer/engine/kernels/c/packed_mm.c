@@ -33,9 +33,9 @@
 static inline int sub_blocks(const int type) { return is_k(type) ? 8 : 1; } /* 32-input sub-blocks a block */
 static inline int halves_scaled(const int type) { return type == Q6_K; }   /* a scale per 16 inputs */
 static inline int code_offset(const int type) { /* codes a format's weights are offset by; 0: their own minimums */
-    return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : type == Q6_K ? 32 : 0;
+    return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q6_K ? 32 : type == Q8_0 || is_iq4(type) ? 128 : 0;
 }
-static inline int wide_codes(const int type) { return type == Q8_0 || type == Q8_M; }
+static inline int wide_codes(const int type) { return type == Q8_0 || type == Q8_M || is_iq4(type); }
 
 ALWAYS_INLINE void decode(const int type, const uint8_t *block, int j, int h, decoded *out) {
     if (is_k(type))
@@ -78,6 +78,7 @@ ALWAYS_INLINE fvec k_row_step(const int type, const decoded *w, const int planes
     ivec lo, hi;
     row_sums(type, w, planes, a, &lo, &hi);
     if (halves_scaled(type)) return fma_v(to_f(hi), w->s[1], fma_v(to_f(lo), w->s[0], sb));
+    if (code_offset(type)) return fma_v(to_f(lo), w->s[0], sb);
     return fma_v(w->m, splat_v(((const act_head *)a)->sum_f), fma_v(to_f(lo), w->s[0], sb));
 }
 
@@ -160,15 +161,15 @@ typedef void (*pass_fn)(const uint8_t *, int64_t, const uint8_t *, float *, int6
 #endif
 #define PASS_TYPE(T) PASSES_OF(T, 1) PASSES_OF(T, 2)
 PASS_TYPE(Q4_0) PASS_TYPE(Q4_1) PASS_TYPE(Q5_0) PASS_TYPE(Q5_1) PASS_TYPE(Q8_0) PASS_TYPE(Q8_M)
-PASS_TYPE(Q4_K) PASS_TYPE(Q5_K) PASS_TYPE(Q6_K)
+PASS_TYPE(Q4_K) PASS_TYPE(Q5_K) PASS_TYPE(Q6_K) PASS_TYPE(IQ4_NL) PASS_TYPE(IQ4_XS)
 #define CHUNKS (ROWS_AT_ONCE == 16 ? 5 : 3) /* row counts: 1, 2, 4 (and 8, 16) */
 #define PASS_TABLE(T) {PASS_ROW(T, 1), PASS_ROW(T, 2)}
 
-static const int TYPES[] = {Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_M, Q4_K, Q5_K, Q6_K};
-#define TYPE_COUNT 9
+static const int TYPES[] = {Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_M, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS};
+#define TYPE_COUNT 11
 static const pass_fn PASS_KERNELS[TYPE_COUNT][2][CHUNKS] = {
-    PASS_TABLE(Q4_0), PASS_TABLE(Q4_1), PASS_TABLE(Q5_0), PASS_TABLE(Q5_1), PASS_TABLE(Q8_0),
-    PASS_TABLE(Q8_M), PASS_TABLE(Q4_K), PASS_TABLE(Q5_K), PASS_TABLE(Q6_K)};
+    PASS_TABLE(Q4_0), PASS_TABLE(Q4_1), PASS_TABLE(Q5_0), PASS_TABLE(Q5_1),   PASS_TABLE(Q8_0),  PASS_TABLE(Q8_M),
+    PASS_TABLE(Q4_K), PASS_TABLE(Q5_K), PASS_TABLE(Q6_K), PASS_TABLE(IQ4_NL), PASS_TABLE(IQ4_XS)};
 
 static int type_index(int type) { /* of a format above: packed.py lays out no other */
     int i = 0;

@@ -33,7 +33,8 @@ static uint32_t word_at(const uint8_t *p) {
 static void legacy_block(int type, const uint8_t *f, uint8_t *tile, int r) {
     put_half(tile, 0, r, f);
     switch (type) {
-    case Q4_0: put_units(tile, 32, r, f + 2, 4); break;
+    case Q4_0:
+    case IQ4_NL: put_units(tile, 32, r, f + 2, 4); break;
     case Q4_1: put_half(tile, 32, r, f + 2), put_units(tile, 64, r, f + 4, 4); break;
     case Q5_0: put_fifth_word(tile, 32, r, word_at(f + 2)), put_units(tile, 96, r, f + 6, 4); break;
     case Q5_1:
@@ -94,6 +95,14 @@ static void q6_k_block(const uint8_t *f, uint8_t *tile, int r) {
     }
 }
 
+/* IQ4_XS: d, scales_h (16 bits: sub-block j's high pair at bit 2j), scales_l (4 bytes: j's low nibble at bit 4j of
+ * their word), then each sub-block's 16 bytes of level indices as IQ4_NL's */
+static void iq4_xs_block(const uint8_t *f, uint8_t *tile, int r) {
+    put_half(tile, 0, r, f), put_half(tile, 32, r, f + 2);
+    memcpy(tile + 64 + 4 * r, f + 4, 4);
+    for (int j = 0; j < 8; j++) put_units(tile, 128 + 256 * j, r, f + 8 + 16 * j, 4);
+}
+
 /* tiles [ceil(rows / 16)][k / block inputs][a tile's block] from raw [rows][k / block inputs][a file's block]: rows
  * past the last, up to a whole tile, are zeros. Returns 0, or -1 for a format not laid out here. */
 int tile_blocks(int64_t type, const uint8_t *raw, int64_t rows, int64_t k, uint8_t *tiles, int threads) {
@@ -112,6 +121,8 @@ int tile_blocks(int64_t type, const uint8_t *raw, int64_t rows, int64_t k, uint8
                 uint8_t *at = out + b * tile_bytes;
                 if (t == Q6_K)
                     q6_k_block(f, at, r);
+                else if (t == IQ4_XS)
+                    iq4_xs_block(f, at, r);
                 else if (t == Q4_K || t == Q5_K)
                     k_block(t, f, at, r);
                 else
