@@ -105,9 +105,13 @@ def test_a_nan_or_infinite_input_makes_its_rows_outputs_nan(kernels: CpuKernels)
     assert got[[2, 5]].isnan().all() and not got[[0, 1, 3, 4, 6, 7, 8, 9]].isnan().any()
 
 
-@pytest.fixture(scope="module")
-def every_library(tmp_path_factory) -> list[CpuKernels]:
-    return [CpuKernels(library(which, tmp_path_factory)) for which in LIBRARIES]
+@pytest.fixture(
+    scope="module", params=[False, pytest.param(True, marks=pytest.mark.slow)], ids=["installed", "and clang"]
+)
+def every_library(request, tmp_path_factory) -> list[CpuKernels]:
+    """Every library this CPU runs, clang's build with them in the slow tier (compiled by the run)"""
+    chosen = [which for which in LIBRARIES if request.param or which != "clang"]
+    return [CpuKernels(library(which, tmp_path_factory)) for which in chosen]
 
 
 @pytest.mark.parametrize("ggml_type", [*FILE_FORMATS, Q8_M], ids=lambda t: getattr(t, "name", "Q8_M"))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import os
 import shutil
 from pathlib import Path
 
@@ -29,10 +31,17 @@ FILE_FORMATS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, 
 
 
 def _clang_build(tmp_path_factory) -> Path:
+    """clang's build of the kernels, once a run: every module and xdist worker that asks takes the one build (10 s of
+    a core each), made under a lock in the run's directory, which the workers' own directories share."""
     if shutil.which("clang") is None:
         unavailable("no clang here (Debian's)")
-    target = tmp_path_factory.mktemp("clang") / "cpu_kernels-clang.so"
-    assert variants.compile_library("clang", ("-march=native",), target) is None
+    base = tmp_path_factory.getbasetemp()
+    run_dir = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    target = run_dir / "cpu_kernels-clang.so"
+    with open(run_dir / "cpu_kernels-clang.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            assert variants.compile_library("clang", ("-march=native",), target) is None
     return target
 
 
