@@ -139,8 +139,7 @@ static void k_row(const int type, const uint8_t *block, int r, float *out) {
                 memcpy(&low_nibbles, block + 64 + 4 * r, 4);
                 int high_pairs = ((const uint16_t *)(block + 32))[r];
                 int sc = (int)((low_nibbles >> (4 * j)) & 15) | (((high_pairs >> (2 * j)) & 3) << 4);
-                int code = IQ4_LEVELS[nibble_code(block + 128 + 256 * j, NULL, r, i)];
-                *value = d * (float)(sc - 32) * (float)(code - 128);
+                *value = d * (float)(sc - 32) * (float)IQ4_LEVELS[nibble_code(block + 128 + 256 * j, NULL, r, i)];
                 continue;
             }
             uint8_t bytes[12]; /* the row's 12 bytes of scales and mins, as the file holds them */

@@ -10,7 +10,7 @@
  * w = d * (q - 8) (Q4_0), d * (q - 16) (Q5_0), d * (q - 128) (Q8_0, as stored; packed_mm.c subtracts the offset from
  * the integer sums), or d * q + m with the block's own minimum m (Q4_1, Q5_1, Q8_M). IQ4_NL's 4-bit codes (and
  * IQ4_XS's, k_quants.h) index 16 signed levels (ggml's kvalues_iq4nl): decoded in registers, a code is its level
- * + 128, and w = d * (code - 128). Our Q8_M (weights quantized here from float values) is Q8_0 with a minimum: 255
+ * + 128, w = d * (code - 128) (or, without VNNI, the signed level itself: quant_simd.h). Our Q8_M (weights quantized here from float values) is Q8_0 with a minimum: 255
  * steps between each block's least and largest weight.
  */
 #ifndef WSGI_INFER_LEGACY_QUANTS_H
@@ -40,20 +40,22 @@ ALWAYS_INLINE void add_fifth_bits(const uint8_t *bits, int h, wvec w[8]) {
     }
 }
 
-/* IQ4's levels, + 128: the unsigned codes its 4-bit indices decode to */
-static const uint8_t IQ4_LEVELS[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+/* IQ4's 16 levels (ggml's kvalues_iq4nl), and as unsigned codes (+ 128) */
+static const int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const uint8_t IQ4_CODES[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
 
-/* each byte of w (an index, 0-15) as its level's code: one byte shuffle where the CPU has it */
+/* each byte of w (an index, 0-15) as its level (SIGNED_IQ4) or code: one byte shuffle where the CPU has it */
 ALWAYS_INLINE wvec iq4_levels(wvec w) {
+    const void *table = SIGNED_IQ4 ? (const void *)IQ4_LEVELS : (const void *)IQ4_CODES;
 #if QL == 16
-    return (wvec)_mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_LEVELS)), (__m512i)w);
+    return (wvec)_mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)table)), (__m512i)w);
 #elif defined(__AVX2__)
-    return (wvec)_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_LEVELS)),
+    return (wvec)_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table)),
                                      (__m256i)w);
 #else
     uint8_t bytes[sizeof(w)];
     memcpy(bytes, &w, sizeof(w));
-    for (size_t i = 0; i < sizeof(w); i++) bytes[i] = IQ4_LEVELS[bytes[i]];
+    for (size_t i = 0; i < sizeof(w); i++) bytes[i] = ((const uint8_t *)table)[bytes[i]];
     memcpy(&w, bytes, sizeof(w));
     return w;
 #endif
@@ -125,7 +127,7 @@ static void legacy_row(const int type, const uint8_t *block, int r, float *out) 
         case Q5_0: out[i] = d * (float)(nibble_code(block + 96, block + 32, r, i) - 16); break;
         case Q5_1: out[i] = d * (float)nibble_code(block + 128, block + 64, r, i) + m; break;
         case Q8_0: out[i] = d * (float)(block[32 + 64 * (i / 4) + 4 * r + i % 4] - 128); break;
-        case IQ4_NL: out[i] = d * (float)(IQ4_LEVELS[nibble_code(block + 32, NULL, r, i)] - 128); break;
+        case IQ4_NL: out[i] = d * (float)IQ4_LEVELS[nibble_code(block + 32, NULL, r, i)]; break;
         default: out[i] = d * (float)block[64 + 64 * (i / 4) + 4 * r + i % 4] + m; /* Q8_M */
         }
     }

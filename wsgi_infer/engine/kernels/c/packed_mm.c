@@ -32,10 +32,17 @@
 
 static inline int sub_blocks(const int type) { return is_k(type) ? 8 : 1; } /* 32-input sub-blocks a block */
 static inline int halves_scaled(const int type) { return type == Q6_K; }   /* a scale per 16 inputs */
-static inline int code_offset(const int type) { /* codes a format's weights are offset by; 0: their own minimums */
-    return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q6_K ? 32 : type == Q8_0 || is_iq4(type) ? 128 : 0;
+static inline int code_offset(const int type) { /* codes a format's weights are offset by (0: none) */
+    if (is_iq4(type)) return SIGNED_IQ4 ? 0 : 128;
+    return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q6_K ? 32 : type == Q8_0 ? 128 : 0;
 }
-static inline int wide_codes(const int type) { return type == Q8_0 || type == Q8_M || is_iq4(type); }
+static inline int own_minimums(const int type) { /* w = s * code + m, m a block's own */
+    return type == Q4_1 || type == Q5_1 || type == Q8_M || type == Q4_K || type == Q5_K;
+}
+static inline int code_kind(const int type) { /* quant_simd.h's dot_sub */
+    if (is_iq4(type)) return SIGNED_IQ4 ? CODES_SIGNED : CODES_BYTES;
+    return type == Q8_0 || type == Q8_M ? CODES_BYTES : CODES_SMALL;
+}
 
 ALWAYS_INLINE void decode(const int type, const uint8_t *block, int j, int h, decoded *out) {
     if (is_k(type))
@@ -48,11 +55,11 @@ ALWAYS_INLINE void decode(const int type, const uint8_t *block, int j, int h, de
  * 16 inputs, or both together */
 ALWAYS_INLINE void row_sums(const int type, const decoded *w, const int planes, const uint8_t *a, ivec *lo, ivec *hi) {
     const act_head *head = (const act_head *)a;
-    const int wide = wide_codes(type), offset = code_offset(type);
-    dot_sub(w->w, (const int8_t *)(a + sizeof(act_head)), wide, lo, hi);
+    const int codes = code_kind(type), offset = code_offset(type);
+    dot_sub(w->w, (const int8_t *)(a + sizeof(act_head)), codes, lo, hi);
     if (planes == 2) {
         ivec lo2, hi2;
-        dot_sub(w->w, (const int8_t *)(a + sizeof(act_head) + QK), wide, &lo2, &hi2);
+        dot_sub(w->w, (const int8_t *)(a + sizeof(act_head) + QK), codes, &lo2, &hi2);
         *lo = (ivec)(((wvec)*lo << 8) - (wvec)*lo) + lo2; /* 255 * hi + lo, in 32 bits: at most 2^28 */
         *hi = (ivec)(((wvec)*hi << 8) - (wvec)*hi) + hi2;
     }
@@ -70,7 +77,7 @@ ALWAYS_INLINE fvec row_step(const int type, const decoded *w, const int planes, 
     ivec sum, unused;
     row_sums(type, w, planes, a, &sum, &unused);
     acc = fma_v(to_f(sum), w->s[0] * splat_v(head->d), acc);
-    return code_offset(type) ? acc : fma_v(w->m, splat_v(head->s), acc);
+    return own_minimums(type) ? fma_v(w->m, splat_v(head->s), acc) : acc;
 }
 
 /* sb + one row's products with a decoded sub-block of a K-quant, before the super-block's activation scale */
@@ -78,7 +85,7 @@ ALWAYS_INLINE fvec k_row_step(const int type, const decoded *w, const int planes
     ivec lo, hi;
     row_sums(type, w, planes, a, &lo, &hi);
     if (halves_scaled(type)) return fma_v(to_f(hi), w->s[1], fma_v(to_f(lo), w->s[0], sb));
-    if (code_offset(type)) return fma_v(to_f(lo), w->s[0], sb);
+    if (!own_minimums(type)) return fma_v(to_f(lo), w->s[0], sb);
     return fma_v(w->m, splat_v(((const act_head *)a)->sum_f), fma_v(to_f(lo), w->s[0], sb));
 }
 

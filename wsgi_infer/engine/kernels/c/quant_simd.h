@@ -51,9 +51,11 @@ static inline int32_t quad(const int8_t *q) { /* 4 activation codes as one 32-bi
 
 /* A sub-block's products with one row's 32 activation codes q: per lane, the sum over quads 0-3 (inputs 0-15) in
  * *lo and over quads 4-7 in *hi, of the lane's 4 codes (w[i]: inputs 4i..4i+3) times q's: two chains of
- * multiply-adds (a 16-row step ran 1.2 times slower with one, AMD EPYC Zen 4). `wide`: codes may
- * reach 255 (8-bit formats), which vpmaddubsw's 16-bit pairs cannot hold: without VNNI those are split into
- * nibbles. Exact integers either way. */
+ * multiply-adds (a 16-row step ran 1.2 times slower with one, AMD EPYC Zen 4). `codes`: CODES_SMALL up to 63;
+ * CODES_BYTES up to 255 (8-bit formats), which vpmaddubsw's 16-bit pairs cannot hold: without VNNI those are split
+ * into nibbles; CODES_SIGNED, signed bytes (IQ4's levels where SIGNED_IQ4: without VNNI, llama.cpp's way: |w|
+ * times q with w's sign, a pair at most 2 * 127 * 127). Exact integers either way. */
+enum { CODES_SMALL, CODES_BYTES, CODES_SIGNED };
 #if defined(__AVX512VNNI__) && QL == 16
 /* acc + vpdpbusd(w, the 4 codes at q in every lane), the codes read by the instruction's own broadcast: GCC loads
  * them with a vpbroadcastd of its own first, an extra instruction per multiply-add */
@@ -69,16 +71,16 @@ ALWAYS_INLINE __m512i zero_512(void) {
     return z;
 }
 
-ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int wide, ivec *lo, ivec *hi) {
-    (void)wide;
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, ivec *lo, ivec *hi) {
+    (void)codes;
     __m512i a = zero_512(), b = zero_512();
     for (int i = 0; i < 4; i++) a = dpbusd_at(a, (__m512i)w[i], q + 4 * i);
     for (int i = 4; i < 8; i++) b = dpbusd_at(b, (__m512i)w[i], q + 4 * i);
     *lo = (ivec)a, *hi = (ivec)b;
 }
 #elif defined(__AVXVNNI__) && QL == 8
-ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int wide, ivec *lo, ivec *hi) {
-    (void)wide;
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, ivec *lo, ivec *hi) {
+    (void)codes;
     __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
     for (int i = 0; i < 4; i++) a = _mm256_dpbusd_avx_epi32(a, (__m256i)w[i], _mm256_set1_epi32(quad(q + 4 * i)));
     for (int i = 4; i < 8; i++) b = _mm256_dpbusd_avx_epi32(b, (__m256i)w[i], _mm256_set1_epi32(quad(q + 4 * i)));
@@ -106,7 +108,25 @@ ALWAYS_INLINE ivec pair_sum(wvec w0, wvec w1, const int8_t *q0, const int8_t *q1
     return (ivec)MADDWD((mvec)both, SET1_16(1));
 }
 
-ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int wide, ivec *lo, ivec *hi) {
+#if QL == 16 /* q with the sign of w's bytes (AVX-512 has no vpsignb; w's bytes are never 0 where this is used) */
+#define SIGN_OF(q, w) _mm512_mask_sub_epi8(q, _mm512_movepi8_mask(w), _mm512_setzero_si512(), q)
+#define ABS_8 _mm512_abs_epi8
+#else
+#define SIGN_OF(q, w) _mm256_sign_epi8(q, w)
+#define ABS_8 _mm256_abs_epi8
+#endif
+#define SIGNED_IQ4 1
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, ivec *lo, ivec *hi) {
+    if (codes == CODES_SIGNED) {
+        ivec part[2] = {{0}, {0}};
+        for (int i = 0; i < 8; i++) {
+            mvec pairs = MADDUBS(ABS_8((mvec)w[i]), SIGN_OF(SET1_32(quad(q + 4 * i)), (mvec)w[i]));
+            part[i / 4] += (ivec)MADDWD(pairs, SET1_16(1));
+        }
+        *lo = part[0], *hi = part[1];
+        return;
+    }
+    const int wide = codes == CODES_BYTES;
     ivec part[2];
     for (int half = 0; half < 2; half++) {
         const wvec *v = w + 4 * half;
@@ -125,8 +145,8 @@ ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int wide, ive
     *lo = part[0], *hi = part[1];
 }
 #else
-ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int wide, ivec *lo, ivec *hi) {
-    (void)wide;
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, ivec *lo, ivec *hi) {
+    (void)codes;
     ivec part[2] = {{0}, {0}};
     for (int i = 0; i < 8; i++)
         for (int lane = 0; lane < QL; lane++) {
@@ -137,6 +157,9 @@ ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int wide, ive
         }
     *lo = part[0], *hi = part[1];
 }
+#endif
+#ifndef SIGNED_IQ4
+#define SIGNED_IQ4 0 /* IQ4's codes as unsigned bytes, level + 128 */
 #endif
 
 /* A sub-block of 32 inputs of a tile's QL rows, decoded: the codes w (quad i: inputs 4i..4i+3), and per row the
