@@ -44,9 +44,9 @@ ALWAYS_INLINE void add_fifth_bits(const uint8_t *bits, int h, wvec w[8]) {
 static const int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static const uint8_t IQ4_CODES[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
 
-/* each byte of w (an index, 0-15) as its level (SIGNED_IQ4) or code: one byte shuffle where the CPU has it */
+/* each byte of w (an index, 0-15) as its level (SIGNED_CODES) or code: one byte shuffle where the CPU has it */
 ALWAYS_INLINE wvec iq4_levels(wvec w) {
-    const void *table = SIGNED_IQ4 ? (const void *)IQ4_LEVELS : (const void *)IQ4_CODES;
+    const void *table = SIGNED_CODES ? (const void *)IQ4_LEVELS : (const void *)IQ4_CODES;
 #if QL == 16
     return (wvec)_mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)table)), (__m512i)w);
 #elif defined(__AVX2__)
@@ -94,6 +94,8 @@ ALWAYS_INLINE void decode_legacy(const int type, const uint8_t *block, int h, de
         break;
     case Q8_0:
         unpack_bytes(block + 32, h, out->w);
+        if (SIGNED_CODES) /* the file's own signed codes again */
+            for (int i = 0; i < 8; i++) out->w[i] ^= 0x80808080u;
         break;
     case IQ4_NL:
         unpack_iq4(block + 32, h, out->w);

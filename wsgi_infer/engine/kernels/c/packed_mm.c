@@ -33,15 +33,15 @@
 static inline int sub_blocks(const int type) { return is_k(type) ? 8 : 1; } /* 32-input sub-blocks a block */
 static inline int halves_scaled(const int type) { return type == Q6_K; }   /* a scale per 16 inputs */
 static inline int code_offset(const int type) { /* codes a format's weights are offset by (0: none) */
-    if (is_iq4(type)) return SIGNED_IQ4 ? 0 : 128;
-    return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q6_K ? 32 : type == Q8_0 ? 128 : 0;
+    if (is_iq4(type) || type == Q8_0) return SIGNED_CODES ? 0 : 128;
+    return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q6_K ? 32 : 0;
 }
 static inline int own_minimums(const int type) { /* w = s * code + m, m a block's own */
     return type == Q4_1 || type == Q5_1 || type == Q8_M || type == Q4_K || type == Q5_K;
 }
 static inline int code_kind(const int type) { /* quant_simd.h's dot_sub */
-    if (is_iq4(type)) return SIGNED_IQ4 ? CODES_SIGNED : CODES_BYTES;
-    return type == Q8_0 || type == Q8_M ? CODES_BYTES : CODES_SMALL;
+    if (is_iq4(type) || type == Q8_0) return SIGNED_CODES ? CODES_SIGNED : CODES_BYTES;
+    return type == Q8_M ? CODES_BYTES : CODES_SMALL;
 }
 
 ALWAYS_INLINE void decode(const int type, const uint8_t *block, int j, int h, decoded *out) {

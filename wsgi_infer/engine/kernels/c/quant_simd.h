@@ -53,8 +53,8 @@ static inline int32_t quad(const int8_t *q) { /* 4 activation codes as one 32-bi
  * *lo and over quads 4-7 in *hi, of the lane's 4 codes (w[i]: inputs 4i..4i+3) times q's: two chains of
  * multiply-adds (a 16-row step ran 1.2 times slower with one, AMD EPYC Zen 4). `codes`: CODES_SMALL up to 63;
  * CODES_BYTES up to 255 (8-bit formats), which vpmaddubsw's 16-bit pairs cannot hold: without VNNI those are split
- * into nibbles; CODES_SIGNED, signed bytes (IQ4's levels where SIGNED_IQ4: without VNNI, llama.cpp's way: |w|
- * times q with w's sign, a pair at most 2 * 127 * 127). Exact integers either way. */
+ * into nibbles; CODES_SIGNED, signed bytes (Q8_0's and IQ4's where SIGNED_CODES, without VNNI, multiplied as
+ * llama.cpp's are: |w| times q with w's sign, a pair at most 2 * 128 * 127). Exact integers either way. */
 enum { CODES_SMALL, CODES_BYTES, CODES_SIGNED };
 #if defined(__AVX512VNNI__) && QL == 16
 /* acc + vpdpbusd(w, the 4 codes at q in every lane), the codes read by the instruction's own broadcast: GCC loads
@@ -108,14 +108,14 @@ ALWAYS_INLINE ivec pair_sum(wvec w0, wvec w1, const int8_t *q0, const int8_t *q1
     return (ivec)MADDWD((mvec)both, SET1_16(1));
 }
 
-#if QL == 16 /* q with the sign of w's bytes (AVX-512 has no vpsignb; w's bytes are never 0 where this is used) */
+#if QL == 16 /* q with the sign of w's bytes (AVX-512 has no vpsignb; where w is 0, so is |w|) */
 #define SIGN_OF(q, w) _mm512_mask_sub_epi8(q, _mm512_movepi8_mask(w), _mm512_setzero_si512(), q)
 #define ABS_8 _mm512_abs_epi8
 #else
 #define SIGN_OF(q, w) _mm256_sign_epi8(q, w)
 #define ABS_8 _mm256_abs_epi8
 #endif
-#define SIGNED_IQ4 1
+#define SIGNED_CODES 1
 ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, ivec *lo, ivec *hi) {
     if (codes == CODES_SIGNED) {
         ivec part[2] = {{0}, {0}};
@@ -158,8 +158,8 @@ ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, iv
     *lo = part[0], *hi = part[1];
 }
 #endif
-#ifndef SIGNED_IQ4
-#define SIGNED_IQ4 0 /* IQ4's codes as unsigned bytes, level + 128 */
+#ifndef SIGNED_CODES
+#define SIGNED_CODES 0 /* Q8_0's and IQ4's codes as unsigned bytes, + 128 */
 #endif
 
 /* A sub-block of 32 inputs of a tile's QL rows, decoded: the codes w (quad i: inputs 4i..4i+3), and per row the
