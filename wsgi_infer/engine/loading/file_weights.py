@@ -97,7 +97,8 @@ class FileWeights(Mapping):
 
     def __init__(self, directory: Path) -> None:
         self._record = read_json(directory / FILE_WEIGHTS_FILE) or {"weights": {}}
-        self._orders = directory / ROW_ORDERS_FILE
+        self._orders_file = directory / ROW_ORDERS_FILE
+        self._orders: dict[str, np.ndarray] | None = None  # read at the first weight asked for
         self._blob: np.ndarray | None = None
         self._processor = None
 
@@ -139,10 +140,12 @@ class FileWeights(Mapping):
         return self._record.get("processed", [])
 
     def _order(self, name: str) -> np.ndarray | None:
-        if not self._orders.is_file():
-            return None
-        with np.load(self._orders) as orders:
-            return orders[name] if name in orders.files else None
+        if self._orders is None:  # once: opening the archive for each weight was 40% of a 135M model's load
+            self._orders = {}
+            if self._orders_file.is_file():
+                with np.load(self._orders_file) as orders:
+                    self._orders = {key: orders[key] for key in orders.files}
+        return self._orders.get(name)
 
     def _tensor(self, name: str):
         from .gguf_file import mapped_file, mapped_tensor
