@@ -86,6 +86,19 @@ def test_every_type_loads_as_gguf_py_reads_it_and_packs_what_it_holds(tiny_ggufs
     assert_idle(llm)
 
 
+@pytest.mark.parametrize("type_name, kept", [("IQ4_NL", True), ("IQ4_XS", True), ("Q4_K", True), ("Q5_K", False)])
+def test_int4_keeps_a_files_4_bit_blocks_and_makes_the_rest_q4_1(tiny_ggufs, type_name, kept):
+    """``quantization int4``: a file's 4-bit formats (Q4_0, Q4_1, Q4_K, IQ4_NL, IQ4_XS) as they are, the others made
+    into Q4_1 from their values."""
+    llm = LLM(model=str(tiny_ggufs[type_name].path), device="cpu", quantization="int4")
+    kinds = {
+        layer.kind
+        for name, layer in llm.engine.runner.model.named_modules()
+        if isinstance(layer, PackedLinear) and name != "lm_head"
+    }
+    assert kinds == {f"packed {type_name if kept else 'Q4_1'}"}
+
+
 def test_a_weights_blocks_move_with_the_rows_transformers_moves(tmp_path):
     """llama.cpp permutes a Llama file's query and key rows, and transformers' processor permutes them back: the
     blocks, rows of the file, move with them, and each packed row holds the values transformers reads for it."""
