@@ -2,12 +2,12 @@
  *
  * Per output and per sub-block of 32 inputs (16 for Q6_K's halves), the integer sum of the weight's codes times
  * the row's 8-bit codes (one plane, or the exact path's two: 255 * hi + lo) is exact, and so is its offset term
- * where a format's offset is a fixed number of codes (Q4_0, Q5_0, Q8_0, Q6_K: the codes' sum minus the offset
- * times the activations' sum). It is scaled, with s and m the weight's scale and minimum (w = s * code + m) and d
- * the activations' scale:
+ * where a format's offset is a fixed number of codes (Q4_0, Q5_0, Q6_K, and Q8_0 and IQ4 where their codes are
+ * unsigned: the codes' sum minus the offset times the activations' sum). It is scaled, with s and m the weight's
+ * scale and minimum (w = s * code + m) and d the activations' scale:
  *     32-input formats, d a block's:   acc = fma(float(sum), s * d, acc);  acc = fma(m, d * sum(q), acc)
- *     K-quants, d a super-block's:     sb = fma(float(sum), s, sb);  sb = fma(m, sum(q), sb), sub-block after
- *                                      sub-block, then acc = fma(sb, d, acc)
+ *     K-quants and IQ4_XS, d a super-block's: sb = fma(float(sum), s, sb);  sb = fma(m, sum(q), sb), sub-block
+ *                                      after sub-block, then acc = fma(sb, d, acc)
  * (m terms where a format has its own minimums), block after block in input order: a multiply-add of floats costs
  * what a vpdpbusd does, and a K-quant's sub-block takes two rather than three. A row's result depends on its own
  * activations alone: alone or in any batch, in any pass, on any thread, it is the same to the bit.
