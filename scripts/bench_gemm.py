@@ -12,29 +12,19 @@ CPU runs side by side:
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from wsgi_infer.engine.kernels.block_fields import FILE_BLOCK_BYTES, FORMATS
 from wsgi_infer.engine.kernels.cpu import CpuKernels
-from wsgi_infer.engine.kernels.packed import PackedWeight, packed_part, packed_weight
-from wsgi_infer.engine.runtime.huge_pages import HugePageArena
+from wsgi_infer.engine.kernels.packed import PackedWeight
 
-# where each format's float16 scales lie in a block (the rest of a block is codes and sub-block scales: any bits)
-SCALES_AT = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0], Q.IQ4_NL: [0]}
-SCALES_AT |= {Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208], Q.IQ4_XS: [0]}
-
-
-def random_weight(kernels: CpuKernels, fmt: Q, n: int, k: int) -> PackedWeight:
-    raw = torch.randint(0, 256, (n, k // FORMATS[fmt], FILE_BLOCK_BYTES[fmt]), dtype=torch.uint8)
-    for at in SCALES_AT[fmt]:
-        raw[..., at : at + 2] = (torch.randn(raw.shape[:2]) * 0.01).half().view(torch.uint8).view(*raw.shape[:2], 2)
-    raw = raw.reshape(n, -1)
-    part = packed_part(fmt, n, lambda a, b: raw[a:b].contiguous(), HugePageArena(), kernels.tile_blocks)
-    return packed_weight([part], True)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the kernel tests' random blocks of a format, laid out as a load lays them out
+from tests.support.kernel_libraries import packed_from_file, random_file_blocks  # noqa: E402
 
 
 def rate(kernels: CpuKernels, x: torch.Tensor, weight: PackedWeight, repeats: int) -> float:
@@ -61,7 +51,7 @@ def main() -> None:
     for library in args.libraries:
         kernels = CpuKernels(library)
         for name in args.formats:
-            weight = random_weight(kernels, Q[name], args.n, args.k)
+            weight = packed_from_file(random_file_blocks(Q[name], args.n, args.k), Q[name])
             rates = [rate(kernels, torch.randn(rows, args.k), weight, max(3, 600 // rows)) for rows in args.rows]
             print(f"| {library.stem} | {name} | " + " | ".join(f"{r:.0f}" for r in rates) + " |")
 
