@@ -48,6 +48,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -79,14 +80,17 @@ def references(server: GunicornServer) -> list[ModelReferences]:
 
 
 def own_references(settings: dict, models: list[str]) -> list[ModelReferences]:
-    """Each model's references from a server of its own (started side by side), the soak's settings besides."""
+    """Each model's references from a server of its own, the soak's settings besides: the servers started and
+    asked side by side."""
     with ExitStack() as stack:
         servers = []
         for model in models:
             server = GunicornServer({**settings, "model": model}, "--access-logfile", "/dev/null")
             stack.callback(server.stop)
             servers.append(server)
-        return [refs for server in servers for refs in references(server.wait_ready())]
+        with ThreadPoolExecutor(len(servers)) as pool:
+            answers = list(pool.map(lambda server: references(server.wait_ready()), servers))
+        return [refs for model_refs in answers for refs in model_refs]
 
 
 def reload_once(server: GunicornServer, ctx: LoadContext, t0: float) -> dict:
@@ -206,12 +210,12 @@ def main() -> int:
     }
     settings = {name: value for name, value in settings.items() if value is not None}
     several = len(args.model) > 1
-    refs = own_references(settings, args.model) if several else None
     served = {"models": ",".join(args.model), "max_loaded_models": args.max_loaded_models} if several else {}
     if len(args.model) == 1:
         served = {"model": args.model[0]}
-    server = GunicornServer({**settings, **served}, "--access-logfile", "/dev/null")
+    server = GunicornServer({**settings, **served}, "--access-logfile", "/dev/null")  # starts beside the references'
     try:
+        refs = own_references(settings, args.model) if several else None
         server.wait_ready()
         report = soak(server, refs or references(server), args)
     finally:

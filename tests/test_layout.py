@@ -370,3 +370,12 @@ def test_test_modules_import_helpers_never_each_other(tmp_path, monkeypatch):
     planted.write_text("from ..engine.test_batching import run_alone\nfrom ..support.batch_runs import GREEDY\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "wsgi_infer")
     assert imported_test_modules(planted) == {"tests.engine.test_batching"}
+
+
+def test_the_suites_start_order_names_test_modules_that_exist():
+    """conftest.py's scheduling lists (whole-machine modules, the longest first) go stale silently on a rename."""
+    from .conftest import LONGEST_FIRST, WHOLE_MACHINE
+
+    modules = {path.stem for path in (PACKAGE.parent / "tests").rglob("test_*.py")}
+    assert set(WHOLE_MACHINE) | set(LONGEST_FIRST) <= modules
+    assert not set(WHOLE_MACHINE) & set(LONGEST_FIRST) and len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)

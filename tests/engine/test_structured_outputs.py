@@ -62,24 +62,24 @@ def constrained(schema: type[BaseModel], **overrides) -> SamplingParams:
     return SamplingParams(**{"temperature": 0, "max_tokens": 160, "structured_output": spec, **overrides})
 
 
-def test_greedy_json_validates_alone_and_unchanged_in_a_mixed_batch(default_llm):
+def test_greedy_json_validates_alone_and_unchanged_in_a_mixed_batch(packed_llm):
     prompts = [
-        default_llm.apply_chat_template([{"role": "user", "content": f"Give me an example {s.__name__} as JSON."}])
+        packed_llm.apply_chat_template([{"role": "user", "content": f"Give me an example {s.__name__} as JSON."}])
         for s in SCHEMAS
     ]
     plain = ["The capital of France is", "def fibonacci(n):"]
     plain_params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    alone = [default_llm.generate(p, constrained(s))[0] for p, s in zip(prompts, SCHEMAS)]
-    plain_alone = [default_llm.generate(p, plain_params)[0].token_ids for p in plain]
+    alone = [packed_llm.generate(p, constrained(s))[0] for p, s in zip(prompts, SCHEMAS)]
+    plain_alone = [packed_llm.generate(p, plain_params)[0].token_ids for p in plain]
     for out, schema in zip(alone, SCHEMAS):
         assert out.finish_reason == "stop", out.text
         schema.model_validate_json(out.text)
-    mixed = default_llm.generate(
+    mixed = packed_llm.generate(
         [plain[0], *prompts, plain[1]], [plain_params, *(constrained(s) for s in SCHEMAS), plain_params]
     )
     assert [o.token_ids for o in mixed[1:-1]] == [o.token_ids for o in alone]
     assert [mixed[0].token_ids, mixed[-1].token_ids] == plain_alone
-    assert_idle(default_llm)
+    assert_idle(packed_llm)
 
 
 def test_sampled_json_from_a_random_model_always_validates(tiny_llama):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+from transformers.initialization import no_init_weights
 
 from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
 from wsgi_infer.engine.loading.file_weights import FileWeights
@@ -18,9 +19,11 @@ def load_hf_model(model_dir, dtype: torch.dtype = torch.float32):
     if not FileWeights(model_dir):
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with no_init_weights():  # every weight is loaded next: drawing random ones first took Gemma 3 270M 3.5 s
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     missing, unexpected = model.load_state_dict(dict(CheckpointTensors(model_dir, dtype).items()), strict=False)
     assert not unexpected and set(missing) <= ({"lm_head.weight"} if config.tie_word_embeddings else set())
+    model.tie_weights()  # the head is the embedding's own tensor where the config ties them, as it was made
     model.generation_config = GenerationConfig.from_pretrained(model_dir, local_files_only=True)
     return model.eval()
 
