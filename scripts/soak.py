@@ -90,6 +90,7 @@ def own_references(settings: dict, models: list[str]) -> list[ModelReferences]:
             servers.append(server)
         with ThreadPoolExecutor(len(servers)) as pool:
             answers = list(pool.map(lambda server: references(server.wait_ready()), servers))
+            list(pool.map(GunicornServer.stop, servers))  # each stop waits for its drain: side by side too
         return [refs for model_refs in answers for refs in model_refs]
 
 
