@@ -23,9 +23,14 @@
 
 #if QL == 16
 #define ROWS_AT_ONCE 16 /* rows whose sums stay in registers beside a sub-block's 8 codes: 29 of 32 */
+#elif SUMS_IN_16_BITS
+#define ROWS_AT_ONCE 8 /* 8 rows' 16-bit sums in 16 registers beside a quad of the weight (dot_rows) */
 #else
 #define ROWS_AT_ONCE 4 /* 16 registers */
 #endif
+/* rows whose integer sums are made together: all of a pass's where they are 16-bit sums (quant_simd.h's dot_rows),
+ * else one row's at a time */
+#define SUM_ROWS (SUMS_IN_16_BITS ? ROWS_AT_ONCE : 1)
 /* how far ahead of a tile's sub-block its weight is fetched: at least this, in whole blocks. Rounded down, a
  * K-quant's block (2,304-3,360 bytes) fetched its own sub-block: a 16-row Q6_K step ran at 199 G MAC/s, now 294 */
 #define PREFETCH_BYTES 4096
@@ -41,7 +46,9 @@ static inline int own_minimums(const int type) { /* w = s * code + m, m a block'
 }
 static inline int code_kind(const int type) { /* quant_simd.h's dot_sub */
     if (is_iq4(type) || type == Q8_0) return SIGNED_CODES ? CODES_SIGNED : CODES_BYTES;
-    return type == Q8_M ? CODES_BYTES : CODES_SMALL;
+    if (type == Q8_M) return CODES_BYTES;
+    if (type == Q6_K) return CODES_6BIT;
+    return type == Q5_0 || type == Q5_1 || type == Q5_K ? CODES_5BIT : CODES_4BIT;
 }
 
 ALWAYS_INLINE void decode(const int type, const uint8_t *block, int j, int h, decoded *out) {
@@ -51,39 +58,40 @@ ALWAYS_INLINE void decode(const int type, const uint8_t *block, int j, int h, de
         decode_legacy(type, block, h, out);
 }
 
-/* one row's integer sums of a decoded sub-block times the row's activation block a, less the offset's: per half of
- * 16 inputs, or both together */
-ALWAYS_INLINE void row_sums(const int type, const decoded *w, const int planes, const uint8_t *a, ivec *lo, ivec *hi) {
-    const act_head *head = (const act_head *)a;
-    const int codes = code_kind(type), offset = code_offset(type);
-    dot_sub(w->w, (const int8_t *)(a + sizeof(act_head)), codes, lo, hi);
+/* rows' integer sums of a decoded sub-block times their activation blocks (row r's at a + r * act), less the
+ * offset's: per half of 16 inputs, or both together */
+ALWAYS_INLINE void rows_sums(const int type, const decoded *w, const int planes, const uint8_t *a, const int64_t act,
+                             const int rows, ivec lo[], ivec hi[]) {
+    const int codes = code_kind(type), offset = code_offset(type), split = halves_scaled(type);
+    dot_rows(w->w, (const int8_t *)(a + sizeof(act_head)), act, rows, codes, split, lo, hi);
     if (planes == 2) {
-        ivec lo2, hi2;
-        dot_sub(w->w, (const int8_t *)(a + sizeof(act_head) + QK), codes, &lo2, &hi2);
-        *lo = (ivec)(((wvec)*lo << 8) - (wvec)*lo) + lo2; /* 255 * hi + lo, in 32 bits: at most 2^28 */
-        *hi = (ivec)(((wvec)*hi << 8) - (wvec)*hi) + hi2;
+        ivec lo2[SUM_ROWS], hi2[SUM_ROWS];
+        dot_rows(w->w, (const int8_t *)(a + sizeof(act_head) + QK), act, rows, codes, split, lo2, hi2);
+        for (int r = 0; r < rows; r++) { /* 255 * hi + lo, in 32 bits: at most 2^28 */
+            lo[r] = (ivec)(((wvec)lo[r] << 8) - (wvec)lo[r]) + lo2[r];
+            hi[r] = (ivec)(((wvec)hi[r] << 8) - (wvec)hi[r]) + hi2[r];
+        }
     }
-    if (halves_scaled(type)) {
-        *lo -= offset * head->sum_half[0];
-        *hi -= offset * head->sum_half[1];
-    } else {
-        *lo += *hi - offset * head->sum;
+    for (int r = 0; r < rows; r++) {
+        const act_head *head = (const act_head *)(a + r * act);
+        if (halves_scaled(type)) {
+            lo[r] -= offset * head->sum_half[0];
+            hi[r] -= offset * head->sum_half[1];
+        } else {
+            lo[r] += hi[r] - offset * head->sum;
+        }
     }
 }
 
-/* acc + one row's products with a decoded sub-block of a 32-input format (d: the block's) */
-ALWAYS_INLINE fvec row_step(const int type, const decoded *w, const int planes, const uint8_t *a, fvec acc) {
+/* acc + one row's products with a decoded sub-block of a 32-input format (d: the block's), sum its integer sum */
+ALWAYS_INLINE fvec row_step(const int type, const decoded *w, const uint8_t *a, ivec sum, fvec acc) {
     const act_head *head = (const act_head *)a;
-    ivec sum, unused;
-    row_sums(type, w, planes, a, &sum, &unused);
     acc = fma_v(to_f(sum), w->s[0] * splat_v(head->d), acc);
     return own_minimums(type) ? fma_v(w->m, splat_v(head->s), acc) : acc;
 }
 
 /* sb + one row's products with a decoded sub-block of a K-quant, before the super-block's activation scale */
-ALWAYS_INLINE fvec k_row_step(const int type, const decoded *w, const int planes, const uint8_t *a, fvec sb) {
-    ivec lo, hi;
-    row_sums(type, w, planes, a, &lo, &hi);
+ALWAYS_INLINE fvec k_row_step(const int type, const decoded *w, const uint8_t *a, ivec lo, ivec hi, fvec sb) {
     if (halves_scaled(type)) return fma_v(to_f(hi), w->s[1], fma_v(to_f(lo), w->s[0], sb));
     if (!own_minimums(type)) return fma_v(to_f(lo), w->s[0], sb);
     return fma_v(w->m, splat_v(((const act_head *)a)->sum_f), fma_v(to_f(lo), w->s[0], sb));
@@ -120,12 +128,19 @@ ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, c
                 decoded w;
                 decode(type, block, j, h0 + h, &w);
 #pragma GCC unroll 16
-                for (int r = 0; r < rows; r++) {
-                    const uint8_t *a = x + ((b * subs + j) * ACT_ROWS + r) * act;
-                    if (is_k(type))
-                        sb[h][r] = k_row_step(type, &w, planes, a, sb[h][r]);
-                    else
-                        acc[h][r] = row_step(type, &w, planes, a, acc[h][r]);
+                for (int r0 = 0; r0 < rows; r0 += SUM_ROWS) {
+                    const int n = rows - r0 < SUM_ROWS ? rows - r0 : SUM_ROWS;
+                    const uint8_t *a0 = x + ((b * subs + j) * ACT_ROWS + r0) * act;
+                    ivec lo[SUM_ROWS], hi[SUM_ROWS];
+                    rows_sums(type, &w, planes, a0, act, n, lo, hi);
+#pragma GCC unroll 16
+                    for (int r = r0; r < r0 + n; r++) {
+                        const uint8_t *a = a0 + (r - r0) * act;
+                        if (is_k(type))
+                            sb[h][r] = k_row_step(type, &w, a, lo[r - r0], hi[r - r0], sb[h][r]);
+                        else
+                            acc[h][r] = row_step(type, &w, a, lo[r - r0], acc[h][r]);
+                    }
                 }
             }
         }
@@ -162,14 +177,19 @@ typedef void (*pass_fn)(const uint8_t *, int64_t, const uint8_t *, float *, int6
 #if ROWS_AT_ONCE == 16
 #define PASSES_OF(T, P) PASS(T, P, 1) PASS(T, P, 2) PASS(T, P, 4) PASS(T, P, 8) PASS(T, P, 16)
 #define PASS_ROW(T, P) {pass_##T##_##P##_1, pass_##T##_##P##_2, pass_##T##_##P##_4, pass_##T##_##P##_8, pass_##T##_##P##_16}
+#define CHUNKS 5 /* row counts: 1, 2, 4, 8, 16 */
+#elif ROWS_AT_ONCE == 8
+#define PASSES_OF(T, P) PASS(T, P, 1) PASS(T, P, 2) PASS(T, P, 4) PASS(T, P, 8)
+#define PASS_ROW(T, P) {pass_##T##_##P##_1, pass_##T##_##P##_2, pass_##T##_##P##_4, pass_##T##_##P##_8}
+#define CHUNKS 4
 #else
 #define PASSES_OF(T, P) PASS(T, P, 1) PASS(T, P, 2) PASS(T, P, 4)
 #define PASS_ROW(T, P) {pass_##T##_##P##_1, pass_##T##_##P##_2, pass_##T##_##P##_4}
+#define CHUNKS 3
 #endif
 #define PASS_TYPE(T) PASSES_OF(T, 1) PASSES_OF(T, 2)
 PASS_TYPE(Q4_0) PASS_TYPE(Q4_1) PASS_TYPE(Q5_0) PASS_TYPE(Q5_1) PASS_TYPE(Q8_0) PASS_TYPE(Q8_M)
 PASS_TYPE(Q4_K) PASS_TYPE(Q5_K) PASS_TYPE(Q6_K) PASS_TYPE(IQ4_NL) PASS_TYPE(IQ4_XS)
-#define CHUNKS (ROWS_AT_ONCE == 16 ? 5 : 3) /* row counts: 1, 2, 4 (and 8, 16) */
 #define PASS_TABLE(T) {PASS_ROW(T, 1), PASS_ROW(T, 2)}
 
 static const int TYPES[] = {Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_M, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS};

@@ -51,11 +51,12 @@ static inline int32_t quad(const int8_t *q) { /* 4 activation codes as one 32-bi
 
 /* A sub-block's products with one row's 32 activation codes q: per lane, the sum over quads 0-3 (inputs 0-15) in
  * *lo and over quads 4-7 in *hi, of the lane's 4 codes (w[i]: inputs 4i..4i+3) times q's: two chains of
- * multiply-adds (a 16-row step ran 1.2 times slower with one, AMD EPYC Zen 4). `codes`: CODES_SMALL up to 63;
- * CODES_BYTES up to 255 (8-bit formats), which vpmaddubsw's 16-bit pairs cannot hold: without VNNI those are split
- * into nibbles; CODES_SIGNED, signed bytes (Q8_0's and IQ4's where SIGNED_CODES, without VNNI, multiplied as
- * llama.cpp's are: |w| times q with w's sign, a pair at most 2 * 128 * 127). Exact integers either way. */
-enum { CODES_SMALL, CODES_BYTES, CODES_SIGNED };
+ * multiply-adds (a 16-row step ran 1.2 times slower with one, AMD EPYC Zen 4). `codes`: CODES_4BIT, _5BIT and
+ * _6BIT up to 15, 31 and 63; CODES_BYTES up to 255 (8-bit formats), which vpmaddubsw's 16-bit pairs cannot hold:
+ * without VNNI those are split into nibbles; CODES_SIGNED, signed bytes (Q8_0's and IQ4's where SIGNED_CODES,
+ * without VNNI, multiplied as llama.cpp's are: |w| times q with w's sign, a pair at most 2 * 128 * 127). `split`:
+ * whether the halves are wanted apart; if not, *lo may hold the whole sum and *hi zero. Exact integers either way. */
+enum { CODES_4BIT, CODES_5BIT, CODES_6BIT, CODES_BYTES, CODES_SIGNED };
 #if defined(__AVX512VNNI__) && QL == 16
 /* acc + vpdpbusd(w, the 4 codes at q in every lane), the codes read by the instruction's own broadcast: GCC loads
  * them with a vpbroadcastd of its own first, an extra instruction per multiply-add */
@@ -71,24 +72,25 @@ ALWAYS_INLINE __m512i zero_512(void) {
     return z;
 }
 
-ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, ivec *lo, ivec *hi) {
-    (void)codes;
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, const int split, ivec *lo, ivec *hi) {
+    (void)codes, (void)split;
     __m512i a = zero_512(), b = zero_512();
     for (int i = 0; i < 4; i++) a = dpbusd_at(a, (__m512i)w[i], q + 4 * i);
     for (int i = 4; i < 8; i++) b = dpbusd_at(b, (__m512i)w[i], q + 4 * i);
     *lo = (ivec)a, *hi = (ivec)b;
 }
 #elif defined(__AVXVNNI__) && QL == 8
-ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, ivec *lo, ivec *hi) {
-    (void)codes;
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, const int split, ivec *lo, ivec *hi) {
+    (void)codes, (void)split;
     __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
     for (int i = 0; i < 4; i++) a = _mm256_dpbusd_avx_epi32(a, (__m256i)w[i], _mm256_set1_epi32(quad(q + 4 * i)));
     for (int i = 4; i < 8; i++) b = _mm256_dpbusd_avx_epi32(b, (__m256i)w[i], _mm256_set1_epi32(quad(q + 4 * i)));
     *lo = (ivec)a, *hi = (ivec)b;
 }
 #elif defined(__AVX2__)
-/* vpmaddubsw: pairs of u8 x s8 products in 16 bits (two quads' pairs added there: codes up to 63 keep the sum
- * within 4 * 63 * 127), then vpmaddwd by ones into 32 bits */
+/* vpmaddubsw: pairs of u8 x s8 products in 16 bits, each at most 2 * c * 127 for codes up to c, so that 16 bits
+ * hold the sum of 8 (c = 15), 4 (31) or 2 (63) of them; then vpmaddwd by ones into 32 bits: the fewer of those, the
+ * fewer multiplies (a 4-bit sub-block's 12 are 9: the multiply pipes are what an AVX2 prefill waits on) */
 #if QL == 16
 #define MADDUBS _mm512_maddubs_epi16
 #define MADDWD _mm512_madd_epi16
@@ -103,9 +105,10 @@ typedef __m512i mvec;
 typedef __m256i mvec;
 #endif
 typedef int16_t h16 __attribute__((vector_size(QL * 4)));
+ALWAYS_INLINE h16 pairs_of(wvec w, const int8_t *q) { return (h16)MADDUBS((mvec)w, SET1_32(quad(q))); }
+ALWAYS_INLINE ivec widen(h16 pairs) { return (ivec)MADDWD((mvec)pairs, SET1_16(1)); }
 ALWAYS_INLINE ivec pair_sum(wvec w0, wvec w1, const int8_t *q0, const int8_t *q1) {
-    h16 both = (h16)MADDUBS((mvec)w0, SET1_32(quad(q0))) + (h16)MADDUBS((mvec)w1, SET1_32(quad(q1)));
-    return (ivec)MADDWD((mvec)both, SET1_16(1));
+    return widen(pairs_of(w0, q0) + pairs_of(w1, q1));
 }
 
 #if QL == 16 /* q with the sign of w's bytes (AVX-512 has no vpsignb; where w is 0, so is |w|) */
@@ -116,37 +119,33 @@ ALWAYS_INLINE ivec pair_sum(wvec w0, wvec w1, const int8_t *q0, const int8_t *q1
 #define ABS_8 _mm256_abs_epi8
 #endif
 #define SIGNED_CODES 1
-ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, ivec *lo, ivec *hi) {
+#define SUMS_IN_16_BITS 1
+/* 8-bit codes (small ones: dot_rows) */
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, const int split, ivec *lo, ivec *hi) {
+    (void)split;
     if (codes == CODES_SIGNED) {
         ivec part[2] = {{0}, {0}};
-        for (int i = 0; i < 8; i++) {
-            mvec pairs = MADDUBS(ABS_8((mvec)w[i]), SIGN_OF(SET1_32(quad(q + 4 * i)), (mvec)w[i]));
-            part[i / 4] += (ivec)MADDWD(pairs, SET1_16(1));
-        }
+        for (int i = 0; i < 8; i++)
+            part[i / 4] += widen((h16)MADDUBS(ABS_8((mvec)w[i]), SIGN_OF(SET1_32(quad(q + 4 * i)), (mvec)w[i])));
         *lo = part[0], *hi = part[1];
         return;
     }
-    const int wide = codes == CODES_BYTES;
-    ivec part[2];
+    ivec part[2]; /* each byte as 16 * high nibble + low nibble */
     for (int half = 0; half < 2; half++) {
         const wvec *v = w + 4 * half;
         const int8_t *x = q + 16 * half;
-        if (!wide) {
-            part[half] = pair_sum(v[0], v[1], x, x + 4) + pair_sum(v[2], v[3], x + 8, x + 12);
-        } else { /* each byte as 16 * high nibble + low nibble */
-            ivec low = {0}, high = {0};
-            for (int i = 0; i < 4; i += 2) {
-                low += pair_sum(v[i] & 0x0F0F0F0Fu, v[i + 1] & 0x0F0F0F0Fu, x + 4 * i, x + 4 * i + 4);
-                high += pair_sum((v[i] >> 4) & 0x0F0F0F0Fu, (v[i + 1] >> 4) & 0x0F0F0F0Fu, x + 4 * i, x + 4 * i + 4);
-            }
-            part[half] = low + (ivec)((wvec)high << 4);
+        ivec low = {0}, high = {0};
+        for (int i = 0; i < 4; i += 2) {
+            low += pair_sum(v[i] & 0x0F0F0F0Fu, v[i + 1] & 0x0F0F0F0Fu, x + 4 * i, x + 4 * i + 4);
+            high += pair_sum((v[i] >> 4) & 0x0F0F0F0Fu, (v[i + 1] >> 4) & 0x0F0F0F0Fu, x + 4 * i, x + 4 * i + 4);
         }
+        part[half] = low + (ivec)((wvec)high << 4);
     }
     *lo = part[0], *hi = part[1];
 }
 #else
-ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, ivec *lo, ivec *hi) {
-    (void)codes;
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, const int split, ivec *lo, ivec *hi) {
+    (void)codes, (void)split;
     ivec part[2] = {{0}, {0}};
     for (int i = 0; i < 8; i++)
         for (int lane = 0; lane < QL; lane++) {
@@ -161,6 +160,47 @@ ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, iv
 #ifndef SIGNED_CODES
 #define SIGNED_CODES 0 /* Q8_0's and IQ4's codes as unsigned bytes, + 128 */
 #endif
+#ifndef SUMS_IN_16_BITS
+#define SUMS_IN_16_BITS 0
+#endif
+
+/* dot_sub for `rows` rows, row r's codes at q + r * stride. Where vpmaddubsw's 16-bit sums serve (no VNNI), small
+ * codes take the quads outer and the rows inner: each row's 16-bit sums stay in registers while the weight's quads
+ * are read one at a time (a sub-block's 8 quads beside 4 rows' sums were more than AVX2's 16 registers: they
+ * spilled), 8 (codes up to 15), 4 (31) or 2 (63) quads summed before each widening. */
+ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stride, const int rows, const int codes,
+                            const int split, ivec lo[], ivec hi[]) {
+#if SUMS_IN_16_BITS
+    if (codes <= CODES_6BIT) {
+        const int n = codes == CODES_4BIT && !split ? 8 : codes == CODES_6BIT ? 2 : 4;
+#pragma GCC unroll 16
+        for (int r = 0; r < rows; r++) lo[r] = hi[r] = (ivec){0};
+        for (int first = 0; first < 8; first += n) {
+            h16 sum[16];
+#pragma GCC unroll 16
+            for (int r = 0; r < rows; r++) sum[r] = pairs_of(w[first], q + r * stride + 4 * first);
+#pragma GCC unroll 8
+            for (int i = first + 1; i < first + n; i++)
+#pragma GCC unroll 16
+                for (int r = 0; r < rows; r++) {
+                    sum[r] += pairs_of(w[i], q + r * stride + 4 * i);
+                    __asm__("" : "+v"(sum[r])); /* in a register now: GCC otherwise reassociated the sums into
+                                                 * trees of all 64 products, stored to the stack and read back */
+                }
+#pragma GCC unroll 16
+            for (int r = 0; r < rows; r++) {
+                if (first < 4)
+                    lo[r] += widen(sum[r]);
+                else
+                    hi[r] += widen(sum[r]);
+            }
+        }
+        return;
+    }
+#endif
+#pragma GCC unroll 16
+    for (int r = 0; r < rows; r++) dot_sub(w, q + r * stride, codes, split, lo + r, hi + r);
+}
 
 /* A sub-block of 32 inputs of a tile's QL rows, decoded: the codes w (quad i: inputs 4i..4i+3), and per row the
  * scale s of inputs 0-15 ([0]) and 16-31 ([1]) (formats with one scale per 32 inputs fill [0] only) and the
