@@ -10,6 +10,7 @@ import json
 import re
 from dataclasses import replace
 from enum import StrEnum
+from typing import Annotated
 
 import pytest
 import torch
@@ -35,7 +36,7 @@ class Person(Strict):
     name: str = Field(max_length=24)
     age: int = Field(ge=0, le=120)
     favourite: Color
-    hobbies: list[str] = Field(max_length=3)
+    hobbies: list[Annotated[str, Field(max_length=16)]] = Field(max_length=3)  # bounded: greedy text may repeat
 
 
 class Item(Strict):
