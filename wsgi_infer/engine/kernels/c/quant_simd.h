@@ -54,8 +54,8 @@ static inline int32_t quad(const int8_t *q) { /* 4 activation codes as one 32-bi
  * multiply-adds (a 16-row step ran 1.2 times slower with one, AMD EPYC Zen 4). `codes`: CODES_4BIT, _5BIT and
  * _6BIT up to 15, 31 and 63; CODES_BYTES up to 255 (8-bit formats), which vpmaddubsw's 16-bit pairs cannot hold:
  * without VNNI those are split into nibbles; CODES_SIGNED, signed bytes (Q8_0's and IQ4's where SIGNED_CODES,
- * without VNNI, multiplied as llama.cpp's are: |w| times q with w's sign, a pair at most 2 * 128 * 127). `split`:
- * whether the halves are wanted apart; if not, *lo may hold the whole sum and *hi zero. Exact integers either way. */
+ * without VNNI, multiplied as llama.cpp's are: |w| times q with w's sign, a pair at most 2 * 128 * 127). Exact
+ * integers. */
 enum { CODES_4BIT, CODES_5BIT, CODES_6BIT, CODES_BYTES, CODES_SIGNED };
 #if defined(__AVX512VNNI__) && QL == 16
 /* acc + vpdpbusd(w, the 4 codes at q in every lane), the codes read by the instruction's own broadcast: GCC loads
@@ -72,16 +72,16 @@ ALWAYS_INLINE __m512i zero_512(void) {
     return z;
 }
 
-ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, const int split, ivec *lo, ivec *hi) {
-    (void)codes, (void)split;
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, ivec *lo, ivec *hi) {
+    (void)codes;
     __m512i a = zero_512(), b = zero_512();
     for (int i = 0; i < 4; i++) a = dpbusd_at(a, (__m512i)w[i], q + 4 * i);
     for (int i = 4; i < 8; i++) b = dpbusd_at(b, (__m512i)w[i], q + 4 * i);
     *lo = (ivec)a, *hi = (ivec)b;
 }
 #elif defined(__AVXVNNI__) && QL == 8
-ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, const int split, ivec *lo, ivec *hi) {
-    (void)codes, (void)split;
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, ivec *lo, ivec *hi) {
+    (void)codes;
     __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
     for (int i = 0; i < 4; i++) a = _mm256_dpbusd_avx_epi32(a, (__m256i)w[i], _mm256_set1_epi32(quad(q + 4 * i)));
     for (int i = 4; i < 8; i++) b = _mm256_dpbusd_avx_epi32(b, (__m256i)w[i], _mm256_set1_epi32(quad(q + 4 * i)));
@@ -121,8 +121,7 @@ ALWAYS_INLINE ivec pair_sum(wvec w0, wvec w1, const int8_t *q0, const int8_t *q1
 #define SIGNED_CODES 1
 #define SUMS_IN_16_BITS 1
 /* 8-bit codes (small ones: dot_rows) */
-ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, const int split, ivec *lo, ivec *hi) {
-    (void)split;
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, ivec *lo, ivec *hi) {
     if (codes == CODES_SIGNED) {
         ivec part[2] = {{0}, {0}};
         for (int i = 0; i < 8; i++)
@@ -144,8 +143,8 @@ ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, co
     *lo = part[0], *hi = part[1];
 }
 #else
-ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, const int split, ivec *lo, ivec *hi) {
-    (void)codes, (void)split;
+ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, ivec *lo, ivec *hi) {
+    (void)codes;
     ivec part[2] = {{0}, {0}};
     for (int i = 0; i < 8; i++)
         for (int lane = 0; lane < QL; lane++) {
@@ -167,9 +166,11 @@ ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, co
 /* dot_sub for `rows` rows, row r's codes at q + r * stride. Where vpmaddubsw's 16-bit sums serve (no VNNI), small
  * codes take the quads outer and the rows inner: each row's 16-bit sums stay in registers while the weight's quads
  * are read one at a time (a sub-block's 8 quads beside 4 rows' sums were more than AVX2's 16 registers: they
- * spilled), 8 (codes up to 15), 4 (31) or 2 (63) quads summed before each widening. */
+ * spilled), 8 (codes up to 15), 4 (31) or 2 (63) quads summed before each widening. `split`: whether the halves
+ * are wanted apart; if not, lo may hold the whole sum and hi zero. Exact integers either way. */
 ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stride, const int rows, const int codes,
                             const int split, ivec lo[], ivec hi[]) {
+    (void)split;
 #if SUMS_IN_16_BITS
     if (codes <= CODES_6BIT) {
         const int n = codes == CODES_4BIT && !split ? 8 : codes == CODES_6BIT ? 2 : 4;
@@ -199,7 +200,7 @@ ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stri
     }
 #endif
 #pragma GCC unroll 16
-    for (int r = 0; r < rows; r++) dot_sub(w, q + r * stride, codes, split, lo + r, hi + r);
+    for (int r = 0; r < rows; r++) dot_sub(w, q + r * stride, codes, lo + r, hi + r);
 }
 
 /* A sub-block of 32 inputs of a tile's QL rows, decoded: the codes w (quad i: inputs 4i..4i+3), and per row the
