@@ -27,7 +27,7 @@ typedef struct {
 #define ACT_BYTES(planes) ((int64_t)sizeof(act_head) + QK * (planes))
 /* Rows in groups of ACT_ROWS, each group's rows side by side for every block: [group][block][row of the group], so
  * that the rows a multiply takes at once lie at fixed distances from one pointer (a tail group padded). A group is
- * a pass's rows at most (packed_mm.c: 16 with AVX-512, 8 elsewhere), so that a pass reads its activations in order */
+ * as small as a pass's rows allow (packed_mm.c: 16 with AVX-512, 8 with AVX2), so that a pass reads in order */
 #define ACT_ROWS (LANES == 16 ? 16 : 8)
 
 /* where row r's block b lies (blocks: a row's) */
