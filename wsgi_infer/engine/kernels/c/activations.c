@@ -27,6 +27,10 @@ static inline uint32_t largest_magnitude(const float *x) {
     return largest;
 }
 
+static int32_t pair16(int32_t low, int32_t high) { /* two sums of at most 16 bits in one word */
+    return (int32_t)(((uint32_t)low & 0xFFFFu) | ((uint32_t)high << 16));
+}
+
 /* a block of 32 inputs at x as codes of the scale d (planes: activations.h) */
 static void quantize_block(const float *x, int planes, float d, uint8_t *out) {
     act_head *head = (act_head *)out;
@@ -62,6 +66,8 @@ static void quantize_block(const float *x, int planes, float d, uint8_t *out) {
     head->sum_half[0] = halves[0], head->sum_half[1] = halves[1];
     head->sum_f = (float)head->sum; /* exact: at most 32 * 32512 */
     head->s = d * head->sum_f;
+    head->halves16 = planes == 1 ? pair16(halves[0], halves[1]) : 0;
+    head->pair16 = 0;
 }
 
 /* the scale of a span of inputs at x: its largest magnitude over the largest code, NaN where one is not finite */
@@ -87,6 +93,11 @@ uint8_t *quantize_activations(const float *x, int64_t rows, int64_t k, int plane
         float d = span_scale(at, span, planes);
         for (int64_t b = 0; b < per_span; b++)
             quantize_block(at + b * QK, planes, d, out + act_offset(row, first + b, blocks, planes));
+        for (int64_t b = 0; planes == 1 && b + 1 < per_span; b += 2) {
+            act_head *even = (act_head *)(out + act_offset(row, first + b, blocks, planes));
+            const act_head *odd = (const act_head *)(out + act_offset(row, first + b + 1, blocks, planes));
+            even->pair16 = pair16(even->sum, odd->sum);
+        }
     }
     return out;
 }

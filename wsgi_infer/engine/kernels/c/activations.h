@@ -21,7 +21,9 @@ typedef struct {
     float sum_f;       /* sum, as a float */
     int32_t sum;       /* the sum of the block's codes as integers (255 * hi + lo on the exact path) */
     int32_t sum_half[2]; /* the same over inputs 0-15 and 16-31 */
-    float pad[2];
+    /* with 8-bit codes (planes 1), whose sums fit 16 bits: the halves' sums in a word's low and high 16 bits, and
+     * (a K span's even blocks) this block's sum and the next one's, as vpmaddwd reads pairs (0 otherwise) */
+    int32_t halves16, pair16;
 } act_head; /* then the planes: 32 signed codes each (hi first) */
 
 #define ACT_BYTES(planes) ((int64_t)sizeof(act_head) + QK * (planes))

@@ -96,8 +96,9 @@ ALWAYS_INLINE void decode_k(const int type, const uint8_t *block, int j, int h, 
     fvec d = load_halves((const f16 *)block + QL * h);
     if (type == Q6_K) {
         const uint8_t *scales = block + 32 + 2 * TILE * j + QL * h, *high = block + 288 + 128 * j;
-        out->s[0] = d * sbytes_f(scales);
-        out->s[1] = d * sbytes_f(scales + TILE);
+        out->sc[0] = sbytes_i(scales), out->sc[1] = sbytes_i(scales + TILE);
+        out->s[0] = d * to_f(out->sc[0]);
+        out->s[1] = d * to_f(out->sc[1]);
         unpack_nibbles(block + 1312 + 256 * j, h, out->w);
         add_high_pairs(load_w(high + 4 * QL * h), 0, out->w);
         add_high_pairs(load_w(high + 64 + 4 * QL * h), 2, out->w);
@@ -111,6 +112,7 @@ ALWAYS_INLINE void decode_k(const int type, const uint8_t *block, int j, int h, 
     fvec dmin = load_halves((const f16 *)(block + 32) + QL * h);
     wvec scale, low;
     k_scale_min(block + 64, j, h, &scale, &low);
+    out->sc[0] = out->sc[1] = (ivec)scale;
     out->s[0] = d * to_f((ivec)scale); /* 6 bits: as signed, one instruction without AVX-512 too */
     out->m = dmin * to_f(-(ivec)low);
     if (type == Q4_K) {

@@ -30,18 +30,35 @@ static inline wvec load_w(const uint8_t *p) {
 
 static inline fvec to_f(ivec v) { return __builtin_convertvector(v, fvec); }
 
-/* QL signed bytes as floats (GCC's generic conversion of a byte vector went one byte at a time) */
-static inline fvec sbytes_f(const uint8_t *p) {
+/* QL signed bytes as 32-bit integers (GCC's generic conversion of a byte vector went one byte at a time) */
+static inline ivec sbytes_i(const uint8_t *p) {
 #if QL == 16
-    return (fvec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+    return (ivec)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
 #elif defined(__AVX2__)
-    return (fvec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    return (ivec)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
 #else
-    fvec v;
-    for (int i = 0; i < QL; i++) v[i] = (float)(int8_t)p[i];
+    ivec v;
+    for (int i = 0; i < QL; i++) v[i] = (int8_t)p[i];
     return v;
 #endif
 }
+
+/* per 32-bit lane, the products of a's and b's signed 16-bit halves, summed (vpmaddwd): exact */
+static inline ivec madd16(ivec a, ivec b) {
+#if QL == 16
+    return (ivec)_mm512_madd_epi16((__m512i)a, (__m512i)b);
+#elif defined(__AVX2__)
+    return (ivec)_mm256_madd_epi16((__m256i)a, (__m256i)b);
+#else
+    ivec v;
+    for (int i = 0; i < QL; i++)
+        v[i] = (int16_t)(a[i] & 0xFFFF) * (int16_t)(b[i] & 0xFFFF) + (a[i] >> 16) * (b[i] >> 16);
+    return v;
+#endif
+}
+
+/* signed integers of at most 16 bits, low and high, as one lane's halves (madd16's pairs) */
+static inline ivec pair_lanes(ivec low, ivec high) { return (ivec)(((wvec)low & 0xFFFFu) | ((wvec)high << 16)); }
 
 static inline int32_t quad(const int8_t *q) { /* 4 activation codes as one 32-bit word */
     int32_t v;
@@ -93,20 +110,18 @@ ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, iv
  * fewer multiplies (a 4-bit sub-block's 12 are 9: the multiply pipes are what an AVX2 prefill waits on) */
 #if QL == 16
 #define MADDUBS _mm512_maddubs_epi16
-#define MADDWD _mm512_madd_epi16
 #define SET1_16 _mm512_set1_epi16
 #define SET1_32 _mm512_set1_epi32
 typedef __m512i mvec;
 #else
 #define MADDUBS _mm256_maddubs_epi16
-#define MADDWD _mm256_madd_epi16
 #define SET1_16 _mm256_set1_epi16
 #define SET1_32 _mm256_set1_epi32
 typedef __m256i mvec;
 #endif
 typedef int16_t h16 __attribute__((vector_size(QL * 4)));
 ALWAYS_INLINE h16 pairs_of(wvec w, const int8_t *q) { return (h16)MADDUBS((mvec)w, SET1_32(quad(q))); }
-ALWAYS_INLINE ivec widen(h16 pairs) { return (ivec)MADDWD((mvec)pairs, SET1_16(1)); }
+ALWAYS_INLINE ivec widen(h16 pairs) { return madd16((ivec)pairs, (ivec)SET1_16(1)); }
 ALWAYS_INLINE ivec pair_sum(wvec w0, wvec w1, const int8_t *q0, const int8_t *q1) {
     return widen(pairs_of(w0, q0) + pairs_of(w1, q1));
 }
@@ -167,15 +182,18 @@ ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, iv
  * codes take the quads outer and the rows inner: each row's 16-bit sums stay in registers while the weight's quads
  * are read one at a time (a sub-block's 8 quads beside 4 rows' sums were more than AVX2's 16 registers: they
  * spilled), 8 (codes up to 15), 4 (31) or 2 (63) quads summed before each widening. `split`: whether the halves
- * are wanted apart; if not, lo may hold the whole sum and hi zero. Exact integers either way. */
+ * are wanted apart; if not, lo may hold the whole sum and hi zero. With `scale` (a K-quant's sub-block scales per
+ * half, integers of at most 8 bits), each half's sum times its scale is added to lo instead (hi unused): where the
+ * sums are 16-bit, the widening vpmaddwd multiplies by the scales rather than by ones. Exact integers either way. */
 ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stride, const int rows, const int codes,
-                            const int split, ivec lo[], ivec hi[]) {
-    (void)split;
+                            const int split, const ivec *scale, ivec lo[], ivec hi[]) {
 #if SUMS_IN_16_BITS
     if (codes <= CODES_6BIT) {
         const int n = codes == CODES_4BIT && !split ? 8 : codes == CODES_6BIT ? 2 : 4;
+        const ivec ones = (ivec)SET1_16(1), by[2] = {scale ? pair_lanes(scale[0], scale[0]) : ones,
+                                                     scale ? pair_lanes(scale[1], scale[1]) : ones};
 #pragma GCC unroll 16
-        for (int r = 0; r < rows; r++) lo[r] = hi[r] = (ivec){0};
+        for (int r = 0; r < rows && !scale; r++) lo[r] = hi[r] = (ivec){0};
 #pragma GCC unroll 4 /* or the rows' lo and hi lived on the stack: Q6_K's 4 rounds (Zen 3, 512 rows) 49-83 -> 66-88 G
                       * MAC/s in 4 alternations, Q5_K's 2 rounds 83-86 -> 103-106 */
         for (int first = 0; first < 8; first += n) {
@@ -192,17 +210,25 @@ ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stri
                 }
 #pragma GCC unroll 16
             for (int r = 0; r < rows; r++) {
-                if (first < 4)
-                    lo[r] += widen(sum[r]);
+                if (first < 4 || scale)
+                    lo[r] += madd16((ivec)sum[r], by[first / 4]);
                 else
-                    hi[r] += widen(sum[r]);
+                    hi[r] += madd16((ivec)sum[r], by[1]);
             }
         }
         return;
     }
 #endif
 #pragma GCC unroll 16
-    for (int r = 0; r < rows; r++) dot_sub(w, q + r * stride, codes, lo + r, hi + r);
+    for (int r = 0; r < rows; r++) {
+        if (!scale) {
+            dot_sub(w, q + r * stride, codes, lo + r, hi + r);
+            continue;
+        }
+        ivec low, high;
+        dot_sub(w, q + r * stride, codes, &low, &high);
+        lo[r] += split ? low * scale[0] + high * scale[1] : (low + high) * scale[0];
+    }
 }
 
 /* A sub-block of 32 inputs of a tile's QL rows, decoded: the codes w (quad i: inputs 4i..4i+3), and per row the
@@ -211,5 +237,6 @@ ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stri
 typedef struct {
     wvec w[8];
     fvec s[2], m;
+    ivec sc[2]; /* K-quants but IQ4_XS: the integer sub-block scales (s = d * sc) */
 } decoded;
 #endif

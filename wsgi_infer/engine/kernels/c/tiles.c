@@ -1,9 +1,11 @@
 /* A weight's blocks, as a GGUF file holds them, laid out in the kernels' tiles of 16 rows (legacy_quants.h and
  * k_quants.h say what each field of a tile's block is): each row's block's bytes moved, and only Q6_K's and the
  * fifth bits' regrouped. A load lays out a 1B model's 700 MB in a fraction of a second, where torch's reshapes
- * took 5 s. Our Q8_M comes as blocks of its own: d, m (float16) and 32 codes, 36 bytes.
+ * took 5 s. Our Q8_M comes as blocks of its own: d, m (float16) and 32 codes, 36 bytes. A tile's rows are read back
+ * as values here too (a tied embedding's lookups).
  */
 #include "k_quants.h"
+#include "packed_mm.h"
 
 /* row r's 2-byte field (a float16) of a tile's block, at `at` */
 static void put_half(uint8_t *tile, int at, int r, const uint8_t *from) { memcpy(tile + at + 2 * r, from, 2); }
@@ -131,3 +133,25 @@ int tile_blocks(int64_t type, const uint8_t *raw, int64_t rows, int64_t k, uint8
     }
     return 0;
 }
+
+/* Rows ids of the weight (a tied embedding's lookups), each value as gguf-py dequantizes the file's blocks */
+void packed_rows(const packed_weight *w, const int64_t *ids, int64_t count, float *out, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (count > 1)
+    for (int64_t i = 0; i < count; i++) {
+        int64_t row = ids[i];
+        int p = 0;
+        while (row >= w->parts[p].n) row -= w->parts[p].n, p++;
+        const int type = (int)w->parts[p].type;
+        int64_t inputs = block_inputs(type), blocks = w->k / inputs, bytes = block_bytes(type);
+        const uint8_t *tile = w->parts[p].tiles + row / TILE * blocks * bytes;
+        for (int64_t b = 0; b < blocks; b++) {
+            if (is_k(type))
+                k_row(type, tile + b * bytes, (int)(row % TILE), out + i * w->k + b * inputs);
+            else
+                legacy_row(type, tile + b * bytes, (int)(row % TILE), out + i * w->k + b * inputs);
+        }
+    }
+}
+
+/* The bytes of a tile's block of a format (0: not a format here), for block_fields.py to check against its own */
+int64_t packed_block_bytes(int type) { return block_bytes(type); }

@@ -1,0 +1,61 @@
+/* K-quants' super-blocks summed as integers, with 8-bit activations (one plane): Q4_K, Q5_K and Q6_K.
+ *
+ * A row's products with a super-block are d_a * (d * I - dmin * M), d_a the activations' scale, d and dmin the
+ * weight row's, and two integers made exactly in 32 bits:
+ *     I = sum over sub-blocks (Q6_K: halves) of the integer scale sc times (the codes' sum with the activations
+ *         less Q6_K's offset of 32 codes times the activations' sum): |I| < 2^29;
+ *     M = sum over sub-blocks of the 6-bit minimum times the activations' sum (Q4_K, Q5_K): < 2^21.
+ * Each is rounded once, where the float path (the exact path's two planes, whose sums do not fit) rounds every
+ * sub-block's product. With vpmaddubsw's 16-bit sums, the widening vpmaddwd multiplies them by the scales rather
+ * than by ones, and M is 4 vpmaddwd of minimums' pairs with the activations' (activations.h's pair16): llama.cpp's
+ * AVX2 Q4_K does the same. Where 32-bit sums come first (VNNI, plain C), sc multiplies them: the same integers.
+ */
+#ifndef WSGI_INFER_K_SUMS_H
+#define WSGI_INFER_K_SUMS_H
+#include "activations.h"
+#include "k_quants.h"
+
+static inline int integer_sums(const int type, const int planes) {
+    return planes == 1 && (type == Q4_K || type == Q5_K || type == Q6_K);
+}
+
+static inline const act_head *head_at(const uint8_t *a) { return (const act_head *)a; }
+
+/* sums[r] + row r's I over a decoded sub-block (row r's activation block at a + r * act) */
+ALWAYS_INLINE void k_rows_sums(const int type, const decoded *w, const uint8_t *a, const int64_t act, const int rows,
+                               ivec sums[]) {
+    const int codes = type == Q4_K ? CODES_4BIT : type == Q5_K ? CODES_5BIT : CODES_6BIT;
+    dot_rows(w->w, (const int8_t *)(a + sizeof(act_head)), act, rows, codes, type == Q6_K, w->sc, sums, NULL);
+    if (type != Q6_K) return;
+    const ivec scales = pair_lanes(w->sc[0], w->sc[1]); /* the halves' scales times their activations' sums */
+    for (int r = 0; r < rows; r++) sums[r] -= madd16(scales, (ivec){0} + head_at(a + r * act)->halves16) << 5;
+}
+
+/* acc[r] + row r's products with a super-block of a tile (part h), its I in sums[r]; row r's activation block j of
+ * the super-block at x + (j * ACT_ROWS + r) * act */
+ALWAYS_INLINE void k_add_totals(const int type, const uint8_t *block, const int h, const int rows, const uint8_t *x,
+                                const int64_t act, const ivec sums[], fvec acc[]) {
+    const fvec d = load_halves((const f16 *)block + QL * h);
+    const int mins = type != Q6_K;
+    fvec less = {0};
+    ivec pairs[4]; /* the minimums of sub-blocks 2p and 2p + 1 in a lane's halves */
+    if (mins) {
+        less = -load_halves((const f16 *)(block + 32) + QL * h);
+        for (int p = 0; p < 4; p++) {
+            wvec scale, even, odd;
+            k_scale_min(block + 64, 2 * p, h, &scale, &even);
+            k_scale_min(block + 64, 2 * p + 1, h, &scale, &odd);
+            pairs[p] = pair_lanes((ivec)even, (ivec)odd);
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        fvec total = d * to_f(sums[r]);
+        if (mins) {
+            ivec m = {0};
+            for (int p = 0; p < 4; p++) m += madd16(pairs[p], (ivec){0} + head_at(x + (2 * p * ACT_ROWS + r) * act)->pair16);
+            total = fma_v(to_f(m), less, total);
+        }
+        acc[r] = fma_v(total, splat_v(head_at(x + (7 * ACT_ROWS + r) * act)->d), acc[r]);
+    }
+}
+#endif
