@@ -99,7 +99,10 @@ static inline __attribute__((always_inline)) void score_tokens(const float *q, c
 static inline __attribute__((always_inline)) void weigh_values(const float *values_f, int64_t len, const int64_t *lens,
                                                                const int64_t group, const int64_t head_dim,
                                                                int64_t stride, const float *weights, float *weighed) {
-    const int64_t chunks = head_dim / LANES, width = chunks < VALUE_SUMS ? chunks : VALUE_SUMS;
+    const int64_t chunks = head_dim / LANES;
+    int64_t width = chunks < VALUE_SUMS ? chunks : VALUE_SUMS;
+    while (chunks % width) width--; /* passes of whole widths: 12 of AVX2's 16 or 32 chunks (heads of 128, 256) ran
+                                     * past the head into the next token's values and the next head's sums */
     const int64_t block = VALUE_SUMS / width;
     for (int64_t m0 = 0; m0 < group; m0 += block) {
         const int64_t count = group - m0 < block ? group - m0 : block;
