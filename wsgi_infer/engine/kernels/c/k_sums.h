@@ -15,6 +15,8 @@
 #include "activations.h"
 #include "k_quants.h"
 
+#define K_SUB_BLOCKS 8 /* blocks of 32 activations a super-block */
+
 static inline int integer_sums(const int type, const int planes) {
     return planes == 1 && (type == Q4_K || type == Q5_K || type == Q6_K);
 }
@@ -55,7 +57,8 @@ ALWAYS_INLINE void k_add_totals(const int type, const uint8_t *block, const int 
             for (int p = 0; p < 4; p++) m += madd16(pairs[p], (ivec){0} + head_at(x + (2 * p * ACT_ROWS + r) * act)->pair16);
             total = fma_v(to_f(m), less, total);
         }
-        acc[r] = fma_v(total, splat_v(head_at(x + (7 * ACT_ROWS + r) * act)->d), acc[r]);
+        const act_head *last = head_at(x + ((K_SUB_BLOCKS - 1) * ACT_ROWS + r) * act); /* its span's scale */
+        acc[r] = fma_v(total, splat_v(last->d), acc[r]);
     }
 }
 #endif

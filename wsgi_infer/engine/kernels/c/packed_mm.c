@@ -161,14 +161,15 @@ ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, c
             }
         }
         if (is_k(type)) { /* the super-block's activation scale, as its last block holds it */
-            for (int h = 0; h < parts; h++)
-                if (integer_sums(type, planes))
+            if (integer_sums(type, planes))
+                for (int h = 0; h < parts; h++)
                     k_add_totals(type, block, h0 + h, rows, x + b * subs * ACT_ROWS * act, act, isb[h], acc[h]);
-            for (int h = 0; h < parts && !integer_sums(type, planes); h++)
-                for (int r = 0; r < rows; r++) {
-                    const act_head *head = (const act_head *)(x + ((b * subs + subs - 1) * ACT_ROWS + r) * act);
-                    acc[h][r] = fma_v(sb[h][r], splat_v(head->d), acc[h][r]);
-                }
+            else
+                for (int h = 0; h < parts; h++)
+                    for (int r = 0; r < rows; r++) {
+                        const act_head *head = (const act_head *)(x + ((b * subs + subs - 1) * ACT_ROWS + r) * act);
+                        acc[h][r] = fma_v(sb[h][r], splat_v(head->d), acc[h][r]);
+                    }
             /* the totals kept in L1, read and written once a super-block, so that the registers hold 16 rows'
              * super-block sums beside the codes: 16 rows in one pass, each sub-block decoded once (3% faster than
              * two passes of 8, Zen 4) */
