@@ -154,6 +154,9 @@ static inline f32v exp_v(f32v x) {
 #ifdef __AVX512F__ /* the same values in fewer instructions: a NaN x is max's and min's second operand, returned */
     x = (f32v)_mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.0f), (__m512)x));
     f32v k = (f32v)_mm512_roundscale_ps((__m512)(x * 1.44269504f + 0.5f), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+#elif defined(__AVX__) /* the same with AVX's vminps, vmaxps and vroundps */
+    x = (f32v)_mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), (__m256)x));
+    f32v k = (f32v)_mm256_floor_ps((__m256)(x * 1.44269504f + 0.5f));
 #else
     const f32v zero = {0}, lowest = zero - 87.0f, highest = zero + 88.0f;
     x = select_v(x < lowest, lowest, select_v(x > highest, highest, x));
