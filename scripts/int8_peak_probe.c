@@ -1,6 +1,8 @@
 /* The CPU's int8 multiply ceiling without VNNI: vpmaddubsw (32 byte pairs multiplied and summed into 16 bits) and
  * vfmadd231ps, each as 10 independent chains in registers, on THREADS threads. What an AVX2 int8 GEMM could reach at
- * most (docs/benchmarks/sizes.md). Kept out of CI:
+ * most (docs/benchmarks/sizes.md); then the packed multiply's inner loop as it runs (each product added to a row's
+ * 16-bit sums with vpaddw): an activation quad broadcast from memory for each multiply, for every two, or none.
+ * Kept out of CI:
  *
  *     gcc -O2 -mavx2 -mfma -fopenmp -DTHREADS=2 scripts/int8_peak_probe.c -o /tmp/int8_peak && /tmp/int8_peak
  */
@@ -48,5 +50,35 @@ int main(void) {
     seconds = omp_get_wtime() - start;
     printf("%d threads: vfmadd231ps %.2f G a second a thread, %.1f G float32 multiply-adds a second in all (%g)\n",
            THREADS, 10 * ITERATIONS / seconds / 1e9, THREADS * 80 * ITERATIONS / seconds / 1e9, sink);
+    static int quads[64] __attribute__((aligned(64)));
+/* a multiply of weight register W by activations B added to row R's 16-bit sums (ymm0-7), in asm: GCC's own
+ * allocation spilled the sums */
+#define MUL(R, W, B) "vpmaddubsw %%ymm" #B ", %%ymm" #W ", %%ymm15\n vpaddw %%ymm15, %%ymm" #R ", %%ymm" #R "\n"
+#define CAST(B, AT) "vpbroadcastd " #AT "(%0), %%ymm" #B "\n"
+    const char *names[3] = {"no broadcast", "a broadcast each", "a broadcast for two (two weights)"};
+    for (int shape = 0; shape < 3; shape++) {
+        start = omp_get_wtime();
+#pragma omp parallel num_threads(THREADS)
+        for (long it = 0; it < ITERATIONS / 10; it++) {
+            if (shape == 0)
+                __asm__ volatile(MUL(0, 8, 9) MUL(1, 8, 10) MUL(2, 8, 11) MUL(3, 8, 12) MUL(4, 8, 9) MUL(5, 8, 10)
+                                 MUL(6, 8, 11) MUL(7, 8, 12)::"r"(quads)
+                                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm15");
+            else if (shape == 1)
+                __asm__ volatile(CAST(9, 0) MUL(0, 8, 9) CAST(10, 4) MUL(1, 8, 10) CAST(11, 8) MUL(2, 8, 11)
+                                 CAST(12, 12) MUL(3, 8, 12) CAST(9, 16) MUL(4, 8, 9) CAST(10, 20) MUL(5, 8, 10)
+                                 CAST(11, 24) MUL(6, 8, 11) CAST(12, 28) MUL(7, 8, 12)::"r"(quads)
+                                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm9", "xmm10",
+                                   "xmm11", "xmm12", "xmm15", "memory");
+            else
+                __asm__ volatile(CAST(9, 0) MUL(0, 8, 9) MUL(1, 13, 9) CAST(10, 4) MUL(2, 8, 10) MUL(3, 13, 10)
+                                 CAST(11, 8) MUL(4, 8, 11) MUL(5, 13, 11) CAST(12, 12) MUL(6, 8, 12) MUL(7, 13, 12)::"r"(quads)
+                                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm9", "xmm10",
+                                   "xmm11", "xmm12", "xmm15", "memory");
+        }
+        seconds = omp_get_wtime() - start;
+        printf("%d threads: vpmaddubsw + vpaddw into 8 sums, %s: %.2f G multiplies a second a thread\n", THREADS,
+               names[shape], 8 * (ITERATIONS / 10) / seconds / 1e9);
+    }
     return 0;
 }
