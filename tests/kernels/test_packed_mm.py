@@ -162,6 +162,8 @@ def test_the_kernels_refuse_what_they_cannot_multiply(kernels: CpuKernels):
         kernels.tile_blocks(Q.Q4_K, raw, torch.empty(1, 2, 2304, dtype=torch.uint8))
     with pytest.raises(TypeError, match="rows of 287 bytes"):
         kernels.tile_blocks(Q.Q4_K, raw[:, 1:].contiguous(), torch.empty(2, 2, 2304, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="contiguous blocks"):  # a file's view whose rows are not one after another
+        kernels.tile_blocks(Q.Q4_K, raw.numpy()[::2], torch.empty(1, 2, 2304, dtype=torch.uint8))
 
 
 def _anonymous_mb() -> float:

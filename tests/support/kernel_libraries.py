@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import gguf
+import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
 
@@ -90,12 +91,12 @@ def _layout_kernels() -> CpuKernels:
     return kernels
 
 
-def _tile_blocks(fmt: int, blocks: torch.Tensor, tiles: torch.Tensor) -> None:
+def _tile_blocks(fmt: int, blocks: torch.Tensor | np.ndarray, tiles: torch.Tensor) -> None:
     _layout_kernels().tile_blocks(fmt, blocks, tiles)
 
 
-def packed_from_file(raw: torch.Tensor, ggml_type: int) -> PackedWeight:
-    part = packed_part(ggml_type, raw.shape[0], lambda a, b: raw[a:b].contiguous(), HugePageArena(), _tile_blocks)
+def packed_from_file(raw: torch.Tensor | np.ndarray, ggml_type: int) -> PackedWeight:
+    part = packed_part(ggml_type, raw.shape[0], lambda a, b: raw[a:b], HugePageArena(), _tile_blocks)
     return packed_weight([part], True)
 
 

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -93,17 +94,21 @@ class CpuKernels:
         """The bytes of a tile's block of a format, as the kernels read it (0: a format they do not read)."""
         return self._lib.packed_block_bytes(fmt)
 
-    def tile_blocks(self, fmt: int, blocks: torch.Tensor, tiles: torch.Tensor) -> None:
-        """Rows of a format's blocks as a file holds them (uint8 [rows, bytes a row]) into ``tiles``, uint8 [tiles of
-        16 rows, blocks a row, bytes a tile's block] (``c/tiles.c``)."""
-        _check(blocks, "tile_blocks blocks", torch.uint8)
+    def tile_blocks(self, fmt: int, blocks: torch.Tensor | np.ndarray, tiles: torch.Tensor) -> None:
+        """Rows of a format's blocks as a file holds them (uint8 [rows, bytes a row]: a tensor, or an array that may
+        be a read-only view of the mapped file) into ``tiles``, uint8 [tiles of 16 rows, blocks a row, bytes a tile's
+        block] (``c/tiles.c``)."""
+        if isinstance(blocks, torch.Tensor):
+            _check(blocks, "tile_blocks blocks", torch.uint8)
+            blocks = blocks.numpy()
+        _expect(blocks.dtype == np.uint8 and blocks.ndim == 2, "tile_blocks: uint8 [rows, bytes a row] blocks")
         _check(tiles, "tile_blocks tiles", torch.uint8)
         inputs, file_block = FORMATS[fmt], FILE_BLOCK_BYTES[fmt]
-        _expect(blocks.is_contiguous() and tiles.is_contiguous(), "tile_blocks: contiguous blocks and tiles")
+        _expect(blocks.flags.c_contiguous and tiles.is_contiguous(), "tile_blocks: contiguous blocks and tiles")
         _expect(blocks.shape[1] % file_block == 0, f"tile_blocks: rows of {blocks.shape[1]} bytes in format {fmt}")
         _expect(tiles.numel() == -(-blocks.shape[0] // 16) * blocks.shape[1] * 16, "tile_blocks: tiles' size")
         k = blocks.shape[1] // file_block * inputs
-        if self._lib.tile_blocks(fmt, blocks.data_ptr(), blocks.shape[0], k, tiles.data_ptr(), _threads()):
+        if self._lib.tile_blocks(fmt, blocks.ctypes.data, blocks.shape[0], k, tiles.data_ptr(), _threads()):
             raise ValueError(f"tile_blocks: format {fmt} is not laid out by the kernels")
 
     def rms_norm(

@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..runtime.huge_pages import HugePageArena
@@ -69,9 +70,9 @@ ROWS_AT_ONCE = 256 * TILE  # a part is laid out so many rows at a time: a file's
 def packed_part(
     fmt: int,
     rows: int,
-    blocks_of: Callable[[int, int], torch.Tensor],
+    blocks_of: Callable[[int, int], torch.Tensor | np.ndarray],
     memory: HugePageArena,
-    tile_blocks: Callable[[int, torch.Tensor, torch.Tensor], None],
+    tile_blocks: Callable[[int, torch.Tensor | np.ndarray, torch.Tensor], None],
 ) -> PackedPart:
     """A part of ``rows`` rows in format ``fmt``, whose rows [a, b) are the blocks ``blocks_of(a, b)`` as a file holds
     them (uint8 [b - a, bytes a row]): laid out by ``tile_blocks`` (the kernels': ``CpuKernels.tile_blocks``) in the

@@ -58,18 +58,23 @@ static void k_block(int type, const uint8_t *f, uint8_t *tile, int r) {
     put_half(tile, 0, r, f), put_half(tile, 32, r, f + 2);
     for (int w = 0; w < 3; w++) memcpy(tile + 64 + 64 * w + 4 * r, f + 4 + 4 * w, 4);
     const uint8_t *qh = f + 16, *qs = f + (type == Q5_K ? 48 : 16);
-    for (int j = 0; j < 8; j++) {
-        const uint8_t *pair = qs + 32 * (j / 2);
-        const int shift = 4 * (j % 2);
-        uint8_t nibbles[16];
-        for (int t = 0; t < 16; t++) nibbles[t] = ((pair[t] >> shift) & 15) | (((pair[t + 16] >> shift) & 15) << 4);
-        put_units(tile, (type == Q5_K ? 768 : 256) + 256 * j, r, nibbles, 4);
-        if (type == Q5_K) {
+    const int codes = type == Q5_K ? 768 : 256;
+    for (int p = 0; p < 4; p++) { /* sub-blocks 2p (low nibbles) and 2p + 1: constant shifts, so one vector each */
+        const uint8_t *pair = qs + 32 * p;
+        uint8_t even[16], odd[16];
+        for (int t = 0; t < 16; t++) {
+            even[t] = (uint8_t)((pair[t] & 15) | (pair[t + 16] << 4));
+            odd[t] = (uint8_t)((pair[t] >> 4) | (pair[t + 16] & 0xF0));
+        }
+        put_units(tile, codes + 512 * p, r, even, 4);
+        put_units(tile, codes + 512 * p + 256, r, odd, 4);
+    }
+    if (type == Q5_K)
+        for (int j = 0; j < 8; j++) {
             uint32_t bits = 0;
             for (int t = 0; t < 32; t++) bits |= (uint32_t)((qh[t] >> j) & 1) << t;
             put_fifth_word(tile, 256 + 64 * j, r, bits);
         }
-    }
 }
 
 /* Q6_K: ql (128 bytes), qh (64), 16 signed scales, d. Sub-block j's input i: low nibble of ql[64 (j / 4) + 32 (j % 2)
@@ -78,20 +83,22 @@ static void k_block(int type, const uint8_t *f, uint8_t *tile, int r) {
 static void q6_k_block(const uint8_t *f, uint8_t *tile, int r) {
     put_half(tile, 0, r, f + 208);
     for (int s = 0; s < 16; s++) tile[32 + 16 * s + r] = f[192 + s];
+#pragma GCC unroll 8 /* each sub-block's shifts constants */
     for (int j = 0; j < 8; j++) {
         const uint8_t *low = f + 64 * (j / 4) + 32 * (j % 2), *high = f + 128 + 32 * (j / 4);
         const int low_shift = 4 * ((j % 4) / 2), high_shift = 2 * (j % 4);
 #define LOW(i) ((low[i] >> low_shift) & 15)
-#define HIGH(i) ((high[i] >> high_shift) & 3)
         uint8_t nibbles[16], pairs[8];
         for (int t = 0; t < 16; t++) nibbles[t] = LOW(t) | (LOW(t + 16) << 4);
-        for (int w = 0; w < 2; w++)
-            for (int b = 0; b < 4; b++) {
-                int i = 8 * w + b;
-                pairs[4 * w + b] = HIGH(i) | (HIGH(i + 4) << 2) | (HIGH(i + 16) << 4) | (HIGH(i + 20) << 6);
-            }
 #undef LOW
-#undef HIGH
+        for (int w = 0; w < 2; w++) { /* the 4 bytes' high pairs of inputs 8w + b, + 4, + 16 and + 20, a word at once */
+            const uint32_t m = 0x03030303u;
+            uint32_t word = (word_at(high + 8 * w) >> high_shift) & m;
+            word |= ((word_at(high + 8 * w + 4) >> high_shift) & m) << 2;
+            word |= ((word_at(high + 8 * w + 16) >> high_shift) & m) << 4;
+            word |= ((word_at(high + 8 * w + 20) >> high_shift) & m) << 6;
+            memcpy(pairs + 4 * w, &word, 4);
+        }
         put_units(tile, 288 + 128 * j, r, pairs, 2);
         put_units(tile, 1312 + 256 * j, r, nibbles, 4);
     }
@@ -105,31 +112,49 @@ static void iq4_xs_block(const uint8_t *f, uint8_t *tile, int r) {
     for (int j = 0; j < 8; j++) put_units(tile, 128 + 256 * j, r, f + 8 + 16 * j, 4);
 }
 
+static inline __attribute__((always_inline)) void block_into(int t, const uint8_t *f, uint8_t *tile, int r) {
+    if (t == Q6_K)
+        q6_k_block(f, tile, r);
+    else if (t == IQ4_XS)
+        iq4_xs_block(f, tile, r);
+    else if (t == Q4_K || t == Q5_K)
+        k_block(t, f, tile, r);
+    else
+        legacy_block(t, f, tile, r);
+}
+
+/* One tile's rows from raw's rows first.. (held of them): a row's blocks read in order, a span of blocks at a time
+ * whose tile blocks stay in L1 (16 rows' blocks read side by side missed the cache at every row's block) */
+static inline __attribute__((always_inline)) void tile_rows(int t, const uint8_t *raw, int64_t first, int64_t held,
+                                                            int64_t blocks, uint8_t *out) {
+    const int64_t file_bytes = file_block_bytes(t), tile_bytes = block_bytes(t), span = 1 + (24 << 10) / tile_bytes;
+    if (held < 16) memset(out, 0, blocks * tile_bytes);
+    for (int64_t from = 0; from < blocks; from += span) {
+        const int64_t to = from + span < blocks ? from + span : blocks;
+        for (int64_t r = 0; r < held; r++) {
+            const uint8_t *f = raw + (first + r) * blocks * file_bytes;
+            for (int64_t b = from; b < to; b++) block_into(t, f + b * file_bytes, out + b * tile_bytes, (int)r);
+        }
+    }
+}
+
 /* tiles [ceil(rows / 16)][k / block inputs][a tile's block] from raw [rows][k / block inputs][a file's block]: rows
  * past the last, up to a whole tile, are zeros. Returns 0, or -1 for a format not laid out here. */
 int tile_blocks(int64_t type, const uint8_t *raw, int64_t rows, int64_t k, uint8_t *tiles, int threads) {
     const int t = (int)type;
-    const int64_t file_bytes = file_block_bytes(t), tile_bytes = block_bytes(t);
-    if (!file_bytes) return -1;
-    const int64_t blocks = k / block_inputs(t), count = (rows + 15) / 16;
+    if (!file_block_bytes(t)) return -1;
+    const int64_t blocks = k / block_inputs(t), count = (rows + 15) / 16, tile_bytes = block_bytes(t);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t tile = 0; tile < count; tile++) {
         uint8_t *out = tiles + tile * blocks * tile_bytes;
         const int64_t first = 16 * tile, held = rows - first < 16 ? rows - first : 16;
-        if (held < 16) memset(out, 0, blocks * tile_bytes);
-        for (int64_t b = 0; b < blocks; b++)
-            for (int r = 0; r < held; r++) {
-                const uint8_t *f = raw + ((first + r) * blocks + b) * file_bytes;
-                uint8_t *at = out + b * tile_bytes;
-                if (t == Q6_K)
-                    q6_k_block(f, at, r);
-                else if (t == IQ4_XS)
-                    iq4_xs_block(f, at, r);
-                else if (t == Q4_K || t == Q5_K)
-                    k_block(t, f, at, r);
-                else
-                    legacy_block(t, f, at, r);
-            }
+        switch (t) { /* the formats most files hold most of, each with its constants */
+        case Q4_K: tile_rows(Q4_K, raw, first, held, blocks, out); break;
+        case Q6_K: tile_rows(Q6_K, raw, first, held, blocks, out); break;
+        case Q4_0: tile_rows(Q4_0, raw, first, held, blocks, out); break;
+        case Q8_0: tile_rows(Q8_0, raw, first, held, blocks, out); break;
+        default: tile_rows(t, raw, first, held, blocks, out);
+        }
     }
     return 0;
 }
