@@ -127,7 +127,7 @@ static inline __attribute__((always_inline)) void block_into(int t, const uint8_
  * whose tile blocks stay in L1 (16 rows' blocks read side by side missed the cache at every row's block) */
 static inline __attribute__((always_inline)) void tile_rows(int t, const uint8_t *raw, int64_t first, int64_t held,
                                                             int64_t blocks, uint8_t *out) {
-    const int64_t file_bytes = file_block_bytes(t), tile_bytes = block_bytes(t), span = 1 + (24 << 10) / tile_bytes;
+    const int64_t file_bytes = file_block_bytes(t), tile_bytes = block_bytes(t), span = 1 + (8 << 10) / tile_bytes;
     if (held < 16) memset(out, 0, blocks * tile_bytes);
     for (int64_t from = 0; from < blocks; from += span) {
         const int64_t to = from + span < blocks ? from + span : blocks;
