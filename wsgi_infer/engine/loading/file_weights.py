@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,7 +65,7 @@ class FileBlocks:
 
     tensor: GgufTensor
     order: np.ndarray | None
-    _given: tuple[int, int] | None = None  # the rows the last ``rows`` call viewed in the mapping
+    _given: tuple[int, int] | None = field(default=None, init=False)  # rows the last ``rows`` call viewed
 
     @property
     def ggml_type(self) -> int:
