@@ -32,13 +32,36 @@ SHAPES = {
 }
 
 
-def build(shape: str, directory: Path) -> None:
+def vocabulary_of(gguf: Path, size: int):
+    """The tokenizer of a GGUF file (a model's, or a vocabulary-only one), as transformers reads it, without the
+    ``<|endoftext|>`` its GPT-2 builder adds past the file's tokens where the shape has no row for it."""
+    import json
+
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from wsgi_infer.engine.loading.gguf_tokenizer import read_gguf_tokenizer
+
+    tokenizer = read_gguf_tokenizer(gguf)
+    if len(tokenizer) <= size:
+        return tokenizer
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] < size]
+    backend = Tokenizer.from_str(json.dumps(spec))
+    special = {"bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token}
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **special)
+
+
+def build(shape: str, directory: Path, vocabulary: Path | None) -> None:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     from wsgi_infer.engine.loading.model_paths import default_model_path
 
     hidden, intermediate, layers, heads, kv_heads, vocab, tied = SHAPES[shape]
+    tokenizer = vocabulary_of(vocabulary or default_model_path(), vocab)
+    if vocab > len(tokenizer):  # a larger vocabulary than the file's: its LM head's size is what matters here
+        tokenizer.add_tokens([f"<extra_{i}>" for i in range(vocab - len(tokenizer))])
     config = LlamaConfig(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -49,16 +72,12 @@ def build(shape: str, directory: Path) -> None:
         rope_theta=500000.0,
         tie_word_embeddings=tied,
         max_position_embeddings=8192,
-        bos_token_id=1,
-        eos_token_id=2,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     model = AutoModelForCausalLM.from_config(config)
-    tokenizer_file = default_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_file.parent, gguf_file=tokenizer_file.name)
-    if vocab > len(tokenizer):  # a larger vocabulary than SmolLM2's: its LM head's size is what matters here
-        tokenizer.add_tokens([f"<extra_{i}>" for i in range(vocab - len(tokenizer))])
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     print(f"{shape}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters in {directory}", flush=True)
@@ -70,10 +89,16 @@ def main() -> None:
     parser.add_argument("--llama-cpp", type=Path, required=True, help="a llama.cpp tree with llama-quantize built")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--types", nargs="+", default=["Q4_K_M", "Q4_0"])
+    parser.add_argument(
+        "--vocabulary",
+        type=Path,
+        help="a GGUF whose tokenizer the model takes (default: the shipped model's, padded with added tokens to the "
+        "shape's size): llama.cpp's models/ggml-vocab-llama-bpe.gguf is Llama 3's 128,256 tokens, the 3B's own",
+    )
     args = parser.parse_args()
     hf_dir, bf16 = args.out / f"{args.shape}-hf", args.out / f"{args.shape}-bf16.gguf"
     if not (hf_dir / "config.json").is_file():
-        build(args.shape, hf_dir)
+        build(args.shape, hf_dir, args.vocabulary)
     if not bf16.is_file():
         converter = args.llama_cpp / "convert_hf_to_gguf.py"
         env = os.environ | {"PYTHONPATH": str(args.llama_cpp / "gguf-py")}

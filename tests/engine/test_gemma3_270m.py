@@ -12,7 +12,7 @@ from wsgi_infer import LLM, SamplingParams
 
 from ..conftest import assert_idle
 from ..support.in_process import InProcessServer
-from ..support.transformers_reference import reference_greedy
+from ..support.transformers_reference import assert_tokenizer_as_transformers_reads, reference_greedy
 
 pytestmark = pytest.mark.slow  # a 253 MB model, its conversion and two engines
 
@@ -49,6 +49,11 @@ def test_float32_equals_transformers_on_the_dequantized_weights(exact):
     out = exact.generate([ids], SamplingParams(temperature=0, max_tokens=24))[0]
     assert out.token_ids == reference_greedy(exact.engine.model_dir, ids, 24)
     assert out.text.startswith(" the capital of the country of France")  # llama-server's greedy answer too
+
+
+def test_its_tokenizer_is_the_one_transformers_reads_from_the_file(gemma_gguf, exact, tmp_path):
+    """A SentencePiece vocabulary without merges in the file (transformers recovers them from the scores)."""
+    assert_tokenizer_as_transformers_reads(gemma_gguf, exact.engine.model_dir, tmp_path)
 
 
 def test_the_packed_path_agrees_on_95_percent_of_500_tokens(gemma_gguf, exact):

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig
 
 from wsgi_infer import LLM, SamplingParams
 from wsgi_infer.engine.kernels.cpu import load_cpu_kernels
@@ -47,7 +47,7 @@ from wsgi_infer.engine.runtime.huge_pages import HugePageArena
 from ..conftest import TINY_ARCHITECTURES
 from ..support.gguf_files import MIXED_TYPES, write_tiny_gguf
 from ..support.server import GunicornServer
-from ..support.transformers_reference import load_hf_model
+from ..support.transformers_reference import assert_tokenizer_as_transformers_reads, load_hf_model
 
 
 def test_a_converted_gguf_is_reused(default_model_dir, caplog):
@@ -63,26 +63,14 @@ def test_a_converted_gguf_is_reused(default_model_dir, caplog):
 @pytest.mark.slow  # converts the default model's GGUF
 def test_a_gguf_is_converted_as_transformers_reads_it(tmp_path):
     """Our single-pass conversion writes the config and tokenizer that transformers' own GGUF
-    loading gives (the weights are compared in test_quantization)."""
+    loading gives (the weights are compared in test_quantization; Gemma 3's tokenizer in test_gemma3_270m)."""
     gguf = default_model_path()
     ours = read_gguf_config(gguf).to_dict()
     reference = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True).to_dict()
     assert {k: v for k, v in ours.items() if k != "_name_or_path"} == {
         k: v for k, v in reference.items() if k != "_name_or_path"
     }
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-    tokenizer.save_pretrained(tmp_path)
-    converted = resolve_model_dir(None)
-    for name in ("tokenizer.json", "chat_template.jinja"):
-        assert (converted / name).read_bytes() == (tmp_path / name).read_bytes(), name
-    # The same settings, and the added tokens listed there as well (a load then need not parse tokenizer.json).
-    settings = json.loads((converted / "tokenizer_config.json").read_text())
-    added = settings.pop("added_tokens_decoder")
-    assert settings == json.loads((tmp_path / "tokenizer_config.json").read_text())
-    assert {int(i): t["content"] for i, t in added.items()} == {
-        i: t.content for i, t in tokenizer.added_tokens_decoder.items()
-    }
-    assert AutoTokenizer.from_pretrained(converted).added_tokens_decoder == tokenizer.added_tokens_decoder
+    assert_tokenizer_as_transformers_reads(gguf, resolve_model_dir(None), tmp_path)
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHITECTURES)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -40,3 +41,30 @@ def reference_prompt_logprobs(model_dir, prompt_ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         logprobs = model(torch.tensor([prompt_ids])).logits[0].float().log_softmax(-1)
     return logprobs[:-1].gather(1, torch.tensor(prompt_ids[1:]).unsqueeze(1)).squeeze(1)
+
+
+# What from_pretrained writes back of its own arguments into a tokenizer's settings (conversions before 2026-11-30
+# kept them too): nothing a load reads.
+LOADING_ARGUMENTS = ("is_local", "local_files_only")
+
+
+def assert_tokenizer_as_transformers_reads(gguf: Path, converted: Path, saved: Path) -> None:
+    """A converted GGUF's tokenizer is the one transformers' GGUF loading gives the same file: its ``tokenizer.json``
+    and the file's chat template byte for byte, the same settings, and the added tokens also listed in them (so that a
+    load need not parse ``tokenizer.json`` to find them)."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    reference = TokenizersBackend.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    reference.save_pretrained(saved)
+    assert (converted / "tokenizer.json").read_bytes() == (saved / "tokenizer.json").read_bytes()
+    if (saved / "chat_template.jinja").is_file():  # where the file has none, a conversion adds its family's own
+        assert (converted / "chat_template.jinja").read_bytes() == (saved / "chat_template.jinja").read_bytes()
+    settings, expected = (json.loads((d / "tokenizer_config.json").read_text()) for d in (converted, saved))
+    added = settings.pop("added_tokens_decoder")
+    assert {k: v for k, v in settings.items() if k not in LOADING_ARGUMENTS} == {
+        k: v for k, v in expected.items() if k not in LOADING_ARGUMENTS
+    }
+    assert {int(i): t["content"] for i, t in added.items()} == {
+        i: t.content for i, t in reference.added_tokens_decoder.items()
+    }
+    assert TokenizersBackend.from_pretrained(converted).added_tokens_decoder == reference.added_tokens_decoder

@@ -85,14 +85,13 @@ def _convert_gguf_into(gguf: Path, target: Path) -> None:
 def _convert_gguf(gguf: Path, staging: Path) -> None:
     """Config, tokenizer, and where the tensors lie in the file: none is copied (``file_weights``)."""
     from transformers import GenerationConfig
-    from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     from .gguf_checkpoint import gguf_tensors, read_gguf_config  # gguf-py: for a conversion only
+    from .gguf_tokenizer import read_gguf_tokenizer
 
     try:
         config = read_gguf_config(gguf)
-        # Not AutoTokenizer: it would parse the whole file again (gguf-py, about 5 s) to choose this class.
-        tokenizer = TokenizersBackend.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        tokenizer = read_gguf_tokenizer(gguf)
         log.info("model %s: config and tokenizer read; reading the weights", gguf.name)
         places, orders, processed = {}, {}, []
         architecture, tensors = gguf_tensors(gguf, config)
@@ -220,7 +219,13 @@ FIRST_LOAD_IMPORTS = ("transformers.models.auto.configuration_auto", "transforme
 # row order (GPT-2's), and converting one.
 FILE_IMPORTS = ("gguf", "wsgi_infer.engine.loading.gguf_file")
 PROCESSOR_IMPORTS = ("transformers.modeling_gguf_pytorch_utils",)
-CONVERSION_IMPORTS = (*FILE_IMPORTS, *PROCESSOR_IMPORTS, "wsgi_infer.engine.loading.gguf_checkpoint")
+CONVERSION_IMPORTS = (
+    *FILE_IMPORTS,
+    *PROCESSOR_IMPORTS,
+    "transformers.integrations.gguf.gguf_tokenizer_mapping",
+    "wsgi_infer.engine.loading.gguf_checkpoint",
+    "wsgi_infer.engine.loading.gguf_tokenizer",
+)
 
 
 def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
