@@ -16,11 +16,14 @@ Per system, in this order:
 - rss: the server's peak RSS with both loaded, summed over its processes (llama-server's router runs a child
   process per model), each model with room for at least 4,096 tokens of KV cache.
 Our conversion cache is warm (a run before this one converts); llama-server reads the files as they are.
+
+``--cold GGUF --rounds N`` times only that file's cold first token, beside a SmolLM2 stream, in N fresh servers a side.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -63,12 +66,14 @@ def start(command: list[str], env: dict[str, str], port: int) -> tuple[subproces
     return process, healthy(process, f"http://127.0.0.1:{port}", command)
 
 
-def ours(directory: Path) -> tuple[subprocess.Popen, str]:
+def ours(directory: Path, preload: str | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     gunicorn = str(Path(sys.executable).with_name("gunicorn"))
     command = [gunicorn, "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{port}", "--access-logfile", "/dev/null"]
     env = {**os.environ, "WSGI_INFER_MODELS_DIR": str(directory), "WSGI_INFER_SPECULATIVE": "none"}
     env["WSGI_INFER_KV_CACHE_MEMORY_MB"] = str(KV_CACHE_MB)
+    if preload:  # the models loaded at start (by default the directory's first)
+        env["WSGI_INFER_PRELOAD"] = preload
     return start(command, env, port)
 
 
@@ -209,11 +214,52 @@ def measure(url: str, process: subprocess.Popen, first: str, second: str) -> dic
     }
 
 
+def cold_loads(args: argparse.Namespace) -> dict:
+    """``--cold GGUF``: the first token of a model no process of the server has loaded yet (its load included), and
+    the largest gap meanwhile between the tokens of a stream on the shipped SmolLM2, in a fresh server each round,
+    the systems alternating."""
+    results: dict[str, list[tuple[float, float]]] = {}
+    for _ in range(args.rounds):
+        with tempfile.TemporaryDirectory() as folder:
+            directory = Path(folder)
+            os.symlink(default_model_path(), directory / "smollm2-135m-q4_1.gguf")
+            os.symlink(Path(args.cold).resolve(), directory / Path(args.cold).name)
+            systems = {"wsgi-infer": functools.partial(ours, directory, preload="smollm2-135m-q4_1")}
+            if args.llama_server:
+                systems["llama-server"] = functools.partial(llama_router, args.llama_server, directory)
+            for name, launch in systems.items():
+                process, url = launch()
+                try:
+                    first_token(url, "smollm2-135m-q4_1")
+                    cold = functools.partial(first_token, url, Path(args.cold).stem)
+                    results.setdefault(name, []).append(largest_gap_during(url, "smollm2-135m-q4_1", cold))
+                finally:
+                    process.terminate()
+                    process.wait(60)
+                print(name, results[name][-1], flush=True)
+    return {
+        name: {
+            "cold_ttft_s": [round(took, 3) for took, _ in runs],
+            "largest_gap_s": [round(gap, 3) for _, gap in runs],
+            "median_s": statistics.median(took for took, _ in runs),
+        }
+        for name, runs in results.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary (with router mode)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--cold", help="a GGUF: time only its cold first token beside a loaded SmolLM2 (cold_loads)")
+    parser.add_argument("--rounds", type=int, default=3, help="--cold's rounds, a fresh server each")
     args = parser.parse_args()
+    if args.cold:
+        results = cold_loads(args)
+        print(json.dumps(results))
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+        return
     with tempfile.TemporaryDirectory() as folder:
         directory = models_dir(Path(folder))
         results = {}
