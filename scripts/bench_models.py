@@ -236,12 +236,13 @@ def cold_loads(args: argparse.Namespace) -> dict:
                 finally:
                     process.terminate()
                     process.wait(60)
-                print(name, results[name][-1], flush=True)
+                took, gap = results[name][-1]
+                print(f"{name}: first token {took:.3f} s, the SmolLM2 stream's largest gap {gap:.3f} s", flush=True)
     return {
         name: {
             "cold_ttft_s": [round(took, 3) for took, _ in runs],
             "largest_gap_s": [round(gap, 3) for _, gap in runs],
-            "median_s": statistics.median(took for took, _ in runs),
+            "median_s": round(statistics.median(took for took, _ in runs), 3),
         }
         for name, runs in results.items()
     }
@@ -251,7 +252,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary (with router mode)")
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--cold", help="a GGUF: time only its cold first token beside a loaded SmolLM2 (cold_loads)")
+    parser.add_argument("--cold", help="a GGUF: time only its cold first token beside a SmolLM2 stream (cold_loads)")
     parser.add_argument("--rounds", type=int, default=3, help="--cold's rounds, a fresh server each")
     args = parser.parse_args()
     if args.cold:

@@ -1,10 +1,12 @@
 """A GGUF file's tokenizer, built as transformers builds it from the file, from metadata read faster.
 
 transformers' ``get_gguf_tokenizer`` reads the vocabulary and merges through a numpy memmap, whose every string slice
-costs a Python-level finalizer: 0.9 s for a 49,152-token vocabulary and its merges (1B shape, Zen 3). Its own reader
+costs a Python-level finalizer: 0.51 s for a 49,152-token vocabulary and its merges (1B shape, Zen 3). Its own reader
 over a plain mapping of the file reads them in 0.15 s. The tokenizer is then what transformers makes of them
-(``convert_gguf_tokenizer``, the backend class), so it stays the tokenizer transformers' GGUF loading gives
-(``tests/loading/test_model_loader.py`` compares the two on every GGUF tokenizer builder the tests hold).
+(``convert_gguf_tokenizer``, the backend class), so it stays the tokenizer transformers' GGUF loading gives: the tests
+compare the two files for a BPE vocabulary (SmolLM2, ``test_model_loader``) and a SentencePiece one (Gemma 3,
+``test_gemma3_270m``). ``tokenizer_metadata`` repeats ``get_gguf_tokenizer``'s few rules (that function takes a path
+only); a rule transformers adds there shows in those comparisons only for the tokenizer types they hold.
 """
 
 from __future__ import annotations
