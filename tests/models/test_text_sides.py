@@ -1,12 +1,14 @@
-"""A model's text side (tokenizer, grammar vocabulary) outlives its unload, on a real server: a model of a
-262,144-token vocabulary loads again, and answers a constrained request again, while another model's stream never
-waits long between tokens. Built again, that tokenizer holds the GIL for about a second and llguidance's view of it
-for one and a half (tokenizers and llguidance build them without releasing it), and every stream waits."""
+"""A model's text side (tokenizer, grammar vocabulary) is built as the worker starts and outlives its unload, on a
+real server: a model of a 262,144-token vocabulary loads for the first time, loads again, and answers a constrained
+request again, while another model's stream never waits long between tokens. Built during a load, that tokenizer
+holds the GIL for about a second and llguidance's view of it for one and a half (tokenizers and llguidance build
+them without releasing it), and every stream waits."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -64,6 +66,13 @@ def constrained(server, model: str) -> dict:
     return r.json()["choices"][0]
 
 
+def completion(server, model: str) -> dict:
+    body = {"model": model, "prompt": "Open", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 def unload(server, model: str) -> None:
     mark = len(server.lines)
     r = httpx.post(f"{server.url}/v1/models/{model}/unload", timeout=60)
@@ -71,22 +80,40 @@ def unload(server, model: str) -> None:
     server.wait_for_log(rf"model {model} freed", after=mark)
 
 
-def test_a_reload_keeps_the_text_side_and_stalls_no_stream(server):
-    first = constrained(server, "large")  # its first load, and its grammar vocabulary: both built once
-    unload(server, "large")
+def beside_a_stream(server, action: Callable[[], dict], what: str) -> dict:
+    """``action``'s answer, while a tiny model's stream runs: which never waits ``GAP_SECONDS`` for a token; and
+    the large model's load took the text side it had (built at start, or kept from its last load)."""
     running = Stream("tiny", ENDLESS).run(server)
     assert running.started.wait(60)
     mark, asked = len(server.lines), time.monotonic()
-    again = constrained(server, "large")  # loads it again, and compiles a grammar for it again
+    answer = action()
     answered = time.monotonic()
     running.stop.set()
     running.join()
-    assert again["message"]["content"] == first["message"]["content"]
-    assert isinstance(json.loads(first["message"]["content"])["open"], bool)
     spanning = [at for at in running.arrivals if asked <= at <= answered]
-    assert len(spanning) >= 10  # the stream ran through the load and the compile
+    assert len(spanning) >= 10  # the stream ran through the load
     gaps = [b - a for a, b in zip(spanning, spanning[1:])]
-    print(f"reload and compile: {answered - asked:.2f} s, {len(spanning)} tiny tokens, the largest gap "
-          f"{max(gaps) * 1e3:.0f} ms")  # fmt: skip
+    print(f"{what}: {answered - asked:.2f} s, {len(spanning)} tiny tokens, the largest gap {max(gaps) * 1e3:.0f} ms")
     assert max(gaps) < GAP_SECONDS
     server.wait_for_log(r"large-vocabulary\w*: its text side kept from its last load", after=mark)
+    return answer
+
+
+def test_the_worker_built_the_text_side_before_it_was_ready(server):
+    """The server fixture waited for /health: the large model's text side was built by then, not loaded yet."""
+    server.wait_for_log(r"large: its text side built ahead of its load")
+    r = httpx.get(f"{server.url}/v1/models/large", timeout=10)
+    assert r.json()["state"] == "unloaded"
+
+
+def test_a_first_load_stalls_no_stream(server):
+    answer = beside_a_stream(server, lambda: completion(server, "large"), "first load")
+    assert answer["usage"]["completion_tokens"] == 8
+
+
+def test_a_reload_keeps_the_text_side_and_stalls_no_stream(server):
+    first = constrained(server, "large")  # its grammar vocabulary: built once
+    unload(server, "large")
+    again = beside_a_stream(server, lambda: constrained(server, "large"), "reload and compile")
+    assert again["message"]["content"] == first["message"]["content"]
+    assert isinstance(json.loads(first["message"]["content"])["open"], bool)

@@ -34,20 +34,22 @@ from .messages import (
     Load,
     Loaded,
     ModelUnloaded,
+    PrepareText,
     Rejected,
     StepDone,
     Stop,
     StoreProgress,
     Submit,
+    TextPrepared,
     Unload,
 )
 from .model_admission import admit, token_texts
-from .runtime.heap import give_back_freed_memory
+from .runtime.heap import give_back_freed_memory, release_free_heap
 from .runtime.native_threads import Empty, SimpleQueue, start_native_thread
 from .runtime.step_interrupt import StepInterrupted
 from .scheduling.fair_share import FairShare
 from .step_sharing import StepSharing
-from .text_side import TextSide
+from .text_side import TextSide, prepared_text_side
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ class EngineLoop:
         self._stall_after_step = stall_after_step
         self._load_seconds = load_seconds  # tests only: every load takes this much longer, on its loader thread
         self._engines: dict[str, Engine] = {}  # loaded, in load order
-        self._loads: collections.deque[Load] = collections.deque()  # the first one is loading
+        self._loads: collections.deque[Load | PrepareText] = collections.deque()  # the first one is running
         self._sharing = StepSharing()
         self._share = FairShare()  # between tenants, over every model
         self._step_tokens: dict[str, list[int]] = collections.defaultdict(list)  # per step, until the next post
@@ -173,8 +175,8 @@ class EngineLoop:
 
     # --- loading and unloading -------------------------------------------------------------
     def _lifecycle(self, command: object) -> list:
-        """A load, a loader's result or an unload; the events that say what happened."""
-        if isinstance(command, Load):
+        """A load (or a text side's), a loader's result or an unload; the events that say what happened."""
+        if isinstance(command, Load | PrepareText):
             self._loads.append(command)
             if len(self._loads) == 1:
                 self._channel.start_thread(lambda: self._load(command))
@@ -185,9 +187,14 @@ class EngineLoop:
             return self._unload(command.model)
         raise TypeError(f"unknown command {command!r}")
 
-    def _load(self, command: Load) -> None:
-        """On the loader thread: build the engine, and hand it (or the failure) to the loop."""
+    def _load(self, command: Load | PrepareText) -> None:
+        """On the loader thread: build the engine (or the text side), and hand it (or the failure) to the loop."""
         try:
+            if isinstance(command, PrepareText):
+                text = prepared_text_side(command.config.model)
+                release_free_heap()  # what building it left (a conversion's JSON): the models' budget excludes it
+                self._channel.send(Loaded(command.model, text=text))
+                return
             notify = lambda: self._channel.send(StoreProgress(command.model))  # noqa: E731
             engine = build_engine(command.config, self._channel.start_thread, notify, self._share, command.text)
             with contextlib.suppress(Empty):  # a native wait: the server's time.sleep is gevent's
@@ -199,10 +206,12 @@ class EngineLoop:
             self._channel.send(Loaded(command.model, failure=failure))
 
     def _on_loaded(self, loaded: Loaded) -> list:
-        self._loads.popleft()
+        done = self._loads.popleft()
         if self._loads:
             following = self._loads[0]
             self._channel.start_thread(lambda: self._load(following))
+        if isinstance(done, PrepareText):
+            return [TextPrepared(loaded.model, loaded.text, loaded.failure.message if loaded.failure else "")]
         if loaded.failure is not None:
             return [loaded.failure]
         engine = self._engines[loaded.model] = loaded.engine

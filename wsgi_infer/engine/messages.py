@@ -1,6 +1,6 @@
 """What an engine thread and its client tell each other (``EngineLoop`` and the server's manager).
 
-Commands go to the thread (``Submit``, ``Abort``, ``Load``, ``Unload``, ``Stop``); events come back,
+Commands go to the thread (``Submit``, ``Abort``, ``Load``, ``PrepareText``, ``Unload``, ``Stop``); events come back,
 a list per wake-up of the client. Plain data: this module imports neither
 torch nor gevent, so both sides can share it. Prompts arrive as token ids: the
 client tokenizes and applies chat templates, so that no running stream waits
@@ -50,6 +50,15 @@ class Load:
 
 
 @dataclass
+class PrepareText:
+    """Build a model's text side (tokenizer, grammar compiler) ahead of its first load, in the loads' queue;
+    ``TextPrepared`` hands it to the hub, which keeps it for the model's loads (``text_side``)."""
+
+    model: str
+    config: EngineConfig
+
+
+@dataclass
 class Unload:
     """Free the model (its requests are aborted: the client unloads only models without any); ``ModelUnloaded``."""
 
@@ -63,6 +72,7 @@ class Loaded:
     model: str
     engine: Any = None
     failure: EngineFailed | None = None
+    text: TextSide | None = None  # a ``PrepareText``'s
 
 
 @dataclass
@@ -119,6 +129,13 @@ class EngineFailed:
     message: str  # one line, safe to show clients
     detail: str = ""  # the traceback, for the log only
     model: str = ""  # the model that failed to load; empty: the thread itself failed
+
+
+@dataclass
+class TextPrepared:
+    model: str
+    text: TextSide | None  # None: it could not be built (the model's load will say why)
+    failure: str = ""
 
 
 @dataclass

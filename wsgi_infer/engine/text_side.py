@@ -3,7 +3,8 @@
 Building them holds the GIL, so every stream of the worker waits while they are built: Gemma 3's 262,144-token
 tokenizer takes 1.3 s, llguidance's view of it (built by the first constrained request) 2.4 s more. Neither
 depends on the weights, so a load takes the text side a model had at its last load, where the server kept it
-(the hub keeps it while its memory budget has room: ``server.engine_client.residency``).
+(the hub keeps it while its memory budget has room: ``server.engine_client.residency``), or the one a worker built
+as it started (``prepared_text_side``), before it served anyone.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .loading.model_loader import load_tokenizer
+from .loading.model_loader import load_config, load_tokenizer, resolve_model_dir
+from .loading.model_paths import is_embedding_model
 from .sampling.grammar import GrammarCompiler
 
 log = logging.getLogger(__name__)
@@ -47,3 +49,11 @@ def text_side(model_dir: Path, kept: TextSide | None, vocab_size: int | None) ->
     grammars = GrammarCompiler(tokenizer, vocab_size) if vocab_size is not None else None
     json_file = model_dir / "tokenizer.json"  # absent where transformers converted another form: not weighed
     return TextSide(model_dir, tokenizer, grammars, json_file.stat().st_size if json_file.is_file() else 0)
+
+
+def prepared_text_side(model: str | None) -> TextSide:
+    """``model``'s text side ahead of its first load (``PrepareText``): its directory resolved (a GGUF's converted
+    once), its config read for the grammar's vocabulary (an embedding model has none)."""
+    model_dir = resolve_model_dir(model)
+    vocab_size = None if is_embedding_model(model_dir) else load_config(model_dir).vocab_size
+    return text_side(model_dir, None, vocab_size)

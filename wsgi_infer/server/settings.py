@@ -51,6 +51,13 @@ class ServerSettings(EngineSettings):
         "unloads the least recently used models with no open request; default 3/4 of the memory (or the cgroup's "
         "limit) over the workers",
     )
+    text_sides_at_start: bool = Field(
+        True,
+        description="build every served model's tokenizer and grammar compiler as a worker starts, before it is "
+        "ready, so that no model's first load stalls the others' streams (building them holds the GIL: 2.6 s for "
+        "Gemma 3's 262,144 tokens); costs the start that time and each model about 6 bytes per byte of its "
+        "tokenizer.json, within the models' memory budget",
+    )
     max_loaded_models: int = Field(0, ge=0, description="the most models a worker keeps loaded (0: as memory allows)")
     keep_alive: float = Field(
         300.0,

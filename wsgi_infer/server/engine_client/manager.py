@@ -19,9 +19,10 @@ from collections.abc import Callable
 import gevent
 import gevent.event
 
+from ...engine import messages
 from ...engine.loading.model_loader import load_imports
 from ...engine.loop import EngineLoop
-from ...engine.messages import Abort, EngineFailed, EngineReady, EngineStopped, ModelUnloaded, Stop, Submit
+from ...engine.messages import Abort, Stop, Submit
 from ...engine.sampling_params import SamplingParams
 from ..errors import APIError
 from ..model_specs import model_specs
@@ -65,10 +66,11 @@ class EngineManager:
         self.loads = ModelLoads(self.models, self._send, budget, settings.max_loaded_models)
         self._router = StreamRouter(
             {
-                EngineReady: self._on_ready,
-                EngineFailed: self._on_failed,
-                ModelUnloaded: self._on_unloaded,
-                EngineStopped: self._on_stopped,
+                messages.EngineReady: self._on_ready,
+                messages.EngineFailed: self._on_failed,
+                messages.ModelUnloaded: self._on_unloaded,
+                messages.EngineStopped: self._on_stopped,
+                messages.TextPrepared: self._on_text_prepared,
             },
             lambda name: self.models[name].metrics,
         )
@@ -102,9 +104,7 @@ class EngineManager:
         tests_only = (settings.test_fault_at_step, settings.test_stall_after_step, settings.test_load_seconds)
         self._loop = EngineLoop(self._bridge, *tests_only)
         self._bridge.start_thread(self._loop.run)
-        for model in self.models.values():
-            if model.spec.preload:
-                self.loads.load(model, at_start=True)
+        self.loads.start(settings.text_sides_at_start)
 
     def model(self, name: str | None) -> ServedModel:
         """The model a request names (None: the default); a 404 listing the served names for any other."""
@@ -126,9 +126,10 @@ class EngineManager:
             self.loads.load(model)
 
     def _preloads_settled(self) -> None:
-        """Once every model loaded at start has loaded or failed: ready, or (none loaded) failed."""
+        """Once every model loaded at start has loaded or failed, and every text side built at start is: ready,
+        or (none loaded) failed."""
         preloads = [m for m in self.models.values() if m.spec.preload]
-        if self.ready or self.failure or any(m.state == "loading" for m in preloads):
+        if self.ready or self.failure or self.loads.preparing or any(m.state == "loading" for m in preloads):
             return
         if any(m.ready for m in self.models.values()):
             self.ready = True
@@ -264,12 +265,12 @@ class EngineManager:
         return len(self._open_streams)
 
     # --- the engine's lifecycle events (hub) -------------------------------------------------
-    def _on_ready(self, event: EngineReady) -> None:
+    def _on_ready(self, event: messages.EngineReady) -> None:
         self.models[event.model].on_ready(event)
         self.loads.on_ready(self.models[event.model])
         self._preloads_settled()
 
-    def _on_failed(self, event: EngineFailed) -> None:
+    def _on_failed(self, event: messages.EngineFailed) -> None:
         if event.model:
             self.models[event.model].on_failed(event)
             self.loads.on_failed(self.models[event.model])
@@ -279,11 +280,15 @@ class EngineManager:
         self._ready_event.set()
         log.error("%s\n%s", event.message, event.detail)
 
-    def _on_unloaded(self, event: ModelUnloaded) -> None:
+    def _on_text_prepared(self, event: messages.TextPrepared) -> None:
+        self.loads.on_text_prepared(self.models[event.model], event)
+        self._preloads_settled()
+
+    def _on_unloaded(self, event: messages.ModelUnloaded) -> None:
         self._router.forget(event.model)  # its next engine counts from zero
         log.info("model %s freed", event.model)
 
-    def _on_stopped(self, event: EngineStopped) -> None:
+    def _on_stopped(self, event: messages.EngineStopped) -> None:
         was_serving, self.ready = self.ready, False
         self._stopped.set()
         if self._closing:

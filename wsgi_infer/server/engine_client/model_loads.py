@@ -6,7 +6,8 @@ would not make room (the others are busy), the load waits for a model to go idle
 A model with no request for its ``keep_alive`` seconds is unloaded (-1: never). The engine thread takes the
 ``Unload`` before any later ``Load``, so the memory is free before the next model is read. An unloaded model's
 text side (tokenizer, grammar vocabulary: building them holds the GIL, seconds for a large vocabulary) stays for its
-next load, while the budget has room for it; kept text sides go before any loaded model.
+next load, while the budget has room for it; kept text sides go before any loaded model. The text sides of the
+models not loaded at start are built as the worker starts (``start``), so that a first load stalls nobody.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 
 import gevent
 
-from ...engine.messages import Load, Unload
+from ...engine.messages import Load, PrepareText, TextPrepared, Unload
 from .residency import Evictions, Resident, default_budget, evictions
 from .served_model import ServedModel
 
@@ -36,6 +37,7 @@ class ModelLoads:
         self._waiting: dict[str, float] = {}  # models waiting for room, until a monotonic deadline
         self._started: dict[str, float] = {}  # when each load in progress was sent
         self._keep_alive: dict[str, gevent.Greenlet] = {}  # each idle model's unload, pending
+        self.preparing: set[str] = set()  # models whose text side the loader thread is building
 
     def set_workers(self, workers: int) -> None:
         """The default budget is a share per worker: known once gunicorn's worker starts."""
@@ -66,6 +68,31 @@ class ModelLoads:
         model.loading()
         self._started[model.name] = time.monotonic()
         self._send(Load(model.name, model.settings.engine_config(), model.text))
+
+    def start(self, prepare_texts: bool) -> None:
+        """Load the models loaded at start; then, with ``prepare_texts``, have the loader thread build the other
+        models' text sides (the worker is ready once it has)."""
+        for model in self._models.values():
+            if model.spec.preload:
+                self.load(model, at_start=True)
+        for model in self._models.values():
+            if prepare_texts and not model.spec.preload:
+                self.preparing.add(model.name)
+                self._send(PrepareText(model.name, model.settings.engine_config()))
+
+    def on_text_prepared(self, model: ServedModel, event: TextPrepared) -> None:
+        """Keep the text side for the model's first load, where the budget has room for it beside the rest."""
+        self.preparing.discard(model.name)
+        if event.text is None:
+            log.warning("%s: its text side could not be built ahead of its load: %s", model.name, event.failure)
+            return
+        loaded = (m.footprint for m in self._models.values() if m.state in ("loading", "loaded"))
+        held = sum(loaded) + sum(m.text_bytes for m in self._models.values())
+        if model.text is None and held + event.text.memory_bytes() <= self.budget:
+            model.text = event.text
+            log.info("%s: its text side built ahead of its load", model.name)
+        else:
+            log.info("%s: its text side not kept: the memory budget (%d MiB) is full", model.name, self.budget >> 20)
 
     def unload(self, model: ServedModel, reason: str) -> bool:
         """Unload ``model`` unless it is busy (or not loaded); whether it was."""

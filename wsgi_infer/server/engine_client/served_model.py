@@ -109,6 +109,7 @@ class ServedModel:
         """Wait (cooperatively) while the model loads; a request for an unloaded model loads it."""
         self.last_used = time.monotonic()
         if self.state == "unloaded":
+            self._worker.wait_ready(timeout)  # a worker builds the text sides at start before it is ready
             self._worker.load(self)
         if self.state == "loading" or self.waiting:
             self._settled.wait(timeout)
