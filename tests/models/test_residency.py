@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from wsgi_infer.engine.messages import TextPrepared
 from wsgi_infer.server.engine_client import residency
+from wsgi_infer.server.engine_client.model_loads import ModelLoads
 from wsgi_infer.server.engine_client.residency import (
     CONVERTED_COPY,
     Evictions,
@@ -90,3 +93,41 @@ def test_the_default_budget_is_three_quarters_of_the_memory_a_share_per_worker(
     monkeypatch.setattr(residency, "Path", lambda name: files.get(name, Path(name)))
     for workers in (1, 2, 3, 4):
         assert default_budget(workers) == int(usable_gib * (1 << 30) * 3 / 4 / workers), workers
+
+
+@dataclass
+class Text:
+    """A built text side as the budget sees it."""
+
+    size: int
+
+    def memory_bytes(self) -> int:
+        return self.size
+
+
+@dataclass
+class Served:
+    """A served model as ``ModelLoads`` weighs it."""
+
+    name: str
+    state: str
+    footprint: int
+    text: Text | None = None
+
+    @property
+    def text_bytes(self) -> int:
+        return self.text.size if self.text is not None else 0
+
+
+def test_text_sides_built_at_start_are_kept_while_they_fit_beside_the_loaded_models():
+    served = [Served("loaded", "loaded", 300 * MB, Text(20 * MB))]
+    served += [Served("first", "unloaded", 200 * MB), Served("second", "unloaded", 200 * MB)]
+    loads = ModelLoads({m.name: m for m in served}, lambda command: None, budget=400 * MB, most=0)
+    loads.preparing = {"first", "second"}
+    loads.on_text_prepared(served[1], TextPrepared("first", Text(50 * MB)))
+    # 370 MB held: the second's 40 MB do not fit (its load makes room then, and builds it again)
+    loads.on_text_prepared(served[2], TextPrepared("second", Text(40 * MB)))
+    assert served[1].text == Text(50 * MB) and served[2].text is None and not loads.preparing
+    loads.preparing = {"first"}
+    loads.on_text_prepared(served[1], TextPrepared("first", None, "no such file"))  # its load will say why
+    assert served[1].text == Text(50 * MB) and not loads.preparing
