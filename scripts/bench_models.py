@@ -18,7 +18,8 @@ Per system, in this order:
 Our conversion cache is warm (a run before this one converts); llama-server reads the files as they are.
 
 ``--cold GGUF --rounds N`` times only that file's cold first token, beside a SmolLM2 stream, in N fresh servers a side
-(and each server's start to its first 200 on /health).
+(and each server's start to its first 200 on /health); of the stream's gaps meanwhile, the largest, and the largest
+that ended before that first token (the load's, without the loaded model's first step: one engine thread steps both).
 """
 
 from __future__ import annotations
@@ -156,8 +157,9 @@ def tree_rss_mb(pid: int) -> float:
     return sum(_peak_rss_kb(p.pid) for p in processes) / 1024
 
 
-def largest_gap_during(url: str, steady: str, action) -> tuple[float, float]:
-    """``action()``'s result (seconds) and the largest gap between a stream's tokens on ``steady`` while it ran."""
+def gaps_during(url: str, steady: str, action) -> tuple[float, list[tuple[float, bool]]]:
+    """``action()``'s result (seconds) and the gaps between a stream's tokens on ``steady`` while it ran, each with
+    whether it ended after ``action`` returned (the other model's first step came in between)."""
     times: list[float] = []
     started = threading.Event()
     reader = threading.Thread(target=token_times, args=(url, steady, times, started))
@@ -167,7 +169,13 @@ def largest_gap_during(url: str, steady: str, action) -> tuple[float, float]:
     took = action()
     ended = time.perf_counter()
     reader.join()
-    return took, max((b - a for a, b in zip(times, times[1:]) if b > began and a < ended), default=0.0)
+    return took, [(b - a, b > ended) for a, b in zip(times, times[1:]) if b > began and a < ended]
+
+
+def largest_gap_during(url: str, steady: str, action) -> tuple[float, float]:
+    """``action()``'s result (seconds) and the largest gap between a stream's tokens on ``steady`` while it ran."""
+    took, gaps = gaps_during(url, steady, action)
+    return took, max((gap for gap, _ in gaps), default=0.0)
 
 
 def constrained(url: str, model: str) -> float:
@@ -219,7 +227,7 @@ def cold_loads(args: argparse.Namespace) -> dict:
     """``--cold GGUF``: the first token of a model no process of the server has loaded yet (its load included), and
     the largest gap meanwhile between the tokens of a stream on the shipped SmolLM2, in a fresh server each round,
     the systems alternating."""
-    results: dict[str, list[tuple[float, float, float]]] = {}
+    results: dict[str, list[tuple[float, float, float, float]]] = {}
     for _ in range(args.rounds):
         with tempfile.TemporaryDirectory() as folder:
             directory = Path(folder)
@@ -235,19 +243,21 @@ def cold_loads(args: argparse.Namespace) -> dict:
                 try:
                     first_token(url, "smollm2-135m-q4_1")
                     cold = functools.partial(first_token, url, Path(args.cold).stem)
-                    results.setdefault(name, []).append((*largest_gap_during(url, "smollm2-135m-q4_1", cold), ready))
+                    took, gaps = gaps_during(url, "smollm2-135m-q4_1", cold)
                 finally:
                     process.terminate()
                     process.wait(60)
-                took, gap, _ = results[name][-1]
+                loading = max((gap for gap, after in gaps if not after), default=0.0)
+                results.setdefault(name, []).append((took, max(gap for gap, _ in gaps), loading, ready))
                 print(f"{name}: ready {ready:.2f} s, first token {took:.3f} s, the SmolLM2 stream's largest gap "
-                      f"{gap:.3f} s", flush=True)  # fmt: skip
+                      f"{results[name][-1][1]:.3f} s, before that first token {loading:.3f} s", flush=True)  # fmt: skip
     return {
         name: {
-            "ready_s": [round(ready, 2) for *_, ready in runs],
-            "cold_ttft_s": [round(took, 3) for took, *_ in runs],
-            "largest_gap_s": [round(gap, 3) for _, gap, _ in runs],
-            "median_s": round(statistics.median(took for took, *_ in runs), 3),
+            "ready_s": [round(run[3], 2) for run in runs],
+            "cold_ttft_s": [round(run[0], 3) for run in runs],
+            "largest_gap_s": [round(run[1], 3) for run in runs],
+            "largest_gap_before_first_token_s": [round(run[2], 3) for run in runs],
+            "median_s": round(statistics.median(run[0] for run in runs), 3),
         }
         for name, runs in results.items()
     }
