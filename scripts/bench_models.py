@@ -17,9 +17,10 @@ Per system, in this order:
   process per model), each model with room for at least 4,096 tokens of KV cache.
 Our conversion cache is warm (a run before this one converts); llama-server reads the files as they are.
 
-``--cold GGUF --rounds N`` times only that file's cold first token, beside a SmolLM2 stream, in N fresh servers a side
-(and each server's start to its first 200 on /health); of the stream's gaps meanwhile, the largest, and the largest
-that ended before that first token (the load's, without the loaded model's first step: one engine thread steps both).
+``--cold GGUF --rounds N`` times only that file's cold first token, beside a SmolLM2 stream (``--idle``: none), in N
+fresh servers a side (and each server's start to its first 200 on /health); of the stream's gaps meanwhile, the
+largest, and the largest that ended before that first token (the load's, without the loaded model's first step: one
+engine thread steps both).
 """
 
 from __future__ import annotations
@@ -243,7 +244,7 @@ def cold_loads(args: argparse.Namespace) -> dict:
                 try:
                     first_token(url, "smollm2-135m-q4_1")
                     cold = functools.partial(first_token, url, Path(args.cold).stem)
-                    took, gaps = gaps_during(url, "smollm2-135m-q4_1", cold)
+                    took, gaps = (cold(), [(0.0, False)]) if args.idle else gaps_during(url, "smollm2-135m-q4_1", cold)
                 finally:
                     process.terminate()
                     process.wait(60)
@@ -269,6 +270,7 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--cold", help="a GGUF: time only its cold first token beside a SmolLM2 stream (cold_loads)")
     parser.add_argument("--rounds", type=int, default=3, help="--cold's rounds, a fresh server each")
+    parser.add_argument("--idle", action="store_true", help="--cold with SmolLM2 idle (no stream beside the load)")
     args = parser.parse_args()
     if args.cold:
         results = cold_loads(args)
