@@ -17,10 +17,9 @@ Per system, in this order:
   process per model), each model with room for at least 4,096 tokens of KV cache.
 Our conversion cache is warm (a run before this one converts); llama-server reads the files as they are.
 
-``--cold GGUF --rounds N`` times only that file's cold first token, beside a SmolLM2 stream (``--idle``: none), in N
-fresh servers a side (and each server's start to its first 200 on /health); of the stream's gaps meanwhile, the
-largest, and the largest that ended before that first token (the load's, without the loaded model's first step: one
-engine thread steps both).
+``--cold GGUF --rounds N`` times only that file's cold first token beside a SmolLM2 stream (``--idle``: none), in N
+fresh servers a side, with each server's start (to a 200 on /health) and the stream's largest gap, in all and before
+that first token (the load's alone: the engine thread steps the loaded model's prompt between two of the stream's).
 """
 
 from __future__ import annotations
