@@ -99,8 +99,8 @@ def beside_a_stream(server, action: Callable[[], dict], what: str) -> dict:
     return answer
 
 
-def test_the_worker_built_the_text_side_before_it_was_ready(server):
-    """The server fixture waited for /health: the large model's text side was built by then, not loaded yet."""
+def test_the_worker_builds_the_text_side_of_a_model_it_has_not_loaded(server):
+    """As it starts (before /health says ready: ``EngineManager._preloads_settled``), not at the model's load."""
     server.wait_for_log(r"large: its text side built ahead of its load")
     r = httpx.get(f"{server.url}/v1/models/large", timeout=10)
     assert r.json()["state"] == "unloaded"
