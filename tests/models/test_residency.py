@@ -113,6 +113,8 @@ class Served:
     state: str
     footprint: int
     text: Text | None = None
+    busy: bool = False
+    last_used: float = 0.0
 
     @property
     def text_bytes(self) -> int:

@@ -86,9 +86,8 @@ class ModelLoads:
         if event.text is None:
             log.warning("%s: its text side could not be built ahead of its load: %s", model.name, event.failure)
             return
-        loaded = (m.footprint for m in self._models.values() if m.state in ("loading", "loaded"))
-        held = sum(loaded) + sum(m.text_bytes for m in self._models.values())
-        if model.text is None and held + event.text.memory_bytes() <= self.budget:
+        fits = evictions(event.text.memory_bytes(), self._residents(model), self.budget, 0) == Evictions()
+        if model.text is None and fits:  # beside everything held, nothing let go for it
             model.text = event.text
             log.info("%s: its text side built ahead of its load", model.name)
         else:
@@ -143,10 +142,14 @@ class ModelLoads:
 
     def _room_for(self, model: ServedModel) -> Evictions | None:
         """What must go for ``model`` (and its kept text side) to fit: loaded models, and kept text sides."""
+        return evictions(model.footprint + model.text_bytes, self._residents(model), self.budget, self._most)
+
+    def _residents(self, besides: ServedModel) -> list[Resident]:
+        """The other models as the budget weighs them: those loaded (or loading), and the kept text sides."""
         residents = []
         for m in self._models.values():
             loaded = m.state in ("loading", "loaded")
-            if m is not model and (loaded or m.text is not None):
+            if m is not besides and (loaded or m.text is not None):
                 busy = m.busy or m.state == "loading"
                 residents.append(Resident(m.name, m.footprint if loaded else 0, m.last_used, busy, m.text_bytes))
-        return evictions(model.footprint + model.text_bytes, residents, self.budget, self._most)
+        return residents
