@@ -107,6 +107,8 @@ def test_a_function_call_then_its_output_continues_the_stored_conversation(clien
     follow_up = dict(model=model, tools=[WEATHER_TOOL], max_output_tokens=3, temperature=0)
     follow = client.responses.create(previous_response_id=first.id, input=[output], **follow_up)
     assert follow.previous_response_id == first.id
+    # Its id begins with its conversation's 16 hex digits, which a proxy hashes to keep the chain on one host.
+    assert follow.id[:21] == first.id[:21] and follow.id != first.id and len(follow.id) == len(first.id) == 37
     # The same output alone, and after the first turn replayed by hand: the chained follow-up must read the latter.
     alone = client.responses.create(input=[output], **follow_up)
     replayed_call = {k: getattr(call, k) for k in ("type", "call_id", "name", "arguments")}

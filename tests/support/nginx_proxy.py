@@ -13,6 +13,8 @@ from .prerequisites import unavailable
 from .server import ROOT, dying_with_this_process, free_port
 
 SHIPPED = ROOT / "scripts" / "nginx" / "wsgi-infer.conf"
+SHIPPED_HOSTS = ROOT / "scripts" / "nginx" / "wsgi-infer-hosts.conf"
+EXAMPLE_HOSTS = ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")  # the several-host file's
 
 
 def require_nginx() -> str:
@@ -22,30 +24,50 @@ def require_nginx() -> str:
     return path
 
 
+def _replaced(site: str, changes: list[tuple[str, str]]) -> str:
+    for old, new in changes:
+        assert old in site, f"the shipped config no longer has {old!r}"
+        site = site.replace(old, new)
+    return site
+
+
 class NginxProxy:
-    def __init__(self, upstream: str, read_timeout: str = "300s") -> None:
+    """The shipped one-host file in front of ``upstream``; ``hosts()`` gives the several-host file."""
+
+    def __init__(self, upstream: str, read_timeout: str = "300s", site: str | None = None) -> None:
         self.binary = require_nginx()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.dir = Path(tempfile.mkdtemp(prefix="wsgi-infer-nginx-"))
-        site = SHIPPED.read_text()
-        for old, new in (
-            ("server 127.0.0.1:8000;", f"server {upstream};"),
-            ("listen 80;", f"listen 127.0.0.1:{self.port};"),
-            ("proxy_read_timeout 300s;", f"proxy_read_timeout {read_timeout};"),
-        ):
-            assert old in site, f"the shipped config no longer has {old!r}"
-            site = site.replace(old, new)
-        (self.dir / "site.conf").write_text(site)
+        changes = [("listen 80;", f"listen 127.0.0.1:{self.port};")]
+        changes.append(("proxy_read_timeout 300s;", f"proxy_read_timeout {read_timeout};"))
+        if site is None:
+            site = SHIPPED.read_text()
+            changes.append(("server 127.0.0.1:8000;", f"server {upstream};"))
+        (self.dir / "site.conf").write_text(_replaced(site, changes))
         temp_paths = "\n".join(
             f"{kind}_temp_path {self.dir}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
         )
         (self.dir / "nginx.conf").write_text(
             f"user root;\ndaemon off;\nworker_processes 1;\npid {self.dir}/nginx.pid;\n"
             f"error_log {self.dir}/error.log info;\nevents {{ worker_connections 256; }}\n"
-            f"http {{\n access_log {self.dir}/access.log;\n {temp_paths}\n include {self.dir}/site.conf;\n}}\n"
+            f"http {{\n log_format upstreams '$upstream_addr|$upstream_status';\n"
+            f" access_log {self.dir}/access.log;\n access_log {self.dir}/upstreams.log upstreams;\n"
+            f" {temp_paths}\n include {self.dir}/site.conf;\n}}\n"
         )
         self.start()
+
+    @classmethod
+    def hosts(cls, upstreams: list[str], round_robin: bool = False) -> NginxProxy:
+        """The several-host file with ``upstreams`` (three) for its example hosts; ``round_robin`` sends every
+        request to the next host instead (what the routing is measured against)."""
+        site = SHIPPED_HOSTS.read_text()
+        for example, upstream in zip(EXAMPLE_HOSTS, upstreams, strict=True):
+            site = _replaced(site, [(f"server {example} ", f"server {upstream} ")])
+        if round_robin:
+            site = _replaced(site, [("proxy_pass http://$wsgi_infer_hosts;", "proxy_pass http://wsgi_infer_rr;")])
+            site = site.replace("least_conn;", "").replace("upstream wsgi_infer_least_busy", "upstream wsgi_infer_rr")
+        return cls("", site=site)
 
     def start(self) -> None:
         self.process = subprocess.Popen(
@@ -74,6 +96,11 @@ class NginxProxy:
             except OSError:
                 assert time.monotonic() < deadline, f"nginx did not start listening: {self._error_log()}"
                 time.sleep(0.05)
+
+    def upstreams(self) -> list[list[tuple[str, str]]]:
+        """Per request finished, in order: each upstream nginx tried, with its status ("502" where it refused)."""
+        lines = (self.dir / "upstreams.log").read_text().splitlines()
+        return [list(zip(*(field.split(", ") for field in line.split("|")), strict=True)) for line in lines]
 
     def _error_log(self) -> str:
         log = self.dir / "error.log"

@@ -5,6 +5,7 @@ from the same code."""
 from __future__ import annotations
 
 import copy
+import re
 import time
 import uuid
 
@@ -21,6 +22,15 @@ TEXT_ITEMS = {
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def response_id(previous: str | None) -> str:
+    """A response's id: 16 hex digits naming its conversation (those of the response it continues, or new ones),
+    then 16 of its own. A proxy that hashes the conversation's digits (``scripts/nginx/wsgi-infer-hosts.conf``)
+    sends every later turn of a conversation to one host, where its prefix is cached."""
+    own = uuid.uuid4().hex
+    continued = previous is not None and re.fullmatch(r"resp_[0-9a-f]{32}", previous)
+    return f"resp_{previous[5:21] if continued else own[16:]}{own[:16]}"
 
 
 def usage(stream: RequestStream) -> dict:

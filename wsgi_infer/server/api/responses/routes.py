@@ -18,7 +18,7 @@ from ..chat.conversation import start_chat
 from ..chat.formatters import ChatFormatter
 from ..schemas import parse
 from ..serving import collect_all, log_response, manager, model_of, publish, published_log, pumped_choices
-from .events import ResponseBuilder, chunk_of, new_id
+from .events import ResponseBuilder, chunk_of, response_id
 from .schemas import ResponsesRequest, input_messages, refuse_unsupported
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ def _events(
 def _frame(req: ResponsesRequest, model: str) -> dict:
     """The response before its output: what was asked, as OpenAI echoes it."""
     return {
-        "id": new_id("resp"),
+        "id": response_id(req.previous_response_id),
         "object": "response",
         "created_at": int(time.time()),
         "status": "in_progress",

@@ -1,0 +1,155 @@
+"""Three servers behind a real nginx running the shipped several-host file (scripts/nginx/wsgi-infer-hosts.conf),
+sharing one real Redis and nothing else: a conversation keeps to one host, other requests go to the least busy,
+and a draining or dead host is passed over without a failed request."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+
+import httpx
+import pytest
+
+from ..support.nginx_proxy import NginxProxy
+from ..support.server import ENDLESS, GunicornServer, RedisServer, wait_until
+from ..support.sse_client import events
+
+pytestmark = pytest.mark.slow  # real processes
+
+SHORT = {"prompt": "Which host?", "max_tokens": 2, "temperature": 0}
+ENDLESS_STREAM = {"prompt": "Hold on", "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}
+
+
+@contextmanager
+def three_hosts(tiny_model_dirs, redis_url: str, *gunicorn_args: str) -> Iterator[list[GunicornServer]]:
+    settings = {
+        "model": tiny_model_dirs["llama"],
+        "dtype": "float32",
+        "quantization": "none",
+        "heartbeat_seconds": 0.3,
+        "redis_url": redis_url,
+    }
+    with ExitStack() as stack:
+        hosts = [stack.enter_context(GunicornServer(settings, *gunicorn_args)) for _ in range(3)]
+        yield [host.wait_ready() for host in hosts]
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    with RedisServer(tmp_path_factory.mktemp("redis")) as redis_server:
+        yield redis_server.url
+
+
+@pytest.fixture(scope="module")
+def hosts(tiny_model_dirs, redis_url):
+    with three_hosts(tiny_model_dirs, redis_url) as servers:
+        yield servers
+
+
+@pytest.fixture(scope="module")
+def nginx(hosts):
+    with NginxProxy.hosts(addresses(hosts)) as proxy:
+        yield proxy
+
+
+def served_by(nginx: NginxProxy, send: Callable[[], object], requests: int = 1) -> list[str]:
+    """The host that answered each of the ``requests`` that ``send`` makes (nginx's log of them, in order)."""
+    logged = len(nginx.upstreams())
+    send()
+    tried = nginx.upstreams()[logged:]
+    assert len(tried) == requests, tried
+    assert all(status != "502" for *_, (_, status) in tried), tried  # the last host tried answered
+    return [hosts[-1][0] for hosts in tried]
+
+
+def post(nginx: NginxProxy, path: str, body: dict, **headers: str) -> dict:
+    reply = httpx.post(f"{nginx.url}{path}", json=body, headers=headers, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def posts(nginx: NginxProxy, count: int, path: str, body: dict, **headers: str) -> Callable[[], None]:
+    return lambda: [post(nginx, path, body, **headers) for _ in range(count)]
+
+
+def addresses(servers: list[GunicornServer]) -> list[str]:
+    return [f"127.0.0.1:{server.port}" for server in servers]
+
+
+@pytest.mark.parametrize("named_by", ["X-Session-Id", "prompt_cache_key", "user"])
+def test_each_conversation_keeps_to_one_host_and_conversations_spread(nginx, named_by):
+    owners = set()
+    for conversation in (f"conversation-{i}" for i in range(16)):  # all on one host of three: 3^-15, about 7e-8
+        headers = {named_by: conversation} if named_by == "X-Session-Id" else {}
+        body = SHORT if headers else {**SHORT, named_by: conversation}
+        served = served_by(nginx, posts(nginx, 3, "/v1/completions", body, **headers), 3)
+        assert len(set(served)) == 1, (conversation, served)
+        owners.add(served[0])
+    assert len(owners) > 1
+
+
+def test_a_responses_chain_keeps_to_the_host_of_its_conversation(nginx):
+    ask = {"input": "Hello there", "max_output_tokens": 2, "temperature": 0}
+    chain = [post(nginx, "/v1/responses", ask)["id"]]  # no conversation yet: the least busy host
+
+    def continue_it() -> None:  # each turn continues the one before, stored in the shared Redis
+        for _ in range(4):
+            chain.append(post(nginx, "/v1/responses", {**ask, "previous_response_id": chain[-1]})["id"])
+
+    served = served_by(nginx, continue_it, 4)
+    assert len(set(served)) == 1, served
+    assert {turn[:21] for turn in chain} == {chain[0][:21]}  # "resp_" and the conversation's 16 hex digits
+
+
+def test_requests_without_a_conversation_go_to_the_least_busy_host(hosts, nginx):
+    held = []  # each stream's events: a dropped generator would close its connection
+    with ExitStack() as streams:
+        for _ in range(2):  # each endless stream holds its host's connection
+            http = streams.enter_context(httpx.Client(base_url=nginx.url, timeout=60))
+            held.append(events(streams.enter_context(http.stream("POST", "/v1/completions", json=ENDLESS_STREAM))))
+            assert next(e for e in held[-1] if e.data)
+
+        def running() -> list[float]:
+            return [host.metrics()["wsgi_infer:num_requests_running"] for host in hosts]
+
+        wait_until(lambda: sorted(running()) == [0, 1, 1], "the second stream on another host than the first")
+        idle = addresses(hosts)[running().index(0)]
+        # Short requests, one after another, all go to the one host without a stream (round robin: to each).
+        assert served_by(nginx, posts(nginx, 4, "/v1/completions", SHORT), 4) == [idle] * 4
+
+
+def test_a_draining_host_then_a_dead_one_are_passed_over(tiny_model_dirs, redis_url):
+    """SIGTERM: the host stops accepting, answers 503 on kept-alive connections, and finishes its stream; SIGKILL:
+    it refuses. Either way its conversations' requests are served by the others, none failing."""
+    gunicorn_args = ("--graceful-timeout", "8", "--keep-alive", "1")
+    with (
+        three_hosts(tiny_model_dirs, redis_url, *gunicorn_args) as servers,
+        NginxProxy.hosts(addresses(servers)) as proxy,
+    ):
+        owners = {}  # a conversation of each host (as above: all on one, about 1e-7)
+        for conversation in (f"c{i}" for i in range(16)):
+            (owner,) = served_by(proxy, posts(proxy, 1, "/v1/completions", SHORT, **{"X-Session-Id": conversation}))
+            owners.setdefault(addresses(servers).index(owner), conversation)
+        draining, dead = list(owners)[:2]
+        held = {"X-Session-Id": owners[draining]}
+        with (
+            httpx.Client(base_url=proxy.url, timeout=60) as http,
+            http.stream("POST", "/v1/completions", json=ENDLESS_STREAM, headers=held) as reply,
+        ):
+            received = events(reply)
+            assert next(e for e in received if e.data)
+            servers[draining].process.send_signal(signal.SIGTERM)
+            servers[draining].wait_for_log(r"draining: 1 open requests")
+            # Its conversation, while its own stream still runs there: another host answers every request.
+            served = served_by(proxy, posts(proxy, 3, "/v1/completions", SHORT, **held), 3)
+            assert addresses(servers)[draining] not in served
+            ending = [e for e in received if e.data][-1]
+        assert ending.name == "error" and ending.json["error"]["code"] == "server_shutting_down"
+        assert servers[draining].process.wait(15) == 0
+        os.killpg(servers[dead].process.pid, signal.SIGKILL)  # master and workers
+        servers[dead].process.wait(10)
+        served = served_by(proxy, posts(proxy, 3, "/v1/completions", SHORT, **{"X-Session-Id": owners[dead]}), 3)
+        (survivor,) = set(range(3)) - {draining, dead}
+        assert set(served) == {addresses(servers)[survivor]}
