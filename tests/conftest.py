@@ -319,7 +319,7 @@ WHOLE_MACHINE = {
 # they start before the short ones, so that the last units are short and neither process ends long before the
 # other (test_key_limits_server, 73 s, once ran last, alone for 43 s of a 517 s run). Only the order depends on it.
 LONGEST_FIRST = (
-    *("test_key_limits_server", "test_model_residency", "test_gguf_formats"),
+    *("test_key_limits_server", "test_model_residency", "test_several_hosts", "test_gguf_formats"),
     *("test_kernel_variants", "test_model_loader", "test_cpu_kernels", "test_server_errors", "test_server_workers"),
     *("test_redis_outage", "test_store_server", "test_browser", "test_server_promises", "test_cli"),
     *("test_server_streams", "test_nginx"),
