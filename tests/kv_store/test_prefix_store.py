@@ -169,3 +169,10 @@ def test_corrupt_and_truncated_blocks_are_misses_removed_and_counted(tiny_model_
     assert counters.store["corrupt_blocks"] == 1 and counters.num_store_hit_tokens == 6 * 4
     again.engine.close(wait=True)
     assert truncated.stat().st_size == blocks[0].stat().st_size  # removed, computed, written whole
+
+
+def test_a_directory_and_a_redis_together_are_refused():
+    from wsgi_infer.engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match="kv_store_dir and kv_store_url"):
+        EngineConfig(model=None, kv_store_dir="/tmp/kv", kv_store_url="redis://127.0.0.1:6379/0")

@@ -4,13 +4,15 @@ the metrics say; a store that vanishes degrades with one warning and a metric, a
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from ..conftest import tiny_settings
-from ..support.server import GunicornServer, wait_until
+from ..support.server import GunicornServer, RedisServer, wait_until
 
 pytestmark = pytest.mark.slow  # real servers
 
@@ -77,3 +79,55 @@ def test_a_vanished_store_degrades_with_one_warning_and_serves_every_request(tin
         assert server.metrics()["wsgi_infer:kv_store_write_errors_total"] == 1  # then nothing tried for 30 s
         assert sum("nothing is written there" in line for line in server.lines) == 1
         assert not store.exists()  # never created again: a vanished mount must not fill the disk beneath it
+
+
+def test_a_host_reads_the_prompt_another_wrote_to_redis_and_serves_on_without_it(tiny_model_dirs, tmp_path):
+    """Two servers that share nothing but a Redis for the KV store (as two hosts): the second takes the first's
+    blocks; with Redis gone, it serves every request, the store degraded with one warning."""
+    import redis as redis_py
+
+    with RedisServer(tmp_path) as redis:
+        settings = tiny_settings(tiny_model_dirs, kv_store_url=redis.url, speculative="none")
+        with GunicornServer(settings) as one, GunicornServer(settings) as other:
+            with one.wait_ready().client() as http:
+                cold = _complete(http)
+            blocks = redis_py.Redis.from_url(redis.url)
+            written = cold["usage"]["prompt_tokens"] // 4  # the prompt's full blocks
+            wait_until(lambda: len(blocks.keys("wsgi-infer:kv:*")) == written, "the first host's writes")
+            with other.wait_ready().client() as http:
+                warm = _complete(http)
+                assert _cached(warm) == (cold["usage"]["prompt_tokens"] - 1) // 4 * 4
+                assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+                assert other.metrics()["wsgi_infer:external_prefix_cache_hits_total"] == _cached(warm)
+                redis.stop()
+                for ask in ("Another " + PROMPT, "A third " + PROMPT):
+                    assert http.post("/v1/completions", json={"prompt": ask, "max_tokens": 8}).status_code == 200
+                other.wait_for_log(rf"KV store redis://127\.0\.0\.1:{redis.port}/0: .*nothing is written there")
+                other.wait_for_metric("wsgi_infer:kv_store_degraded", 1)
+                assert http.get("/health").status_code == 200
+            assert sum("nothing is written there" in line for line in other.lines) == 1
+
+
+# The KV store's reader and writer, as in a gevent worker: native threads (the bridge's), sockets patched.
+_TWO_THREADS = """
+import sys
+from gevent import monkey
+monkey.patch_all()
+from _queue import SimpleQueue
+from wsgi_infer.engine.kv_store.redis_blocks import RedisStore
+start_native_thread = monkey.get_original("_thread", "start_new_thread")
+store, done = RedisStore(sys.argv[1]), SimpleQueue()
+block = [memoryview(bytes(range(256)) * (32 << 10))]  # 8 MiB: no socket buffer holds it
+start_native_thread(lambda: done.put(store.get(b"n", b"absent")), ())  # the reader: its connection, first
+assert done.get(timeout=10) is None
+start_native_thread(lambda: done.put(store.put(b"n", b"k", block)), ())  # the writer
+assert done.get(timeout=20), "the block was there already"
+start_native_thread(lambda: done.put(store.get(b"n", b"k")), ())  # the reader again
+assert done.get(timeout=20) == block[0]
+"""
+
+
+def test_the_reader_and_the_writer_each_have_their_own_redis_connection(tmp_path):
+    with RedisServer(tmp_path) as redis:
+        run = subprocess.run([sys.executable, "-c", _TWO_THREADS, redis.url], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]

@@ -59,6 +59,11 @@ class EngineConfig:
         "cache's second tier; see the README); empty: none",
     )
     kv_store_mb: int = option(4096, "the KV store's size limit, over every model in it", ge=1)
+    kv_store_url: str | None = option(
+        None,
+        "a Redis (redis://host:port/db) where full KV blocks of prompts are kept for every host that reaches it, "
+        "instead of a directory; its maxmemory and allkeys-lru bound it; empty: none",
+    )
     seed: int = option(0, "seed for requests that give none")
     speculative: str = option("ngram", "speculative decoding: ngram (prompt lookup), or none")
     num_speculative_tokens: int | None = option(
@@ -79,6 +84,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be at least 1, got {self.num_kv_blocks}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.kv_store_dir and self.kv_store_url:
+            raise ValueError("kv_store_dir and kv_store_url: the KV store is one or the other")
         if self.speculative not in ("none", "ngram"):
             raise ValueError(f"speculative must be none or ngram, got {self.speculative!r}")
         if self.prompt_lookup_min > self.prompt_lookup_max:

@@ -1,4 +1,4 @@
-"""What a KV store must do, whatever keeps its blocks: a directory here; Redis or a shared filesystem could too.
+"""What a KV store must do, whatever keeps its blocks: a directory (``directory``) or a Redis (``redis_blocks``).
 
 A block is found by its namespace (``namespace``: the model and every setting that changes its values) and its
 key (the prefix hash chain of its tokens). What the store holds is a framed block (``block_file``): whoever reads

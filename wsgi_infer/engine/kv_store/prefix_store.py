@@ -27,6 +27,7 @@ from .block_file import CorruptBlock, frame, unframe
 from .cache_blocks import CacheBlocks
 from .directory import DirectoryStore
 from .namespace import store_namespace
+from .redis_blocks import RedisStore
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
@@ -213,15 +214,18 @@ def open_prefix_store(
     start_thread: Callable[[Callable[[], None]], None],
     notify: Callable[[], None],
 ) -> PrefixStore | None:
-    """The engine's store where ``kv_store_dir`` is set (and the prefix cache is on: the store extends it)."""
-    if not config.kv_store_dir:
+    """The engine's store where ``kv_store_dir`` or ``kv_store_url`` is set (and the prefix cache is on: the store
+    extends it)."""
+    where = config.kv_store_dir or config.kv_store_url
+    if not where:
         return None
     if not config.enable_prefix_caching:
-        log.warning("kv_store_dir %s is not used: the prefix cache is off", config.kv_store_dir)
+        log.warning("the KV store %s is not used: the prefix cache is off", where)
         return None
-    store = DirectoryStore(Path(config.kv_store_dir), config.kv_store_mb << 20)
+    if config.kv_store_url:
+        store, bound = RedisStore(config.kv_store_url), "bounded by its maxmemory"
+    else:
+        store, bound = DirectoryStore(Path(where), config.kv_store_mb << 20), f"up to {config.kv_store_mb} MiB"
     blocks = CacheBlocks(runner.kv_group_caches, runner.block_size)
-    log.info(
-        "KV store %s: up to %d MiB, %d KiB a block", store.location, config.kv_store_mb, blocks.payload_nbytes >> 10
-    )
+    log.info("KV store %s: %s, %d KiB a block", store.location, bound, blocks.payload_nbytes >> 10)
     return PrefixStore(store, store_namespace(config, model_dir, runner), blocks, start_thread, notify)
