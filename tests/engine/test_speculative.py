@@ -81,15 +81,16 @@ def test_a_sampled_row_takes_its_draft_token_with_its_probability():
 
     logits = torch.tensor([[2.0, 0.5, 1.5, -1.0, 0.0], [0.0, 1.0, -0.5, 2.0, 0.3], [1.0, 1.0, 1.0, 1.0, -3.0]])
     target = [filter_logits(row / 0.9, 0, 0.95, 0.0).softmax(-1) for row in logits]
-    generator, runs, params = torch.Generator().manual_seed(0), 20_000, SamplingParams(temperature=0.9, top_p=0.95)
+    runs, params, position = 20_000, SamplingParams(temperature=0.9, top_p=0.95), 17
     accepted = [0, 0]
-    for _ in range(runs):
-        tokens = verify_sampled(logits, [2, 3], params, generator)
+    for seed in range(runs):  # a request a seed, its draft's rows at positions 17, 18, 19
+        tokens = verify_sampled(logits, [2, 3], params, seed, position)
         accepted[0] += tokens[0] == 2
         accepted[1] += len(tokens) == 3
     assert abs(accepted[0] / runs - target[0][2]) < 0.01
     assert abs(accepted[1] / accepted[0] - target[1][3]) < 0.015
-    assert target[0][3] == 0 and all(verify_sampled(logits, [3], params, generator)[0] != 3 for _ in range(200))
+    cut = (verify_sampled(logits, [3], params, seed, position)[0] for seed in range(runs, runs + 200))
+    assert target[0][3] == 0 and all(token != 3 for token in cut)
 
 
 def mixed_requests(llm: LLM) -> dict[str, list[int]]:

@@ -107,12 +107,11 @@ class LLMEngine:
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise InvalidParameter("logit_bias", f"logit_bias token ids must be below the vocabulary size {vocab}")
         matcher = self.grammars.matcher(params.structured_output) if params.structured_output else None
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(params.seed if params.seed is not None else self._seed_source.getrandbits(63))
+        seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
         detokenizer = IncrementalDetokenizer(
             self.tokenizer.backend_tokenizer, prompt_ids, params.stop, params.skip_special_tokens
         )
-        seq = Sequence(request_id, prompt_ids, params, max_tokens, detokenizer, generator, matcher)
+        seq = Sequence(request_id, prompt_ids, params, max_tokens, detokenizer, seed, matcher)
         seq.tenant = seq.tenant if self.config.fair_share else ""  # one tenant: first come, first served
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -234,7 +233,7 @@ class LLMEngine:
             accepted = next((i for i, (p, c) in enumerate(zip(proposed, chosen)) if p != c), len(proposed))
             chosen = chosen[: accepted + 1]
         else:
-            chosen = verify_sampled(draft.logits, proposed, seq.params, seq.generator)
+            chosen = verify_sampled(draft.logits, proposed, seq.params, seq.seed, seq.num_tokens)
             accepted = len(chosen) - 1
         seq.num_computed_tokens -= len(proposed) - accepted
         seq.draft = []

@@ -1,7 +1,9 @@
 """Turns logits into next tokens, each row under its own request's parameters.
 
-Every request has its own ``torch.Generator``, advanced once per sampled
-token, so a seeded request gives the same text whatever else shares its batch.
+A sampled token's one uniform draw is a function of its request's seed and its position in the sequence alone
+(``uniform_draw``), not of a generator's history: a seeded request gives the same text whatever else shares its
+batch, a draft's rows draw what plain steps would, and a generation continued from its own first tokens (its
+stream continued on another host) draws what the uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -65,16 +67,33 @@ def prompt_logprobs(logits: torch.Tensor, targets: list[int], num_top: int) -> l
     ]
 
 
-def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """One token drawn from a row's distribution (temperature, then top-k, top-p and min-p): one draw of the
-    request's generator, whichever step or draft row computed the logits."""
+_MASK = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """SplitMix64's step: a bijection of 64-bit integers whose outputs pass BigCrush as a counter's."""
+    z = (x + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def uniform_draw(seed: int, position: int) -> float:
+    """The draw in [0, 1) of the token at ``position`` (its index in prompt and output) of a request seeded
+    ``seed``: a counter-based generator, the position counted within the seed's own stream."""
+    return (_splitmix64((_splitmix64(seed & _MASK) + position) & _MASK) >> 11) * 2.0**-53
+
+
+def sample_token(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
+    """One token drawn from a row's distribution (temperature, then top-k, top-p and min-p) by the uniform draw of
+    its request's seed and position, whichever step or draft row computed the logits."""
     row = filter_logits(logits / params.temperature, params.top_k, params.top_p, params.min_p)
     # By the inverse of the distribution function: one uniform draw. torch.multinomial draws one random number
     # per vocabulary entry on the CPU (1 ms a row for 49,152 tokens, a third of a 32-row decode step); this takes
     # 56 us. In float64, so that a token's share of the cumulated sum is exact to 1e-16; a token filtered out
     # (probability 0) spans no interval, so it is never drawn.
     cumulative = row.softmax(-1).double().cumsum(-1)
-    drawn = torch.rand(1, generator=generator, dtype=torch.float64, device=row.device) * cumulative[-1]
+    drawn = torch.tensor([uniform_draw(seed, position)], dtype=torch.float64, device=row.device) * cumulative[-1]
     return int(torch.searchsorted(cumulative, drawn, right=True))
 
 
@@ -101,7 +120,7 @@ class Sampler:
             if p.greedy:
                 tokens.append(greedy[i])
                 continue
-            tokens.append(sample_token(logits[i], p, seq.generator))
+            tokens.append(sample_token(logits[i], p, seq.seed, seq.num_tokens))
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         if raw_logprobs is not None:
             for i, seq in enumerate(seqs):

@@ -46,15 +46,15 @@ def speculates(seq: Sequence) -> bool:
 
 
 def verify_sampled(
-    logits: torch.Tensor, draft: list[int], params: SamplingParams, generator: torch.Generator
+    logits: torch.Tensor, draft: list[int], params: SamplingParams, seed: int, position: int
 ) -> list[int]:
-    """Each row sampled as the sampler samples (one draw per token, in order, from the request's own generator),
-    the draft accepted while it agrees: the tokens are exactly those sampling without a draft gives, whatever the
-    draft or the batch, and a draft token is accepted with its probability, as in speculative sampling.
-    ``logits``: row i predicts draft token i, the last row the one after the draft."""
+    """Each row sampled as the sampler samples (the draw of the request's seed at the row's position), the draft
+    accepted while it agrees: the tokens are exactly those sampling without a draft gives, whatever the draft or
+    the batch, and a draft token is accepted with its probability, as in speculative sampling. ``logits``: row i
+    predicts draft token i, at ``position`` + i; the last row the one after the draft."""
     tokens = []
     for row in range(len(draft) + 1):
-        tokens.append(sample_token(logits[row], params, generator))
+        tokens.append(sample_token(logits[row], params, seed, position + row))
         if row == len(draft) or tokens[-1] != draft[row]:
             return tokens
     return tokens

@@ -29,7 +29,7 @@ class Sequence:
     ``num_computed_tokens`` counts tokens whose KV is in the cache; the tokens
     after it are what the next steps must compute. A token is sampled only when
     a step computes up to the last token. The engine attaches the request's
-    detokenizer, random generator and grammar matcher; scheduling and block
+    detokenizer, seed and grammar matcher; scheduling and block
     management never use them.
     """
 
@@ -40,7 +40,7 @@ class Sequence:
         params: SamplingParams,
         max_tokens: int,
         detokenizer: IncrementalDetokenizer | None = None,
-        generator: torch.Generator | None = None,
+        seed: int = 0,
         matcher: LLMatcher | None = None,
     ) -> None:
         self.request_id = request_id
@@ -50,7 +50,7 @@ class Sequence:
         self.tenant = params.tenant  # the engine clears it where fair share is off
         self.max_tokens = max_tokens
         self.detokenizer = detokenizer
-        self.generator = generator
+        self.seed = seed  # its sampled tokens' draws (``sampler.uniform_draw``)
         self.matcher = matcher
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
