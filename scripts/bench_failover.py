@@ -1,0 +1,101 @@
+"""What a host's death costs a stream today (issue 65): three servers behind nginx (the several-host file), one
+Redis for streams and, optionally, for the KV store; the host generating a stream is killed (SIGKILL to its master
+and workers) in mid-generation.
+
+    .venv/bin/python scripts/bench_failover.py --model FILE --prompt-tokens 2048 --json failover.json [--no-kv-store]
+
+The client does what it can do today: it resumes the stream through nginx (``Last-Event-ID``), which another host
+serves from Redis up to the last event copied there and then ends with ``stream_lost`` (once the dead host's lease
+has lapsed), and then sends the whole request again, which the conversation's next host on the hash ring takes:
+its prompt read again, from the KV store in Redis where it is there. Timed from the kill: the ``stream_lost``
+event, and the retried request's first token. Streamed completions, greedy, EOS ignored, speculation off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+from bench_kv_store import prompt_ids  # noqa: E402
+
+from tests.support.nginx_proxy import NginxProxy  # noqa: E402
+from tests.support.server import GunicornServer, RedisServer  # noqa: E402
+from tests.support.sse_client import events  # noqa: E402
+
+
+def host_of(nginx: NginxProxy, hosts: list[GunicornServer], session: dict) -> int:
+    """The host the conversation goes to (nginx's log of a short request)."""
+    httpx.post(f"{nginx.url}/v1/completions", json={"prompt": "hi", "max_tokens": 1}, headers=session, timeout=600)
+    address = nginx.upstreams()[-1][-1][0]
+    return [f"127.0.0.1:{host.port}" for host in hosts].index(address)
+
+
+def one_failover(nginx: NginxProxy, hosts: list[GunicornServer], ids: list[int], session: dict, args) -> dict:
+    body = {"prompt": ids, "max_tokens": 1000, "ignore_eos": True, "temperature": 0, "stream": True}
+    victim = hosts[host_of(nginx, hosts, session)]
+    with httpx.Client(base_url=nginx.url, timeout=600) as http:
+        with http.stream("POST", "/v1/completions", json=body, headers=session) as reply:
+            stream_id, received = reply.headers["x-stream-id"], events(reply)
+            tokens = (e for e in received if e.data)
+            for _ in range(args.tokens_before_kill):
+                last = next(tokens)
+            killed = time.monotonic()
+            os.killpg(victim.process.pid, signal.SIGKILL)
+        victim.process.wait(30)
+        resume = {"Last-Event-ID": last.id, **session}
+        with http.stream("GET", f"/v1/streams/{stream_id}", headers=resume) as reply:
+            ending = [e for e in events(reply) if e.data][-1]
+        lost = time.monotonic() - killed
+        assert ending.name == "error" and ending.json["error"]["code"] == "stream_lost", ending
+        with http.stream("POST", "/v1/completions", json={**body, "max_tokens": 2}, headers=session) as reply:
+            next(e for e in events(reply) if e.data)
+        first = time.monotonic() - killed
+    return {"stream_lost_s": lost, "retried_first_token_s": first}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="a GGUF or directory (default: the shipped SmolLM2)")
+    parser.add_argument("--prompt-tokens", type=int, default=2048)
+    parser.add_argument("--tokens-before-kill", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--no-kv-store", action="store_true", help="no KV store: the retry reads its prompt again")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    prompts = prompt_ids(args.repeat, args.prompt_tokens)
+    runs = []
+    with ExitStack() as stack:
+        redis = stack.enter_context(RedisServer(Path(stack.enter_context(tempfile.TemporaryDirectory()))))
+        settings = {"redis_url": redis.url, "speculative": "none", **({"model": args.model} if args.model else {})}
+        settings |= {} if args.no_kv_store else {"kv_store_url": redis.url}
+        for repeat in range(args.repeat):  # fresh hosts each time: one dies in each
+            with ExitStack() as hosts_stack:
+                quiet = ("--access-logfile", "/dev/null")
+                hosts = [hosts_stack.enter_context(GunicornServer(settings, *quiet)) for _ in range(3)]
+                for host in hosts:
+                    host.wait_ready()
+                nginx = hosts_stack.enter_context(NginxProxy.hosts([f"127.0.0.1:{h.port}" for h in hosts]))
+                session = {"X-Session-Id": f"failover-{repeat}"}
+                runs.append(one_failover(nginx, hosts, prompts[repeat], session, args))
+                print(json.dumps(runs[-1]), flush=True)
+    summary = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
+    print(json.dumps(summary))
+    if args.json:
+        record = {"args": {**vars(args), "json": str(args.json)}, "runs": runs, "median": summary}
+        args.json.write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
