@@ -8,7 +8,7 @@ import pytest
 
 from wsgi_infer import SamplingParams
 
-from ..support.server import GunicornServer, RedisServer
+from ..support.server import ENDLESS, GunicornServer, RedisServer, wait_until
 from ..support.sse_client import events, text_of
 
 pytestmark = pytest.mark.slow  # real processes
@@ -159,3 +159,22 @@ def test_a_stored_response_is_continued_on_another_instance_by_its_key_only(inst
         assert follow["status"] == "incomplete" and follow["usage"]["input_tokens"] > created["usage"]["input_tokens"]
         refused = http.post("/v1/responses", json={**ask, "previous_response_id": created["id"]}, headers=KEY_TWO)
         assert refused.status_code == 404 and refused.json()["error"]["param"] == "previous_response_id"
+
+
+def test_a_streams_leases_last_seconds_whatever_the_heartbeat(instances, redis_url):
+    """Renewed every second and lapsing after three renewals missed: with these servers' 10 s heartbeats, a host
+    that dies is known to be gone (``stream_lost``) within seconds; three heartbeats were 30 s."""
+    import redis as redis_py
+
+    first, second = instances
+    leases = redis_py.Redis.from_url(redis_url)
+    body = {**BODY, "max_tokens": ENDLESS}
+    with first.client(headers=KEY_ONE) as http, http.stream("POST", "/v1/completions", json=body) as r:
+        produced = events(r)  # held: a dropped generator would close the connection
+        assert next(e for e in produced if e.data)
+        (producer,) = [k for k in leases.keys("wsgi-infer:stream:*:producer") if r.headers["x-stream-id"].encode() in k]
+        key = producer.removesuffix(b":producer").decode()  # its key's too (a stream's id is kept apart by key)
+        assert 0 < leases.pttl(producer) <= 3000
+        with second.client(headers=KEY_ONE) as other, other.stream("GET", f"/v1/streams/{r.headers['x-stream-id']}"):
+            wait_until(lambda: leases.exists(f"{key}:reader"), "the reader's lease")
+            assert 0 < leases.pttl(f"{key}:reader") <= 3000

@@ -10,7 +10,10 @@ it returns each mirror catches up from the last entry Redis holds.
 Two short leases tie readers and writers together: the generating worker
 renews ``<key>:producer`` while its stream runs, so a reader elsewhere ends
 with a ``stream_lost`` event soon after that worker died; readers renew
-``<key>:reader``, so the generating worker knows somebody still reads.
+``<key>:reader``, so the generating worker knows somebody still reads. Each
+is renewed every second at least (every heartbeat where that is shorter) and
+lapses after three renewals missed, whatever the heartbeat: a host that dies
+is known to be gone within seconds, not three heartbeats.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class MirroredLog(Protocol):
 
 
 RETRY_MS = 1000
+LEASE_RENEWAL_SECONDS = 1.0  # at most; a lease lapses after three renewals missed
 API_SHAPES = ("openai", "anthropic", "responses")  # the shapes a stream read here may end in: see _error_event
 
 
@@ -62,7 +66,8 @@ class RedisStore:
         self._errors = (redis.RedisError, OSError)
         self._keep = keep_seconds
         self._heartbeat = heartbeat
-        self._lease_ms = int(3000 * heartbeat)
+        self._renewal = min(heartbeat, LEASE_RENEWAL_SECONDS)
+        self._lease_ms = int(3000 * self._renewal)
         self._up = gevent.event.Event()
         self._up.set()
         # Counts Redis's returns: a mirror's idea of what Redis holds is only good within one epoch
@@ -133,7 +138,7 @@ class RedisStore:
                 continue
             if ended:
                 return
-            stream_log.wait(sent, self._heartbeat)
+            stream_log.wait(sent, self._renewal)  # a quiet stream's lease renewed all the same
 
     def _push(self, stream_log: MirroredLog, sent: int | None) -> tuple[int, bool]:
         """Append what Redis lacks and renew the producer lease: the events Redis holds, and
@@ -189,16 +194,20 @@ class RedisStore:
         error event in the stream's ``api``'s shape if Redis goes away or the generating worker died before the
         end."""
         key, last, number = self.key(stream_id), f"{after}-0", after
+        quiet, per_heartbeat = 0, max(1, round(heartbeat / self._renewal))  # empty reads, and those a heartbeat
         try:
             while True:
                 self._client.set(f"{key}:reader", "1", px=self._lease_ms)
-                reply = self._client.xread({key: last}, block=int(1000 * heartbeat), count=256)
+                reply = self._client.xread({key: last}, block=int(1000 * self._renewal), count=256)
                 if not reply:
                     if not self._client.exists(f"{key}:producer"):
                         yield _error_event(api, number, "the worker generating this stream is gone", "stream_lost")
                         return
-                    yield sse.HEARTBEAT
+                    quiet += 1
+                    if quiet % per_heartbeat == 0:
+                        yield sse.HEARTBEAT
                     continue
+                quiet = 0
                 for entry_id, fields in reply[0][1]:
                     last = entry_id
                     if b"end" in fields:
