@@ -58,6 +58,8 @@ def served_by(nginx: NginxProxy, send: Callable[[], object], requests: int = 1) 
     """The host that answered each of the ``requests`` that ``send`` makes (nginx's log of them, in order)."""
     logged = len(nginx.upstreams())
     send()
+    # nginx logs a request once its answer is out: a client may read the answer before the line is written.
+    wait_until(lambda: len(nginx.upstreams()) >= logged + requests, f"nginx's log of {requests} requests")
     tried = nginx.upstreams()[logged:]
     assert len(tried) == requests, tried
     assert all(status != "502" for *_, (_, status) in tried), tried  # the last host tried answered
