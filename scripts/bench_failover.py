@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
+from bench_kv_hosts import report  # noqa: E402
 from bench_kv_store import prompt_ids  # noqa: E402
 
 from tests.support.nginx_proxy import NginxProxy  # noqa: E402
@@ -92,11 +92,7 @@ def main() -> None:
                 session = {"X-Session-Id": f"failover-{repeat}"}
                 runs.append(one_failover(nginx, hosts, prompts[repeat], session, args))
                 print(json.dumps(runs[-1]), flush=True)
-    summary = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
-    print(json.dumps(summary))
-    if args.json:
-        record = {"args": {**vars(args), "json": str(args.json)}, "runs": runs, "median": summary}
-        args.json.write_text(json.dumps(record, indent=1))
+    report(runs, args)
 
 
 if __name__ == "__main__":

@@ -55,8 +55,12 @@ def main() -> None:
             runs.append({"cold_a": cold_a, "from_redis_b": stored_b, "cold_b": cold_b, "share": stored_b / cold_b})
             print(json.dumps(runs[-1]), flush=True)
         stored_mb = blocks.info("memory")["used_memory"] / 2**20
-    summary = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
-    summary["redis_used_mb"] = stored_mb
+    report(runs, args, redis_used_mb=stored_mb)
+
+
+def report(runs: list[dict], args: argparse.Namespace, **extra: float) -> None:
+    """Each figure's median over the runs (and ``extra``), printed, and with the runs in ``--json``'s file."""
+    summary = {name: statistics.median(run[name] for run in runs) for name in runs[0]} | extra
     print(json.dumps(summary))
     if args.json:
         record = {"args": {**vars(args), "json": str(args.json)}, "runs": runs, "median": summary}
