@@ -69,13 +69,9 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         self.kv_cache = KVCacheManager(self.runner.kv_groups, config.block_size, config.enable_prefix_caching)
         self.store = open_prefix_store(config, self.model_dir, self.runner, start_thread, notify)
+        pacer = PrefillPacer(config.shared_step_ms / 1000, 64, config.max_num_batched_tokens)
         self.scheduler = Scheduler(
-            self.kv_cache,
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
-            self.store,
-            share,
-            PrefillPacer(config.shared_step_ms / 1000, 64, config.max_num_batched_tokens),
+            self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens, self.store, share, pacer
         )
         self.sampler = Sampler(self.runner.kernels)
         self._seqs: dict[str, Sequence] = {}
@@ -93,15 +89,18 @@ class LLMEngine:
         """Token ids of a conversation through the model's chat template, ready for the reply."""
         return chat_prompt_ids(self.tokenizer, messages, tools)
 
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> int:
-        """Queue a request; return its prompt length. Raises ValueError for bad input."""
+    def add_request(
+        self, request_id: str, prompt: Prompt, params: SamplingParams, generated: list[int] | tuple[int, ...] = ()
+    ) -> int:
+        """Queue a request; return its prompt length. Raises ValueError for bad input. ``generated``: its tokens
+        from where it ran before (a stream continued here), computed again with the prompt."""
         if request_id in self._seqs:
             raise ValueError(f"request_id {request_id!r} is already in use")
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
             raise ValueError("prompt must not be empty")
         vocab = self.hf_config.vocab_size
-        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_ids):
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in (*prompt_ids, *generated)):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         max_tokens = max_tokens_within(len(prompt_ids), params.max_tokens, self.max_model_len)
         if params.logit_bias and max(params.logit_bias) >= vocab:
@@ -111,7 +110,12 @@ class LLMEngine:
         detokenizer = IncrementalDetokenizer(
             self.tokenizer.backend_tokenizer, prompt_ids, params.stop, params.skip_special_tokens
         )
+        for token in generated:  # their text went out before: only the detokenizer's and grammar's states count
+            detokenizer.push(token)
+            if matcher is not None:
+                matcher.consume_token(token)
         seq = Sequence(request_id, prompt_ids, params, max_tokens, detokenizer, seed, matcher)
+        seq.token_ids += generated
         seq.tenant = seq.tenant if self.config.fair_share else ""  # one tenant: first come, first served
         self._seqs[request_id] = seq
         self.scheduler.add(seq)

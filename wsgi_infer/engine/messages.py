@@ -9,7 +9,7 @@ for a long prompt's tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -30,6 +30,9 @@ class Submit:
     choice_ids: list[str]  # the engine's request id of each choice
     prompts: list[list[int]]
     params: list[SamplingParams]  # one per choice of each prompt
+    # A stream continued from where another host left it: per choice, the tokens it had generated, or None for a
+    # choice that had ended (not run again). Empty: a new request.
+    generated: list[list[int] | None] = field(default_factory=list)
 
 
 @dataclass

@@ -18,10 +18,13 @@ log = logging.getLogger(__name__)
 def admit(engine: LLMEngine | EmbeddingEngine, command: Submit) -> Admitted:
     """Queue every choice of every prompt (choice index = prompt * n + j), or none of them."""
     n = len(command.params)
+    generated = command.generated or [[]] * len(command.choice_ids)
     try:
         for i, ids in enumerate(command.prompts):
             for j, params in enumerate(command.params):
-                engine.add_request(command.choice_ids[i * n + j], ids, params)
+                tokens = generated[i * n + j]
+                if tokens is not None:  # an embedding engine continues nothing: it is never given tokens
+                    engine.add_request(command.choice_ids[i * n + j], ids, params, *([tokens] if tokens else []))
     except Exception as exc:  # one request's bad input (or our bug) must not end the engine thread
         for choice_id in command.choice_ids:
             engine.abort(choice_id)
