@@ -122,6 +122,8 @@ class EngineLoop:
             aborted: list[Aborted] = []  # delivered after the counters they changed
             touched: dict[str, None] = {}  # models whose counters changed, in order
             stall = self._steps == self._stall_after_step > 0  # tests only; a Stop still ends it at once
+            if stall:
+                log.warning("step %d: stalled until the next command (test_stall_after_step)", self._steps)
             for command in self._channel.commands(block=stall or not self._busy()):
                 if isinstance(command, Stop):
                     return

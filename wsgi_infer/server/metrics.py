@@ -122,6 +122,12 @@ STORE_COUNTERS = {
 }
 _FAMILIES.update({f"kv_store_{name}": _counter(f"kv_store_{name}", doc) for name, doc in STORE_COUNTERS.items()})
 _MODEL_UNLOADS = _counter("model_unloads", "Unloads of the model, by reason: idle, memory, admin", ("reason",))
+_STREAMS_CONTINUED = _counter(
+    "streams_continued",
+    "Streams whose host died, continued here when a client resumed them, by outcome: continued; failed (the "
+    "request could not run here); diverged (the run here wrote other events than the client had)",
+    ("outcome",),
+)
 _REQUEST_SUCCESS = _counter("request_success", "Finished requests", ("finished_reason",))
 # Per API key, by its id (a keys-file table's name, or a hash's first digits: never the key).
 _KEY_COUNTERS = {
@@ -150,6 +156,9 @@ class ModelMetrics:
 
     def request_success(self, finished_reason: str) -> Counter:
         return _REQUEST_SUCCESS.labels(self._model_name, finished_reason)
+
+    def streams_continued(self, outcome: str) -> Counter:
+        return _STREAMS_CONTINUED.labels(self._model_name, outcome)
 
     def model_unloads(self, reason: str) -> Counter:
         return _MODEL_UNLOADS.labels(self._model_name, reason)

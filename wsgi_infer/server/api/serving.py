@@ -10,7 +10,7 @@ import math
 import uuid
 from collections.abc import Iterator
 
-from flask import Response, after_this_request, current_app, g
+from flask import Response, after_this_request, current_app, g, request
 
 from ...engine.messages import Accepted, Rejected
 from ...engine.sampling_params import InvalidParameter, SamplingParams, max_tokens_within
@@ -23,7 +23,9 @@ from ..errors import APIError
 from ..streaming import sse
 from ..streaming.redis_store import RedisStreamReader, StoreUnavailable
 from ..streaming.stream_log import StreamInterrupted, StreamLog
+from ..streaming.stream_record import RequestRecord, StreamRecord
 from ..tenants.registry import Tenants
+from .continuation import Continuation, continuer
 
 ADMISSION_TIMEOUT_S = 60.0
 
@@ -112,7 +114,12 @@ def start(
     for ids in prompt_ids:  # as the engine would refuse it, but a long prompt then costs the engine thread nothing
         max_tokens_within(len(ids), params[0].max_tokens, model.max_model_len)
     ticket = _admit_key(model, params, sum(map(len, prompt_ids)))
-    stream = model.submit(g.request_id, prompt_ids, params)
+    continuation: Continuation | None = g.get("continuation")
+    generated = continuation.generated(len(prompt_ids) * len(params)) if continuation else None
+    stream = model.submit(g.request_id, prompt_ids, params, generated)
+    stream.identity = g.setdefault("identity", stream.identity)  # a continued stream's, drawn where it began
+    if continuation is not None:
+        stream.replay(continuation.batches)
     let_go_of_models()
     if "key" in g:
         tenants().track(g.key, ticket, stream, model)
@@ -228,14 +235,17 @@ def _tenant_key(stream_id: str) -> str:
 
 def published_log(stream_id: str) -> StreamLog | RedisStreamReader:
     """The stream this request's API key published under ``stream_id``; a 404 for any other."""
+    key = _tenant_key(stream_id)
     try:
-        log = manager().stream_logs.get(_tenant_key(stream_id))
+        log = manager().stream_logs.get(key)
     except StoreUnavailable as exc:
         raise APIError(str(exc), 503, code="store_unavailable", headers={"Retry-After": "1"}) from None
     if log is None:
         raise APIError(
             f"stream {stream_id!r} is unknown or has expired", 404, param="stream_id", code="stream_not_found"
         )
+    if isinstance(log, RedisStreamReader):
+        log.continue_here = continuer(key)  # should the host generating it be gone
     return log
 
 
@@ -251,9 +261,20 @@ def publish(
 def publish_log(
     stream: RequestStream, events: Iterator[str | None], stream_id: str | None = None, api: str = "openai"
 ) -> tuple[StreamLog, int, str]:
-    """``publish``'s log, the event id to read after, and the stream's id."""
-    mgr, stream_id = manager(), stream_id or uuid.uuid4().hex
-    log = mgr.stream_logs.publish(events, lambda: mgr.release(stream), _tenant_key(stream_id), api)
+    """``publish``'s log, the event id to read after, and the stream's id. With copies in Redis, the log keeps what
+    another host needs to continue it (``streaming.stream_record``); a continued stream keeps its own id."""
+    mgr, stream_id, continuation = manager(), stream_id or uuid.uuid4().hex, g.get("continuation")
+    key, known = (continuation.key, continuation.known) if continuation else (_tenant_key(stream_id), None)
+    record = None
+    if mgr.stream_logs.store is not None:
+        stream.taken = stream.taken if continuation else []
+        identity = stream.identity
+        body = request.get_data(as_text=True)
+        asked = RequestRecord(request.path, body, g.request_id, identity.seed, identity.created)
+        record = StreamRecord(asked, stream.taken)
+    log = mgr.stream_logs.publish(events, lambda: mgr.release(stream), key, api, record, known)
+    if continuation is not None:
+        continuation.log = log
     return log, 0, stream_id
 
 

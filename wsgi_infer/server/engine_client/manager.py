@@ -214,23 +214,23 @@ class EngineManager:
 
     # --- requests (hub) ---------------------------------------------------------------
     def submit(
-        self, model: ServedModel, request_id: str, prompts: list[list[int]], params: list[SamplingParams]
+        self,
+        model: ServedModel,
+        request_id: str,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        generated: list[list[int] | None],
     ) -> RequestStream:
         """``model.submit``: queue ``len(params)`` choices of each prompt (choice index = prompt * n + j)."""
         # The engine keys choices by a number of ours: clients may reuse their request ids.
-        stream = RequestStream(
-            request_id,
-            len(prompts) * len(params),
-            key=str(next(self._ids)),
-            model=model.name,
-            choices_per_prompt=len(params),
-        )
+        choices, key = len(prompts) * len(params), str(next(self._ids))
+        stream = RequestStream(request_id, choices, key=key, model=model.name, choices_per_prompt=len(params))
         self._router.add(stream)
         self._open_streams.add(id(stream))
         self._idle.clear()
         model.num_open_requests += 1
         model.metrics.open_streams.inc()
-        self._bridge.send(Submit(model.name, stream.key, request_id, stream.choice_ids, prompts, params))
+        self._bridge.send(Submit(model.name, stream.key, request_id, stream.choice_ids, prompts, params, generated))
         return stream
 
     def release(self, stream: RequestStream) -> None:

@@ -195,13 +195,20 @@ class ServedModel:
                     compiled[id(spec)] = self._off_hub(self.text.grammars.compile, spec)
                 p.structured_output = compiled[id(spec)]
 
-    def submit(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams]) -> RequestStream:
-        """Queue ``len(params)`` choices of each prompt (choice index = prompt * n + j) on this model.
+    def submit(
+        self,
+        request_id: str,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        generated: list[list[int] | None] | None = None,
+    ) -> RequestStream:
+        """Queue ``len(params)`` choices of each prompt (choice index = prompt * n + j) on this model; ``generated``:
+        a stream continued here, each choice's tokens so far (``Submit``).
 
         The stream's first event is Accepted or Rejected; then the choices' deltas.
         """
         self.last_used = time.monotonic()
-        return self._worker.submit(self, request_id, prompts, params)
+        return self._worker.submit(self, request_id, prompts, params, generated or [])
 
     def release(self, stream: RequestStream) -> None:
         """The response is over (finished, failed or the client left): abort what still runs."""

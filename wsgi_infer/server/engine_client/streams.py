@@ -8,6 +8,7 @@ reader gets fewer, larger pieces instead of a growing backlog.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 import gevent.event
 
 from ...engine.messages import Accepted, Rejected
+from .identity import ResponseIdentity
 
 if TYPE_CHECKING:
     from ...engine.outputs import RequestDelta
@@ -55,6 +57,7 @@ class RequestStream:
     model: str = ""  # the served model's name
     choices_per_prompt: int = 1  # n: choice index = prompt * n + j
     created: float = field(default_factory=time.monotonic)
+    identity: ResponseIdentity = field(default_factory=ResponseIdentity.new)  # its ids and creation time
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reasons: dict[int, str] = field(default_factory=dict)
@@ -62,6 +65,10 @@ class RequestStream:
     closed: bool = False
     on_first_token: Callable[[], None] | None = None  # its key's limits hear of it (``tenants``)
     on_close: Callable[[], None] | None = None
+    # The engine's output as the reader took it, batch by batch, where a copy of the stream lets another host
+    # continue it (``streaming.stream_record``); and, on that host, the batches to give the reader first.
+    taken: list[list[ChoiceDelta]] | None = None
+    _replay: deque[list[ChoiceDelta]] = field(default_factory=deque)
     _queue: list[StreamEvent] = field(default_factory=list)
     _ready: gevent.event.Event = field(default_factory=gevent.event.Event)
 
@@ -80,22 +87,32 @@ class RequestStream:
     @property
     def drained(self) -> bool:
         """Every choice has ended and the reader has taken every event."""
-        return self.finished and not self._queue
+        return self.finished and not self._queue and not self._replay
+
+    def replay(self, batches: list[list[ChoiceDelta]]) -> None:
+        """Before the engine's first output: the batches a stream continued here had taken where it ran before,
+        for the reader to take first, one at a time, as it took them there (each counted as it is taken: what
+        the reader sees of the counts on the way is what it saw there)."""
+        self._replay.extend(batches)
+        self.taken = list(batches)
 
     def push(self, event: StreamEvent) -> None:
         """Hub only (bridge callback or a greenlet)."""
         if isinstance(event, Accepted):
             self.prompt_tokens = event.prompt_tokens
         elif isinstance(event, ChoiceDelta):
-            if event.delta.token_ids and self.on_first_token is not None:
-                self.on_first_token()
-                self.on_first_token = None
-            self.completion_tokens += len(event.delta.token_ids)
-            self.cached_tokens.setdefault(event.index, event.delta.num_cached_tokens)
-            if event.delta.finish_reason is not None:
-                self.finish_reasons[event.index] = event.delta.finish_reason
+            self._count(event)
         self._queue.append(event)
         self._ready.set()
+
+    def _count(self, choice: ChoiceDelta) -> None:
+        if choice.delta.token_ids and self.on_first_token is not None:
+            self.on_first_token()
+            self.on_first_token = None
+        self.completion_tokens += len(choice.delta.token_ids)
+        self.cached_tokens.setdefault(choice.index, choice.delta.num_cached_tokens)
+        if choice.delta.finish_reason is not None:
+            self.finish_reasons[choice.index] = choice.delta.finish_reason
 
     def wait_admission(self, timeout: float) -> Accepted | Rejected | Terminated | None:
         """The engine's answer to the submission (always the first event); None on timeout."""
@@ -109,10 +126,17 @@ class RequestStream:
 
     def take(self, timeout: float | None) -> list[StreamEvent]:
         """Everything queued, waiting up to ``timeout`` seconds; [] on timeout."""
+        if self._replay:
+            batch = self._replay.popleft()
+            for choice in batch:
+                self._count(choice)
+            return batch
         if not self._queue:
             self._ready.wait(timeout)
         events, self._queue = self._queue, []
         self._ready.clear()
+        if self.taken is not None and (batch := [e for e in events if isinstance(e, ChoiceDelta)]):
+            self.taken.append(batch)
         return events
 
     @property

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 import gevent
@@ -28,6 +28,7 @@ import gevent.event
 
 from ..errors import anthropic_error_body, error_body
 from . import sse
+from .stream_record import RequestRecord, StreamRecord, decode_batch, encode_batch
 
 if TYPE_CHECKING:
     from ..metrics import ModelMetrics
@@ -41,12 +42,21 @@ class MirroredLog(Protocol):
     stream_id: str
     api: str
     events: list[str]
+    record: StreamRecord | None
     finished: bool
     finished_at: float
 
     def wait(self, seen: int, timeout: float) -> bool:
         """Until the log holds more than ``seen`` events or has finished."""
 
+
+class ReadableLog(Protocol):
+    def read(self, after: int, heartbeat: float) -> Iterator[str]:
+        """Events after id ``after``, with their ``id:`` lines."""
+
+
+# Continues a stream here whose generating host died: its log here, or None (continued elsewhere, or not at all).
+Continuer = Callable[[], ReadableLog | None]
 
 RETRY_MS = 1000
 LEASE_RENEWAL_SECONDS = 1.0  # at most; a lease lapses after three renewals missed
@@ -121,7 +131,7 @@ class RedisStore:
 
     def _mirror(self, stream_log: MirroredLog) -> None:
         """Copy the log into Redis until it has ended there, or has expired here unmirrored."""
-        sent: int | None = None  # events Redis holds; None: ask it
+        sent: tuple[int, int] | None = None  # events and record batches Redis holds; None: ask it
         epoch = self._epoch
         while True:
             if not self._up.wait(self._heartbeat):
@@ -138,32 +148,43 @@ class RedisStore:
                 continue
             if ended:
                 return
-            stream_log.wait(sent, self._renewal)  # a quiet stream's lease renewed all the same
+            stream_log.wait(sent[0], self._renewal)  # a quiet stream's lease renewed all the same
 
-    def _push(self, stream_log: MirroredLog, sent: int | None) -> tuple[int, bool]:
-        """Append what Redis lacks and renew the producer lease: the events Redis holds, and
-        whether the end is written too."""
+    def _push(self, stream_log: MirroredLog, sent: tuple[int, int] | None) -> tuple[tuple[int, int], bool]:
+        """Append what Redis lacks and renew the producer lease: the events and record batches Redis holds, and
+        whether the end is written too. The batches go first: Redis never holds an event without its batch."""
         key = self.key(stream_log.stream_id)
         if sent is None:
             last = self._client.xrevrange(key, count=1)
             if last and b"end" in last[0][1]:  # written before a lost reply
-                return len(stream_log.events), True
-            sent = int(last[0][0].split(b"-")[0]) if last else 0
-        total, finished = len(stream_log.events), stream_log.finished
+                return (len(stream_log.events), 0), True
+            sent = (int(last[0][0].split(b"-")[0]) if last else 0, self._client.llen(f"{key}:batches"))
+            request = stream_log.record and stream_log.record.request  # (again: Redis may have lost it)
+        else:
+            request = None
+        (events_sent, batches_sent), total, finished = sent, len(stream_log.events), stream_log.finished
+        batches = stream_log.record.batches if stream_log.record else []
+        num_batches = len(batches)
+        # Unfinished keys expire too, so a worker that died leaves nothing behind for ever.
+        expiry = max(1, int(self._keep + 3 * self._heartbeat))
         pipe = self._client.pipeline(transaction=False)
-        for index in range(sent, total):
+        if request is not None:
+            pipe.set(f"{key}:request", request.encode(), ex=expiry)
+        if num_batches > batches_sent and not finished:
+            pipe.rpush(f"{key}:batches", *map(encode_batch, batches[batches_sent:num_batches]))
+        for index in range(events_sent, total):
             pipe.xadd(key, {"event": stream_log.events[index]}, id=f"{index + 1}-0")
         if finished:
             pipe.xadd(key, {"end": "1"}, id=f"{total + 1}-0")
-            pipe.delete(f"{key}:producer")
+            pipe.delete(f"{key}:producer", f"{key}:request", f"{key}:batches")  # nothing left to continue
         else:
             pipe.set(f"{key}:producer", "1", px=self._lease_ms)
-        # Unfinished keys expire too, so a worker that died leaves nothing behind for ever.
-        expiry = max(1, int(self._keep + 3 * self._heartbeat))
+            pipe.expire(f"{key}:request", expiry)
+            pipe.expire(f"{key}:batches", expiry)
         pipe.expire(key, expiry)
         pipe.set(f"{key}:api", stream_log.api, ex=expiry)  # for readers elsewhere that must end it
         pipe.execute()
-        return total, finished
+        return (total, num_batches), finished
 
     def read_elsewhere(self, stream_id: str) -> bool:
         """Whether a reader in another process holds the stream (False while Redis is away)."""
@@ -189,10 +210,30 @@ class RedisStore:
                 self._down(exc)
         raise StoreUnavailable("the stream store (Redis) is unavailable; retry the resume")
 
-    def read(self, stream_id: str, after: int, heartbeat: float, api: str = "openai") -> Iterator[str]:
-        """Events after id ``after`` with their ``id:`` lines, a heartbeat per quiet interval, and an
-        error event in the stream's ``api``'s shape if Redis goes away or the generating worker died before the
-        end."""
+    def claim(self, stream_id: str) -> tuple[RequestRecord, list, list[str]] | None:
+        """Take over a stream whose producer lease lapsed before its end: its lease (one host continues it), its
+        request, record batches and events; None where another host took it first, or nothing is left to continue
+        (it ended, or its request was not kept)."""
+        key = self.key(stream_id)
+        if not self._client.set(f"{key}:producer", "1", nx=True, px=self._lease_ms):
+            return None
+        request, entries = self._client.get(f"{key}:request"), self._client.xrange(key)
+        if request is None or (entries and b"end" in entries[-1][1]):
+            self._client.delete(f"{key}:producer")
+            return None
+        batches = [decode_batch(batch) for batch in self._client.lrange(f"{key}:batches", 0, -1)]
+        return RequestRecord.decode(request), batches, [fields[b"event"].decode() for _, fields in entries]
+
+    def give_up(self, stream_id: str) -> None:
+        """A stream this host claimed and could not continue: its lease goes at once, so that readers end."""
+        self._client.delete(f"{self.key(stream_id)}:producer")
+
+    def read(
+        self, stream_id: str, after: int, heartbeat: float, api: str = "openai", continue_here: Continuer | None = None
+    ) -> Iterator[str]:
+        """Events after id ``after`` with their ``id:`` lines, a heartbeat per quiet interval, and an error event in
+        the stream's ``api``'s shape if Redis goes away or the generating worker died before the end and the stream
+        is not continued: here (``continue_here`` gives the log of the stream it continued) or by another host."""
         key, last, number = self.key(stream_id), f"{after}-0", after
         quiet, per_heartbeat = 0, max(1, round(heartbeat / self._renewal))  # empty reads, and those a heartbeat
         try:
@@ -201,6 +242,11 @@ class RedisStore:
                 reply = self._client.xread({key: last}, block=int(1000 * self._renewal), count=256)
                 if not reply:
                     if not self._client.exists(f"{key}:producer"):
+                        continued = continue_here() if continue_here is not None else None
+                        if continued is not None:
+                            yield from continued.read(number, heartbeat)
+                            return
+                    if not self._client.exists(f"{key}:producer"):  # nor continued elsewhere
                         yield _error_event(api, number, "the worker generating this stream is gone", "stream_lost")
                         return
                     quiet += 1
@@ -227,9 +273,10 @@ class RedisStreamReader:
         self._store = store
         self.stream_id = stream_id
         self.api = api
+        self.continue_here: Continuer | None = None  # where its generating host died: continue it here
 
     def read(self, after: int, heartbeat: float) -> Iterator[str]:
-        return self._store.read(self.stream_id, after, heartbeat, self.api)
+        return self._store.read(self.stream_id, after, heartbeat, self.api, self.continue_here)
 
 
 def _error_event(api: str, events_before: int, message: str, code: str) -> str:

@@ -29,6 +29,7 @@ from ..errors import error_body
 from ..metrics import ModelMetrics
 from . import sse
 from .redis_store import RedisStore
+from .stream_record import StreamRecord
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +60,18 @@ class StreamLog:
         on_abandoned: Callable[[], None],
         read_elsewhere: Callable[[], bool] = lambda: False,
         api: str = "openai",
+        record: StreamRecord | None = None,
     ) -> None:
         self.stream_id = stream_id
         self.api = api
+        self.record = record  # what another host needs to continue it (with a mirror in Redis)
         self.events: list[str] = []  # without their `id:` lines (the mirror stores them so too)
         self.finished = False
         self.finished_at = 0.0
         self.readers = 0
         self.delivered = 0  # events some reader's connection has taken, at most
         self._ends = [0]  # _ends[i]: bytes of the first i events
+        self.known = 0  # continued here: the events its client had from the host that died
         self._grace = grace
         self._on_abandoned = on_abandoned
         self._read_elsewhere = read_elsewhere
@@ -83,6 +87,12 @@ class StreamLog:
         self.events.append(text)
         self._ends.append(self._ends[-1] + len(text.encode()))
         self._notify()
+
+    def start_with(self, events: list[str]) -> None:
+        """A stream continued here: the events a client already has (Redis's copy), read by none yet."""
+        for text in events:
+            self.append(text)
+        self.delivered = self.known = len(events)  # not this log's backlog: they went out before
 
     def finish(self) -> None:
         """No more events: readers end after the last one."""
@@ -137,7 +147,8 @@ class StreamLogs:
         self._logs: dict[str, StreamLog] = {}
         self._finished: deque[StreamLog] = deque()  # in the order they finished: the first to expire first
         self._greenlets = metrics.greenlets
-        self._store = RedisStore(redis_url, keep_seconds, grace, metrics) if redis_url else None
+        self.metrics = metrics
+        self.store = RedisStore(redis_url, keep_seconds, grace, metrics) if redis_url else None  # the copies
 
     def publish(
         self,
@@ -145,64 +156,79 @@ class StreamLogs:
         on_abandoned: Callable[[], None],
         stream_id: str | None = None,
         api: str = "openai",
+        record: StreamRecord | None = None,
+        known: list[str] | None = None,
     ) -> StreamLog:
         """A new log (under ``stream_id``, unique, or a new one), fed with ``events`` by a pump greenlet (and mirrored
-        to Redis, with a store)."""
+        to Redis with its ``record``, with a store). ``known``: a stream continued here, the events its client has;
+        ``events`` must start with them."""
         self._expire()
         stream_id = stream_id or uuid.uuid4().hex
-        read_elsewhere = (lambda: self._store.read_elsewhere(stream_id)) if self._store else (lambda: False)
-        stream_log = StreamLog(stream_id, self.grace, on_abandoned, read_elsewhere, api)
+        read_elsewhere = (lambda: self.store.read_elsewhere(stream_id)) if self.store else (lambda: False)
+        stream_log = StreamLog(stream_id, self.grace, on_abandoned, read_elsewhere, api, record)
+        stream_log.start_with(known or [])
         self._logs[stream_id] = stream_log
         gevent.spawn(self._pump, stream_log, events)
-        if self._store is not None:
-            self._store.mirror(stream_log)
+        if self.store is not None:
+            self.store.mirror(stream_log)
         return stream_log
 
     def get(self, stream_id: str):
         """This worker's log, or a reader of Redis's copy; None if unknown. Raises StoreUnavailable."""
         self._expire()
         local = self._logs.get(stream_id)
-        if local is not None or self._store is None:
+        if local is not None or self.store is None:
             return local
-        return self._store.open(stream_id)
+        return self.store.open(stream_id)
 
     def _pump(self, stream_log: StreamLog, events: Generator[str | None, None, None]) -> None:
-        """Copy ``events`` into the log; None items (heartbeats) are dropped."""
+        """Copy ``events`` into the log; None items (heartbeats) are dropped, and so are the first of a continued
+        stream, which its log holds already."""
         self._greenlets.inc()
         try:
-            for text in events:
-                if text is not None:
+            for number, text in enumerate(text for text in events if text is not None):
+                if number >= stream_log.known:
                     stream_log.append(text)
-                if stream_log.backlog_bytes > self.backlog_bytes:
-                    for text in self._overflow_ending(stream_log, events):
-                        stream_log.append(text)
-                    return
+                interrupted = self._interruption(stream_log, number, text)
+                if interrupted is not None:
+                    return self._end(stream_log, events, interrupted)
         finally:
             stream_log.finish()
             self._finished.append(stream_log)
             self._greenlets.dec()
 
-    def _overflow_ending(self, stream_log: StreamLog, events: Generator[str | None, None, None]) -> list[str]:
-        """The last events of a stream whose reader fell too far behind: the route's own, as it ends an
-        interrupted stream in its API's shape (an OpenAI-shaped error where it does not); the generation is
-        aborted (the generator's ``finally``)."""
-        log.warning(
-            "stream %s: the client is %d bytes behind (limit %d); generation aborted",
-            stream_log.stream_id,
-            stream_log.backlog_bytes,
-            self.backlog_bytes,
-        )
-        message = f"the client fell more than {self.backlog_bytes} bytes behind the stream; generation aborted"
-        interrupted = StreamInterrupted(message, "stream_backlog_exceeded")
+    def _interruption(self, stream_log: StreamLog, number: int, text: str) -> StreamInterrupted | None:
+        """Why the stream ends after its event ``number`` (from 0): continued here, the event differs from the one
+        its client has; or its reader fell too far behind."""
+        if number < stream_log.known and text != stream_log.events[number]:
+            log.error("stream %s: continued here, its event %d differs from the client's", stream_log.stream_id, number)
+            self.metrics.streams_continued("diverged").inc()
+            message = "the stream could not be continued after its host stopped: its events differ from the first"
+            return StreamInterrupted(message, "stream_lost")
+        if stream_log.backlog_bytes > self.backlog_bytes:
+            log.warning(
+                "stream %s: the client is %d bytes behind (limit %d); generation aborted",
+                *(stream_log.stream_id, stream_log.backlog_bytes, self.backlog_bytes),
+            )
+            message = f"the client fell more than {self.backlog_bytes} bytes behind the stream; generation aborted"
+            return StreamInterrupted(message, "stream_backlog_exceeded")
+        return None
+
+    @staticmethod
+    def _end(stream_log: StreamLog, events: Generator[str | None, None, None], interrupted: StreamInterrupted) -> None:
+        """End the stream early with the route's own last events, as it ends an interrupted stream in its API's
+        shape (an OpenAI-shaped error where it does not); the generation is aborted (the generator's ``finally``)."""
         try:
             ending = [events.throw(interrupted), *events]
         except StopIteration:
             ending = []
         except StreamInterrupted:
-            ending = [sse.event(error_body(message, 503, code=interrupted.code), name="error")]
+            ending = [sse.event(error_body(interrupted.message, 503, code=interrupted.code), name="error")]
         finally:
             events.close()
-        return [text for text in ending if text is not None]
+        for text in ending:
+            if text is not None:
+                stream_log.append(text)
 
     def _expire(self) -> None:
         """Forget the logs finished more than keep_seconds ago: only those are visited, not every open stream on

@@ -3,7 +3,6 @@ chat completions (tool calls parsed out of chat text)."""
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
@@ -21,7 +20,7 @@ class Formatter(ABC):
     def __init__(self, stream: RequestStream, obj: str) -> None:
         self.id = f"{self.prefix}-{stream.request_id}"
         self.object = obj
-        self.created = int(time.time())
+        self.created = stream.identity.created
         self.model = stream.model
 
     def envelope(self, choices: list[dict], usage: dict | None = None) -> dict:
@@ -114,7 +113,9 @@ class ChatFormatter(Formatter):
         prompt opened the thought already."""
         super().__init__(stream, obj)
         self._role_sent: set[int] = set()
-        self._parsers = {i: ToolCallParser(tools) for i in range(stream.num_choices)} if tools else None
+        self._parsers = (
+            {i: ToolCallParser(tools, stream.identity) for i in range(stream.num_choices)} if tools else None
+        )
         self._thoughts = {i: ReasoningParser(opened) for i in range(stream.num_choices)} if thinks else None
 
     def _split(self, index: int, text: str, final: bool) -> tuple[str, str]:

@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ...engine_client.identity import ResponseIdentity
 
 _NAME = "[A-Za-z0-9_.-]+"
 
@@ -60,8 +63,8 @@ class ToolFormat:
         """A call's text up to its arguments, its name the group."""
         return re.compile(f'{re.escape(self.call_start)}({_NAME})", "{self.arguments_key}": ')
 
-    def call_id(self) -> str:
-        return uuid.uuid4().hex[:9] if self.short_ids else f"call_{uuid.uuid4().hex[:24]}"
+    def call_id(self, ids: ResponseIdentity) -> str:
+        return ids.hex(9) if self.short_ids else f"call_{ids.hex(24)}"
 
     def lark(self, text: str) -> str:
         """``text`` (begin or end) as a Lark sequence: its special tokens as tokens, the rest as literals."""

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 
 from ....engine.sampling_params import StructuredOutput
+from ...engine_client.identity import ResponseIdentity
 from .tool_formats import HERMES, ToolFormat
 
 _COMPACT = {"whitespace_flexible": False}  # arguments as compact JSON, as OpenAI sends them
@@ -108,6 +109,7 @@ class ToolCallParser:
     """
 
     format: ToolFormat = HERMES
+    ids: ResponseIdentity = field(default_factory=ResponseIdentity.new)  # its calls' ids
     text: str = ""
     calls: list[ParsedCall] = field(default_factory=list)
     _content_sent: int = 0
@@ -148,7 +150,7 @@ class ToolCallParser:
             arguments = self.text[found.end() : end]
             entry: dict = {"index": index, "function": {"arguments": ""}}
             if index == len(self.calls):
-                self.calls.append(ParsedCall(self.format.call_id(), found.group(1), ""))
+                self.calls.append(ParsedCall(self.format.call_id(self.ids), found.group(1), ""))
                 entry = {"index": index, "id": self.calls[index].id, "type": "function", "function": {}}
                 entry["function"] = {"name": found.group(1), "arguments": ""}
             call = self.calls[index]

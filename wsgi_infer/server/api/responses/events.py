@@ -7,8 +7,8 @@ from __future__ import annotations
 import copy
 import re
 import time
-import uuid
 
+from ...engine_client.identity import ResponseIdentity
 from ...engine_client.streams import RequestStream
 from ...streaming import sse
 from ..chat.formatters import reply_parts
@@ -20,15 +20,11 @@ TEXT_ITEMS = {
 }
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def response_id(previous: str | None) -> str:
+def response_id(previous: str | None, ids: ResponseIdentity) -> str:
     """A response's id: 16 hex digits naming its conversation (those of the response it continues, or new ones),
     then 16 of its own. A proxy that hashes the conversation's digits (``scripts/nginx/wsgi-infer-hosts.conf``)
     sends every later turn of a conversation to one host, where its prefix is cached."""
-    own = uuid.uuid4().hex
+    own = ids.hex()
     continued = previous is not None and re.fullmatch(r"resp_[0-9a-f]{32}", previous)
     return f"resp_{previous[5:21] if continued else own[16:]}{own[:16]}"
 
@@ -55,8 +51,9 @@ def chunk_of(final_choice: dict) -> dict:
 class ResponseBuilder:
     """``response``: the response object, status in_progress and no output yet; ``feed`` grows its output."""
 
-    def __init__(self, response: dict) -> None:
+    def __init__(self, response: dict, ids: ResponseIdentity) -> None:
         self.response = response
+        self._ids = ids  # its items' ids
         self._sequence = 0
         self._open: dict | None = None  # the item being written
         self._finish_reason: str | None = None  # the chat's, once it ended
@@ -77,7 +74,7 @@ class ResponseBuilder:
         events = []
         for kind, value, name in reply_parts(chunk):
             if kind == "call":
-                item = {"id": new_id("fc"), "type": "function_call", "call_id": value, "name": name}
+                item = {"id": self._new_id("fc"), "type": "function_call", "call_id": value, "name": name}
                 events += self._add({**item, "arguments": "", "status": "in_progress"})
             elif kind == "arguments":
                 self._open["arguments"] += value
@@ -109,7 +106,7 @@ class ResponseBuilder:
 
     def _start_text(self, kind: str) -> list[str]:
         prefix, part_type, _ = TEXT_ITEMS[kind]
-        item = {"id": new_id(prefix), "type": kind, "status": "in_progress", "content": []}
+        item = {"id": self._new_id(prefix), "type": kind, "status": "in_progress", "content": []}
         item.update(role="assistant") if kind == "message" else item.update(summary=[])
         events = self._add(item)
         part = {"type": part_type, "text": ""} | ({"annotations": [], "logprobs": []} if kind == "message" else {})
@@ -158,6 +155,9 @@ class ResponseBuilder:
             *events,
             self._event("response.output_item.done", output_index=len(self.output) - 1, item=copy.deepcopy(item)),
         ]
+
+    def _new_id(self, prefix: str) -> str:
+        return f"{prefix}_{self._ids.hex()}"
 
     def _item_event(self, kind: str, **fields) -> str:
         return self._event(kind, item_id=self._open["id"], output_index=len(self.output) - 1, **fields)

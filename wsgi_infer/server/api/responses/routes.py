@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -22,6 +21,7 @@ from .events import ResponseBuilder, chunk_of, response_id
 from .schemas import ResponsesRequest, input_messages, refuse_unsupported
 
 if TYPE_CHECKING:
+    from ...engine_client.identity import ResponseIdentity
     from ...engine_client.served_model import ServedModel
     from ...streaming.response_store import ResponseStore
 
@@ -40,7 +40,7 @@ def create():
     if previous and req.model is None:  # a chain keeps its model
         req.model = previous["response"]["model"]
     stream, formatter = start_chat(req.as_chat(conversation), "response")
-    builder = ResponseBuilder(_frame(req, formatter.model))
+    builder = ResponseBuilder(_frame(req, formatter.model, stream.identity), stream.identity)
     keep = _Keeper(manager().responses if req.store else None, g.get("tenant", ""), conversation)
     if req.stream:
         events = _events(model_of(stream), stream, formatter, builder, keep)
@@ -101,12 +101,12 @@ def _events(
     keep(builder.response)
 
 
-def _frame(req: ResponsesRequest, model: str) -> dict:
+def _frame(req: ResponsesRequest, model: str, ids: ResponseIdentity) -> dict:
     """The response before its output: what was asked, as OpenAI echoes it."""
     return {
-        "id": response_id(req.previous_response_id),
+        "id": response_id(req.previous_response_id, ids),
         "object": "response",
-        "created_at": int(time.time()),
+        "created_at": ids.created,
         "status": "in_progress",
         "error": None,
         "incomplete_details": None,
