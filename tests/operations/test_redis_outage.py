@@ -22,7 +22,7 @@ from wsgi_infer.server.streaming import sse
 from wsgi_infer.server.streaming.redis_store import API_SHAPES, RedisStore
 from wsgi_infer.server.streaming.stream_log import StreamLog
 
-from ..support.server import ENDLESS, GunicornServer, RedisServer
+from ..support.server import GunicornServer, RedisServer, labelled_samples
 from ..support.sse_client import Event, events, text_of
 
 pytestmark = pytest.mark.slow  # real processes
@@ -120,19 +120,28 @@ def _cut_after(http: httpx.Client, prompt: str, max_tokens: int = 50) -> str:
         return r.headers["x-stream-id"]  # leaving the block cuts the connection
 
 
-def test_a_resume_elsewhere_ends_when_the_generating_worker_is_killed(instances):
+def test_a_resume_elsewhere_continues_a_stream_whose_worker_is_killed(instances, tiny_llama):
+    """The worker dies under the stream (its master starts another); the resume on the other instance, which was
+    reading Redis's copy, continues the generation there once the lease has lapsed: the whole text, each token
+    once."""
     _, first, second = instances
+    prompt, max_tokens = "Killed mid-stream", 2000  # seconds of steps: it runs at the kill
+    expected = tiny_llama.generate(prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     with first.client() as http:
-        stream_id = _cut_after(http, "Killed mid-stream", ENDLESS)  # seconds of work: it runs at the kill
+        stream_id = _cut_after(http, prompt, max_tokens)
     with second.client(timeout=10 * HEARTBEAT_S) as other:
         with other.stream("GET", f"/v1/streams/{stream_id}") as r:
             assert r.status_code == 200
             iterator = events(r)
-            assert next(e for e in iterator if e.data).id == "1"
+            received = [next(e for e in iterator if e.data)]
+            assert received[0].id == "1"
             for pid in first.worker_pids():
                 os.kill(pid, signal.SIGKILL)
-            last = [e for e in iterator if e.data][-1]  # the read timeout bounds the wait
-    assert last.name == "error" and last.json["error"]["code"] == "stream_lost"
+            received += [e for e in iterator if e.data]
+    assert [int(e.id) for e in received] == list(range(1, len(received) + 1))
+    assert received[-1].data == "[DONE]" and text_of(received) == expected[0].text
+    continued = labelled_samples(httpx.get(f"{second.url}/metrics").text, "wsgi_infer:streams_continued_total")
+    assert continued == {(("outcome", "continued"),): 1.0}
 
 
 def test_a_mirror_that_slept_through_an_outage_copies_its_whole_log_again(tmp_path, caplog):

@@ -39,9 +39,17 @@ STREAMS = {
             **USAGE,
         },
     ),
-    "completions, seeded": (
+    "completions, two choices, seeded": (
         "/v1/completions",
-        {"prompt": "Dice", "max_tokens": MAX_TOKENS, "temperature": 1, "seed": 11, "ignore_eos": True, "stream": True},
+        {
+            "prompt": "Dice",
+            "n": 2,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 1,
+            "seed": 11,
+            "ignore_eos": True,
+            "stream": True,
+        },
     ),
     "chat, response_format, seeded": (
         "/v1/chat/completions",
@@ -68,33 +76,34 @@ STREAMS = {
 }
 
 
-def text_of(path: str, received: list[Event]) -> tuple[str, dict | None]:
-    """The generated text an API's events carry (a tool call's name and arguments too), and the usage they end
-    with."""
-    text, usage = [], None
+def text_of(path: str, received: list[Event]) -> tuple[list[str], dict | None]:
+    """The generated text an API's events carry (a tool call's name and arguments too; choices one after another,
+    each choice's events in their order), and the usage they end with."""
+    texts: dict[int, list[str]] = {}
+    usage = None
     for data in (e.json for e in received if e.data and e.data != "[DONE]"):
         if path == "/v1/responses":
-            text += [data["delta"]] if data["type"].endswith(".delta") else []
-            usage = (
-                data["response"]["usage"] if data["type"] in ("response.completed", "response.incomplete") else usage
-            )
+            texts.setdefault(0, []).append(data["delta"] if data["type"].endswith(".delta") else "")
+            ended = data["type"] in ("response.completed", "response.incomplete")
+            usage = data["response"]["usage"] if ended else usage
         elif path == "/v1/messages":
-            delta = data.get("delta", {})
-            text += (
-                [delta.get("text", "") + delta.get("partial_json", "")] if data["type"] == "content_block_delta" else []
-            )
+            delta = data.get("delta", {}) if data["type"] == "content_block_delta" else {}
+            texts.setdefault(0, []).append(delta.get("text", "") + delta.get("partial_json", ""))
             if data["type"] == "message_delta":  # Anthropic counts cached prompt tokens apart
                 usage = {"input": sum(v for k, v in data["usage"].items() if "input" in k), **data["usage"]}
                 usage = {k: v for k, v in usage.items() if k in ("input", "output_tokens")}
         else:
             for choice in data["choices"]:
                 delta = choice.get("delta", choice)
-                calls = delta.get("tool_calls") or []
-                text += [delta.get("text") or delta.get("content") or ""]
-                text += [c["function"].get("name", "") + c["function"].get("arguments", "") for c in calls]
+                calls = [
+                    c["function"].get("name", "") + c["function"].get("arguments", "")
+                    for c in delta.get("tool_calls") or []
+                ]
+                texts.setdefault(choice["index"], []).extend([delta.get("text") or delta.get("content") or "", *calls])
             usage = data.get("usage") or usage
     # Prompt tokens from a cache depend on what ran before on that host: not compared.
-    return "".join(text), usage and {k: v for k, v in usage.items() if "tokens_details" not in k}
+    usage = usage and {k: v for k, v in usage.items() if "tokens_details" not in k}
+    return ["".join(texts[index]) for index in sorted(texts)], usage
 
 
 def stream_id_of(path: str, reply: httpx.Response, first: Event) -> str:
@@ -143,7 +152,8 @@ def test_every_streaming_route_continues_on_another_host_as_if_uninterrupted(tin
             stream_id, reading = started[name]
             seen = reading.result(30)  # what the client had when the connection broke
             before = text_of(path, seen)[0]
-            assert before and whole[name][0].startswith(before) and before != whole[name][0], name  # mid-way
+            assert all(b and w.startswith(b) for b, w in zip(before, whole[name][0], strict=True)), name
+            assert before != whole[name][0], name  # mid-way
             if name == RACED:  # two clients resume it on both survivors at once: one continues it, one follows
                 with ThreadPoolExecutor(2) as pool:
                     urls = [server.url for server in survivors]

@@ -66,6 +66,7 @@ def _continue(app: Flask, key: str, credentials: dict[str, str]) -> StreamLog | 
     headers = {**credentials, "X-Request-Id": record.request_id, "Content-Type": "application/json"}
     builder = EnvironBuilder(record.path, method="POST", data=record.body, headers=headers)
     continuation = Continuation(key, batches, known)
+    holding = stream_logs.store.hold(key)
     with app.request_context(builder.get_environ()):
         g.identity, g.continuation = ResponseIdentity(record.seed, record.created), continuation
         try:
@@ -78,6 +79,8 @@ def _continue(app: Flask, key: str, credentials: dict[str, str]) -> StreamLog | 
         except Exception as exc:
             log.exception("stream %s: continuing it failed", key)
             reason = repr(exc)
+        finally:
+            holding.kill()  # its mirror renews the lease from here
     if continuation.log is None:
         log.warning("stream %s: could not be continued here: %s", key, reason)
         stream_logs.metrics.streams_continued("failed").inc()

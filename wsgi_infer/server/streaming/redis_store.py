@@ -224,6 +224,20 @@ class RedisStore:
         batches = [decode_batch(batch) for batch in self._client.lrange(f"{key}:batches", 0, -1)]
         return RequestRecord.decode(request), batches, [fields[b"event"].decode() for _, fields in entries]
 
+    def hold(self, stream_id: str) -> gevent.Greenlet:
+        """Renew a claimed stream's lease until the greenlet is killed: while its request is set up here (a model
+        loading may take longer than a lease), before its mirror renews it."""
+
+        def renew() -> None:
+            while True:
+                gevent.sleep(self._renewal)  # a renewal period, not a wait for an event
+                try:
+                    self._client.set(f"{self.key(stream_id)}:producer", "1", px=self._lease_ms)
+                except self._errors as exc:
+                    return self._down(exc)
+
+        return gevent.spawn(renew)
+
     def give_up(self, stream_id: str) -> None:
         """A stream this host claimed and could not continue: its lease goes at once, so that readers end."""
         self._client.delete(f"{self.key(stream_id)}:producer")
