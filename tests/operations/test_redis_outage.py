@@ -19,7 +19,8 @@ import redis
 from wsgi_infer import SamplingParams
 from wsgi_infer.server.metrics import ModelMetrics
 from wsgi_infer.server.streaming import sse
-from wsgi_infer.server.streaming.redis_store import API_SHAPES, RedisStore
+from wsgi_infer.server.streaming.redis_store import RedisStore
+from wsgi_infer.server.streaming.stream_endings import API_SHAPES
 from wsgi_infer.server.streaming.stream_log import StreamLog
 
 from ..support.server import GunicornServer, RedisServer, labelled_samples

@@ -86,3 +86,48 @@ def test_a_route_that_does_not_end_an_interrupted_stream_gets_an_openai_shaped_e
 
     name, data = sse.fields(published_past_the_bound(route_events())[-1])
     assert name == "error" and json.loads(data)["error"]["code"] == "stream_backlog_exceeded"
+
+
+def test_a_continued_stream_skips_the_events_its_client_has_and_ends_where_its_run_differs():
+    """A stream continued here (``api.continuation``) writes its first events again: those its client has are
+    checked and dropped; where one differs, the stream ends as its route ends an interrupted stream."""
+    known = [sse.event({"n": n}) for n in (1, 2)]
+    metrics = ModelMetrics("continued")
+    logs = StreamLogs(keep_seconds=60, grace=60, backlog_bytes=10_000, redis_url=None, metrics=metrics)
+
+    def route(first: list[int]):
+        try:
+            yield from (sse.event({"n": n}) for n in first)
+            yield None  # a heartbeat between: no event
+            yield sse.event({"n": 3})
+        except StreamInterrupted as exc:
+            yield sse.event({"ended": exc.code})
+
+    for first, ending in (([1, 2], {"n": 3}), ([1, 5], {"ended": "stream_lost"})):
+        log = logs.publish(route(first), on_abandoned=lambda: None, known=known)
+        while not log.finished:
+            log.wait(len(log.events), timeout=5)  # the pump greenlet runs meanwhile
+        assert log.events == [*known, sse.event(ending)]
+    diverged = metrics.streams_continued("diverged")._value.get()  # prometheus_client's own count
+    assert diverged == 1
+
+
+def test_while_a_mirror_copies_the_stream_readers_get_only_what_redis_holds():
+    """So that a host continuing the stream after this one died has every event a client had; with Redis away
+    (``copied(None)``), every event goes out."""
+    log = new_log()
+    log.copied(0)
+    for n in (1, 2, 3):
+        log.append(sse.event({"n": n}))
+    reader = log.read(0, heartbeat=0.01)
+    assert next(reader) == sse.HEARTBEAT  # three events, none in Redis yet
+    log.copied(2)
+    assert [next(reader), next(reader), next(reader)] == [
+        f"id: 1\n{sse.event({'n': 1})}",
+        f"id: 2\n{sse.event({'n': 2})}",
+        sse.HEARTBEAT,
+    ]
+    log.finish()
+    assert next(reader) == sse.HEARTBEAT  # finished, but its last event is not in Redis yet
+    log.copied(None)
+    assert list(reader) == [f"id: 3\n{sse.event({'n': 3})}"]

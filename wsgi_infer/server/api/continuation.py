@@ -22,7 +22,7 @@ from ..engine_client.identity import ResponseIdentity
 from ..engine_client.streams import ChoiceDelta
 from ..errors import APIError
 from ..streaming.redis_store import Continuer
-from ..streaming.stream_log import StreamLog
+from ..streaming.stream_log import StreamLog, StreamLogs
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +53,17 @@ def continuer(key: str) -> Continuer:
     """In a resuming request: how to continue the stream kept under ``key`` here, should its host be gone."""
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
     credentials = {name: request.headers[name] for name in CREDENTIALS if name in request.headers}
-    return lambda: _continue(app, key, credentials)
+    return lambda after: _continue(app, key, credentials, after)
 
 
-def _continue(app: Flask, key: str, credentials: dict[str, str]) -> StreamLog | None:
+def _continue(app: Flask, key: str, credentials: dict[str, str], after: int) -> StreamLog | None:
     stream_logs = manager_of(app).stream_logs
     claimed = stream_logs.store.claim(key)
     if claimed is None:
         return None
     record, batches, known = claimed
+    if after > len(known):  # sent while Redis was away: where the events after Redis's copy ended is unknown
+        return _failed(stream_logs, key, f"its client has {after} events, Redis only {len(known)}")
     log.info("stream %s: its host is gone; continuing it here after %d events", key, len(known))
     headers = {**credentials, "X-Request-Id": record.request_id, "Content-Type": "application/json"}
     builder = EnvironBuilder(record.path, method="POST", data=record.body, headers=headers)
@@ -82,9 +84,12 @@ def _continue(app: Flask, key: str, credentials: dict[str, str]) -> StreamLog | 
         finally:
             holding.kill()  # its mirror renews the lease from here
     if continuation.log is None:
-        log.warning("stream %s: could not be continued here: %s", key, reason)
-        stream_logs.metrics.streams_continued("failed").inc()
-        stream_logs.store.give_up(key)  # its reader (here or elsewhere) ends now, as it would have
-        return None
+        return _failed(stream_logs, key, reason)
     stream_logs.metrics.streams_continued("continued").inc()
     return continuation.log
+
+
+def _failed(stream_logs: StreamLogs, key: str, reason: str) -> None:
+    log.warning("stream %s: could not be continued here: %s", key, reason)
+    stream_logs.metrics.streams_continued("failed").inc()
+    stream_logs.store.give_up(key)  # its reader (here or elsewhere) ends now, as it would have

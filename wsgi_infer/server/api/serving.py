@@ -254,7 +254,7 @@ def publish(
 ) -> Response:
     """A streamed response: a pump greenlet owns the generation and records its events; this response, and any
     resume of it (``published_log``), only read that log, so a dropped connection loses nothing. ``api``: the shape
-    of its events (``redis_store.API_SHAPES``)."""
+    of its events (``stream_endings.API_SHAPES``)."""
     return log_response(*publish_log(stream, events, stream_id, api))
 
 

@@ -1,19 +1,14 @@
-"""Resumable streams shared through Redis, best effort.
+"""Streams copied to Redis: any worker or host resumes them, and continues them where their host died.
 
-The worker generating a stream keeps its log in memory (``stream_log``); a
-mirror greenlet per stream copies the events into a Redis stream (entry ids
-``n-0``), so that any worker or host sharing the Redis can serve a resume.
-Redis is never on a stream's path: while it is away, streams go on from
-memory, a resume that needs Redis gets ``StoreUnavailable`` (a 503), and when
-it returns each mirror catches up from the last entry Redis holds.
+The worker generating a stream keeps its log in memory (``stream_log``); a mirror greenlet per stream copies its
+events into a Redis stream (entry ids ``n-0``) with the record another host needs to continue it
+(``stream_record``). An event goes out to clients once Redis holds it, so that a host continuing the stream has
+every event a client had. While Redis is away streams go on from memory (a resume that needs Redis gets
+``StoreUnavailable``, a 503), and when it returns each mirror catches up from the last entry Redis holds.
 
-Two short leases tie readers and writers together: the generating worker
-renews ``<key>:producer`` while its stream runs, so a reader elsewhere ends
-with a ``stream_lost`` event soon after that worker died; readers renew
-``<key>:reader``, so the generating worker knows somebody still reads. Each
-is renewed every second at least (every heartbeat where that is shorter) and
-lapses after three renewals missed, whatever the heartbeat: a host that dies
-is known to be gone within seconds, not three heartbeats.
+Short leases tie readers and writers together: the generating worker renews ``<key>:producer``, readers
+``<key>:reader``, each every second at least, lapsing after three renewals missed. A reader elsewhere that sees
+the producer's lapse before the stream's end continues it (``api.continuation``) or ends it with ``stream_lost``.
 """
 
 from __future__ import annotations
@@ -26,8 +21,8 @@ from typing import TYPE_CHECKING, Protocol
 import gevent
 import gevent.event
 
-from ..errors import anthropic_error_body, error_body
 from . import sse
+from .stream_endings import error_event
 from .stream_record import RequestRecord, StreamRecord, decode_batch, encode_batch
 
 if TYPE_CHECKING:
@@ -42,6 +37,7 @@ class MirroredLog(Protocol):
     stream_id: str
     api: str
     events: list[str]
+    known: int
     record: StreamRecord | None
     finished: bool
     finished_at: float
@@ -49,18 +45,18 @@ class MirroredLog(Protocol):
     def wait(self, seen: int, timeout: float) -> bool:
         """Until the log holds more than ``seen`` events or has finished."""
 
+    def copied(self, mirrored: int | None) -> None:
+        """Redis holds the first ``mirrored`` events (None: Redis is away)."""
+
 
 class ReadableLog(Protocol):
-    def read(self, after: int, heartbeat: float) -> Iterator[str]:
-        """Events after id ``after``, with their ``id:`` lines."""
+    def read(self, after: int, heartbeat: float) -> Iterator[str]: ...
 
 
-# Continues a stream here whose generating host died: its log here, or None (continued elsewhere, or not at all).
-Continuer = Callable[[], ReadableLog | None]
+# A stream here whose host died, continued for a reader after the given event: its log, or None (not here).
+Continuer = Callable[[int], ReadableLog | None]
 
-RETRY_MS = 1000
 LEASE_RENEWAL_SECONDS = 1.0  # at most; a lease lapses after three renewals missed
-API_SHAPES = ("openai", "anthropic", "responses")  # the shapes a stream read here may end in: see _error_event
 
 
 class StoreUnavailable(Exception):
@@ -116,52 +112,64 @@ class RedisStore:
     def mirror(self, stream_log: MirroredLog) -> None:
         """Announce the stream (a resume elsewhere finds it as soon as its client has the id),
         then copy it in a greenlet of its own."""
+        sent = None
         if self._up.is_set():
             try:
-                self._client.set(f"{self.key(stream_log.stream_id)}:producer", "1", px=self._lease_ms)
+                sent, _ = self._push(stream_log, None, renew=True, announce=True)
+                stream_log.copied(sent[0])  # its events go out once Redis holds them
             except self._errors as exc:
                 self._down(exc)
         self._metrics.streams_unmirrored.inc()
         self._metrics.greenlets.inc()
-        gevent.spawn(self._mirror, stream_log).link(self._mirror_ended)
+        gevent.spawn(self._mirror, stream_log, sent).link(self._mirror_ended)
 
     def _mirror_ended(self, _: gevent.Greenlet) -> None:
         self._metrics.streams_unmirrored.dec()
         self._metrics.greenlets.dec()
 
-    def _mirror(self, stream_log: MirroredLog) -> None:
-        """Copy the log into Redis until it has ended there, or has expired here unmirrored."""
-        sent: tuple[int, int] | None = None  # events and record batches Redis holds; None: ask it
-        epoch = self._epoch
+    def _mirror(self, stream_log: MirroredLog, sent: tuple[int, int] | None) -> None:
+        """Copy the log into Redis until it has ended there, or has expired here unmirrored. ``sent``: the events
+        and record batches Redis holds; None: ask it."""
+        epoch, renewed_at = self._epoch, time.monotonic()
         while True:
+            if not self._up.is_set():
+                stream_log.copied(None)  # no client waits for Redis while it is away
             if not self._up.wait(self._heartbeat):
                 if stream_log.finished and time.monotonic() - stream_log.finished_at > self._keep:
                     return
                 continue
             if epoch != self._epoch:  # Redis came back, perhaps empty: ask what it holds
                 sent, epoch = None, self._epoch
+            renew = time.monotonic() - renewed_at >= self._renewal / 2  # leases and expiries: not at every event
             try:
-                sent, ended = self._push(stream_log, sent)
+                sent, ended = self._push(stream_log, sent, renew or sent is None)
+                renewed_at = time.monotonic() if renew else renewed_at
             except self._errors as exc:
                 sent = None
+                stream_log.copied(None)
                 self._down(exc)
                 continue
+            stream_log.copied(sent[0])
             if ended:
                 return
             stream_log.wait(sent[0], self._renewal)  # a quiet stream's lease renewed all the same
 
-    def _push(self, stream_log: MirroredLog, sent: tuple[int, int] | None) -> tuple[tuple[int, int], bool]:
-        """Append what Redis lacks and renew the producer lease: the events and record batches Redis holds, and
-        whether the end is written too. The batches go first: Redis never holds an event without its batch."""
-        key = self.key(stream_log.stream_id)
-        if sent is None:
+    def _push(
+        self, stream_log: MirroredLog, sent: tuple[int, int] | None, renew: bool, announce: bool = False
+    ) -> tuple[tuple[int, int], bool]:
+        """Append what Redis lacks, and with ``renew`` renew the producer lease and the keys' expiries: the events
+        and record batches Redis holds, and whether the end is written too. The batches go first: Redis never
+        holds an event without its batch. ``announce``: a new stream, whose copy holds what its log holds."""
+        key, request = self.key(stream_log.stream_id), stream_log.record and stream_log.record.request
+        if announce:
+            sent = (stream_log.known, len(stream_log.record.batches) if stream_log.record else 0)
+        elif sent is None:
             last = self._client.xrevrange(key, count=1)
             if last and b"end" in last[0][1]:  # written before a lost reply
                 return (len(stream_log.events), 0), True
             sent = (int(last[0][0].split(b"-")[0]) if last else 0, self._client.llen(f"{key}:batches"))
-            request = stream_log.record and stream_log.record.request  # (again: Redis may have lost it)
         else:
-            request = None
+            request = None  # written already (and again after an outage: Redis may have lost it)
         (events_sent, batches_sent), total, finished = sent, len(stream_log.events), stream_log.finished
         batches = stream_log.record.batches if stream_log.record else []
         num_batches = len(batches)
@@ -177,12 +185,13 @@ class RedisStore:
         if finished:
             pipe.xadd(key, {"end": "1"}, id=f"{total + 1}-0")
             pipe.delete(f"{key}:producer", f"{key}:request", f"{key}:batches")  # nothing left to continue
-        else:
+        elif renew:
             pipe.set(f"{key}:producer", "1", px=self._lease_ms)
             pipe.expire(f"{key}:request", expiry)
             pipe.expire(f"{key}:batches", expiry)
-        pipe.expire(key, expiry)
-        pipe.set(f"{key}:api", stream_log.api, ex=expiry)  # for readers elsewhere that must end it
+        if renew or finished:
+            pipe.expire(key, expiry)
+            pipe.set(f"{key}:api", stream_log.api, ex=expiry)  # for readers elsewhere that must end it
         pipe.execute()
         return (total, num_batches), finished
 
@@ -211,9 +220,8 @@ class RedisStore:
         raise StoreUnavailable("the stream store (Redis) is unavailable; retry the resume")
 
     def claim(self, stream_id: str) -> tuple[RequestRecord, list, list[str]] | None:
-        """Take over a stream whose producer lease lapsed before its end: its lease (one host continues it), its
-        request, record batches and events; None where another host took it first, or nothing is left to continue
-        (it ended, or its request was not kept)."""
+        """Take over a stream whose producer lease lapsed before its end: its lease (one host continues it), request,
+        record batches and events; None where another host took it, or it cannot be continued (ended, no request)."""
         key = self.key(stream_id)
         if not self._client.set(f"{key}:producer", "1", nx=True, px=self._lease_ms):
             return None
@@ -225,8 +233,7 @@ class RedisStore:
         return RequestRecord.decode(request), batches, [fields[b"event"].decode() for _, fields in entries]
 
     def hold(self, stream_id: str) -> gevent.Greenlet:
-        """Renew a claimed stream's lease until the greenlet is killed: while its request is set up here (a model
-        loading may take longer than a lease), before its mirror renews it."""
+        """Renew a claimed stream's lease until the greenlet is killed: while it is set up here (a model may load)."""
 
         def renew() -> None:
             while True:
@@ -256,12 +263,13 @@ class RedisStore:
                 reply = self._client.xread({key: last}, block=int(1000 * self._renewal), count=256)
                 if not reply:
                     if not self._client.exists(f"{key}:producer"):
-                        continued = continue_here() if continue_here is not None else None
+                        continued = continue_here(number) if continue_here is not None else None
                         if continued is not None:
                             yield from continued.read(number, heartbeat)
                             return
                     if not self._client.exists(f"{key}:producer"):  # nor continued elsewhere
-                        yield _error_event(api, number, "the worker generating this stream is gone", "stream_lost")
+                        message = "the worker generating this stream is gone, and it could not be continued here"
+                        yield error_event(api, number, message, "stream_lost")
                         return
                     quiet += 1
                     if quiet % per_heartbeat == 0:
@@ -277,29 +285,15 @@ class RedisStore:
         except self._errors as exc:
             self._down(exc)
             message = "the stream store (Redis) became unavailable; resume again later"
-            yield _error_event(api, number, message, "store_unavailable")
+            yield error_event(api, number, message, "store_unavailable")
 
 
 class RedisStreamReader:
     """A stream as Redis holds it, read like a ``StreamLog``."""
 
     def __init__(self, store: RedisStore, stream_id: str, api: str) -> None:
-        self._store = store
-        self.stream_id = stream_id
-        self.api = api
+        self._store, self.stream_id, self.api = store, stream_id, api
         self.continue_here: Continuer | None = None  # where its generating host died: continue it here
 
     def read(self, after: int, heartbeat: float) -> Iterator[str]:
         return self._store.read(self.stream_id, after, heartbeat, self.api, self.continue_here)
-
-
-def _error_event(api: str, events_before: int, message: str, code: str) -> str:
-    """The event that ends a stream read here in its API's shape: Anthropic's error, the Responses API's ``error``
-    event (numbered after the ``events_before`` the stream's numbers count from 0), else OpenAI's error."""
-    if api == "anthropic":
-        data = anthropic_error_body(message, 503)
-    elif api == "responses":
-        data = {"type": "error", "code": code, "message": message, "param": None, "sequence_number": events_before}
-    else:
-        data = error_body(message, 503, code=code)
-    return sse.event(data, name="error", retry_ms=RETRY_MS)

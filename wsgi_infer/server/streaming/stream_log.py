@@ -49,7 +49,7 @@ class StreamLog:
     ``on_abandoned`` runs when the stream is unfinished and nobody has read it
     for ``grace`` seconds (here, or in another process through ``read_elsewhere``):
     the client is gone for good, so its generation stops. ``api``: the API whose
-    events it holds (``redis_store.API_SHAPES``), which a reader elsewhere ends
+    events it holds (``stream_endings.API_SHAPES``), which a reader elsewhere ends
     the stream in, should it have to.
     """
 
@@ -72,6 +72,7 @@ class StreamLog:
         self.delivered = 0  # events some reader's connection has taken, at most
         self._ends = [0]  # _ends[i]: bytes of the first i events
         self.known = 0  # continued here: the events its client had from the host that died
+        self.mirrored: int | None = None  # events Redis holds, while a mirror copies them (``released``)
         self._grace = grace
         self._on_abandoned = on_abandoned
         self._read_elsewhere = read_elsewhere
@@ -103,9 +104,20 @@ class StreamLog:
     def wait(self, seen: int, timeout: float) -> bool:
         """Wait up to ``timeout`` s for an event after the first ``seen``, or the end; True if one came."""
         changed = self._changed
-        if len(self.events) == seen and not self.finished:
+        if len(self.events) <= seen and not self.finished:
             changed.wait(timeout)
         return len(self.events) > seen or self.finished
+
+    @property
+    def released(self) -> int:
+        """The events readers may have: while a mirror copies the stream to Redis, those Redis holds (a host that
+        continues the stream after this one died then has every event a client had), else all of them."""
+        return len(self.events) if self.mirrored is None else self.mirrored
+
+    def copied(self, mirrored: int | None) -> None:
+        """The mirror's word: Redis holds the first ``mirrored`` events (None: Redis is away, release them all)."""
+        self.mirrored = mirrored
+        self._notify()
 
     def read(self, after: int, heartbeat: float) -> Iterator[str]:
         """Events after id ``after``, waiting for new ones (heartbeats meanwhile) until the end."""
@@ -113,18 +125,28 @@ class StreamLog:
         try:
             position = max(0, after)
             while True:
-                while position < len(self.events):
+                while position < self.released:
                     position += 1
                     yield f"id: {position}\n{self.events[position - 1]}"
                     self.delivered = max(self.delivered, position)  # the server wrote it: next() came back
-                if self.finished:
+                if self._read_to_end(position):
                     return
-                if not self.wait(position, heartbeat):
+                if not self._wait_released(position, heartbeat):
                     yield sse.HEARTBEAT
         finally:
             self.readers -= 1
             if not self.readers and not self.finished:
                 gevent.spawn_later(self._grace, self._abandon_if_unread)
+
+    def _read_to_end(self, position: int) -> bool:
+        return self.finished and position >= len(self.events)
+
+    def _wait_released(self, seen: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for a released event after the first ``seen``, or the end; True if one came."""
+        changed = self._changed
+        if self.released <= seen and not self._read_to_end(seen):
+            changed.wait(timeout)
+        return self.released > seen or self._read_to_end(seen)
 
     def _abandon_if_unread(self) -> None:
         if not self.readers and not self.finished and not self._read_elsewhere():
