@@ -65,7 +65,12 @@ LAYERS = (
     ("wsgi_infer.server.engine_client",),
     ("wsgi_infer.server.tenants",),
     # the API: what every route shares, a conversation's path, then the routes and their API families
-    ("wsgi_infer.server.api.access", "wsgi_infer.server.api.serving", "wsgi_infer.server.api.schemas"),
+    (
+        "wsgi_infer.server.api.access",
+        "wsgi_infer.server.api.continuation",
+        "wsgi_infer.server.api.serving",
+        "wsgi_infer.server.api.schemas",
+    ),
     ("wsgi_infer.server.api.chat",),
     ("wsgi_infer.server.api",),
     ("wsgi_infer.server.app", "wsgi_infer.server.wsgi"),

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from wsgi_infer.engine.outputs import RequestDelta, TokenLogprob
 from wsgi_infer.server.api.continuation import Continuation
+from wsgi_infer.server.engine_client.delta_records import decode_batch, encode_batch
 from wsgi_infer.server.engine_client.streams import ChoiceDelta
-from wsgi_infer.server.streaming.stream_record import RequestRecord, decode_batch, encode_batch
+from wsgi_infer.server.streaming.stream_record import RequestRecord
 
 
 def test_a_batch_comes_back_whole_logprobs_and_token_texts_included():
@@ -33,4 +34,4 @@ def test_a_continuation_gives_each_unfinished_choice_its_tokens_and_none_to_an_e
         return ChoiceDelta(index, RequestDelta(f"k-{index}", "", tokens, finish_reason=finish))
 
     batches = [[delta(0, [1, 2]), delta(2, [7])], [delta(1, [5], "length"), delta(0, [3])], [delta(2, [8])]]
-    assert Continuation("k", batches, []).generated(3) == [[1, 2, 3], None, [7, 8]]
+    assert Continuation("k", list(map(encode_batch, batches)), []).generated(3) == [[1, 2, 3], None, [7, 8]]

@@ -1,11 +1,9 @@
 """The engine: ties tokenizer, scheduler, block manager, model runner and sampler.
 
-Requests go in with ``add_request`` and leave with ``abort``/``abort_all`` or
-by finishing; ``step`` computes one batch and returns what it did to each
-request; ``has_unfinished`` says whether a step has work. ``tokenize`` and
-``apply_chat_template`` turn text into prompts, and ``counters`` proves that
-nothing leaks. It is single-threaded: the server drives it from one native
-thread.
+Requests go in with ``add_request`` and leave with ``abort``/``abort_all`` or by finishing; ``step`` computes one
+batch and returns what it did to each request; ``has_unfinished`` says whether a step has work. ``tokenize`` and
+``apply_chat_template`` turn text into prompts, and ``counters`` proves that nothing leaks. It is single-threaded:
+the server drives it from one native thread.
 """
 
 from __future__ import annotations
@@ -107,9 +105,8 @@ class LLMEngine:
             raise InvalidParameter("logit_bias", f"logit_bias token ids must be below the vocabulary size {vocab}")
         matcher = self.grammars.matcher(params.structured_output) if params.structured_output else None
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
-        detokenizer = IncrementalDetokenizer(
-            self.tokenizer.backend_tokenizer, prompt_ids, params.stop, params.skip_special_tokens
-        )
+        tokenizer = self.tokenizer.backend_tokenizer
+        detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop, params.skip_special_tokens)
         for token in generated:  # their text went out before: only the detokenizer's and grammar's states count
             detokenizer.push(token)
             if matcher is not None:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 
 from flask import Flask, current_app, g, request
 from werkzeug.test import EnvironBuilder
 
+from ..engine_client.delta_records import decode_batch
 from ..engine_client.extension import manager_of
 from ..engine_client.identity import ResponseIdentity
 from ..engine_client.streams import ChoiceDelta
@@ -34,9 +36,13 @@ class Continuation:
     """What the request run again here is told (``serving.start`` and ``publish_log`` read it from ``g``)."""
 
     key: str  # the stream's id as kept (under its API key)
-    batches: list[list[ChoiceDelta]]  # the output it had taken
+    recorded: list[str]  # the output it had taken, batch by batch, as JSON (``delta_records``)
     known: list[str]  # the events it had written
     log: StreamLog | None = None  # its log here, once published
+
+    @cached_property
+    def batches(self) -> list[list[ChoiceDelta]]:
+        return [decode_batch(batch) for batch in self.recorded]
 
     def generated(self, num_choices: int) -> list[list[int] | None]:
         """Per choice, the tokens it had generated; None for one that had ended."""

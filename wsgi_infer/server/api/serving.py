@@ -14,6 +14,7 @@ from flask import Response, after_this_request, current_app, g, request
 
 from ...engine.messages import Accepted, Rejected
 from ...engine.sampling_params import InvalidParameter, SamplingParams, max_tokens_within
+from ..engine_client.delta_records import encode_batch
 from ..engine_client.extension import manager_of
 from ..engine_client.manager import EngineManager
 from ..engine_client.prompts import Prompt
@@ -267,11 +268,13 @@ def publish_log(
     key, known = (continuation.key, continuation.known) if continuation else (_tenant_key(stream_id), None)
     record = None
     if mgr.stream_logs.store is not None:
-        stream.taken = stream.taken if continuation else []
+        recorded = list(continuation.recorded) if continuation else []  # as JSON (``delta_records``)
+        stream.on_take = lambda batch: recorded.append(encode_batch(batch))
         identity = stream.identity
         body = request.get_data(as_text=True)
-        asked = RequestRecord(request.path, body, g.request_id, identity.seed, identity.created)
-        record = StreamRecord(asked, stream.taken)
+        record = StreamRecord(
+            RequestRecord(request.path, body, g.request_id, identity.seed, identity.created), recorded
+        )
     log = mgr.stream_logs.publish(events, lambda: mgr.release(stream), key, api, record, known)
     if continuation is not None:
         continuation.log = log

@@ -65,9 +65,9 @@ class RequestStream:
     closed: bool = False
     on_first_token: Callable[[], None] | None = None  # its key's limits hear of it (``tenants``)
     on_close: Callable[[], None] | None = None
-    # The engine's output as the reader took it, batch by batch, where a copy of the stream lets another host
-    # continue it (``streaming.stream_record``); and, on that host, the batches to give the reader first.
-    taken: list[list[ChoiceDelta]] | None = None
+    # Hears each batch of engine output the reader takes, where a copy of the stream lets another host continue it
+    # (``streaming.stream_record``); on that host, the batches it had taken go to the reader first.
+    on_take: Callable[[list[ChoiceDelta]], None] | None = None
     _replay: deque[list[ChoiceDelta]] = field(default_factory=deque)
     _queue: list[StreamEvent] = field(default_factory=list)
     _ready: gevent.event.Event = field(default_factory=gevent.event.Event)
@@ -94,7 +94,6 @@ class RequestStream:
         for the reader to take first, one at a time, as it took them there (each counted as it is taken: what
         the reader sees of the counts on the way is what it saw there)."""
         self._replay.extend(batches)
-        self.taken = list(batches)
 
     def push(self, event: StreamEvent) -> None:
         """Hub only (bridge callback or a greenlet)."""
@@ -135,8 +134,8 @@ class RequestStream:
             self._ready.wait(timeout)
         events, self._queue = self._queue, []
         self._ready.clear()
-        if self.taken is not None and (batch := [e for e in events if isinstance(e, ChoiceDelta)]):
-            self.taken.append(batch)
+        if self.on_take is not None and (batch := [e for e in events if isinstance(e, ChoiceDelta)]):
+            self.on_take(batch)
         return events
 
     @property

@@ -23,7 +23,7 @@ import gevent.event
 
 from . import sse
 from .stream_endings import error_event
-from .stream_record import RequestRecord, StreamRecord, decode_batch, encode_batch
+from .stream_record import RequestRecord, StreamRecord
 
 if TYPE_CHECKING:
     from ..metrics import ModelMetrics
@@ -179,7 +179,7 @@ class RedisStore:
         if request is not None:
             pipe.set(f"{key}:request", request.encode(), ex=expiry)
         if num_batches > batches_sent and not finished:
-            pipe.rpush(f"{key}:batches", *map(encode_batch, batches[batches_sent:num_batches]))
+            pipe.rpush(f"{key}:batches", *batches[batches_sent:num_batches])
         for index in range(events_sent, total):
             pipe.xadd(key, {"event": stream_log.events[index]}, id=f"{index + 1}-0")
         if finished:
@@ -219,7 +219,7 @@ class RedisStore:
                 self._down(exc)
         raise StoreUnavailable("the stream store (Redis) is unavailable; retry the resume")
 
-    def claim(self, stream_id: str) -> tuple[RequestRecord, list, list[str]] | None:
+    def claim(self, stream_id: str) -> tuple[RequestRecord, list[str], list[str]] | None:
         """Take over a stream whose producer lease lapsed before its end: its lease (one host continues it), request,
         record batches and events; None where another host took it, or it cannot be continued (ended, no request)."""
         key = self.key(stream_id)
@@ -229,7 +229,7 @@ class RedisStore:
         if request is None or (entries and b"end" in entries[-1][1]):
             self._client.delete(f"{key}:producer")
             return None
-        batches = [decode_batch(batch) for batch in self._client.lrange(f"{key}:batches", 0, -1)]
+        batches = [batch.decode() for batch in self._client.lrange(f"{key}:batches", 0, -1)]
         return RequestRecord.decode(request), batches, [fields[b"event"].decode() for _, fields in entries]
 
     def hold(self, stream_id: str) -> gevent.Greenlet:

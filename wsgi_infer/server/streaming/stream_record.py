@@ -13,9 +13,6 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from ...engine.outputs import RequestDelta, TokenLogprob
-from ..engine_client.streams import ChoiceDelta
-
 
 @dataclass
 class RequestRecord:
@@ -36,28 +33,4 @@ class RequestRecord:
 @dataclass
 class StreamRecord:
     request: RequestRecord
-    batches: list[list[ChoiceDelta]]  # the stream's own list: it grows as the route takes the engine's output
-
-
-def encode_batch(batch: list[ChoiceDelta]) -> str:
-    return json.dumps([[choice.index, _fields(choice.delta), choice.token_texts] for choice in batch])
-
-
-def decode_batch(text: bytes | str) -> list[ChoiceDelta]:
-    return [
-        ChoiceDelta(index, _delta(fields), {int(token): piece for token, piece in texts.items()})
-        for index, fields, texts in json.loads(text)
-    ]
-
-
-def _fields(delta: RequestDelta) -> dict:
-    """The delta's fields that differ from their defaults (most are None on most deltas)."""
-    defaults = RequestDelta("", "", [])
-    return {name: value for name, value in dataclasses.asdict(delta).items() if value != getattr(defaults, name)}
-
-
-def _delta(fields: dict) -> RequestDelta:
-    for name in ("logprobs", "prompt_logprobs"):
-        if fields.get(name) is not None:
-            fields[name] = [TokenLogprob(p["token_id"], p["logprob"], list(map(tuple, p["top"]))) for p in fields[name]]
-    return RequestDelta(**{"request_id": "", "text": "", "token_ids": [], **fields})
+    batches: list[str]  # JSON (``engine_client.delta_records``), the stream's own list: it grows as its route reads
