@@ -27,6 +27,7 @@ LOOKUP = {"type": "function", "function": {"name": "lookup", "parameters": JSON_
 USAGE = {"stream_options": {"include_usage": True}}
 CHAT = {"messages": [{"role": "user", "content": "Write me a long note"}], "max_tokens": MAX_TOKENS, "stream": True}
 RACED = "completions, greedy"
+DETACHED = "messages, seeded"  # its client has left when the host dies, and comes back after
 STREAMS = {
     "completions, greedy": (
         "/v1/completions",
@@ -135,7 +136,9 @@ def test_every_streaming_route_continues_on_another_host_as_if_uninterrupted(tin
     settings = {"model": tiny_model_dirs["llama"], "served_model_name": "tiny", "dtype": "float32"}
     settings |= {"quantization": "none", "heartbeat_seconds": 0.3, "redis_url": redis_url}
     with ExitStack() as stack:
-        doomed = stack.enter_context(GunicornServer({**settings, "test_stall_after_step": STALL_AFTER_STEP}))
+        # Its streams' generation outlives a client that left by 30 s (the grace of a 30 s heartbeat).
+        stalls = {"test_stall_after_step": STALL_AFTER_STEP, "heartbeat_seconds": 30}
+        doomed = stack.enter_context(GunicornServer({**settings, **stalls}))
         survivors = [stack.enter_context(GunicornServer(settings)) for _ in range(2)]
         for server in (doomed, *survivors):
             server.wait_ready()
@@ -144,7 +147,8 @@ def test_every_streaming_route_continues_on_another_host_as_if_uninterrupted(tin
         with ThreadPoolExecutor(len(STREAMS)) as pool:
             whole = dict(zip(STREAMS, pool.map(lambda s: run(survivors[0].url, *s), STREAMS.values())))
         # The same streams on the doomed host, each running before the next starts; its engine stalls mid-way.
-        started = {name: start(stack, doomed.url, path, body) for name, (path, body) in STREAMS.items()}
+        # One client leaves after its first event: the host dies while nobody reads that stream.
+        started = {name: start(stack, doomed.url, *STREAMS[name], name == DETACHED) for name in STREAMS}
         doomed.wait_for_log(rf"step {STALL_AFTER_STEP}: stalled")
         os.killpg(doomed.process.pid, signal.SIGKILL)  # master and workers
         doomed.process.wait(10)
@@ -180,14 +184,22 @@ def run(url: str, path: str, body: dict) -> tuple[str, dict | None]:
         return text_of(path, [e for e in events(reply) if e.data])
 
 
-def start(stack: ExitStack, url: str, path: str, body: dict) -> tuple[str, Future[list[Event]]]:
-    """A stream's id once it runs, and its data events as a reader thread takes them until the connection ends."""
+def start(stack: ExitStack, url: str, path: str, body: dict, detach: bool) -> tuple[str, Future[list[Event]]]:
+    """A stream's id once it runs, and its data events as a reader thread takes them until the connection ends;
+    with ``detach``, the client leaves once it has some text."""
     http = stack.enter_context(httpx.Client(base_url=url, timeout=120))
-    reply = stack.enter_context(http.stream("POST", path, json=body))
-    assert reply.status_code == 200, reply.read()
-    received = events(reply)
-    first = next(e for e in received if e.data)
-    return stream_id_of(path, reply, first), stack.enter_context(ThreadPoolExecutor(1)).submit(read_on, first, received)
+    with ExitStack() as detaching:
+        reply = (detaching if detach else stack).enter_context(http.stream("POST", path, json=body))
+        assert reply.status_code == 200, reply.read()
+        received = events(reply)
+        first = next(e for e in received if e.data)
+        stream_id, taken = stream_id_of(path, reply, first), [first]
+        while detach and not all(text_of(path, taken)[0]):
+            taken.append(next(e for e in received if e.data))
+    if detach:
+        (left := Future()).set_result(taken)
+        return stream_id, left
+    return stream_id, stack.enter_context(ThreadPoolExecutor(1)).submit(read_on, first, received)
 
 
 def read_on(first: Event, received: Iterator[Event]) -> list[Event]:
