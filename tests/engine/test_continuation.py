@@ -26,15 +26,20 @@ def run(engine, prompt_ids: list[int], params: SamplingParams, generated: list[i
     return steps + [(-1, finish)]
 
 
+def assert_continues(engine, prompt_ids: list[int], params: SamplingParams, whole: list, cuts) -> None:
+    """Continued from each cut of the uninterrupted run ``whole``, the request gives the rest of it."""
+    for cut in cuts:
+        generated = [token for token, _ in whole[:cut]]
+        assert run(engine, prompt_ids, params, generated) == whole[cut:], cut
+
+
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
 def test_a_continued_request_gives_the_uninterrupted_runs_tokens_and_text(tiny_llama, sampled):
     engine = tiny_llama.engine
     prompt_ids = engine.tokenize(PROMPT)
     params = SamplingParams(temperature=1.0 if sampled else 0.0, seed=5, max_tokens=24, ignore_eos=True)
     whole = run(engine, prompt_ids, params)
-    for cut in (1, 9, 23):
-        generated = [token for token, _ in whole[:cut]]
-        assert run(engine, prompt_ids, params, generated) == whole[cut:], cut
+    assert_continues(engine, prompt_ids, params, whole, (1, 9, 23))
     assert_idle(tiny_llama)
 
 
@@ -51,9 +56,7 @@ def test_a_continuation_holds_back_and_matches_a_stop_string_as_the_uninterrupte
     # Tokens whose text was held back, before the one that matched (its delta ends the run: nothing to continue)
     held = [i for i, (_, piece) in enumerate(whole[:-2]) if not piece]
     assert held, whole
-    for cut in {held[0], held[-1] + 1, len(whole) - 2}:
-        generated = [token for token, _ in whole[:cut]]
-        assert run(engine, prompt_ids, params, generated) == whole[cut:], cut
+    assert_continues(engine, prompt_ids, params, whole, {held[0], held[-1] + 1, len(whole) - 2})
     assert_idle(packed_llm)
 
 
@@ -65,7 +68,5 @@ def test_a_continuation_keeps_to_the_grammar_from_where_it_was(tiny_llama):
     params = SamplingParams(temperature=1.0, seed=3, max_tokens=60, structured_output=spec)
     whole = run(engine, prompt_ids, params)
     assert whole[-1] == (-1, "stop") and re.fullmatch(pattern, "".join(piece for _, piece in whole[:-1])), whole
-    for cut in (1, len(whole) // 2, len(whole) - 2):
-        generated = [token for token, _ in whole[:cut]]
-        assert run(engine, prompt_ids, params, generated) == whole[cut:], cut
+    assert_continues(engine, prompt_ids, params, whole, (1, len(whole) // 2, len(whole) - 2))
     assert_idle(tiny_llama)

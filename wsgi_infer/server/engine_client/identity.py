@@ -1,6 +1,6 @@
 """What names a response: the ids and the creation time its events carry.
 
-Drawn once per request. A stream's record keeps the seed and the time (``streaming.continuation``), so that a host
+Drawn once per request. A stream's record keeps the seed and the time (``streaming.stream_record``), so that a host
 continuing the stream after its own died draws the same ids, in the same order, as the events a client already has.
 """
 

@@ -267,10 +267,10 @@ class RedisStore:
                         if continued is not None:
                             yield from continued.read(number, heartbeat)
                             return
-                    if not self._client.exists(f"{key}:producer"):  # nor continued elsewhere
-                        message = "the worker generating this stream is gone, and it could not be continued here"
-                        yield error_event(api, number, message, "stream_lost")
-                        return
+                        if not self._client.exists(f"{key}:producer"):  # nor continued elsewhere
+                            message = "the worker generating this stream is gone, and it could not be continued here"
+                            yield error_event(api, number, message, "stream_lost")
+                            return
                     quiet += 1
                     if quiet % per_heartbeat == 0:
                         yield sse.HEARTBEAT

@@ -103,10 +103,7 @@ class StreamLog:
 
     def wait(self, seen: int, timeout: float) -> bool:
         """Wait up to ``timeout`` s for an event after the first ``seen``, or the end; True if one came."""
-        changed = self._changed
-        if len(self.events) <= seen and not self.finished:
-            changed.wait(timeout)
-        return len(self.events) > seen or self.finished
+        return self._wait_until(lambda: len(self.events) > seen or self.finished, timeout)
 
     @property
     def released(self) -> int:
@@ -131,7 +128,7 @@ class StreamLog:
                     self.delivered = max(self.delivered, position)  # the server wrote it: next() came back
                 if self._read_to_end(position):
                     return
-                if not self._wait_released(position, heartbeat):
+                if not self._wait_until(lambda seen=position: self._news_after(seen), heartbeat):
                     yield sse.HEARTBEAT
         finally:
             self.readers -= 1
@@ -141,12 +138,16 @@ class StreamLog:
     def _read_to_end(self, position: int) -> bool:
         return self.finished and position >= len(self.events)
 
-    def _wait_released(self, seen: int, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for a released event after the first ``seen``, or the end; True if one came."""
+    def _news_after(self, position: int) -> bool:
+        """A released event after the first ``position``, or the end, for a reader there."""
+        return self.released > position or self._read_to_end(position)
+
+    def _wait_until(self, ready: Callable[[], bool], timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the log to change until ``ready()``; whether it is."""
         changed = self._changed
-        if self.released <= seen and not self._read_to_end(seen):
+        if not ready():
             changed.wait(timeout)
-        return self.released > seen or self._read_to_end(seen)
+        return ready()
 
     def _abandon_if_unread(self) -> None:
         if not self.readers and not self.finished and not self._read_elsewhere():
