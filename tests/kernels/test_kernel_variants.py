@@ -39,7 +39,8 @@ EVERY_VARIANT = [v.name for v in variants.X86_VARIANTS]
 @pytest.mark.parametrize(
     ("cpu", "best"),
     [
-        (AVX512_CPU | {"avx512_vnni", "avx512_bf16", "amx_tile"}, "avx512-vnni"),  # a Xeon with AMX, a Zen 4
+        (AVX512_CPU | {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"}, "avx512-amx"),  # a Sapphire Rapids
+        (AVX512_CPU | {"avx512_vnni", "avx512_bf16", "amx_tile"}, "avx512-vnni"),  # AMX without its int8 unit, a Zen 4
         (AVX512_CPU, "avx512"),  # a Skylake-X
         (AVX2_CPU | {"avx_vnni"}, "avx2-vnni"),  # an Alder Lake
         (AVX2_CPU, "avx2"),  # a Zen 3, or one whose hypervisor lists no BMI, LZCNT or MOVBE

@@ -28,7 +28,8 @@ from ..support.kernel_libraries import (
 # (rows, inputs): one row, rows not a multiple of the 16-row tile, a tile and one row more; inputs of one block,
 # of 9 blocks of 32 (no multiple of 256: only the 32-input formats take it), of 3 super-blocks
 SHAPES = [(1, 256), (17, 768), (37, 288)]
-ROW_COUNTS = [1, 2, 3, 5, 8, 9, 20, 33]  # 1..8: each sub-block decoded in registers; more: a tile's buffer
+# 1..16: a pass in registers; 48 and more: passes of 16 on AMX's tiles where the CPU has them, the rest in registers
+ROW_COUNTS = [1, 2, 3, 5, 8, 9, 20, 33, 50]
 
 
 def _shapes(ggml_type: int) -> list[tuple[int, int]]:
@@ -55,8 +56,8 @@ def test_packed_mm_is_the_product_of_gguf_py_values_and_each_row_alone(kernels: 
     """Each output is the float64 product of gguf-py's values and the activations as the kernels quantize them
     (8-bit, or 16-bit on the exact path; a scale per 32 inputs, or per K-quant super-block), within float32's
     rounding of each block's scaled sum; on the exact path also within 2^-16 of each span's largest input of the
-    true product. A row's outputs are the same bits alone and in any batch, through registers (up to 8 rows) or a
-    tile's buffer (more)."""
+    true product. A row's outputs are the same bits alone and in any batch, in passes in registers or (48 rows and
+    more, where the CPU has them) on AMX's tiles."""
     kernels.use_exact_activations(planes == 2)
     for rows, k in _shapes(ggml_type):
         raw = random_file_blocks(ggml_type, rows, k, seed=rows)
@@ -116,14 +117,15 @@ def every_library(request, tmp_path_factory) -> list[CpuKernels]:
 
 @pytest.mark.parametrize("ggml_type", [*FILE_FORMATS, Q8_M], ids=lambda t: getattr(t, "name", "Q8_M"))
 def test_every_build_multiplies_to_the_same_bits(every_library, ggml_type):
-    """AVX-512 with VNNI (vpdpbusd), without it and AVX2 (vpmaddubsw; 8-bit codes in nibbles), the plain C of CPUs
-    without AVX2, and clang's build sum the same integers and scale them with the same roundings: the same bits
-    for every format, in both activation modes, at every count of rows."""
+    """AMX's tiles (51 rows: 3 passes of 16 there, the rest in registers), AVX-512 with VNNI (vpdpbusd), without
+    it and AVX2 (vpmaddubsw; 8-bit codes in nibbles), the plain C of CPUs without AVX2, and clang's build sum the
+    same integers and scale them with the same roundings: the same bits for every format, in both activation modes,
+    at every count of rows."""
     if ggml_type == Q8_M:
         weight = packed_from_values(randn(40, 256))
     else:
         weight = packed_from_file(random_file_blocks(ggml_type, 40, 256), ggml_type)
-    x = randn(12, 256, scale=3)
+    x = randn(56, 256, scale=3)
     for planes in (1, 2):
         outputs = []
         for kernels in every_library:

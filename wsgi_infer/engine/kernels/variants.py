@@ -57,10 +57,13 @@ class Variant:
         return f"cpu_kernels-{self.name}.so"
 
 
-# Best first: the kernels' own paths (AVX-512 VNNI, AVX-VNNI, AVX-512, AVX2 + FMA, plain C). They have none for
-# AVX-512 BF16 or AMX (activations are float32; a build with -mavx512bf16 is the VNNI one byte for byte).
+# Best first: the kernels' own paths (AMX's int8 tiles beside AVX-512 VNNI, AVX-512 VNNI, AVX-VNNI, AVX-512, AVX2 +
+# FMA, plain C). They have none for AVX-512 BF16 (activations are float32 or 8-bit integers; a build with
+# -mavx512bf16 is the VNNI one byte for byte).
+_VNNI512 = (*_AVX512, "-mavx512vnni")
 X86_VARIANTS = (
-    Variant("avx512-vnni", (*_AVX512, "-mavx512vnni"), _V4 | {"avx512_vnni"}),
+    Variant("avx512-amx", (*_VNNI512, "-mamx-tile", "-mamx-int8"), _V4 | {"avx512_vnni", "amx_tile", "amx_int8"}),
+    Variant("avx512-vnni", _VNNI512, _V4 | {"avx512_vnni"}),
     Variant("avx512", _AVX512, _V4),
     Variant("avx2-vnni", (*_AVX2, "-mavxvnni"), _V3 | {"avx_vnni"}),
     Variant("avx2", _AVX2, _V3),

@@ -17,11 +17,13 @@
  * A tile (16 outputs) takes the rows ROWS_AT_ONCE at a time: each pass decodes every sub-block into registers and
  * multiplies each of its rows by it, their sums in registers. One or two passes stream the weight from memory once;
  * a prefill's many passes read the tile again from L1 and L2, which beat decoding it once into a buffer there and
- * reading that back (a 512-row gate and up 7% faster). Tiles are the tasks, handed out to the threads.
+ * reading that back (a 512-row gate and up 7% faster). With AMX (amx_mm.c), multiplies of 48 rows and more take
+ * their passes of 16 on the tiles instead, which do read a buffer. Tasks, handed out to the threads, are a tile's
+ * rows: all of them, or on the tiles a block of rows whose activations stay in L2 from one tile's task to the next.
  */
-#include "activations.h"
-#include "k_sums.h"
+#include "amx_tiles.h"
 #include "packed_mm.h"
+#include "sub_blocks.h"
 
 #if QL == 16
 #define ROWS_AT_ONCE 16 /* rows whose sums stay in registers beside a sub-block's 8 codes: 29 of 32 */
@@ -40,28 +42,6 @@ _Static_assert(ACT_ROWS % ROWS_AT_ONCE == 0, "a pass's rows lie in one group of 
 /* sub-blocks ahead that a pass's activations are fetched, with 8-lane registers (0: not; AVX-512 not measured) */
 #define ACT_AHEAD (QL == 8 ? 4 : 0)
 
-static inline int sub_blocks(const int type) { return is_k(type) ? 8 : 1; } /* 32-input sub-blocks a block */
-static inline int halves_scaled(const int type) { return type == Q6_K; }   /* a scale per 16 inputs */
-static inline int code_offset(const int type) { /* codes a format's weights are offset by (0: none) */
-    if (is_iq4(type) || type == Q8_0) return SIGNED_CODES ? 0 : 128;
-    return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q6_K ? 32 : 0;
-}
-static inline int own_minimums(const int type) { /* w = s * code + m, m a block's own */
-    return type == Q4_1 || type == Q5_1 || type == Q8_M || type == Q4_K || type == Q5_K;
-}
-static inline int code_kind(const int type) { /* quant_simd.h's dot_sub */
-    if (is_iq4(type) || type == Q8_0) return SIGNED_CODES ? CODES_SIGNED : CODES_BYTES;
-    if (type == Q8_M) return CODES_BYTES;
-    if (type == Q6_K) return CODES_6BIT;
-    return type == Q5_0 || type == Q5_1 || type == Q5_K ? CODES_5BIT : CODES_4BIT;
-}
-
-ALWAYS_INLINE void decode(const int type, const uint8_t *block, int j, int h, decoded *out) {
-    if (is_k(type))
-        decode_k(type, block, j, h, out);
-    else
-        decode_legacy(type, block, h, out);
-}
 
 /* rows' integer sums of a decoded sub-block times their activation blocks (row r's at a + r * act), less the
  * offset's: per half of 16 inputs, or both together */
@@ -88,24 +68,6 @@ ALWAYS_INLINE void rows_sums(const int type, const decoded *w, const int planes,
     }
 }
 
-/* acc + one row's products with a decoded sub-block of a 32-input format (d: the block's), sum its integer sum */
-ALWAYS_INLINE fvec row_step(const int type, const decoded *w, const uint8_t *a, ivec sum, fvec acc) {
-    const act_head *head = (const act_head *)a;
-    acc = fma_v(to_f(sum), w->s[0] * splat_v(head->d), acc);
-    return own_minimums(type) ? fma_v(w->m, splat_v(head->s), acc) : acc;
-}
-
-/* sb + one row's products with a decoded sub-block of a K-quant, before the super-block's activation scale */
-ALWAYS_INLINE fvec k_row_step(const int type, const decoded *w, const uint8_t *a, ivec lo, ivec hi, fvec sb) {
-    if (halves_scaled(type)) return fma_v(to_f(hi), w->s[1], fma_v(to_f(lo), w->s[0], sb));
-    if (!own_minimums(type)) return fma_v(to_f(lo), w->s[0], sb);
-    return fma_v(w->m, splat_v(((const act_head *)a)->sum_f), fma_v(to_f(lo), w->s[0], sb));
-}
-
-ALWAYS_INLINE void store_rows(const fvec *acc, int rows, int h, int width, float *out, int64_t out_stride) {
-    for (int r = 0; r < rows; r++)
-        for (int lane = 0; lane < QL && h * QL + lane < width; lane++) out[r * out_stride + h * QL + lane] = acc[r][lane];
-}
 
 /* --- a tile for a pass of rows: each sub-block decoded in registers ------------------------------------------ */
 
@@ -231,6 +193,9 @@ typedef struct {
     const uint8_t *x;
     int64_t rows, planes;
     float *out;
+    int64_t tile_rows;  /* the first rows, whole passes of AMX_ROWS, that take AMX's tiles (amx_mm.c) */
+    int64_t block_rows; /* rows a task takes: all, or (on the tiles) a block of them, the last with the rest */
+    int64_t tiles;      /* the weight's tiles: a task is a tile's block of rows, blocks outer */
 } mm_job;
 
 /* the part and tile of a task (tasks count the parts' tiles in order), and its first output */
@@ -253,19 +218,26 @@ static int64_t tile_count(const packed_weight *w) {
     return tiles;
 }
 
-/* a task's tile, its outputs for every row, 16, 8, 4, 2 or 1 rows a pass (the tile stays in L1 and L2 from pass to
- * pass) */
+/* a task's tile, its outputs for its block of rows, 16, 8, 4, 2 or 1 rows a pass (the tile stays in L1 and L2 from
+ * pass to pass) */
 static void tile_task(const mm_job *job, int64_t task) {
     int part, chunk = CHUNKS - 1;
-    int64_t tile, first;
-    task_tile(job->w, task, &part, &tile, &first);
+    int64_t tile, first, row_block = task / job->tiles, start = row_block * job->block_rows;
+    int64_t end = (row_block + 1) * job->block_rows >= job->tile_rows ? job->rows : (row_block + 1) * job->block_rows;
+    task_tile(job->w, task % job->tiles, &part, &tile, &first);
     const packed_part *p = job->w->parts + part;
     int64_t k = job->w->k, blocks = k / block_inputs((int)p->type);
     int64_t width = p->n - tile * TILE < TILE ? p->n - tile * TILE : TILE;
     const uint8_t *tiles = p->tiles + tile * blocks * block_bytes((int)p->type);
     const pass_fn *kernels = PASS_KERNELS[type_index((int)p->type)][job->planes - 1];
-    for (int64_t r = 0; r < job->rows;) {
-        while ((1 << chunk) > job->rows - r) chunk--;
+    const int64_t on_tiles = (end < job->tile_rows ? end : job->tile_rows) - start;
+    int64_t r = start;
+    if (on_tiles > 0)
+        r += amx_tile_passes((int)p->type, (int)job->planes, tiles, blocks,
+                             job->x + act_offset(start, 0, k / QK, job->planes), on_tiles,
+                             job->out + start * job->w->n + first, job->w->n, (int)width);
+    while (r < end) {
+        while ((1 << chunk) > end - r) chunk--;
         kernels[chunk](tiles, blocks, job->x + act_offset(r, 0, k / QK, job->planes), job->out + r * job->w->n + first,
                        job->w->n, (int)width);
         r += 1 << chunk;
@@ -280,8 +252,9 @@ void packed_mm(const float *x, int64_t rows, const packed_weight *w, float *out,
                        * too, theirs as well: they read each block's scale); others, one per block */
     for (int p = 0; p < w->count; p++) k_quants |= is_k((int)w->parts[p].type);
     uint8_t *act = quantize_activations(x, rows, w->k, planes, k_quants ? 256 : QK, threads);
-    mm_job job = {w, act, rows, planes, out};
-    int64_t tasks = tile_count(w);
+    const int64_t tile_rows = amx_rows(rows), block_rows = tile_rows ? amx_block_rows(w->k, planes) : rows;
+    mm_job job = {w, act, rows, planes, out, tile_rows, block_rows, tile_count(w)};
+    const int64_t tasks = job.tiles * (tile_rows ? (tile_rows + block_rows - 1) / block_rows : 1);
 #pragma omp parallel for schedule(guided) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) tile_task(&job, task);
     if (w->bias)

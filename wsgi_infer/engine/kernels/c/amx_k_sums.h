@@ -1,0 +1,93 @@
+/* Q4_K, Q5_K and Q6_K with 8-bit activations on AMX's tiles: a super-block's integer sum (k_sums.h's I) made whole
+ * in the tiles, with no sub-block's sums stored and scaled apart.
+ *
+ * I = sum over sub-blocks j of sc_j times the codes' products with the activations (Q6_K: sc per 16 inputs, codes
+ * less 32) = the sum over the super-block's inputs of (sc * code) times the activation. Each weight's sc * code
+ * (at most 63 * 31; Q6_K's between -4,096 and 4,064) is held as two bytes, sc * code = 256 * hi + lo with lo
+ * unsigned: the tiles sum lo's and hi's products over all 8 sub-blocks, and I = 256 * HI + LO, the very integer
+ * the registers' path makes. Per super-block and 16 rows, 16 tile multiplies into 4 tiles of sums (even and odd
+ * sub-blocks apart, so that a multiply need not wait for the last), 4 stores, and 16 rows' sums added: where the
+ * sub-block route (amx_mm.c) stores and scales 8 tiles of sums. The codes times their scales are made once per task
+ * (split_codes), as that route's decoding is.
+ */
+#ifndef WSGI_INFER_AMX_K_SUMS_H
+#define WSGI_INFER_AMX_K_SUMS_H
+#include "sub_blocks.h"
+
+typedef struct {
+    wvec lo[8], hi[8]; /* a sub-block's quads (quant_simd.h's layout), as the two bytes of sc * code */
+} split_codes;
+
+typedef uint16_t u16_lanes __attribute__((vector_size(QL * 4)));
+typedef int16_t i16_lanes __attribute__((vector_size(QL * 4)));
+
+/* a decoded sub-block's codes times their integer scales (less Q6_K's offset of 32 codes), as split_codes */
+ALWAYS_INLINE void split_scaled(const int type, const decoded *w, split_codes *out) {
+    for (int i = 0; i < 8; i++) {
+        const i16_lanes scale = (i16_lanes)pair_lanes(w->sc[i / 4], w->sc[i / 4]); /* each lane's in both halves */
+        i16_lanes even = (i16_lanes)(w->w[i] & 0x00FF00FFu) * scale;
+        i16_lanes odd = (i16_lanes)((w->w[i] >> 8) & 0x00FF00FFu) * scale;
+        if (type == Q6_K) even -= 32 * scale, odd -= 32 * scale;
+        out->lo[i] = (wvec)(((u16_lanes)even & 0xFF) | (((u16_lanes)odd & 0xFF) << 8));
+        out->hi[i] = (wvec)(((u16_lanes)even >> 8) | ((u16_lanes)odd & 0xFF00));
+    }
+}
+
+/* the tiles: 0-1 activations (16 rows x 32 codes), 2 and 3 a sub-block's lo and hi bytes, 4-5 LO and 6-7 HI of
+ * even and odd sub-blocks (amx_mm.c's configuration) */
+#define K_MULTIPLY_HI(C, A, B)                                                                                      \
+    do {                                                                                                            \
+        if (type == Q6_K)                                                                                           \
+            _tile_dpbssd(C, A, B);                                                                                  \
+        else                                                                                                        \
+            _tile_dpbsud(C, A, B);                                                                                  \
+    } while (0)
+
+/* the pass's rows' I of super-block b (activation block s's rows at x + s * ACT_ROWS * act) into sums: [4][rows] */
+ALWAYS_INLINE void k_burst(const int type, const split_codes *codes, const uint8_t *x, const int64_t act, int64_t b,
+                           ivec *sums) {
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int j = 0; j < 8; j += 2) {
+        const uint8_t *a = x + (b * 8 + j) * ACT_ROWS * act + sizeof(act_head);
+        const split_codes *w = codes + b * 8 + j;
+        _tile_loadd(0, a, act);
+        _tile_loadd(2, w->lo, 64);
+        _tile_loadd(3, w->hi, 64);
+        _tile_dpbsud(4, 0, 2);
+        K_MULTIPLY_HI(6, 0, 3);
+        _tile_loadd(1, a + ACT_ROWS * act, act);
+        _tile_loadd(2, w[1].lo, 64);
+        _tile_loadd(3, w[1].hi, 64);
+        _tile_dpbsud(5, 1, 2);
+        K_MULTIPLY_HI(7, 1, 3);
+    }
+    _tile_stored(4, sums, 64);
+    _tile_stored(5, sums + AMX_ROWS, 64);
+    _tile_stored(6, sums + 2 * AMX_ROWS, 64);
+    _tile_stored(7, sums + 3 * AMX_ROWS, 64);
+}
+
+/* one pass of AMX_ROWS rows (x: their group's first block) times a tile's codes, as packed_mm.c's tile_rows */
+ALWAYS_INLINE void k_tiles_pass(const int type, const uint8_t *tile, const split_codes *codes, int64_t blocks,
+                                const uint8_t *x, float *out, int64_t out_stride, int width) {
+    const int64_t act = ACT_BYTES(1);
+    ivec sums[2][4 * AMX_ROWS]; /* two super-blocks': the next one's multiplies run while this one's are added */
+    fvec acc[AMX_ROWS];
+    for (int r = 0; r < AMX_ROWS; r++) acc[r] = (fvec){0};
+    k_burst(type, codes, x, act, 0, sums[0]);
+    for (int64_t b = 0; b < blocks; b++) {
+        if (b + 1 < blocks) k_burst(type, codes, x, act, b + 1, sums[(b + 1) % 2]);
+        const ivec *s = sums[b % 2];
+        ivec total[AMX_ROWS];
+        for (int r = 0; r < AMX_ROWS; r++) {
+            const ivec hi = s[2 * AMX_ROWS + r] + s[3 * AMX_ROWS + r];
+            total[r] = (ivec)((wvec)hi << 8) + s[r] + s[AMX_ROWS + r];
+        }
+        k_add_totals(type, tile + b * block_bytes(type), 0, AMX_ROWS, x + b * 8 * ACT_ROWS * act, act, total, acc);
+    }
+    store_rows(acc, AMX_ROWS, 0, width, out, out_stride);
+}
+#endif

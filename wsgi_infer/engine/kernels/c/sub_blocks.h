@@ -1,0 +1,50 @@
+/* A pass's sub-block: how each format's codes are read (their offset, their minimums, their halves), its decoding,
+ * and how one row's integer sums with it become floats (packed_mm.c's comment has the arithmetic). Shared by the
+ * passes in registers (packed_mm.c) and on AMX's tiles (amx_mm.c), so that both round alike. */
+#ifndef WSGI_INFER_SUB_BLOCKS_H
+#define WSGI_INFER_SUB_BLOCKS_H
+#include "activations.h"
+#include "k_sums.h"
+
+static inline int sub_blocks(const int type) { return is_k(type) ? 8 : 1; } /* 32-input sub-blocks a block */
+static inline int halves_scaled(const int type) { return type == Q6_K; }   /* a scale per 16 inputs */
+static inline int code_offset(const int type) { /* codes a format's weights are offset by (0: none) */
+    if (is_iq4(type) || type == Q8_0) return SIGNED_CODES ? 0 : 128;
+    return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q6_K ? 32 : 0;
+}
+static inline int own_minimums(const int type) { /* w = s * code + m, m a block's own */
+    return type == Q4_1 || type == Q5_1 || type == Q8_M || type == Q4_K || type == Q5_K;
+}
+static inline int code_kind(const int type) { /* quant_simd.h's dot_sub */
+    if (is_iq4(type) || type == Q8_0) return SIGNED_CODES ? CODES_SIGNED : CODES_BYTES;
+    if (type == Q8_M) return CODES_BYTES;
+    if (type == Q6_K) return CODES_6BIT;
+    return type == Q5_0 || type == Q5_1 || type == Q5_K ? CODES_5BIT : CODES_4BIT;
+}
+
+ALWAYS_INLINE void decode(const int type, const uint8_t *block, int j, int h, decoded *out) {
+    if (is_k(type))
+        decode_k(type, block, j, h, out);
+    else
+        decode_legacy(type, block, h, out);
+}
+
+/* acc + one row's products with a decoded sub-block of a 32-input format (d: the block's), sum its integer sum */
+ALWAYS_INLINE fvec row_step(const int type, const decoded *w, const uint8_t *a, ivec sum, fvec acc) {
+    const act_head *head = (const act_head *)a;
+    acc = fma_v(to_f(sum), w->s[0] * splat_v(head->d), acc);
+    return own_minimums(type) ? fma_v(w->m, splat_v(head->s), acc) : acc;
+}
+
+/* sb + one row's products with a decoded sub-block of a K-quant, before the super-block's activation scale */
+ALWAYS_INLINE fvec k_row_step(const int type, const decoded *w, const uint8_t *a, ivec lo, ivec hi, fvec sb) {
+    if (halves_scaled(type)) return fma_v(to_f(hi), w->s[1], fma_v(to_f(lo), w->s[0], sb));
+    if (!own_minimums(type)) return fma_v(to_f(lo), w->s[0], sb);
+    return fma_v(w->m, splat_v(((const act_head *)a)->sum_f), fma_v(to_f(lo), w->s[0], sb));
+}
+
+ALWAYS_INLINE void store_rows(const fvec *acc, int rows, int h, int width, float *out, int64_t out_stride) {
+    for (int r = 0; r < rows; r++)
+        for (int lane = 0; lane < QL && h * QL + lane < width; lane++) out[r * out_stride + h * QL + lane] = acc[r][lane];
+}
+#endif
