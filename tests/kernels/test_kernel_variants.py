@@ -22,7 +22,7 @@ from wsgi_infer.engine.kernels.build import (
     library_path,
     start_building_cpu_kernels,
 )
-from wsgi_infer.engine.kernels.cpu import load_cpu_kernels
+from wsgi_infer.engine.kernels.cpu import CpuKernels, load_cpu_kernels
 from wsgi_infer.engine.runtime.cpu_info import cpu_flags
 
 from ..support.batch_runs import GREEDY
@@ -50,6 +50,15 @@ EVERY_VARIANT = [v.name for v in variants.X86_VARIANTS]
 )
 def test_each_cpu_gets_the_best_variant_it_runs(cpu, best):
     assert variants.runnable(EVERY_VARIANT, cpu)[0].name == best
+
+
+@pytest.mark.parametrize("variant", INSTALLED_HERE, ids=lambda v: v.name)
+def test_only_the_amx_variant_takes_multiplies_of_48_rows_and_more_to_the_tiles(variant):
+    """Where this CPU has AMX, its variant's passes of 16 rows go to the tiles (the OS lends them), from 3 passes on;
+    so the tests that compare every build's bits (test_packed_mm) do compare the tiles' with the registers'."""
+    kernels = CpuKernels(installed_dir() / variant.file_name())
+    expected = [0, 0, 48, 48, 512] if variant.name == "avx512-amx" else [0] * 5
+    assert [kernels.rows_on_tiles(rows) for rows in (16, 47, 48, 50, 512)] == expected
 
 
 def test_a_cpu_without_any_variant_gets_none():

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 QUANTIZATION_METHODS = ("auto", "none", "int4", "int8")  # see layers.quantization
-ACTIVATIONS = ("int16", "int8")  # see kernels/cpu_kernels.c
+ACTIVATIONS = ("int16", "int8")  # see kernels/c/activations.h
 
 
 def option(default: Any, help: str, ge: int | None = None) -> Any:

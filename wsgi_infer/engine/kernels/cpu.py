@@ -88,7 +88,13 @@ class CpuKernels:
         self.rows_per_pass: int = self._lib.packed_rows_per_pass()
         self._lib.packed_block_bytes.argtypes, self._lib.packed_block_bytes.restype = [ctypes.c_int], ctypes.c_int64
         self._lib.tile_blocks.argtypes, self._lib.tile_blocks.restype = [_I, _P, _I, _I, _P, ctypes.c_int], ctypes.c_int
+        self._lib.amx_rows.argtypes, self._lib.amx_rows.restype = [_I], _I
         self.planes = 1  # of packed multiplies' activations: 1, 8-bit; 2, the exact path (use_exact_activations)
+
+    def rows_on_tiles(self, rows: int) -> int:
+        """Of a packed multiply's ``rows``, those AMX's tiles take (``c/amx_mm.c``): none in a build without them, where
+        the OS refuses them, or for fewer rows than 3 passes of 16."""
+        return self._lib.amx_rows(rows)
 
     def block_bytes(self, fmt: int) -> int:
         """The bytes of a tile's block of a format, as the kernels read it (0: a format they do not read)."""
@@ -256,7 +262,15 @@ def _threads() -> int:
 def load_cpu_kernels() -> CpuKernels | None:
     """The kernels for this CPU (see build.py), or None where there are none (build.py logged why)."""
     library = kernels_library()  # the server's master may still be building it
-    return None if library is None else CpuKernels(library)
+    if library is None:
+        return None
+    kernels = CpuKernels(library)
+    if kernels.rows_on_tiles(1 << 20):
+        log.info("CPU kernels: packed multiplies of %d rows and more on AMX's tiles", _FIRST_ROWS_ON_TILES)
+    return kernels
+
+
+_FIRST_ROWS_ON_TILES = 48  # c/amx_mm.c's amx_rows
 
 
 def attention_fits(head_dim: int) -> bool:

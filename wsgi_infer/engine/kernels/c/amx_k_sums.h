@@ -33,8 +33,10 @@ ALWAYS_INLINE void split_scaled(const int type, const decoded *w, split_codes *o
     }
 }
 
-/* the tiles: 0-1 activations (16 rows x 32 codes), 2 and 3 a sub-block's lo and hi bytes, 4-5 LO and 6-7 HI of
- * even and odd sub-blocks (amx_mm.c's configuration) */
+/* the tiles (amx_mm.c's configuration): 0-1 activations (16 rows x 32 codes), 2 and 3 a sub-block's lo and hi
+ * bytes, 4-7 sums. One group of 16 rows: LO and HI of even and odd sub-blocks apart (4-5, 6-7), so that a multiply
+ * need not wait for the last. Two groups (32 rows, from x and x + apart): LO of each (4, 5) and HI of each (6, 7),
+ * each sub-block's codes loaded once for both: oneDNN's 2 x 2 blocking, 4 multiplies per sub-block. */
 #define K_MULTIPLY_HI(C, A, B)                                                                                      \
     do {                                                                                                            \
         if (type == Q6_K)                                                                                           \
@@ -43,19 +45,28 @@ ALWAYS_INLINE void split_scaled(const int type, const decoded *w, split_codes *o
             _tile_dpbsud(C, A, B);                                                                                  \
     } while (0)
 
-/* the pass's rows' I of super-block b (activation block s's rows at x + s * ACT_ROWS * act) into sums: [4][rows] */
-ALWAYS_INLINE void k_burst(const int type, const split_codes *codes, const uint8_t *x, const int64_t act, int64_t b,
-                           ivec *sums) {
+/* the pass's groups' I of super-block b (activation block s's rows at x + s * ACT_ROWS * act) into sums:
+ * [4][rows], whose HI and LO parts k_totals adds */
+ALWAYS_INLINE void k_burst(const int type, const int groups, const split_codes *codes, const uint8_t *x,
+                           const int64_t apart, const int64_t act, int64_t b, ivec *sums) {
     _tile_zero(4);
     _tile_zero(5);
     _tile_zero(6);
     _tile_zero(7);
-    for (int j = 0; j < 8; j += 2) {
+    for (int j = 0; j < 8; j += 3 - groups) {
         const uint8_t *a = x + (b * 8 + j) * ACT_ROWS * act + sizeof(act_head);
         const split_codes *w = codes + b * 8 + j;
         _tile_loadd(0, a, act);
         _tile_loadd(2, w->lo, 64);
         _tile_loadd(3, w->hi, 64);
+        if (groups == 2) {
+            _tile_loadd(1, a + apart, act);
+            _tile_dpbsud(4, 0, 2);
+            _tile_dpbsud(5, 1, 2);
+            K_MULTIPLY_HI(6, 0, 3);
+            K_MULTIPLY_HI(7, 1, 3);
+            continue;
+        }
         _tile_dpbsud(4, 0, 2);
         K_MULTIPLY_HI(6, 0, 3);
         _tile_loadd(1, a + ACT_ROWS * act, act);
@@ -70,24 +81,33 @@ ALWAYS_INLINE void k_burst(const int type, const split_codes *codes, const uint8
     _tile_stored(7, sums + 3 * AMX_ROWS, 64);
 }
 
-/* one pass of AMX_ROWS rows (x: their group's first block) times a tile's codes, as packed_mm.c's tile_rows */
-ALWAYS_INLINE void k_tiles_pass(const int type, const uint8_t *tile, const split_codes *codes, int64_t blocks,
-                                const uint8_t *x, float *out, int64_t out_stride, int width) {
+/* group g's I of row r from a burst's sums: 256 * HI + LO */
+ALWAYS_INLINE ivec k_total(const int groups, const ivec *s, int g, int r) {
+    const ivec lo = groups == 2 ? s[g * AMX_ROWS + r] : s[r] + s[AMX_ROWS + r];
+    const ivec hi = groups == 2 ? s[(2 + g) * AMX_ROWS + r] : s[2 * AMX_ROWS + r] + s[3 * AMX_ROWS + r];
+    return (ivec)((wvec)hi << 8) + lo;
+}
+
+/* one pass of `groups` groups of AMX_ROWS rows (x and x + apart: their first blocks) times a tile's codes, as
+ * packed_mm.c's tile_rows */
+ALWAYS_INLINE void k_tiles_pass(const int type, const int groups, const uint8_t *tile, const split_codes *codes,
+                                int64_t blocks, const uint8_t *x, int64_t apart, float *out, int64_t out_stride,
+                                int width) {
     const int64_t act = ACT_BYTES(1);
     ivec sums[2][4 * AMX_ROWS]; /* two super-blocks': the next one's multiplies run while this one's are added */
-    fvec acc[AMX_ROWS];
-    for (int r = 0; r < AMX_ROWS; r++) acc[r] = (fvec){0};
-    k_burst(type, codes, x, act, 0, sums[0]);
+    fvec acc[2][AMX_ROWS];
+    for (int g = 0; g < groups; g++)
+        for (int r = 0; r < AMX_ROWS; r++) acc[g][r] = (fvec){0};
+    k_burst(type, groups, codes, x, apart, act, 0, sums[0]);
     for (int64_t b = 0; b < blocks; b++) {
-        if (b + 1 < blocks) k_burst(type, codes, x, act, b + 1, sums[(b + 1) % 2]);
-        const ivec *s = sums[b % 2];
-        ivec total[AMX_ROWS];
-        for (int r = 0; r < AMX_ROWS; r++) {
-            const ivec hi = s[2 * AMX_ROWS + r] + s[3 * AMX_ROWS + r];
-            total[r] = (ivec)((wvec)hi << 8) + s[r] + s[AMX_ROWS + r];
+        if (b + 1 < blocks) k_burst(type, groups, codes, x, apart, act, b + 1, sums[(b + 1) % 2]);
+        for (int g = 0; g < groups; g++) {
+            ivec total[AMX_ROWS];
+            for (int r = 0; r < AMX_ROWS; r++) total[r] = k_total(groups, sums[b % 2], g, r);
+            k_add_totals(type, tile + b * block_bytes(type), 0, AMX_ROWS, x + g * apart + b * 8 * ACT_ROWS * act, act,
+                         total, acc[g]);
         }
-        k_add_totals(type, tile + b * block_bytes(type), 0, AMX_ROWS, x + b * 8 * ACT_ROWS * act, act, total, acc);
     }
-    store_rows(acc, AMX_ROWS, 0, width, out, out_stride);
+    for (int g = 0; g < groups; g++) store_rows(acc[g], AMX_ROWS, 0, width, out + g * AMX_ROWS * out_stride, out_stride);
 }
 #endif

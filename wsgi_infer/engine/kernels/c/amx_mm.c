@@ -30,7 +30,7 @@ int64_t amx_rows(int64_t rows) {
 }
 
 int64_t amx_block_rows(int64_t k, int planes) {
-    const int64_t rows = (512 << 10) / (k / QK * ACT_BYTES(planes)) / AMX_ROWS * AMX_ROWS;
+    const int64_t rows = (1024 << 10) / (k / QK * ACT_BYTES(planes)) / AMX_ROWS * AMX_ROWS;
     return rows > AMX_ROWS ? rows : AMX_ROWS;
 }
 
@@ -160,12 +160,18 @@ ALWAYS_INLINE int64_t tile_passes(const int type, const int planes, const uint8_
     }
     _tile_loadconfig(&TILE_CONFIG); /* another library on this thread (oneDNN's) may have loaded its own */
     const int64_t group = blocks * subs * ACT_ROWS * ACT_BYTES(planes);
-    for (int64_t g = 0; g < rows / AMX_ROWS; g++) {
+    for (int64_t g = 0; g < rows / AMX_ROWS;) {
         float *rows_out = out + g * AMX_ROWS * out_stride;
-        if (ints)
-            k_tiles_pass(type, tile, (const split_codes *)dec, blocks, x + g * group, rows_out, out_stride, width);
+        const int pair = g + 1 < rows / AMX_ROWS; /* K-quants' sums take two groups at once */
+        if (ints && pair)
+            k_tiles_pass(type, 2, tile, (const split_codes *)dec, blocks, x + g * group, group, rows_out, out_stride,
+                         width);
+        else if (ints)
+            k_tiles_pass(type, 1, tile, (const split_codes *)dec, blocks, x + g * group, group, rows_out, out_stride,
+                         width);
         else
             tiles_pass(type, planes, tile, (const decoded *)dec, blocks, x + g * group, rows_out, out_stride, width);
+        g += ints && pair ? 2 : 1;
     }
     return rows / AMX_ROWS * AMX_ROWS;
 }
