@@ -15,8 +15,16 @@ if [ ! -d llsrc/llama_cpp_python-$VERSION ]; then
     tar xzf llsrc/llama_cpp_python-$VERSION.tar.gz -C llsrc
 fi
 cd llsrc/llama_cpp_python-$VERSION/vendor/llama.cpp
+# On a Xeon with AMX its native build (AMX's kernels included) crashes as the model loads (Intel Xeon, 2026-11-30,
+# and llama-cpp-python's the same way on 2026-11-22; ggml-org/llama.cpp#20824, a segfault in
+# ggml_backend_amx_mul_mat on Q4_K_M files): there, the AVX-512 VNNI build without them, which runs.
+NO_AMX=()
+if grep -qw amx_int8 /proc/cpuinfo; then
+    NO_AMX=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
+        -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+fi
 cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-    -DBUILD_SHARED_LIBS=OFF >/dev/null
+    -DBUILD_SHARED_LIBS=OFF "${NO_AMX[@]}" >/dev/null
 cmake --build build --target llama-server llama-quantize llama-bench -j"$(nproc)" >/dev/null
 echo "$PWD/build/bin"
 if [ -n "$IK_TREE" ]; then
