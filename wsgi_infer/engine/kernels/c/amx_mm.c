@@ -25,7 +25,7 @@ int64_t amx_rows(int64_t rows) {
         __atomic_store_n(&ready, known, __ATOMIC_RELEASE);
     }
     /* a task decodes its tile once for all its passes, where registers decode it for each: with fewer than 3 passes
-     * the registers are as fast or faster (Xeon 8592+ class, 1B shapes: 32 rows 1.0x, 48 rows 1.1-1.2x) */
+     * the registers are as fast or faster (a Sapphire Rapids, 4,096 x 2,048: 32 rows 1.0x, 48 rows 1.1-1.2x) */
     return known && rows >= 3 * AMX_ROWS ? rows / AMX_ROWS * AMX_ROWS : 0;
 }
 
@@ -49,6 +49,35 @@ static const tile_config TILE_CONFIG = {
     .bytes_per_row = {QK, QK, 64, 64, 64, 64, 64, 64},
     .rows = {AMX_ROWS, AMX_ROWS, 8, 8, AMX_ROWS, AMX_ROWS, AMX_ROWS, AMX_ROWS},
 };
+/* amx_k_sums.h's: two sub-blocks a multiply (64 codes a row of activations, 16 quads of the weight's), the whole
+ * of a tile multiply's depth where one sub-block takes half */
+static const tile_config K_CONFIG = {
+    .palette = 1,
+    .bytes_per_row = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {AMX_ROWS, AMX_ROWS, AMX_ROWS, AMX_ROWS, AMX_ROWS, AMX_ROWS, AMX_ROWS, AMX_ROWS},
+};
+
+uint8_t *amx_pair_codes(const uint8_t *act, int64_t rows, int64_t k, int threads) {
+    const int64_t blocks = k / QK;
+    uint8_t *out = scratch(SCRATCH_PAIR_CODES, rows / AMX_ROWS * group_bytes(k));
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * blocks > 4096)
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *group = out + r / AMX_ROWS * group_bytes(k);
+        k_row_head *heads = (k_row_head *)(group + AMX_ROWS * k);
+        for (int64_t b = 0; b < blocks; b++) {
+            const act_head *head = (const act_head *)(act + act_offset(r, b, blocks, 1));
+            memcpy(group + (b / 2 * AMX_ROWS + r % AMX_ROWS) * 64 + b % 2 * QK, head + 1, QK);
+            k_row_head *row = heads + b / 8 * AMX_ROWS + r % AMX_ROWS;
+            if (b % 2 == 0) row->pair16[b % 8 / 2] = head->pair16;
+            if (b % 8 == 7) row->d = head->d;
+        }
+    }
+    return out;
+}
+
+const uint8_t *amx_group_codes(const uint8_t *q, int64_t start, int64_t k) {
+    return q ? q + start / AMX_ROWS * group_bytes(k) : NULL;
+}
 
 typedef int8_t bytes_v __attribute__((vector_size(QL * 4)));
 #define SUMS_AT(sums, planes, c, p) ((sums) + ((c) * (planes) + (p)) * AMX_ROWS) /* [sub-block][plane][row] */
@@ -140,10 +169,11 @@ ALWAYS_INLINE void tiles_pass(const int type, const int planes, const uint8_t *t
 /* rows / AMX_ROWS passes: the tile decoded once, then each pass on the tiles; the rows done (none where a format
  * is not taken: Q6_K's halves on the exact path) */
 ALWAYS_INLINE int64_t tile_passes(const int type, const int planes, const uint8_t *tile, int64_t blocks,
-                                  const uint8_t *x, int64_t rows, float *out, int64_t out_stride, int width) {
+                                  const uint8_t *x, const uint8_t *q, int64_t rows, float *out, int64_t out_stride,
+                                  int width) {
     const int64_t subs = sub_blocks(type), bytes = block_bytes(type), ints = integer_sums(type, planes);
     if (halves_scaled(type) && !ints) return 0;
-    uint8_t *dec = scratch(SCRATCH_DECODED, blocks * subs * (ints ? sizeof(split_codes) : sizeof(decoded)));
+    uint8_t *dec = scratch(SCRATCH_DECODED, blocks * subs * (ints ? sizeof(split_codes) / 2 : sizeof(decoded)));
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *ahead = tile + (b + (4096 + bytes - 1) / bytes) * bytes;
         for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(ahead + line);
@@ -151,24 +181,22 @@ ALWAYS_INLINE int64_t tile_passes(const int type, const int planes, const uint8_
             decoded w;
             decode(type, tile + b * bytes, (int)j, 0, &w);
             if (ints) {
-                split_scaled(type, &w, (split_codes *)dec + b * subs + j);
+                split_scaled(type, &w, (int)(j % 2), (split_codes *)dec + (b * subs + j) / 2);
             } else {
                 tile_codes(type, &w);
                 ((decoded *)dec)[b * subs + j] = w;
             }
         }
     }
-    _tile_loadconfig(&TILE_CONFIG); /* another library on this thread (oneDNN's) may have loaded its own */
-    const int64_t group = blocks * subs * ACT_ROWS * ACT_BYTES(planes);
+    _tile_loadconfig(ints ? &K_CONFIG : &TILE_CONFIG); /* another library on this thread may have loaded its own */
+    const int64_t group = blocks * subs * ACT_ROWS * ACT_BYTES(planes), q_group = group_bytes(blocks * 256);
     for (int64_t g = 0; g < rows / AMX_ROWS;) {
         float *rows_out = out + g * AMX_ROWS * out_stride;
         const int pair = g + 1 < rows / AMX_ROWS; /* K-quants' sums take two groups at once */
         if (ints && pair)
-            k_tiles_pass(type, 2, tile, (const split_codes *)dec, blocks, x + g * group, group, rows_out, out_stride,
-                         width);
+            k_tiles_pass(type, 2, tile, (const split_codes *)dec, blocks, q + g * q_group, rows_out, out_stride, width);
         else if (ints)
-            k_tiles_pass(type, 1, tile, (const split_codes *)dec, blocks, x + g * group, group, rows_out, out_stride,
-                         width);
+            k_tiles_pass(type, 1, tile, (const split_codes *)dec, blocks, q + g * q_group, rows_out, out_stride, width);
         else
             tiles_pass(type, planes, tile, (const decoded *)dec, blocks, x + g * group, rows_out, out_stride, width);
         g += ints && pair ? 2 : 1;
@@ -178,11 +206,11 @@ ALWAYS_INLINE int64_t tile_passes(const int type, const int planes, const uint8_
 
 #define TYPE_CASE(T)                                                                                                \
     case T:                                                                                                         \
-        return planes == 1 ? tile_passes(T, 1, tile, blocks, x, rows, out, out_stride, width)                       \
-                           : tile_passes(T, 2, tile, blocks, x, rows, out, out_stride, width);
+        return planes == 1 ? tile_passes(T, 1, tile, blocks, x, q, rows, out, out_stride, width)                    \
+                           : tile_passes(T, 2, tile, blocks, x, q, rows, out, out_stride, width);
 
-int64_t amx_tile_passes(int type, int planes, const uint8_t *tile, int64_t blocks, const uint8_t *x, int64_t rows,
-                        float *out, int64_t out_stride, int width) {
+int64_t amx_tile_passes(int type, int planes, const uint8_t *tile, int64_t blocks, const uint8_t *x,
+                        const uint8_t *q, int64_t rows, float *out, int64_t out_stride, int width) {
     switch (type) {
         TYPE_CASE(Q4_0) TYPE_CASE(Q4_1) TYPE_CASE(Q5_0) TYPE_CASE(Q5_1) TYPE_CASE(Q8_0) TYPE_CASE(Q8_M)
         TYPE_CASE(Q4_K) TYPE_CASE(Q5_K) TYPE_CASE(Q6_K) TYPE_CASE(IQ4_NL) TYPE_CASE(IQ4_XS)
@@ -200,9 +228,20 @@ int64_t amx_block_rows(int64_t k, int planes) {
     return AMX_ROWS;
 }
 
-int64_t amx_tile_passes(int type, int planes, const uint8_t *tile, int64_t blocks, const uint8_t *x, int64_t rows,
-                        float *out, int64_t out_stride, int width) {
-    (void)type, (void)planes, (void)tile, (void)blocks, (void)x, (void)rows, (void)out, (void)out_stride, (void)width;
+uint8_t *amx_pair_codes(const uint8_t *act, int64_t rows, int64_t k, int threads) {
+    (void)act, (void)rows, (void)k, (void)threads;
+    return NULL;
+}
+
+const uint8_t *amx_group_codes(const uint8_t *q, int64_t start, int64_t k) {
+    (void)q, (void)start, (void)k;
+    return NULL;
+}
+
+int64_t amx_tile_passes(int type, int planes, const uint8_t *tile, int64_t blocks, const uint8_t *x,
+                        const uint8_t *q, int64_t rows, float *out, int64_t out_stride, int width) {
+    (void)type, (void)planes, (void)tile, (void)blocks, (void)x, (void)q, (void)rows, (void)out, (void)out_stride;
+    (void)width;
     return 0;
 }
 #endif

@@ -20,9 +20,16 @@ int64_t amx_rows(int64_t rows);
  * while the task's weight tile is multiplied by them, and the next tile's task reads them again */
 int64_t amx_block_rows(int64_t k, int planes);
 
-/* the first rows / AMX_ROWS * AMX_ROWS rows of activations x (activations.h's groups) times one tile of `blocks`
- * blocks of a weight: their first `width` outputs into out, as packed_mm.c's passes compute them, to the bit.
- * Returns the rows done: those, or none where the tiles do not take the format (Q6_K on the exact path). */
-int64_t amx_tile_passes(int type, int planes, const uint8_t *tile, int64_t blocks, const uint8_t *x, int64_t rows,
-                        float *out, int64_t out_stride, int width);
+/* the 8-bit codes of the first `rows` (whole groups of AMX_ROWS) of a multiply's activations (activations.h's
+ * layout), laid out for K-quants' passes on the tiles (amx_k_sums.h's group_bytes), in the thread's scratch buffer;
+ * and where the group of row `start` begins in them (NULL for NULL) */
+uint8_t *amx_pair_codes(const uint8_t *act, int64_t rows, int64_t k, int threads);
+const uint8_t *amx_group_codes(const uint8_t *q, int64_t start, int64_t k);
+
+/* the first rows / AMX_ROWS * AMX_ROWS rows of activations x (activations.h's groups; q: their codes in pairs where
+ * the weight has K-quant parts and they are 8-bit) times one tile of `blocks` blocks of a weight: their first
+ * `width` outputs into out, as packed_mm.c's passes compute them, to the bit. Returns the rows done: those, or none
+ * where the tiles do not take the format (Q6_K on the exact path). */
+int64_t amx_tile_passes(int type, int planes, const uint8_t *tile, int64_t blocks, const uint8_t *x,
+                        const uint8_t *q, int64_t rows, float *out, int64_t out_stride, int width);
 #endif

@@ -199,7 +199,8 @@ enum {
     SCRATCH_QKV,
     SCRATCH_GATE_UP,
     SCRATCH_GATED,
-    SCRATCH_DECODED, /* amx_mm.c's decoded weight tile */
+    SCRATCH_DECODED,    /* amx_mm.c's decoded weight tile */
+    SCRATCH_PAIR_CODES, /* and its activations' codes, two blocks a row */
 };
 void rms_norm(const float *x, float *residual, const float *weight, float *out, int64_t rows, int64_t dim, float eps,
               int threads);

@@ -33,32 +33,49 @@ ALWAYS_INLINE void k_rows_sums(const int type, const decoded *w, const uint8_t *
     for (int r = 0; r < rows; r++) sums[r] -= madd16(scales, (ivec){0} + head_at(a + r * act)->halves16) << 5;
 }
 
+/* a super-block's weight side of the totals (part h of a tile's block): d, -dmin and the minimums of sub-blocks 2p
+ * and 2p + 1 in a lane's halves */
+typedef struct {
+    fvec d, less;
+    ivec pairs[4];
+} k_weight_terms;
+
+ALWAYS_INLINE k_weight_terms k_terms(const int type, const uint8_t *block, const int h) {
+    k_weight_terms t = {load_halves((const f16 *)block + QL * h), {0}, {{0}}};
+    if (type == Q6_K) return t;
+    t.less = -load_halves((const f16 *)(block + 32) + QL * h);
+    for (int p = 0; p < 4; p++) {
+        wvec scale, even, odd;
+        k_scale_min(block + 64, 2 * p, h, &scale, &even);
+        k_scale_min(block + 64, 2 * p + 1, h, &scale, &odd);
+        t.pairs[p] = pair_lanes((ivec)even, (ivec)odd);
+    }
+    return t;
+}
+
+/* acc + one row's products with the super-block: its I, its activations' pair sums of blocks 2p and 2p + 1
+ * (act_head's pair16) and the span's scale d_a */
+ALWAYS_INLINE fvec k_row_total(const int type, const k_weight_terms *t, const ivec sum, const int32_t pair16[4],
+                               const float d_a, const fvec acc) {
+    fvec total = t->d * to_f(sum);
+    if (type != Q6_K) {
+        ivec m = {0};
+        for (int p = 0; p < 4; p++) m += madd16(t->pairs[p], (ivec){0} + pair16[p]);
+        total = fma_v(to_f(m), t->less, total);
+    }
+    return fma_v(total, splat_v(d_a), acc);
+}
+
 /* acc[r] + row r's products with a super-block of a tile (part h), its I in sums[r]; row r's activation block j of
  * the super-block at x + (j * ACT_ROWS + r) * act */
 ALWAYS_INLINE void k_add_totals(const int type, const uint8_t *block, const int h, const int rows, const uint8_t *x,
                                 const int64_t act, const ivec sums[], fvec acc[]) {
-    const fvec d = load_halves((const f16 *)block + QL * h);
-    const int mins = type != Q6_K;
-    fvec less = {0};
-    ivec pairs[4]; /* the minimums of sub-blocks 2p and 2p + 1 in a lane's halves */
-    if (mins) {
-        less = -load_halves((const f16 *)(block + 32) + QL * h);
-        for (int p = 0; p < 4; p++) {
-            wvec scale, even, odd;
-            k_scale_min(block + 64, 2 * p, h, &scale, &even);
-            k_scale_min(block + 64, 2 * p + 1, h, &scale, &odd);
-            pairs[p] = pair_lanes((ivec)even, (ivec)odd);
-        }
-    }
+    const k_weight_terms t = k_terms(type, block, h);
     for (int r = 0; r < rows; r++) {
-        fvec total = d * to_f(sums[r]);
-        if (mins) {
-            ivec m = {0};
-            for (int p = 0; p < 4; p++) m += madd16(pairs[p], (ivec){0} + head_at(x + (2 * p * ACT_ROWS + r) * act)->pair16);
-            total = fma_v(to_f(m), less, total);
-        }
+        int32_t pair16[4];
+        for (int p = 0; p < 4; p++) pair16[p] = head_at(x + (2 * p * ACT_ROWS + r) * act)->pair16;
         const act_head *last = head_at(x + ((K_SUB_BLOCKS - 1) * ACT_ROWS + r) * act); /* its span's scale */
-        acc[r] = fma_v(total, splat_v(last->d), acc[r]);
+        acc[r] = k_row_total(type, &t, sums[r], pair16, last->d, acc[r]);
     }
 }
 #endif

@@ -196,6 +196,7 @@ typedef struct {
     int64_t tile_rows;  /* the first rows, whole passes of AMX_ROWS, that take AMX's tiles (amx_mm.c) */
     int64_t block_rows; /* rows a task takes: all, or (on the tiles) a block of them, the last with the rest */
     int64_t tiles;      /* the weight's tiles: a task is a tile's block of rows, blocks outer */
+    const uint8_t *q;   /* the tiles' rows' codes in pairs of blocks (amx_pair_codes), for K-quants' 8-bit passes */
 } mm_job;
 
 /* the part and tile of a task (tasks count the parts' tiles in order), and its first output */
@@ -234,8 +235,8 @@ static void tile_task(const mm_job *job, int64_t task) {
     int64_t r = start;
     if (on_tiles > 0)
         r += amx_tile_passes((int)p->type, (int)job->planes, tiles, blocks,
-                             job->x + act_offset(start, 0, k / QK, job->planes), on_tiles,
-                             job->out + start * job->w->n + first, job->w->n, (int)width);
+                             job->x + act_offset(start, 0, k / QK, job->planes), amx_group_codes(job->q, start, k),
+                             on_tiles, job->out + start * job->w->n + first, job->w->n, (int)width);
     while (r < end) {
         while ((1 << chunk) > end - r) chunk--;
         kernels[chunk](tiles, blocks, job->x + act_offset(r, 0, k / QK, job->planes), job->out + r * job->w->n + first,
@@ -253,7 +254,8 @@ void packed_mm(const float *x, int64_t rows, const packed_weight *w, float *out,
     for (int p = 0; p < w->count; p++) k_quants |= is_k((int)w->parts[p].type);
     uint8_t *act = quantize_activations(x, rows, w->k, planes, k_quants ? 256 : QK, threads);
     const int64_t tile_rows = amx_rows(rows), block_rows = tile_rows ? amx_block_rows(w->k, planes) : rows;
-    mm_job job = {w, act, rows, planes, out, tile_rows, block_rows, tile_count(w)};
+    const uint8_t *q = tile_rows && planes == 1 && k_quants ? amx_pair_codes(act, tile_rows, w->k, threads) : NULL;
+    mm_job job = {w, act, rows, planes, out, tile_rows, block_rows, tile_count(w), q};
     const int64_t tasks = job.tiles * (tile_rows ? (tile_rows + block_rows - 1) / block_rows : 1);
 #pragma omp parallel for schedule(guided) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) tile_task(&job, task);
