@@ -123,8 +123,7 @@ ALWAYS_INLINE void burst(const int type, const int planes, const decoded *dec, c
 /* row r's sum of sub-block c from a burst: 255 * hi + lo on the exact path */
 ALWAYS_INLINE ivec plane_sum(const int planes, const ivec *sums, int c, int r) {
     const ivec hi = SUMS_AT(sums, planes, c, 0)[r];
-    if (planes == 1) return hi;
-    return (ivec)(((wvec)hi << 8) - (wvec)hi) + SUMS_AT(sums, planes, c, 1)[r];
+    return planes == 1 ? hi : two_planes(hi, SUMS_AT(sums, planes, c, 1)[r]);
 }
 
 /* one pass: AMX_ROWS rows (x: their group's first block) times a decoded tile, as packed_mm.c's tile_rows: formats
@@ -171,7 +170,8 @@ ALWAYS_INLINE void tiles_pass(const int type, const int planes, const uint8_t *t
 ALWAYS_INLINE int64_t tile_passes(const int type, const int planes, const uint8_t *tile, int64_t blocks,
                                   const uint8_t *x, const uint8_t *q, int64_t rows, float *out, int64_t out_stride,
                                   int width) {
-    const int64_t subs = sub_blocks(type), bytes = block_bytes(type), ints = integer_sums(type, planes);
+    const int64_t subs = sub_blocks(type), bytes = block_bytes(type);
+    const int ints = integer_sums(type, planes);
     if (halves_scaled(type) && !ints) return 0;
     uint8_t *dec = scratch(SCRATCH_DECODED, blocks * subs * (ints ? sizeof(split_codes) / 2 : sizeof(decoded)));
     for (int64_t b = 0; b < blocks; b++) {

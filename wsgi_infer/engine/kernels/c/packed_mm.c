@@ -52,9 +52,9 @@ ALWAYS_INLINE void rows_sums(const int type, const decoded *w, const int planes,
     if (planes == 2) {
         ivec lo2[SUM_ROWS], hi2[SUM_ROWS];
         dot_rows(w->w, (const int8_t *)(a + sizeof(act_head) + QK), act, rows, codes, split, NULL, lo2, hi2);
-        for (int r = 0; r < rows; r++) { /* 255 * hi + lo, in 32 bits: at most 2^28 */
-            lo[r] = (ivec)(((wvec)lo[r] << 8) - (wvec)lo[r]) + lo2[r];
-            hi[r] = (ivec)(((wvec)hi[r] << 8) - (wvec)hi[r]) + hi2[r];
+        for (int r = 0; r < rows; r++) {
+            lo[r] = two_planes(lo[r], lo2[r]);
+            hi[r] = two_planes(hi[r], hi2[r]);
         }
     }
     for (int r = 0; r < rows; r++) {

@@ -6,6 +6,9 @@
 #include "activations.h"
 #include "k_sums.h"
 
+/* the exact path's integer sum from its two planes' sums: 255 * hi + lo, in 32 bits (at most 2^28) */
+static inline ivec two_planes(const ivec hi, const ivec lo) { return (ivec)(((wvec)hi << 8) - (wvec)hi) + lo; }
+
 static inline int sub_blocks(const int type) { return is_k(type) ? 8 : 1; } /* 32-input sub-blocks a block */
 static inline int halves_scaled(const int type) { return type == Q6_K; }   /* a scale per 16 inputs */
 static inline int code_offset(const int type) { /* codes a format's weights are offset by (0: none) */
