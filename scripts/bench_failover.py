@@ -31,16 +31,16 @@ from bench_kv_hosts import report  # noqa: E402
 from bench_kv_store import prompt_ids  # noqa: E402
 
 from tests.support.nginx_proxy import NginxProxy  # noqa: E402
-from tests.support.server import GunicornServer, RedisServer, wait_until  # noqa: E402
+from tests.support.server import GunicornServer, RedisServer  # noqa: E402
 from tests.support.sse_client import events, text_of  # noqa: E402
 
 
 def host_of(nginx: NginxProxy, hosts: list[GunicornServer], session: dict) -> int:
     """The host the conversation goes to (nginx's log of a short request)."""
-    logged = len(nginx.upstreams())
-    httpx.post(f"{nginx.url}/v1/completions", json={"prompt": "hi", "max_tokens": 1}, headers=session, timeout=600)
-    wait_until(lambda: len(nginx.upstreams()) > logged, "nginx's log of the request")  # written after the answer
-    address = nginx.upstreams()[-1][-1][0]
+    short = {"prompt": "hi", "max_tokens": 1}
+    httpx.post(f"{nginx.url}/v1/completions", json=short, headers=nginx.tagged(session), timeout=600)
+    (tried,) = nginx.upstreams(nginx.sent[-1:])
+    address = tried[-1][0]
     return [f"127.0.0.1:{host.port}" for host in hosts].index(address)
 
 

@@ -55,19 +55,17 @@ def nginx(hosts):
 
 
 def served_by(nginx: NginxProxy, send: Callable[[], object], requests: int = 1) -> list[str]:
-    """The host that answered each of the ``requests`` that ``send`` makes (nginx's log of them, in order)."""
-    logged = len(nginx.upstreams())
+    """The host that answered each of the ``requests`` that ``send`` makes (``post``s: nginx's log of them)."""
+    first = len(nginx.sent)
     send()
-    # nginx logs a request once its answer is out: a client may read the answer before the line is written.
-    wait_until(lambda: len(nginx.upstreams()) >= logged + requests, f"nginx's log of {requests} requests")
-    tried = nginx.upstreams()[logged:]
-    assert len(tried) == requests, tried
+    assert len(nginx.sent) == first + requests, nginx.sent[first:]
+    tried = nginx.upstreams(nginx.sent[first:])
     assert all(status != "502" for *_, (_, status) in tried), tried  # the last host tried answered
     return [hosts[-1][0] for hosts in tried]
 
 
 def post(nginx: NginxProxy, path: str, body: dict, **headers: str) -> dict:
-    reply = httpx.post(f"{nginx.url}{path}", json=body, headers=headers, timeout=60)
+    reply = httpx.post(f"{nginx.url}{path}", json=body, headers=nginx.tagged(headers), timeout=60)
     assert reply.status_code == 200, reply.text
     return reply.json()
 

@@ -7,10 +7,11 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from .prerequisites import unavailable
-from .server import ROOT, dying_with_this_process, free_port
+from .server import ROOT, dying_with_this_process, free_port, wait_until
 
 SHIPPED = ROOT / "scripts" / "nginx" / "wsgi-infer.conf"
 SHIPPED_HOSTS = ROOT / "scripts" / "nginx" / "wsgi-infer-hosts.conf"
@@ -39,6 +40,7 @@ class NginxProxy:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.dir = Path(tempfile.mkdtemp(prefix="wsgi-infer-nginx-"))
+        self.sent: list[str] = []  # the X-Request-Ids of tagged requests, in order
         changes = [("listen 80;", f"listen 127.0.0.1:{self.port};")]
         changes.append(("proxy_read_timeout 300s;", f"proxy_read_timeout {read_timeout};"))
         if site is None:
@@ -51,7 +53,7 @@ class NginxProxy:
         (self.dir / "nginx.conf").write_text(
             f"user root;\ndaemon off;\nworker_processes 1;\npid {self.dir}/nginx.pid;\n"
             f"error_log {self.dir}/error.log info;\nevents {{ worker_connections 256; }}\n"
-            f"http {{\n log_format upstreams '$upstream_addr|$upstream_status';\n"
+            f"http {{\n log_format upstreams '$http_x_request_id|$upstream_addr|$upstream_status';\n"
             f" access_log {self.dir}/access.log;\n access_log {self.dir}/upstreams.log upstreams;\n"
             f" {temp_paths}\n include {self.dir}/site.conf;\n}}\n"
         )
@@ -97,10 +99,25 @@ class NginxProxy:
                 assert time.monotonic() < deadline, f"nginx did not start listening: {self._error_log()}"
                 time.sleep(0.05)
 
-    def upstreams(self) -> list[list[tuple[str, str]]]:
-        """Per request finished, in order: each upstream nginx tried, with its status ("502" where it refused)."""
-        lines = (self.dir / "upstreams.log").read_text().splitlines()
-        return [list(zip(*(field.split(", ") for field in line.split("|")), strict=True)) for line in lines]
+    def tagged(self, headers: dict[str, str]) -> dict[str, str]:
+        """``headers`` with a new X-Request-Id, remembered in ``sent``: its line in nginx's log tells who served it."""
+        request_id = uuid.uuid4().hex
+        self.sent.append(request_id)
+        return {**headers, "X-Request-Id": request_id}
+
+    def upstreams(self, request_ids: list[str]) -> list[list[tuple[str, str]]]:
+        """Per request of ``request_ids`` (tagged), once nginx logs it: each upstream tried, with its status ("502"
+        where it refused). nginx writes a request's line after its answer is out, when a client may have read it."""
+        logged: dict[str, list[tuple[str, str]]] = {}
+
+        def all_logged() -> bool:
+            for line in (self.dir / "upstreams.log").read_text().splitlines():
+                request_id, addresses, statuses = line.split("|")
+                logged[request_id] = list(zip(addresses.split(", "), statuses.split(", "), strict=True))
+            return all(request_id in logged for request_id in request_ids)
+
+        wait_until(all_logged, f"nginx's log of {len(request_ids)} requests")
+        return [logged[request_id] for request_id in request_ids]
 
     def _error_log(self) -> str:
         log = self.dir / "error.log"
