@@ -23,7 +23,7 @@ from wsgi_infer.engine.runtime.cache_files import cache_root  # noqa: E402
 from .support.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from .support.in_process import InProcessServer  # noqa: E402
 from .support.prerequisites import unavailable  # noqa: E402
-from .support.server import GunicornServer  # noqa: E402
+from .support.server import GunicornServer, stop_together  # noqa: E402
 
 TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2", "qwen3", "smollm3", "llama3", "gemma3", "phi3", "mistral")
 # Llama 3.x: RoPE frequencies scaled by wavelength (its "llama3" rope_type), embeddings tied (3.2).
@@ -242,8 +242,7 @@ def gunicorn_server():
         return servers[key]
 
     yield serve
-    for server in servers.values():
-        server.stop()
+    stop_together(servers.values())
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from wsgi_infer.server.streaming.redis_store import RedisStore
 from wsgi_infer.server.streaming.stream_endings import API_SHAPES
 from wsgi_infer.server.streaming.stream_log import StreamLog
 
-from ..support.server import GunicornServer, RedisServer, labelled_samples
+from ..support.server import GunicornServer, RedisServer, labelled_samples, stop_together
 from ..support.sse_client import Event, events, text_of
 
 pytestmark = pytest.mark.slow  # real processes
@@ -51,6 +51,7 @@ def instances(tiny_model_dirs, tmp_path_factory):
     try:
         with GunicornServer(settings) as first, GunicornServer(settings) as second:
             yield redis_servers, first.wait_ready(), second.wait_ready()
+            stop_together([first, second])
     finally:
         for redis_server in redis_servers:
             redis_server.stop()

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from ..support.nginx_proxy import NginxProxy
-from ..support.server import ENDLESS, GunicornServer, RedisServer, wait_until
+from ..support.server import ENDLESS, GunicornServer, RedisServer, stop_together, wait_until
 from ..support.sse_client import events
 
 pytestmark = pytest.mark.slow  # real processes
@@ -34,6 +34,7 @@ def three_hosts(tiny_model_dirs, redis_url: str, *gunicorn_args: str) -> Iterato
     with ExitStack() as stack:
         hosts = [stack.enter_context(GunicornServer(settings, *gunicorn_args)) for _ in range(3)]
         yield [host.wait_ready() for host in hosts]
+        stop_together(hosts)
 
 
 @pytest.fixture(scope="module")

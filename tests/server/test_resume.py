@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
 
 from wsgi_infer import SamplingParams
 
-from ..support.server import ENDLESS, GunicornServer, RedisServer, wait_until
+from ..support.server import ENDLESS, GunicornServer, RedisServer, stop_together, wait_until
 from ..support.sse_client import events, text_of
 
 pytestmark = pytest.mark.slow  # real processes
@@ -131,6 +132,9 @@ def instances(tiny_model_dirs, redis_url):
     }
     with GunicornServer(settings) as first, GunicornServer(settings) as second:
         yield first.wait_ready(), second.wait_ready()
+        # A quick stop: the lease test leaves an endless stream unread, which a drain waits out for its grace (a
+        # heartbeat here, 10 s) before it counts the worker idle.
+        stop_together([first, second], signal.SIGINT)
 
 
 def test_a_resume_can_reach_another_instance_sharing_redis(instances, tiny_llama):

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import httpx
@@ -79,6 +79,21 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) 
         time.sleep(0.05)
 
 
+def stop_together(processes: Iterable[LoggedProcess], sig: int = signal.SIGTERM, timeout: float = 60.0) -> None:
+    """Signal every process that still runs, then wait for each (killed with its group after ``timeout``): servers
+    drain side by side, not one after another (a second each)."""
+    running = [p.process for p in processes if p.process.poll() is None]
+    for process in running:
+        process.send_signal(sig)
+    deadline = time.monotonic() + timeout
+    for process in running:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
 def dying_with_this_process(argv: list[str]) -> list[str]:
     """``argv`` run so that it ends with this process (on Linux; the thread that starts it must outlive it, as
     the fixtures' main thread does)."""
@@ -134,13 +149,7 @@ class LoggedProcess:
                 self._changed.wait(remaining)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_together([self], sig, timeout)
         return self.process.returncode
 
     def __enter__(self) -> LoggedProcess:
