@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from .gguf_header import read_header
+
 DEQUANTIZED_ROWS = 1024  # a few MB of gguf-py's temporaries at a time
 
 
@@ -147,19 +149,13 @@ def header_digest(gguf_file: Path) -> str:
 
 
 def file_header(gguf_file: Path) -> tuple[dict, list, int]:
-    """(metadata, tensor table entries, where the tensors' data starts), by transformers' fast reader (its string
-    arrays, the vocabulary's, skipped): parsed once per file as it is now, for its digest, config and table (each
-    parse of a 49,152-token file took 0.23 s)."""
+    """(metadata, tensor table entries, where the tensors' data starts), the vocabulary's strings skipped
+    (``gguf_header``): parsed once per file as it is now, for its digest, config and table (each parse of a
+    49,152-token file took 0.23 s)."""
     stat = gguf_file.stat()
     return _parsed_header(str(gguf_file.resolve()), stat.st_size, stat.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=4)
 def _parsed_header(path: str, size: int, mtime_ns: int) -> tuple[dict, list, int]:
-    from transformers.integrations.gguf.reader import _read_metadata, _read_tensor_table
-
-    blob = mapped_file(Path(path))
-    metadata, count, pos = _read_metadata(blob, path)
-    entries, pos = _read_tensor_table(blob, count, pos)
-    alignment = metadata.get("general.alignment", 32)
-    return metadata, entries, (pos + alignment - 1) // alignment * alignment
+    return read_header(Path(path))

@@ -1,8 +1,8 @@
 """A GGUF file's tokenizer, built as transformers builds it from the file, from metadata read faster.
 
 transformers' ``get_gguf_tokenizer`` reads the vocabulary and merges through a numpy memmap, whose every string slice
-costs a Python-level finalizer: 0.51 s for a 49,152-token vocabulary and its merges (1B shape, Zen 3). Its own reader
-over a plain mapping of the file reads them in 0.15 s. The tokenizer is then what transformers makes of them
+costs a Python-level finalizer: 0.51 s for a 49,152-token vocabulary and its merges (1B shape, Zen 3). Read from a
+plain mapping of the file (``gguf_header``), they take 0.15 s. The tokenizer is then what transformers makes of them
 (``convert_gguf_tokenizer``, the backend class), so it stays the tokenizer transformers' GGUF loading gives: the tests
 compare the two files for a BPE vocabulary (SmolLM2, ``test_model_loader``) and a SentencePiece one (Gemma 3,
 ``test_gemma3_270m``). ``tokenizer_metadata`` repeats ``get_gguf_tokenizer``'s few rules (that function takes a path
@@ -11,8 +11,9 @@ only); a rule transformers adds there shows in those comparisons only for the to
 
 from __future__ import annotations
 
-import mmap
 from pathlib import Path
+
+from .gguf_header import read_header
 
 STRING_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")  # the only arrays of strings a tokenizer reads
 
@@ -35,10 +36,8 @@ def read_gguf_tokenizer(gguf_file: Path):
 def tokenizer_metadata(gguf_file: Path) -> tuple[str, dict, dict]:
     """``(architecture, tokenizer_dict, tokenizer_config)`` as transformers' ``get_gguf_tokenizer`` gives them."""
     from transformers.integrations.gguf.gguf_tokenizer_mapping import _SPECIAL_TOKENS, GGUF_TOKENIZER_MAPPING
-    from transformers.integrations.gguf.reader import _read_metadata
 
-    with open(gguf_file, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as blob:
-        metadata = _read_metadata(blob, str(gguf_file), STRING_ARRAYS)[0]
+    metadata = read_header(gguf_file, STRING_ARRAYS)[0]
     grouped = {
         group: {name: metadata[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in metadata}
         for group, renames in GGUF_TOKENIZER_MAPPING.items()

@@ -1,0 +1,86 @@
+"""A GGUF file's header, its metadata and tensor table, read without torch.
+
+The values are those transformers' fast reader gives (``transformers.integrations.gguf.reader``: an array of
+strings by its length unless asked for, the tensor table's shapes in torch's order), but that module imports torch,
+and a process that reads a config and a tokenizer needs nothing else of it (``text_side``): without torch,
+transformers resolves a config's class in 0.74 s where with it, importing torch's distributed tensors, it took 2.1 s
+(Intel Xeon, 2026-12-01). The tests compare the two readers on every file they have.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from collections.abc import Container
+from pathlib import Path
+
+VERSIONS = (2, 3)  # v1 counted tensors in 32 bits
+STRING, ARRAY = 8, 9
+# the fixed-size value types: u8, i8, u16, i16, u32, i32, f32, bool, u64, i64, f64
+FIXED = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+class _Cursor:
+    """Little-endian reads from a position of the mapped file."""
+
+    def __init__(self, blob: mmap.mmap) -> None:
+        self.blob, self.pos = blob, 0
+
+    def read(self, fmt: str):
+        values = struct.unpack_from("<" + fmt, self.blob, self.pos)
+        self.pos += struct.calcsize("<" + fmt)
+        return values
+
+    def string(self) -> str:
+        (length,) = self.read("Q")
+        self.pos += length
+        return self.blob[self.pos - length : self.pos].decode("utf-8")
+
+    def value(self, kind: int, keep_strings: bool):
+        if kind in FIXED:
+            return self.read(FIXED[kind])[0]
+        if kind == STRING:
+            return self.string()
+        if kind != ARRAY:
+            raise ValueError(f"GGUF metadata holds a value of type {kind}, which this reader cannot read")
+        element, count = self.read("IQ")
+        if element in FIXED:
+            return list(self.read(f"{count}{FIXED[element]}"))
+        if element != STRING:
+            raise ValueError(f"GGUF metadata holds an array of type {element}, which this reader cannot read")
+        if keep_strings:
+            return [self.string() for _ in range(count)]
+        length_at, pos = struct.Struct("<Q").unpack_from, self.pos
+        for _ in range(count):  # variable lengths: walked, not decoded
+            pos += 8 + length_at(self.blob, pos)[0]
+        self.pos = pos
+        return count
+
+
+def read_header(gguf_file: Path, string_arrays: Container[str] = ()) -> tuple[dict, list, int]:
+    """(metadata, the tensor table's ``(name, shape, ggml type, offset)`` entries, where the tensors' data starts);
+    the arrays of strings named in ``string_arrays`` as lists, the others by their length."""
+    with open(gguf_file, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+        if blob[:4] != b"GGUF":
+            raise ValueError(f"{gguf_file} does not start with the GGUF magic bytes, so it is not a GGUF file")
+        cursor = _Cursor(blob)
+        cursor.pos = 4
+        version, tensor_count, metadata_count = cursor.read("IQQ")
+        if version not in VERSIONS:
+            raise ValueError(f"{gguf_file} is GGUF v{version}; this reader reads v2 and v3")
+        metadata = {}
+        for _ in range(metadata_count):
+            key = cursor.string()
+            (kind,) = cursor.read("I")
+            metadata[key] = cursor.value(kind, key in string_arrays)
+        if "general.architecture" not in metadata:
+            raise ValueError(f"{gguf_file} has no general.architecture in its metadata")
+        entries = []
+        for _ in range(tensor_count):
+            name = cursor.string()
+            (dims,) = cursor.read("I")
+            shape = tuple(reversed(cursor.read(f"{dims}Q")))  # ggml's fastest-moving dimension first, torch's last
+            ggml_type, offset = cursor.read("IQ")
+            entries.append((name, shape, ggml_type, offset))
+    alignment = metadata.get("general.alignment", 32)
+    return metadata, entries, (cursor.pos + alignment - 1) // alignment * alignment
