@@ -22,7 +22,8 @@ from wsgi_infer.engine.layers.quantization import PackedLinear
 from wsgi_infer.engine.loading import model_builder
 from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
 from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE, FileEmbedding, FileWeights
-from wsgi_infer.engine.loading.gguf_checkpoint import _hf_names, read_gguf_config
+from wsgi_infer.engine.loading.gguf_checkpoint import _hf_names
+from wsgi_infer.engine.loading.gguf_config import read_gguf_config
 from wsgi_infer.engine.loading.gguf_file import DEQUANTIZED_ROWS, GgufTensor, tensor_table
 from wsgi_infer.engine.loading.model_paths import ModelLoadError
 

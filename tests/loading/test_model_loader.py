@@ -19,7 +19,7 @@ from wsgi_infer.engine.kernels.cpu import load_cpu_kernels
 from wsgi_infer.engine.loading import checkpoint_tensors
 from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
 from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE
-from wsgi_infer.engine.loading.gguf_checkpoint import read_gguf_config
+from wsgi_infer.engine.loading.gguf_config import read_gguf_config
 from wsgi_infer.engine.loading.gguf_file import file_header, tensor_table
 from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.loading.model_loader import (
@@ -27,7 +27,6 @@ from wsgi_infer.engine.loading.model_loader import (
     FILE_IMPORTS,
     FIRST_LOAD_IMPORTS,
     PREPARED_LOAD_IMPORTS,
-    RESOLVED_CONFIGS_DIR,
     load_config,
     load_imports,
     resolve_model_dir,
@@ -41,6 +40,7 @@ from wsgi_infer.engine.loading.model_paths import (
     gguf_identity,
 )
 from wsgi_infer.engine.loading.packing import layer_weight
+from wsgi_infer.engine.loading.resolved_config import RESOLVED_CONFIGS_DIR
 from wsgi_infer.engine.runtime.cache_files import cache_root
 from wsgi_infer.engine.runtime.huge_pages import HugePageArena
 

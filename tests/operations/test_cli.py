@@ -9,7 +9,7 @@ import pytest
 
 from wsgi_infer import SamplingParams
 from wsgi_infer.engine.kernels.build import KERNELS_DIR, kernels_library
-from wsgi_infer.engine.loading.model_loader import RESOLVED_CONFIGS_DIR
+from wsgi_infer.engine.loading.resolved_config import RESOLVED_CONFIGS_DIR
 from wsgi_infer.engine.models import MODEL_REGISTRY
 
 from ..support.server import GunicornServer

@@ -1,9 +1,8 @@
-"""A GGUF file's config, and its tensors under their Hugging Face names as a converted copy keeps them.
+"""A GGUF file's tensors under their Hugging Face names, as a converted copy keeps them.
 
-The config comes from the file's metadata through transformers' key mapping
-and fast reader. Each tensor our model reads becomes its place in the file, for a
-load to read its blocks or values there (``file_weights``), with what
-transformers' tensor processor does to it: no tensor is copied.
+Each tensor our model reads becomes its place in the file, for a load to read its
+blocks or values there (``file_weights``), with what transformers' tensor processor
+does to it: no tensor is copied. (The config: ``gguf_config``.)
 """
 
 from __future__ import annotations
@@ -17,67 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..models import allocate_model
-from .gguf_file import GgufTensor, file_header, tensor_table
-
-# As the legacy reader: a GGUF of these holds the text backbone only, whose config is of its own type.
-TEXT_BACKBONES = {"gemma3": "gemma3_text"}
-
-
-def read_gguf_config(gguf_file: Path):
-    """The transformers config of a GGUF file, from its metadata as transformers' legacy reader maps it
-    (``load_gguf_checkpoint``), but read with its fast reader (``file_header``): 0.01 s instead of about 4 s."""
-    from transformers import AutoConfig
-    from transformers.modeling_gguf_pytorch_utils import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_TO_TRANSFORMERS_MAPPING
-
-    metadata, entries, _ = file_header(gguf_file)
-    tensor_names = {name for name, *_ in entries}
-    architecture = file_architecture = metadata["general.architecture"]
-    if architecture == "llama" and metadata.get("general.name") == "mistral":
-        architecture = "mistral"  # the legacy reader's one rule for Mistral, which llama.cpp files as llama
-    renames = GGUF_TO_TRANSFORMERS_MAPPING["config"]
-    if architecture not in renames:  # e.g. smollm3: the metadata's names would be read as nothing, silently
-        raise ValueError(
-            f"GGUF architecture {architecture!r}: transformers has no map of its metadata "
-            "(the model's Hugging Face directory may load)"
-        )
-    values = {}
-    for key, value in metadata.items():
-        prefix, _, rest = key.partition(".")
-        prefix = architecture if prefix == file_architecture else prefix
-        name = renames.get(prefix, {}).get(rest)
-        if name is not None and name != -1:
-            values[name] = architecture if name == "model_type" else value
-    values["tie_word_embeddings"] = "output.weight" not in tensor_names
-    key_length = metadata.get(f"{file_architecture}.attention.key_length")
-    if key_length is not None:  # llama.cpp writes a head's size; transformers' map skips it for some (Qwen3)
-        values.setdefault("head_dim", key_length)
-    for key, value in GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture, {}).items():
-        values.setdefault(key, value)
-    values.setdefault("vocab_size", metadata.get("tokenizer.ggml.tokens"))  # the reader gives its length
-    values["model_type"] = TEXT_BACKBONES.get(architecture, architecture)
-    if architecture == "phi3":
-        values.update(_phi3_rope(gguf_file, metadata, values))
-    return AutoConfig.for_model(**values)
-
-
-def _phi3_rope(gguf_file: Path, metadata: dict, values: dict) -> dict:
-    """What transformers' map leaves out of a Phi-3 file (Phi-3.5-mini, Phi-4-mini): the rotated share of each
-    head (``rope.dimension_count``) and LongRoPE, whose factors llama.cpp keeps as two tensors."""
-    head_dim = values["hidden_size"] // values["num_attention_heads"]
-    rotary = metadata.get("phi3.rope.dimension_count", head_dim)
-    rope = {"rope_theta": values.get("rope_theta", 10000.0), "partial_rotary_factor": rotary / head_dim}
-    factors = {t.name: t for t in tensor_table(gguf_file)[1] if t.name.startswith("rope_factors_")}
-    if factors:
-        rope |= {
-            "rope_type": "longrope",
-            "short_factor": factors["rope_factors_short.weight"].values().tolist(),
-            "long_factor": factors["rope_factors_long.weight"].values().tolist(),
-            "original_max_position_embeddings": metadata["phi3.rope.scaling.original_context_length"],
-        }
-        rope["factor"] = values["max_position_embeddings"] / rope["original_max_position_embeddings"]
-    else:
-        rope["rope_type"] = "default"
-    return {"rope_parameters": rope, "partial_rotary_factor": rope["partial_rotary_factor"]}
+from .gguf_file import GgufTensor, tensor_table
 
 
 @dataclass

@@ -9,6 +9,7 @@ transformers resolves a config's class in 0.74 s where with it, importing torch'
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import struct
 from collections.abc import Container
@@ -84,3 +85,13 @@ def read_header(gguf_file: Path, string_arrays: Container[str] = ()) -> tuple[di
             entries.append((name, shape, ggml_type, offset))
     alignment = metadata.get("general.alignment", 32)
     return metadata, entries, (cursor.pos + alignment - 1) // alignment * alignment
+
+
+def header_digest(gguf_file: Path) -> str:
+    """A digest of the file's place, size and header (its metadata and tensor table): what a converted copy is made
+    of (config, tokenizer, where each tensor lies) and the file it reads every tensor from, at each load. A few MB
+    hashed, where the whole file took 0.5 s at 1B and 1.5 s at 3B."""
+    data_start = read_header(gguf_file)[2]
+    place = f"{gguf_file.resolve()}\0{gguf_file.stat().st_size}\0".encode()
+    with open(gguf_file, "rb") as file:
+        return hashlib.sha256(place + file.read(data_start)).hexdigest()[:16]

@@ -10,7 +10,6 @@ they are.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -19,9 +18,8 @@ import time
 from pathlib import Path
 
 from ..models import model_class
-from ..runtime.cache_files import cache_root, read_json, write_json
+from ..runtime.cache_files import read_json
 from ..runtime.heap import release_free_heap
-from ..text.builtin_chat_templates import BUILTIN_TEMPLATES
 from .file_weights import FileWeights, orphaned_copies, save_file_weights
 from .model_paths import (
     ModelLoadError,
@@ -33,10 +31,10 @@ from .model_paths import (
     model_path,
     older_conversions,
 )
+from .resolved_config import read_config, resolved_config_file
+from .text_side import take_text_side, write_text_side
 
 log = logging.getLogger(__name__)
-
-RESOLVED_CONFIGS_DIR = "configs"  # in the cache root: see load_config
 
 
 def resolve_model_dir(model: str | os.PathLike | None) -> Path:
@@ -68,7 +66,7 @@ def _convert_gguf_into(gguf: Path, target: Path) -> None:
     started = time.monotonic()
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        _convert_gguf(gguf, staging)
+        _convert_gguf(gguf, staging, target)
         os.replace(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -82,16 +80,17 @@ def _convert_gguf_into(gguf: Path, target: Path) -> None:
         log.info("removed %s: the GGUF it was converted from is gone", orphan)
 
 
-def _convert_gguf(gguf: Path, staging: Path) -> None:
-    """Config, tokenizer, and where the tensors lie in the file: none is copied (``file_weights``)."""
-    from transformers import GenerationConfig
-
-    from .gguf_checkpoint import gguf_tensors, read_gguf_config  # gguf-py: for a conversion only
-    from .gguf_tokenizer import read_gguf_tokenizer
+def _convert_gguf(gguf: Path, staging: Path, target: Path) -> None:
+    """Config and tokenizer (``text_side``: made ahead without torch, or now), and where the tensors lie in the
+    file: none is copied (``file_weights``)."""
+    from .gguf_checkpoint import gguf_tensors  # gguf-py: for a conversion only
 
     try:
-        config = read_gguf_config(gguf)
-        tokenizer = read_gguf_tokenizer(gguf)
+        if take_text_side(target, staging):
+            log.info("model %s: config and tokenizer read ahead (a process without torch)", gguf.name)
+        else:
+            write_text_side(gguf, staging)
+        config = read_config(staging)
         log.info("model %s: config and tokenizer read; reading the weights", gguf.name)
         places, orders, processed = {}, {}, []
         architecture, tensors = gguf_tensors(gguf, config)
@@ -101,30 +100,12 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
                 orders[tensor.name] = tensor.order
             if tensor.processed:
                 processed.append(tensor.name)
+    except ModelLoadError:
+        raise
     except Exception as exc:  # transformers and gguf-py raise many kinds for unreadable files
         raise ModelLoadError(f"model {gguf}: cannot read GGUF file ({exc})") from exc
-    save_file_weights(staging, gguf, architecture, config.to_dict(), places, orders, processed)
-    config.save_pretrained(staging)
-    _resolve_config(staging)  # while its class is imported: the worker that waited on us need not import it
-    generation = GenerationConfig.from_model_config(config)
-    builtin = BUILTIN_TEMPLATES.get(config.model_type)
-    if builtin is not None:
-        if not tokenizer.chat_template:
-            log.info("model %s: no chat template in the file; using %s's own", gguf.name, config.model_type)
-            tokenizer.chat_template = builtin.template
-        end_of_turn = tokenizer.convert_tokens_to_ids(builtin.end_of_turn)
-        generation.eos_token_id = sorted({config.eos_token_id, end_of_turn})
-    generation.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    _list_added_tokens(staging, tokenizer)
-
-
-def _list_added_tokens(model_dir: Path, tokenizer) -> None:
-    """Keep the added tokens in tokenizer_config.json too (transformers 5 writes them in tokenizer.json only): a
-    load without them parses the whole tokenizer.json in Python to find them, 0.1-0.2 s of every start."""
-    settings = read_json(model_dir / "tokenizer_config.json")
-    added = {str(index): token.__getstate__() for index, token in tokenizer.added_tokens_decoder.items()}
-    write_json(model_dir / "tokenizer_config.json", settings | {"added_tokens_decoder": added})
+    values = read_json(resolved_config_file(staging))  # the config as its class resolved it, wherever it was read
+    save_file_weights(staging, gguf, architecture, values, places, orders, processed)
 
 
 def load_config(model_dir: Path):
@@ -135,47 +116,6 @@ def load_config(model_dir: Path):
     except ValueError as exc:
         raise ModelLoadError(f"model {model_dir}: {exc}") from None
     return config
-
-
-def read_config(model_dir: Path):
-    """The model's transformers config, resolved by its own class once per config.json, then read back.
-
-    Importing an architecture's config class costs 1.3 s and 80 MB per process (transformers imports
-    its kernel hub, torch.distributed and dynamo with it). So the first load keeps the resolved values
-    (every default and alias filled in) in the cache, keyed by the file and transformers' version, and
-    later loads build a plain ``PreTrainedConfig`` holding them.
-    """
-    from transformers.configuration_utils import PreTrainedConfig
-
-    values = read_json(_resolved_config_file(model_dir))
-    if values is None:
-        values = _resolve_config(model_dir)
-    return PreTrainedConfig.from_dict(values | {"_name_or_path": str(model_dir)})  # the same file may be elsewhere
-
-
-def _resolved_config_file(model_dir: Path) -> Path:
-    import transformers
-
-    try:
-        text = (model_dir / "config.json").read_bytes()
-    except OSError as exc:
-        raise ModelLoadError(f"model {model_dir}: cannot read config.json ({exc})") from exc
-    key = hashlib.sha256(text + transformers.__version__.encode()).hexdigest()[:16]
-    return cache_root() / RESOLVED_CONFIGS_DIR / f"{key}.json"
-
-
-def _resolve_config(model_dir: Path) -> dict:
-    """The config's values as its class resolves them, kept in the cache for ``load_config``."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    except Exception as exc:
-        raise ModelLoadError(f"model {model_dir}: cannot read config.json ({exc})") from exc
-    # Aliases (GPT-2's n_embd is hidden_size) as plain values: the plain config has no attribute map.
-    values = config.to_dict() | {alias: getattr(config, alias) for alias in config.attribute_map}
-    write_json(_resolved_config_file(model_dir), values)
-    return values
 
 
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # one class in transformers 5
@@ -255,7 +195,7 @@ def _prepared(path: Path) -> Path | None:
         if digest is None:
             return None
         path = converted_gguf_dir(path, digest)
-    resolved = read_json(_resolved_config_file(path))
+    resolved = read_json(resolved_config_file(path))
     prepared = resolved is not None and _generic_tokenizer(path) and not (path / "modules.json").is_file()
     return path if prepared else None
 

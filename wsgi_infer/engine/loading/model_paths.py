@@ -102,9 +102,9 @@ def file_digest(path: Path) -> str:
 
 
 def gguf_identity(path: Path) -> str:
-    """What names a GGUF's converted copy: ``gguf_file.header_digest``. Two files of one header (fine-tunes of one
+    """What names a GGUF's converted copy: ``gguf_header.header_digest``. Two files of one header (fine-tunes of one
     model, converted alike) are two copies, each reading its own file: a copy never reads another file's tensors."""
-    from .gguf_file import header_digest
+    from .gguf_header import header_digest
 
     return _remember(path, "header", lambda: header_digest(path))
 
