@@ -85,9 +85,16 @@ ENGINE_VOCABULARY = (
     "wsgi_infer.engine.messages",
     "wsgi_infer.engine.text.chat_template",
 )
-# Torch-free engine steps the gunicorn master runs before it forks workers: starting the CPU kernels' build
-# where none are installed.
+# Torch-free engine steps the gunicorn master starts before it forks workers: the CPU kernels' build where none are
+# installed, and a process that reads GGUFs' text files ahead of their conversion (``text_files_ahead``).
 MASTER_STEPS = (
+    "wsgi_infer.engine.loading.gguf_config",
+    "wsgi_infer.engine.loading.gguf_header",
+    "wsgi_infer.engine.loading.gguf_tokenizer",
+    "wsgi_infer.engine.loading.model_paths",
+    "wsgi_infer.engine.loading.resolved_config",
+    "wsgi_infer.engine.loading.text_files",
+    "wsgi_infer.engine.text.builtin_chat_templates",
     "wsgi_infer.engine.kernels",
     "wsgi_infer.engine.kernels.build",
     "wsgi_infer.engine.kernels.variants",

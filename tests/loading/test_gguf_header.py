@@ -37,7 +37,7 @@ def test_the_header_is_what_transformers_reads(tmp_path, arch):
 
 
 def test_it_needs_no_torch(tmp_path):
-    """What lets a process read a config and a tokenizer without importing torch (``text_side``)."""
+    """What lets a process read a config and a tokenizer without importing torch (``text_files``)."""
     script = "import sys; sys.modules['torch'] = None; from wsgi_infer.engine.loading.gguf_header import read_header"
     check = f"{script}; print(read_header(__import__('pathlib').Path(sys.argv[1]))[0]['general.architecture'])"
     done = subprocess.run([sys.executable, "-c", check, str(default_model_path())], capture_output=True, text=True)

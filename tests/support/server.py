@@ -228,9 +228,19 @@ class GunicornServer(LoggedProcess):
         return first, self.client_on_worker(pid)[0]
 
     def worker_pids(self) -> list[int]:
+        """The master's children that are its workers (forks of it): not a process it started to do a step of a
+        start beside them (the kernels' build, a GGUF's text files read ahead)."""
         import psutil
 
-        return [child.pid for child in psutil.Process(self.process.pid).children()]
+        master = psutil.Process(self.process.pid)
+        command, workers = master.cmdline(), []
+        for child in master.children():
+            try:
+                if child.cmdline() == command:
+                    workers.append(child.pid)
+            except psutil.NoSuchProcess:  # a step's process, ended
+                continue
+        return workers
 
 
 class RedisServer(LoggedProcess):

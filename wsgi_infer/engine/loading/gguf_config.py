@@ -1,4 +1,4 @@
-"""A GGUF file's transformers config, read without torch (see ``text_side``).
+"""A GGUF file's transformers config, read without torch (see ``text_files``).
 
 The config comes from the file's metadata through transformers' key mapping, resolved by its architecture's
 config class.

@@ -2,7 +2,7 @@
 
 The values are those transformers' fast reader gives (``transformers.integrations.gguf.reader``: an array of
 strings by its length unless asked for, the tensor table's shapes in torch's order), but that module imports torch,
-and a process that reads a config and a tokenizer needs nothing else of it (``text_side``): without torch,
+and a process that reads a config and a tokenizer needs nothing else of it (``text_files``): without torch,
 transformers resolves a config's class in 0.74 s where with it, importing torch's distributed tensors, it took 2.1 s
 (Intel Xeon, 2026-12-01). The tests compare the two readers on every file they have.
 """

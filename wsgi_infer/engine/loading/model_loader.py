@@ -32,7 +32,7 @@ from .model_paths import (
     older_conversions,
 )
 from .resolved_config import read_config, resolved_config_file
-from .text_side import take_text_side, write_text_side
+from .text_files import take_text_files, write_text_files
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +81,15 @@ def _convert_gguf_into(gguf: Path, target: Path) -> None:
 
 
 def _convert_gguf(gguf: Path, staging: Path, target: Path) -> None:
-    """Config and tokenizer (``text_side``: made ahead without torch, or now), and where the tensors lie in the
+    """Config and tokenizer (``text_files``: made ahead without torch, or now), and where the tensors lie in the
     file: none is copied (``file_weights``)."""
     from .gguf_checkpoint import gguf_tensors  # gguf-py: for a conversion only
 
     try:
-        if take_text_side(target, staging):
+        if take_text_files(target, staging):
             log.info("model %s: config and tokenizer read ahead (a process without torch)", gguf.name)
         else:
-            write_text_side(gguf, staging)
+            write_text_files(gguf, staging)
         config = read_config(staging)
         log.info("model %s: config and tokenizer read; reading the weights", gguf.name)
         places, orders, processed = {}, {}, []

@@ -1,6 +1,6 @@
 """A model's transformers config, resolved by its architecture's class once per config.json and kept in the cache.
 
-Nothing here imports torch: a process that never imports it resolves a GGUF's config (``text_side``).
+Nothing here imports torch: a process that never imports it resolves a GGUF's config (``text_files``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ def resolve_config(model_dir: Path) -> dict:
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     except Exception as exc:
         raise ModelLoadError(f"model {model_dir}: cannot read config.json ({exc})") from exc
-    # Aliases (GPT-2's n_embd is hidden_size) as plain values: the plain config has no attribute map.
+    # Aliases (GPT-2's n_embd is hidden_size) as plain values: the plain config has no attribute map. Not where it
+    # was read (read_config says where): the same file may be elsewhere, and a conversion reads it from a staging dir.
     values = config.to_dict() | {alias: getattr(config, alias) for alias in config.attribute_map}
+    values.pop("_name_or_path", None)
     write_json(resolved_config_file(model_dir), values)
     return values

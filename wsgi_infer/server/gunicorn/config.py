@@ -18,6 +18,7 @@ import time
 from wsgi_infer.engine.kernels.build import start_building_cpu_kernels
 from wsgi_infer.engine.runtime.cpu_budget import cpu_budget
 from wsgi_infer.server.engine_client.extension import manager_of
+from wsgi_infer.server.gunicorn.text_files_ahead import start_text_files_ahead
 from wsgi_infer.server.gunicorn.worker import InferenceWorker
 
 # Read in the master before any worker exists (and before torch is imported anywhere).
@@ -46,11 +47,14 @@ loglevel = "info"
 
 
 def on_starting(server):
-    """In the master, before any worker: start compiling the CPU kernels if this machine has none yet.
-    The compiler runs while the workers import; their engine threads wait for it on the build's lock.
-    A gevent worker could not run it: its engine thread cannot wait for a child process."""
+    """In the master, before any worker: start compiling the CPU kernels if this machine has none yet, and reading
+    the text files of GGUFs not yet converted (``text_files_ahead``), where a second CPU lets them run beside the
+    workers' imports. Each runs while the workers import; their engine threads wait for it on its lock. A gevent
+    worker could not run them: its engine thread cannot wait for a child process."""
     _control_socket_of_our_own(server)
     start_building_cpu_kernels()
+    if cpu_budget().cpus >= 2:
+        start_text_files_ahead()
 
 
 def _control_socket_of_our_own(server):

@@ -1,11 +1,11 @@
-"""A GGUF's text side: its config (resolved by its architecture's class), generation config and tokenizer, as a
+"""A GGUF's text files: its config (resolved by its architecture's class), generation config and tokenizer, as a
 converted copy keeps them. All of a conversion but where the tensors lie (``gguf_checkpoint``).
 
 None of it needs torch, and without torch transformers imports an architecture's config class in a fraction of the
-time: with torch it imports its distributed tensors and sympy too (a first start's config 0.9 s of 1.2, Intel
-Xeon). So a server's first start has a process that never imports torch make it (``server.gunicorn.text_sides``)
-while its workers import theirs: ``prepare_text_side`` writes it beside the copy, under the copy's lock, and the
-conversion that follows takes it (``take_text_side``) or, where none was made, makes it itself.
+time: with torch it imports its distributed tensors and sympy too (0.9 s of a 1B's first start, Intel Xeon). So a
+server's first start has a process that never imports torch make them (``server.gunicorn.text_files_ahead``) while
+its workers import theirs: ``prepare_text_files`` writes them beside the copy, under the copy's lock, and the
+conversion that follows takes them (``take_text_files``) or, where none were made, makes them itself.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .resolved_config import resolve_config
 log = logging.getLogger(__name__)
 
 
-def write_text_side(gguf: Path, directory: Path) -> None:
+def write_text_files(gguf: Path, directory: Path) -> None:
     """The file's config, generation config and tokenizer into ``directory``, and its resolved config into the
     cache (``resolved_config``)."""
     from transformers import GenerationConfig
@@ -57,31 +57,31 @@ def _list_added_tokens(model_dir: Path, tokenizer) -> None:
     write_json(model_dir / "tokenizer_config.json", settings | {"added_tokens_decoder": added})
 
 
-def text_side_dir(target: Path) -> Path:
-    """Where a text side made ahead of its conversion waits for it: beside the copy ``target``."""
-    return target.with_name(f".{target.name}.text-side")
+def text_files_dir(target: Path) -> Path:
+    """Where text files made ahead of its conversion waits for it: beside the copy ``target``."""
+    return target.with_name(f".{target.name}.text-files")
 
 
-def prepare_text_side(gguf: Path) -> bool:
-    """Make the text side of a GGUF not yet converted, ahead of its conversion; whether one was made."""
+def prepare_text_files(gguf: Path) -> bool:
+    """Make the text files of a GGUF not yet converted, ahead of its conversion; whether one was made."""
     target = converted_gguf_dir(gguf, gguf_identity(gguf))
     with conversion_lock(target):
-        if (target / "config.json").is_file() or text_side_dir(target).is_dir():
+        if (target / "config.json").is_file() or text_files_dir(target).is_dir():
             return False
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".text-side-", dir=target.parent))
+        staging = Path(tempfile.mkdtemp(prefix=".text-files-", dir=target.parent))
         try:
-            write_text_side(gguf, staging)
-            os.replace(staging, text_side_dir(target))
+            write_text_files(gguf, staging)
+            os.replace(staging, text_files_dir(target))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return True
 
 
-def take_text_side(target: Path, staging: Path) -> bool:
-    """Move a text side made ahead (``prepare_text_side``) into a conversion's ``staging``; whether there was one.
+def take_text_files(target: Path, staging: Path) -> bool:
+    """Move text files made ahead (``prepare_text_files``) into a conversion's ``staging``; whether there were.
     The caller holds the copy's lock."""
-    ready = text_side_dir(target)
+    ready = text_files_dir(target)
     if not ready.is_dir():
         return False
     for path in ready.iterdir():

@@ -1,0 +1,55 @@
+"""A GGUF's text files made ahead by a process without torch (``text_files_ahead``, as a server's master starts it)
+are those a conversion makes itself, and the conversion that follows takes them."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from wsgi_infer.engine.loading import model_loader
+from wsgi_infer.engine.loading.model_loader import resolve_model_dir
+from wsgi_infer.engine.loading.model_paths import default_model_path
+from wsgi_infer.engine.loading.resolved_config import RESOLVED_CONFIGS_DIR
+
+from ..support.gguf_files import MIXED_TYPES, write_tiny_gguf
+
+AHEAD = "wsgi_infer.server.gunicorn.text_files_ahead"
+
+
+def files_of(directory) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+@pytest.mark.parametrize("arch", [None, "phi3"])  # the shipped SmolLM2; Phi-3 reads LongRoPE's factors from tensors
+def test_text_files_made_ahead_without_torch_are_the_conversions_own(tmp_path, monkeypatch, caplog, arch):
+    gguf = default_model_path() if arch is None else write_tiny_gguf(tmp_path / "t.gguf", MIXED_TYPES, arch=arch).path
+    ahead, inline = tmp_path / "ahead", tmp_path / "inline"
+    env = os.environ | {"WSGI_INFER_CACHE_DIR": str(ahead), "WSGI_INFER_MODEL": str(gguf)}
+    done = subprocess.run([sys.executable, "-m", AHEAD], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "read ahead of its conversion" in done.stderr, done.stderr  # torch is blocked there
+    converted = {}
+    for cache in (ahead, inline):
+        monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(cache))
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=model_loader.__name__):
+            converted[cache] = resolve_model_dir(gguf)
+        assert ("config and tokenizer read ahead" in caplog.text) == (cache == ahead)
+    assert converted[ahead].name == converted[inline].name
+    assert files_of(converted[ahead]) == files_of(converted[inline])
+    assert files_of(ahead / RESOLVED_CONFIGS_DIR) == files_of(inline / RESOLVED_CONFIGS_DIR)
+    assert [p.name for p in ahead.iterdir() if p.name.startswith(".")] == []  # the text files were taken
+
+
+def test_a_file_it_cannot_read_is_left_to_the_conversion_which_says_why(tmp_path, monkeypatch):
+    gguf = tmp_path / "broken.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(40))  # version 0
+    env = os.environ | {"WSGI_INFER_CACHE_DIR": str(tmp_path), "WSGI_INFER_MODEL": str(gguf)}
+    done = subprocess.run([sys.executable, "-m", AHEAD], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stderr == ""
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
+    with pytest.raises(ValueError, match="GGUF v0"):
+        resolve_model_dir(gguf)

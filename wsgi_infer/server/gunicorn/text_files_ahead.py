@@ -1,0 +1,50 @@
+"""A first start's GGUF text files made ahead, by a process that never imports torch.
+
+In gunicorn's master, before any worker: ``start_text_files_ahead`` starts this module as a process, which reads
+the settings' models and, for each GGUF not yet converted (those loaded at start first), writes its config and
+tokenizer (``engine.loading.text_files``) under the copy's lock while the workers import torch and transformers.
+A worker's conversion then takes them, where it would have imported the config's class with torch (0.9 s of a 1B's
+first start, Intel Xeon). What this process cannot read, or reads too late, the worker's conversion reads itself,
+and says why a file is unreadable: this one says nothing of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+log = logging.getLogger(__name__)
+
+
+def start_text_files_ahead() -> None:
+    """Start the process; returns at once (the copies' locks order it with the workers' conversions)."""
+    subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.DEVNULL)
+
+
+def main() -> None:
+    # Before transformers is imported: it then reads configs and tokenizers as it does where torch is not installed.
+    sys.modules["torch"] = None
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"  # not its warning that torch is missing
+    gunicorn_format = "[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s"
+    logging.basicConfig(level=logging.INFO, format=gunicorn_format, datefmt="%Y-%m-%d %H:%M:%S %z")
+    from ...engine.loading.model_paths import is_gguf
+    from ...engine.loading.text_files import prepare_text_files
+    from ..model_specs import model_specs
+    from ..settings import ServerSettings
+
+    try:
+        specs = sorted(model_specs(ServerSettings()), key=lambda spec: not spec.preload)
+    except Exception:  # the workers say what is wrong with the settings
+        return
+    for path in (spec.files for spec in specs):
+        try:
+            if is_gguf(path) and prepare_text_files(path):
+                log.info("model %s: its config and tokenizer read ahead of its conversion", path.name)
+        except Exception:  # noqa: S112 (the worker's conversion reads the file again, and says why it cannot)
+            continue
+
+
+if __name__ == "__main__":
+    main()
