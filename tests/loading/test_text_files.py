@@ -14,6 +14,7 @@ from wsgi_infer.engine.loading import model_loader
 from wsgi_infer.engine.loading.model_loader import resolve_model_dir
 from wsgi_infer.engine.loading.model_paths import default_model_path
 from wsgi_infer.engine.loading.resolved_config import RESOLVED_CONFIGS_DIR
+from wsgi_infer.server.gunicorn.text_files_ahead import may_name_a_gguf
 
 from ..support.gguf_files import MIXED_TYPES, write_tiny_gguf
 
@@ -53,3 +54,17 @@ def test_a_file_it_cannot_read_is_left_to_the_conversion_which_says_why(tmp_path
     monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
     with pytest.raises(ValueError, match="GGUF v0"):
         resolve_model_dir(gguf)
+
+
+@pytest.mark.parametrize(
+    "environ, may",
+    [
+        ({}, True),  # the shipped SmolLM2
+        ({"WSGI_INFER_MODEL": "/models/tiny"}, False),
+        ({"WSGI_INFER_MODEL": "/models/tiny.gguf"}, True),
+        ({"WSGI_INFER_MODEL": "/models/tiny", "WSGI_INFER_MODELS_DIR": "/models"}, True),
+        ({"WSGI_INFER_MODEL": "/models/tiny", "WSGI_INFER_MODELS": ""}, False),
+    ],
+)
+def test_the_master_starts_it_only_where_the_settings_may_name_a_gguf(environ, may):
+    assert may_name_a_gguf(environ) == may
