@@ -32,7 +32,7 @@ from .model_paths import (
     older_conversions,
 )
 from .resolved_config import read_config, resolved_config_file
-from .text_files import take_text_files, text_files_dir, write_text_files
+from .text_files import take_text_files, write_text_files
 
 log = logging.getLogger(__name__)
 
@@ -159,27 +159,26 @@ FIRST_LOAD_IMPORTS = ("transformers.models.auto.configuration_auto", "transforme
 # row order (GPT-2's), and converting one.
 FILE_IMPORTS = ("gguf", "wsgi_infer.engine.loading.gguf_file")
 PROCESSOR_IMPORTS = ("transformers.modeling_gguf_pytorch_utils",)
-# A conversion's reading where the tensors lie, with its text files made ahead (``text_files``), and without.
-WEIGHT_PLACES_IMPORTS = (*FILE_IMPORTS, *PROCESSOR_IMPORTS, "wsgi_infer.engine.loading.gguf_checkpoint")
 CONVERSION_IMPORTS = (
-    *WEIGHT_PLACES_IMPORTS,
+    *FILE_IMPORTS,
+    *PROCESSOR_IMPORTS,
     "transformers.integrations.gguf.gguf_tokenizer_mapping",
+    "wsgi_infer.engine.loading.gguf_checkpoint",
     "wsgi_infer.engine.loading.gguf_tokenizer",
 )
 
 
 def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
     """What loading ``model`` imports, beyond the engine's own modules: a first load's auto classes (0.6 s) only where
-    no earlier load prepared it (converted the GGUF, resolved the config), or made its text files ahead, or its
-    tokenizer has a class of its own; gguf-py where a GGUF's weights are read from the file, and transformers' GGUF
-    processors where one of them is read through those."""
+    no earlier load prepared it (converted the GGUF, resolved the config) or its tokenizer has a class of its own;
+    gguf-py where a GGUF's weights are read from the file, and transformers' GGUF processors where one of them is
+    read through those. (A GGUF's text files made ahead spare a conversion little here: its processors import
+    transformers' index of every model, 0.21 s, which the auto classes import first otherwise.)"""
     try:
         path = model_path(model)
         prepared = _prepared(path)
     except (ModelLoadError, OSError):
         return PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS  # the load will say why
-    if prepared is None and is_gguf(path) and _text_files_ready(path):
-        return PREPARED_LOAD_IMPORTS + WEIGHT_PLACES_IMPORTS
     if prepared is None:
         return PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS + (CONVERSION_IMPORTS if is_gguf(path) else ())
     weights = FileWeights(prepared)
@@ -188,12 +187,6 @@ def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
         + (FILE_IMPORTS if len(weights) else ())
         + (PROCESSOR_IMPORTS if weights.processed else ())
     )
-
-
-def _text_files_ready(gguf: Path) -> bool:
-    """Whether a GGUF's text files were made ahead of its conversion (``text_files``)."""
-    digest = known_gguf_identity(gguf)
-    return digest is not None and text_files_dir(converted_gguf_dir(gguf, digest)).is_dir()
 
 
 def _prepared(path: Path) -> Path | None:

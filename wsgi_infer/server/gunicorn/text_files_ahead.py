@@ -53,7 +53,7 @@ def main() -> None:
         try:
             if is_gguf(path) and prepare_text_files(path):
                 log.info("model %s: its config and tokenizer read ahead of its conversion", path.name)
-        except Exception:  # noqa: S112 (the worker's conversion reads the file again, and says why it cannot)
+        except Exception:  # the worker's conversion reads the file again, and says why it cannot
             continue
 
 
