@@ -36,6 +36,7 @@ def test_the_header_is_what_transformers_reads(tmp_path, arch):
     assert data_start % metadata.get("general.alignment", 32) == 0 and data_start < path.stat().st_size
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_it_needs_no_torch(tmp_path):
     """What lets a process read a config and a tokenizer without importing torch (``text_files``)."""
     script = "import sys; sys.modules['torch'] = None; from wsgi_infer.engine.loading.gguf_header import read_header"

@@ -25,6 +25,7 @@ def files_of(directory) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
 
 
+@pytest.mark.slow  # a fresh interpreter reads the file
 @pytest.mark.parametrize("arch", [None, "phi3"])  # the shipped SmolLM2; Phi-3 reads LongRoPE's factors from tensors
 def test_text_files_made_ahead_without_torch_are_the_conversions_own(tmp_path, monkeypatch, caplog, arch):
     gguf = default_model_path() if arch is None else write_tiny_gguf(tmp_path / "t.gguf", MIXED_TYPES, arch=arch).path
@@ -45,6 +46,7 @@ def test_text_files_made_ahead_without_torch_are_the_conversions_own(tmp_path, m
     assert [p.name for p in ahead.iterdir() if p.name.startswith(".")] == []  # the text files were taken
 
 
+@pytest.mark.slow  # a fresh interpreter reads the file
 def test_a_file_it_cannot_read_is_left_to_the_conversion_which_says_why(tmp_path, monkeypatch):
     gguf = tmp_path / "broken.gguf"
     gguf.write_bytes(b"GGUF" + bytes(40))  # version 0
