@@ -45,6 +45,7 @@ from wsgi_infer.engine.runtime.cache_files import cache_root
 from wsgi_infer.engine.runtime.huge_pages import HugePageArena
 
 from ..conftest import TINY_ARCHITECTURES
+from ..support.fresh_imports import assert_a_load_imports_only_what_load_imports_names
 from ..support.gguf_files import MIXED_TYPES, write_tiny_gguf
 from ..support.server import GunicornServer
 from ..support.transformers_reference import assert_tokenizer_as_transformers_reads, load_hf_model
@@ -118,16 +119,7 @@ def test_a_later_start_that_reads_weights_from_the_file_imports_what_load_import
     path = write_tiny_gguf(tmp_path / "f16.gguf", MIXED_TYPES, embedding="F16").path
     LLM(model=str(path))  # converted
     assert load_imports(path) == PREPARED_LOAD_IMPORTS + FILE_IMPORTS
-    code = (
-        "import importlib, sys\n"
-        "from wsgi_infer.engine.loading.model_loader import load_imports\n"
-        f"for module in load_imports({str(path)!r}): importlib.import_module(module)\n"
-        "before = set(sys.modules)\n"
-        f"from wsgi_infer import LLM; LLM(model={str(path)!r}).generate('Hi')\n"
-        "new = sorted(m for m in set(sys.modules) - before if m.startswith(('transformers', 'gguf')))\n"
-        "assert not new, new"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=os.environ)
+    assert_a_load_imports_only_what_load_imports_names(path, os.environ)
 
 
 def test_a_gguf_digest_is_remembered_until_the_file_changes(tmp_path, monkeypatch):

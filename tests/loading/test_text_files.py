@@ -16,6 +16,7 @@ from wsgi_infer.engine.loading.model_paths import default_model_path
 from wsgi_infer.engine.loading.resolved_config import RESOLVED_CONFIGS_DIR
 from wsgi_infer.server.gunicorn.text_files_ahead import may_name_a_gguf
 
+from ..support.fresh_imports import assert_a_load_imports_only_what_load_imports_names
 from ..support.gguf_files import MIXED_TYPES, write_tiny_gguf
 
 AHEAD = "wsgi_infer.server.gunicorn.text_files_ahead"
@@ -79,15 +80,5 @@ def test_a_first_start_with_its_text_files_ahead_imports_no_config_class(tmp_pat
     path = write_tiny_gguf(tmp_path / "t.gguf", MIXED_TYPES).path
     env = os.environ | {"WSGI_INFER_CACHE_DIR": str(tmp_path / "cache"), "WSGI_INFER_MODEL": str(path)}
     subprocess.run([sys.executable, "-m", AHEAD], env=env, check=True, timeout=300)
-    code = (
-        "import importlib, sys\n"
-        "from wsgi_infer.engine.loading.model_loader import load_imports\n"
-        f"for module in load_imports({str(path)!r}): importlib.import_module(module)\n"
-        "before = set(sys.modules)\n"
-        f"from wsgi_infer import LLM; LLM(model={str(path)!r}).generate('Hi')\n"
-        "new = sorted(m for m in set(sys.modules) - before if m.startswith(('transformers', 'gguf')))\n"
-        "assert not new, new\n"
-        "heavy = ('transformers.models.llama.configuration_llama', 'torch.distributed.tensor')\n"
-        "assert not [m for m in heavy if m in sys.modules], [m for m in heavy if m in sys.modules]"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=300, env=env)
+    heavy = ("transformers.models.llama.configuration_llama", "torch.distributed.tensor")
+    assert_a_load_imports_only_what_load_imports_names(path, env, absent=heavy)
