@@ -1,5 +1,6 @@
 """A GGUF's text files made ahead by a process without torch (``text_files_ahead``, as a server's master starts it)
-are those a conversion makes itself, and the conversion that follows takes them."""
+are those a conversion makes itself, and the conversion that follows takes them: the config at once, the tokenizer
+once read, while the weights load."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from wsgi_infer.engine.loading import model_loader
-from wsgi_infer.engine.loading.model_loader import resolve_model_dir
+from wsgi_infer.engine.loading.model_loader import load_tokenizer, resolve_model_dir
 from wsgi_infer.engine.loading.model_paths import default_model_path
 from wsgi_infer.engine.loading.resolved_config import RESOLVED_CONFIGS_DIR
 from wsgi_infer.server.gunicorn.text_files_ahead import may_name_a_gguf
@@ -40,11 +42,87 @@ def test_text_files_made_ahead_without_torch_are_the_conversions_own(tmp_path, m
         caplog.clear()
         with caplog.at_level(logging.INFO, logger=model_loader.__name__):
             converted[cache] = resolve_model_dir(gguf)
-        assert ("config and tokenizer read ahead" in caplog.text) == (cache == ahead)
+        assert ("config read ahead" in caplog.text) == ("tokenizer read ahead" in caplog.text) == (cache == ahead)
     assert converted[ahead].name == converted[inline].name
     assert files_of(converted[ahead]) == files_of(converted[inline])
     assert files_of(ahead / RESOLVED_CONFIGS_DIR) == files_of(inline / RESOLVED_CONFIGS_DIR)
     assert [p.name for p in ahead.iterdir() if p.name.startswith(".")] == []  # the text files were taken
+
+
+HALVES = """
+import sys
+sys.modules["torch"] = None
+from pathlib import Path
+from wsgi_infer.engine.loading.text_files import read_config_ahead, read_tokenizer_ahead
+gguf = Path(sys.argv[1])
+lock, config = read_config_ahead(gguf)
+print("config read", flush=True)
+sys.stdin.readline()
+read_tokenizer_ahead(gguf, lock, config)
+"""
+
+
+def halfway_ahead(gguf, cache) -> subprocess.Popen:
+    """A process without torch that has read the file's config ahead and waits for a line to read its tokenizer."""
+    env = os.environ | {"WSGI_INFER_CACHE_DIR": str(cache)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", HALVES, str(gguf)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline() == "config read\n"
+    return child
+
+
+def converted_while_its_tokenizer_is_read(gguf, cache, monkeypatch, caplog):
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(cache))
+    with caplog.at_level(logging.INFO):
+        copy = resolve_model_dir(gguf)
+    assert "config read ahead" in caplog.text and "tokenizer is being read ahead" in caplog.text
+    assert (copy / "config.json").is_file() and not (copy / "tokenizer_config.json").exists()
+    return copy
+
+
+@pytest.mark.slow  # a fresh interpreter reads the file
+def test_a_copy_committed_while_its_tokenizer_is_read_takes_it_at_its_first_tokenizer_load(
+    tmp_path, monkeypatch, caplog
+):
+    gguf, ahead, inline = default_model_path(), tmp_path / "ahead", tmp_path / "inline"
+    child = halfway_ahead(gguf, ahead)
+    try:
+        copy = converted_while_its_tokenizer_is_read(gguf, ahead, monkeypatch, caplog)
+        loaded = []
+        with caplog.at_level(logging.INFO):
+            loader = threading.Thread(target=lambda: loaded.append(load_tokenizer(copy)))
+            loader.start()
+            while "waiting for its tokenizer" not in caplog.text:  # the load waits for the other process
+                assert loader.is_alive(), caplog.text
+                loader.join(0.01)
+            assert loaded == []
+            child.communicate("go\n", timeout=300)
+            loader.join(300)
+    finally:
+        child.kill()
+    assert child.returncode == 0 and loaded[0].encode("Hello there") == [19556, 665]
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(inline))
+    assert files_of(copy) == files_of(resolve_model_dir(gguf))
+    assert [p.name for p in ahead.iterdir() if p.name.startswith(".")] == []  # the tokenizer files were taken
+
+
+@pytest.mark.slow  # a fresh interpreter reads the file
+def test_a_copy_whose_tokenizer_reader_ended_without_it_reads_it_at_its_first_tokenizer_load(
+    tmp_path, monkeypatch, caplog
+):
+    gguf, ahead, inline = default_model_path(), tmp_path / "ahead", tmp_path / "inline"
+    child = halfway_ahead(gguf, ahead)
+    try:
+        copy = converted_while_its_tokenizer_is_read(gguf, ahead, monkeypatch, caplog)
+    finally:
+        child.kill()
+        child.wait()
+    with caplog.at_level(logging.INFO):
+        tokenizer = load_tokenizer(copy)
+    assert "reading its tokenizer into" in caplog.text and tokenizer.encode("Hello there") == [19556, 665]
+    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(inline))
+    assert files_of(copy) == files_of(resolve_model_dir(gguf))
 
 
 @pytest.mark.slow  # a fresh interpreter reads the file

@@ -60,10 +60,10 @@ class LLMEngine:
         self.hf_config = load_config(self.model_dir)
         self.dtype = resolve_dtype(config.dtype, self.device, kernels_serve(config, self.hf_config, self.device))
         log.info("loading model from %s on %s as %s", self.model_dir, self.device, self.dtype)
-        self.text = text_side(self.model_dir, text, self.hf_config.vocab_size)
+        self.runner = ModelRunner(config, self.hf_config, self.model_dir, self.device, self.dtype)
+        self.text = text_side(self.model_dir, text, self.hf_config.vocab_size)  # after: it may be being read ahead
         self.tokenizer, self.grammars = self.text.tokenizer, self.text.grammars
         self.eos_token_ids = eos_token_ids(self.model_dir, self.hf_config, self.tokenizer)
-        self.runner = ModelRunner(config, self.hf_config, self.model_dir, self.device, self.dtype)
         self.max_model_len = self.runner.max_model_len
         self.kv_cache = KVCacheManager(self.runner.kv_groups, config.block_size, config.enable_prefix_caching)
         self.store = open_prefix_store(config, self.model_dir, self.runner, start_thread, notify)

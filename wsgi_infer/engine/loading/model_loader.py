@@ -20,7 +20,7 @@ from pathlib import Path
 from ..models import model_class
 from ..runtime.cache_files import read_json
 from ..runtime.heap import release_free_heap
-from .file_weights import FileWeights, orphaned_copies, save_file_weights
+from .file_weights import FILE_WEIGHTS_FILE, FileWeights, orphaned_copies, save_file_weights
 from .model_paths import (
     ModelLoadError,
     conversion_lock,
@@ -32,7 +32,15 @@ from .model_paths import (
     older_conversions,
 )
 from .resolved_config import read_config, resolved_config_file
-from .text_files import take_text_files, write_text_files
+from .text_files import (
+    complete_tokenizer_files,
+    config_files_dir,
+    take_files,
+    tokenizer_being_read,
+    tokenizer_files_dir,
+    write_config_files,
+    write_tokenizer_files,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +90,23 @@ def _convert_gguf_into(gguf: Path, target: Path) -> None:
 
 def _convert_gguf(gguf: Path, staging: Path, target: Path) -> None:
     """Config and tokenizer (``text_files``: made ahead without torch, or now), and where the tensors lie in the
-    file: none is copied (``file_weights``)."""
+    file: none is copied (``file_weights``). Where the tokenizer is still being read ahead, the copy is committed
+    without it: its first tokenizer load takes it (``load_tokenizer``), while the weights load."""
     from .gguf_checkpoint import gguf_tensors  # gguf-py: for a conversion only
 
     try:
-        if take_text_files(target, staging):
-            log.info("model %s: config and tokenizer read ahead (a process without torch)", gguf.name)
+        if take_files(config_files_dir(target), staging):
+            log.info("model %s: config read ahead (a process without torch)", gguf.name)
         else:
-            write_text_files(gguf, staging)
+            write_config_files(gguf, staging)
         config = read_config(staging)
-        log.info("model %s: config and tokenizer read; reading the weights", gguf.name)
+        if tokenizer_being_read(target):
+            log.info("model %s: its tokenizer is being read ahead; reading the weights meanwhile", gguf.name)
+        elif take_files(tokenizer_files_dir(target), staging):
+            log.info("model %s: tokenizer read ahead (a process without torch)", gguf.name)
+        else:
+            write_tokenizer_files(gguf, staging)
+        log.info("model %s: config read; reading where the weights lie", gguf.name)
         places, orders, processed = {}, {}, []
         architecture, tensors = gguf_tensors(gguf, config)
         for tensor in tensors:
@@ -129,6 +144,9 @@ def load_tokenizer(model_dir: Path):
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     try:
+        gguf = (read_json(model_dir / FILE_WEIGHTS_FILE) or {}).get("gguf")
+        if gguf is not None:  # a GGUF's copy, perhaps committed while its tokenizer was read ahead
+            complete_tokenizer_files(Path(gguf), model_dir)
         if _generic_tokenizer(model_dir):
             # As converted GGUFs name theirs. AutoTokenizer would first index every model's module (0.5 s).
             tokenizer = TokenizersBackend.from_pretrained(model_dir, local_files_only=True)

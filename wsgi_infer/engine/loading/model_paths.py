@@ -131,3 +131,12 @@ def older_conversions(target: Path) -> list[Path]:
 def conversion_lock(target: Path) -> AbstractContextManager[None]:
     """Held while a converted directory is checked and, if absent, written."""
     return file_lock(cache_root() / "locks" / f"{target.name}.lock", f"{target.name}: waiting for another conversion")
+
+
+def tokenizer_lock_file(target: Path) -> Path:
+    return cache_root() / "locks" / f"{target.name}.tokenizer.lock"
+
+
+def tokenizer_lock(target: Path) -> AbstractContextManager[None]:
+    """Held while a converted directory's tokenizer is read (ahead of it: ``text_files``)."""
+    return file_lock(tokenizer_lock_file(target), f"{target.name}: waiting for its tokenizer")

@@ -2,10 +2,11 @@
 
 In gunicorn's master, before any worker: ``start_text_files_ahead`` starts this module as a process, which reads
 the settings' models and, for each GGUF not yet converted (those loaded at start first), writes its config and
-tokenizer (``engine.loading.text_files``) under the copy's lock while the workers import torch and transformers.
-A worker's conversion then takes them, where it would have imported the config's class with torch (0.9 s of a 1B's
-first start, Intel Xeon). What this process cannot read, or reads too late, the worker's conversion reads itself,
-and says why a file is unreadable: this one says nothing of it.
+tokenizer (``engine.loading.text_files``) under the copy's locks while the workers import torch and transformers:
+every config first, then every tokenizer. A worker's conversion then takes them, where it would have imported the
+config's class with torch (0.9 s of a 1B's first start, Intel Xeon), and loads the weights while a tokenizer is
+still being read (Gemma 3's 2.5 s). What this process cannot read, or reads too late, the worker reads itself, and
+says why a file is unreadable: this one says nothing of it.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def main() -> None:
     gunicorn_format = "[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s"
     logging.basicConfig(level=logging.INFO, format=gunicorn_format, datefmt="%Y-%m-%d %H:%M:%S %z")
     from ...engine.loading.model_paths import is_gguf
-    from ...engine.loading.text_files import prepare_text_files
+    from ...engine.loading.text_files import read_config_ahead, read_tokenizer_ahead
     from ..model_specs import model_specs
     from ..settings import ServerSettings
 
@@ -49,11 +50,18 @@ def main() -> None:
         specs = sorted(model_specs(ServerSettings()), key=lambda spec: not spec.preload)
     except Exception:  # the workers say what is wrong with the settings
         return
+    begun = []  # every config first: a worker loads a model's weights while its tokenizer is read
     for path in (spec.files for spec in specs):
         try:
-            if is_gguf(path) and prepare_text_files(path):
-                log.info("model %s: its config and tokenizer read ahead of its conversion", path.name)
+            if is_gguf(path) and (held := read_config_ahead(path)) is not None:
+                begun.append((path, held))
         except Exception:  # the worker's conversion reads the file again, and says why it cannot
+            continue
+    for path, (lock, config) in begun:
+        try:
+            read_tokenizer_ahead(path, lock, config)
+            log.info("model %s: its config and tokenizer read ahead of its conversion", path.name)
+        except Exception:  # as above: its copy's tokenizer load reads it again
             continue
 
 
