@@ -1,0 +1,43 @@
+"""``vocabulary_merges`` gives transformers' ``generate_merges`` list, element for element: on the shipped vocabulary
+and on random ones, with distinct scores (its own order), tied ones and none (transformers' then)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from transformers.tokenization_utils_base import generate_merges
+
+from wsgi_infer.engine.loading.gguf_tokenizer import tokenizer_metadata, vocabulary_merges
+from wsgi_infer.engine.loading.model_paths import default_model_path
+
+
+def random_vocabulary(seed: int) -> dict[str, int]:
+    """Tokens over a small alphabet, so that most tokens cut into two others, some in several ways."""
+    rng = random.Random(seed)
+    tokens = list("ab▁c") + ["".join(rng.choices("ab▁c", k=rng.randint(2, 7))) for _ in range(3000)]
+    return {token: index for index, token in enumerate(dict.fromkeys(tokens))}
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("scores", ["positions", "random", "tied", "none"])
+def test_it_is_transformers_list_for_random_vocabularies(seed, scores):
+    vocab = random_vocabulary(seed)
+    rng = random.Random(seed)
+    vocab_scores = {
+        "positions": {token: -index for token, index in vocab.items()},  # Gemma's rule: the file's order
+        "random": {token: rng.random() for token in vocab},
+        "tied": {token: float(rng.randint(0, 20)) for token in vocab},
+        "none": None,
+    }[scores]
+    expected = generate_merges(vocab, vocab_scores)
+    assert len(expected) > len(vocab)
+    assert vocabulary_merges(vocab, vocab_scores) == expected
+
+
+def test_it_is_transformers_list_for_the_shipped_vocabulary():
+    tokens = tokenizer_metadata(default_model_path())[1]["tokens"]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    by_position = {token: -index for index, token in enumerate(tokens)}
+    assert vocabulary_merges(vocab, by_position) == generate_merges(vocab, by_position)
+    assert vocabulary_merges(vocab) == generate_merges(vocab)
