@@ -67,6 +67,12 @@ class CheckpointTensors(Mapping):
         return len(self._names)
 
 
+def require_weights(model_dir: Path) -> None:
+    """Raise where the directory holds no weights, before a model of its config is allocated: a config alone may
+    describe a 7B model, whose float32 parameters would take 27 GB before the load found nothing to read."""
+    CheckpointTensors(model_dir, torch.float32)
+
+
 def _checkpoint_files(model_dir: Path) -> dict[str, Path]:
     """Each tensor's safetensors file: a sharded index's map, or the one file's names (none: neither exists)."""
     index = model_dir / "model.safetensors.index.json"

@@ -20,7 +20,7 @@ from ..models import allocate_model, model_class
 from ..runtime.cache_files import cache_root
 from ..runtime.heap import release_free_heap
 from ..runtime.huge_pages import HugePageArena
-from .checkpoint_tensors import CheckpointTensors
+from .checkpoint_tensors import CheckpointTensors, require_weights
 from .packing import layer_weight
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ def build_model(
     hf_config, model_dir: Path, method: str, device: torch.device, dtype: torch.dtype, kernels: CpuKernels | None
 ) -> nn.Module:
     """Our module for the checkpoint in ``model_dir``, weights packed by ``method`` and loaded, in eval mode."""
+    require_weights(model_dir)
     model = allocate_model(hf_config, device, dtype)
     _load_and_quantize(model, method, model_dir, device, dtype, kernels)
     if kernels is not None:
