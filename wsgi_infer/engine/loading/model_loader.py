@@ -106,7 +106,7 @@ def _convert_gguf(gguf: Path, staging: Path, target: Path) -> None:
             log.info("model %s: tokenizer read ahead (a process without torch)", gguf.name)
         else:
             write_tokenizer_files(gguf, staging)
-        log.info("model %s: config read; reading where the weights lie", gguf.name)
+        log.info("model %s: reading where the weights lie", gguf.name)
         places, orders, processed = {}, {}, []
         architecture, tensors = gguf_tensors(gguf, config)
         for tensor in tensors:

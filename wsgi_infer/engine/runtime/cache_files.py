@@ -50,3 +50,14 @@ def file_lock(path: Path, waiting: str) -> Iterator[None]:
             log.info("%s", waiting)
             fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def held_elsewhere(path: Path) -> bool:
+    """Whether another holder has the lock ``file_lock`` takes on ``path`` now (this one takes it for no longer)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False
