@@ -9,6 +9,9 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -62,23 +65,25 @@ read_tokenizer_ahead(gguf, lock, config)
 """
 
 
-def halfway_ahead(gguf, cache) -> subprocess.Popen:
-    """A process without torch that has read the file's config ahead and waits for a line to read its tokenizer."""
+@contextmanager
+def halfway_ahead(gguf, cache, monkeypatch, caplog) -> Iterator[tuple[subprocess.Popen, Path]]:
+    """A process without torch that has read the file's config ahead and waits for a line to read its tokenizer,
+    and the copy a conversion committed meanwhile, without the tokenizer; the process is killed at the end."""
     env = os.environ | {"WSGI_INFER_CACHE_DIR": str(cache)}
     child = subprocess.Popen(
         [sys.executable, "-c", HALVES, str(gguf)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
-    assert child.stdout.readline() == "config read\n"
-    return child
-
-
-def converted_while_its_tokenizer_is_read(gguf, cache, monkeypatch, caplog):
-    monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(cache))
-    with caplog.at_level(logging.INFO):
-        copy = resolve_model_dir(gguf)
-    assert "config read ahead" in caplog.text and "tokenizer is being read ahead" in caplog.text
-    assert (copy / "config.json").is_file() and not (copy / "tokenizer_config.json").exists()
-    return copy
+    try:
+        assert child.stdout.readline() == "config read\n"
+        monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(cache))
+        with caplog.at_level(logging.INFO):
+            copy = resolve_model_dir(gguf)
+        assert "config read ahead" in caplog.text and "tokenizer is being read ahead" in caplog.text
+        assert (copy / "config.json").is_file() and not (copy / "tokenizer_config.json").exists()
+        yield child, copy
+    finally:
+        child.kill()
+        child.wait()
 
 
 def assert_the_conversions_own(copy, tokenizer, gguf, inline, monkeypatch) -> None:
@@ -95,9 +100,7 @@ def test_a_copy_committed_while_its_tokenizer_is_read_takes_it_at_its_first_toke
     tmp_path, monkeypatch, caplog
 ):
     gguf, ahead, inline = default_model_path(), tmp_path / "ahead", tmp_path / "inline"
-    child = halfway_ahead(gguf, ahead)
-    try:
-        copy = converted_while_its_tokenizer_is_read(gguf, ahead, monkeypatch, caplog)
+    with halfway_ahead(gguf, ahead, monkeypatch, caplog) as (child, copy):
         loaded = []
         with caplog.at_level(logging.INFO):
             loader = threading.Thread(target=lambda: loaded.append(load_tokenizer(copy)))
@@ -108,8 +111,6 @@ def test_a_copy_committed_while_its_tokenizer_is_read_takes_it_at_its_first_toke
             assert loaded == []
             child.communicate("go\n", timeout=300)
             loader.join(300)
-    finally:
-        child.kill()
     assert child.returncode == 0
     assert_the_conversions_own(copy, loaded[0], gguf, inline, monkeypatch)
     assert [p.name for p in ahead.iterdir() if p.name.startswith(".")] == []  # the tokenizer files were taken
@@ -120,12 +121,8 @@ def test_a_copy_whose_tokenizer_reader_ended_without_it_reads_it_at_its_first_to
     tmp_path, monkeypatch, caplog
 ):
     gguf, ahead, inline = default_model_path(), tmp_path / "ahead", tmp_path / "inline"
-    child = halfway_ahead(gguf, ahead)
-    try:
-        copy = converted_while_its_tokenizer_is_read(gguf, ahead, monkeypatch, caplog)
-    finally:
-        child.kill()
-        child.wait()
+    with halfway_ahead(gguf, ahead, monkeypatch, caplog) as (_, copy):
+        pass  # the process ends there, its tokenizer not read
     with caplog.at_level(logging.INFO):
         tokenizer = load_tokenizer(copy)
     assert "reading its tokenizer into" in caplog.text
