@@ -5,7 +5,7 @@ the settings' models and, for each GGUF not yet converted (those loaded at start
 tokenizer (``engine.loading.text_files``) under the copy's locks while the workers import torch and transformers:
 every config first, then every tokenizer. A worker's conversion then takes them, where it would have imported the
 config's class with torch (0.9 s of a 1B's first start, Intel Xeon), and loads the weights while a tokenizer is
-still being read (Gemma 3's 2.5 s). What this process cannot read, or reads too late, the worker reads itself, and
+still being read (Gemma 3's 1.9 s). What this process cannot read, or reads too late, the worker reads itself, and
 says why a file is unreadable: this one says nothing of it.
 """
 
