@@ -95,17 +95,18 @@ def _convert_gguf(gguf: Path, staging: Path, target: Path) -> None:
     from .gguf_checkpoint import gguf_tensors  # gguf-py: for a conversion only
 
     try:
+        file_config = None  # the file's config where read here: the tokenizer's generation config reads it too
         if take_files(config_files_dir(target), staging):
             log.info("model %s: config read ahead (a process without torch)", gguf.name)
         else:
-            write_config_files(gguf, staging)
+            file_config = write_config_files(gguf, staging)
         config = read_config(staging)
         if tokenizer_being_read(target):
             log.info("model %s: its tokenizer is being read ahead; reading the weights meanwhile", gguf.name)
         elif take_files(tokenizer_files_dir(target), staging):
             log.info("model %s: tokenizer read ahead (a process without torch)", gguf.name)
         else:
-            write_tokenizer_files(gguf, staging)
+            write_tokenizer_files(gguf, staging, file_config)
         log.info("model %s: reading where the weights lie", gguf.name)
         places, orders, processed = {}, {}, []
         architecture, tensors = gguf_tensors(gguf, config)

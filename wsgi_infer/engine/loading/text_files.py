@@ -67,10 +67,6 @@ def write_tokenizer_files(gguf: Path, directory: Path, config=None) -> None:
     _list_added_tokens(directory, tokenizer)
 
 
-def write_text_files(gguf: Path, directory: Path) -> None:
-    write_tokenizer_files(gguf, directory, write_config_files(gguf, directory))
-
-
 def _list_added_tokens(model_dir: Path, tokenizer) -> None:
     """Keep the added tokens in tokenizer_config.json too (transformers 5 writes them in tokenizer.json only): a
     load without them parses the whole tokenizer.json in Python to find them, 0.1-0.2 s of every start."""
