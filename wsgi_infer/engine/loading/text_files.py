@@ -22,11 +22,13 @@ import tempfile
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from unittest import mock
 
 from ..runtime.cache_files import held_elsewhere, read_json, write_json
 from ..text.builtin_chat_templates import BUILTIN_TEMPLATES
 from .model_paths import conversion_lock, converted_gguf_dir, gguf_identity, tokenizer_lock, tokenizer_lock_file
 from .resolved_config import resolve_config
+from .tokenizer_json import save_tokenizer_json
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ def write_tokenizer_files(gguf: Path, directory: Path, config=None) -> None:
     """The file's tokenizer and generation config (its end of turn is a token) into ``directory``; ``config``: the
     file's, read again where not given."""
     from transformers import GenerationConfig
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     from .gguf_config import read_gguf_config
     from .gguf_tokenizer import read_gguf_tokenizer
@@ -63,7 +66,8 @@ def write_tokenizer_files(gguf: Path, directory: Path, config=None) -> None:
         end_of_turn = tokenizer.convert_tokens_to_ids(builtin.end_of_turn)
         generation.eos_token_id = sorted({config.eos_token_id, end_of_turn})
     generation.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    with mock.patch.object(TokenizersBackend, "_save_pretrained", save_tokenizer_json):  # a faster tokenizer.json
+        tokenizer.save_pretrained(directory)
     _list_added_tokens(directory, tokenizer)
 
 
