@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,3 +134,21 @@ def test_text_sides_built_at_start_are_kept_while_they_fit_beside_the_loaded_mod
     loads.preparing = {"first"}
     loads.on_text_prepared(served[1], TextPrepared("first", None, "no such file"))  # its load will say why
     assert served[1].text == Text(50 * MB) and not loads.preparing
+
+
+def test_a_text_side_weighs_its_vocabulary_whatever_form_its_tokenizer_json_takes(tmp_path, default_model_dir):
+    """The same tokenizer, compact with its merges as strings (as a conversion writes it) or indented with pairs, holds
+    the same memory, though its files are 2.5x apart; llguidance's view of it, once built, weighs more."""
+    from tokenizers import Tokenizer
+
+    from wsgi_infer.engine.text_side import text_side
+
+    indented = tmp_path / "indented"
+    shutil.copytree(default_model_dir, indented)
+    Tokenizer.from_file(str(indented / "tokenizer.json")).save(str(indented / "tokenizer.json"), pretty=True)
+    sizes = [(d / "tokenizer.json").stat().st_size for d in (default_model_dir, indented)]
+    assert sizes[1] > 2 * sizes[0]
+    compact, pretty = (text_side(d, None, 49_152) for d in (default_model_dir, indented))
+    assert compact.memory_bytes() == pretty.memory_bytes() >= 49_152 * 200
+    compact.grammars.vocabulary()
+    assert compact.memory_bytes() > 2 * pretty.memory_bytes()

@@ -20,10 +20,12 @@ from .sampling.grammar import GrammarCompiler
 
 log = logging.getLogger(__name__)
 
-# Memory held per byte of tokenizer.json, measured (resident set, after malloc_trim) on SmolLM2's (3.4 MB) and
-# Gemma 3's (33 MB): the tokenizer with transformers' wrapper 5.6 and 3.4, llguidance's view 9.3 and 5.2.
-TOKENIZER_BYTES = 6
-VOCABULARY_BYTES = 10
+# Memory held per token of the vocabulary (added tokens included), measured (resident set, after malloc_trim) on
+# SmolLM2's 49,152 tokens and Gemma 3's 262,144: the tokenizer with transformers' wrapper 252 and 390 bytes,
+# llguidance's view of it 734 and 854 (Intel Xeon, 2026-12-01). Per byte of tokenizer.json it varied 2.5x with the
+# file's form.
+TOKENIZER_BYTES = 400
+VOCABULARY_BYTES = 900
 
 
 @dataclass(frozen=True)
@@ -31,12 +33,12 @@ class TextSide:
     model_dir: Path
     tokenizer: Any  # transformers' (its Rust backend is what holds the memory)
     grammars: GrammarCompiler | None  # None for an embedding model: nothing to constrain
-    json_bytes: int  # its tokenizer.json's size, read once: the hub weighs text sides at every load it considers
+    tokens: int  # its vocabulary's, read once: the hub weighs text sides at every load it considers
 
     def memory_bytes(self) -> int:
-        """What keeping it holds, estimated from its tokenizer.json (and whether a grammar built its vocabulary)."""
+        """What keeping it holds, estimated from its vocabulary (and whether a grammar built its own view of it)."""
         built = self.grammars is not None and self.grammars.vocabulary.cache_info().currsize > 0
-        return self.json_bytes * (TOKENIZER_BYTES + (VOCABULARY_BYTES if built else 0))
+        return self.tokens * (TOKENIZER_BYTES + (VOCABULARY_BYTES if built else 0))
 
 
 def text_side(model_dir: Path, kept: TextSide | None, vocab_size: int | None) -> TextSide:
@@ -47,8 +49,8 @@ def text_side(model_dir: Path, kept: TextSide | None, vocab_size: int | None) ->
         return kept
     tokenizer = load_tokenizer(model_dir)
     grammars = GrammarCompiler(tokenizer, vocab_size) if vocab_size is not None else None
-    json_file = model_dir / "tokenizer.json"  # absent where transformers converted another form: not weighed
-    return TextSide(model_dir, tokenizer, grammars, json_file.stat().st_size if json_file.is_file() else 0)
+    tokens = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+    return TextSide(model_dir, tokenizer, grammars, tokens)
 
 
 def prepared_text_side(model: str | None) -> TextSide:
