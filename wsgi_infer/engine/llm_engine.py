@@ -34,7 +34,7 @@ from .scheduling.scheduler import Scheduler
 from .scheduling.sequence import Sequence, SequenceStatus
 from .text.chat_template import chat_prompt_ids
 from .text.detokenizer import IncrementalDetokenizer
-from .text_side import TextSide, text_side
+from .text_side import TextSide, with_weights
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ class LLMEngine:
         self.hf_config = load_config(self.model_dir)
         self.dtype = resolve_dtype(config.dtype, self.device, kernels_serve(config, self.hf_config, self.device))
         log.info("loading model from %s on %s as %s", self.model_dir, self.device, self.dtype)
-        self.runner = ModelRunner(config, self.hf_config, self.model_dir, self.device, self.dtype)
-        self.text = text_side(self.model_dir, text, self.hf_config.vocab_size)  # after: it may be being read ahead
+        runner = lambda: ModelRunner(config, self.hf_config, self.model_dir, self.device, self.dtype)  # noqa: E731
+        self.runner, self.text = with_weights(self.model_dir, text, self.hf_config.vocab_size, runner)
         self.tokenizer, self.grammars = self.text.tokenizer, self.text.grammars
         self.eos_token_ids = eos_token_ids(self.model_dir, self.hf_config, self.tokenizer)
         self.max_model_len = self.runner.max_model_len
