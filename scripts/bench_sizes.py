@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,11 @@ SERVE = [str(Path(sys.executable).with_name("wsgi-infer")), "serve"]
 KV_BUDGET_BYTES = 256 << 20  # our default KV cache on a CPU, in halves
 PEERS = {"llama-server": "llama", IK_NAME: "ik"}
 FIGURES = {"1 stream": "c1_tok_s", "16 streams": "c16_tok_s", "2,048-token prefill": "prefill_tok_s"}
+# The virtual machines we measure on hand memory freed back to their host after about 2 s (virtio-balloon's free page
+# reporting), and memory taken again costs the host's page faults: a start right after another reuses what that one
+# freed (a 3B's weights laid out in 2.5 s, against 4.0 s three seconds later; Intel Xeon). Every start waits this long
+# first, so that each finds the memory as a server started on a machine at rest does.
+SETTLE_SECONDS = 4
 
 
 def shape(path: Path) -> tuple[int, int, int]:
@@ -58,6 +64,7 @@ def shape(path: Path) -> tuple[int, int, int]:
 
 def started(command, env: dict[str, str]) -> tuple[float, float]:
     """(seconds from launch to a 200 on /health, the peak RSS in MB of its processes then); ``command(port)``."""
+    time.sleep(SETTLE_SECONDS)
     peak = []
     seconds = seconds_to_health(command, env, on_ready=lambda process: peak.append(tree_peak_rss_mb(process.pid)))
     return seconds, peak[0]
