@@ -48,13 +48,17 @@ class TextSide:
 def text_side(model_dir: Path, kept: TextSide | None, vocab_size: int | None) -> TextSide:
     """``kept`` where it is this directory's (a model file replaced since is prepared in another directory), else a
     new one: with a grammar compiler for a vocabulary of ``vocab_size`` (None: an embedding model, none)."""
-    if kept is not None and kept.model_dir == model_dir:
+    if _is_kept(kept, model_dir):
         log.info("%s: its text side kept from its last load", model_dir.name)
         return kept
     tokenizer = load_tokenizer(model_dir)
     grammars = GrammarCompiler(tokenizer, vocab_size) if vocab_size is not None else None
     tokens = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
     return TextSide(model_dir, tokenizer, grammars, tokens)
+
+
+def _is_kept(kept: TextSide | None, model_dir: Path) -> bool:
+    return kept is not None and kept.model_dir == model_dir
 
 
 def with_weights(
@@ -64,7 +68,7 @@ def with_weights(
     are all there, and the heap its reading left given back, so that what reading it holds for a while (Gemma 3's:
     60 MB above the 100 it keeps) comes before the weights' memory, not on top of it (peak RSS 701 -> 640 MB, Intel
     Xeon); after them where a process still reads it ahead (a GGUF's first start), so that the wait falls after them."""
-    if (kept is None or kept.model_dir != model_dir) and (model_dir / TOKENIZER_MARK).is_file():
+    if not _is_kept(kept, model_dir) and (model_dir / TOKENIZER_MARK).is_file():
         text = text_side(model_dir, kept, vocab_size)
         release_free_heap()
         return load_weights(), text
