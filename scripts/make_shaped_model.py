@@ -41,8 +41,10 @@ def vocabulary_of(gguf: Path, size: int):
     from transformers import PreTrainedTokenizerFast
 
     from wsgi_infer.engine.loading.gguf_tokenizer import read_gguf_tokenizer
+    from wsgi_infer.engine.loading.tokenizer_json import tokenizer_json
 
-    tokenizer = read_gguf_tokenizer(gguf)
+    tokenizer, merges = read_gguf_tokenizer(gguf)
+    tokenizer._tokenizer = Tokenizer.from_str(tokenizer_json(tokenizer.backend_tokenizer, merges))  # with merges
     if len(tokenizer) <= size:
         return tokenizer
     spec = json.loads(tokenizer.backend_tokenizer.to_str())

@@ -25,21 +25,31 @@ from .gguf_header import read_header
 STRING_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")  # the only arrays of strings a tokenizer reads
 
 
-def read_gguf_tokenizer(gguf_file: Path):
-    """The ``TokenizersBackend`` that ``TokenizersBackend.from_pretrained(..., gguf_file=...)`` gives."""
+def read_gguf_tokenizer(gguf_file: Path) -> tuple[object, list[tuple[str, ...]]]:
+    """The ``TokenizersBackend`` that ``TokenizersBackend.from_pretrained(..., gguf_file=...)`` gives, but its BPE
+    model built without merges, and the merges: ``tokenizer_json`` writes them into its ``tokenizer.json``."""
     from transformers.integrations.gguf import gguf_tokenizer_mapping
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_merges
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     architecture, tokenizer_dict, settings = tokenizer_metadata(gguf_file)
-    with mock.patch.object(gguf_tokenizer_mapping, "generate_merges", vocabulary_merges):
+    merges = []
+
+    def merges_apart(*args, **kwargs) -> list:
+        merges.extend(get_merges(*args, **kwargs))
+        return []
+
+    with (
+        mock.patch.object(gguf_tokenizer_mapping, "generate_merges", vocabulary_merges),
+        mock.patch.object(gguf_tokenizer_mapping, "get_merges", merges_apart),
+    ):
         backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
     # As transformers' own tokenizer classes do, the backend is in place before the base class's __init__: given as
     # ``tokenizer_object`` it would be deep-copied (a JSON round trip: 2.2 s for Gemma 3's 262,144 tokens).
     tokenizer = TokenizersBackend.__new__(TokenizersBackend)
     tokenizer._tokenizer = backend
     tokenizer.__init__(**settings, **extra)
-    return tokenizer
+    return tokenizer, merges
 
 
 def tokenizer_metadata(gguf_file: Path) -> tuple[str, dict, dict]:

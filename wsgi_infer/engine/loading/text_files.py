@@ -28,7 +28,7 @@ from ..runtime.cache_files import held_elsewhere, read_json, write_json
 from ..text.builtin_chat_templates import BUILTIN_TEMPLATES
 from .model_paths import conversion_lock, converted_gguf_dir, gguf_identity, tokenizer_lock, tokenizer_lock_file
 from .resolved_config import resolve_config
-from .tokenizer_json import save_tokenizer_json
+from .tokenizer_json import tokenizer_json_saver
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def write_tokenizer_files(gguf: Path, directory: Path, config=None) -> None:
     from .gguf_tokenizer import read_gguf_tokenizer
 
     config = config if config is not None else read_gguf_config(gguf)
-    tokenizer = read_gguf_tokenizer(gguf)
+    tokenizer, merges = read_gguf_tokenizer(gguf)
     generation = GenerationConfig.from_model_config(config)
     builtin = BUILTIN_TEMPLATES.get(config.model_type)
     if builtin is not None:
@@ -66,7 +66,7 @@ def write_tokenizer_files(gguf: Path, directory: Path, config=None) -> None:
         end_of_turn = tokenizer.convert_tokens_to_ids(builtin.end_of_turn)
         generation.eos_token_id = sorted({config.eos_token_id, end_of_turn})
     generation.save_pretrained(directory)
-    with mock.patch.object(TokenizersBackend, "_save_pretrained", save_tokenizer_json):  # a faster tokenizer.json
+    with mock.patch.object(TokenizersBackend, "_save_pretrained", tokenizer_json_saver(merges)):  # with its merges
         tokenizer.save_pretrained(directory)
     _list_added_tokens(directory, tokenizer)
 
