@@ -95,6 +95,7 @@ MASTER_STEPS = (
     "wsgi_infer.engine.loading.resolved_config",
     "wsgi_infer.engine.loading.text_files",
     "wsgi_infer.engine.loading.tokenizer_json",
+    "wsgi_infer.engine.loading.vocabulary_merges",
     "wsgi_infer.engine.text.builtin_chat_templates",
     "wsgi_infer.engine.kernels",
     "wsgi_infer.engine.kernels.build",

@@ -1,6 +1,6 @@
-"""A load reads a model's tokenizer before its weights where the tokenizer's files are all there (what reading it
-holds for a while then comes before the weights' memory, not on top of it), after them where a process still reads it
-ahead (a GGUF's copy committed without its tokenizer), and reads none where the model's text side was kept."""
+"""A load reads a model's tokenizer before its weights (what reading it holds for a while then comes before the
+weights' memory, not on top of it), also where its files are still to come (a GGUF's copy committed while another
+process reads its tokenizer ahead), and reads none where the model's text side was kept."""
 
 from __future__ import annotations
 
@@ -33,12 +33,12 @@ def test_a_tokenizer_whose_files_are_all_there_is_read_before_the_weights(defaul
     assert text.model_dir == default_model_dir and text.tokens == VOCABULARY
 
 
-def test_a_tokenizer_still_to_come_is_read_after_the_weights(tmp_path, default_model_dir, order):
+def test_a_tokenizer_still_to_come_is_read_before_the_weights(tmp_path, default_model_dir, order):
     copy = tmp_path / default_model_dir.name
     shutil.copytree(default_model_dir, copy)
     (copy / TOKENIZER_MARK).unlink()  # as a copy committed while another process reads its tokenizer
     weights, text = load(copy, None, order)
-    assert order == ["weights", "tokenizer"] and (copy / TOKENIZER_MARK).is_file()
+    assert order == ["tokenizer", "weights"] and (copy / TOKENIZER_MARK).is_file()
     words = "Hello there, 世界"
     assert text.tokenizer.encode(words) == text_sides.load_tokenizer(default_model_dir).encode(words)
 

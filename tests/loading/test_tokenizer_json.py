@@ -37,8 +37,9 @@ def written_and_expected(vocab: dict[str, int], merges: list[tuple[str, str]]) -
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_merges_of_quotes_backslashes_and_brackets_are_read_as_the_same_tokenizer(seed):
-    written, expected = written_and_expected(*bpe_parts([*PUNCTUATION, "a", "b"], seed))
+@pytest.mark.parametrize("parts", [PUNCTUATION, ["▁", "é", "世", "\x7f"]], ids=["escaped", "plain"])
+def test_merges_of_quotes_backslashes_and_brackets_are_read_as_the_same_tokenizer(seed, parts):
+    written, expected = written_and_expected(*bpe_parts([*parts, "a", "b"], seed))
     merges = json.loads(written)["model"]["merges"]
     assert len(merges) > 200 and all(isinstance(merge, str) for merge in merges)
     assert Tokenizer.from_str(written).to_str() == expected

@@ -70,6 +70,16 @@ def kernels_library(build: bool = False) -> Path | None:
     return build_cpu_kernels() if build else _after_any_build(target)
 
 
+def kernels_library_now() -> Path | None:
+    """The library where one is there now (installed, or built for this CPU), or None: for a process that wants
+    one of its helpers (``loading.vocabulary_merges``), which does without it rather than wait for a build."""
+    installed = _installed(installed_dir())
+    if installed is not False:
+        return installed
+    target = library_path()
+    return target if target.exists() else None
+
+
 def _after_any_build(target: Path) -> Path | None:
     if not target.exists():
         with build_lock(target):

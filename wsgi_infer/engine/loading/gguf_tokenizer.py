@@ -8,19 +8,17 @@ compare the two files for a BPE vocabulary (SmolLM2, ``test_model_loader``) and 
 ``test_gemma3_270m``). ``tokenizer_metadata`` repeats ``get_gguf_tokenizer``'s few rules (that function takes a path
 only); a rule transformers adds there shows in those comparisons only for the tokenizer types they hold.
 
-A file that lists no merges (Gemma's SentencePiece vocabulary) has them recovered by transformers' ``generate_merges``
-(every cut of every token into two tokens, sorted by the token's score): 1.1 s of Gemma 3's 262,144 tokens (Intel
-Xeon), 0.5 s of it sorting. ``vocabulary_merges`` gives the same list in 0.7 s where no two scores tie, as in every
-file whose merges follow its tokens' order, and takes the place of transformers' for this conversion only.
+A file that lists no merges (Gemma's SentencePiece vocabulary) has them recovered as transformers' ``generate_merges``
+recovers them, faster (``vocabulary_merges``), which takes its place for this conversion only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
 from pathlib import Path
 from unittest import mock
 
 from .gguf_header import read_header
+from .vocabulary_merges import vocabulary_merges
 
 STRING_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")  # the only arrays of strings a tokenizer reads
 
@@ -72,28 +70,3 @@ def tokenizer_metadata(gguf_file: Path) -> tuple[str, dict, dict]:
         token_id = metadata.get(f"tokenizer.ggml.{key}")
         settings[name] = tokenizer["tokens"][token_id] if token_id is not None else None
     return metadata["general.architecture"], tokenizer, settings
-
-
-def vocabulary_merges(
-    vocab: Mapping[str, int], vocab_scores: Mapping[str, float] | None = None, skip_tokens: Collection[str] = ()
-) -> list[tuple[str, str]]:
-    """transformers' ``generate_merges``: each token's cuts into two tokens, best token first (the highest score, or
-    the lowest id without scores), then by the left part's length (longest first with scores). Where no two scores
-    tie, that order is the tokens' sorted once and their cuts' in turn, and the ids that break ties never count; where
-    some do, transformers' own."""
-    from transformers.tokenization_utils_base import generate_merges
-
-    scores = dict(vocab_scores) if vocab_scores is not None else vocab
-    distinct = set(scores.values())
-    if skip_tokens or len(distinct) < len(scores) or any(score != score for score in distinct):  # ties, NaN
-        return generate_merges(vocab, vocab_scores, skip_tokens)
-    best_first = vocab_scores is not None
-    merges = []
-    for merge in sorted(scores, key=scores.__getitem__, reverse=best_first):
-        for index in range(len(merge) - 1, 0, -1) if best_first else range(1, len(merge)):
-            left = merge[:index]
-            if left in vocab:
-                right = merge[index:]
-                if right in vocab:
-                    merges.append((left, right))
-    return merges

@@ -29,11 +29,15 @@ def tokenizer_json(backend, merges: Sequence[tuple[str, ...]]) -> str:
         return text
     if not text.endswith(NO_MERGES):
         raise ValueError("the tokenizer's model is not a BPE model without merges, so the merges have no place in it")
-    if any(len(merge) != 2 or " " in merge[0] or " " in merge[1] for merge in merges):
-        listed = json.dumps(merges, ensure_ascii=False, separators=(",", ":"))
-    else:
-        listed = json.dumps([f"{left} {right}" for left, right in merges], ensure_ascii=False, separators=(",", ":"))
-    return f'{text[: -len(NO_MERGES)]}"merges":{listed}}}}}'
+    return f'{text[: -len(NO_MERGES)]}"merges":{_listed(merges)}}}}}'
+
+
+def _listed(merges: Sequence[tuple[str, ...]]) -> str:
+    """The merges as a JSON list of "a b" strings, or of pairs where a part has a space (or a merge is no pair)."""
+    joined = list(map(" ".join, merges))
+    if set(map(len, merges)) == {2} and "".join(joined).count(" ") == len(joined):  # no space in a part
+        return json.dumps(joined, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(merges, ensure_ascii=False, separators=(",", ":"))
 
 
 def tokenizer_json_saver(merges: Sequence[tuple[str, ...]]) -> Callable[..., tuple[str, ...]]:
