@@ -12,24 +12,29 @@ from .streams import percentile
 
 
 def drift(samples: list[dict], key: str) -> float | None:
-    """How much ``key`` grew under load: within each worker generation with one set of models loaded, after the
-    first third of its samples (the warm-up), the rise of the later half's peak over the earlier half's, as a
-    fraction of it; the largest over those groups. A leak raises the peaks; a model unloaded returns memory, so a
-    set's lows depend on which model went before it and say nothing. The reload (old and new workers side by
-    side), a model loading or just loaded, the last requests and the idle end are left out."""
-    groups: dict[tuple, list[float]] = defaultdict(list)
+    """How much ``key`` grew under load: in each worker generation, after the first third of its samples (the
+    warm-up: a fresh worker's heap reaching its working size), and within each set of models loaded, the rise of the
+    later half's peak over the earlier half's, as a fraction of it; the largest over those groups. A leak raises the
+    peaks; a model unloaded returns memory, so a set's lows depend on which model went before it and say nothing.
+    The warm-up is the worker's, not a set's: a set seen twice in a worker's life, first while it warmed up, rose by
+    the warm-up alone (0.29 in a two-minute run). The reload (old and new workers side by side), a model loading or
+    just loaded, the last requests and the idle end are left out."""
+    generations: dict[tuple, list[dict]] = defaultdict(list)
     for before, s in zip([None, *samples], samples):
         # Not while a model loads, nor in the interval of a load: the model it evicted is freed after its state
         # says unloaded (by the engine thread, in the next moment), and its memory still counts.
         loaded_since = before is None or before["model_loads"] != s["model_loads"]
         settled = s["models"] is not None and not any(m.endswith(":loading") for m in s["models"])
         if s["phase"] == "load" and settled and not loaded_since and s[key]:
+            generations[tuple(s["worker_pids"])].append(s)
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for generation in generations.values():
+        for s in generation[len(generation) // 3 :]:
             groups[(tuple(s["worker_pids"]), tuple(s["models"]))].append(s[key])
     drifts = []
     for values in groups.values():
-        steady = values[len(values) // 3 :]
-        if len(steady) >= 2:
-            earlier, later = max(steady[: len(steady) // 2]), max(steady[len(steady) // 2 :])
+        if len(values) >= 2:
+            earlier, later = max(values[: len(values) // 2]), max(values[len(values) // 2 :])
             drifts.append(max(0.0, later - earlier) / earlier)
     return round(max(drifts), 4) if drifts else None
 

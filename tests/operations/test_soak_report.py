@@ -1,0 +1,46 @@
+"""The soak's drift (``scripts/soaking/report.py``): a leak under steady load is caught, and a fresh worker's
+warm-up is not taken for one, whichever set of models it warmed up with."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@pytest.fixture
+def drift(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    from soaking.report import drift
+
+    yield drift
+    for name in [name for name in sys.modules if name == "soaking" or name.startswith("soaking.")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+def sample(worker: int, models: tuple[str, ...], rss_mib: float, loads: int = 1) -> dict:
+    return {"phase": "load", "worker_pids": [worker], "models": [f"{m}:loaded" for m in models],
+            "model_loads": loads, "rss_bytes": rss_mib * 2**20}  # fmt: skip
+
+
+def test_a_steady_rise_under_one_set_of_models_is_a_drift(drift):
+    samples = [sample(1, ("a", "b"), 500 * 1.01**i) for i in range(30)]
+    assert drift(samples, "rss_bytes") > 0.1
+
+
+def test_a_fresh_workers_warm_up_is_no_drift_whatever_set_it_warmed_up_with(drift):
+    """As in a two-minute soak: a new worker's first sample with models a and c, taken while it warmed up (478 MiB),
+    and that set's one later sample at its working size (619 MiB); the set a and b steady all along."""
+    warm_up = [sample(2, ("a", "b"), 470), sample(2, ("a", "c"), 478), *(sample(2, ("a", "b"), 560) for _ in range(7))]
+    steady = [sample(2, ("a", "c"), 619), *(sample(2, ("a", "b"), 600) for _ in range(12))]
+    assert drift(warm_up + steady, "rss_bytes") == 0.0
+
+
+def test_a_load_and_the_sample_after_it_are_left_out(drift):
+    before = [sample(1, ("a", "b"), 500) for _ in range(9)]
+    loading = [{**sample(1, ("a", "b"), 900), "models": ["a:loaded", "b:loading"]}, sample(1, ("a", "b"), 900, 2)]
+    after = [sample(1, ("a", "b"), 500, 2) for _ in range(9)]
+    assert drift(before + loading + after, "rss_bytes") == 0.0
