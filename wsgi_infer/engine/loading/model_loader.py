@@ -102,7 +102,7 @@ def _convert_gguf(gguf: Path, staging: Path, target: Path) -> None:
             file_config = write_config_files(gguf, staging)
         config = read_config(staging)
         if tokenizer_being_read(target):
-            log.info("model %s: its tokenizer is being read ahead; reading the weights meanwhile", gguf.name)
+            log.info("model %s: its tokenizer is being read ahead; reading where the weights lie meanwhile", gguf.name)
         elif take_files(tokenizer_files_dir(target), staging):
             log.info("model %s: tokenizer read ahead (a process without torch)", gguf.name)
         else:

@@ -7,10 +7,11 @@ server's first start has a process that never imports torch make them (``server.
 its workers import theirs, in two halves, as a worker needs them:
 
 - the config (``read_config_ahead``), under the copy's lock, which the conversion takes (``take_files``) to find
-  where the tensors lie; the worker then loads the weights,
-- while that process reads the tokenizer (``read_tokenizer_ahead``: 1.9 s of Gemma 3's 262,144 tokens), under the
+  where the tensors lie,
+- while that process reads the tokenizer (``read_tokenizer_ahead``: 1.3 s of Gemma 3's 262,144 tokens), under the
   tokenizer's lock. A conversion that finds it held commits the copy without them, and the copy's first tokenizer
-  load waits for them (``complete_tokenizer_files``), or reads them itself where that process ended without.
+  load (before the weights') waits for them (``complete_tokenizer_files``), or reads them itself where that process
+  ended without.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ In gunicorn's master, before any worker: ``start_text_files_ahead`` starts this 
 the settings' models and, for each GGUF not yet converted (those loaded at start first), writes its config and
 tokenizer (``engine.loading.text_files``) under the copy's locks while the workers import torch and transformers:
 every config first, then every tokenizer. A worker's conversion then takes them, where it would have imported the
-config's class with torch (0.9 s of a 1B's first start, Intel Xeon), and loads the weights while a tokenizer is
-still being read (Gemma 3's 1.9 s). What this process cannot read, or reads too late, the worker reads itself, and
-says why a file is unreadable: this one says nothing of it.
+config's class with torch (0.9 s of a 1B's first start, Intel Xeon), and finds where the weights lie while a
+tokenizer is still being read (Gemma 3's 1.3 s). What this process cannot read, or reads too late, the worker
+reads itself, and says why a file is unreadable: this one says nothing of it.
 """
 
 from __future__ import annotations
