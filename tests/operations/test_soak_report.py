@@ -18,7 +18,7 @@ def drift(monkeypatch):
 
     yield drift
     for name in [name for name in sys.modules if name == "soaking" or name.startswith("soaking.")]:
-        monkeypatch.delitem(sys.modules, name)
+        del sys.modules[name]  # not monkeypatch's delitem: its undo would put them back
 
 
 def sample(worker: int, models: tuple[str, ...], rss_mib: float, loads: int = 1) -> dict:

@@ -34,9 +34,7 @@ class _Cursor:
         return values
 
     def string(self) -> str:
-        (length,) = self.read("Q")
-        self.pos += length
-        return self.blob[self.pos - length : self.pos].decode("utf-8")
+        return self.strings(1, decoded=True)[0]
 
     def value(self, kind: int, keep_strings: bool):
         if kind in FIXED:
