@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -54,7 +55,7 @@ from ..support.transformers_reference import assert_tokenizer_as_transformers_re
 def test_a_converted_gguf_is_reused(default_model_dir, caplog):
     files = {path: path.stat().st_mtime_ns for path in default_model_dir.iterdir()}
     assert (default_model_dir / FILE_WEIGHTS_FILE) in files
-    with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.loading.model_loader"):
+    with caplog.at_level(logging.DEBUG, logger="wsgi_infer.engine.loading.model_loader"):
         again = resolve_model_dir(None)
     assert again == default_model_dir
     assert "using converted copy" in caplog.text and "reading its config and tokenizer" not in caplog.text
@@ -172,7 +173,7 @@ def test_workers_starting_on_a_new_gguf_convert_it_once(default_model_dir, tmp_p
         conversions = [line for line in server.lines if "reading its config and tokenizer into" in line]
         assert len(conversions) == 1, conversions
         (other,) = [pid for pid in workers if f"[{pid}]" not in conversions[0]]
-        server.wait_for_log(rf"\[{other}\] .*using converted copy")
+        server.wait_for_log(rf"\[{other}\] .*loading model from {re.escape(str(cache))}/")
         for _ in workers:
             with server.client() as client:
                 reply = client.post("/v1/completions", json={"prompt": "Paris is", "max_tokens": 4})

@@ -65,7 +65,7 @@ def _converted_gguf_dir(gguf: Path) -> Path:
         with conversion_lock(target):
             if not (target / "config.json").is_file():  # another worker may have converted it meanwhile
                 _convert_gguf_into(gguf, target)
-    log.info("model %s: using converted copy %s", gguf, target)
+    log.debug("model %s: using converted copy %s", gguf, target)  # the load names it: "loading model from"
     return target
 
 
