@@ -17,6 +17,7 @@ from ..support.kernel_libraries import (
     LIBRARIES,
     activation_span,
     file_values,
+    largest_file_blocks,
     library,
     packed_from_file,
     packed_from_values,
@@ -77,6 +78,19 @@ def test_packed_mm_is_the_product_of_gguf_py_values_and_each_row_alone(kernels: 
         for count in ROW_COUNTS:
             assert torch.equal(kernels.packed_mm(x[:count], weight), got[:count])
         assert torch.equal(kernels.packed_mm(x[7:8], weight), got[7:8])
+
+
+@pytest.mark.parametrize("ggml_type", FILE_FORMATS, ids=lambda t: t.name)
+def test_the_largest_sums_a_block_can_make_are_exact(kernels: CpuKernels, ggml_type):
+    """Every code and sub-block scale at its largest (each byte but the float16 scales 0xFF) times rows of one
+    activation, positive or negative, each quantized to the largest 8-bit code: the integer sums at their bounds
+    (VNNI's Q4_K scales each half's sum as a 16-bit integer) are still the float64 product's."""
+    raw = largest_file_blocks(ggml_type, 17, 512 if FORMATS[ggml_type] == 256 else 288)
+    weight, values = packed_from_file(raw, ggml_type), file_values(raw, ggml_type).double()
+    x = torch.ones(4, values.shape[1]) * torch.tensor([[3.0], [-3.0], [0.5], [-250.0]])
+    expected = quantized_rows(x, 1, activation_span(weight)) @ values.T
+    got = kernels.packed_mm(x, weight).double()
+    assert ((got - expected).abs() <= 2e-6 * (x.abs().double() @ values.abs().T) + 1e-30).all()
 
 
 @pytest.mark.parametrize("planes", [1, 2], ids=["8-bit", "exact"])

@@ -74,6 +74,15 @@ def random_file_blocks(ggml_type: int, rows: int, k: int, seed: int = 0) -> torc
     return raw.reshape(rows, -1)
 
 
+def largest_file_blocks(ggml_type: int, rows: int, k: int) -> torch.Tensor:
+    """random_file_blocks with every byte but the float16 scales 0xFF: each code and sub-block scale its largest."""
+    raw = random_file_blocks(ggml_type, rows, k).view(rows, k // FORMATS[ggml_type], -1)
+    largest = torch.full_like(raw, 0xFF)
+    for at in _HALVES_AT[ggml_type]:
+        largest[..., at : at + 2] = raw[..., at : at + 2]
+    return largest.reshape(rows, -1)
+
+
 _HALVES_AT = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2]}
 _HALVES_AT |= {Q.Q6_K: [208], Q.IQ4_NL: [0], Q.IQ4_XS: [0]}
 
