@@ -1,7 +1,8 @@
 /* The CPU's int8 multiply ceiling without VNNI: vpmaddubsw (32 byte pairs multiplied and summed into 16 bits) and
  * vfmadd231ps, each as 10 independent chains in registers, on THREADS threads. What an AVX2 int8 GEMM could reach at
  * most (docs/benchmarks/sizes.md); then the packed multiply's inner loop as it runs (each product added to a row's
- * 16-bit sums with vpaddw): an activation quad broadcast from memory for each multiply, for every two, or none.
+ * 16-bit sums with vpaddw): an activation quad broadcast from memory for each multiply, for every two, or none, or
+ * each spread by a shuffle from 16 bytes loaded once for four.
  * Kept out of CI:
  *
  *     gcc -O2 -mavx2 -mfma -fopenmp -DTHREADS=2 scripts/int8_peak_probe.c -o /tmp/int8_peak && /tmp/int8_peak
@@ -55,8 +56,12 @@ int main(void) {
  * allocation spilled the sums */
 #define MUL(R, W, B) "vpmaddubsw %%ymm" #B ", %%ymm" #W ", %%ymm15\n vpaddw %%ymm15, %%ymm" #R ", %%ymm" #R "\n"
 #define CAST(B, AT) "vpbroadcastd " #AT "(%0), %%ymm" #B "\n"
-    const char *names[3] = {"no broadcast", "a broadcast each", "a broadcast for two (two weights)"};
-    for (int shape = 0; shape < 3; shape++) {
+/* four quads loaded into both halves of ymm14 at once, then each spread over the register by a shuffle */
+#define LOAD4(AT) "vbroadcasti128 " #AT "(%0), %%ymm14\n"
+#define SPREAD(B, IMM) "vpshufd $" #IMM ", %%ymm14, %%ymm" #B "\n"
+    const char *names[4] = {"no broadcast", "a broadcast each", "a broadcast for two (two weights)",
+                            "a shuffle each, 16 bytes loaded for four"};
+    for (int shape = 0; shape < 4; shape++) {
         start = omp_get_wtime();
 #pragma omp parallel num_threads(THREADS)
         for (long it = 0; it < ITERATIONS / 10; it++) {
@@ -70,6 +75,13 @@ int main(void) {
                                  CAST(11, 24) MUL(6, 8, 11) CAST(12, 28) MUL(7, 8, 12)::"r"(quads)
                                  : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm9", "xmm10",
                                    "xmm11", "xmm12", "xmm15", "memory");
+            else if (shape == 3)
+                __asm__ volatile(LOAD4(0) SPREAD(9, 0x00) MUL(0, 8, 9) SPREAD(10, 0x55) MUL(1, 8, 10) SPREAD(11, 0xAA)
+                                 MUL(2, 8, 11) SPREAD(12, 0xFF) MUL(3, 8, 12) LOAD4(16) SPREAD(9, 0x00) MUL(4, 8, 9)
+                                 SPREAD(10, 0x55) MUL(5, 8, 10) SPREAD(11, 0xAA) MUL(6, 8, 11) SPREAD(12, 0xFF)
+                                 MUL(7, 8, 12)::"r"(quads)
+                                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm9", "xmm10",
+                                   "xmm11", "xmm12", "xmm14", "xmm15", "memory");
             else
                 __asm__ volatile(CAST(9, 0) MUL(0, 8, 9) MUL(1, 13, 9) CAST(10, 4) MUL(2, 8, 10) MUL(3, 13, 10)
                                  CAST(11, 8) MUL(4, 8, 11) MUL(5, 13, 11) CAST(12, 12) MUL(6, 8, 12) MUL(7, 13, 12)::"r"(quads)
