@@ -1,8 +1,8 @@
 """A model's text side, its tokenizer built as the worker starts and its grammar vocabulary by its first constrained
-request, outlives its unload, on a real server: a model of a 262,144-token vocabulary loads for the first time,
-loads again, and answers a constrained request again, while another model's stream never waits long between tokens. Built during a load, that tokenizer
-holds the GIL for about a second and llguidance's view of it for one and a half (tokenizers and llguidance build
-them without releasing it), and every stream waits."""
+request, outlives its unload, on a real server: a model of a 262,144-token vocabulary loads for the first time, loads
+again, and answers a constrained request again, while another model's stream never waits long between tokens. Built
+during a load, that tokenizer holds the GIL for about a second and llguidance's view of it for one and a half
+(tokenizers and llguidance build them without releasing it), and every stream waits."""
 
 from __future__ import annotations
 
