@@ -16,6 +16,8 @@ import os
 import platform
 import shutil
 import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,19 +100,33 @@ def _is_clang(compiler: str) -> bool:
 
 def compile_library(compiler: str, flags: tuple[str, ...], target: Path) -> str | None:
     """Compile the source into ``target`` (written whole or not at all); the compiler's complaint on failure.
+    Each source is compiled on its own, as many at once as this process may use CPUs, then linked: the same objects
+    one invocation makes one after another (a variant took 7.1 s, 4.9 s on 2 cores: packed_mm.c alone is 4.1).
     With clang, OpenMP is GCC's libgomp, the runtime torch's own threads use: two runtimes in one process would
     each keep a team of spinning threads."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     common = [("-fopenmp=libgomp" if flag == "-fopenmp" and _is_clang(compiler) else flag) for flag in COMMON_FLAGS]
-    sources = [str(path) for path in source_files() if path.suffix == ".c"]
-    command = [compiler, *common, *flags, "-o", str(staging), *sources, "-lm"]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        staging.unlink(missing_ok=True)
-        return done.stderr[-2000:] or f"{compiler} exited with {done.returncode}"
+    with tempfile.TemporaryDirectory(prefix=f"{target.name}.", dir=target.parent) as objects:
+        sources = [path for path in source_files() if path.suffix == ".c"]
+        compiles = [[compiler, *common, *flags, "-c", str(s), "-o", f"{objects}/{s.stem}.o"] for s in sources]
+        link = [compiler, *common, *flags, "-o", str(staging), *(c[-1] for c in compiles), "-lm"]
+        with ThreadPoolExecutor(_usable_cpus()) as pool:
+            compiled = list(pool.map(_run, compiles))
+        outcome = next((c for c in compiled if c.returncode != 0), None) or _run(link)
+        if outcome.returncode != 0:
+            staging.unlink(missing_ok=True)
+            return outcome.stderr[-2000:] or f"{compiler} exited with {outcome.returncode}"
     os.replace(staging, target)
     return None
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True)
+
+
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def build_variants(out_dir: Path = INSTALLED, compiler: str | None = None, machine: str | None = None) -> list[str]:
@@ -120,8 +136,10 @@ def build_variants(out_dir: Path = INSTALLED, compiler: str | None = None, machi
     if compiler is None:
         return ["no C compiler (CC or cc): the CPU kernels are not installed; torch's ops serve instead"]
     messages, built = [], []
-    for variant in variants_for(machine):
-        failure = compile_library(compiler, variant.flags, out_dir / variant.file_name())
+    chosen = variants_for(machine)
+    with ThreadPoolExecutor(_usable_cpus()) as pool:  # beside one variant's longest source, another's others
+        failures = list(pool.map(lambda v: compile_library(compiler, v.flags, out_dir / v.file_name()), chosen))
+    for variant, failure in zip(chosen, failures, strict=True):
         if failure is None:
             built.append(variant.name)
         else:
