@@ -4,6 +4,7 @@ cache; else one build here, once, started by gunicorn's master. The source build
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import shutil
@@ -81,6 +82,23 @@ def test_a_variant_the_compiler_cannot_build_is_left_out_with_its_reason(tmp_pat
     (message,) = variants.build_variants(tmp_path, machine="x86_64")
     assert "bogus variant did not build" in message and "-mno-such-flag" in message
     assert json.loads((tmp_path / variants.STAMP).read_text())["variants"] == []
+
+
+def test_builds_made_side_by_side_each_link_their_own_objects(tmp_path, monkeypatch):
+    """Every source of every build compiles at once: each library holds its own build's objects, each compiled with
+    its own flags, and a source that does not compile fails its build alone."""
+    sources = tmp_path / "c"
+    sources.mkdir()
+    (sources / "a.c").write_text("int which(void) { return WHICH; }\n")
+    (sources / "b.c").write_text("int twice(void) { return 2 * WHICH; }\n#if WHICH == 3\n#error three\n#endif\n")
+    monkeypatch.setattr(variants, "SOURCES", sources)
+    builds = [((f"-DWHICH={n}",), tmp_path / f"lib{n}.so") for n in (1, 2, 3)]
+    failures = variants.compile_libraries(shutil.which("cc"), builds)
+    assert failures[:2] == [None, None] and "three" in failures[2] and not (tmp_path / "lib3.so").exists()
+    for n in (1, 2):
+        library = ctypes.CDLL(str(tmp_path / f"lib{n}.so"))
+        assert (library.which(), library.twice()) == (n, 2 * n)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "lib1.so", "lib2.so"]  # no objects left behind
 
 
 def test_an_install_for_another_source_is_not_used(tmp_path):

@@ -14,10 +14,10 @@ import hashlib
 import json
 import os
 import platform
+import selectors
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,34 +99,71 @@ def _is_clang(compiler: str) -> bool:
 
 
 def compile_library(compiler: str, flags: tuple[str, ...], target: Path) -> str | None:
-    """Compile the source into ``target`` (written whole or not at all); the compiler's complaint on failure.
-    Each source is compiled on its own, as many at once as this process may use CPUs, then linked: the same objects
-    one invocation makes one after another (a variant took 7.1 s, 4.9 s on 2 cores: packed_mm.c alone is 4.1).
-    With clang, OpenMP is GCC's libgomp, the runtime torch's own threads use: two runtimes in one process would
-    each keep a team of spinning threads."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    """Compile the source into ``target`` (written whole or not at all); the compiler's complaint on failure."""
+    return compile_libraries(compiler, [(flags, target)])[0]
+
+
+def compile_libraries(compiler: str, builds: list[tuple[tuple[str, ...], Path]]) -> list[str | None]:
+    """Each build's flags compiled into its target, as ``compile_library`` does. Every source of every build is
+    compiled on its own, as many at once as this process may use CPUs, then each build's objects are linked: the
+    same objects one invocation makes one after another (on 2 cores a variant 7.1 -> 4.9 s, packed_mm.c alone
+    taking 4.1; six variants 55 -> 28 s). With clang, OpenMP is GCC's libgomp, the runtime torch's own threads use:
+    two runtimes in one process would each keep a team of spinning threads."""
     common = [("-fopenmp=libgomp" if flag == "-fopenmp" and _is_clang(compiler) else flag) for flag in COMMON_FLAGS]
-    with tempfile.TemporaryDirectory(prefix=f"{target.name}.", dir=target.parent) as objects:
-        sources = [path for path in source_files() if path.suffix == ".c"]
-        compiles = [[compiler, *common, *flags, "-c", str(s), "-o", f"{objects}/{s.stem}.o"] for s in sources]
-        link = [compiler, *common, *flags, "-o", str(staging), *(c[-1] for c in compiles), "-lm"]
-        with ThreadPoolExecutor(_usable_cpus()) as pool:
-            compiled = list(pool.map(_run, compiles))
-        outcome = next((c for c in compiled if c.returncode != 0), None) or _run(link)
-        if outcome.returncode != 0:
-            staging.unlink(missing_ok=True)
-            return outcome.stderr[-2000:] or f"{compiler} exited with {outcome.returncode}"
+    # the largest sources first, every build's, so that the short ones fill the CPUs at the end
+    sources = sorted((p for p in source_files() if p.suffix == ".c"), key=lambda p: p.stat().st_size, reverse=True)
+    for _, target in builds:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kernels-build.", dir=builds[0][1].parent) as objects:
+        compiles = [
+            [compiler, *common, *flags, "-c", str(source), "-o", f"{objects}/{i}-{source.stem}.o"]
+            for source in sources
+            for i, (flags, _) in enumerate(builds)
+        ]
+        compiled = _side_by_side(compiles)
+        every = len(builds)  # build i's compiles are every one from i on
+        return [
+            _link(compiler, [*common, *flags], compiles[i::every], compiled[i::every], target)
+            for i, (flags, target) in enumerate(builds)
+        ]
+
+
+def _link(
+    compiler: str, flags: list[str], compiles: list[list[str]], compiled: list[tuple[int, str]], target: Path
+) -> str | None:
+    """The objects ``compiles`` made linked into ``target`` (None) where all compiled; else the first complaint."""
+    staging = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    link = [compiler, *flags, "-o", str(staging), *sorted(command[-1] for command in compiles), "-lm"]  # by name
+    code, output = next(((c, o) for c, o in compiled if c != 0), None) or _side_by_side([link])[0]
+    if code != 0:
+        staging.unlink(missing_ok=True)
+        return output[-2000:] or f"{compiler} exited with {code}"
     os.replace(staging, target)
     return None
 
 
-def _run(command: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(command, capture_output=True, text=True)
-
-
-def _usable_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def _side_by_side(commands: list[list[str]]) -> list[tuple[int, str]]:
+    """Each command's exit code and output, the commands run as processes, as many at once as this process may use
+    CPUs (processes, not threads: in a server the engine client's bridge alone starts native threads)."""
+    results: list[tuple[int, str]] = [(0, "")] * len(commands)
+    waiting = list(enumerate(commands))[::-1]
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    with selectors.DefaultSelector() as running:
+        while waiting or running.get_map():
+            while waiting and len(running.get_map()) < cpus:
+                index, command = waiting.pop()
+                process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                running.register(process.stdout, selectors.EVENT_READ, (index, process, []))
+            for key, _ in running.select():
+                index, process, output = key.data
+                chunk = key.fileobj.read1(1 << 16)
+                if chunk:
+                    output.append(chunk)
+                    continue
+                running.unregister(key.fileobj)
+                key.fileobj.close()
+                results[index] = (process.wait(), b"".join(output).decode(errors="replace"))
+    return results
 
 
 def build_variants(out_dir: Path = INSTALLED, compiler: str | None = None, machine: str | None = None) -> list[str]:
@@ -135,15 +172,14 @@ def build_variants(out_dir: Path = INSTALLED, compiler: str | None = None, machi
     compiler = shutil.which(compiler or os.environ.get("CC", "cc"))
     if compiler is None:
         return ["no C compiler (CC or cc): the CPU kernels are not installed; torch's ops serve instead"]
-    messages, built = [], []
     chosen = variants_for(machine)
-    with ThreadPoolExecutor(_usable_cpus()) as pool:  # beside one variant's longest source, another's others
-        failures = list(pool.map(lambda v: compile_library(compiler, v.flags, out_dir / v.file_name()), chosen))
-    for variant, failure in zip(chosen, failures, strict=True):
-        if failure is None:
-            built.append(variant.name)
-        else:
-            messages.append(f"the CPU kernels' {variant.name} variant did not build: {failure.strip()[-300:]}")
+    failures = compile_libraries(compiler, [(v.flags, out_dir / v.file_name()) for v in chosen])
+    built = [variant.name for variant, failure in zip(chosen, failures, strict=True) if failure is None]
+    messages = [
+        f"the CPU kernels' {variant.name} variant did not build: {failure.strip()[-300:]}"
+        for variant, failure in zip(chosen, failures, strict=True)
+        if failure is not None
+    ]
     stamp = {"source": source_hash(), "compiler": compiler, "variants": built}
     (out_dir / STAMP).write_text(json.dumps(stamp, indent=1))
     return messages
