@@ -29,8 +29,10 @@ ALWAYS_INLINE void k_rows_sums(const int type, const decoded *w, const uint8_t *
     const int codes = type == Q4_K ? CODES_4BIT : type == Q5_K ? CODES_5BIT : CODES_6BIT;
     dot_rows(w->w, (const int8_t *)(a + sizeof(act_head)), act, rows, codes, type == Q6_K, w->sc, sums, NULL);
     if (type != Q6_K) return;
-    const ivec scales = pair_lanes(w->sc[0], w->sc[1]); /* the halves' scales times their activations' sums */
-    for (int r = 0; r < rows; r++) sums[r] -= madd16(scales, (ivec){0} + head_at(a + r * act)->halves16) << 5;
+    /* less 32 codes times each half's activations: the halves' scales times -32 (at most 2^12 in magnitude) with
+     * their activations' sums, one multiply-add (vpdpwssd, where a shift and a subtraction followed a vpmaddwd) */
+    const ivec less = pair_lanes(w->sc[0] * -32, w->sc[1] * -32);
+    for (int r = 0; r < rows; r++) sums[r] = dot16_add(sums[r], less, (ivec){0} + head_at(a + r * act)->halves16);
 }
 
 /* a super-block's weight side of the totals (part h of a tile's block): d, -dmin and the minimums of sub-blocks 2p
@@ -60,7 +62,7 @@ ALWAYS_INLINE fvec k_row_total(const int type, const k_weight_terms *t, const iv
     fvec total = t->d * to_f(sum);
     if (type != Q6_K) {
         ivec m = {0};
-        for (int p = 0; p < 4; p++) m += madd16(t->pairs[p], (ivec){0} + pair16[p]);
+        for (int p = 0; p < 4; p++) m = dot16_add(m, t->pairs[p], (ivec){0} + pair16[p]);
         total = fma_v(to_f(m), t->less, total);
     }
     return fma_v(total, splat_v(d_a), acc);

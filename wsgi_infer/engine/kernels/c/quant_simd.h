@@ -57,6 +57,20 @@ static inline ivec madd16(ivec a, ivec b) {
 #endif
 }
 
+/* acc + madd16(a, b): one instruction (vpdpwssd) where VNNI has it, else two */
+#if QL == 16 && defined(__AVX512VNNI__) || QL == 8 && defined(__AVXVNNI__)
+#define DOT16_FUSED 1
+#endif
+static inline ivec dot16_add(ivec acc, ivec a, ivec b) {
+#if QL == 16 && defined(__AVX512VNNI__)
+    return (ivec)_mm512_dpwssd_epi32((__m512i)acc, (__m512i)a, (__m512i)b);
+#elif QL == 8 && defined(__AVXVNNI__)
+    return (ivec)_mm256_dpwssd_avx_epi32((__m256i)acc, (__m256i)a, (__m256i)b);
+#else
+    return acc + madd16(a, b);
+#endif
+}
+
 /* signed integers of at most 16 bits, low and high, as one lane's halves (madd16's pairs) */
 static inline ivec pair_lanes(ivec low, ivec high) { return (ivec)(((wvec)low & 0xFFFFu) | ((wvec)high << 16)); }
 
@@ -96,13 +110,6 @@ ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, iv
     for (int i = 4; i < 8; i++) b = dpbusd_at(b, (__m512i)w[i], q + 4 * i);
     *lo = (ivec)a, *hi = (ivec)b;
 }
-
-/* acc + each lane's low 16 bits of `sum` (a signed integer that fits them) times `scale`'s (its high 16 bits 0):
- * vpdpwssd, one instruction where vpmulld takes two and the addition a third */
-#define SCALED_ADD_16 1
-ALWAYS_INLINE ivec scaled_add_16(ivec acc, ivec sum, ivec scale) {
-    return (ivec)_mm512_dpwssd_epi32((__m512i)acc, (__m512i)sum, (__m512i)scale);
-}
 #elif defined(__AVXVNNI__) && QL == 8
 ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, ivec *lo, ivec *hi) {
     (void)codes;
@@ -110,11 +117,6 @@ ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, iv
     for (int i = 0; i < 4; i++) a = _mm256_dpbusd_avx_epi32(a, (__m256i)w[i], _mm256_set1_epi32(quad(q + 4 * i)));
     for (int i = 4; i < 8; i++) b = _mm256_dpbusd_avx_epi32(b, (__m256i)w[i], _mm256_set1_epi32(quad(q + 4 * i)));
     *lo = (ivec)a, *hi = (ivec)b;
-}
-
-#define SCALED_ADD_16 1
-ALWAYS_INLINE ivec scaled_add_16(ivec acc, ivec sum, ivec scale) {
-    return (ivec)_mm256_dpwssd_avx_epi32((__m256i)acc, (__m256i)sum, (__m256i)scale);
 }
 #elif defined(__AVX2__)
 /* vpmaddubsw: pairs of u8 x s8 products in 16 bits, each at most 2 * c * 127 for codes up to c, so that 16 bits
@@ -239,9 +241,11 @@ ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stri
         }
         ivec low, high;
         dot_sub(w, q + r * stride, codes, &low, &high);
-#ifdef SCALED_ADD_16
-        if (codes == CODES_4BIT) { /* each half's sum fits 16 bits: 16 codes of 15 times activations of 128 */
-            lo[r] = scaled_add_16(scaled_add_16(lo[r], low, scale[0]), high, scale[split]);
+#ifdef DOT16_FUSED
+        if (codes == CODES_4BIT) { /* each half's sum fits its lane's low 16 bits (16 codes of 15 times activations
+                                    * of 128), the scale's high 16 bits are 0: a vpdpwssd a half, where vpmulld
+                                    * took two uops and the additions two more */
+            lo[r] = dot16_add(dot16_add(lo[r], low, scale[0]), high, scale[split]);
             continue;
         }
 #endif
