@@ -82,9 +82,10 @@ def test_packed_mm_is_the_product_of_gguf_py_values_and_each_row_alone(kernels: 
 
 @pytest.mark.parametrize("ggml_type", FILE_FORMATS, ids=lambda t: t.name)
 def test_the_largest_sums_a_block_can_make_are_exact(kernels: CpuKernels, ggml_type):
-    """Every code and sub-block scale at its largest (each byte but the float16 scales 0xFF) times rows of one
-    activation, positive or negative, each quantized to the largest 8-bit code: the integer sums at their bounds
-    (VNNI's Q4_K scales each half's sum as a 16-bit integer) are still the float64 product's."""
+    """Every code and sub-block scale at its largest magnitude times rows of one activation, positive or negative,
+    each quantized to the largest 8-bit code: the integer sums at their bounds (VNNI's Q4_K scales each half's sum
+    as a 16-bit integer, Q6_K's offset takes its scales times -32 as 16-bit integers) are still the float64
+    product's."""
     raw = largest_file_blocks(ggml_type, 17, 512 if FORMATS[ggml_type] == 256 else 288)
     weight, values = packed_from_file(raw, ggml_type), file_values(raw, ggml_type).double()
     x = torch.ones(4, values.shape[1]) * torch.tensor([[3.0], [-3.0], [0.5], [-250.0]])

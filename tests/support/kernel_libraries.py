@@ -75,11 +75,14 @@ def random_file_blocks(ggml_type: int, rows: int, k: int, seed: int = 0) -> torc
 
 
 def largest_file_blocks(ggml_type: int, rows: int, k: int) -> torch.Tensor:
-    """random_file_blocks with every byte but the float16 scales 0xFF: each code and sub-block scale its largest."""
+    """random_file_blocks with each code and sub-block scale at its largest magnitude: every byte 0xFF but the
+    float16 scales, and Q6_K's signed 8-bit scales -128."""
     raw = random_file_blocks(ggml_type, rows, k).view(rows, k // FORMATS[ggml_type], -1)
     largest = torch.full_like(raw, 0xFF)
     for at in _HALVES_AT[ggml_type]:
         largest[..., at : at + 2] = raw[..., at : at + 2]
+    if ggml_type == Q.Q6_K:
+        largest[..., 192:208] = 0x80  # its 16 scales, after 128 bytes of low and 64 of high code bits
     return largest.reshape(rows, -1)
 
 
