@@ -7,13 +7,16 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from wsgi_infer.engine.runtime import cpu_budget as budget_module
+from wsgi_infer.engine.runtime import cpu_share as share_module
 from wsgi_infer.engine.runtime.cpu_budget import CpuBudget, cgroup_quota, cpu_budget
-from wsgi_infer.engine.runtime.cpu_share import CpuShare, Sample
+from wsgi_infer.engine.runtime.cpu_share import CpuShare, Sample, beside_the_steps
 
 from ..support.prerequisites import unavailable
 from ..support.server import GUNICORN, GunicornServer
@@ -85,6 +88,40 @@ def test_the_share_gives_a_thread_back_while_other_processes_crowd_and_takes_it_
     assert second(waited=0.0, idle=0, busy=2.0, ours=1.0) == 1  # still there
     assert second(waited=0.0, idle=0.9, busy=1.1, ours=1.0) == 2  # gone
     assert CpuShare(1).threads_for_step() == 1
+
+
+def test_native_work_beside_the_steps_begins_with_the_next_step_and_has_a_core_until_it_ends(monkeypatch):
+    """A grammar vocabulary's build, while steps run: it waits for the step running now to end (that one may hold
+    every core), the steps leave it a core while it runs, and take the core back after."""
+    monkeypatch.setattr(share_module, "STEP_WAIT", 60.0)  # no step comes by itself here: each is called below
+    share = CpuShare(3)
+    assert share.threads_for_step() == 3  # a step runs now
+    began, done = threading.Event(), threading.Event()
+
+    def work() -> None:
+        with beside_the_steps():
+            began.set()
+            done.wait(60)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    assert not began.wait(0.5), "it began beside a step that held every core"
+    assert share.threads_for_step() == 2  # the next step, without the core the work takes
+    assert began.wait(60)
+    assert share.threads_for_step() == 2
+    done.set()
+    worker.join(60)
+    assert share.threads_for_step() == 3
+    assert CpuShare(2).threads_for_step() == 2 and CpuShare(1).threads_for_step() == 1
+
+
+def test_native_work_where_no_step_runs_begins_at_once(monkeypatch):
+    monkeypatch.setattr(share_module, "STEP_WAIT", 60.0)
+    monkeypatch.setattr(share_module, "_LAST_STEP", [time.monotonic() - 60.0])
+    share, began = CpuShare(2), time.monotonic()
+    with beside_the_steps():
+        assert time.monotonic() - began < 30  # not the wait for a step
+        assert share.threads_for_step() == 1
 
 
 def test_a_server_under_taskset_sizes_its_steps_to_one_cpu(tiny_model_dirs):

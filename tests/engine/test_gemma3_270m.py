@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from wsgi_infer import LLM, SamplingParams
+from wsgi_infer.engine.sampling_params import StructuredOutput
 
 from ..conftest import assert_idle
+from ..support.grammar_reference import assert_masks_as_the_python_binding
 from ..support.in_process import InProcessServer
 from ..support.transformers_reference import assert_tokenizer_as_transformers_reads, reference_greedy
 
@@ -74,6 +76,18 @@ def test_the_packed_path_agrees_on_95_percent_of_500_tokens(gemma_gguf, exact):
     )
     assert agree / (len(PROMPTS) * TOKENS) >= 0.95
     assert_idle(served)
+
+
+def test_its_grammar_masks_are_what_llguidances_python_binding_computes(exact):
+    """A SentencePiece vocabulary of 262,144 tokens (bytes as <0x..> tokens, spaces as ▁), read by llguidance's C
+    interface from the tokenizer's file: the same masks as its Python binding's, step by step."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
+    specs = [
+        StructuredOutput("json", schema | {"required": ["city", "days"], "additionalProperties": False}),
+        StructuredOutput("regex", "[0-9]{1,3} [a-z ]+"),
+        StructuredOutput("choice", ["yes", "no", "not sure"]),
+    ]
+    assert_masks_as_the_python_binding(exact.engine.grammars, exact.engine.tokenizer, specs)
 
 
 def test_chat_turns_are_gemmas_and_end_of_turn_ends_a_reply(gemma_gguf, exact):

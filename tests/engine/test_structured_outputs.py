@@ -20,6 +20,7 @@ from wsgi_infer.engine.sampling.grammar import apply_grammar_masks
 from wsgi_infer.engine.sampling_params import InvalidParameter, SamplingParams, StructuredOutput
 
 from ..conftest import assert_idle
+from ..support.grammar_reference import assert_masks_as_the_python_binding
 
 
 class Color(StrEnum):
@@ -132,20 +133,34 @@ def test_a_constraint_that_does_not_compile_is_refused_by_name(tiny_llama, kind,
     assert_idle(tiny_llama)
 
 
-def test_the_mask_allows_exactly_what_llguidance_allows(tiny_llama):
-    """Our vectorised unpacking of the bitmask against llguidance's own byte mask."""
-    grammars = tiny_llama.engine.grammars
-    matchers = [
-        grammars.matcher(StructuredOutput("json", Person.model_json_schema())),
-        grammars.matcher(StructuredOutput("regex", "[0-9]+")),
+def test_the_masks_are_what_llguidances_python_binding_computes(tiny_llama):
+    """Our matchers call llguidance's C interface (no GIL held): at every step of random walks through four kinds of
+    constraint, the mask our batch rows get is the one its Python binding computes, and both stop together."""
+    specs = [
+        StructuredOutput("json", Person.model_json_schema()),
+        StructuredOutput("regex", "[0-9]{1,3}-[a-z]+"),
+        StructuredOutput("choice", ["red", "green", "blue sky"]),
+        StructuredOutput("grammar", 'start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,2}/'),
     ]
-    vocab = grammars.vocab_size
-    logits = torch.zeros(3, vocab)
-    apply_grammar_masks(logits, [0, 2], matchers)
-    for row, matcher in zip((0, 2), matchers):
-        allowed = torch.frombuffer(bytearray(matcher.compute_logit_bias()), dtype=torch.uint8)[:vocab] > 0
-        assert torch.equal(logits[row] == 0, allowed)
-    assert torch.equal(logits[1], torch.zeros(vocab)), "an unconstrained row is untouched"
+    engine = tiny_llama.engine
+    assert_masks_as_the_python_binding(engine.grammars, engine.tokenizer, specs)
+
+
+def test_a_matcher_in_error_allows_the_end_of_sequence_alone_and_a_mask_of_another_size_is_refused(tiny_llama):
+    """As llguidance's Python binding does; the engine stops a request whose token its grammar refused."""
+    engine, vocab = tiny_llama.engine, tiny_llama.engine.grammars.vocab_size
+    matcher = engine.grammars.matcher(StructuredOutput("regex", "[0-9]+"))
+    (letter,) = engine.tokenizer.encode("x", add_special_tokens=False)
+    assert not matcher.consume_token(letter) and matcher.is_error()
+    logits = torch.zeros(1, vocab)
+    apply_grammar_masks(logits, [0], [matcher])
+    assert (logits[0] == 0).nonzero().flatten().tolist() == [engine.tokenizer.eos_token_id]
+    fresh, wider = (
+        engine.grammars.matcher(StructuredOutput("regex", "[0-9]+")),
+        torch.zeros(vocab // 32 + 2, dtype=torch.int32),
+    )
+    with pytest.raises(ValueError, match="mask of"):
+        fresh.fill_mask(wider.data_ptr(), wider.numel() * 4)
 
 
 def test_logit_bias_bans_and_forces_tokens(tiny_llama):

@@ -168,8 +168,9 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSequence]) -> StepLogits:
         """Run the forward pass; return float32 logits of the rows that are needed."""
-        if self.cpu_share is not None and self.cpu_share.threads_for_step() != torch.get_num_threads():
-            torch.set_num_threads(self.cpu_share.threads)
+        threads = self.cpu_share.threads_for_step() if self.cpu_share is not None else None
+        if threads is not None and threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
         # In torch, one query token per item (decodes, and prefill chunks cut down to one
         # token) first, then the longer prefill chunks: see layers.attention.
         single_token = [s for s in batch if s.num_new_tokens == 1]
@@ -261,7 +262,7 @@ def _cpu_share() -> CpuShare:
     steps share one: the crowding is the thread's, not a model's. Settings of torch's threads by others (a
     test's) start a new one."""
     share = _SHARE[0] if _SHARE else None
-    if share is not None and torch.get_num_threads() in (share.threads, share.most):
+    if share is not None and torch.get_num_threads() in (share.stepping, share.threads, share.most):
         return share
     budget = cpu_budget()
     threads = min(torch.get_num_threads(), budget.threads)

@@ -1,10 +1,11 @@
 """A model's text side: its tokenizer and grammar compiler, which outlive its weights.
 
-Building them holds the GIL, so every stream of the worker waits while they are built: Gemma 3's 262,144-token
-tokenizer takes 1.3 s, llguidance's view of it (built by the first constrained request) 2.4 s more. Neither
-depends on the weights, so a load takes the text side a model had at its last load, where the server kept it
-(the hub keeps it while its memory budget has room: ``server.engine_client.residency``), or the one a worker built
-as it started (``prepared_text_side``), before it served anyone.
+Building the tokenizer holds the GIL, so every stream of the worker waits while it is built: Gemma 3's 262,144
+tokens take 1.3 s. llguidance's view of it (built by the first constrained request, 1.2 s more) holds none
+(``text.llguidance_c``). Neither depends on the weights, so a load takes the text side a model had at its
+last load, where the server kept it (the hub keeps it while its memory budget has room:
+``server.engine_client.residency``), or the one a worker built as it started (``prepared_text_side``), before it
+served anyone.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ Weights = TypeVar("Weights")
 
 # Memory held per token of the vocabulary (added tokens included), measured (resident set, after malloc_trim) on
 # SmolLM2's 49,152 tokens and Gemma 3's 262,144: the tokenizer with transformers' wrapper 252 and 390 bytes,
-# llguidance's view of it 734 and 854 (Intel Xeon, 2026-12-01). Per byte of tokenizer.json it varied 2.5x with the
-# file's form.
+# llguidance's view of it 386 and 483 (Intel Xeon, 2026-12-01). Per byte of tokenizer.json the tokenizer's varied
+# 2.5x with the file's form.
 TOKENIZER_BYTES = 400
-VOCABULARY_BYTES = 900
+VOCABULARY_BYTES = 500
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ So every ``PERIOD`` of stepping, the share reads how long this process's threads
 (``/proc/self/task/*/schedstat``), and how busy and idle the CPUs it may use were (``/proc/stat``) beside its own
 use (``/proc/self/stat``): it drops a thread while other processes use the cores and the team keeps waiting for
 them, and takes one back while a core is left idle (the other work has gone). The budget (``cpu_budget``:
-affinity mask, cgroup quota) is the most it takes.
+affinity mask, cgroup quota) is the most it takes. This process's own native work beside the steps (a grammar
+vocabulary's build: ``beside_the_steps``) is left a core while it runs.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from .native_threads import Empty, SimpleQueue
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +35,31 @@ PERIOD = 0.25  # seconds of stepping between decisions
 OTHERS, CROWDED = 0.5, 0.3
 IDLE = 0.6  # take a thread back where the usable CPUs were this many seconds idle per second
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's unit of CPU time
+_BESIDE: set[int] = set()  # the calls in beside_the_steps now (a set: adding is atomic under the GIL)
+_ACKS: dict[int, SimpleQueue] = {}  # theirs that wait for a step to leave them a core (C queues: never patched)
+_LAST_STEP = [0.0]  # when the last step began (monotonic)
+STEP_WAIT = 0.25  # seconds: at most a step's time that beside_the_steps waits for the next step to begin
+
+
+@contextmanager
+def beside_the_steps() -> Iterator[None]:
+    """Native work of this thread that holds a core while the GIL is free (Gemma 3's grammar vocabulary: 1 s): the
+    steps leave it a core meanwhile. With a team on every core, a third thread made each barrier wait for the
+    scheduler: a stream's gaps reached 150-240 ms and the work took three times as long (Xeon, 2026-12-01). Where
+    steps run, it begins once the next one has (the one running may still hold every core)."""
+    ack: SimpleQueue = SimpleQueue()
+    _ACKS[id(ack)] = ack
+    _BESIDE.add(id(ack))
+    try:
+        if time.monotonic() - _LAST_STEP[0] < STEP_WAIT:
+            try:
+                ack.get(timeout=STEP_WAIT)
+            except Empty:
+                pass  # a step longer than that: begin beside it
+        yield
+    finally:
+        _ACKS.pop(id(ack), None)
+        _BESIDE.discard(id(ack))
 
 
 @dataclass
@@ -76,7 +106,7 @@ class CpuShare:
     """The threads for the next step: at most ``most``, fewer while other work crowds the CPUs."""
 
     def __init__(self, most: int, period: float = PERIOD) -> None:
-        self.most = self.threads = most
+        self.most = self.threads = self.stepping = most
         self._period = period
         self._cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
         self._last: Sample | None = None
@@ -87,7 +117,13 @@ class CpuShare:
         now = time.monotonic()
         if self._last is None or now - self._last.at >= self._period:
             self._decide(sample(self._cpus))
-        return self.threads
+        self.stepping = min(self.threads, max(1, self.most - len(_BESIDE)))
+        _LAST_STEP[0] = now
+        for key in list(_ACKS):  # this step leaves them their cores
+            waiting = _ACKS.pop(key, None)
+            if waiting is not None:
+                waiting.put(None)
+        return self.stepping
 
     def _decide(self, current: Sample | None) -> None:
         last, self._last = self._last, current

@@ -10,10 +10,10 @@ from ..sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
-    from llguidance import LLMatcher
 
     from ..outputs import TokenLogprob
     from ..text.detokenizer import IncrementalDetokenizer
+    from ..text.llguidance_c import Matcher
     from .block_manager import BlockTable
 
 
@@ -41,7 +41,7 @@ class Sequence:
         max_tokens: int,
         detokenizer: IncrementalDetokenizer | None = None,
         seed: int = 0,
-        matcher: LLMatcher | None = None,
+        matcher: Matcher | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
