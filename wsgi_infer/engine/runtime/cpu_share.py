@@ -45,11 +45,11 @@ STEP_WAIT = 0.25  # seconds: at most a step's time that beside_the_steps waits f
 def beside_the_steps() -> Iterator[None]:
     """Native work of this thread that holds a core while the GIL is free (Gemma 3's grammar vocabulary: 1 s): the
     steps leave it a core meanwhile. With a team on every core, a third thread made each barrier wait for the
-    scheduler: a stream's gaps reached 150-240 ms and the work took three times as long (Xeon, 2026-12-01). Where
+    scheduler: a stream's gaps reached 183-236 ms and the work took three times as long (Xeon, 2026-12-01). Where
     steps run, it begins once the next one has (the one running may still hold every core)."""
     ack: SimpleQueue = SimpleQueue()
+    _BESIDE.add(id(ack))  # counted before it can be acknowledged
     _ACKS[id(ack)] = ack
-    _BESIDE.add(id(ack))
     try:
         if time.monotonic() - _LAST_STEP[0] < STEP_WAIT:
             try:
@@ -117,9 +117,10 @@ class CpuShare:
         now = time.monotonic()
         if self._last is None or now - self._last.at >= self._period:
             self._decide(sample(self._cpus))
+        acknowledged = list(_ACKS)  # taken before the count: each of these is in it
         self.stepping = min(self.threads, max(1, self.most - len(_BESIDE)))
         _LAST_STEP[0] = now
-        for key in list(_ACKS):  # this step leaves them their cores
+        for key in acknowledged:  # this step leaves them their cores
             waiting = _ACKS.pop(key, None)
             if waiting is not None:
                 waiting.put(None)
