@@ -176,3 +176,18 @@ def test_logit_bias_bans_and_forces_tokens(tiny_llama):
     with pytest.raises(InvalidParameter):
         SamplingParams(logit_bias={1: 101})
     assert_idle(tiny_llama)
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_added_tokens_written_in_angle_brackets_are_handed_to_llguidance_as_special(indent):
+    """As its Python binding takes them; only the added tokens' list changes, however long it is (here 1.5 MB
+    indented: past the first window read) and however the file is written."""
+    from wsgi_infer.engine.text.llguidance_c import _angle_bracketed_tokens_special
+
+    added = [{"id": i, "content": f"<tag{i}>", "special": False} for i in range(20_000)]
+    added += [{"id": 20_000, "content": "plain", "special": False}, {"id": 20_001, "content": "<s>", "special": True}]
+    spec = {"version": "1.0", "added_tokens": added, "model": {"vocab": {"é<x>": 0, '"added_tokens":': 1}}}
+    marked = json.loads(_angle_bracketed_tokens_special(json.dumps(spec, indent=indent).encode()))
+    assert [t["special"] for t in marked["added_tokens"]] == [True] * 20_000 + [False, True]
+    assert marked["model"] == spec["model"] and marked["version"] == "1.0"
+    assert _angle_bracketed_tokens_special(b'{"model": {}}') == b'{"model": {}}'
