@@ -35,8 +35,10 @@ from bench_bandwidth import probe_gb_s  # noqa: E402
 from bench_serve import IK_NAME, tree_peak_rss_mb  # noqa: E402
 from bench_start import FLOORS, floor_seconds, seconds_to_health  # noqa: E402
 
+from wsgi_infer.engine.config import default_cpu_kv_bytes  # noqa: E402
+from wsgi_infer.server.engine_client.residency import kv_token_bytes  # noqa: E402
+
 SERVE = [str(Path(sys.executable).with_name("wsgi-infer")), "serve"]
-KV_BUDGET_BYTES = 256 << 20  # our default KV cache on a CPU, in halves
 PEERS = {"llama-server": "llama", IK_NAME: "ik"}
 FIGURES = {"1 stream": "c1_tok_s", "16 streams": "c16_tok_s", "2,048-token prefill": "prefill_tok_s"}
 # The virtual machines we measure on hand memory freed back to their host after about 2 s (virtio-balloon's free page
@@ -50,16 +52,9 @@ def shape(path: Path) -> tuple[int, int, int]:
     """(parameters, bytes of weights, KV cache tokens our default budget holds) from the file's table and
     metadata."""
     reader = GGUFReader(path)
-    fields = {f.name: f.parts[f.data[0]] for f in reader.fields.values() if f.data}
-    arch = bytes(fields["general.architecture"]).decode()
-    value = lambda key: int(np.asarray(fields[f"{arch}.{key}"]).item())  # noqa: E731
-    heads = value("attention.head_count")
-    known = f"{arch}.attention.key_length" in fields
-    head_dim = value("attention.key_length") if known else value("embedding_length") // heads
-    kv_heads = value("attention.head_count_kv") if f"{arch}.attention.head_count_kv" in fields else heads
-    per_token = 2 * value("block_count") * kv_heads * head_dim * 2  # keys and values, halves
+    per_token = kv_token_bytes(path)  # keys and values, halves
     weights = sum(int(t.n_bytes) for t in reader.tensors)
-    return sum(int(t.n_elements) for t in reader.tensors), weights, KV_BUDGET_BYTES // per_token
+    return sum(int(t.n_elements) for t in reader.tensors), weights, default_cpu_kv_bytes(per_token) // per_token
 
 
 def started(command, env: dict[str, str]) -> tuple[float, float]:

@@ -72,6 +72,36 @@ def test_the_context_window_is_clamped_to_what_the_kv_cache_holds(tiny_model_dir
     assert_idle(llm)
 
 
+def test_a_model_whose_tokens_take_more_than_32_kb_gets_room_for_8192_of_them_by_default(tiny_model_dirs, tmp_path):
+    """256 MiB, or 8,192 tokens where a token's keys and values take more (a Llama 3.2 3B's 112 KiB a token: 2,290
+    tokens in 256 MiB, less than 16 streams of 165), which the server's memory budget counts before the load."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from wsgi_infer.engine.loading.model_loader import load_tokenizer
+    from wsgi_infer.server.engine_client.residency import footprint
+
+    tokenizer = load_tokenizer(tiny_model_dirs["llama"])
+    wide = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+    wide.num_attention_heads = wide.num_key_value_heads = 4
+    wide.max_position_embeddings = 65536  # clamped to what the cache holds
+    wide.head_dim = 256  # 2 layers x 4 heads x 256 x (keys, values) x 4 bytes (float32): 16 KiB a token
+    AutoModelForCausalLM.from_config(wide).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    llm = LLM(model=str(tmp_path), dtype="float32", quantization="none")
+    group = llm.engine.runner.kv_groups[0]
+    assert group.num_blocks * llm.engine.config.block_size == 16384  # 256 MiB
+    assert footprint(tmp_path, None) - footprint(tmp_path, 0) == 256 << 20  # in halves, 8 KiB a token: 256 MiB
+    wide.head_dim = 2048  # 128 KiB a token, 64 in halves
+    AutoModelForCausalLM.from_config(wide).save_pretrained(tmp_path)
+    llm = LLM(model=str(tmp_path), dtype="float32", quantization="none")
+    assert llm.engine.runner.kv_groups[0].num_blocks * llm.engine.config.block_size == 8192
+    assert llm.engine.max_model_len == 8192
+    assert footprint(tmp_path, None) - footprint(tmp_path, 0) == 8192 * (64 << 10)
+    (out,) = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(out.token_ids) == 4
+    assert_idle(llm)
+
+
 def test_chunked_prefill_never_stalls_decodes(tiny_model_dirs):
     budget = 16
     llm = LLM(

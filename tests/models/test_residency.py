@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from wsgi_infer.engine.loading.model_paths import default_model_path
 from wsgi_infer.engine.messages import TextPrepared
 from wsgi_infer.server.engine_client import residency
 from wsgi_infer.server.engine_client.model_loads import ModelLoads
@@ -18,6 +20,7 @@ from wsgi_infer.server.engine_client.residency import (
     default_budget,
     evictions,
     footprint,
+    kv_token_bytes,
 )
 
 MB = 1 << 20
@@ -72,7 +75,16 @@ def test_a_footprint_is_the_files_and_the_kv_budget(tmp_path):
     hf.mkdir()
     (hf / "model.safetensors").write_bytes(b"\0" * (3 * MB))
     (hf / "config.json").write_text("{}")
-    assert footprint(hf, None) == 3 * MB + 256 * MB  # the CPU's default KV budget
+    assert footprint(hf, None) == 3 * MB + 256 * MB  # the CPU's least KV budget, where the config tells nothing
+    llama_3b = {"num_hidden_layers": 28, "num_attention_heads": 24, "num_key_value_heads": 8, "hidden_size": 3072}
+    (hf / "config.json").write_text(json.dumps(llama_3b | {"head_dim": 128}))
+    assert kv_token_bytes(hf) == 112 * 1024  # keys and values in halves
+    assert footprint(hf, None) == 3 * MB + 8192 * 112 * 1024  # room for 8,192 tokens: more than 256 MiB
+    shipped = default_model_path()  # SmolLM2-135M: 30 layers of 3 KV heads of 64, 22.5 KiB a token
+    assert kv_token_bytes(shipped) == 2 * 30 * 3 * 64 * 2
+    assert footprint(shipped, None) == int(shipped.stat().st_size * CONVERTED_COPY) + 256 * MB
+    gguf.write_bytes(b"GGUF\3\0\0\0")  # cut short: it will fail to load, and say why
+    assert kv_token_bytes(gguf) == 0 and footprint(gguf, None) == int(8 * CONVERTED_COPY) + 256 * MB
 
 
 @pytest.mark.parametrize(

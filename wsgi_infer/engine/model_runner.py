@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .attention_inputs import AttentionInputs
-from .config import EngineConfig
+from .config import EngineConfig, default_cpu_kv_bytes
 from .kernels.cpu import CpuKernels, attention_fits, load_cpu_kernels
 from .layers.attention import AttentionMetadata
 from .loading.model_builder import build_model, kernels_serve, why_not_on_kernels
@@ -27,7 +27,6 @@ from .scheduling.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
-_DEFAULT_CPU_KV_BYTES = 256 << 20
 _CUDA_MEMORY_FRACTION = 0.9
 
 KVCache = list[torch.Tensor]  # per layer: every slot's key heads then value heads (see layers.attention)
@@ -125,7 +124,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             return int(free * _CUDA_MEMORY_FRACTION)
-        return _DEFAULT_CPU_KV_BYTES
+        return default_cpu_kv_bytes(self._layer_block_bytes() * self.num_layers // self.block_size)
 
     def _fit_max_model_len(self, chunk: int) -> None:
         """A window larger than the cache would refuse every request that leaves max_tokens to fill it: clamp it,

@@ -66,7 +66,10 @@ class ServerSettings(EngineSettings):
         "idle); models loaded at start stay, unless their TOML table sets one",
     )
     kv_cache_memory_mb: int | None = Field(
-        None, ge=1, description="KV cache budget; default 256 on CPU, 90% of free memory on CUDA"
+        None,
+        ge=1,
+        description="KV cache budget; default on CPU 256, or room for 8,192 tokens where that is more (a 3B: 896); "
+        "90% of free memory on CUDA",
     )
     max_waiting_requests: int = Field(256, ge=0, description="requests queued beyond max_num_seqs before 429")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body (413 above)")

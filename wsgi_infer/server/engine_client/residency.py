@@ -4,11 +4,15 @@ Plain arithmetic, no gevent or torch."""
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CPU_KV_CACHE_MB = 256  # the engine's KV budget on the CPU when a model sets none (EngineConfig)
+from ...engine.config import default_cpu_kv_bytes
+from ...engine.loading.gguf_header import read_header
+
 CONVERTED_COPY = 1.2  # a GGUF's converted copy in memory, at most, per byte of the file (issue 52's bound)
 BUDGET_SHARE = 0.75  # of the machine's (or cgroup's) memory, split over the workers, by default
 
@@ -64,7 +68,8 @@ def evictions(wanted: int, residents: list[Resident], budget: int, most_loaded: 
 
 def footprint(path: Path, kv_cache_memory_mb: int | None) -> int:
     """What loading the model at ``path`` takes, estimated before it loads: its weights as the files hold them (a
-    GGUF's converted copy at most ``CONVERTED_COPY`` times the file) and its KV cache budget."""
+    GGUF's converted copy at most ``CONVERTED_COPY`` times the file) and its KV cache budget (the engine's default
+    on a CPU for its shape where none is set)."""
     if path.is_file():
         weights = int(path.stat().st_size * CONVERTED_COPY)
     elif path.is_dir():
@@ -72,7 +77,31 @@ def footprint(path: Path, kv_cache_memory_mb: int | None) -> int:
         weights = sum(f.stat().st_size for f in files)
     else:
         weights = 0  # it will fail to load, and say why
-    return weights + ((CPU_KV_CACHE_MB if kv_cache_memory_mb is None else kv_cache_memory_mb) << 20)
+    if kv_cache_memory_mb is None:
+        return weights + default_cpu_kv_bytes(kv_token_bytes(path))
+    return weights + (kv_cache_memory_mb << 20)
+
+
+def kv_token_bytes(path: Path) -> int:
+    """A token's keys and values in a CPU cache (IEEE halves), from the model's GGUF header or ``config.json``; 0
+    where neither tells (the engine's least cache then)."""
+    try:
+        if path.is_file():
+            metadata = read_header(path)[0]
+            prefix = metadata["general.architecture"] + "."
+            layers, heads = metadata[prefix + "block_count"], metadata[prefix + "attention.head_count"]
+            kv_heads = metadata.get(prefix + "attention.head_count_kv", heads)
+            head_dim = metadata.get(prefix + "attention.key_length") or metadata[prefix + "embedding_length"] // heads
+        else:
+            config = json.loads((path / "config.json").read_text())
+            config = config.get("text_config", config)
+            layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
+            kv_heads = config.get("num_key_value_heads") or heads
+            head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        kv_heads = max(kv_heads) if isinstance(kv_heads, list) else kv_heads  # per layer in some files
+        return 2 * layers * kv_heads * head_dim * 2
+    except (OSError, KeyError, ValueError, TypeError, ZeroDivisionError, struct.error):  # not a model's files
+        return 0
 
 
 def default_budget(workers: int) -> int:
