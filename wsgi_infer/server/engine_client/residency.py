@@ -1,6 +1,6 @@
 """Which models stay loaded: a memory budget for their weights and KV caches (and the text sides kept of those
 unloaded), a most loaded at once, and the least recently used model with no request unloaded first to make room.
-Plain arithmetic, no gevent or torch."""
+Plain arithmetic on what a model's files say (their sizes, the shape its KV cache takes), no gevent or torch."""
 
 from __future__ import annotations
 
