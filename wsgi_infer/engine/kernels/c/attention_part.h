@@ -63,7 +63,7 @@ static inline __attribute__((always_inline)) void transposed_keys(const f16 *key
 
 #define SCORE_SPAN (16 / LANES) /* key blocks a tile of scores covers: 16 tokens */
 #ifdef __AVX512F__
-#define SCORE_QUERIES 8 /* queries a tile covers: 8 independent chains of multiply-adds */
+#define SCORE_QUERIES 16 /* queries a tile covers: 16 independent chains of multiply-adds */
 #else
 #define SCORE_QUERIES 6 /* 12 chains; each key load feeds 6 multiply-adds, each query's broadcast 2 */
 #endif
@@ -106,7 +106,7 @@ static inline __attribute__((always_inline)) void score_tokens(const float *q, c
     case N: score_tile(q + m0 * head_dim, N, k, head_dim, scale, stride, at + m0 * stride); break;
             REST(1) REST(2) REST(3) REST(4) REST(5)
 #if SCORE_QUERIES > 6
-            REST(6) REST(7)
+            REST(6) REST(7) REST(8) REST(9) REST(10) REST(11) REST(12) REST(13) REST(14) REST(15)
 #endif
 #undef REST
         }
@@ -181,30 +181,73 @@ static inline __attribute__((always_inline)) void weigh_values(const float *valu
                        weighed + m0 * head_dim);
 }
 
-/* scores [0, len) as exp(score - their largest), in place, and their sum; the largest (in *peak) and the sum run
- * per lane, then across the lanes (a serial sum took a dependent addition per score). The padding past len, up to a
- * whole register, is computed, never counted. */
-static inline float softmax_numerators(float *scores, int64_t len, float *peak_out) {
+/* lane i takes lane i xor K: a vector folded onto itself in halves */
+#if LANES == 16
+#define XOR_8 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7
+#define XOR_4 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11
+#define XOR_2 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13
+#define XOR_1 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14
+#else
+#define XOR_4 4, 5, 6, 7, 0, 1, 2, 3
+#define XOR_2 2, 3, 0, 1, 6, 7, 4, 5
+#define XOR_1 1, 0, 3, 2, 5, 4, 7, 6
+#endif
+/* a vector's largest lane in log2(LANES) folds, where a scan waited on each lane (a NaN never wins, as in a scan) */
+static inline float largest_lane(f32v v) {
+#define KEEP_LARGER(PAIRS)                                                                                         \
+    {                                                                                                              \
+        f32v other = __builtin_shufflevector(v, v, PAIRS);                                                         \
+        v = select_v(other > v, other, v);                                                                         \
+    }
+#if LANES == 16
+    KEEP_LARGER(XOR_8)
+#endif
+    KEEP_LARGER(XOR_4) KEEP_LARGER(XOR_2) KEEP_LARGER(XOR_1)
+#undef KEEP_LARGER
+    return v[0];
+}
+
+/* lanes [0, n) of a register (every lane where n >= LANES) */
+static inline i32v lanes_below(int64_t n) {
     i32v lane;
     for (int l = 0; l < LANES; l++) lane[l] = l;
-    f32v most = (f32v){0} - INFINITY, sum = {0};
-    for (int64_t t = 0; t < len; t += LANES) {
-        f32v v;
+    return lane < (int32_t)(n < LANES ? n : LANES);
+}
+
+/* the largest of scores [0, len). The padding past len, up to a whole register, is read, never counted. */
+static inline float scores_peak(const float *scores, int64_t len) {
+    f32v most = (f32v){0} - INFINITY, v;
+    int64_t t = 0;
+    for (; t + LANES <= len; t += LANES) { /* whole registers, no mask */
         memcpy(&v, scores + t, sizeof(v));
-        v = select_v(lane + (int32_t)t < (int32_t)len, v, most);
         most = select_v(v > most, v, most); /* a NaN never wins, as in a scan */
     }
-    float peak = -INFINITY, total = 0.0f;
-    for (int l = 0; l < LANES; l++) peak = most[l] > peak ? most[l] : peak;
-    for (int64_t t = 0; t < len; t += LANES) {
-        f32v v;
+    if (t < len) {
         memcpy(&v, scores + t, sizeof(v));
-        v = exp_v(v - peak);
-        memcpy(scores + t, &v, sizeof(v));
-        sum += select_v(lane + (int32_t)t < (int32_t)len, v, (f32v){0});
+        v = select_v(lanes_below(len - t), v, most);
+        most = select_v(v > most, v, most);
     }
-    for (int l = 0; l < LANES; l++) total += sum[l];
-    *peak_out = peak;
+    return largest_lane(most);
+}
+
+/* a register of scores at `at` as exp(score - peak), in place */
+static inline f32v numerators_at(float *at, float peak) {
+    f32v v;
+    memcpy(&v, at, sizeof(v));
+    v = exp_v(v - peak);
+    memcpy(at, &v, sizeof(v));
+    return v;
+}
+
+/* scores [0, len) as exp(score - peak), in place, and their sum, per lane and then across the lanes (a serial sum
+ * took a dependent addition per score). The padding past len is computed, never counted. */
+static inline float softmax_numerators(float *scores, int64_t len, float peak) {
+    f32v sum = {0};
+    int64_t t = 0;
+    for (; t + LANES <= len; t += LANES) sum += numerators_at(scores + t, peak);
+    if (t < len) sum += select_v(lanes_below(len - t), numerators_at(scores + t, peak), (f32v){0});
+    float total = 0.0f;
+    for (int l = 0; l < LANES; l++) total += sum[l]; /* in lane order: a head's runs overlap the next head's */
     return total;
 }
 
@@ -225,7 +268,9 @@ static inline __attribute__((always_inline)) void attend_part(const float *q, co
     float *values_f = scratch(SCRATCH_VALUES, len * head_dim * sizeof(float));
     transposed_keys(keys, offsets, len, head_dim, keys_t);
     score_tokens(q, group, keys_t, len, head_dim, scale, stride, scores);
-    for (int64_t h = 0; h < group; h++) total[h] = softmax_numerators(scores + h * stride, lens[h], peak + h);
+    /* every head's peak, then every head's numerators: one head's folds across lanes overlap the next's scan */
+    for (int64_t h = 0; h < group; h++) peak[h] = scores_peak(scores + h * stride, lens[h]);
+    for (int64_t h = 0; h < group; h++) total[h] = softmax_numerators(scores + h * stride, lens[h], peak[h]);
     for (int64_t t = 0; t < len; t++)
         for (int64_t c = 0; c < head_dim / LANES; c++) {
             if (t + PREFETCH_AHEAD < len) __builtin_prefetch(values + offsets[t + PREFETCH_AHEAD] + LANES * c);
