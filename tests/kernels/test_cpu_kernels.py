@@ -140,8 +140,9 @@ def test_paged_attention_reads_scattered_blocks_as_sdpa_does(kernels, head_dim, 
 def test_long_contexts_attend_in_parts_alike_alone_and_in_a_batch(kernels, window, head_dim):
     """Contexts past 256 tokens (ATTEND_PART) are attended in parts, each with its own peak, folded in order. A row
     alone (a decode: its three tasks' parts spread over the threads) gets what it gets in a batch of many tasks
-    (each folding its own parts), or in a prefill chunk's run; each close to SDPA. With a sliding window the parts
-    count from the window's first token. (With AVX2, value sums of heads of 128 and 256 once ran past a head's
+    (each folding its own parts), or in a prefill chunk's run, or in a batch of decodes alone (their parts spread
+    over the threads, a part's heads together); each close to SDPA. With a sliding window the parts count from the
+    window's first token. (With AVX2, value sums of heads of 128 and 256 once ran past a head's
     dimensions: garbage and a different result each time, past a sliding window's first cut.)"""
     torch.manual_seed(0)
     block_size, kv_heads, heads, scale = 16, 3, 9, head_dim**-0.5
@@ -165,6 +166,9 @@ def test_long_contexts_attend_in_parts_alike_alone_and_in_a_batch(kernels, windo
         query = q[row].float().view(kv_heads, 3, head_dim)
         expected = F.scaled_dot_product_attention(query, keys.transpose(0, 1), values.transpose(0, 1), scale=scale)
         torch.testing.assert_close(got[row], expected.flatten(), **F32_CLOSE)
+    decodes = torch.tensor([6, 7, 8])  # no two of one sequence side by side: a run each
+    rows = CacheRows(block_size, padded, row_seqs[decodes], lens[decodes])
+    assert torch.equal(kernels.paged_attention(q[decodes], cache, rows, scale, window=window), got[decodes])
 
 
 @pytest.mark.parametrize("vocab", [49152, 49157, 5])  # whole chunks of 16, a tail, a tail alone

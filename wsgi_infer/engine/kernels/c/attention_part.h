@@ -40,7 +40,9 @@ static inline __attribute__((always_inline)) void transpose_v(f32v v[LANES]) {
 }
 #endif
 
-#define PREFETCH_AHEAD 8 /* tokens */
+/* tokens: a decode reads its keys and values from memory (a decode after 4,000 tokens, 16 layers of the 1B shape:
+ * 17.4 ms 8 tokens ahead, 13.3 ms 32 ahead, more beyond; Xeon) */
+#define PREFETCH_AHEAD 32
 
 /* the part's keys, each block of LANES tokens transposed: keys_t[block][d] holds dimension d of the block's tokens
  * (zeros from len to the next multiple of 16), so that a query's scores are vectors of multiply-adds, no sums across
