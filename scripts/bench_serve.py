@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -218,8 +219,8 @@ def start_server(args, wrap: list[str] | None = None, env: dict | None = None) -
 def start_llama_server(
     args, wrap: list[str] | None = None, extra: list[str] = (), binary: str | None = None
 ) -> tuple[subprocess.Popen, str]:
-    """llama.cpp's llama-server (or ``binary``: ik_llama.cpp's) on the peer model: 2048 tokens of context per slot,
-    one slot per stream."""
+    """llama.cpp's llama-server (or ``binary``: ik_llama.cpp's) on the peer model: 2048 tokens of context per slot
+    (or a long prompt's and its output's), one slot per stream."""
     model = args.peer_model or args.model
     if not model or not model.endswith(".gguf"):
         raise SystemExit("--llama-server needs a GGUF: --model FILE.gguf, or --peer-model FILE.gguf")
@@ -227,7 +228,8 @@ def start_llama_server(
     web_ui = ["--webui", "none"] if binary else ["--no-webui"]  # ik_llama.cpp's spelling, and llama.cpp's
     binary = str(Path(binary or args.llama_server).resolve())
     command = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), *web_ui]
-    command += ["-t", str(os.cpu_count()), "-np", str(slots), "-c", str(2048 * slots), *extra]
+    per_slot = max(2048, args.prompt_tokens + args.output_len if args.workload == "long" else 0)
+    command += ["-t", str(os.cpu_count()), "-np", str(slots), "-c", str(per_slot * slots), *extra]
     log = open(os.environ.get("LLAMA_SERVER_LOG", os.devnull), "w")
     # in a scratch directory: ik_llama.cpp's server writes a llama.log where it runs
     process = subprocess.Popen(
@@ -363,10 +365,13 @@ def median_runs(runs: list[dict[int, dict]]) -> dict[int, dict]:
 def print_side_by_side(medians: dict[str, dict[int, dict]], args) -> None:
     names = list(medians)
     print(f"## Side by side, {args.output_len} output tokens, median of {args.repeat} alternating runs\n")
-    print("| concurrency | " + " | ".join(f"{n}: out tok/s (TTFT mean)" for n in names) + " |")
+    print("| concurrency | " + " | ".join(f"{n}: out tok/s (TTFT, TPOT mean)" for n in names) + " |")
     print("|---|" + "---|" * len(names))
     for c in medians[names[0]]:
-        cells = [f"{medians[n][c]['output_tok_s']:.1f} ({medians[n][c]['ttft_mean_ms'] / 1e3:.2f} s)" for n in names]
+        cells = [
+            f"{r['output_tok_s']:.1f} ({r['ttft_mean_ms'] / 1e3:.2f} s, {r['tpot_mean_ms']:.1f} ms)"
+            for r in (medians[n][c] for n in names)
+        ]
         print(f"| {c} | " + " | ".join(cells) + " |")
     print()
 
@@ -416,6 +421,7 @@ def main() -> None:
     parser.add_argument(
         "--workload", choices=WORKLOADS, default="standard", help="repeat: repeat_prompts.py; long: long_prompts.py"
     )
+    parser.add_argument("--prompt-tokens", type=int, default=2048, help="the long workload's prompts' length")
     parser.add_argument(
         "--ours", action="append", default=[], metavar="NAME=KEY=VALUE,...", help="our server again, with settings"
     )
@@ -427,6 +433,8 @@ def main() -> None:
 
     global WORKLOAD
     WORKLOAD = WORKLOADS[args.workload]
+    if args.workload == "long":
+        WORKLOAD = functools.partial(long_prompts, tokens=args.prompt_tokens)
     # (name, peer URL, our settings, llama-server's extra arguments)
     systems = [("wsgi-infer", None, None, None)] + [(*p.split("=", 1), None, None) for p in args.peer]
     for variant in args.ours:  # NAME=WSGI_INFER_SPECULATIVE=ngram,...
