@@ -31,6 +31,7 @@ ENGINE_CORE = (
     "wsgi_infer.engine.scheduling.block_manager",
     "wsgi_infer.engine.scheduling.kv_cache_manager",
     "wsgi_infer.engine.scheduling.scheduler",
+    "wsgi_infer.engine.scheduling.step_budget",
     "wsgi_infer.engine.runtime.cpu_share",
     "wsgi_infer.engine.runtime.step_interrupt",
     "wsgi_infer.engine.text.chat_template",

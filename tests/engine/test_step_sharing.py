@@ -1,8 +1,16 @@
-"""The engine thread's choice of the model to step: fair by tokens computed, with no credit for idleness."""
+"""The engine thread's choice of the model to step: fair by tokens computed, with no credit for idleness; and a
+model's prefill paced while another model serves streams, since those wait for its whole step."""
 
 from __future__ import annotations
 
+from wsgi_infer import SamplingParams
+from wsgi_infer.engine.scheduling.kv_cache_manager import KVCacheManager, KVGroup
+from wsgi_infer.engine.scheduling.prefill_pacer import PrefillPacer
+from wsgi_infer.engine.scheduling.scheduler import Scheduler
+from wsgi_infer.engine.scheduling.sequence import Sequence
 from wsgi_infer.engine.step_sharing import StepSharing
+
+from ..support.scheduling import step_tokens
 
 
 def run(sharing: StepSharing, busy: list[str], tokens: dict[str, int], steps: int) -> dict[str, int]:
@@ -43,3 +51,23 @@ def test_nothing_busy_steps_nothing_and_an_unloaded_model_is_forgotten():
     assert len(sharing) == 1
     run(sharing, ["a"], {"a": 10}, 1000)
     assert run(sharing, ["a", "b"], {"a": 10, "b": 10}, 100) == {"a": 500, "b": 500}
+
+
+def test_every_prefill_is_paced_while_another_model_serves_streams():
+    """One tenant (no keys), so nothing is paced within the model; beside another model's streams every prefill
+    is, a first chunk too (one with nothing running beside it is read at once otherwise), and decodes are not."""
+    beside = [True]
+    kv = KVCacheManager([KVGroup((0,), 0, 256)], 4)
+    scheduler = Scheduler(kv, 4, max_num_batched_tokens=64, pacer=PrefillPacer(0.1, 8, 64), beside=lambda: beside[0])
+    scheduler.add(Sequence("first", list(range(40)), SamplingParams(), max_tokens=4))
+    assert scheduler.serving()  # a request waits
+    assert step_tokens(scheduler) == {"first": 8}  # its first chunk, paced
+    assert not scheduler.serving()  # a prompt being read keeps no stream waiting
+    beside[0] = False
+    assert step_tokens(scheduler) == {"first": 32}  # the rest at once: it samples its first token
+    assert scheduler.serving()  # a stream decodes
+    beside[0] = True
+    scheduler.add(Sequence("second", list(range(40)), SamplingParams(), max_tokens=4))
+    assert step_tokens(scheduler) == {"first": 1, "second": 8}  # the decode whole, the prefill paced
+    beside[0] = False
+    assert step_tokens(scheduler) == {"first": 1, "second": 32}

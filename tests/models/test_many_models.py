@@ -18,7 +18,7 @@ from wsgi_infer.engine.sampling_params import SamplingParams
 
 from ..conftest import tiny_settings
 from ..support.model_servers import LONG, PROMPT, Stream
-from ..support.server import ENDLESS, GunicornServer, parse_metrics
+from ..support.server import ENDLESS, GunicornServer, labelled_samples, parse_metrics
 
 pytestmark = pytest.mark.slow  # a real server of real models
 
@@ -51,6 +51,7 @@ path = "{broken}"
 """
     )
     settings = tiny_settings(tiny_model_dirs, models_config=config, drain_seconds=1, test_load_seconds=LOAD_SECONDS)
+    settings["shared_step_ms"] = 1  # a paced prefill takes at most the pacer's first 64 tokens a step, then fewer
     del settings["model"]  # the file names every model; the first is the default
     server = GunicornServer(settings, "--graceful-timeout", "10").wait_ready()
     yield server
@@ -103,6 +104,34 @@ def test_streams_on_two_models_equal_each_alone_and_a_load_stalls_neither(models
     with models_server.client() as http:
         default = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0}).json()
     assert default["model"] == "tiny" and default["choices"][0]["text"] == greedy(tiny_llama, 8)
+
+
+def test_a_long_prompt_on_one_model_comes_in_paced_chunks_beside_another_models_stream(models_server):
+    """The engine thread steps one model at a time, so a stream on the tiny model waits for each of SmolLM2's
+    steps: SmolLM2 reads a prompt longer than a step's 512 tokens in paced chunks while the stream runs (64 tokens
+    at most here), where alone its first chunk would take the whole budget."""
+    with models_server.client(timeout=120) as http:
+        assert http.post("/v1/completions", json={"model": "smollm2", "prompt": PROMPT}).status_code == 200  # loaded
+        running = Stream("tiny", ENDLESS).run(models_server)
+        assert running.started.wait(60)
+        before = steps_of("smollm2", models_server)
+        answer = http.post("/v1/completions", json={"model": "smollm2", "prompt": "word " * 600, "max_tokens": 1})
+        running.started.clear()
+        assert running.started.wait(60)  # the stream still runs after the answer
+    running.stop.set()
+    running.join()
+    assert answer.status_code == 200, answer.text
+    prompt_tokens = answer.json()["usage"]["prompt_tokens"]
+    steps, over_64 = (after - earlier for after, earlier in zip(steps_of("smollm2", models_server), before))
+    assert prompt_tokens > 512 and over_64 == 0 and steps >= prompt_tokens / 64
+
+
+def steps_of(model: str, server: GunicornServer) -> tuple[float, float]:
+    """``model``'s engine steps so far, and those of more than 64 tokens."""
+    text = httpx.get(f"{server.url}/metrics").text
+    buckets = labelled_samples(text, "wsgi_infer:iteration_tokens_total_bucket", model)
+    steps = buckets[(("le", "+Inf"),)]
+    return steps, steps - buckets[(("le", "64.0"),)]
 
 
 def test_embeddings_beside_generation(models_server):

@@ -7,7 +7,7 @@ import torch
 
 from .kernels.cpu import CacheRows
 from .layers.attention import AttentionMetadata, PrefillChunk
-from .scheduling.scheduler import ScheduledSequence
+from .scheduling.step_budget import ScheduledSequence
 
 
 class AttentionInputs:

@@ -57,7 +57,10 @@ class EngineConfig:
     max_num_batched_tokens: int = option(512, "tokens per engine step (prefills are chunked)", ge=1)
     fair_share: bool = option(True, "share admission and each step between API keys, by weight (weighted fair queuing)")
     shared_step_ms: int = option(
-        100, "while one key's streams decode, other keys' prefill chunks are sized so that a step takes this long", ge=1
+        100,
+        "while another key's or another model's streams decode, prefill chunks are sized so that a step takes this "
+        "long",
+        ge=1,
     )
     max_model_len: int | None = option(
         None, "context window; default: the model's, clamped at start to what the KV cache holds", ge=2

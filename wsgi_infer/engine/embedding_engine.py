@@ -106,6 +106,10 @@ class EmbeddingEngine:
     def has_unfinished(self) -> bool:
         return bool(self._waiting)
 
+    def serving(self) -> bool:
+        """Requests waiting: what another model's long step would keep waiting."""
+        return self.has_unfinished()
+
     def interrupt(self) -> None:
         self._interrupt.request()
 

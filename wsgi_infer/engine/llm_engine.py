@@ -14,14 +14,13 @@ import random
 import time
 from collections.abc import Callable
 
-import torch
-
 from .config import EngineConfig
 from .kv_store.prefix_store import open_prefix_store
 from .loading.model_builder import kernels_serve
 from .loading.model_loader import eos_token_ids, load_config, resolve_model_dir
 from .model_runner import DraftLogits, ModelRunner
 from .outputs import EngineCounters, RequestDelta, TokenLogprob
+from .pooling import embedding, pool
 from .runtime.device import resolve_device, resolve_dtype
 from .runtime.native_threads import start_native_thread
 from .sampling.sampler import Sampler, prompt_logprobs
@@ -51,9 +50,11 @@ class LLMEngine:
         notify: Callable[[], None] = lambda: None,
         share: FairShare | None = None,
         text: TextSide | None = None,
+        beside: Callable[[], bool] = lambda: False,
     ) -> None:
         """``start_thread`` and ``notify``: the KV store's threads' (``kv_store.prefix_store``); ``share``: the tenants'
-        fair share, of every model of a thread; ``text``: the model's text side from its last load, where kept."""
+        fair share, of every model of a thread; ``text``: the model's text side from its last load, where kept;
+        ``beside``: whether another model of the thread serves streams (``Scheduler``'s)."""
         self.config = config = config or EngineConfig()
         self.device = resolve_device(config.device)
         self.model_dir = resolve_model_dir(config.model)
@@ -69,7 +70,7 @@ class LLMEngine:
         self.store = open_prefix_store(config, self.model_dir, self.runner, start_thread, notify)
         pacer = PrefillPacer(config.shared_step_ms / 1000, 64, config.max_num_batched_tokens)
         self.scheduler = Scheduler(
-            self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens, self.store, share, pacer
+            self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens, self.store, share, pacer, beside
         )
         self.sampler = Sampler(self.runner.kernels)
         self._seqs: dict[str, Sequence] = {}
@@ -136,6 +137,10 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def serving(self) -> bool:
+        """Requests waiting or streams decoding: what another model's long step would keep waiting."""
+        return self.scheduler.serving()
+
     def write_stored_blocks(self) -> None:
         """Hand the last step's newly computed prompt blocks to the KV store's writer; the loop calls it after
         posting the step's output, so that no token waits for their copies."""
@@ -197,14 +202,8 @@ class LLMEngine:
         for found in computed.prompt:
             targets = found.seq.token_ids[found.first : found.first + len(found.logits)]
             found.seq.prompt_logprobs += prompt_logprobs(found.logits, targets, found.seq.params.prompt_logprobs)
-        for pooled in computed.pooled:
-            seq = pooled.seq
-            if seq.params.pooling == "last":
-                seq.pooled = pooled.hidden[-1]
-            else:  # mean: a running sum, row after row, whichever chunks the prompt came in (a sum over a
-                for row in pooled.hidden:  # chunk's rows adds them in an order of its own: an embedding moved)
-                    seq.pooled = row.clone() if seq.pooled is None else seq.pooled + row
-            seq.num_pooled = pooled.first + len(pooled.hidden)
+        for rows in computed.pooled:
+            pool(rows)
         # max_tokens=0 only reads the prompt: it ends here without sampling.
         deltas = [self._finish(seq, "length", [], "", None) for seq in computed.sampling if not seq.max_tokens]
         rows = [i for i, seq in enumerate(computed.sampling) if seq.max_tokens]
@@ -274,7 +273,7 @@ class LLMEngine:
             queue_seconds=seq.first_scheduled_time - seq.arrival_time if first else None,
             prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens] if wants_prompt else None,
             prompt_logprobs=list(seq.prompt_logprobs) if wants_prompt else None,
-            embedding=_embedding(seq) if finish_reason is not None and seq.params.pooling else None,
+            embedding=embedding(seq) if finish_reason is not None and seq.params.pooling else None,
         )
 
     def _advance(self, seq: Sequence, token: int) -> tuple[str | None, str]:
@@ -291,10 +290,3 @@ class LLMEngine:
         if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length", text + seq.detokenizer.flush()
         return None, text
-
-
-def _embedding(seq: Sequence) -> list[float]:
-    """The prompt's pooled final hidden states (a mean over its positions, or the last one's), L2-normalized, as
-    OpenAI's and llama-server's embeddings are."""
-    pooled = seq.pooled / seq.num_prompt_tokens if seq.params.pooling == "mean" else seq.pooled
-    return torch.nn.functional.normalize(pooled, dim=0).tolist()

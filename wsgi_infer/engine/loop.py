@@ -3,7 +3,8 @@
 It runs on a thread of its client's (the server's bridge). While idle it sleeps
 on the channel's command queue (no polling, no CPU); while busy it takes every
 queued command between steps, then steps one model: the one that has computed
-the fewest tokens (``StepSharing``). Models load on a loader thread of their
+the fewest tokens (``StepSharing``); while another model serves streams, a
+model's prefill is paced, so that their tokens never wait behind its long chunk. Models load on a loader thread of their
 own, one at a time, so a load never stalls the running streams' steps; the
 loaded engine comes back through the command queue. After each step it posts
 everything that happened, in one list, to the client. It knows nothing of the
@@ -15,6 +16,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -47,7 +49,7 @@ from .model_admission import admit, token_texts
 from .runtime.heap import give_back_freed_memory, release_free_heap
 from .runtime.native_threads import Empty, SimpleQueue, start_native_thread
 from .runtime.step_interrupt import StepInterrupted
-from .scheduling.fair_share import FairShare
+from .scheduling.fair_share import RECENT_SECONDS, FairShare
 from .step_sharing import StepSharing
 from .text_side import TextSide, prepared_text_side
 
@@ -87,6 +89,7 @@ class EngineLoop:
         self._loads: collections.deque[Load | PrepareText] = collections.deque()  # the first one is running
         self._sharing = StepSharing()
         self._share = FairShare()  # between tenants, over every model
+        self._serving_at: dict[str, float] = {}  # when each model last had requests waiting or streams decoding
         self._step_tokens: dict[str, list[int]] = collections.defaultdict(list)  # per step, until the next post
         self._steps = 0
         self._stopping = False
@@ -137,6 +140,7 @@ class EngineLoop:
                     touched[command.model] = None
                 elif not isinstance(command, Abort):
                     events += self._lifecycle(command)
+            self._note_serving()
             deltas, name = [], self._sharing.next(self._busy())
             if name is not None:
                 deltas = self._step(name)
@@ -153,6 +157,18 @@ class EngineLoop:
 
     def _busy(self) -> list[str]:
         return [name for name, engine in self._engines.items() if engine.has_unfinished()]
+
+    def _note_serving(self) -> None:
+        now = time.monotonic()
+        for name, engine in self._engines.items():
+            if engine.serving():
+                self._serving_at[name] = now
+
+    def _beside_others(self, model: str) -> bool:
+        """Whether another model has requests waiting or streams decoding, or had a moment ago (a chat's next
+        turn comes a moment after its last): ``model``'s prefill is then paced (``Scheduler``)."""
+        since = time.monotonic() - RECENT_SECONDS
+        return any(at >= since for name, at in self._serving_at.items() if name != model)
 
     def _step(self, name: str) -> list:
         engine = self._engines[name]
@@ -198,7 +214,8 @@ class EngineLoop:
                 self._channel.send(Loaded(command.model, text=text))
                 return
             notify = lambda: self._channel.send(StoreProgress(command.model))  # noqa: E731
-            engine = build_engine(command.config, self._channel.start_thread, notify, self._share, command.text)
+            beside = lambda: self._beside_others(command.model)  # noqa: E731
+            engine = build_engine(command.config, self._channel.start_thread, notify, self._share, command.text, beside)
             with contextlib.suppress(Empty):  # a native wait: the server's time.sleep is gevent's
                 SimpleQueue().get(timeout=self._load_seconds)
             self._channel.send(Loaded(command.model, engine))
@@ -231,6 +248,7 @@ class EngineLoop:
         del engine
         self._sharing.forget(model)
         self._step_tokens.pop(model, None)
+        self._serving_at.pop(model, None)
         give_back_freed_memory(on_cuda)
         return [ModelUnloaded(model)]
 
@@ -241,12 +259,14 @@ def build_engine(
     notify: Callable[[], None] = lambda: None,
     share: FairShare | None = None,
     text: TextSide | None = None,
+    beside: Callable[[], bool] = lambda: False,
 ) -> Engine:
     """The engine the model needs: an embedding model's, or the generating one (its KV store's threads started
-    with ``start_thread``, ``notify`` called when they moved its counters); ``text``: its last load's text side."""
+    with ``start_thread``, ``notify`` called when they moved its counters); ``text``: its last load's text side;
+    ``beside``: whether another model of the thread serves streams (its prefill is then paced)."""
     if is_embedding_model(resolve_model_dir(config.model)):
         return EmbeddingEngine(config, text)
-    return LLMEngine(config, start_thread, notify, share, text)
+    return LLMEngine(config, start_thread, notify, share, text, beside)
 
 
 def _ready(model: str, engine: Engine) -> EngineReady:

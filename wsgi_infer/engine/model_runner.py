@@ -22,8 +22,8 @@ from .loading.model_builder import build_model, kernels_serve, why_not_on_kernel
 from .runtime.cpu_budget import cpu_budget
 from .runtime.cpu_share import CpuShare
 from .scheduling.kv_cache_manager import plan_kv_groups
-from .scheduling.scheduler import ScheduledSequence
 from .scheduling.sequence import Sequence
+from .scheduling.step_budget import ScheduledSequence
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,10 @@ tenant with work waiting, and takes a seat or blocks from the tenant holding the
 most seats per weight when none is free; while a tenant has streams decoding or
 requests waiting (or had, a moment ago), every other tenant's prefill is paced
 (``prefill_pacer``) so that its streams never wait behind a long chunk; a tenant
-with nothing running has its first chunk read at once. Within a tenant (and with one tenant, as without keys):
+with nothing running has its first chunk read at once. While another model on the
+engine thread serves streams (``beside``), every prefill is paced, first chunks too:
+the engine thread steps one model at a time, so another model's tokens wait for
+this model's whole step. Within a tenant (and with one tenant, as without keys):
 priority (vLLM's: lower first), then arrival; preemption takes the lowest
 priority, of those the most recently admitted.
 """
@@ -22,14 +25,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from .fair_share import FairShare
 from .kv_cache_manager import KVCacheManager, PrefixHit
 from .prefill_pacer import PrefillPacer
 from .sequence import Sequence, SequenceStatus
+from .step_budget import ScheduledSequence, StepBudget
 
 
 class StoreTier(Protocol):
@@ -45,53 +48,6 @@ class StoreTier(Protocol):
         """After admission: fill the blocks the hit takes from the store."""
 
 
-@dataclass
-class ScheduledSequence:
-    seq: Sequence
-    num_new_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """True when this step computes the sequence's last token (and maybe its draft), so it samples a new one."""
-        return self.seq.num_computed_tokens + self.num_new_tokens >= self.seq.num_tokens
-
-    @property
-    def num_draft_tokens(self) -> int:
-        """Draft tokens this step verifies after the sequence's last one."""
-        return max(0, self.seq.num_computed_tokens + self.num_new_tokens - self.seq.num_tokens)
-
-
-@dataclass
-class StepBudget:
-    """What one step may still compute: tokens (a token kept for each running decode not yet scheduled, so that
-    no prefill ahead of it in the batch takes its turn), and the paced prefill tokens each tenant may still take
-    (none: unpaced)."""
-
-    tokens: int
-    decodes: int
-    prefill_left: dict[str, int]
-    paced: int = 0  # paced prefill tokens taken
-
-    def fit(self, seq: Sequence, wanted: int, paced: bool = True) -> int:
-        """``paced``: False for a tenant's first chunk when it has nothing running (its turn to be served)."""
-        if not _prefills(seq):
-            self.decodes = max(0, self.decodes - 1)
-            return min(wanted, self.tokens)
-        num_new = min(wanted, self.tokens - self.decodes)
-        return min(num_new, self.prefill_left[seq.tenant]) if paced and seq.tenant in self.prefill_left else num_new
-
-    def take(self, seq: Sequence, num_new: int, paced: bool = True) -> None:
-        self.tokens -= num_new
-        if paced and seq.tenant in self.prefill_left and _prefills(seq):
-            self.prefill_left[seq.tenant] -= num_new
-            self.paced += num_new
-
-
-def _prefills(seq: Sequence) -> bool:
-    """More than its next token (and draft) to compute: a prompt, or a preempted sequence's recomputation."""
-    return seq.num_tokens - seq.num_computed_tokens > 1
-
-
 class Scheduler:
     def __init__(
         self,
@@ -101,6 +57,7 @@ class Scheduler:
         store: StoreTier | None = None,
         share: FairShare | None = None,
         pacer: PrefillPacer | None = None,
+        beside: Callable[[], bool] = lambda: False,
     ) -> None:
         self.kv_cache = kv_cache
         self.store = store
@@ -109,6 +66,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.pacer = pacer or PrefillPacer(0.1, 64, max_num_batched_tokens)
         self._paced_last_step = False
+        self.beside = beside  # whether another model on the engine thread serves streams, or did a moment ago
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -136,15 +94,20 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def serving(self) -> bool:
+        """Requests waiting or streams decoding: what another model's long chunk would keep waiting."""
+        return bool(self.waiting) or any(not seq.prefills for seq in self.running)
+
     def schedule(self) -> list[ScheduledSequence]:
+        beside = self.beside()
         step = StepBudget(
             self.max_num_batched_tokens,
-            sum(not _prefills(seq) for seq in self.running),
-            self._paced_prefills(),
+            sum(not seq.prefills for seq in self.running),
+            self._paced_prefills(beside),
         )
         scheduled: list[ScheduledSequence] = []
         preempted = self._schedule_running(step, scheduled)
-        self._admit_waiting(step, scheduled, preempted)
+        self._admit_waiting(step, scheduled, preempted, beside)
         for item in scheduled:
             self.share.charge(item.seq.tenant, item.num_new_tokens)
         self._paced_last_step = step.paced > 0
@@ -174,8 +137,11 @@ class Scheduler:
                 i += 1
         return preempted
 
-    def _admit_waiting(self, step: StepBudget, scheduled: list[ScheduledSequence], preempted: bool) -> None:
-        """Admit waiting sequences, the least-served tenant's first, while the step has room."""
+    def _admit_waiting(
+        self, step: StepBudget, scheduled: list[ScheduledSequence], preempted: bool, beside: bool
+    ) -> None:
+        """Admit waiting sequences, the least-served tenant's first, while the step has room (``beside``: another
+        model serves streams, so that first chunks are paced too)."""
         made_room_for = None  # the sequence another tenant just gave a seat or blocks to
         full: set[str] = set()  # tenants whose paced share of this step is taken
         while step.tokens > 0:
@@ -198,7 +164,7 @@ class Scheduler:
                 break  # running streams do not wait for the store's disk: the read is taken when it is over
             stored = self.store.blocks_read(seq) if looks_in_store else {}
             hit = None if wants_all else self.kv_cache.find_cached_prefix(seq, stored)
-            paced = bool(seats[seq.tenant])  # a tenant with nothing running has its first chunk read at once
+            paced = beside or bool(seats[seq.tenant])  # a tenant with nothing running has its first chunk at once
             num_new = step.fit(seq, seq.num_tokens - (hit.num_blocks * self.kv_cache.block_size if hit else 0), paced)
             if num_new <= 0:
                 full.add(seq.tenant)
@@ -247,11 +213,14 @@ class Scheduler:
             return None
         return firsts[self.share.least_served(firsts, seats)]
 
-    def _paced_prefills(self) -> dict[str, int]:
+    def _paced_prefills(self, beside: bool) -> dict[str, int]:
         """The prefill tokens each paced tenant's prefills may take this step: every tenant with work is paced
-        while another one has streams decoding or requests waiting, or had until a moment ago."""
+        while another one (or another model: ``beside``) has streams decoding or requests waiting, or had until a
+        moment ago."""
         active = {seq.tenant for seq in self.running} | {seq.tenant for seq in self.waiting}
-        served = {seq.tenant for seq in self.running if not _prefills(seq)} | {seq.tenant for seq in self.waiting}
+        if beside:
+            return dict.fromkeys(active, self.pacer.tokens)
+        served = {seq.tenant for seq in self.running if not seq.prefills} | {seq.tenant for seq in self.waiting}
         served |= self.share.recently_present()
         return {tenant: self.pacer.tokens for tenant in active if served - {tenant}}
 

@@ -80,6 +80,11 @@ class Sequence:
         return self.params.prompt_logprobs is not None or self.params.pooling == "mean"
 
     @property
+    def prefills(self) -> bool:
+        """More than its next token (and draft) to compute: a prompt, or a preempted sequence's recomputation."""
+        return self.num_tokens - self.num_computed_tokens > 1
+
+    @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
