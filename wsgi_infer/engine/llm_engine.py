@@ -28,7 +28,7 @@ from .sampling.speculative import SpecCounters, proposer_for, speculates, verify
 from .sampling_params import InvalidParameter, SamplingParams, max_tokens_within
 from .scheduling.fair_share import FairShare
 from .scheduling.kv_cache_manager import KVCacheManager
-from .scheduling.prefill_pacer import PrefillPacer
+from .scheduling.prefill_pacer import FLOOR, PrefillPacer
 from .scheduling.scheduler import Scheduler
 from .scheduling.sequence import Sequence, SequenceStatus
 from .text.chat_template import chat_prompt_ids
@@ -68,7 +68,8 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         self.kv_cache = KVCacheManager(self.runner.kv_groups, config.block_size, config.enable_prefix_caching)
         self.store = open_prefix_store(config, self.model_dir, self.runner, start_thread, notify)
-        pacer = PrefillPacer(config.shared_step_ms / 1000, 64, config.max_num_batched_tokens)
+        # From the floor up, a quarter more a step: 64 tokens of a 1B model take 0.14 s on a Xeon, 0.7 s on a Zen 3
+        pacer = PrefillPacer(config.shared_step_ms / 1000, FLOOR, config.max_num_batched_tokens)
         self.scheduler = Scheduler(
             self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens, self.store, share, pacer, beside
         )
