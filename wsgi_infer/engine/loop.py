@@ -6,10 +6,10 @@ queued command between steps, then steps one model: the one that has computed
 the fewest tokens (``StepSharing``); while another model serves streams, a
 model's prefill is paced, so that their tokens never wait behind its long chunk.
 Models load on a loader thread of their own, one at a time, so a load never
-stalls the running streams' steps; the
-loaded engine comes back through the command queue. After each step it posts
-everything that happened, in one list, to the client. It knows nothing of the
-client's side (gevent, for the server); ``messages`` is all they share.
+stalls the running streams' steps; the loaded engine comes back through the
+command queue. After each step it posts everything that happened, in one list,
+to the client. It knows nothing of the client's side (gevent, for the server);
+``messages`` is all they share.
 """
 
 from __future__ import annotations
