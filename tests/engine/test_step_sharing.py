@@ -71,3 +71,34 @@ def test_every_prefill_is_paced_while_another_model_serves_streams():
     assert step_tokens(scheduler) == {"first": 1, "second": 8}  # the decode whole, the prefill paced
     beside[0] = False
     assert step_tokens(scheduler) == {"first": 1, "second": 32}
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.streams = False
+
+    def serving(self) -> bool:
+        return self.streams
+
+
+def test_a_model_is_beside_others_while_they_serve_streams_and_for_a_moment_after(monkeypatch):
+    """The engine loop's answer to each model's scheduler: another model has requests waiting or streams decoding,
+    or had within RECENT_SECONDS (a chat's next turn comes a moment after its last); never its own."""
+    from wsgi_infer.engine import loop as loop_module
+    from wsgi_infer.engine.scheduling.fair_share import RECENT_SECONDS
+
+    now = [100.0]
+    monkeypatch.setattr(loop_module.time, "monotonic", lambda: now[0])
+    loop = loop_module.EngineLoop(channel=None)
+    chat, other = _Engine(), _Engine()
+    loop._engines.update(chat=chat, other=other)
+    chat.streams = True
+    loop._note_serving()
+    assert loop._beside_others("other") and not loop._beside_others("chat")  # its own streams do not count
+    chat.streams = False
+    now[0] += RECENT_SECONDS
+    loop._note_serving()
+    assert loop._beside_others("other")  # the chat's next turn may come any moment
+    now[0] += 0.01
+    loop._note_serving()
+    assert not loop._beside_others("other")
