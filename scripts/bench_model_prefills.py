@@ -101,7 +101,8 @@ def main() -> None:
             for name, launch in systems.items():
                 process, url = launch()
                 try:
-                    first_token(url, STREAM_MODEL), first_token(url, busy)  # both loaded and warm
+                    for model in (STREAM_MODEL, busy):  # both loaded and warm
+                        first_token(url, model)
                     results.setdefault(name, []).append(beside_prompts(url, busy, args.prompts))
                 finally:
                     process.terminate()

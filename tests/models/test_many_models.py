@@ -51,7 +51,7 @@ path = "{broken}"
 """
     )
     settings = tiny_settings(tiny_model_dirs, models_config=config, drain_seconds=1, test_load_seconds=LOAD_SECONDS)
-    settings["shared_step_ms"] = 1  # a paced prefill takes at most the pacer's first 64 tokens a step, then fewer
+    settings["shared_step_ms"] = 1  # a paced prefill step: the pacer's floor, 8 tokens, never more
     del settings["model"]  # the file names every model; the first is the default
     server = GunicornServer(settings, "--graceful-timeout", "10").wait_ready()
     yield server
@@ -108,7 +108,7 @@ def test_streams_on_two_models_equal_each_alone_and_a_load_stalls_neither(models
 
 def test_a_long_prompt_on_one_model_comes_in_paced_chunks_beside_another_models_stream(models_server):
     """The engine thread steps one model at a time, so a stream on the tiny model waits for each of SmolLM2's
-    steps: SmolLM2 reads a prompt longer than a step's 512 tokens in paced chunks while the stream runs (64 tokens
+    steps: SmolLM2 reads a prompt longer than a step's 512 tokens in paced chunks while the stream runs (8 tokens
     at most here), where alone its first chunk would take the whole budget."""
     with models_server.client(timeout=120) as http:
         assert http.post("/v1/completions", json={"model": "smollm2", "prompt": PROMPT}).status_code == 200  # loaded
@@ -122,16 +122,16 @@ def test_a_long_prompt_on_one_model_comes_in_paced_chunks_beside_another_models_
     running.join()
     assert answer.status_code == 200, answer.text
     prompt_tokens = answer.json()["usage"]["prompt_tokens"]
-    steps, over_64 = (after - earlier for after, earlier in zip(steps_of("smollm2", models_server), before))
-    assert prompt_tokens > 512 and over_64 == 0 and steps >= prompt_tokens / 64
+    steps, over_8 = (after - earlier for after, earlier in zip(steps_of("smollm2", models_server), before))
+    assert prompt_tokens > 512 and over_8 == 0 and steps >= prompt_tokens / 8
 
 
 def steps_of(model: str, server: GunicornServer) -> tuple[float, float]:
-    """``model``'s engine steps so far, and those of more than 64 tokens."""
+    """``model``'s engine steps so far, and those of more than 8 tokens."""
     text = httpx.get(f"{server.url}/metrics").text
     buckets = labelled_samples(text, "wsgi_infer:iteration_tokens_total_bucket", model)
     steps = buckets[(("le", "+Inf"),)]
-    return steps, steps - buckets[(("le", "64.0"),)]
+    return steps, steps - buckets[(("le", "8.0"),)]
 
 
 def test_embeddings_beside_generation(models_server):
