@@ -43,7 +43,8 @@ def beside_prompts(url: str, busy: str, prompts: int) -> dict:
     read: list[tuple[int, float]] = []  # (prompt tokens, seconds) of each prompt
     texts = long_prompts(prompts)  # before the stream: the first call loads a tokenizer in this process
     started, done, ended = threading.Event(), threading.Event(), threading.Event()
-    reader = threading.Thread(target=stream_until, args=(url, times, started, done, ended))
+    body = {"model": STREAM_MODEL, "prompt": "Once upon a time", "max_tokens": STREAM_TOKENS, "ignore_eos": True}
+    reader = threading.Thread(target=stream_until, args=(url, body, times, started, done, ended))
     reader.start()
     if not started.wait(120):
         raise RuntimeError("the stream did not start")
@@ -56,20 +57,26 @@ def beside_prompts(url: str, busy: str, prompts: int) -> dict:
     reader.join()
     if ended.is_set():
         raise RuntimeError("the stream ended before the prompts did: make STREAM_TOKENS larger")
-    gaps = sorted(b - a for a, b in zip(times, times[1:]))
     return {
-        "gap_median_ms": round(statistics.median(gaps) * 1e3, 1),
-        "gap_p99_ms": round(gaps[int(0.99 * (len(gaps) - 1))] * 1e3, 1),
-        "gap_largest_ms": round(gaps[-1] * 1e3, 1),
-        "stream_tok_s": round(len(gaps) / (times[-1] - times[0]), 1),
+        **gap_figures([b - a for a, b in zip(times, times[1:])]),
+        "stream_tok_s": round((len(times) - 1) / (times[-1] - times[0]), 1),
         "prompt_tok_s": round(sum(n for n, _ in read) / sum(s for _, s in read), 1),
     }
 
 
-def stream_until(url: str, times: list[float], started: threading.Event, done: threading.Event, ended) -> None:
-    """Stream SmolLM2 (EOS ignored), each token's arrival in ``times``, until ``done``; ``ended`` set where the
-    stream ended first."""
-    body = {"model": STREAM_MODEL, "prompt": "Once upon a time", "max_tokens": STREAM_TOKENS, "ignore_eos": True}
+def gap_figures(gaps: list[float]) -> dict:
+    """A stream's gaps between tokens (seconds): median, 99th percentile and largest, in ms."""
+    gaps = sorted(gaps)
+    return {
+        "gap_median_ms": round(statistics.median(gaps) * 1e3, 1),
+        "gap_p99_ms": round(gaps[int(0.99 * (len(gaps) - 1))] * 1e3, 1),
+        "gap_largest_ms": round(gaps[-1] * 1e3, 1),
+    }
+
+
+def stream_until(url: str, body: dict, times: list[float], started: threading.Event, done: threading.Event, ended):
+    """Stream a completion (``body``), each token's arrival in ``times``, until ``done``; ``started`` set at its
+    first token, ``ended`` where the stream ended first."""
     with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=600) as r:
         for line in r.iter_lines():
             if done.is_set():

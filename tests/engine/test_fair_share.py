@@ -181,8 +181,9 @@ def test_a_chat_beside_a_flood_is_bounded_in_steps_and_tokens():
     scheduler = _scheduler(num_blocks=4096, max_num_seqs=64, budget=budget, paced=paced)
     for i in range(32):
         scheduler.add(_seq(f"a{i}", "A", n=40, max_tokens=10_000))
-    for _ in range(3):
+    for _ in range(40):  # beside A's first streams, its other prompts are read in paced chunks of their own
         step(scheduler)
+    assert all(not seq.prefills for seq in scheduler.running) and len(scheduler.running) == 32
     a_prefill = 0
     for chat in range(5):
         for n in range(2):

@@ -54,11 +54,13 @@ def test_nothing_busy_steps_nothing_and_an_unloaded_model_is_forgotten():
 
 
 def test_every_prefill_is_paced_while_another_model_serves_streams():
-    """One tenant (no keys), so nothing is paced within the model; beside another model's streams every prefill
-    is, a first chunk too (one with nothing running beside it is read at once otherwise), and decodes are not."""
+    """One tenant (no keys): beside another model's streams every prefill is paced, a first chunk too (one with
+    nothing running beside it is read at once otherwise), and decodes are not; beside the model's own streams
+    alone a prefill takes the pacer's tokens but at least its minimum chunk."""
     beside = [True]
     kv = KVCacheManager([KVGroup((0,), 0, 256)], 4)
-    scheduler = Scheduler(kv, 4, max_num_batched_tokens=64, pacer=PrefillPacer(0.1, 8, 64), beside=lambda: beside[0])
+    pacer = PrefillPacer(0.1, 8, 64, min_chunk=16)
+    scheduler = Scheduler(kv, 4, max_num_batched_tokens=64, pacer=pacer, beside=lambda: beside[0])
     scheduler.add(Sequence("first", list(range(40)), SamplingParams(), max_tokens=4))
     assert scheduler.serving()  # a request waits
     assert step_tokens(scheduler) == {"first": 8}  # its first chunk, paced
@@ -67,10 +69,13 @@ def test_every_prefill_is_paced_while_another_model_serves_streams():
     assert step_tokens(scheduler) == {"first": 32}  # the rest at once: it samples its first token
     assert scheduler.serving()  # a stream decodes
     beside[0] = True
-    scheduler.add(Sequence("second", list(range(40)), SamplingParams(), max_tokens=4))
+    scheduler.add(Sequence("second", list(range(60)), SamplingParams(), max_tokens=4))
     assert step_tokens(scheduler) == {"first": 1, "second": 8}  # the decode whole, the prefill paced
     beside[0] = False
-    assert step_tokens(scheduler) == {"first": 1, "second": 32}
+    assert step_tokens(scheduler) == {"first": 1, "second": 16}  # beside its own stream: the minimum chunk
+    assert step_tokens(scheduler) == {"first": 1, "second": 16}
+    scheduler.finish(scheduler.running[0])
+    assert step_tokens(scheduler) == {"second": 20}  # no stream beside it: the rest at once
 
 
 class _Engine:

@@ -18,7 +18,7 @@ from wsgi_infer.engine.sampling_params import SamplingParams
 
 from ..conftest import tiny_settings
 from ..support.model_servers import LONG, PROMPT, Stream
-from ..support.server import ENDLESS, GunicornServer, labelled_samples, parse_metrics
+from ..support.server import ENDLESS, GunicornServer, engine_steps, parse_metrics
 
 pytestmark = pytest.mark.slow  # a real server of real models
 
@@ -114,7 +114,7 @@ def test_a_long_prompt_on_one_model_comes_in_paced_chunks_beside_another_models_
         assert http.post("/v1/completions", json={"model": "smollm2", "prompt": PROMPT}).status_code == 200  # loaded
         running = Stream("tiny", ENDLESS).run(models_server)
         assert running.started.wait(60)
-        before = steps_of("smollm2", models_server)
+        before = engine_steps(models_server, "smollm2", 8)
         answer = http.post("/v1/completions", json={"model": "smollm2", "prompt": "word " * 600, "max_tokens": 1})
         running.started.clear()
         assert running.started.wait(60)  # the stream still runs after the answer
@@ -122,16 +122,8 @@ def test_a_long_prompt_on_one_model_comes_in_paced_chunks_beside_another_models_
     running.join()
     assert answer.status_code == 200, answer.text
     prompt_tokens = answer.json()["usage"]["prompt_tokens"]
-    steps, over_8 = (after - earlier for after, earlier in zip(steps_of("smollm2", models_server), before))
+    steps, over_8 = (after - earlier for after, earlier in zip(engine_steps(models_server, "smollm2", 8), before))
     assert prompt_tokens > 512 and over_8 == 0 and steps >= prompt_tokens / 8
-
-
-def steps_of(model: str, server: GunicornServer) -> tuple[float, float]:
-    """``model``'s engine steps so far, and those of more than 8 tokens."""
-    text = httpx.get(f"{server.url}/metrics").text
-    buckets = labelled_samples(text, "wsgi_infer:iteration_tokens_total_bucket", model)
-    steps = buckets[(("le", "+Inf"),)]
-    return steps, steps - buckets[(("le", "8.0"),)]
 
 
 def test_embeddings_beside_generation(models_server):

@@ -59,6 +59,15 @@ def labelled_samples(text: str, name: str, model_name: str | None = None) -> dic
     return values
 
 
+def engine_steps(server: GunicornServer, model: str, above: int) -> tuple[float, float]:
+    """``model``'s engine steps so far, and those that computed more than ``above`` tokens (a bucket's bound of
+    ``wsgi_infer:iteration_tokens_total``)."""
+    text = httpx.get(f"{server.url}/metrics").text
+    buckets = labelled_samples(text, "wsgi_infer:iteration_tokens_total_bucket", model)
+    steps = buckets[(("le", "+Inf"),)]
+    return steps, steps - buckets[(("le", f"{float(above)}"),)]
+
+
 # Runs a command that dies with the test process, even one killed from outside (SIGKILL), which runs no cleanup:
 # Linux sends the command SIGINT when its parent goes (PR_SET_PDEATHSIG, kept across exec), a quick stop for
 # gunicorn, nginx and redis alike. A parent that died before the prctl is caught by its pid.

@@ -62,6 +62,12 @@ class EngineConfig:
         "long",
         ge=1,
     )
+    min_prefill_chunk: int = option(
+        64,
+        "beside the streams of its own key (of every request, without keys), a prompt's chunks are paced as beside "
+        "another key's but take at least this many tokens a step; max_num_batched_tokens or more: whole chunks",
+        ge=1,
+    )
     max_model_len: int | None = option(
         None, "context window; default: the model's, clamped at start to what the KV cache holds", ge=2
     )

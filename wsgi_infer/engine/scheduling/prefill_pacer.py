@@ -1,5 +1,6 @@
 """How many prefill tokens a step carries for each tenant while another tenant has streams decoding or requests
-waiting: sized from the durations of the last such steps, so that one takes about ``target`` seconds.
+waiting: sized from the durations of the last such steps, so that one takes about ``target`` seconds; and beside a
+tenant's own streams, as many but at least ``min_chunk`` (``own_tokens``).
 
 A prefill token costs more the deeper in its prompt it is (attention reads every token before it: a 64-token
 chunk of the default model takes 120 ms at the start of a prompt and 300 ms at 3,500 tokens in, on two cores), and
@@ -12,10 +13,17 @@ FLOOR = 8  # tokens: every prompt moves on, however crowded the step
 
 
 class PrefillPacer:
-    def __init__(self, target_seconds: float, start: int, ceiling: int) -> None:
+    def __init__(self, target_seconds: float, start: int, ceiling: int, min_chunk: int = FLOOR) -> None:
         self.target = target_seconds
         self.ceiling = ceiling
         self.tokens = max(FLOOR, min(start, ceiling))
+        self.min_chunk = min_chunk
+
+    @property
+    def own_tokens(self) -> int:
+        """Prefill tokens a step carries beside the tenant's own streams: no fairness is owed there, so never fewer
+        than ``min_chunk``, a chunk that keeps the multiplies efficient (below 48 rows AMX's tiles go unused)."""
+        return max(self.tokens, self.min_chunk)
 
     def observe(self, seconds: float) -> None:
         """A step that carried paced prefill took ``seconds``: scale the size towards the target, by at most half

@@ -16,9 +16,12 @@ requests waiting (or had, a moment ago), every other tenant's prefill is paced
 with nothing running has its first chunk read at once. While another model on the
 engine thread serves streams (``beside``), every prefill is paced, first chunks too:
 the engine thread steps one model at a time, so another model's tokens wait for
-this model's whole step. Within a tenant (and with one tenant, as without keys):
-priority (vLLM's: lower first), then arrival; preemption takes the lowest
-priority, of those the most recently admitted.
+this model's whole step. Beside its own streams alone, a tenant's prefills (a
+newcomer's first chunk too) are paced as well, but take at least the pacer's
+``min_chunk`` a step: with one tenant, as without keys, a 2,048-token prompt held
+every stream for each 512-token chunk. Within a tenant: priority (vLLM's: lower
+first), then arrival; preemption takes the lowest priority, of those the most
+recently admitted.
 """
 
 from __future__ import annotations
@@ -216,13 +219,14 @@ class Scheduler:
     def _paced_prefills(self, beside: bool) -> dict[str, int]:
         """The prefill tokens each paced tenant's prefills may take this step: every tenant with work is paced
         while another one (or another model: ``beside``) has streams decoding or requests waiting, or had until a
-        moment ago."""
+        moment ago; a tenant with streams of its own decoding, to the pacer's ``own_tokens`` otherwise."""
         active = {seq.tenant for seq in self.running} | {seq.tenant for seq in self.waiting}
         if beside:
             return dict.fromkeys(active, self.pacer.tokens)
-        served = {seq.tenant for seq in self.running if not seq.prefills} | {seq.tenant for seq in self.waiting}
-        served |= self.share.recently_present()
-        return {tenant: self.pacer.tokens for tenant in active if served - {tenant}}
+        decoding = {seq.tenant for seq in self.running if not seq.prefills}
+        served = decoding | {seq.tenant for seq in self.waiting} | self.share.recently_present()
+        paced = {tenant: self.pacer.own_tokens for tenant in active & decoding}
+        return paced | {tenant: self.pacer.tokens for tenant in active if served - {tenant}}
 
     def _victim(self, tenant: str | None = None) -> int:
         """The running sequence to preempt: of ``tenant``'s (default: the tenant holding the most seats per
