@@ -5,13 +5,15 @@ from __future__ import annotations
 import threading
 import time
 
+import httpx
 import psutil
 import pytest
 
 from wsgi_infer import SamplingParams
 
 from ..conftest import tiny_settings
-from ..support.server import ENDLESS, GunicornServer
+from ..support.model_servers import Stream
+from ..support.server import ENDLESS, GunicornServer, engine_steps
 from ..support.sse_client import events
 
 pytestmark = pytest.mark.slow
@@ -196,3 +198,32 @@ def test_native_generate_streams_through_a_stream_log(server):
             resumed = [e for e in events(r) if e.data]
     assert "".join(e.json["text"] for e in resumed if e.name is None).startswith(text)
     assert resumed[-1].name == "error" and resumed[-1].json["error"]["code"] == "stream_abandoned"
+
+
+PACED_CHUNK = 15  # with the decode beside it, a step of 16 tokens: a bucket's bound of the steps' histogram
+
+
+@pytest.fixture(scope="module")
+def paced_server(gunicorn_server, tiny_model_dirs):
+    """Prompts beside streams read PACED_CHUNK tokens a step: the pacer's 1 ms step keeps it at its floor (8)."""
+    return gunicorn_server(tiny_settings(tiny_model_dirs, shared_step_ms=1, min_prefill_chunk=PACED_CHUNK))
+
+
+def test_a_long_prompt_comes_in_paced_chunks_beside_a_stream_of_the_same_model(paced_server):
+    """Without keys, a prompt beside a running stream is read in chunks of the minimum, where it took a whole step's
+    512 tokens (a 2,048-token prompt held a 1B model's streams for 1.4 s a chunk on a Xeon)."""
+    server = paced_server
+    model = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
+    running = Stream(model, ENDLESS).run(server)
+    assert running.started.wait(60)
+    before = engine_steps(server, model, PACED_CHUNK + 1)
+    with server.client(timeout=120) as http:
+        answer = http.post("/v1/completions", json={"prompt": "word " * 300, "max_tokens": 1})
+    running.started.clear()
+    assert running.started.wait(60)  # the stream still runs after the answer
+    running.stop.set()
+    running.join()
+    assert answer.status_code == 200, answer.text
+    prompt_tokens = answer.json()["usage"]["prompt_tokens"]
+    steps, over_16 = (after - earlier for after, earlier in zip(engine_steps(server, model, PACED_CHUNK + 1), before))
+    assert prompt_tokens > 256 and steps > prompt_tokens / PACED_CHUNK and over_16 == 0  # whole: one step of 301
