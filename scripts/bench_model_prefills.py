@@ -106,17 +106,26 @@ def main() -> None:
             if args.llama_server:
                 systems["llama-server"] = functools.partial(llama_router, args.llama_server, directory)
             for name, launch in systems.items():
-                process, url = launch()
-                try:
-                    for model in (STREAM_MODEL, busy):  # both loaded and warm
-                        first_token(url, model)
-                    results.setdefault(name, []).append(beside_prompts(url, busy, args.prompts))
-                finally:
-                    process.terminate()
-                    process.wait(60)
+                results.setdefault(name, []).append(on_fresh_server(launch, functools.partial(warm_then, busy, args)))
                 print(name, json.dumps(results[name][-1]), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+def warm_then(busy: str, args: argparse.Namespace, url: str) -> dict:
+    for model in (STREAM_MODEL, busy):  # both loaded and warm
+        first_token(url, model)
+    return beside_prompts(url, busy, args.prompts)
+
+
+def on_fresh_server(launch, measure) -> dict:
+    """``measure(url)`` on a server ``launch()`` starts, stopped after it."""
+    process, url = launch()
+    try:
+        return measure(url)
+    finally:
+        process.terminate()
+        process.wait(60)
 
 
 if __name__ == "__main__":

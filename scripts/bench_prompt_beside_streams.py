@@ -13,6 +13,7 @@ Per system and round: the prompt's time to its one token, the streams' gaps betw
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import threading
@@ -23,7 +24,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_model_prefills import gap_figures, stream_until  # noqa: E402
+from bench_model_prefills import gap_figures, on_fresh_server, stream_until  # noqa: E402
 from bench_serve import start_llama_server, start_server  # noqa: E402
 from long_prompts import long_prompts  # noqa: E402
 
@@ -65,6 +66,11 @@ def beside_streams(url: str, model: str, streams: int, prompt: str) -> dict:
     }
 
 
+def served_beside_streams(streams: int, prompt: str, url: str) -> dict:
+    """``beside_streams`` on the model the server at ``url`` serves first."""
+    return beside_streams(url, httpx.get(f"{url}/v1/models").json()["data"][0]["id"], streams, prompt)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("gguf", nargs="?", default=str(default_model_path()), help="default: the shipped model")
@@ -90,13 +96,8 @@ def main() -> None:
     prompts = iter(long_prompts(args.rounds * len(systems)))  # each new to its server's cache
     for _ in range(args.rounds):
         for name, start in systems.items():
-            process, url = start()
-            try:
-                name_of = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-                results.setdefault(name, []).append(beside_streams(url, name_of, args.streams, next(prompts)))
-            finally:
-                process.terminate()
-                process.wait(60)
+            measure = functools.partial(served_beside_streams, args.streams, next(prompts))
+            results.setdefault(name, []).append(on_fresh_server(start, measure))
             print(name, json.dumps(results[name][-1]), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -17,8 +17,8 @@ from wsgi_infer.engine.loading.model_paths import default_model_path
 from wsgi_infer.engine.sampling_params import SamplingParams
 
 from ..conftest import tiny_settings
-from ..support.model_servers import LONG, PROMPT, Stream
-from ..support.server import ENDLESS, GunicornServer, engine_steps, parse_metrics
+from ..support.model_servers import LONG, PROMPT, Stream, prompt_beside_stream
+from ..support.server import ENDLESS, GunicornServer, parse_metrics
 
 pytestmark = pytest.mark.slow  # a real server of real models
 
@@ -112,17 +112,10 @@ def test_a_long_prompt_on_one_model_comes_in_paced_chunks_beside_another_models_
     at most here), where alone its first chunk would take the whole budget."""
     with models_server.client(timeout=120) as http:
         assert http.post("/v1/completions", json={"model": "smollm2", "prompt": PROMPT}).status_code == 200  # loaded
-        running = Stream("tiny", ENDLESS).run(models_server)
-        assert running.started.wait(60)
-        before = engine_steps(models_server, "smollm2", 8)
-        answer = http.post("/v1/completions", json={"model": "smollm2", "prompt": "word " * 600, "max_tokens": 1})
-        running.started.clear()
-        assert running.started.wait(60)  # the stream still runs after the answer
-    running.stop.set()
-    running.join()
+    body = {"model": "smollm2", "prompt": "word " * 600, "max_tokens": 1}
+    answer, steps, over_8 = prompt_beside_stream(models_server, "tiny", body, "smollm2", 8)
     assert answer.status_code == 200, answer.text
     prompt_tokens = answer.json()["usage"]["prompt_tokens"]
-    steps, over_8 = (after - earlier for after, earlier in zip(engine_steps(models_server, "smollm2", 8), before))
     assert prompt_tokens > 512 and over_8 == 0 and steps >= prompt_tokens / 8
 
 

@@ -12,8 +12,8 @@ import pytest
 from wsgi_infer import SamplingParams
 
 from ..conftest import tiny_settings
-from ..support.model_servers import Stream
-from ..support.server import ENDLESS, GunicornServer, engine_steps
+from ..support.model_servers import prompt_beside_stream
+from ..support.server import ENDLESS, GunicornServer
 from ..support.sse_client import events
 
 pytestmark = pytest.mark.slow
@@ -212,18 +212,9 @@ def paced_server(gunicorn_server, tiny_model_dirs):
 def test_a_long_prompt_comes_in_paced_chunks_beside_a_stream_of_the_same_model(paced_server):
     """Without keys, a prompt beside a running stream is read in chunks of the minimum, where it took a whole step's
     512 tokens (a 2,048-token prompt held a 1B model's streams for 1.4 s a chunk on a Xeon)."""
-    server = paced_server
-    model = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
-    running = Stream(model, ENDLESS).run(server)
-    assert running.started.wait(60)
-    before = engine_steps(server, model, PACED_CHUNK + 1)
-    with server.client(timeout=120) as http:
-        answer = http.post("/v1/completions", json={"prompt": "word " * 300, "max_tokens": 1})
-    running.started.clear()
-    assert running.started.wait(60)  # the stream still runs after the answer
-    running.stop.set()
-    running.join()
+    model = httpx.get(f"{paced_server.url}/v1/models").json()["data"][0]["id"]
+    body = {"prompt": "word " * 300, "max_tokens": 1}
+    answer, steps, over_16 = prompt_beside_stream(paced_server, model, body, model, PACED_CHUNK + 1)
     assert answer.status_code == 200, answer.text
     prompt_tokens = answer.json()["usage"]["prompt_tokens"]
-    steps, over_16 = (after - earlier for after, earlier in zip(engine_steps(server, model, PACED_CHUNK + 1), before))
     assert prompt_tokens > 256 and steps > prompt_tokens / PACED_CHUNK and over_16 == 0  # whole: one step of 301

@@ -7,8 +7,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import httpx
+
 from ..conftest import tiny_settings
-from .server import GunicornServer
+from .server import ENDLESS, GunicornServer, engine_steps
 from .sse_client import events
 
 PROMPT = "The capital of France is"
@@ -63,3 +65,21 @@ class Stream:
         self.thread.join(120)
         assert not self.thread.is_alive()
         return self
+
+
+def prompt_beside_stream(
+    server: GunicornServer, streaming: str, body: dict, model: str, above: int
+) -> tuple[httpx.Response, float, float]:
+    """``body`` posted while ``streaming`` streams (EOS ignored; a token after the answer shows it still runs): the
+    answer, ``model``'s engine steps meanwhile, and those of them that computed more than ``above`` tokens."""
+    running = Stream(streaming, ENDLESS).run(server)
+    assert running.started.wait(60)
+    before = engine_steps(server, model, above)
+    with server.client(timeout=120) as http:
+        answer = http.post("/v1/completions", json=body)
+    running.started.clear()
+    assert running.started.wait(60)
+    running.stop.set()
+    running.join()
+    steps, over = (after - earlier for after, earlier in zip(engine_steps(server, model, above), before))
+    return answer, steps, over
