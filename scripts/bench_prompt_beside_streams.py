@@ -1,7 +1,8 @@
 """Streams beside a long prompt on the same model, with no API keys: a new request's 2,048-token prompt arrives
-while ``--streams`` others decode. Ours (its prompt paced to the step time, at least ``MIN_PREFILL_CHUNK`` tokens a
-step), ours reading whole chunks (``WSGI_INFER_MIN_PREFILL_CHUNK=512``: how it scheduled before) and llama-server
-(a slot per request), a fresh server a round, the systems alternating, speculation off.
+while ``--streams`` others decode, after ``--turns`` short requests, one after another (a chat server's traffic).
+Ours (its prompt paced to the step time, at least ``MIN_PREFILL_CHUNK`` tokens a step), ours reading whole chunks
+(``WSGI_INFER_MIN_PREFILL_CHUNK=512``: how it scheduled before) and llama-server (a slot per request), a fresh
+server a round, the systems alternating, speculation off.
 
     .venv/bin/python scripts/bench_prompt_beside_streams.py --llama-server llama.cpp/build/bin/llama-server \\
         --rounds 2 shaped-1b-Q4_K_M.gguf
@@ -33,8 +34,9 @@ from wsgi_infer.engine.loading.model_paths import default_model_path  # noqa: E4
 STREAM_TOKENS = 1000  # more than a stream gets while the prompt is read; 4 and the prompt fit a 1B's default cache
 
 
-def beside_streams(url: str, model: str, streams: int, prompt: str) -> dict:
-    """``streams`` streams (EOS ignored), then ``prompt`` once every one has sent a token: its time and theirs."""
+def beside_streams(url: str, model: str, streams: int, turns: int, prompt: str) -> dict:
+    """``streams`` streams (EOS ignored), ``turns`` short requests once every one has sent a token, then ``prompt``:
+    its time and theirs."""
     done, arrivals, readers, starts = threading.Event(), [], [], []
     for i in range(streams):
         times, started, ended = [], threading.Event(), threading.Event()
@@ -46,6 +48,9 @@ def beside_streams(url: str, model: str, streams: int, prompt: str) -> dict:
     if not all(started.wait(300) for started in starts):
         raise RuntimeError("a stream did not start")
     time.sleep(1.0)  # the streams decode steadily first
+    for turn in range(turns):
+        body = {"model": model, "prompt": f"Question {turn}: what is {turn} plus {turn}?", "max_tokens": 1}
+        httpx.post(f"{url}/v1/completions", json=body, timeout=600).raise_for_status()
     sent = time.perf_counter()
     r = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 1}, timeout=600)
     answered = time.perf_counter()
@@ -66,15 +71,16 @@ def beside_streams(url: str, model: str, streams: int, prompt: str) -> dict:
     }
 
 
-def served_beside_streams(streams: int, prompt: str, url: str) -> dict:
+def served_beside_streams(streams: int, turns: int, prompt: str, url: str) -> dict:
     """``beside_streams`` on the model the server at ``url`` serves first."""
-    return beside_streams(url, httpx.get(f"{url}/v1/models").json()["data"][0]["id"], streams, prompt)
+    return beside_streams(url, httpx.get(f"{url}/v1/models").json()["data"][0]["id"], streams, turns, prompt)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("gguf", nargs="?", default=str(default_model_path()), help="default: the shipped model")
     parser.add_argument("--streams", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=16, help="short requests before the long prompt")
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", help="write the results here")
@@ -96,7 +102,7 @@ def main() -> None:
     prompts = iter(long_prompts(args.rounds * len(systems)))  # each new to its server's cache
     for _ in range(args.rounds):
         for name, start in systems.items():
-            measure = functools.partial(served_beside_streams, args.streams, next(prompts))
+            measure = functools.partial(served_beside_streams, args.streams, args.turns, next(prompts))
             results.setdefault(name, []).append(on_fresh_server(start, measure))
             print(name, json.dumps(results[name][-1]), flush=True)
     if args.json:

@@ -137,21 +137,43 @@ def test_prefills_are_paced_while_another_tenant_decodes_or_waits_or_did_a_momen
 
 def test_the_pacer_sizes_paced_prefill_to_the_step_time():
     pacer = PrefillPacer(0.1, 64, 512)
-    pacer.observe(0.2)  # too slow: halved
+    pacer.observe(0.2, 64)  # too slow: halved
     assert pacer.tokens == 32
-    pacer.observe(10.0)  # never below half a step, nor below the floor
+    pacer.observe(10.0, 0)  # never below half a step, nor below the floor; slow whatever was taken
     assert pacer.tokens == 16
     for _ in range(3):
-        pacer.observe(0.1)
+        pacer.observe(0.1, 16)
     assert pacer.tokens == 16  # on target: kept
-    pacer.observe(0.05)  # fast: a quarter more at most
+    pacer.observe(0.05, 0)  # fast, but no tenant took its whole allowance: nothing learnt of a fuller step
+    assert pacer.tokens == 16
+    pacer.observe(0.05, 16)  # fast with the allowance used up: a quarter more at most
     assert pacer.tokens == 20
+    pacer.observe(0.05, 64)  # fast with a larger allowance used up (a tenant's minimum chunk): from that one
+    assert pacer.tokens == 80
     for _ in range(20):
-        pacer.observe(0.01)
+        pacer.observe(0.01, pacer.tokens)
     assert pacer.tokens == 512  # never above the step's budget
     for _ in range(20):
-        pacer.observe(1.0)
+        pacer.observe(1.0, 0)
     assert pacer.tokens == 8  # the floor: every prompt moves on
+
+
+def test_the_pacer_grows_only_from_allowances_used_up():
+    """Short prompts admitted beside streams never fill the allowance: however fast their steps, it stays, so that
+    a long prompt after them is not read in a chunk the steps never showed they could take."""
+    kv = KVCacheManager([KVGroup((0,), 0, 1024)], 4)
+    scheduler = Scheduler(kv, 16, max_num_batched_tokens=512, pacer=PrefillPacer(0.1, 8, 512, min_chunk=16))
+    scheduler.add(_seq("stream", "A", n=4, max_tokens=10_000))
+    step(scheduler)
+    for i in range(10):
+        scheduler.add(_seq(f"short{i}", "A", n=4))
+        assert step_tokens(scheduler)[f"short{i}"] == 4  # beside A's stream, paced: 16 allowed
+        scheduler.step_took(0.001)
+    assert scheduler.pacer.tokens == 8
+    scheduler.add(_seq("long", "A", n=400))
+    assert step_tokens(scheduler)["long"] == 16  # the minimum chunk, not a grown allowance
+    scheduler.step_took(0.05)
+    assert step_tokens(scheduler)["long"] == 20  # used up and fast: grown from it
 
 
 def test_one_share_counts_a_tenants_tokens_on_every_model():

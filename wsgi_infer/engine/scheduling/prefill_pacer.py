@@ -25,8 +25,14 @@ class PrefillPacer:
         than ``min_chunk``, a chunk that keeps the multiplies efficient (below 48 rows AMX's tiles go unused)."""
         return max(self.tokens, self.min_chunk)
 
-    def observe(self, seconds: float) -> None:
-        """A step that carried paced prefill took ``seconds``: scale the size towards the target, by at most half
-        or a quarter more a step (so one slow step, a neighbour taking the CPU, does not halve it twice)."""
+    def observe(self, seconds: float, taken: int) -> None:
+        """A step that carried paced prefill took ``seconds``, ``taken`` the allowance a tenant used up in it (0:
+        none was): scale the size towards the target, by at most half or a quarter more a step (so one slow step, a
+        neighbour taking the CPU, does not halve it twice). It grows only from an allowance used up: a fast step of
+        a few short prompts says nothing of a full one (the size grew on them, and a long prompt's first chunk then
+        held 16 streams of a 1B model for 0.5 s, Xeon)."""
         factor = min(1.25, max(0.5, self.target / max(seconds, 1e-6)))
-        self.tokens = round(min(self.ceiling, max(FLOOR, self.tokens * factor)))
+        if factor > 1 and not taken:
+            return
+        base = max(self.tokens, taken) if factor > 1 else self.tokens
+        self.tokens = round(min(self.ceiling, max(FLOOR, base * factor)))

@@ -68,7 +68,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.pacer = pacer or PrefillPacer(0.1, 64, max_num_batched_tokens)
-        self._paced_last_step = False
+        self._last_pacing = (False, 0)  # whether the last step carried paced prefill, and the allowance used up
         self.beside = beside  # whether another model on the engine thread serves streams, or did a moment ago
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -113,7 +113,7 @@ class Scheduler:
         self._admit_waiting(step, scheduled, preempted, beside)
         for item in scheduled:
             self.share.charge(item.seq.tenant, item.num_new_tokens)
-        self._paced_last_step = step.paced > 0
+        self._last_pacing = (step.paced > 0, step.used_up())
         return scheduled
 
     def _schedule_running(self, step: StepBudget, scheduled: list[ScheduledSequence]) -> bool:
@@ -190,8 +190,9 @@ class Scheduler:
 
     def step_took(self, seconds: float) -> None:
         """The engine computed the last scheduled step in ``seconds``: the pacer learns from the paced ones."""
-        if self._paced_last_step:
-            self.pacer.observe(seconds)
+        paced, used_up = self._last_pacing
+        if paced:
+            self.pacer.observe(seconds, used_up)
 
     def _admit(self, seq: Sequence, hit: PrefixHit | None, wants_all: bool, looks_in_store: bool) -> None:
         self.waiting.remove(seq)

@@ -35,6 +35,13 @@ class StepBudget:
     prefill_left: dict[str, int]
     paced: int = 0  # paced prefill tokens taken
 
+    def __post_init__(self) -> None:
+        self.allowed = dict(self.prefill_left)
+
+    def used_up(self) -> int:
+        """The largest paced allowance a tenant took in full this step (0: none)."""
+        return max((self.allowed[tenant] for tenant, left in self.prefill_left.items() if left <= 0), default=0)
+
     def fit(self, seq: Sequence, wanted: int, paced: bool = True) -> int:
         """``paced``: False for a tenant's first chunk when it has nothing running (its turn to be served)."""
         if not seq.prefills:
