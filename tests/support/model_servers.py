@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from ..conftest import tiny_settings
-from .server import ENDLESS, GunicornServer, engine_steps
+from .server import GunicornServer, engine_steps
 from .sse_client import events
 
 PROMPT = "The capital of France is"
@@ -72,7 +72,7 @@ def prompt_beside_stream(
 ) -> tuple[httpx.Response, float, float]:
     """``body`` posted while ``streaming`` streams (EOS ignored; a token after the answer shows it still runs): the
     answer, ``model``'s engine steps meanwhile, and those of them that computed more than ``above`` tokens."""
-    running = Stream(streaming, ENDLESS).run(server)
+    running = Stream(streaming, LONG).run(server)
     assert running.started.wait(60)
     before = engine_steps(server, model, above)
     with server.client(timeout=120) as http:
