@@ -57,6 +57,7 @@ ENGINE_LAYERS = (
 LAYERS = (
     *ENGINE_LAYERS,
     (
+        "wsgi_infer.server.client_connection",
         "wsgi_infer.server.errors",
         "wsgi_infer.server.metrics",
         "wsgi_infer.server.settings",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 
@@ -88,6 +90,25 @@ def test_disconnect_mid_stream_frees_everything(server):
             if got == 3:
                 break  # leave mid-stream
     server.wait_for_log(rf"request {request_id}: response ended early, aborted 1", after=mark, timeout=30)
+    assert_idle(server)
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_a_non_streamed_request_whose_client_leaves_is_aborted(server, route):
+    # A client that gives up on a response (a timeout, then a retry) must not leave it generating to max_tokens.
+    mark, request_id = len(server.lines), f"gone-{route.count('/')}"
+    body = {"max_tokens": ENDLESS, "ignore_eos": True, "temperature": 0}
+    body |= {"prompt": "Hello"} if route == "/v1/completions" else {"messages": [{"role": "user", "content": "Hi"}]}
+    payload = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as client:
+        client.sendall(
+            f"POST {route} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-Id: {request_id}\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        server.wait_for_metric("wsgi_infer:num_requests_running", 1)
+    server.wait_for_log(rf"request {request_id}: response ended early, aborted 1", after=mark, timeout=30)
+    server.wait_for_log(rf'"POST {route} HTTP/1.1" 499', after=mark, timeout=30)
     assert_idle(server)
 
 

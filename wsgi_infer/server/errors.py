@@ -16,6 +16,7 @@ from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from ..engine.sampling_params import InvalidParameter
+from .client_connection import ClientGone
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ def _render(error: APIError):
 def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(APIError, _render)
     app.register_error_handler(InvalidParameter, lambda exc: _render(APIError(str(exc), 400, param=exc.param)))
+    # nginx's status for a request its client closed: no one reads it, but the access log tells
+    app.register_error_handler(ClientGone, lambda _exc: ("", 499))
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):

@@ -14,6 +14,7 @@ from flask import Response, after_this_request, current_app, g, request
 
 from ...engine.messages import Accepted, Rejected
 from ...engine.sampling_params import InvalidParameter, SamplingParams, max_tokens_within
+from ..client_connection import while_connected
 from ..engine_client.delta_records import encode_batch
 from ..engine_client.extension import manager_of
 from ..engine_client.manager import EngineManager
@@ -283,10 +284,10 @@ def publish_log(
 
 def collect_all(stream: RequestStream) -> dict[int, ChoiceDelta]:
     """A non-streamed request run to the end, then released: one merged delta per choice; a 503 when the engine
-    stopped it."""
+    stopped it; ClientGone (and the request aborted) once its client has left."""
     merged: dict[int, ChoiceDelta] = {}
     try:
-        for batch in iter_deltas(stream, manager().settings.heartbeat_seconds):
+        for batch in while_connected(iter_deltas(stream, manager().settings.heartbeat_seconds), request.environ):
             if isinstance(batch, Heartbeat):
                 continue
             for choice in batch:
