@@ -84,6 +84,28 @@ def test_a_named_tool_is_called_once_with_arguments_its_schema_allows(tiny_api, 
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+@pytest.mark.parametrize(
+    ("limit", "finish", "arguments"),
+    [
+        ({"max_tokens": 2}, "length", None),  # cut before the call's name: no call, and its markup is no content
+        ({"stop": ['"unit"']}, "stop", "{"),  # a stop string in the arguments: a call begun, not made
+    ],
+)
+def test_a_call_cut_short_is_not_called_and_reads_the_same_streamed_or_not(tiny_api, limit, finish, arguments):
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0, **limit}
+    with tiny_api.client() as http:
+        whole = http.post("/v1/chat/completions", json=body).json()
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            chunks = [e.json for e in events(r) if e.data and e.data != "[DONE]"]
+    [choice] = whole["choices"]
+    assert choice["finish_reason"] == chunks[-1]["choices"][0]["finish_reason"] == finish  # not "tool_calls"
+    assert choice["message"]["content"] is None and not any(c["choices"][0]["delta"].get("content") for c in chunks)
+    calls = [c["function"]["arguments"] for c in choice["message"].get("tool_calls", [])]
+    parts = [p for c in chunks for p in c["choices"][0]["delta"].get("tool_calls") or []]
+    streamed = "".join(p["function"].get("arguments") or "" for p in parts) if parts else None
+    assert calls == ([] if arguments is None else [arguments]) and streamed == arguments
+
+
 def test_a_json_object_with_a_schema_follows_the_schema(tiny_api):
     """response_format {"type": "json_object", "schema": ...}: the form llama-server honours, which instructor's
     JSON_SCHEMA mode sends; the schema is not dropped for free JSON."""

@@ -117,6 +117,13 @@ def test_a_named_tool_is_used_once_then_its_result_answered(claude, model, strea
     assert answer.usage.output_tokens == 5 and answer.content[0].type in ("text", "tool_use")
 
 
+def test_a_tool_use_cut_by_a_stop_sequence_is_no_block_and_no_tool_use(claude, model):
+    request = dict(model=model, messages=ASK, max_tokens=60, extra_body=GREEDY, tools=[WEATHER_TOOL])
+    reply = claude.messages.create(**request, tool_choice={"type": "any"}, stop_sequences=['"unit"'])
+    # its input is no object yet (a stream shows the part that came); nor is its markup text
+    assert reply.stop_reason == "stop_sequence" and reply.stop_sequence == '"unit"' and reply.content == []
+
+
 def test_count_tokens_is_the_prompt_a_message_reads(claude, model, tiny_api):
     conversation = dict(model=model, system=SYSTEM, messages=ASK, tools=[WEATHER_TOOL])
     counted = claude.messages.count_tokens(**conversation).input_tokens

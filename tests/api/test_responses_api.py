@@ -119,6 +119,31 @@ def test_a_function_call_then_its_output_continues_the_stored_conversation(clien
     assert follow.usage.input_tokens - alone.usage.input_tokens > question_tokens
 
 
+def test_a_call_cut_short_is_incomplete_streamed_or_not_and_its_response_continues(client, model):
+    request = dict(model=model, input=ASK, tools=[WEATHER_TOOL], tool_choice="required", temperature=0)
+    whole = client.responses.create(**request, max_output_tokens=60)
+    assert [(item.type, item.status) for item in whole.output] == [("function_call", "completed")]
+    for limit in range(whole.usage.output_tokens - 1, 0, -1):  # the longest cut that leaves its arguments unfinished
+        cut = client.responses.create(**request, max_output_tokens=limit)
+        if cut.output and cut.output[-1].status == "incomplete":
+            break
+    [call] = cut.output
+    # a cut after its arguments' end (its wrapper's last tokens) left a call whole: completed, not this
+    assert call.type == "function_call" and whole.output[0].arguments.startswith(call.arguments)
+    assert call.arguments != whole.output[0].arguments
+    with client.responses.stream(**request, max_output_tokens=limit) as stream:
+        seen = list(stream)  # the SDK's final response wants a response.completed event
+    streamed = seen[-1].response
+    assert seen[-1].type == "response.incomplete" and "response.function_call_arguments.delta" in {e.type for e in seen}
+    fields = ("type", "name", "arguments", "status")
+    assert [[getattr(i, f) for f in fields] for i in streamed.output] == [[getattr(call, f) for f in fields]]
+    for previous in (cut, streamed):  # stored without the unfinished call, whose arguments do not parse
+        follow = client.responses.create(
+            model=model, previous_response_id=previous.id, input="Again?", max_output_tokens=2
+        )
+        assert follow.status == "incomplete" and follow.output_text
+
+
 def test_stored_responses_are_retrieved_deleted_and_not_kept_when_store_is_false(client, model):
     kept = client.responses.create(model=model, input=ASK, max_output_tokens=3)
     assert client.responses.retrieve(kept.id).output_text == kept.output_text

@@ -44,4 +44,4 @@ def start_chat(req: ChatCompletionRequest, obj: str) -> tuple[RequestStream, Cha
     for p in params if plan is not None and plan.format.special else ():
         p.skip_special_tokens = False  # the format's own tokens tell its calls from text: the parser reads them
     stream = start(mgr, [Chat(messages, tools, req.chat_template_kwargs)], params)
-    return stream, ChatFormatter(stream, obj, plan and plan.format, thinks=thinks, opened=opened)
+    return stream, ChatFormatter(stream, obj, plan, thinks=thinks, opened=opened)

@@ -8,8 +8,7 @@ from collections.abc import Iterator
 
 from ...engine_client.streams import ChoiceDelta, RequestStream
 from .reasoning import ReasoningParser
-from .tool_formats import ToolFormat
-from .tools import ToolCallParser, merge_call_entries
+from .tools import ToolCallParser, ToolPlan, merge_call_entries
 
 
 class Formatter(ABC):
@@ -105,16 +104,21 @@ class ChatFormatter(Formatter):
         self,
         stream: RequestStream,
         obj: str,
-        tools: ToolFormat | None = None,
+        tools: ToolPlan | None = None,
         thinks: bool = False,
         opened: bool = False,
     ) -> None:
-        """``tools``: the format of the calls the model may write; ``thinks``: the template thinks; ``opened``: its
-        prompt opened the thought already."""
+        """``tools``: how the model may call them (their format, and whether it may write text instead);
+        ``thinks``: the template thinks; ``opened``: its prompt opened the thought already."""
         super().__init__(stream, obj)
         self._role_sent: set[int] = set()
         self._parsers = (
-            {i: ToolCallParser(tools, stream.identity) for i in range(stream.num_choices)} if tools else None
+            {
+                i: ToolCallParser(tools.format, stream.identity, calls_only=tools.mode != "auto")
+                for i in range(stream.num_choices)
+            }
+            if tools
+            else None
         )
         self._thoughts = {i: ReasoningParser(opened) for i in range(stream.num_choices)} if thinks else None
 
@@ -163,7 +167,7 @@ class ChatFormatter(Formatter):
             parser.feed(answer)
             parser.finish()
             message["content"] = parser.content
-            calls = [c.as_openai() for c in parser.calls if c.complete]
+            calls = [c.as_openai() for c in parser.calls]  # as streamed: a call the length limit cut too
             if calls:
                 message["tool_calls"] = calls
             finish_reason = _finish_reason(parser, finish_reason)
@@ -196,8 +200,9 @@ class ChatFormatter(Formatter):
 
 
 def _finish_reason(parser: ToolCallParser, finish_reason: str) -> str:
-    """A choice that ended its calls (not cut by the length limit) finished with "tool_calls"."""
-    return "tool_calls" if finish_reason == "stop" and parser.calls else finish_reason
+    """A choice that ended its calls, each of them whole (not cut by the length limit or a stop sequence), finished
+    with "tool_calls"."""
+    return "tool_calls" if finish_reason == "stop" and parser.called else finish_reason
 
 
 def _merge_deltas(first: dict, second: dict) -> dict:

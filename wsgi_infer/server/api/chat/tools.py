@@ -105,11 +105,14 @@ class ToolCallParser:
 
     Until the text can no longer become a call's start nothing is released; then
     it is either plain content, or calls whose arguments grow as they arrive (a
-    call's arguments end where their JSON object closes).
+    call's arguments end where their JSON object closes). With ``calls_only``
+    (tool_choice "required" or a named function) the text can only be calls: a
+    choice cut before its first call's name is nothing, never content.
     """
 
     format: ToolFormat = HERMES
     ids: ResponseIdentity = field(default_factory=ResponseIdentity.new)  # its calls' ids
+    calls_only: bool = False
     text: str = ""
     calls: list[ParsedCall] = field(default_factory=list)
     _content_sent: int = 0
@@ -122,9 +125,12 @@ class ToolCallParser:
         return self.finish()
 
     def finish(self) -> dict:
-        """The rest of the delta once the choice has ended: held-back text is content after all."""
+        """The rest of the delta once the choice has ended: held-back text is content after all (unless only
+        calls could follow)."""
         if self._is_calls:
             return self._call_deltas()
+        if self.calls_only:
+            return {}
         new, self._content_sent = self.text[self._content_sent :], len(self.text)
         return {"content": new} if new else {}
 
@@ -135,7 +141,12 @@ class ToolCallParser:
     @property
     def content(self) -> str | None:
         """The whole text when the choice wrote text rather than calls."""
-        return None if self._is_calls else self.text
+        return None if self._is_calls or self.calls_only else self.text
+
+    @property
+    def called(self) -> bool:
+        """Whether the choice wrote calls, each of them whole."""
+        return bool(self.calls) and all(call.complete for call in self.calls)
 
     def _call_deltas(self) -> dict:
         """One entry per call that grew, as OpenAI streams them: a new call's id and name come with the first
@@ -163,6 +174,15 @@ class ToolCallParser:
                 break
             at = end + len("}" + self.format.close + (self.format.separator or ""))
         return {"tool_calls": deltas} if deltas else {}
+
+
+def whole_arguments(arguments: str) -> bool:
+    """Whether a call's arguments are whole (a call the length limit cut has a JSON object that does not parse)."""
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return False
+    return True
 
 
 def _object_end(text: str, start: int) -> int | None:

@@ -8,6 +8,7 @@ import json
 from ...engine_client.streams import RequestStream
 from ...streaming import sse
 from ..chat.formatters import reply_parts
+from ..chat.tools import whole_arguments
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -60,6 +61,8 @@ def content_blocks(chat_message: dict) -> list[dict]:
         blocks.append({"type": "text", "text": chat_message["content"]})
     for call in chat_message.get("tool_calls", []):
         function = call["function"]
+        if not whole_arguments(function["arguments"]):
+            continue  # cut by max_tokens: its input is no object yet (a stream shows the part that came)
         blocks.append(
             {"type": "tool_use", "id": call["id"], "name": function["name"], "input": json.loads(function["arguments"])}
         )

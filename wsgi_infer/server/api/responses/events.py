@@ -12,6 +12,7 @@ from ...engine_client.identity import ResponseIdentity
 from ...engine_client.streams import RequestStream
 from ...streaming import sse
 from ..chat.formatters import reply_parts
+from ..chat.tools import whole_arguments
 
 # Per kind of text item: its id prefix, the content part it holds, and the names of its delta and done events.
 TEXT_ITEMS = {
@@ -134,6 +135,7 @@ class ResponseBuilder:
             return []
         events = []
         if item["type"] == "function_call":
+            status = "completed" if whole_arguments(item["arguments"]) else "incomplete"  # whatever ended the response
             done = {"name": item["name"], "arguments": item["arguments"]}
             events.append(
                 self._event(

@@ -37,6 +37,7 @@ class FunctionCallItem(Request):
     call_id: str
     name: str
     arguments: str
+    status: str | None = None  # "incomplete": cut by the length limit, its arguments unfinished
 
 
 class FunctionCallOutputItem(Request):
@@ -80,6 +81,8 @@ def input_messages(items: str | list[dict]) -> list[dict]:
             item = schema.model_validate(raw)
         except ValidationError as exc:
             raise APIError(f"input.{i}: {exc.errors()[0]['msg']}", param=f"input.{i}") from None
+        if isinstance(item, FunctionCallItem) and item.status == "incomplete":
+            continue  # a call cut short (an earlier response's last item): nothing ran, nothing answers it
         if isinstance(item, InputMessage):
             messages.append({"role": item.role, "content": item.text(f"input.{i}")})
         elif isinstance(item, FunctionCallOutputItem):
