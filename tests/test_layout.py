@@ -70,6 +70,7 @@ LAYERS = (
     (
         "wsgi_infer.server.api.access",
         "wsgi_infer.server.api.continuation",
+        "wsgi_infer.server.api.keep_alive",
         "wsgi_infer.server.api.serving",
         "wsgi_infer.server.api.schemas",
     ),

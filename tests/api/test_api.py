@@ -183,6 +183,33 @@ def test_bad_tool_requests_are_400s_naming_the_field(tiny_api, fields, param):
 
 
 @pytest.mark.parametrize(
+    ("route", "fields", "param"),
+    [  # values pydantic's lax mode took (as 1, True), and fields that were ignored though they change the output
+        ("/v1/completions", {"prompt": [True]}, "prompt"),
+        ("/v1/completions", {"prompt": [[1, 2.0]]}, "prompt"),
+        ("/v1/completions", {"prompt": "Hi", "stream": "yes"}, "stream"),
+        ("/v1/completions", {"prompt": "Hi", "stop": ""}, "stop"),
+        ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages.0"),
+        ("/v1/chat/completions", {"messages": [*ASK, {"role": "assistant", "content": None}]}, "messages.1"),
+        ("/v1/chat/completions", {"messages": ASK, "top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {"messages": ASK, "tools": TOOLS * 2}, "tools"),
+    ],
+)
+def test_what_would_be_taken_for_something_else_is_a_400_naming_the_field(tiny_api, route, fields, param):
+    with tiny_api.client() as http:
+        response = http.post(route, json={"max_tokens": 2, **fields})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param
+
+
+def test_max_completion_tokens_of_0_scores_the_prompt_as_max_tokens_0_does(tiny_api):
+    body = {"messages": ASK, "max_completion_tokens": 0, "max_tokens": 3, "logprobs": True}
+    with tiny_api.client() as http:
+        reply = http.post("/v1/chat/completions", json=body).json()
+    assert reply["usage"]["completion_tokens"] == 0 and reply["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
     ("fields", "param"),
     [
         (

@@ -82,6 +82,7 @@ def test_floats_base64_token_ids_and_one_string_agree(embedding_api, reference):
         ({"input": []}, "input"),
         ({"input": "word " * 300}, "input"),  # over the model's 256 tokens
         ({"input": [[101, 999999, 102]]}, "input"),
+        ({"input": [True]}, "input"),  # not token id 1
         ({"input": "hi", "dimensions": 128}, "dimensions"),
         ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
         ({"input": "hi", "model": "text-embedding-3-small"}, "model"),

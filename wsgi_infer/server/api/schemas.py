@@ -7,16 +7,40 @@ values give a 400 naming the field.
 from __future__ import annotations
 
 import json
-import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    WrapValidator,
+    field_validator,
+)
 
 from ...engine.sampling_params import RANGES, SamplingParams, StructuredOutput
 from ..errors import APIError
+from .keep_alive import KeepAlive
 
 MAX_CHOICES = 16
 MAX_STOP_SEQUENCES = 4
+
+# JSON's true and 1.0 are no token ids, nor "yes" a boolean: pydantic's lax mode would take them as 1 and True.
+TokenIds = list[StrictInt]
+
+
+def _one_of_the_forms(value: Any, handler: Any) -> Any:
+    """One error naming the forms a prompt takes, where each member of the union reported its own."""
+    try:
+        return handler(value)
+    except ValidationError:
+        raise ValueError("must be a text, a list of texts, a list of token ids (integers) or a list of those") from None
+
+
+# one prompt or several, as text or token ids
+Prompts = Annotated[str | list[str] | TokenIds | list[TokenIds], WrapValidator(_one_of_the_forms)]
 
 
 class Request(BaseModel):
@@ -120,24 +144,6 @@ class StructuredOutputs(Request):
         return StructuredOutput(kind, value)
 
 
-def _seconds(value: object) -> object:
-    """Ollama's ``keep_alive``: seconds as a number, or a duration ("10m", "1h30m", "45s"); below 0: for ever."""
-    if isinstance(value, str):
-        text = value.strip()
-        if re.fullmatch(r"-?(?:\d+(?:\.\d+)?(?:h|ms|m|s))+", text):
-            parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s)", text)
-            seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001}[unit] for n, unit in parts)
-            return -seconds if text.startswith("-") else seconds
-    return value
-
-
-def _forever_below_zero(seconds: float | None) -> float | None:
-    return seconds if seconds is None or seconds >= 0 else -1.0
-
-
-KeepAlive = Annotated[float | None, BeforeValidator(_seconds), AfterValidator(_forever_below_zero)]
-
-
 class SamplingRequest(Request):
     model: str | None = None
     keep_alive: KeepAlive = None
@@ -151,10 +157,10 @@ class SamplingRequest(Request):
     presence_penalty: float | None = engine_field("presence_penalty")
     frequency_penalty: float | None = engine_field("frequency_penalty")
     repetition_penalty: float | None = engine_field("repetition_penalty")
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     priority: int = 0  # vLLM's: lower runs first
     user: str | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[int, float] | None = None
     response_format: ResponseFormat | None = None
@@ -187,7 +193,7 @@ class SamplingRequest(Request):
             SamplingParams(
                 **given,
                 seed=None if self.seed is None else self.seed + j,
-                stop=self.stop or [],
+                stop=[] if self.stop is None else self.stop,  # "" is refused as [""] is
                 ignore_eos=self.ignore_eos,
                 priority=self.priority,
                 max_tokens=max_tokens,
@@ -213,10 +219,10 @@ SAMPLING_FIELDS = (
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Prompts
     max_tokens: int | None = engine_field("max_tokens", engine_default("max_tokens"))  # 0 with echo: score the prompt
     logprobs: int | None = engine_field("logprobs")
-    echo: bool = False
+    echo: StrictBool = False
 
     @property
     def prompt_logprobs(self) -> int | None:
@@ -260,7 +266,7 @@ class GenerateRequest(Request):
     temperature: float | None = engine_field("temperature")
     top_k: int | None = engine_field("top_k")
     top_p: float | None = engine_field("top_p")
-    stream: bool = False
+    stream: StrictBool = False
 
     def sampling_params(self) -> SamplingParams:
         given = {

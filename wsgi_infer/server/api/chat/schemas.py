@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, StrictBool, ValidationInfo, field_validator, model_validator
 
 from ....engine.sampling_params import StructuredOutput
 from ...errors import APIError
@@ -59,6 +59,12 @@ class ChatMessage(Request):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
 
+    @model_validator(mode="after")
+    def _says_something(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"{self.role} messages need content" + (" or tool_calls" * (self.role == "assistant")))
+        return self
+
     @property
     def text(self) -> str:
         """Content parts flattened to text (text parts only; other modalities are refused)."""
@@ -76,7 +82,7 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = engine_field("max_tokens")  # None: up to the end of the context window
     max_completion_tokens: int | None = engine_field("max_tokens")
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: int | None = engine_field("logprobs")
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -84,9 +90,24 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template_kwargs: dict[str, Any] | None = None  # the template's variables, as vLLM takes them
     _chat_template: str | None = PrivateAttr(default=None)  # the model's (``render_with``)
 
+    @field_validator("tools")
+    @classmethod
+    def _distinct_names(cls, tools: list[Tool] | None) -> list[Tool] | None:
+        names = [t.function.name for t in tools or []]
+        if len(set(names)) < len(names):
+            raise ValueError("tools must have distinct names")
+        return tools
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return value
+
     @property
     def max_new_tokens(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+        return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
 
     @property
     def num_logprobs(self) -> int | None:

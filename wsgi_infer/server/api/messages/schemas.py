@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, StrictBool, ValidationError
 
 from ...errors import APIError
 from ..chat.schemas import ChatCompletionRequest
@@ -121,7 +121,7 @@ class MessagesRequest(Request):
     temperature: float | None = engine_field("temperature")
     top_p: float | None = engine_field("top_p")
     top_k: int | None = engine_field("top_k")
-    stream: bool = False
+    stream: StrictBool = False
     tools: list[dict] | None = None
     tool_choice: ToolChoiceParam | None = None
     thinking: ThinkingParam | None = None

@@ -13,7 +13,8 @@ from pydantic import Field, field_validator
 
 from ....engine.sampling_params import InvalidParameter, SamplingParams
 from ...errors import APIError
-from ..schemas import KeepAlive, Request, parse
+from ..keep_alive import KeepAlive
+from ..schemas import Prompts, Request, parse
 from ..serving import collect_all, served, start, wait_ready
 
 bp = Blueprint("embeddings", __name__, url_prefix="/v1")
@@ -24,7 +25,7 @@ MAX_INPUTS = 2048  # per request, as OpenAI's
 class EmbeddingRequest(Request):
     model: str | None = None
     keep_alive: KeepAlive = None
-    input: str | list[str] | list[int] | list[list[int]]
+    input: Prompts
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, StrictBool, ValidationError
 
 from ...errors import APIError
 from ..chat.schemas import ChatCompletionRequest
@@ -132,7 +132,7 @@ class ResponsesRequest(Request):
     instructions: str | None = None
     previous_response_id: str | None = None
     store: bool = True
-    stream: bool = False
+    stream: StrictBool = False
     max_output_tokens: int | None = engine_field("max_tokens")
     temperature: float | None = engine_field("temperature")
     top_p: float | None = engine_field("top_p")
