@@ -149,13 +149,16 @@ def test_sigterm_drains_short_streams_and_ends_endless_ones(tiny_model_dirs, rec
     next(iter(sdk_stream))
     # Short streams take about 1/50 of the drain here (a wide margin for a loaded CI host); endless ones outlast it.
     results, threads = start_streams(server, [20] * 8 + [ENDLESS] * 8)
-    keep_alive = httpx.Client(base_url=server.url, timeout=30)
-    assert keep_alive.get("/health").status_code == 200  # an open keep-alive connection
+    keep_alive, probe = (httpx.Client(base_url=server.url, timeout=30) for _ in range(2))
+    for client in (keep_alive, probe):
+        assert client.get("/health").status_code == 200  # an open keep-alive connection (a load balancer's)
 
     mark = len(server.lines)
     signalled = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     server.wait_for_log(r"draining: \d+ open requests", after=mark)
+    health = probe.get("/health")  # a connection's first request after the drain began is its last
+    assert health.status_code == 503 and health.json()["status"] == "draining" and health.headers["retry-after"]
     during = keep_alive.post("/v1/completions", json={"prompt": "too late", "max_tokens": 2})
     assert during.status_code == 503 and during.headers["retry-after"]
     assert during.json()["error"]["code"] == "server_shutting_down"

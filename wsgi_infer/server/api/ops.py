@@ -13,8 +13,11 @@ bp = Blueprint("ops", __name__)
 @bp.get("/health")
 def health():
     """200 only once the models loaded at start are loaded (one at least), while the engine thread is alive and
-    making progress; ``models`` says each model's state."""
+    making progress, and the worker is not draining (a load balancer's probe on a kept-alive connection must hear
+    that this one stops); ``models`` says each model's state."""
     mgr = manager()
+    if mgr.draining:
+        return jsonify({"status": "draining"}), 503, {"Retry-After": "1"}
     if mgr.ready and mgr.alive and not mgr.stalled:
         states = {name: model.state for name, model in mgr.models.items()}
         return jsonify({"status": "ok", "model": mgr.model_name, "models": states})
