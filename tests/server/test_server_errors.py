@@ -163,3 +163,15 @@ def test_a_lone_surrogate_is_a_400_and_the_engine_lives_on(api, route, body):
         assert_error(response, 400, contains="unicode")
         ok = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.slow
+def test_a_constraint_that_does_not_compile_is_a_400_with_its_reason_and_no_traceback(tiny_server):
+    mark = len(tiny_server.lines)
+    body = {"prompt": "Hi", "max_tokens": 2, "structured_outputs": {"regex": "^(?=a)b$"}}  # look-arounds: none
+    with tiny_server.client() as http:
+        response = http.post("/v1/completions", json=body)
+        assert http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1}).status_code == 200
+    assert response.status_code == 400 and response.json()["error"]["param"] == "structured_outputs"
+    assert "look-around" in response.json()["error"]["message"], response.json()
+    assert not any("Traceback" in line for line in tiny_server.lines[mark:])  # a client's error, not the server's

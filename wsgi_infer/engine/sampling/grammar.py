@@ -136,8 +136,10 @@ class GrammarCompiler:
     def _compile(self, grammar: str) -> Matcher:
         matcher = self.vocabulary().matcher(grammar)
         if matcher.is_error():
-            first_line = matcher.get_error().strip().splitlines()[0]
-            raise ValueError(f"the constraint does not compile: {first_line}")
+            # its first line, and the reason where the parser names it below a picture of the input
+            lines = [line.strip() for line in matcher.get_error().strip().splitlines()]
+            reason = " ".join([lines[0], *(line for line in lines[1:] if line.startswith("error:"))])
+            raise ValueError(f"the constraint does not compile: {reason}")
         return matcher
 
 

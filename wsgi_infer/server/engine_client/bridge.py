@@ -125,9 +125,12 @@ class HubBridge:
             pool = _front_end[id(hub)] = ThreadPool(1, hub=hub)
         result = pool.spawn(_in_background, function, *args)
         try:
-            return result.get(timeout=timeout)
+            value, error = result.get(timeout=timeout)
         except gevent.Timeout:
             raise TimeoutError(f"the front-end thread did not finish within {timeout:.0f} s") from None
+        if error is not None:
+            raise error
+        return value
 
     # --- hub to thread --------------------------------------------------------------
     def send(self, command: Any) -> None:
@@ -170,15 +173,18 @@ def front_end_busy_for() -> float:
     return time.monotonic() - _busy_since[0] if _busy_since else 0.0
 
 
-def _in_background(function: Callable[..., Any], *args: Any) -> Any:
+def _in_background(function: Callable[..., Any], *args: Any) -> tuple[Any, Exception | None]:
     _FRONT_END_THREADS.add(_native_get_ident())  # its log records go to the hub (a set's add is atomic under the GIL)
     try:  # Linux: a thread's own nice value (no-op where it is already set or not allowed)
         os.setpriority(os.PRIO_PROCESS, _native_thread_id(), BACKGROUND_NICE)
     except (AttributeError, OSError):
         pass
     _busy_since.append(time.monotonic())
-    try:
-        return function(*args)
+    try:  # an exception comes back as a value: gevent's pool printed the traceback of each one raised there (a
+        # client's constraint that does not compile, a 400), and the caller raises it again
+        return function(*args), None
+    except Exception as exc:
+        return None, exc
     finally:
         _busy_since.clear()
 
