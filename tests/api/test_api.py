@@ -8,6 +8,8 @@ import shutil
 
 import pytest
 
+from wsgi_infer.engine.text.chat_template import chat_prompt_ids
+
 from ..conftest import tiny_settings
 from ..support.in_process import InProcessServer
 from ..support.sse_client import events
@@ -200,6 +202,21 @@ def test_what_would_be_taken_for_something_else_is_a_400_naming_the_field(tiny_a
         response = http.post(route, json={"max_tokens": 2, **fields})
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == param
+
+
+def test_continue_final_message_continues_the_assistants_last_message(tiny_api):
+    messages = [*ASK, {"role": "assistant", "content": "It is"}]
+    tokenizer = tiny_api.manager.default.tokenizer
+    ids = chat_prompt_ids(tokenizer, messages, continue_final_message=True)
+    assert tokenizer.decode(ids).endswith("It is")  # its turn not closed, no other opened
+    body = {"messages": messages, "max_tokens": 4, "temperature": 0, "continue_final_message": True}
+    with tiny_api.client() as http:
+        reply = http.post("/v1/chat/completions", json=body).json()
+        same = http.post("/v1/completions", json={"prompt": ids, "max_tokens": 4, "temperature": 0}).json()
+        refused = http.post("/v1/chat/completions", json={**body, "messages": ASK})
+    assert reply["usage"]["prompt_tokens"] == len(ids)
+    assert reply["choices"][0]["message"]["content"] == same["choices"][0]["text"]
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "continue_final_message"
 
 
 def test_max_completion_tokens_of_0_scores_the_prompt_as_max_tokens_0_does(tiny_api):

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import pytest
 from pydantic import BaseModel, ConfigDict
 
+from wsgi_infer.engine.text.chat_template import chat_prompt_ids
+
 from ..support.sse_client import events
 
 if TYPE_CHECKING:  # imported where used: collecting the SDK costs every test process 2.6 s
@@ -122,6 +124,18 @@ def test_a_tool_use_cut_by_a_stop_sequence_is_no_block_and_no_tool_use(claude, m
     reply = claude.messages.create(**request, tool_choice={"type": "any"}, stop_sequences=['"unit"'])
     # its input is no object yet (a stream shows the part that came); nor is its markup text
     assert reply.stop_reason == "stop_sequence" and reply.stop_sequence == '"unit"' and reply.content == []
+
+
+def test_an_assistant_message_last_is_a_prefill_the_reply_continues(claude, model, tiny_api):
+    messages = [*ASK, {"role": "assistant", "content": "The weather in Paris is"}]
+    reply = claude.messages.create(model=model, messages=messages, max_tokens=6, extra_body=GREEDY)
+    tokenizer = tiny_api.manager.default.tokenizer
+    ids = chat_prompt_ids(tokenizer, messages, continue_final_message=True)
+    assert tokenizer.decode(ids).endswith("The weather in Paris is")  # its turn not closed, no other opened
+    with tiny_api.client() as http:
+        same = http.post("/v1/completions", json={"prompt": ids, "max_tokens": 6, "temperature": 0}).json()
+    assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == len(ids)
+    assert reply.content[0].text == same["choices"][0]["text"]
 
 
 def test_count_tokens_is_the_prompt_a_message_reads(claude, model, tiny_api):

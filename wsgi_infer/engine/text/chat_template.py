@@ -33,9 +33,12 @@ def chat_prompt_ids(
     tools: list[dict] | None = None,
     add_generation_prompt: bool = True,
     template_kwargs: dict | None = None,
+    continue_final_message: bool = False,
 ) -> list[int]:
     """Token ids of a conversation through the tokenizer's chat template, with ``template_kwargs`` as its
-    variables (``enable_thinking``...); InvalidParameter naming ``messages`` or ``chat_template_kwargs``."""
+    variables (``enable_thinking``...); with ``continue_final_message``, ending inside its last (assistant) message,
+    which the reply continues, instead of opening a new one. InvalidParameter naming ``messages`` or
+    ``chat_template_kwargs``."""
     if not tokenizer.chat_template:
         raise InvalidParameter("messages", "messages: this model has no chat template")
     taken = set(inspect.signature(tokenizer.apply_chat_template).parameters) & set(template_kwargs or {})
@@ -45,7 +48,8 @@ def chat_prompt_ids(
         encoded = tokenizer.apply_chat_template(
             messages,
             tools=tools,
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            continue_final_message=continue_final_message,
             tokenize=True,
             return_dict=True,
             **(template_kwargs or {}),

@@ -16,6 +16,7 @@ class Chat:
     messages: list[dict]
     tools: list[dict] | None = None
     template_kwargs: dict | None = None  # the template's own variables (``enable_thinking``...)
+    continue_final: bool = False  # the reply continues the last (assistant) message: a prefill
 
 
 Prompt = str | list[int] | Chat  # a text, token ids, or a conversation
@@ -24,7 +25,7 @@ Prompt = str | list[int] | Chat  # a text, token ids, or a conversation
 def prompt_ids(tokenizer, prompts: list[Prompt]) -> list[list[int]]:
     """Each prompt's token ids; InvalidParameter naming ``messages`` for a conversation the template refuses."""
     return [
-        chat_prompt_ids(tokenizer, p.messages, p.tools, template_kwargs=p.template_kwargs)
+        chat_prompt_ids(tokenizer, p.messages, p.tools, True, p.template_kwargs, p.continue_final)
         if isinstance(p, Chat)
         else tokenizer.encode(p, add_special_tokens=True)
         if isinstance(p, str)

@@ -25,7 +25,7 @@ def _rendered(req: ChatCompletionRequest) -> tuple[ServedModel, list[dict], list
 def chat_token_ids(req: ChatCompletionRequest, add_generation_prompt: bool = True) -> list[int]:
     """The prompt's token ids, as a chat completion would submit them (on the front-end thread)."""
     model, messages, tools = _rendered(req)
-    args = (messages, tools, add_generation_prompt, req.chat_template_kwargs)
+    args = (messages, tools, add_generation_prompt, req.chat_template_kwargs, req.continue_final_message)
     return model.with_tokenizer(chat_prompt_ids, *args)
 
 
@@ -43,5 +43,5 @@ def start_chat(req: ChatCompletionRequest, obj: str) -> tuple[RequestStream, Cha
     plan = req.tool_plan
     for p in params if plan is not None and plan.format.special else ():
         p.skip_special_tokens = False  # the format's own tokens tell its calls from text: the parser reads them
-    stream = start(mgr, [Chat(messages, tools, req.chat_template_kwargs)], params)
+    stream = start(mgr, [Chat(messages, tools, req.chat_template_kwargs, req.continue_final_message)], params)
     return stream, ChatFormatter(stream, obj, plan, thinks=thinks, opened=opened)

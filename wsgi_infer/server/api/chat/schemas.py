@@ -88,6 +88,7 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # the template's variables, as vLLM takes them
+    continue_final_message: StrictBool = False  # vLLM's: the reply continues the last message, an assistant's
     _chat_template: str | None = PrivateAttr(default=None)  # the model's (``render_with``)
 
     @field_validator("tools")
@@ -97,6 +98,12 @@ class ChatCompletionRequest(SamplingRequest):
         if len(set(names)) < len(names):
             raise ValueError("tools must have distinct names")
         return tools
+
+    @model_validator(mode="after")
+    def _continues_an_assistant(self) -> ChatCompletionRequest:
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise APIError("continue_final_message needs an assistant message last", param="continue_final_message")
+        return self
 
     @field_validator("top_logprobs")
     @classmethod

@@ -138,6 +138,8 @@ class MessagesRequest(Request):
             "tools": self._tools(),
             "stream_options": {"include_usage": True} if self.stream else None,
             "chat_template_kwargs": self._template_kwargs(),
+            # an assistant's text last is a prefill, which the reply continues (Anthropic's rule)
+            "continue_final_message": self.messages[-1].role == "assistant" or None,
         }
         if self.output_config is not None and self.output_config.format is not None:
             schema = {"name": "output", "schema": self.output_config.format.schema_}
