@@ -35,6 +35,7 @@ ENGINE_CORE = (
     "wsgi_infer.engine.runtime.cpu_share",
     "wsgi_infer.engine.runtime.step_interrupt",
     "wsgi_infer.engine.text.chat_template",
+    "wsgi_infer.engine.text.token_pieces",
 )
 MASTER_MODULES = ("gunicorn.worker", "gunicorn.config", "gunicorn.logger", "settings")
 # The server's layers, lowest first: a module imports only from its own layer and those below it. Modules in no
@@ -87,6 +88,7 @@ ENGINE_VOCABULARY = (
     "wsgi_infer.engine.outputs",
     "wsgi_infer.engine.messages",
     "wsgi_infer.engine.text.chat_template",
+    "wsgi_infer.engine.text.token_pieces",
 )
 # Torch-free engine steps the gunicorn master starts before it forks workers: the CPU kernels' build where none are
 # installed, and a process that reads GGUFs' text files ahead of their conversion (``text_files_ahead``).

@@ -8,7 +8,10 @@ import shutil
 
 import pytest
 
+from wsgi_infer.engine.outputs import RequestDelta, TokenLogprob
 from wsgi_infer.engine.text.chat_template import chat_prompt_ids
+from wsgi_infer.server.api.chat.formatters import CompletionFormatter
+from wsgi_infer.server.engine_client.streams import ChoiceDelta, RequestStream
 
 from ..conftest import tiny_settings
 from ..support.in_process import InProcessServer
@@ -217,6 +220,30 @@ def test_continue_final_message_continues_the_assistants_last_message(tiny_api):
     assert reply["usage"]["prompt_tokens"] == len(ids)
     assert reply["choices"][0]["message"]["content"] == same["choices"][0]["text"]
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "continue_final_message"
+
+
+def test_logprobs_bytes_put_a_character_split_over_tokens_together_again(tiny_api):
+    tokenizer = tiny_api.manager.default.tokenizer
+    pieces = tokenizer.encode("🎉", add_special_tokens=False)
+    assert len(pieces) > 1 and all(tokenizer.decode([t]) == "\ufffd" for t in pieces)  # each piece alone reads so
+    body = {"messages": ASK, "max_tokens": 1, "logprobs": True, "top_logprobs": 2}
+    with tiny_api.client() as http:  # each piece made the reply's one token in turn
+        replies = [http.post("/v1/chat/completions", json={**body, "logit_bias": {str(t): 100}}).json() for t in pieces]
+    [entries] = zip(*(r["choices"][0]["logprobs"]["content"] for r in replies), strict=True)
+    assert [e["token"] for e in entries] == ["\ufffd"] * len(pieces)
+    assert bytes(b for e in entries for b in e["bytes"]).decode() == "🎉"
+
+
+def test_the_legacy_top_logprobs_keep_the_likelier_of_tokens_that_read_alike():
+    # two pieces of characters, both "\ufffd" as text: the likelier one's logprob, whichever comes last
+    stream = RequestStream("r", 1, key="0")
+    top = [(7, -0.5), (8, -2.0), (9, -3.0)]
+    delta = RequestDelta("r-0", "", [8], logprobs=[TokenLogprob(8, -2.0, top)])
+    choice = ChoiceDelta(0, delta, {7: "\udcf0\udc9f", 8: "\udc8e", 9: "a"})
+    for order in (top, top[::-1]):
+        choice.delta.logprobs[0].top = order
+        logprobs = CompletionFormatter(stream, "text_completion").final_choice(choice)["logprobs"]
+        assert logprobs["tokens"] == ["\ufffd"] and logprobs["top_logprobs"] == [{"\ufffd": -0.5, "a": -3.0}]
 
 
 def test_max_completion_tokens_of_0_scores_the_prompt_as_max_tokens_0_does(tiny_api):

@@ -151,7 +151,7 @@ class StepDone:
     model: str
     deltas: list[RequestDelta]
     counters: EngineCounters  # sent with every delivery, so the gauges are right when the engine goes idle
-    token_texts: dict[int, str]  # the text of every token id the deltas' logprobs mention
+    token_texts: dict[int, str]  # the text of every token id the deltas' logprobs mention (text.token_pieces)
     step_tokens: list[int]  # tokens computed by each step since the last delivery
 
 

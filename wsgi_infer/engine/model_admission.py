@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from .messages import Accepted, Admitted, Rejected, Submit
+from .text.token_pieces import token_piece
 
 if TYPE_CHECKING:
     from .embedding_engine import EmbeddingEngine
@@ -38,10 +39,11 @@ def admit(engine: LLMEngine | EmbeddingEngine, command: Submit) -> Admitted:
 
 
 def token_texts(engine: LLMEngine | EmbeddingEngine, deltas: list[RequestDelta]) -> dict[int, str]:
-    """The text of every token the deltas' logprobs mention (prompt ones too), decoded here, off the hub."""
+    """The text of every token the deltas' logprobs mention (prompt ones too), decoded here, off the hub (part of a
+    character as its bytes: ``text.token_pieces``)."""
     wanted = {t for d in deltas for lp in _all_logprobs(d) for t in (lp.token_id, *(i for i, _ in lp.top))}
     wanted.update(d.prompt_token_ids[0] for d in deltas if d.prompt_token_ids)  # the first has no logprob
-    return {t: engine.tokenizer.decode([t]) for t in wanted}
+    return {t: token_piece(engine.tokenizer, t) for t in wanted}
 
 
 def _all_logprobs(delta: RequestDelta) -> list:

@@ -34,7 +34,8 @@ class Terminated:
 class ChoiceDelta:
     """An engine delta, tagged with the choice (n > 1) it belongs to.
 
-    ``token_texts`` holds the text of every token id its logprobs mention.
+    ``token_texts`` holds the text of every token id its logprobs mention (``engine.text.token_pieces``: part of a
+    character as its bytes).
     """
 
     index: int

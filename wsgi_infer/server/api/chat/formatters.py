@@ -6,6 +6,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
+from ....engine.text.token_pieces import piece_bytes, shown
 from ...engine_client.streams import ChoiceDelta, RequestStream
 from .reasoning import ReasoningParser
 from .tools import ToolCallParser, ToolPlan, merge_call_entries
@@ -79,7 +80,7 @@ class CompletionFormatter(Formatter):
             entries.append((d.prompt_token_ids[0], None, None))
             entries += [(lp.token_id, lp.logprob, lp.top) for lp in d.prompt_logprobs]
         entries += [(lp.token_id, lp.logprob, lp.top) for lp in d.logprobs or []]
-        texts = choice.token_texts
+        texts = {token_id: shown(piece) for token_id, piece in choice.token_texts.items()}
         tokens = [texts.get(token_id, "") for token_id, _, _ in entries]
         offsets, offset = [], self._text_offset.get(choice.index, 0)
         for token in tokens:
@@ -89,7 +90,7 @@ class CompletionFormatter(Formatter):
         return {
             "tokens": tokens,
             "token_logprobs": [logprob for _, logprob, _ in entries],
-            "top_logprobs": [None if top is None else {texts.get(t, ""): v for t, v in top} for _, _, top in entries],
+            "top_logprobs": [None if top is None else _by_text(top, texts) for _, _, top in entries],
             "text_offset": offsets,
         }
 
@@ -188,8 +189,8 @@ class ChatFormatter(Formatter):
         texts = choice.token_texts
 
         def entry(token_id: int, logprob: float) -> dict:
-            text = texts.get(token_id, "")
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+            piece = texts.get(token_id, "")  # its own bytes, also where it holds part of a character
+            return {"token": shown(piece), "logprob": logprob, "bytes": list(piece_bytes(piece))}
 
         return {
             "content": [
@@ -197,6 +198,15 @@ class ChatFormatter(Formatter):
                 for lp in choice.delta.logprobs
             ]
         }
+
+
+def _by_text(top: list[tuple[int, float]], texts: dict[int, str]) -> dict[str, float]:
+    """The legacy shape's top logprobs, keyed by text: where two tokens read alike (pieces of one character both
+    read "\ufffd"), the likelier one's, not the last one's."""
+    by_text: dict[str, float] = {}
+    for token_id, logprob in sorted(top, key=lambda entry: -entry[1]):
+        by_text.setdefault(texts.get(token_id, ""), logprob)
+    return by_text
 
 
 def _finish_reason(parser: ToolCallParser, finish_reason: str) -> str:
