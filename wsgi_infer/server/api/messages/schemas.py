@@ -130,16 +130,18 @@ class MessagesRequest(Request):
     def as_chat(self, extensions: dict | None = None) -> ChatCompletionRequest:
         """The same request as a chat completion, which the engine's path takes from here; ``extensions``: the
         body's ``EXTENSIONS``."""
+        messages = self._messages()
+        # an assistant's text last is a prefill, which the reply continues (Anthropic's rule)
+        prefill = messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
         body: dict[str, Any] = {
             **(extensions or {}),
             **self.given(("model", "max_tokens", "temperature", "top_p", "top_k", "stream")),
-            "messages": self._messages(),
+            "messages": messages,
             "stop": self.stop_sequences,
             "tools": self._tools(),
             "stream_options": {"include_usage": True} if self.stream else None,
             "chat_template_kwargs": self._template_kwargs(),
-            # an assistant's text last is a prefill, which the reply continues (Anthropic's rule)
-            "continue_final_message": self.messages[-1].role == "assistant" or None,
+            "continue_final_message": prefill or None,
         }
         if self.output_config is not None and self.output_config.format is not None:
             schema = {"name": "output", "schema": self.output_config.format.schema_}
