@@ -8,6 +8,7 @@ import weakref
 
 import gevent
 from flask import Flask, current_app, g, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from .api import model_admin, native, ops, tokenization, ui
 from .api.access import install_access_control
@@ -71,7 +72,11 @@ def _install_request_hooks(app: Flask) -> None:
         # (gunicorn bounds the headers themselves by its keep-alive timeout.)
         limit = manager_of(current_app).settings.body_timeout_seconds
         with gevent.Timeout(limit, APIError(f"the request body did not arrive within {limit:g} s", 408)):
-            request.get_data(cache=True)
+            body = request.get_data(cache=True)
+            # A chunked body (no length) stops at the size limit without an error, and its cut JSON read as
+            # malformed: a byte more past the limit is a 413, as a body whose length says so is.
+            if len(body) >= app.config["MAX_CONTENT_LENGTH"] and request.environ["wsgi.input"].read(1):
+                raise RequestEntityTooLarge()
 
     # A request that named a model and ends before submitting to it (an error, /tokenize) lets go of it here.
     app.teardown_request(lambda _exc: let_go_of_models())
