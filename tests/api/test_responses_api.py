@@ -181,6 +181,10 @@ def test_a_stream_resumes_after_a_sequence_number(tiny_api, model):
         ({"truncation": "auto"}, "truncation"),
         ({"tool_choice": {"type": "web_search"}}, "tool_choice"),
         ({"max_output_tokens": -1}, "max_output_tokens"),
+        # the chat completion's names, which the client never sent, before
+        ({"max_output_tokens": 10**6}, "max_output_tokens"),  # over the context window
+        ({"input": []}, "input"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "strin"}}}}, "text.format"),
     ],
 )
 def test_what_is_not_supported_is_a_400_naming_the_field(tiny_api, model, change, param):

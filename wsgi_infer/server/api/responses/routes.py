@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from flask import Blueprint, g, jsonify, request
 
+from ....engine.sampling_params import InvalidParameter
 from ...engine_client.streams import RequestStream
 from ...errors import APIError
 from ...streaming.redis_store import StoreUnavailable
@@ -39,7 +41,8 @@ def create():
     conversation = (previous["history"] if previous else []) + input_messages(req.input)
     if previous and req.model is None:  # a chain keeps its model
         req.model = previous["response"]["model"]
-    stream, formatter = start_chat(req.as_chat(conversation), "response")
+    with _fields_as_sent():
+        stream, formatter = start_chat(req.as_chat(conversation), "response")
     builder = ResponseBuilder(_frame(req, formatter.model, stream.identity), stream.identity)
     keep = _Keeper(manager().responses if req.store else None, g.get("tenant", ""), conversation)
     if req.stream:
@@ -99,6 +102,25 @@ def _events(
     except StreamInterrupted as exc:
         yield from builder.fail(exc.message, exc.code, stream)
     keep(builder.response)
+
+
+# A chat completion's fields that a Responses request names otherwise.
+_FIELDS = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
+
+
+@contextmanager
+def _fields_as_sent() -> Iterator[None]:
+    """The errors of the chat completion a response runs as, naming the fields its client sent (a message's index
+    counts the instructions and the stored history too: the input as a whole)."""
+    try:
+        yield
+    except (APIError, InvalidParameter) as exc:
+        error = exc if isinstance(exc, APIError) else APIError(str(exc), 400, param=exc.param)
+        field = (error.param or "").split(".")[0]
+        if field not in _FIELDS:
+            raise
+        message = error.message.replace(error.param, _FIELDS[field], 1)
+        raise APIError(message, error.status, _FIELDS[field], error.code, error.headers) from None
 
 
 def _frame(req: ResponsesRequest, model: str, ids: ResponseIdentity) -> dict:
