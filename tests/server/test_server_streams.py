@@ -16,7 +16,7 @@ from wsgi_infer.engine.loading.model_paths import default_model_path
 
 from ..conftest import tiny_settings
 from ..support.model_servers import prompt_beside_stream
-from ..support.server import ENDLESS, GunicornServer
+from ..support.server import ENDLESS, GunicornServer, labelled_samples
 from ..support.sse_client import events
 
 pytestmark = pytest.mark.slow
@@ -76,8 +76,14 @@ def test_32_concurrent_streams_are_batched_and_correct(server, tiny_llama):
     assert_idle(server)
 
 
+def aborted(server: GunicornServer) -> float:
+    """Choices counted as aborted (a client left), as vLLM counts them."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return labelled_samples(text, "wsgi_infer:request_success_total").get((("finished_reason", "abort"),), 0.0)
+
+
 def test_disconnect_mid_stream_frees_everything(server):
-    mark = len(server.lines)
+    mark, before = len(server.lines), aborted(server)
     with (
         server.client() as http,
         http.stream("POST", "/v1/completions", json=completion_body("Hello", ENDLESS, ignore_eos=True)) as r,
@@ -91,6 +97,7 @@ def test_disconnect_mid_stream_frees_everything(server):
                 break  # leave mid-stream
     server.wait_for_log(rf"request {request_id}: response ended early, aborted 1", after=mark, timeout=30)
     assert_idle(server)
+    assert aborted(server) == before + 1
 
 
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])

@@ -154,7 +154,7 @@ class EngineLoop:
 
     def _abort(self, command: Abort) -> Aborted:
         engine = self._engines[command.model]
-        return Aborted(command.request_id, sum(engine.abort(c) for c in command.choice_ids))
+        return Aborted(command.model, command.request_id, sum(engine.abort(c) for c in command.choice_ids))
 
     def _busy(self) -> list[str]:
         return [name for name, engine in self._engines.items() if engine.has_unfinished()]

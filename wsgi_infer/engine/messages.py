@@ -157,6 +157,7 @@ class StepDone:
 
 @dataclass
 class Aborted:
+    model: str
     request_id: str
     num_choices: int
 

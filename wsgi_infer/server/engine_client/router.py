@@ -95,8 +95,9 @@ class StreamRouter:
                 self._metrics_of(stream.model).prompt_tokens.inc(event.outcome.prompt_tokens)
             stream.push(event.outcome)
 
-    @staticmethod
-    def _on_aborted(event: Aborted) -> None:
+    def _on_aborted(self, event: Aborted) -> None:
+        if event.num_choices:  # counted as vLLM counts them, beside those that stopped or reached their length
+            self._metrics_of(event.model).request_success("abort").inc(event.num_choices)
         log.info("request %s: response ended early, aborted %d unfinished choices", event.request_id, event.num_choices)
 
     def _on_step(self, step: StepDone) -> None:
