@@ -52,6 +52,7 @@ def test_a_response_is_the_chat_completion_of_the_same_conversation(client, mode
     )
     assert response.id.startswith("resp_") and response.object == "response" and response.model == model
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.completed_at is None  # only a completed response has it
     [message] = response.output
     assert message.type == "message" and message.role == "assistant" and message.status == "incomplete"
     assert response.usage.output_tokens == 9 and response.usage.input_tokens == chat.usage.prompt_tokens
@@ -72,7 +73,7 @@ def test_streamed_events_are_typed_numbered_and_build_the_response(client, model
     assert kinds[-4:] == [*done, "response.completed"]
     assert set(kinds[4:-4]) == {"response.output_text.delta"}
     deltas = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
-    assert final.status == "completed" and final.output_text == deltas
+    assert final.status == "completed" and final.output_text == deltas and final.completed_at >= final.created_at
     Unit.model_validate_json(final.output_text)
     whole = client.responses.create(**request)
     assert whole.output_text == final.output_text and whole.usage.output_tokens == final.usage.output_tokens

@@ -94,8 +94,9 @@ class ResponseBuilder:
         complete = self._finish_reason != "length"
         events = self._close("completed" if complete else "incomplete")
         self.response.update(status="completed" if complete else "incomplete", usage=usage(stream))
-        self.response["completed_at"] = int(time.time())
-        if not complete:
+        if complete:  # OpenAI's: only on a response that completed
+            self.response["completed_at"] = int(time.time())
+        else:
             self.response["incomplete_details"] = {"reason": "max_output_tokens"}
         kind = "response.completed" if complete else "response.incomplete"
         return [*events, self._event(kind, response=copy.deepcopy(self.response))]
