@@ -16,13 +16,13 @@ def health():
     making progress, and the worker is not draining (a load balancer's probe on a kept-alive connection must hear
     that this one stops); ``models`` says each model's state."""
     mgr = manager()
-    if mgr.draining:
-        return jsonify({"status": "draining"}), 503, {"Retry-After": "1"}
-    if mgr.ready and mgr.alive and not mgr.stalled:
+    if mgr.ready and mgr.alive and not mgr.stalled and not mgr.draining:
         states = {name: model.state for name, model in mgr.models.items()}
         return jsonify({"status": "ok", "model": mgr.model_name, "models": states})
-    if mgr.failure:
+    if mgr.failure:  # a worker whose engine failed drains too: the failure says more
         body = {"status": "failed", "error": mgr.failure}
+    elif mgr.draining:
+        body = {"status": "draining"}
     elif mgr.stalled:
         body = {"status": "stalled"}
     else:
