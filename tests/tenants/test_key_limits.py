@@ -5,6 +5,7 @@ database, and a dead worker's requests dropped."""
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 import subprocess
 import sys
 
@@ -110,6 +111,19 @@ def test_two_workers_count_against_one_limit_and_a_dead_ones_requests_are_droppe
     assert ghost.admit(policy, 1).ticket
     assert one.admit(policy, 1).ticket  # the dead worker's request no longer counts
     assert one.admit(policy, 1).limit == "concurrent_requests"
+
+
+def test_a_worker_opens_the_masters_store_while_another_process_holds_its_lock(tmp_path):
+    # Switching a new database to WAL needs a lock SQLite does not wait for: of two workers that booted together,
+    # one failed ("database is locked"). The master prepares it before forking them; then no opening needs that.
+    LocalLimitStore.prepare(str(tmp_path))
+    holder = sqlite3.connect(tmp_path / "limits.sqlite3", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # a worker mid-update, or still making the tables
+    try:
+        ledger = Ledger(LocalLimitStore(str(tmp_path)))  # a worker booting meanwhile
+    finally:
+        holder.execute("ROLLBACK")
+    assert ledger.admit(_policy(tmp_path, max_concurrent_requests=1), 1).ticket
 
 
 def test_reset_durations_are_written_as_openai_writes_them():

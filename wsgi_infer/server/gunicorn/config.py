@@ -20,6 +20,7 @@ from wsgi_infer.engine.runtime.cpu_budget import cpu_budget
 from wsgi_infer.server.engine_client.extension import manager_of
 from wsgi_infer.server.gunicorn.text_files_ahead import start_text_files_ahead
 from wsgi_infer.server.gunicorn.worker import InferenceWorker
+from wsgi_infer.server.tenants.local_store import LocalLimitStore
 
 # Read in the master before any worker exists (and before torch is imported anywhere).
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -29,6 +30,7 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 if not os.environ.get("WSGI_INFER_LIMITS_DIR"):  # the API keys' limits, which every worker counts against
     os.environ["WSGI_INFER_LIMITS_DIR"] = tempfile.mkdtemp(prefix="wsgi-infer-limits-")
     os.environ["WSGI_INFER_OWNS_LIMITS_DIR"] = "1"
+LocalLimitStore.prepare(os.environ["WSGI_INFER_LIMITS_DIR"])
 
 wsgi_app = "wsgi_infer.server.wsgi:app"
 bind = "127.0.0.1:8000"

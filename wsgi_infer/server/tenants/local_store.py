@@ -27,6 +27,13 @@ class LocalLimitStore:
         self._db.execute("CREATE TABLE IF NOT EXISTS keys (id TEXT PRIMARY KEY, state TEXT NOT NULL)")
         self.owner = str(os.getpid())
 
+    @classmethod
+    def prepare(cls, directory: str) -> None:
+        """Make the database before any worker opens it (the gunicorn master, before it forks them): two workers
+        that switched a new one to WAL at once had one of them fail to boot ("database is locked": SQLite does not
+        wait for that lock, and once the file is in WAL mode nobody needs it)."""
+        cls(directory)._db.close()
+
     def update(self, key_id: str, change: Callable[[dict], T]) -> T:
         self._db.execute("BEGIN IMMEDIATE")
         try:
