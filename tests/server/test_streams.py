@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import socket
 
 import pytest
@@ -25,6 +26,11 @@ def test_a_reader_that_falls_behind_still_gets_the_end():
     assert [d.text for d in pieces] == ["Hel", "lo"] and pieces[-1].finish_reason == "length"
 
 
+def arrived(sock: socket.socket) -> bool:
+    """Whether something (bytes, or the peer's end of the stream) has reached ``sock``, waiting up to 10 s for it."""
+    return bool(select.select([sock], [], [], 10)[0])
+
+
 def test_a_client_is_gone_once_its_end_of_the_connection_closes():
     with socket.create_server(("127.0.0.1", 0)) as listener:
         client_side = socket.create_connection(listener.getsockname())
@@ -33,10 +39,10 @@ def test_a_client_is_gone_once_its_end_of_the_connection_closes():
     with server_side:
         assert not client_gone(environ) and not client_gone({})  # connected; no socket (a test client)
         client_side.sendall(b"GET /next HTTP/1.1\r\n")  # a pipelined request: still there
-        assert not client_gone(environ)
+        assert arrived(server_side) and not client_gone(environ)
         assert server_side.recv(100)
         client_side.close()
-        assert client_gone(environ)
+        assert arrived(server_side) and client_gone(environ)  # its end of the stream
         with pytest.raises(ClientGone):
             list(while_connected(range(3), environ, every=0))
     assert client_gone(environ)  # its own end closed too
