@@ -194,6 +194,8 @@ def test_bad_tool_requests_are_400s_naming_the_field(tiny_api, fields, param):
         ("/v1/completions", {"prompt": [[1, 2.0]]}, "prompt"),
         ("/v1/completions", {"prompt": "Hi", "stream": "yes"}, "stream"),
         ("/v1/completions", {"prompt": "Hi", "stop": ""}, "stop"),
+        ("/v1/completions", {"prompt": "Hi", "priority": True}, "priority"),
+        ("/v1/completions", {"prompt": "Hi", "cache_salt": 7}, "cache_salt"),
         ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages.0"),
         ("/v1/chat/completions", {"messages": [*ASK, {"role": "assistant", "content": None}]}, "messages.1"),
         ("/v1/chat/completions", {"messages": ASK, "top_logprobs": 2}, "top_logprobs"),

@@ -87,6 +87,22 @@ def test_hash_depends_on_the_whole_prefix():
     assert kv.find_cached_prefix(make_seq("b", [9, 9, 3, 4, 5])) is None
 
 
+def test_a_prefix_is_found_only_by_requests_of_its_tenant_and_salt():
+    kv = one_pool(num_blocks=16, block_size=2)
+
+    def seq(name: str, tenant: str = "", salt: str = "") -> Sequence:
+        return Sequence(name, [1, 2, 3, 4, 5], SamplingParams(tenant=tenant, cache_salt=salt), max_tokens=16)
+
+    compute_all(kv, seq("a", tenant="alice"))
+    assert kv.find_cached_prefix(seq("b", tenant="alice")).num_blocks == 2
+    assert kv.find_cached_prefix(seq("c", tenant="mallory")) is None  # cached_tokens would tell mallory
+    assert kv.find_cached_prefix(seq("d")) is None
+    assert kv.find_cached_prefix(seq("e", tenant="alice", salt="s")) is None
+    compute_all(kv, seq("f", salt="s"))
+    assert kv.find_cached_prefix(seq("g", salt="s")).num_blocks == 2
+    assert kv.find_cached_prefix(seq("h", tenant="s")) is None  # the pair, not its concatenation
+
+
 def test_a_lone_prompt_whose_cached_prefix_and_chunk_overflow_the_cache_starts_over():
     """Where every layer slides, a prompt may be longer than the cache: its whole cached prefix and its next chunk
     may not fit. Alone, it is scheduled from its first token (its blocks go back as its window moves on) rather

@@ -104,6 +104,25 @@ def test_generated_tokens_a_minute_refuse_with_retry_after_and_recover(tiny_mode
         wait_until(lambda: _ask(http, "meter-secret").status_code == 200, "the bucket refilled", timeout=20)
 
 
+def test_a_keys_cached_prefixes_are_its_own_and_a_cache_salt_parts_them_further(tiny_model_dirs, tmp_path):
+    """One key cannot learn from cached_tokens (or its first token's time) what another key sent: prefixes are
+    hashed with the key's id, and with vLLM's cache_salt where a request gives one."""
+
+    def cached(key: str, **body) -> int:
+        response = _ask(http, key, prompt="Once upon a time there was a dragon. " * 12, max_tokens=1, **body)
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    with GunicornServer(_settings(tiny_model_dirs, tmp_path)).wait_ready() as server, server.client() as http:
+        assert cached("free-secret") == 0
+        assert cached("free-secret") > 0  # the same key, the same prompt
+        assert cached("solo-secret") == 0  # another key
+        assert cached("free-secret", cache_salt="one") == 0
+        assert cached("free-secret", cache_salt="one") > 0
+        refused = _ask(http, "free-secret", cache_salt="")
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "cache_salt"
+
+
 def test_redis_holds_a_limit_across_two_servers(tiny_model_dirs, tmp_path):
     with RedisServer(tmp_path) as redis:
         settings = _settings(tiny_model_dirs, tmp_path, redis_url=redis.url)

@@ -142,6 +142,10 @@ class SamplingParams:
     # each gets a share of the engine in proportion to its weight (``scheduling.fair_share``). Not sampling either.
     tenant: str = ""
     tenant_weight: float = 1.0
+    # vLLM's cache_salt: with the tenant, what the request's cached prefixes are hashed with, so that one key
+    # cannot learn what another sent from cached_tokens or its first token's time. Requests share prefixes only
+    # with requests of the same tenant and salt.
+    cache_salt: str = ""
     # An embedding of the prompt instead of text (with max_tokens 0): the mean of its final hidden states, or the
     # last one's, L2-normalized.
     pooling: Literal["mean", "last"] | None = None

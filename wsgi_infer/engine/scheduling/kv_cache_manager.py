@@ -28,6 +28,14 @@ def chain_hash(previous: bytes, token_ids: list[int]) -> bytes:
     return hashlib.blake2b(previous + array("q", token_ids).tobytes(), digest_size=16).digest()
 
 
+def chain_start(tenant: str, cache_salt: str) -> bytes:
+    """What a sequence's first block is chained to: nothing for a request of no tenant and no salt, else the pair's
+    own hash, so that their prefixes are found by their requests alone (in memory and in the KV store)."""
+    if not tenant and not cache_salt:
+        return b""
+    return hashlib.blake2b(f"{tenant}\0{cache_salt}".encode(), digest_size=16).digest()
+
+
 @dataclass(frozen=True)
 class KVGroup:
     """Layers whose keys and values share block tables: their sliding window (tokens, or 0: the whole context)
@@ -85,7 +93,7 @@ class KVCacheManager:
         """Extend ``seq.block_hashes`` to cover every full block of its tokens."""
         bs = self.block_size
         for i in range(len(seq.block_hashes), seq.num_tokens // bs):
-            previous = seq.block_hashes[i - 1] if i else b""
+            previous = seq.block_hashes[i - 1] if i else chain_start(seq.params.tenant, seq.params.cache_salt)
             seq.block_hashes.append(chain_hash(previous, seq.token_ids[i * bs : (i + 1) * bs]))
 
     def find_cached_prefix(

@@ -158,7 +158,8 @@ class SamplingRequest(Request):
     frequency_penalty: float | None = engine_field("frequency_penalty")
     repetition_penalty: float | None = engine_field("repetition_penalty")
     ignore_eos: StrictBool = False
-    priority: int = 0  # vLLM's: lower runs first
+    priority: StrictInt = 0  # vLLM's: lower runs first
+    cache_salt: str | None = Field(None, min_length=1)  # vLLM's: prefixes shared only with the same salt
     user: str | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -196,6 +197,7 @@ class SamplingRequest(Request):
                 stop=[] if self.stop is None else self.stop,  # "" is refused as [""] is
                 ignore_eos=self.ignore_eos,
                 priority=self.priority,
+                cache_salt=self.cache_salt or "",
                 max_tokens=max_tokens,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
