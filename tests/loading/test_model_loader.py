@@ -137,6 +137,12 @@ def test_a_gguf_digest_is_remembered_until_the_file_changes(tmp_path, monkeypatc
     remembered = json.loads((tmp_path / "cache" / FILE_DIGESTS_FILE).read_text())
     expected = [hashlib.sha256(content).hexdigest()[:16] for content in (b"first", b"second, longer")]
     assert sorted(remembered.values()) == sorted(expected)
+    # another file of the same size and modification time put in its place (rsync -a, a reproducible archive)
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"third, same ln")
+    os.utime(other, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))
+    os.replace(other, path)
+    assert file_digest(path) == hashlib.sha256(b"third, same ln").hexdigest()[:16]
 
 
 def test_a_conversion_removes_the_copies_earlier_versions_made_of_the_same_file(tmp_path, monkeypatch, caplog):

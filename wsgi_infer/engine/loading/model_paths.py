@@ -65,8 +65,10 @@ def is_embedding_model(model_dir: Path) -> bool:
 
 
 def _digest_key(path: Path) -> str:
+    # git's index: size and modification time, which a copy can keep (rsync -a, reproducible archives), and the
+    # inode and status change time, which nobody sets: a file put in the place of another is hashed anew
     stat = path.stat()
-    return f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}"
+    return f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns} {stat.st_ino} {stat.st_ctime_ns}"
 
 
 def known_gguf_identity(path: Path) -> str | None:
@@ -79,7 +81,7 @@ def _remembered_as(path: Path, kind: str) -> str:
 
 
 def _remember(path: Path, kind: str, digest: Callable[[], str]) -> str:
-    """A digest of the file, remembered by path, size and modification time as git's index does."""
+    """A digest of the file, remembered by what git's index compares (``_digest_key``)."""
     known = read_json(cache_root() / FILE_DIGESTS_FILE) or {}
     key = _remembered_as(path, kind)
     if key not in known:
