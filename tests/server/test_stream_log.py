@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import gevent
+import gevent.event
 from openai._streaming import SSEDecoder
 
 from wsgi_infer.server.metrics import ModelMetrics
@@ -51,6 +52,18 @@ def test_a_waiting_reader_wakes_on_append_and_on_finish():
     log.finish()
     reader.join(timeout=5)
     assert reader.dead and taken == [f"id: 1\n{sse.event({'n': 1})}"]
+
+
+def test_a_stream_read_elsewhere_when_its_reader_here_left_is_abandoned_once_that_reader_is_gone_too():
+    """A resume on another worker (through Redis) holds the stream while it reads; when it leaves too, nobody
+    tells this worker: the stream is looked at again each grace period until nobody reads it anywhere."""
+    elsewhere, abandoned = [True, True, False], gevent.event.Event()
+    log = StreamLog("s", grace=0.01, on_abandoned=abandoned.set, read_elsewhere=lambda: elsewhere.pop(0))
+    log.append(sse.event({"n": 1}))
+    reader = log.read(0, heartbeat=1.0)
+    next(reader)
+    reader.close()  # the client here left: a reader elsewhere took the stream over, then left too
+    assert abandoned.wait(timeout=10) and elsewhere == []
 
 
 def published_past_the_bound(events) -> list[str]:

@@ -150,7 +150,11 @@ class StreamLog:
         return ready()
 
     def _abandon_if_unread(self) -> None:
-        if not self.readers and not self.finished and not self._read_elsewhere():
+        if self.readers or self.finished:
+            return
+        if self._read_elsewhere():  # nobody tells this worker when that reader leaves: look again
+            gevent.spawn_later(self._grace, self._abandon_if_unread)
+        else:
             self._on_abandoned()
 
     def _notify(self) -> None:
