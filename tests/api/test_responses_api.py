@@ -167,6 +167,8 @@ def test_a_stream_resumes_after_a_sequence_number(tiny_api, model):
         resumed_url = f"/v1/responses/{whole[0]['response']['id']}?stream=true&starting_after=3"
         with http.stream("GET", resumed_url) as reply:
             resumed = [e.json for e in events(reply) if e.data]
+        for url in (resumed_url.replace("=3", "=\u00b2"), f"/v1/streams/{stream_id}?last_event_id=\u00b2"):
+            assert http.get(url).status_code == 400, url  # a digit to str.isdigit, not to int(): it was a 500
     assert stream_id == whole[0]["response"]["id"]
     assert resumed == whole[4:] and resumed[-1]["type"] == "response.incomplete"
 

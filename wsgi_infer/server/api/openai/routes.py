@@ -81,7 +81,7 @@ def resume(stream_id: str):
     """Resume a stream after the event the client saw last (Last-Event-ID, as EventSource sends)."""
     log = published_log(stream_id)
     last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or "0"
-    if not last.isdigit():
+    if not (last.isascii() and last.isdigit()):  # "²" is a digit int() refuses
         raise APIError("Last-Event-ID must be an event id of this stream", 400, param="Last-Event-ID")
     return log_response(log, int(last), stream_id)
 

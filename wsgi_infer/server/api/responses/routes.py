@@ -58,7 +58,7 @@ def create():
 def retrieve(response_id: str):
     if request.args.get("stream") in ("true", "1"):
         after = request.args.get("starting_after", "-1")
-        if not after.lstrip("-").isdigit():
+        if not (after.isascii() and after.lstrip("-").isdigit()):
             raise APIError("starting_after must be an event's sequence_number", param="starting_after")
         return log_response(published_log(response_id), int(after) + 1, response_id)  # log ids count from 1
     return jsonify(_stored(response_id, "response_id")["response"])
