@@ -77,6 +77,23 @@ def test_the_size_limit_removes_the_least_recently_used_blocks_of_every_model(tm
     assert store.counters.evicted_blocks == 3
 
 
+def test_what_else_lies_in_the_directory_is_left_alone_and_the_limit_still_holds(tmp_path):
+    """A directory named like a block, a link, and a folder that is no namespace (a mount's lost+found) made every
+    write fail ("Is a directory") and the store stay degraded, never bounded."""
+    size = len(b"".join(frame(NAMESPACE, b"k" * 16, _payload(1000))))
+    store = DirectoryStore(tmp_path, 4 * size)
+    assert _put(store, b"a" * 16)
+    namespace = next(tmp_path.iterdir())
+    (namespace / f"{'b' * 32}.kv").mkdir()
+    (namespace / f"{'c' * 32}.kv").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "lost+found").mkdir()
+    (tmp_path / "lost+found" / f"{'d' * 32}.kv").write_bytes(b"x" * 10 * size)
+    for i in range(8):
+        assert _put(store, bytes([i]) * 16)
+    assert len(list(namespace.glob("*.kv"))) == 3 + 2 and store.counters.evicted_blocks == 6
+    assert (tmp_path / "lost+found" / f"{'d' * 32}.kv").stat().st_size == 10 * size  # not ours: not counted
+
+
 WRITER = """
 import sys
 from pathlib import Path

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from stat import S_ISREG
 
 from .backend import StoreCounters
 
@@ -107,23 +108,42 @@ class DirectoryStore:
                     self.counters.evicted_blocks += 1
                 except FileNotFoundError:
                     pass  # another worker evicted it
+                except OSError:
+                    continue  # it stays, and counts
                 total -= size
             log.info("KV store %s: least recently used blocks removed, %d MiB kept", self.root, total >> 20)
         self._total, self._written_since_scan = total, 0
 
     def _scan(self) -> list[tuple[float, int, Path]]:
-        """(modification time, size, path) of every block; removes temporary files that writers left behind."""
+        """(modification time, size, path) of every block; removes temporary files that writers left behind. Only
+        the store's own entries: a namespace's folder (32 hex digits) and regular files in it (a mount's lost+found,
+        a link, a folder named like a block are not the store's to count or remove)."""
         found, now = [], time.time()
-        for namespace in os.scandir(self.root):
-            if not namespace.is_dir(follow_symlinks=False):
+        for namespace in _entries(self.root):
+            if not (_is_namespace(namespace.name) and namespace.is_dir(follow_symlinks=False)):
                 continue
-            for entry in os.scandir(namespace.path):
+            for entry in _entries(namespace.path):
                 try:
                     stat = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
+                except OSError:
+                    continue
+                if not S_ISREG(stat.st_mode):
                     continue
                 if entry.name.endswith(SUFFIX):
                     found.append((stat.st_mtime, stat.st_size, Path(entry.path)))
                 elif entry.name.endswith(".tmp") and now - stat.st_mtime > _STALE_TEMPORARY_SECONDS:
                     Path(entry.path).unlink(missing_ok=True)
         return found
+
+
+def _entries(path: str | Path) -> list[os.DirEntry]:
+    """A folder's entries; none where it cannot be read (gone, or another user's)."""
+    try:
+        with os.scandir(path) as entries:
+            return list(entries)
+    except OSError:
+        return []
+
+
+def _is_namespace(name: str) -> bool:
+    return len(name) == 32 and all(c in "0123456789abcdef" for c in name)
