@@ -157,6 +157,8 @@ def test_sigterm_drains_short_streams_and_ends_endless_ones(tiny_model_dirs, rec
     signalled = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     server.wait_for_log(r"draining: \d+ open requests", after=mark)
+    with pytest.raises(ConnectionRefusedError):  # not taken into the backlog, then reset with its request sent
+        socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=5).close()
     health = probe.get("/health")  # a connection's first request after the drain began is its last
     assert health.status_code == 503 and health.json()["status"] == "draining" and health.headers["retry-after"]
     during = keep_alive.post("/v1/completions", json={"prompt": "too late", "max_tokens": 2})

@@ -4,8 +4,9 @@ gunicorn's own gevent worker only sets ``alive = False`` on SIGTERM, keeps
 accepting for up to a second, then waits for its connections until the master
 SIGKILLs it at graceful_timeout: endless streams would be cut without a word.
 Here every transition of ``alive`` to False (SIGTERM, the old workers of a
-SIGHUP reload, max_requests, an engine that died) stops accepting at once, so
-the other (or new) workers take new connections, and starts the engine
+SIGHUP reload, max_requests, an engine that died) closes the worker's listeners
+at once, so the other (or new) workers take new connections (or, the master's
+closed too, they are refused), and starts the engine
 manager's drain in a greenlet. SIGINT/SIGQUIT end every stream at once, then
 exit.
 
@@ -78,8 +79,8 @@ class InferenceWorker(GeventWorker):
         self._alive = value
         if not stopping:
             return
-        for server in self._servers:
-            server.stop_accepting()
+        for server in self._servers:  # closed, not only unwatched: a listener held open still completes handshakes,
+            server.close()  # and those connections were reset at the close, their requests sent (1 s later)
         manager = manager_of(getattr(self, "wsgi", None))
         if manager is not None and not self._quitting:
             self._draining = gevent.spawn(manager.drain, self.drain_seconds)
@@ -125,7 +126,8 @@ class InferenceWorker(GeventWorker):
             self.notify()
             gevent.sleep(1.0)
         for server in self._servers:
-            server.close()
+            if not server.closed:  # alive was False before the servers started
+                server.close()
         # Let open connections finish (the drain ends streams before this deadline).
         deadline = time.time() + self.cfg.graceful_timeout
         while time.time() < deadline and any(len(s.pool) for s in self._servers):
