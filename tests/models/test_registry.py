@@ -3,10 +3,14 @@ unloads and a failure, and Ollama's keep_alive durations."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from pydantic import TypeAdapter
 
 from wsgi_infer.server.api.schemas import KeepAlive
+from wsgi_infer.server.engine_client import served_model
+from wsgi_infer.server.engine_client.served_model import RETRY_FAILED_LOAD_SECONDS
 
 from ..conftest import tiny_settings
 from ..support.in_process import InProcessServer
@@ -25,11 +29,16 @@ aliases = ["first"]
 path = "{tiny_model_dirs["qwen3"]}"
 [models.broken]
 path = "{folder / "broken.gguf"}"
+[models.late]
+path = "{folder / "late"}"
+[models.later]
+path = "{folder / "later"}"
 """
     )
     settings = tiny_settings(tiny_model_dirs, models_config=folder / "models.toml")
     del settings["model"]
     with InProcessServer(settings) as server:
+        server.folder = folder
         yield server
 
 
@@ -66,8 +75,25 @@ def test_a_model_that_cannot_load_is_failed_with_its_reason(registry):
         described = http.get("/v1/models/broken").json()
         served = http.post("/v1/completions", json={"model": "a", "prompt": "Hi", "max_tokens": 1})
     assert failed.status_code == 503 and failed.json()["error"]["code"] == "model_load_failed"
+    assert 1 <= int(failed.headers["retry-after"]) <= RETRY_FAILED_LOAD_SECONDS
     assert described["state"] == "failed" and described["failure"].startswith("model failed to load")
     assert served.status_code == 200
+
+
+def test_a_model_whose_files_came_after_its_failed_load_loads_when_asked(registry, tiny_model_dirs, monkeypatch):
+    """A failure is not for the worker's life: an operator's load tries again at once, a request after a while (it
+    stayed failed through both before, until a restart)."""
+    with registry.client() as http:
+        asks = {name: {"model": name, "prompt": "Hi", "max_tokens": 1} for name in ("late", "later")}
+        for ask in asks.values():
+            assert http.post("/v1/completions", json=ask).json()["error"]["code"] == "model_load_failed"
+        for name in asks:  # their files, copied in at last
+            shutil.copytree(tiny_model_dirs["llama"], registry.folder / name)
+        assert http.post("/v1/completions", json=asks["late"]).json()["error"]["code"] == "model_load_failed"
+        assert http.post("/v1/models/late/load").json()["state"] == "loaded"
+        assert http.post("/v1/completions", json=asks["late"]).status_code == 200
+        monkeypatch.setattr(served_model, "RETRY_FAILED_LOAD_SECONDS", 0.0)  # the while has passed
+        assert http.post("/v1/completions", json=asks["later"]).status_code == 200
 
 
 @pytest.mark.parametrize(

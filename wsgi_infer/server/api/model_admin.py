@@ -13,9 +13,10 @@ bp = Blueprint("model_admin", __name__)
 
 @bp.post("/v1/models/<path:model_id>/load")
 def load(model_id: str):
-    """Load the model (unloading idle ones to make room, as a request would); its entry once it serves."""
+    """Load the model (unloading idle ones to make room, as a request would; one whose load failed, again); its
+    entry once it serves."""
     model = served(model_id)
-    wait_ready(model)
+    wait_ready(model, retry_failed=True)
     return jsonify(model.describe())
 
 

@@ -59,13 +59,14 @@ def model_of(stream: RequestStream) -> ServedModel:
     return manager().models[stream.model]
 
 
-def wait_ready(model: ServedModel) -> None:
+def wait_ready(model: ServedModel, retry_failed: bool = False) -> None:
     """A model that is loading (a worker just started, a reload, a request for an unloaded model, which loads it)
     holds the request a while."""
-    if model.wait_ready(model.settings.load_wait_seconds):
+    if model.wait_ready(model.settings.load_wait_seconds, retry_failed):
         return
-    if model.failure:
-        raise APIError(f"model {model.name!r}: {model.failure}", 503, code="model_load_failed")
+    if model.state == "failed":
+        retry = {"Retry-After": str(model.retry_in)}
+        raise APIError(f"model {model.name!r}: {model.failure}", 503, code="model_load_failed", headers=retry)
     if model.waiting:
         budget = manager().loads.budget >> 20
         message = f"model {model.name!r} waits for room: models with open requests hold the memory ({budget} MiB)"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OPENS_THOUGHT_CACHE = 64  # distinct chat_template_kwargs remembered
+# A load that failed is tried again by a request this long after (a file still being copied, a mount back), at
+# once by ``POST /v1/models/{id}/load``; meanwhile its requests are 503s saying when.
+RETRY_FAILED_LOAD_SECONDS = 30.0
 
 
 class ServedModel:
@@ -45,6 +49,7 @@ class ServedModel:
         self._worker = worker
         self.state = "unloaded"
         self.failure: str | None = None
+        self._failed_at = 0.0
         self.model_dir = ""
         self.max_model_len = 0
         self.task = spec.task  # "generate", or "embed"
@@ -97,7 +102,7 @@ class ServedModel:
         log.info("engine ready: serving %s (context %d tokens)", self.name, self.max_model_len)
 
     def on_failed(self, event: EngineFailed) -> None:
-        self.state, self.failure = "failed", event.message
+        self.state, self.failure, self._failed_at = "failed", event.message, time.monotonic()
         self._settled.set()  # nobody waits for a model that failed
         log.error("%s: %s\n%s", self.name, event.message, event.detail)
 
@@ -105,9 +110,17 @@ class ServedModel:
         self.state = "unloaded"  # its text side stays, for its next load
         self._settled.clear()  # its gauges read zero once the engine freed it (``Router.forget``)
 
-    def wait_ready(self, timeout: float) -> bool:
-        """Wait (cooperatively) while the model loads; a request for an unloaded model loads it."""
+    @property
+    def retry_in(self) -> int:
+        """Whole seconds until a request tries the failed load again (at least 1)."""
+        return max(1, math.ceil(self._failed_at + RETRY_FAILED_LOAD_SECONDS - time.monotonic()))
+
+    def wait_ready(self, timeout: float, retry_failed: bool = False) -> bool:
+        """Wait (cooperatively) while the model loads; a request for an unloaded model loads it, and one for a
+        model whose load failed a while ago (or at once, ``retry_failed``) tries again."""
         self.last_used = time.monotonic()
+        if self.state == "failed" and (retry_failed or time.monotonic() >= self._failed_at + RETRY_FAILED_LOAD_SECONDS):
+            self.state = "unloaded"  # its failure stays told until the next load's outcome
         if self.state == "unloaded":
             self._worker.wait_ready(timeout)  # a worker builds the text sides at start before it is ready
             self._worker.load(self)
