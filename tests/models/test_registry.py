@@ -33,6 +33,9 @@ path = "{folder / "broken.gguf"}"
 path = "{folder / "late"}"
 [models.later]
 path = "{folder / "later"}"
+[models.huge]
+path = "{tiny_model_dirs["llama"]}"
+kv_cache_memory_mb = 100_000_000
 """
     )
     settings = tiny_settings(tiny_model_dirs, models_config=folder / "models.toml")
@@ -78,6 +81,16 @@ def test_a_model_that_cannot_load_is_failed_with_its_reason(registry):
     assert 1 <= int(failed.headers["retry-after"]) <= RETRY_FAILED_LOAD_SECONDS
     assert described["state"] == "failed" and described["failure"].startswith("model failed to load")
     assert served.status_code == 200
+
+
+def test_a_model_larger_than_the_memory_budget_fails_at_once_saying_so(registry):
+    """It waited for room no unload could make, and each request was a 503 after the load wait saying the models
+    loaded were busy."""
+    with registry.client() as http:
+        refused = http.post("/v1/completions", json={"model": "huge", "prompt": "Hi", "max_tokens": 1})
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_load_failed"
+    assert "more than the worker's memory budget" in refused.json()["error"]["message"]
+    assert "WSGI_INFER_MODELS_MEMORY_MB" in refused.json()["error"]["message"]
 
 
 def test_a_model_whose_files_came_after_its_failed_load_loads_when_asked(registry, tiny_model_dirs, monkeypatch):

@@ -18,11 +18,13 @@ from collections.abc import Callable
 
 import gevent
 
-from ...engine.messages import Load, PrepareText, TextPrepared, Unload
+from ...engine.messages import EngineFailed, Load, PrepareText, TextPrepared, Unload
 from .residency import Evictions, Resident, default_budget, evictions
 from .served_model import ServedModel
 
 log = logging.getLogger(__name__)
+
+BUDGET_SETTING = "WSGI_INFER_MODELS_MEMORY_MB"
 
 
 class ModelLoads:
@@ -51,6 +53,11 @@ class ModelLoads:
         if model.state in ("loading", "loaded"):
             return
         going = Evictions() if at_start else self._room_for(model)
+        if going is None and model.footprint + model.text_bytes > self.budget:  # no unload ever makes room
+            needs, budget = (model.footprint + model.text_bytes) >> 20, self.budget >> 20
+            why = f"it needs about {needs} MiB, more than the worker's memory budget ({budget} MiB, {BUDGET_SETTING})"
+            model.on_failed(EngineFailed(why, model=model.name))
+            return
         if going is None:
             if not model.waiting:
                 log.info("%s waits for room: the models loaded are busy", model.name)
