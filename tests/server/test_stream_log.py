@@ -66,6 +66,23 @@ def test_a_stream_read_elsewhere_when_its_reader_here_left_is_abandoned_once_tha
     assert abandoned.wait(timeout=10) and elsewhere == []
 
 
+def test_an_event_the_mirror_has_not_released_wakes_no_heartbeat():
+    """With Redis, each event is released once the mirror has copied it: its append woke the reader, which wrote a
+    heartbeat before every event (as many writes again)."""
+    log = new_log()
+    log.copied(0)  # a mirror runs: nothing released yet
+    taken: list[str] = []
+    reader = gevent.spawn(lambda: taken.extend(log.read(0, heartbeat=30.0)))
+    gevent.sleep(0)
+    log.append(sse.event({"n": 1}))
+    gevent.sleep(0)  # the reader wakes, and finds nothing released
+    gevent.sleep(0)
+    log.copied(1)
+    log.finish()
+    reader.join(timeout=5)
+    assert reader.dead and taken == [f"id: 1\n{sse.event({'n': 1})}"]
+
+
 def published_past_the_bound(events) -> list[str]:
     """The events a stream's log ends with when its events, never read, pass a backlog bound of 100 bytes."""
     logs = StreamLogs(keep_seconds=60, grace=60, backlog_bytes=100, redis_url=None, metrics=ModelMetrics("bound"))

@@ -143,11 +143,15 @@ class StreamLog:
         return self.released > position or self._read_to_end(position)
 
     def _wait_until(self, ready: Callable[[], bool], timeout: float) -> bool:
-        """Wait up to ``timeout`` s for the log to change until ``ready()``; whether it is."""
-        changed = self._changed
-        if not ready():
-            changed.wait(timeout)
-        return ready()
+        """Wait up to ``timeout`` s for the log to change until ``ready()``; whether it is. A change that leaves it
+        unready (an event appended that the mirror has not released) waits on: a reader wrote a heartbeat for each."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._changed.wait(left)
+        return True
 
     def _abandon_if_unread(self) -> None:
         if self.readers or self.finished:
