@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from transformers.integrations.gguf.reader import _read_metadata, _read_tensor_table
 
+from wsgi_infer.engine.loading.gguf_file import tensor_table
 from wsgi_infer.engine.loading.gguf_header import read_header
 from wsgi_infer.engine.loading.gguf_tokenizer import STRING_ARRAYS
 from wsgi_infer.engine.loading.model_paths import default_model_path
@@ -50,3 +51,15 @@ def test_a_file_that_is_not_gguf_is_refused_by_name(tmp_path):
     path.write_bytes(b"PK\x03\x04" + bytes(64))
     with pytest.raises(ValueError, match="does not start with the GGUF magic bytes"):
         read_header(path)
+
+
+def test_a_file_cut_short_is_refused_as_truncated(tmp_path):
+    """What a copy cut short said: "cannot reshape array of size 18214336 into shape (49152,612)", or "unpack_from
+    requires a buffer of at least 1006 bytes"."""
+    whole = write_tiny_gguf(tmp_path / "t.gguf", MIXED_TYPES).path.read_bytes()
+    _, _, data_start = read_header(tmp_path / "t.gguf")
+    for cut in (data_start // 2, len(whole) - 100):
+        path = tmp_path / f"cut-{cut}.gguf"
+        path.write_bytes(whole[:cut])
+        with pytest.raises(ValueError, match="is truncated"):
+            tensor_table(path)

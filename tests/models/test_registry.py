@@ -20,6 +20,7 @@ from ..support.in_process import InProcessServer
 def registry(tiny_model_dirs, tmp_path_factory):
     folder = tmp_path_factory.mktemp("registry")
     (folder / "broken.gguf").write_bytes(b"not a GGUF")
+    shutil.copytree(tiny_model_dirs["llama"], folder / "tokenless", ignore=shutil.ignore_patterns("tokenizer*"))
     (folder / "models.toml").write_text(
         f"""
 [models.a]
@@ -33,6 +34,8 @@ path = "{folder / "broken.gguf"}"
 path = "{folder / "late"}"
 [models.later]
 path = "{folder / "later"}"
+[models.tokenless]
+path = "{folder / "tokenless"}"
 [models.huge]
 path = "{tiny_model_dirs["llama"]}"
 kv_cache_memory_mb = 100_000_000
@@ -81,6 +84,15 @@ def test_a_model_that_cannot_load_is_failed_with_its_reason(registry):
     assert 1 <= int(failed.headers["retry-after"]) <= RETRY_FAILED_LOAD_SECONDS
     assert described["state"] == "failed" and described["failure"].startswith("model failed to load")
     assert served.status_code == 200
+
+
+def test_a_load_error_of_several_lines_is_told_whole_on_one(registry):
+    """transformers' error for a folder without a tokenizer lists its ways on lines of their own: the client was
+    told "Couldn't instantiate the backend tokenizer from one of:" and no more."""
+    with registry.client() as http:
+        refused = http.post("/v1/completions", json={"model": "tokenless", "prompt": "Hi", "max_tokens": 1})
+    message = refused.json()["error"]["message"]
+    assert refused.status_code == 503 and "\n" not in message and "(1)" in message and "(2)" in message
 
 
 def test_a_model_larger_than_the_memory_budget_fails_at_once_saying_so(registry):

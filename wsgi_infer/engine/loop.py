@@ -57,6 +57,7 @@ from .text_side import TextSide, prepared_text_side
 log = logging.getLogger(__name__)
 
 Engine = LLMEngine | EmbeddingEngine
+MAX_FAILURE_CHARS = 400  # of a load's error, as its clients are told (the log has it whole)
 
 
 class Channel(Protocol):
@@ -221,8 +222,8 @@ class EngineLoop:
                 SimpleQueue().get(timeout=self._load_seconds)
             self._channel.send(Loaded(command.model, engine))
         except Exception as exc:  # a bad model path or file: reported, the other models keep serving
-            first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
-            failure = EngineFailed(f"model failed to load: {first_line}", traceback.format_exc(), command.model)
+            said = " ".join(str(exc).split())[:MAX_FAILURE_CHARS] or type(exc).__name__  # one line, all its parts
+            failure = EngineFailed(f"model failed to load: {said}", traceback.format_exc(), command.model)
             self._channel.send(Loaded(command.model, failure=failure))
 
     def _on_loaded(self, loaded: Loaded) -> list:

@@ -109,6 +109,10 @@ def _at(blob: np.ndarray, name: str, ggml_type: GGMLQuantizationType, shape: tup
     block_weights, block_bytes = GGML_QUANT_SIZES[ggml_type]
     row_bytes = shape[-1] // block_weights * block_bytes
     rows = int(np.prod(shape[:-1]))
+    if start + rows * row_bytes > len(blob):  # a copy cut short: say so, not what reshaping it raised
+        raise ValueError(
+            f"the file is truncated: tensor {name} ends at byte {start + rows * row_bytes:,} of {len(blob):,}"
+        )
     # A plain array over the mapping: gguf-py slices it per row group, and a memmap's every slice costs a
     # Python-level finalizer (0.5 s of a 6 s conversion).
     raw = np.asarray(blob[start : start + rows * row_bytes]).reshape(rows, row_bytes)

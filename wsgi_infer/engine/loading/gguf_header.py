@@ -71,25 +71,33 @@ def read_header(gguf_file: Path, string_arrays: Container[str] = ()) -> tuple[di
             raise ValueError(f"{gguf_file} does not start with the GGUF magic bytes, so it is not a GGUF file")
         cursor = _Cursor(blob)
         cursor.pos = 4
-        version, tensor_count, metadata_count = cursor.read("IQQ")
-        if version not in VERSIONS:
-            raise ValueError(f"{gguf_file} is GGUF v{version}; this reader reads v2 and v3")
-        metadata = {}
-        for _ in range(metadata_count):
-            key = cursor.string()
-            (kind,) = cursor.read("I")
-            metadata[key] = cursor.value(kind, key in string_arrays)
-        if "general.architecture" not in metadata:
-            raise ValueError(f"{gguf_file} has no general.architecture in its metadata")
-        entries = []
-        for _ in range(tensor_count):
-            name = cursor.string()
-            (dims,) = cursor.read("I")
-            shape = tuple(reversed(cursor.read(f"{dims}Q")))  # ggml's fastest-moving dimension first, torch's last
-            ggml_type, offset = cursor.read("IQ")
-            entries.append((name, shape, ggml_type, offset))
+        try:
+            metadata, entries = _metadata_and_table(gguf_file, cursor, string_arrays)
+        except struct.error:
+            raise ValueError(f"{gguf_file} is truncated: its header goes past the file's {len(blob):,} bytes") from None
     alignment = metadata.get("general.alignment", 32)
     return metadata, entries, (cursor.pos + alignment - 1) // alignment * alignment
+
+
+def _metadata_and_table(gguf_file: Path, cursor: _Cursor, string_arrays: Container[str]) -> tuple[dict, list]:
+    version, tensor_count, metadata_count = cursor.read("IQQ")
+    if version not in VERSIONS:
+        raise ValueError(f"{gguf_file} is GGUF v{version}; this reader reads v2 and v3")
+    metadata = {}
+    for _ in range(metadata_count):
+        key = cursor.string()
+        (kind,) = cursor.read("I")
+        metadata[key] = cursor.value(kind, key in string_arrays)
+    if "general.architecture" not in metadata:
+        raise ValueError(f"{gguf_file} has no general.architecture in its metadata")
+    entries = []
+    for _ in range(tensor_count):
+        name = cursor.string()
+        (dims,) = cursor.read("I")
+        shape = tuple(reversed(cursor.read(f"{dims}Q")))  # ggml's fastest-moving dimension first, torch's last
+        ggml_type, offset = cursor.read("IQ")
+        entries.append((name, shape, ggml_type, offset))
+    return metadata, entries
 
 
 def header_digest(gguf_file: Path) -> str:
