@@ -96,8 +96,9 @@ def test_a_mistake_in_the_configuration_is_said(tmp_path, toml, said):
 
 
 def test_names_given_twice_and_unknown_preloads_are_refused(tmp_path):
-    with pytest.raises(ModelsConfigError, match="given to two models"):
+    with pytest.raises(ModelsConfigError, match="given to two models") as raised:
         specs(tmp_path, model=str(tmp_path / "a" / "m.gguf"), models=str(tmp_path / "b" / "m.gguf"))
+    assert str(tmp_path / "a" / "m.gguf") in str(raised.value) and str(tmp_path / "b" / "m.gguf") in str(raised.value)
     with pytest.raises(ModelsConfigError, match="not served"):
         specs(tmp_path, model=str(tmp_path / "m.gguf"), preload="other")
     with pytest.raises(ModelsConfigError, match="not a directory"):

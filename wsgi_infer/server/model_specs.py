@@ -141,9 +141,10 @@ def _spec(settings: ServerSettings, name: str, path: str | None, table: dict) ->
 
 
 def _check_unique(specs: list[ModelSpec]) -> None:
-    seen: dict[str, str] = {}
+    seen: dict[str, ModelSpec] = {}
     for spec in specs:
         for name in (spec.name, *spec.aliases):
-            if name in seen:
-                raise ModelsConfigError(f"the name {name!r} is given to two models ({seen[name]} and {spec.name})")
-            seen[name] = spec.name
+            if name in seen:  # their files too: two files of one name in two places say only "m and m"
+                both = " and ".join(f"{s.name} ({s.files})" for s in (seen[name], spec))
+                raise ModelsConfigError(f"the name {name!r} is given to two models: {both}")
+            seen[name] = spec
