@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from tokenizers import Tokenizer, decoders, models
 
 from wsgi_infer.engine.loading.model_loader import load_tokenizer
 from wsgi_infer.engine.text.detokenizer import IncrementalDetokenizer
@@ -68,3 +69,15 @@ def test_prompt_ending_mid_character_is_not_repeated(tokenizer, text):
         full_text = tokenizer.decode(prompt + output)
         assert full_text.startswith(prompt_text)
         assert "".join(pieces) == full_text[len(prompt_text) :], prompt
+
+
+def test_a_stray_byte_after_a_whole_character_of_byte_tokens_is_one_replacement_character():
+    """A byte-fallback tokenizer (Gemma's, Llama's) decodes a run of byte tokens whole, then as U+FFFDs once a stray
+    byte and another token follow: tokenizers' DecodeStream raised "Invalid prefix", which killed the engine thread
+    and every stream of its worker (one request could: a prompt of byte tokens and a logit_bias)."""
+    vocab = {f"<0x{b:02X}>": b for b in range(256)} | {"<unk>": 256, "\u2581hi": 257, "a": 258}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    detok = IncrementalDetokenizer(tokenizer, [258], stop=[])
+    pieces = [detok.push(i) for i in [*"\U0001d541".encode(), 0xE0, 257, 258]]
+    assert "".join(pieces) == "\U0001d541\ufffd hia"

@@ -63,13 +63,15 @@ class IncrementalDetokenizer:
                 self._stream.step(tokenizer, token_id)
             whole = tokenizer.decode(context + tail, skip_special_tokens=skip_special_tokens)
             self._prompt_tail = whole[len(tokenizer.decode(context, skip_special_tokens=skip_special_tokens)) :]
+        self._skip = skip_special_tokens
+        self._unsent = 0  # tokens stepped since the stream last gave text (bytes of an unfinished character)
         self._stop = stop
         self._pending = ""
         self.matched: str | None = None
 
     def push(self, token_id: int) -> str:
         """Decode one token; return the text that may be released now."""
-        piece = self._stream.step(self._tokenizer, token_id)
+        piece = self._step(token_id)
         if piece and self._prompt_tail is not None:
             # The first piece repeats the tail's whole characters, which the prompt already holds; where the
             # prompt showed U+FFFD for its unfinished character, this piece has the character itself.
@@ -86,6 +88,21 @@ class IncrementalDetokenizer:
             self._pending = ""
             return released
         return self._release(len(self._pending) - self._held_suffix_len())
+
+    def _step(self, token_id: int) -> str | None:
+        """The stream's step. A byte-fallback tokenizer (Llama's, Gemma's) decodes a whole character of byte tokens,
+        then, once a stray byte and another token follow, the run as U+FFFDs: the text sent is no longer a prefix,
+        and the stream raises (it killed the engine thread). As vLLM does, a new stream goes on from the token;
+        the stray bytes, never sent, are one U+FFFD."""
+        try:
+            piece = self._stream.step(self._tokenizer, token_id)
+        except Exception as exc:  # tokenizers raises a plain Exception
+            if "Invalid prefix" not in str(exc):
+                raise
+            self._stream = DecodeStream(skip_special_tokens=self._skip)
+            piece = "\ufffd" * self._unsent + (self._stream.step(self._tokenizer, token_id) or "")
+        self._unsent = 0 if piece else self._unsent + 1
+        return piece
 
     def flush(self) -> str:
         """Release everything held back (the request ended for another reason)."""
