@@ -100,6 +100,13 @@ def test_sampled_json_from_a_random_model_always_validates(tiny_llama):
     [
         ("regex", r"[0-9]{3}-[a-z]{2,4}", lambda text: re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", text)),
         ("choice", ["alpha", "beta gamma", "délta"], lambda text: text in ("alpha", "beta gamma", "délta")),
+        # past llguidance's parser items a row (2,000) as a rule of alternatives: each ended "stop" on "opt"
+        (
+            "choice",
+            [f"opt{i}" for i in range(2500)],
+            lambda text: re.fullmatch(r"opt\d+", text) and int(text[3:]) < 2500,
+        ),
+        ("grammar", 'root ::= "a" [0-9] [0-9]? "b"', lambda text: re.fullmatch(r"a[0-9]{1,2}b", text)),  # GBNF: a 500
         (
             "grammar",
             'start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,2}/',
@@ -124,7 +131,13 @@ def test_regex_choice_lark_and_schema_text_constrain_a_random_model(tiny_llama, 
 
 @pytest.mark.parametrize(
     ("kind", "value"),
-    [("json", {"type": "strin"}), ("json", "{not json"), ("regex", "[a-"), ("grammar", "start: undefined_rule")],
+    [
+        ("json", {"type": "strin"}),
+        ("json", "{not json"),
+        ("regex", "[a-"),
+        ("grammar", "start: undefined_rule"),
+        ("grammar", 'root ::= "a" ('),  # GBNF that does not parse
+    ],
 )
 def test_a_constraint_that_does_not_compile_is_refused_by_name(tiny_llama, kind, value):
     with pytest.raises(InvalidParameter) as refused:

@@ -289,6 +289,8 @@ class LLMEngine:
             return "stop", text
         # A complete grammar allows nothing more: the choice ends without waiting for EOS.
         if seq.matcher is not None and (not seq.matcher.consume_token(token) or seq.matcher.is_stopped()):
+            if seq.matcher.is_error():  # past one of llguidance's limits: the text may break its constraint
+                log.warning("request %s: its constraint failed: %s", seq.request_id, seq.matcher.get_error())
             return "stop", text + seq.detokenizer.flush()
         if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length", text + seq.detokenizer.flush()

@@ -18,9 +18,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import llguidance
 import torch
 from llguidance import LLMatcher
+from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
 
 from ..runtime.cpu_share import beside_the_steps
 from ..sampling_params import JSON_WHITESPACE, InvalidParameter, StructuredOutput
@@ -43,11 +43,22 @@ def grammar_text(spec: StructuredOutput) -> str:
         if spec.kind == "regex":
             return LLMatcher.grammar_from_regex(spec.value)
         if spec.kind == "choice":
-            return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec.value))
-        lark = llguidance.gbnf_to_lark(spec.value) if "::=" in spec.value else spec.value
-        return LLMatcher.grammar_from_lark(lark)
-    except ValueError as exc:  # not JSON, or a schema that is not an object
+            return LLMatcher.grammar_from_lark(f"start: WSGI_CHOICE\n{_choice_terminal(spec.value)}")
+        return LLMatcher.grammar_from_lark(_lark(spec.value))
+    except (ValueError, GbnfToLarkError) as exc:  # not JSON, a schema that is not an object, GBNF it cannot read
         raise InvalidParameter(spec.source, f"the {spec.kind} constraint is not valid: {exc}") from None
+
+
+def _lark(grammar: str) -> str:
+    """A grammar given as Lark or as GBNF (``::=``), in Lark."""
+    return gbnf_to_lark(grammar) if "::=" in grammar else grammar
+
+
+def _choice_terminal(choices: list[str]) -> str:
+    """The choices as one terminal, which the lexer matches: as a rule of alternatives, 2,000 of them or more were
+    past the parser's items a row, the matcher failed at the second token and the choice ended "stop" on a
+    prefix ("opt" of "opt0".."opt1999")."""
+    return "WSGI_CHOICE: " + " | ".join(json.dumps(c) for c in choices)
 
 
 # A thinking model's thought, free, before the constrained answer: the grammar's start becomes the answer's rule.
@@ -64,10 +75,9 @@ def _after_thought(spec: StructuredOutput) -> str:
     elif spec.kind == "regex":
         answer = "wsgi_answer: /" + spec.value.replace("/", "\\/") + "/"
     elif spec.kind == "choice":
-        answer = "wsgi_answer: " + " | ".join(json.dumps(c) for c in spec.value)
+        answer = f"wsgi_answer: WSGI_CHOICE\n{_choice_terminal(spec.value)}"
     else:
-        lark = llguidance.gbnf_to_lark(spec.value) if "::=" in spec.value else spec.value
-        answer = re.sub(r"(?m)^(\s*)start(\s*):", r"\1wsgi_answer\2:", lark)
+        answer = re.sub(r"(?m)^(\s*)start(\s*):", r"\1wsgi_answer\2:", _lark(spec.value))
     return THOUGHT_FIRST + answer
 
 
