@@ -151,6 +151,10 @@ def test_echo_with_generation_streamed_and_not(client, model, server):
         texts[chunk.choices[0].index] += chunk.choices[0].text
     assert texts == [c.text for c in whole]
     assert all(c.text.startswith(p) and len(c.text) > len(p) for c, p in zip(whole, prompts))
+    # a one-token prompt's logprobs: the prompt's token first (its logprob none), then the generated ones
+    one = client.completions.create(**{**kwargs, "prompt": "Hello", "logprobs": 1}).choices[0].logprobs
+    assert one.tokens[0] == "Hello" and one.token_logprobs[0] is None and one.text_offset[:2] == [0, 5]
+    assert len(one.tokens) == 1 + 5
     ids = [9707, 1834, 28]  # a prompt of token ids is echoed as its decoded text
     echoed = client.completions.create(model=model, prompt=ids, max_tokens=0, echo=True).choices[0].text
     with server.client() as http:

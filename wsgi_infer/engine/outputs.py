@@ -54,13 +54,19 @@ class RequestDelta:
             text=self.text + later.text,
             token_ids=self.token_ids + later.token_ids,
             logprobs=logprobs,
-            prompt_token_ids=self.prompt_token_ids or later.prompt_token_ids,
-            prompt_logprobs=self.prompt_logprobs or later.prompt_logprobs,
+            # the first delta's, where it has them: a one-token prompt's logprobs are [] (none after its first
+            # token), and `or` took the later delta's None for them, which dropped the prompt from an echo
+            prompt_token_ids=_first(self.prompt_token_ids, later.prompt_token_ids),
+            prompt_logprobs=_first(self.prompt_logprobs, later.prompt_logprobs),
             finish_reason=later.finish_reason,
             stop_reason=later.stop_reason,
-            embedding=self.embedding or later.embedding,
+            embedding=_first(self.embedding, later.embedding),
             num_output_tokens=later.num_output_tokens,
         )
+
+
+def _first(value, later):
+    return value if value is not None else later
 
 
 @dataclass
