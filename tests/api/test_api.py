@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from wsgi_infer.engine.outputs import RequestDelta, TokenLogprob
+from wsgi_infer.engine.sampling_params import SamplingParams
 from wsgi_infer.engine.text.chat_template import chat_prompt_ids
 from wsgi_infer.server.api.chat.formatters import CompletionFormatter
 from wsgi_infer.server.engine_client.streams import ChoiceDelta, RequestStream
@@ -207,6 +208,26 @@ def test_what_would_be_taken_for_something_else_is_a_400_naming_the_field(tiny_a
         response = http.post(route, json={"max_tokens": 2, **fields})
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == param
+
+
+def test_vllms_stop_fields_are_honoured(tiny_api, tiny_llama):
+    """stop_token_ids and include_stop_str_in_output were accepted and ignored (unknown fields): a vLLM client's
+    stop token ran on to the length limit."""
+    body = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    ids = tiny_llama.generate(body["prompt"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    token = ids.token_ids[4]
+    with tiny_api.client() as http:
+        stopped = http.post("/v1/completions", json={**body, "stop_token_ids": [token]}).json()
+        text = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+        stop = text[3:6]
+        cut, kept = (
+            http.post("/v1/completions", json={**body, "stop": [stop], "include_stop_str_in_output": include}).json()
+            for include in (False, True)
+        )
+    assert stopped["usage"]["completion_tokens"] == ids.token_ids.index(token) + 1
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    assert len(stop) == 3 and cut["choices"][0]["text"] == text[: text.find(stop)]
+    assert kept["choices"][0]["text"] == text[: text.find(stop) + 3]
 
 
 def test_continue_final_message_continues_the_assistants_last_message(tiny_api):

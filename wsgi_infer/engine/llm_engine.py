@@ -110,7 +110,9 @@ class LLMEngine:
         matcher = self.grammars.matcher(params.structured_output) if params.structured_output else None
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
         tokenizer = self.tokenizer.backend_tokenizer
-        detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop, params.skip_special_tokens)
+        detokenizer = IncrementalDetokenizer(
+            tokenizer, prompt_ids, params.stop, params.skip_special_tokens, params.include_stop_str_in_output
+        )
         for token in generated:  # their text went out before: only the detokenizer's and grammar's states count
             detokenizer.push(token)
             if matcher is not None:

@@ -128,6 +128,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False  # a matched stop string ends the text (vLLM's), else it is cut
     ignore_eos: bool = False
     max_tokens: int | None = 16
     logprobs: int | None = None

@@ -41,8 +41,8 @@ class IncrementalDetokenizer:
     """Turns a request's new token ids into text pieces that are safe to send.
 
     Text that could be the beginning of a stop string is held back until it is
-    either completed (the request stops; the stop string is not returned) or
-    ruled out. ``matched`` holds the stop string once one matched.
+    either completed (the request stops; the stop string is returned only with
+    ``include_stop``) or ruled out. ``matched`` holds the stop string once one matched.
     """
 
     def __init__(
@@ -51,6 +51,7 @@ class IncrementalDetokenizer:
         prompt_ids: list[int],
         stop: list[str],
         skip_special_tokens: bool = True,
+        include_stop: bool = False,
     ) -> None:
         self._tokenizer = tokenizer
         context, tail = _split_prompt_end(tokenizer, prompt_ids, skip_special_tokens)
@@ -65,7 +66,7 @@ class IncrementalDetokenizer:
             self._prompt_tail = whole[len(tokenizer.decode(context, skip_special_tokens=skip_special_tokens)) :]
         self._skip = skip_special_tokens
         self._unsent = 0  # tokens stepped since the stream last gave text (bytes of an unfinished character)
-        self._stop = stop
+        self._stop, self._include_stop = stop, include_stop
         self._pending = ""
         self.matched: str | None = None
 
@@ -84,7 +85,7 @@ class IncrementalDetokenizer:
         found = [(i, s) for s in self._stop if (i := self._pending.find(s)) >= 0]
         if found:
             first, self.matched = min(found)
-            released = self._pending[:first]
+            released = self._pending[: first + (len(self.matched) if self._include_stop else 0)]
             self._pending = ""
             return released
         return self._release(len(self._pending) - self._held_suffix_len())

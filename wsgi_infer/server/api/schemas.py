@@ -160,6 +160,9 @@ class SamplingRequest(Request):
     ignore_eos: StrictBool = False
     priority: StrictInt = 0  # vLLM's: lower runs first
     cache_salt: str | None = Field(None, min_length=1)  # vLLM's: prefixes shared only with the same salt
+    stop_token_ids: list[StrictInt] | None = None  # vLLM's, as are the next two
+    skip_special_tokens: StrictBool | None = None
+    include_stop_str_in_output: StrictBool | None = None
     user: str | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -217,6 +220,7 @@ SAMPLING_FIELDS = (
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
+    *("stop_token_ids", "skip_special_tokens", "include_stop_str_in_output"),
 )
 
 
