@@ -185,6 +185,20 @@ def test_sigterm_drains_short_streams_and_ends_endless_ones(tiny_model_dirs, rec
     print(f"SIGTERM: last client closed after {last_client:.2f} s, master exited after {master_exit:.2f} s")
 
 
+def test_a_drain_asked_past_graceful_timeout_is_cut_to_it_and_its_streams_still_end_with_their_event(tiny_model_dirs):
+    """WSGI_INFER_DRAIN_SECONDS=60 with graceful_timeout 8: the master's kill at 8 s cut the stream mid-body, with
+    no terminal event and no word in the log."""
+    server = lifecycle_server(tiny_model_dirs, drain_seconds=60).wait_ready()
+    results, threads = start_streams(server, [ENDLESS])
+    mark = len(server.lines)
+    server.process.send_signal(signal.SIGTERM)
+    server.wait_for_log(rf"draining: 1 open requests, up to {GRACEFUL - 2:.1f} s", after=mark)
+    threads[0].join(GRACEFUL + 10)
+    assert server.process.wait(GRACEFUL + 5) == 0
+    assert results[0].error is None and results[0].interrupted  # the shutdown event, not a cut body
+    assert any("WSGI_INFER_DRAIN_SECONDS=60 is past gunicorn's graceful_timeout" in line for line in server.lines)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGQUIT])
 def test_quick_stop_ends_every_stream_at_once(tiny_model_dirs, sig):
     """No drain: the worker ends every stream with its terminal event, then exits; no kill needed."""

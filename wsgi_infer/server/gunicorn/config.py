@@ -98,7 +98,7 @@ def post_worker_init(worker):
     manager = manager_of(worker.wsgi)
     settings = manager.settings
     _place_engine(worker, settings)
-    worker.drain_seconds = settings.drain_seconds or max(1.0, worker.cfg.graceful_timeout - worker.cfg.keepalive - 2)
+    worker.drain_seconds = _drain_seconds(worker, settings.drain_seconds)
 
     def replace_worker():  # the engine thread died: let gunicorn start a fresh worker
         worker.log.error("engine thread died; this worker exits and gunicorn replaces it")
@@ -174,3 +174,21 @@ def _share_gunicorn_logging(worker):
         logger.handlers = list(error_log.handlers)
         logger.setLevel(level)
         logger.propagate = False
+
+
+def _drain_seconds(worker, asked: float | None) -> float:
+    """How long a drain lets open requests finish. By default graceful_timeout less the keep-alive and 2 s (idle
+    kept-alive connections close before the master's kill); asked for, at most graceful_timeout less 2 s, in which
+    the streams still open get their terminal events: a longer drain was cut by the kill, its streams with none."""
+    most, cfg = max(1.0, worker.cfg.graceful_timeout - 2), worker.cfg
+    if asked is None:
+        return max(1.0, cfg.graceful_timeout - cfg.keepalive - 2)
+    if asked > most:
+        worker.log.warning(
+            "WSGI_INFER_DRAIN_SECONDS=%g is past gunicorn's graceful_timeout (%g s) less 2 s: draining %g s "
+            "(raise --graceful-timeout for more)",
+            asked,
+            cfg.graceful_timeout,
+            most,
+        )
+    return min(asked, most)
