@@ -65,16 +65,30 @@ def _prepare(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     """gunicorn with wsgi_infer.server.gunicorn.config, as `gunicorn -c gunicorn.conf.py` would run it."""
     from gunicorn.app.wsgiapp import WSGIApplication
+    from gunicorn.errors import HaltServer
 
     _name_models(args)
     argv = ["gunicorn", "-c", "python:wsgi_infer.server.gunicorn.config"]
     if args.bind:
         argv += ["--bind", args.bind]
-    if args.workers:
+    if args.workers is not None:
         argv += ["--workers", str(args.workers)]
     sys.argv = argv + args.gunicorn_args
-    WSGIApplication("%(prog)s [OPTIONS]").run()
+    try:
+        WSGIApplication("%(prog)s [OPTIONS]").run()
+    except HaltServer as halted:  # a second worker's boot error, reaped while the master halted for the first's:
+        from .server.gunicorn.config import on_exit  # gunicorn's halt stopped there, its exit hook not run
+
+        on_exit(None)
+        print(f"wsgi-infer: {halted.reason}", file=sys.stderr)
+        return halted.exit_status
     return 0
+
+
+def _at_least_one(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--models-dir", help="serve every GGUF file and Hugging Face directory in it")
         command.add_argument("--models-config", help="a TOML file of [models.NAME] tables (docs/models.md)")
     serve.add_argument("--bind", default=None, help="HOST:PORT (default 127.0.0.1:8000)")
-    serve.add_argument("--workers", type=int, default=None)
+    serve.add_argument("--workers", type=_at_least_one, default=None)
     serve.add_argument("gunicorn_args", nargs=argparse.REMAINDER, help="further gunicorn flags, after --")
     args = parser.parse_args(argv)
     if args.command == "serve":

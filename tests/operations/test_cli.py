@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +51,17 @@ def test_unsupported_architecture_names_path_and_expectation(tmp_path):
     expected = ", ".join(sorted(MODEL_REGISTRY))
     assert f"model {tmp_path}: unsupported architecture 'bert' (expected one of: {expected})" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_serve_with_two_workers_whose_model_cannot_load_exits_with_code_3_and_no_traceback(tmp_path):
+    """Both workers fail to boot: the second's boot error, reaped while the master halted for the first's, escaped
+    gunicorn's halt (exit code 1, two HaltServer tracebacks: 4 runs of 4 with a bad device)."""
+    command = [str(Path(sys.executable).with_name("wsgi-infer")), "serve", "--bind", "127.0.0.1:0", "--workers", "2"]
+    with GunicornServer({"device": "bogus", "cache_dir": tmp_path}, command=command) as server:
+        assert server.process.wait(120) == 3
+        assert not [line for line in server.lines if "HaltServer" in line or "arbiter.py" in line]  # the master's
+    refused = run_cli("serve", "--workers", "0")  # gunicorn took 0 as its default of 1
+    assert refused.returncode == 2 and "--workers: must be a whole number of at least 1" in refused.stderr
 
 
 def test_prepare_does_a_first_starts_work_and_the_server_only_reads_it(tiny_model_dirs, tmp_path, monkeypatch):
