@@ -54,11 +54,14 @@ def test_unsupported_architecture_names_path_and_expectation(tmp_path):
 
 
 def test_serve_with_two_workers_whose_model_cannot_load_exits_with_code_3_and_no_traceback(tmp_path):
-    """Both workers fail to boot: the second's boot error, reaped while the master halted for the first's, escaped
+    """A misspelt setting is named at start (WSGI_INFER_API_KEYS left a server open without a word). Both workers
+    fail to boot: the second's boot error, reaped while the master halted for the first's, escaped
     gunicorn's halt (exit code 1, two HaltServer tracebacks: 4 runs of 4 with a bad device)."""
     command = [str(Path(sys.executable).with_name("wsgi-infer")), "serve", "--bind", "127.0.0.1:0", "--workers", "2"]
-    with GunicornServer({"device": "bogus", "cache_dir": tmp_path}, command=command) as server:
+    settings = {"device": "bogus", "cache_dir": tmp_path, "api_keys": "secret"}  # and a misspelt setting
+    with GunicornServer(settings, command=command) as server:
         assert server.process.wait(120) == 3
+        server.wait_for_log(r"WSGI_INFER_API_KEYS is no setting of wsgi-infer, ignored: WSGI_INFER_API_KEY\?")
         assert not [line for line in server.lines if "HaltServer" in line or "arbiter.py" in line]  # the master's
     refused = run_cli("serve", "--workers", "0")  # gunicorn took 0 as its default of 1
     assert refused.returncode == 2 and "--workers: must be a whole number of at least 1" in refused.stderr

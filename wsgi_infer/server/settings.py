@@ -6,7 +6,9 @@ types, defaults, help and bounds); the server's own are declared here.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, get_type_hints
 
@@ -168,3 +170,19 @@ def toml_tables(path: str | None, section: str, error: type[ValueError], what: s
     if set(document) - {section} or not isinstance(tables, dict):
         raise error(f"{what} {path!r}: only [{section}.NAME] tables are read")
     return tables
+
+
+# Read by name where no settings object reaches (the cache, the kernels), or set by the master for its workers.
+OTHER_VARIABLES = {
+    "WSGI_INFER_CACHE_DIR",
+    "WSGI_INFER_KERNELS_DIR",
+    *("WSGI_INFER_LIMITS_DIR", "WSGI_INFER_OWNS_LIMITS_DIR", "WSGI_INFER_OWNS_METRICS_DIR"),
+}
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """The WSGI_INFER_* variables that are no setting, each with the setting nearest its name: a misspelt one is
+    otherwise ignored without a word (WSGI_INFER_API_KEYS left a server open to every client)."""
+    known = {f"WSGI_INFER_{name.upper()}" for name in ServerSettings.model_fields} | OTHER_VARIABLES
+    unknown = sorted(name for name in environ if name.startswith("WSGI_INFER_") and name not in known)
+    return [(name, next(iter(difflib.get_close_matches(name, known, 1)), None)) for name in unknown]

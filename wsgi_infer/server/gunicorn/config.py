@@ -20,6 +20,7 @@ from wsgi_infer.engine.runtime.cpu_budget import cpu_budget
 from wsgi_infer.server.engine_client.extension import manager_of
 from wsgi_infer.server.gunicorn.text_files_ahead import start_text_files_ahead
 from wsgi_infer.server.gunicorn.worker import InferenceWorker
+from wsgi_infer.server.settings import unknown_variables
 from wsgi_infer.server.tenants.local_store import LocalLimitStore
 
 # Read in the master before any worker exists (and before torch is imported anywhere).
@@ -54,6 +55,8 @@ def on_starting(server):
     workers' imports. Each runs while the workers import; their engine threads wait for it on its lock. A gevent
     worker could not run them: its engine thread cannot wait for a child process."""
     _control_socket_of_our_own(server)
+    for name, nearest in unknown_variables(os.environ):
+        server.log.warning("%s is no setting of wsgi-infer, ignored%s", name, f": {nearest}?" if nearest else "")
     start_building_cpu_kernels()
     if cpu_budget().cpus >= 2:
         start_text_files_ahead()
