@@ -84,6 +84,8 @@ preload = true
         ("[models.nobody]\nmax_model_len = 64\n", "no model is named 'nobody'"),
         ('[models.x]\npath = "a.gguf"\nspeculative = "medusa"\n', "[models.x]"),
         ('[models.x]\npath = "a.gguf"\naliases = "y"\n', "aliases must be a list"),
+        ('[models.x]\npath = "a.gguf"\npreload = "false"\n', "preload must be true or false, got 'false'"),
+        ("[models.x]\npath = 5\n", "path must be a string, got 5"),
         ('[models.x]\npath = "a.gguf"\n[models.y]\npath = "b.gguf"\naliases = ["x"]\n', "given to two models"),
         ("[server]\nport = 1\n", "only [models.NAME] tables"),
         ("[models.x\n", "models config"),
@@ -93,6 +95,12 @@ def test_a_mistake_in_the_configuration_is_said(tmp_path, toml, said):
     with pytest.raises(ModelsConfigError) as raised:
         specs(tmp_path, toml, model=str(tmp_path / "m.gguf"))
     assert said in str(raised.value)
+
+
+def test_a_bad_setting_of_every_model_is_blamed_on_the_settings_not_on_a_models_config(tmp_path):
+    with pytest.raises(ModelsConfigError) as raised:  # it said "models config: [models.m]" with no such file
+        specs(tmp_path, model=str(tmp_path / "m.gguf"), quantization="int3")
+    assert str(raised.value).startswith("the WSGI_INFER_* settings (model m): ")
 
 
 def test_names_given_twice_and_unknown_preloads_are_refused(tmp_path):

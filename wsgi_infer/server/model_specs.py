@@ -123,6 +123,9 @@ def _tables(config_file: str | None) -> dict[str, dict]:
         unknown = set(table) - TABLE_KEYS if isinstance(table, dict) else {"(not a table)"}
         if unknown:
             raise ModelsConfigError(f"models config: [models.{name}] has unknown keys {sorted(unknown)}")
+        for key, kind, what in (("path", str, "a string"), ("preload", bool, "true or false")):
+            if key in table and not isinstance(table[key], kind):  # "false" preloaded, 5 was a TypeError
+                raise ModelsConfigError(f"models config: [models.{name}] {key} must be {what}, got {table[key]!r}")
     return tables
 
 
@@ -131,13 +134,14 @@ def _spec(settings: ServerSettings, name: str, path: str | None, table: dict) ->
     try:
         merged = ServerSettings(**{**settings.model_dump(), **own, "model": path, "served_model_name": name})
         merged.engine_config()  # validates what the engine's settings allow
-    except ValueError as exc:
-        raise ModelsConfigError(f"models config: [models.{name}]: {exc}") from None
+    except ValueError as exc:  # the table's own values, or the WSGI_INFER_* settings every model takes
+        where = f"models config: [models.{name}]" if own else f"the WSGI_INFER_* settings (model {name})"
+        raise ModelsConfigError(f"{where}: {exc}") from None
     aliases = table.get("aliases", [])
     if isinstance(aliases, str) or not all(isinstance(a, str) for a in aliases):
         raise ModelsConfigError(f"models config: [models.{name}] aliases must be a list of names")
     keep_alive = merged.keep_alive if "keep_alive" in table else None
-    return ModelSpec(name, path, merged, tuple(aliases), bool(table.get("preload", False)), keep_alive)
+    return ModelSpec(name, path, merged, tuple(aliases), table.get("preload", False), keep_alive)
 
 
 def _check_unique(specs: list[ModelSpec]) -> None:
