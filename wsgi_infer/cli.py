@@ -77,9 +77,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         WSGIApplication("%(prog)s [OPTIONS]").run()
     except HaltServer as halted:  # a second worker's boot error, reaped while the master halted for the first's:
-        from .server.gunicorn.config import on_exit  # gunicorn's halt stopped there, its exit hook not run
+        from .server.gunicorn.owned_dirs import remove_owned_dirs  # gunicorn's halt stopped there, its hook not run
 
-        on_exit(None)
+        remove_owned_dirs()
         print(f"wsgi-infer: {halted.reason}", file=sys.stderr)
         return halted.exit_status
     return 0

@@ -34,8 +34,9 @@ class LLM:
         """Run every prompt to completion, batched; outputs are in prompt order."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params_list = list(params) if isinstance(params, Seq) else [params or SamplingParams()] * len(prompts)
-        if len(params_list) != len(prompts):
+        one = SamplingParams() if params is None else params
+        params_list = list(params) if isinstance(params, Seq) else [one] * len(prompts)
+        if len(params_list) != len(prompts) or not all(isinstance(p, SamplingParams) for p in params_list):
             raise ValueError("params: give one SamplingParams, or one per prompt")
         prompt_ids: dict[str, list[int]] = {}
         results: dict[str, RequestDelta] = {}

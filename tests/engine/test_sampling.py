@@ -9,6 +9,7 @@ import torch
 
 from wsgi_infer import SamplingParams
 from wsgi_infer.engine.sampling.sampler import apply_penalties, filter_logits, uniform_draw
+from wsgi_infer.engine.sampling_params import InvalidParameter
 
 from ..conftest import assert_idle
 from ..support.transformers_reference import load_hf_model
@@ -196,11 +197,27 @@ def test_logprobs_match_the_reference_distribution(default_llm, default_model_di
         ({"logit_bias": {-5: 1}}, "logit_bias"),
         ({"stop": [""]}, "stop"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        # types the ranges could not tell: a later step crashed on each (its batch lost), or took it for another
+        ({"repetition_penalty": None}, "repetition_penalty"),
+        ({"temperature": True}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_k": None}, "top_k"),
+        ({"ignore_eos": "yes"}, "ignore_eos"),
+        ({"stop": None}, "stop"),
+        ({"logit_bias": [1]}, "logit_bias"),
+        ({"structured_output": "json"}, "structured_output"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs, field):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(InvalidParameter, match=field) as refused:
         SamplingParams(**kwargs)
+    assert refused.value.param == field
+
+
+@pytest.mark.parametrize("params", ["x", {}, [{}]])
+def test_generate_takes_sampling_params_only(tiny_llama, params):
+    with pytest.raises(ValueError, match="give one SamplingParams"):
+        tiny_llama.generate("Hi", params)  # a string was a list of params, a dict the defaults
 
 
 def test_request_over_the_context_window_is_refused(tiny_llama):

@@ -49,6 +49,10 @@ RANGES = {
     "tenant_weight": Range(0.0, 1e6, low_open=True),
 }
 INTEGERS = ("top_k", "max_tokens", "logprobs", "prompt_logprobs", "seed", "priority")
+NOT_NONE = ("top_k", "priority", *(name for name in RANGES if name not in INTEGERS))  # numbers that must be given
+FLAGS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
+# The containers a field takes (any other: an InvalidParameter, not a TypeError in a later step).
+CONTAINERS = {"stop": (str, list, tuple), "stop_token_ids": (list, tuple), "logit_bias": (dict,)}
 
 
 class InvalidParameter(ValueError):
@@ -152,6 +156,7 @@ class SamplingParams:
     pooling: Literal["mean", "last"] | None = None
 
     def __post_init__(self) -> None:
+        self._check_types()
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
@@ -160,10 +165,27 @@ class SamplingParams:
         self._validate()
         self.top_k = max(self.top_k, 0)  # -1 disables it as 0 does
 
-    def _validate(self) -> None:
-        def fail(name: str, why: str) -> None:
-            raise InvalidParameter(name, f"{name} {why}, got {getattr(self, name)!r}")
+    def _fail(self, name: str, why: str) -> None:
+        raise InvalidParameter(name, f"{name} {why}, got {getattr(self, name)!r}")
 
+    def _check_types(self) -> None:
+        """What the ranges cannot say: a None, a bool for a number, a string for a flag or a constraint (each
+        crashed a later step, with the batch it was in, or was taken as something else)."""
+        for name in NOT_NONE:
+            value = getattr(self, name)
+            if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+                self._fail(name, "must be a number")
+        for name in FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                self._fail(name, "must be true or false")
+        for name, kinds in CONTAINERS.items():
+            if not isinstance(getattr(self, name), kinds):
+                self._fail(name, f"must be a {' or '.join(k.__name__ for k in kinds)}")
+        if self.structured_output is not None and not isinstance(self.structured_output, StructuredOutput):
+            self._fail("structured_output", "must be a StructuredOutput")
+
+    def _validate(self) -> None:
+        fail = self._fail
         for name in INTEGERS:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):

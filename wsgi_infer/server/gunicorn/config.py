@@ -10,7 +10,6 @@ is configured by WSGI_INFER_* variables (docs/operations.md).
 import gc
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -18,6 +17,7 @@ import time
 from wsgi_infer.engine.kernels.build import start_building_cpu_kernels
 from wsgi_infer.engine.runtime.cpu_budget import cpu_budget
 from wsgi_infer.server.engine_client.extension import manager_of
+from wsgi_infer.server.gunicorn.owned_dirs import remove_owned_dirs
 from wsgi_infer.server.gunicorn.text_files_ahead import start_text_files_ahead
 from wsgi_infer.server.gunicorn.worker import InferenceWorker
 from wsgi_infer.server.settings import unknown_variables
@@ -147,10 +147,7 @@ def child_exit(server, worker):
 
 
 def on_exit(server):
-    if os.environ.get("WSGI_INFER_OWNS_METRICS_DIR"):
-        shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
-    if os.environ.get("WSGI_INFER_OWNS_LIMITS_DIR"):
-        shutil.rmtree(os.environ["WSGI_INFER_LIMITS_DIR"], ignore_errors=True)
+    remove_owned_dirs()
 
 
 def _place_engine(worker, settings):
