@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from wsgi_infer.engine.kernels.build import KERNELS_DIR, kernels_library
 from wsgi_infer.engine.loading.resolved_config import RESOLVED_CONFIGS_DIR
 from wsgi_infer.engine.models import MODEL_REGISTRY
 
-from ..support.server import GunicornServer
+from ..support.server import GUNICORN, ROOT, GunicornServer
 
 pytestmark = pytest.mark.slow  # real processes
 
@@ -65,6 +66,26 @@ def test_serve_with_two_workers_whose_model_cannot_load_exits_with_code_3_and_no
         assert not [line for line in server.lines if "HaltServer" in line or "arbiter.py" in line]  # the master's
     refused = run_cli("serve", "--workers", "0")  # gunicorn took 0 as its default of 1
     assert refused.returncode == 2 and "--workers: must be a whole number of at least 1" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ({"block_size": "abc"}, "WSGI_INFER_BLOCK_SIZE='abc': Input should be a valid integer"),
+        ({"quantization": "int3"}, "the WSGI_INFER_* settings (model "),
+    ],
+)
+def test_a_bad_setting_stops_the_master_with_one_line_naming_its_variable(tmp_path, setting, said):
+    """Before, each worker imported torch, then printed pydantic's traceback naming the field (block_size)."""
+    env = {
+        **os.environ,
+        "WSGI_INFER_CACHE_DIR": str(tmp_path),
+        **{f"WSGI_INFER_{k.upper()}": v for k, v in setting.items()},
+    }
+    command = [GUNICORN, "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3 and said in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "Booting worker" not in done.stderr  # stopped before any worker
 
 
 def test_prepare_does_a_first_starts_work_and_the_server_only_reads_it(tiny_model_dirs, tmp_path, monkeypatch):

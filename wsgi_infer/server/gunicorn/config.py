@@ -14,13 +14,17 @@ import sys
 import tempfile
 import time
 
+from gunicorn.arbiter import Arbiter
+from pydantic import ValidationError
+
 from wsgi_infer.engine.kernels.build import start_building_cpu_kernels
 from wsgi_infer.engine.runtime.cpu_budget import cpu_budget
 from wsgi_infer.server.engine_client.extension import manager_of
 from wsgi_infer.server.gunicorn.owned_dirs import remove_owned_dirs
 from wsgi_infer.server.gunicorn.text_files_ahead import start_text_files_ahead
 from wsgi_infer.server.gunicorn.worker import InferenceWorker
-from wsgi_infer.server.settings import unknown_variables
+from wsgi_infer.server.model_specs import model_specs
+from wsgi_infer.server.settings import ServerSettings, unknown_variables
 from wsgi_infer.server.tenants.local_store import LocalLimitStore
 
 # Read in the master before any worker exists (and before torch is imported anywhere).
@@ -54,12 +58,31 @@ def on_starting(server):
     the text files of GGUFs not yet converted (``text_files_ahead``), where a second CPU lets them run beside the
     workers' imports. Each runs while the workers import; their engine threads wait for it on its lock. A gevent
     worker could not run them: its engine thread cannot wait for a child process."""
+    _settings_or_exit(server)
     _control_socket_of_our_own(server)
-    for name, nearest in unknown_variables(os.environ):
-        server.log.warning("%s is no setting of wsgi-infer, ignored%s", name, f": {nearest}?" if nearest else "")
     start_building_cpu_kernels()
     if cpu_budget().cpus >= 2:
         start_text_files_ahead()
+
+
+def _settings_or_exit(server):
+    """The settings, checked before any worker imports torch: a bad one is a line naming its variable, and gunicorn's
+    boot-error exit, where each worker printed pydantic's traceback seconds later, naming the field. A variable that
+    is no setting is named too (a misspelt one was ignored without a word)."""
+    for name, nearest in unknown_variables(os.environ):
+        server.log.warning("%s is no setting of wsgi-infer, ignored%s", name, f": {nearest}?" if nearest else "")
+    try:
+        model_specs(ServerSettings())
+    except ValidationError as exc:
+        for error in exc.errors():
+            variable = "WSGI_INFER_" + str(error["loc"][0]).upper() if error["loc"] else "WSGI_INFER_*"
+            server.log.error("%s=%r: %s", variable, error.get("input"), error["msg"])
+    except ValueError as exc:  # a models config's, or a setting every model takes
+        server.log.error("%s", exc)
+    else:
+        return
+    remove_owned_dirs()
+    sys.exit(Arbiter.WORKER_BOOT_ERROR)
 
 
 def _control_socket_of_our_own(server):
