@@ -23,7 +23,6 @@ from wsgi_infer.server.engine_client.extension import manager_of
 from wsgi_infer.server.gunicorn.owned_dirs import remove_owned_dirs
 from wsgi_infer.server.gunicorn.text_files_ahead import start_text_files_ahead
 from wsgi_infer.server.gunicorn.worker import InferenceWorker
-from wsgi_infer.server.model_specs import model_specs
 from wsgi_infer.server.settings import ServerSettings, unknown_variables
 from wsgi_infer.server.tenants.local_store import LocalLimitStore
 
@@ -69,6 +68,8 @@ def _settings_or_exit(server):
     """The settings, checked before any worker imports torch: a bad one is a line naming its variable, and gunicorn's
     boot-error exit, where each worker printed pydantic's traceback seconds later, naming the field. A variable that
     is no setting is named too (a misspelt one was ignored without a word)."""
+    from wsgi_infer.server.model_specs import model_specs  # here, as text_files_ahead does: the master's imports
+
     for name, nearest in unknown_variables(os.environ):
         server.log.warning("%s is no setting of wsgi-infer, ignored%s", name, f": {nearest}?" if nearest else "")
     try:
