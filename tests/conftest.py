@@ -26,10 +26,12 @@ from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE  # noqa: E4
 from wsgi_infer.engine.loading.model_loader import load_tokenizer, resolve_model_dir  # noqa: E402
 from wsgi_infer.engine.runtime.cache_files import cache_root  # noqa: E402
 
-from .support.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from .support import warm_starts  # noqa: E402
 from .support.in_process import InProcessServer  # noqa: E402
-from .support.prerequisites import unavailable  # noqa: E402
+from .support.prerequisites import CHROMIUM, CHROMIUM_ARGS, unavailable  # noqa: E402
 from .support.server import GunicornServer, stop_together  # noqa: E402
+
+warm_starts.enable()  # servers of this process fork from a helper with torch imported, where they may
 
 TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2", "qwen3", "smollm3", "llama3", "gemma3", "phi3", "mistral")
 # Llama 3.x: RoPE frequencies scaled by wavelength (its "llama3" rope_type), embeddings tied (3.2).

@@ -171,9 +171,10 @@ def test_a_worker_waits_for_the_build_the_master_started(not_installed, monkeypa
 @pytest.mark.slow
 def test_the_master_compiles_beside_the_workers_imports(tiny_model_dirs, not_installed):
     """Where no variant is installed for this source, gunicorn's master starts the compiler in a child process
-    and goes on to fork; the worker loads what the child built."""
+    and goes on to fork; the worker loads what the child built (the real command: its worker imports torch while
+    the child compiles)."""
     settings = {"model": str(tiny_model_dirs["llama"])}
-    with GunicornServer(settings) as server:
+    with GunicornServer(settings, warm=False) as server:
         (worker,) = server.wait_booted()
         server.wait_ready()
         (built,) = [line for line in server.lines if "built the CPU kernels" in line]

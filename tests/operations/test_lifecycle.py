@@ -116,7 +116,7 @@ def start_streams(server, max_tokens_list: list[int]) -> tuple[list[StreamResult
     return results, threads
 
 
-def lifecycle_server(tiny_model_dirs, *args, **settings) -> GunicornServer:
+def lifecycle_server(tiny_model_dirs, *args, warm: bool = True, **settings) -> GunicornServer:
     base = {
         "model": tiny_model_dirs["llama"],
         "dtype": "float32",
@@ -124,7 +124,9 @@ def lifecycle_server(tiny_model_dirs, *args, **settings) -> GunicornServer:
         "heartbeat_seconds": 0.5,
         "drain_seconds": DRAIN,
     }
-    return GunicornServer({**base, **settings}, "--graceful-timeout", str(GRACEFUL), "--keep-alive", "2", *args)
+    return GunicornServer(
+        {**base, **settings}, "--graceful-timeout", str(GRACEFUL), "--keep-alive", "2", *args, warm=warm
+    )
 
 
 def assert_all_gone(pids: list[int]) -> None:
@@ -260,8 +262,9 @@ def test_quick_stop_with_a_busy_process_on_every_cpu_ends_every_stream(tiny_mode
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_just_after_the_worker_forks_is_not_lost(tiny_model_dirs, sig):
     """Signalled as soon as its worker forks, before gunicorn sets the worker's own handlers (after gevent's
-    patching), the server still stops as asked, once the worker has imported: the master never has to kill it."""
-    server = lifecycle_server(tiny_model_dirs, "--graceful-timeout", "60")
+    patching), the server still stops as asked, once the worker has imported: the master never has to kill it. The
+    real command (not a warm start): its worker imports torch after the fork, as a deployed one does."""
+    server = lifecycle_server(tiny_model_dirs, "--graceful-timeout", "60", warm=False)
     server.wait_for_log(r"Booting worker with pid")
     server.process.send_signal(sig)
     assert server.process.wait(60) == 0
@@ -357,29 +360,38 @@ def test_sigkill_of_one_worker_leaves_the_other_workers_streams_alone(tiny_model
         assert server.metrics()["wsgi_infer:kv_blocks_total"] == 2 * single
 
 
-# A test run's process that starts a server, then is killed from outside before any cleanup of its own.
+# A test run's process that starts a server (forked from the warm-start helper where asked and allowed), then is
+# killed from outside before any cleanup of its own: it prints the server's processes, the helper's last.
 STARTS_A_SERVER = """
 import json, sys
+from tests.support import warm_starts
 from tests.support.server import GunicornServer
+if sys.argv[2] == "warm":
+    warm_starts.enable()
 server = GunicornServer(json.loads(sys.argv[1]), "--workers", "2")
-print(json.dumps([server.process.pid, *server.wait_booted(count=2)]), flush=True)
+helper = [warm_starts.WarmStarts._instance.helper.pid] if warm_starts.WarmStarts._instance else []
+print(json.dumps([server.process.pid, *server.wait_booted(count=2), *helper]), flush=True)
 sys.stdin.read()  # until killed
 """
 
 
-def test_servers_die_with_a_test_run_killed_from_outside(tiny_model_dirs):
+@pytest.mark.parametrize("start", ["cold", "warm"])
+def test_servers_die_with_a_test_run_killed_from_outside(tiny_model_dirs, start):
     settings = {"model": str(tiny_model_dirs["llama"]), "dtype": "float32", "quantization": "none"}
     run = subprocess.Popen(
-        [sys.executable, "-c", STARTS_A_SERVER, json.dumps(settings)],
+        [sys.executable, "-c", STARTS_A_SERVER, json.dumps(settings), start],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
-        pids = json.loads(run.stdout.readline())  # the master, then its two workers
-        assert len(pids) == 3
+        pids = json.loads(run.stdout.readline())  # the master, its two workers, and the helper it forked from
+        forked = start == "warm" and not os.environ.get("TEST_SERVERS_START_COLD")
+        assert len(pids) == 3 + forked
         processes = [psutil.Process(pid) for pid in pids]
+        if forked:
+            assert processes[0].ppid() == pids[-1]
     finally:
         run.kill()
         run.wait()

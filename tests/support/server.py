@@ -16,7 +16,9 @@ from pathlib import Path
 
 import httpx
 
+from . import warm_starts
 from .prerequisites import unavailable
+from .warm_starts import ForkedProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
@@ -115,7 +117,14 @@ class LoggedProcess:
     """A process whose every output line is kept, so tests wait for lines instead of sleeping."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
-        self.process = subprocess.Popen(
+        self.process = self._start(argv, env)
+        self.lines: list[str] = []
+        self._eof = False
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read_log, daemon=True).start()
+
+    def _start(self, argv: list[str], env: dict[str, str] | None) -> subprocess.Popen | ForkedProcess:
+        return subprocess.Popen(
             dying_with_this_process(argv),
             cwd=ROOT,
             env=env,
@@ -124,10 +133,6 @@ class LoggedProcess:
             text=True,
             start_new_session=True,
         )
-        self.lines: list[str] = []
-        self._eof = False
-        self._changed = threading.Condition()
-        threading.Thread(target=self._read_log, daemon=True).start()
 
     def _read_log(self) -> None:
         for line in self.process.stdout:
@@ -173,14 +178,22 @@ class GunicornServer(LoggedProcess):
     WSGI_INFER_* settings; the port comes from gunicorn's own "Listening at" line.
     """
 
-    def __init__(self, settings: dict[str, str], *args: str, command: list[str] | None = None, **env_vars: str) -> None:
+    def __init__(
+        self, settings: dict[str, str], *args: str, command: list[str] | None = None, warm: bool = True, **env_vars: str
+    ) -> None:
         """``command`` replaces ``gunicorn -c gunicorn.conf.py`` (for `wsgi-infer serve`); it must
-        bind 127.0.0.1:0 itself. ``env_vars`` go to the environment as they are."""
+        bind 127.0.0.1:0 itself. ``env_vars`` go to the environment as they are. ``warm=False``: the real command
+        even where a warm start could serve (``warm_starts``: tests of the master, of imports, of start-up)."""
         env = {**os.environ, **{f"WSGI_INFER_{k.upper()}": str(v) for k, v in settings.items()}, **env_vars}
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        self.warm = warm and command is None
         super().__init__(command or [GUNICORN, "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", *args], env)
         self.port = int(self.wait_for_log(r"Listening at: http://127\.0\.0\.1:(\d+)\b").group(1))
         self.url = f"http://127.0.0.1:{self.port}"
+
+    def _start(self, argv: list[str], env: dict[str, str] | None) -> subprocess.Popen | ForkedProcess:
+        forked = warm_starts.start(argv, env) if self.warm else None
+        return forked or super()._start(argv, env)
 
     def wait_booted(self, after: int = 0, count: int = 1) -> list[int]:
         """The pids of the next ``count`` workers booted after log line ``after``, once each
