@@ -16,6 +16,7 @@ pytest; ``TEST_SERVERS_START_COLD=1`` starts every server cold.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import select
@@ -134,7 +135,8 @@ def start(argv: list[str], env: dict[str, str]) -> ForkedProcess | None:
     """``argv`` forked warm where it may be (see the module's text), else None: the caller runs it."""
     if not _enabled:
         return None
-    if WarmStarts._instance is None and threading.current_thread() is not threading.main_thread():
+    running = WarmStarts._instance is not None and WarmStarts._instance.helper.poll() is None
+    if not running and threading.current_thread() is not threading.main_thread():
         return None  # the helper dies with the thread that starts it (PR_SET_PDEATHSIG): the main one outlives all
     helper = WarmStarts.shared()
     return helper.start(argv, env) if helper.can_start(env) else None
@@ -143,7 +145,7 @@ def start(argv: list[str], env: dict[str, str]) -> ForkedProcess | None:
 # The helper's side.
 
 
-def _serve(control: socket.socket, parent: int) -> None:
+def _serve(control: socket.socket) -> None:
     """Fork a gunicorn master for each request; write each one's exit status to its status pipe once reaped."""
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
@@ -186,15 +188,14 @@ def _become(request: dict, fds: list[int], parent: int) -> None:
     dies with its test (SIGINT), then gunicorn's own entry point on ``argv``. Returns only by raising SystemExit,
     which ends this process as gunicorn's exit would."""
     os.setsid()
-    import ctypes
-
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGINT)
-    if os.getppid() != parent:
+    if not _dies_with(parent):
         os._exit(1)
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0), os.dup2(fds[0], 1), os.dup2(fds[0], 2)
+    os.dup2(devnull, 0)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[0], 2)
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the helper's socket, and every other server's pipes
     os.chdir(request["cwd"])
     os.environ.clear()
@@ -204,6 +205,12 @@ def _become(request: dict, fds: list[int], parent: int) -> None:
 
     run()
     raise SystemExit(0)
+
+
+def _dies_with(parent: int) -> bool:
+    """SIGINT (a quick stop for gunicorn) when ``parent`` ends; False where it already has."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGINT)
+    return os.getppid() == parent
 
 
 def _import_ahead() -> None:
@@ -217,10 +224,7 @@ def _import_ahead() -> None:
 
 if __name__ == "__main__":
     control_fd, test_process = int(sys.argv[1]), int(sys.argv[2])
-    import ctypes
-
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGINT)  # ends with the test process, even one killed
-    if os.getppid() != test_process:
+    if not _dies_with(test_process):  # ends with the test process, even one killed
         sys.exit("the test process ended before this helper started")
     _import_ahead()
-    _serve(socket.socket(fileno=control_fd), test_process)
+    _serve(socket.socket(fileno=control_fd))

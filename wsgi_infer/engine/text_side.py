@@ -41,7 +41,7 @@ class TextSide:
 
     def memory_bytes(self) -> int:
         """What keeping it holds, estimated from its vocabulary (and whether a grammar built its own view of it)."""
-        built = self.grammars is not None and self.grammars.vocabulary.cache_info().currsize > 0
+        built = self.grammars is not None and self.grammars.has_vocabulary()
         return self.tokens * (TOKENIZER_BYTES + (VOCABULARY_BYTES if built else 0))
 
 

@@ -91,6 +91,9 @@ class GrammarCompiler:
         self.vocabulary = functools.lru_cache(maxsize=1)(self._build_vocabulary)
         self._compiled = functools.lru_cache(maxsize=GRAMMAR_CACHE_SIZE)(self._compile)
 
+    def has_vocabulary(self) -> bool:
+        return self.vocabulary.cache_info().currsize > 0
+
     def _build_vocabulary(self) -> Vocabulary:
         """llguidance's view of the tokenizer, built by the first compile (1.2 s for Gemma 3's 262,144 tokens, in a
         native thread that holds no GIL meanwhile) rather than by every start.

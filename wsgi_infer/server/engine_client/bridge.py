@@ -21,7 +21,10 @@ thread must hand results to greenlets in a way that wakes the hub. A
 releases the GIL (tokenizing a prompt, compiling a grammar) on one OS thread
 of the worker's own, the front-end thread, and waits cooperatively, so neither
 the hub nor the engine thread stalls. It runs at a lower priority (nice 10), so
-on a machine with few cores it takes what the engine leaves.
+on a machine with few cores it takes what the engine leaves. Native work that the
+steps leave a core for (``cpu_share.beside_the_steps``: a grammar vocabulary's
+build) runs on a second thread at the engine's priority instead: at nice 10 it got
+a tenth of a core beside any other busy process (3.3 s became 17-24 s).
 
 One thread, not a pool: library code (jinja2's lexer cache, transformers'
 logging setup) creates ``threading`` locks after the monkey-patching, so they
@@ -55,7 +58,7 @@ _native_thread_id: Callable[[], int] = get_original("_thread", "get_native_id")
 BACKGROUND_NICE = 10
 _FRONT_END_THREADS: set[int] = set()  # the front-end thread: its log records go to the hub too
 _busy_since: list[float] = []  # when the front-end thread's current call began
-_front_end: dict[int, ThreadPool] = {}  # per hub (one per worker): created after the fork, in the hub
+_front_end: dict[tuple[int, bool], ThreadPool] = {}  # per hub (one per worker) and priority: made in the hub
 _LEVELS = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
 
 log = logging.getLogger(__name__)
@@ -112,18 +115,22 @@ class HubBridge:
         return not self._closed and (ident in self._thread_idents or ident in _FRONT_END_THREADS)
 
     @staticmethod
-    def run_off_hub(function: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
+    def run_off_hub(
+        function: Callable[..., Any], *args: Any, timeout: float | None = None, beside_the_steps: bool = False
+    ) -> Any:
         """In a greenlet: ``function(*args)`` on the front-end thread; its result, or its exception.
         TimeoutError once ``timeout`` seconds pass (queued behind others included); the call still runs.
 
         The thread runs at a lower priority, so on a machine with few cores the
         work takes what the engine thread leaves rather than slowing its steps.
+        ``beside_the_steps``: on the thread at the engine's priority, for native work that the steps leave a core
+        for and that touches no library lock (see the module's text).
         """
         hub = gevent.get_hub()
-        pool = _front_end.get(id(hub))
-        if pool is None:
-            pool = _front_end[id(hub)] = ThreadPool(1, hub=hub)
-        result = pool.spawn(_in_background, function, *args)
+        pool = _front_end.get((id(hub), beside_the_steps))
+        if pool is None:  # its thread is started by the hub's: nice 0, as the hub's
+            pool = _front_end[(id(hub), beside_the_steps)] = ThreadPool(1, hub=hub)
+        result = pool.spawn(_in_background, function, args, not beside_the_steps)
         try:
             value, error = result.get(timeout=timeout)
         except gevent.Timeout:
@@ -173,20 +180,28 @@ def front_end_busy_for() -> float:
     return time.monotonic() - _busy_since[0] if _busy_since else 0.0
 
 
-def _in_background(function: Callable[..., Any], *args: Any) -> tuple[Any, Exception | None]:
+def _in_background(function: Callable[..., Any], args: tuple, front_end: bool) -> tuple[Any, Exception | None]:
     _FRONT_END_THREADS.add(_native_get_ident())  # its log records go to the hub (a set's add is atomic under the GIL)
+    if not front_end:  # native work beside the steps: at the engine's priority, bounded, no stall of the front end
+        return _returned(function, args)
     try:  # Linux: a thread's own nice value (no-op where it is already set or not allowed)
         os.setpriority(os.PRIO_PROCESS, _native_thread_id(), BACKGROUND_NICE)
     except (AttributeError, OSError):
         pass
     _busy_since.append(time.monotonic())
-    try:  # an exception comes back as a value: gevent's pool printed the traceback of each one raised there (a
-        # client's constraint that does not compile, a 400), and the caller raises it again
+    try:
+        return _returned(function, args)
+    finally:
+        _busy_since.clear()
+
+
+def _returned(function: Callable[..., Any], args: tuple) -> tuple[Any, Exception | None]:
+    """An exception comes back as a value: gevent's pool printed the traceback of each one raised there (a client's
+    constraint that does not compile, a 400), and the caller raises it again."""
+    try:
         return function(*args), None
     except Exception as exc:
         return None, exc
-    finally:
-        _busy_since.clear()
 
 
 class _RelayFilter(logging.Filter):

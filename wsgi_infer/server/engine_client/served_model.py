@@ -181,10 +181,11 @@ class ServedModel:
         tokens take tens of milliseconds, which neither the hub nor the engine thread should wait for."""
         return self._off_hub(function, self.tokenizer, *args)
 
-    def _off_hub(self, function: Callable[..., Any], *args: Any) -> Any:
+    def _off_hub(self, function: Callable[..., Any], *args: Any, beside_the_steps: bool = False) -> Any:
         """``run_off_hub`` within ``stall_seconds``; past them a 503 the client may retry, never a hung request."""
         try:
-            return HubBridge.run_off_hub(function, *args, timeout=self.settings.stall_seconds)
+            timeout = self.settings.stall_seconds
+            return HubBridge.run_off_hub(function, *args, timeout=timeout, beside_the_steps=beside_the_steps)
         except TimeoutError as exc:
             log.error("%s (%s): the request gets a 503", exc, getattr(function, "__qualname__", function))
             message = "the server is too busy to read the request; retry later"
@@ -199,11 +200,14 @@ class ServedModel:
 
     def compile_constraints(self, params: list[SamplingParams]) -> None:
         """Compile each constraint on the front-end thread, so that the engine thread only copies the
-        result and no running stream waits for a large schema. Raises InvalidParameter; call once ready."""
+        result and no running stream waits for a large schema. Raises InvalidParameter; call once ready. The first
+        builds the grammar vocabulary, GIL-free native work beside the steps, at the engine's priority."""
         compiled: dict[int, StructuredOutput] = {}
         for p in params:
             spec = p.structured_output
             if spec is not None and spec.compiled is None:
+                if not self.text.grammars.has_vocabulary():
+                    self._off_hub(self.text.grammars.vocabulary, beside_the_steps=True)
                 if id(spec) not in compiled:
                     compiled[id(spec)] = self._off_hub(self.text.grammars.compile, spec)
                 p.structured_output = compiled[id(spec)]
