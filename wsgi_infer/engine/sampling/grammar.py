@@ -10,6 +10,7 @@ with the request, so the engine thread only copies it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -93,6 +94,12 @@ class GrammarCompiler:
 
     def has_vocabulary(self) -> bool:
         return self.vocabulary.cache_info().currsize > 0
+
+    def prepare_vocabulary(self) -> None:
+        """The vocabulary built ahead of the first compile, on the caller's thread; a tokenizer llguidance cannot
+        read is left for that compile to report (a ValueError is not cached: it raises again there)."""
+        with contextlib.suppress(ValueError):
+            self.vocabulary()
 
     def _build_vocabulary(self) -> Vocabulary:
         """llguidance's view of the tokenizer, built by the first compile (1.2 s for Gemma 3's 262,144 tokens, in a

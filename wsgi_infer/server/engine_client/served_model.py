@@ -207,7 +207,7 @@ class ServedModel:
             spec = p.structured_output
             if spec is not None and spec.compiled is None:
                 if not self.text.grammars.has_vocabulary():
-                    self._off_hub(self.text.grammars.vocabulary, beside_the_steps=True)
+                    self._off_hub(self.text.grammars.prepare_vocabulary, beside_the_steps=True)
                 if id(spec) not in compiled:
                     compiled[id(spec)] = self._off_hub(self.text.grammars.compile, spec)
                 p.structured_output = compiled[id(spec)]
