@@ -18,9 +18,8 @@ import httpx
 
 from . import warm_starts
 from .prerequisites import unavailable
-from .warm_starts import ForkedProcess
+from .warm_starts import ROOT, ForkedProcess
 
-ROOT = Path(__file__).resolve().parents[2]
 GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
 # max_tokens of a stream that must still run when a test acts on it: at least a minute of steps on the tiny
 # models (a step takes over a millisecond of Python however fast the CPU), within their 65,536-token window.
