@@ -11,7 +11,8 @@ imported before the worker's gevent patch, not after (the master's own imports a
 command line is the helper's. So a server starts warm only where that cannot matter: its environment differs from
 the helper's in WSGI_INFER_* settings alone, and the test asked for no other command. Tests of the master, of
 imports or of start-up run the real command (``GunicornServer(..., warm=False)``), as does everything outside
-pytest; ``TEST_SERVERS_START_COLD=1`` starts every server cold.
+pytest. Opt-in, ``TEST_SERVERS_START_WARM=1``: one run of the lifecycle and stream modules hung with it (forks
+alive, idle, 13 minutes), not yet understood; CI starts every server cold.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ _enabled = False
 def enable() -> None:
     """Called by the suite's conftest: servers started in this process may start warm."""
     global _enabled
-    _enabled = not os.environ.get("TEST_SERVERS_START_COLD")
+    _enabled = bool(os.environ.get("TEST_SERVERS_START_WARM"))  # opt-in: a run hung once (not yet understood)
 
 
 class ForkedProcess:
