@@ -77,8 +77,11 @@ class Channel(Protocol):
 
 
 class EngineLoop:
-    """``fault_at_step`` (tests only, from the settings) makes that step raise; after ``stall_after_step`` the loop
-    takes no step until its next command (a request, an abort, a stop), as a stuck step looks from outside."""
+    """``fault_at_step`` (tests only, from the settings) makes that step raise; ``stall_after_step`` steps after the
+    last request it admitted, the loop takes no step until its next command (a request, an abort, a stop), as a
+    stuck step looks from outside. Counted from the last request, not from the start: a test that starts its
+    streams one after another, each awaited, then sees the stall only once all of them run, however long each
+    start took (counted from the start, a slow one could find the engine already stalled, and wait for ever)."""
 
     def __init__(
         self, channel: Channel, fault_at_step: int = 0, stall_after_step: int = 0, load_seconds: float = 0.0
@@ -94,6 +97,7 @@ class EngineLoop:
         self._serving_at: dict[str, float] = {}  # when each model last had requests waiting or streams decoding
         self._step_tokens: dict[str, list[int]] = collections.defaultdict(list)  # per step, until the next post
         self._steps = 0
+        self._steps_since_admitted = 0  # tests only (stall_after_step)
         self._stopping = False
 
     def interrupt(self) -> None:
@@ -126,9 +130,13 @@ class EngineLoop:
             events: list = []
             aborted: list[Aborted] = []  # delivered after the counters they changed
             touched: dict[str, None] = {}  # models whose counters changed, in order
-            stall = self._steps == self._stall_after_step > 0  # tests only; a Stop still ends it at once
+            stall = self._steps_since_admitted == self._stall_after_step > 0  # tests only; a Stop ends it at once
             if stall:
-                log.warning("step %d: stalled until the next command (test_stall_after_step)", self._steps)
+                log.warning(
+                    "step %d: stalled until the next command (test_stall_after_step: %d steps after the last request)",
+                    self._steps,
+                    self._stall_after_step,
+                )
             for command in self._channel.commands(block=stall or not self._busy()):
                 if isinstance(command, Stop):
                     return
@@ -137,6 +145,7 @@ class EngineLoop:
                     touched[command.model] = None
                 elif isinstance(command, Submit):
                     events.append(self._admit(command))
+                    self._steps_since_admitted = 0
                     touched[command.model] = None
                 elif isinstance(command, StoreProgress):
                     touched[command.model] = None
@@ -175,6 +184,7 @@ class EngineLoop:
     def _step(self, name: str) -> list:
         engine = self._engines[name]
         self._steps += 1
+        self._steps_since_admitted += 1
         if self._steps == self._fault_at_step:
             raise RuntimeError(f"fault injected at step {self._steps} (WSGI_INFER_TEST_FAULT_AT_STEP)")
         deltas = engine.step()

@@ -138,7 +138,10 @@ class ServerSettings(EngineSettings):
 
     test_fault_at_step: int = Field(0, ge=0, description="tests only: the engine's step N raises, as a bug would")
     test_stall_after_step: int = Field(
-        0, ge=0, description="tests only: after step N the engine takes no step until its next command, as if stuck"
+        0,
+        ge=0,
+        description="tests only: N steps after the last request admitted, the engine takes no step until its next "
+        "command, as if stuck",
     )
     test_load_seconds: float = Field(
         0.0, ge=0, description="tests only: every model load takes this much longer, on its loader thread"
