@@ -387,7 +387,7 @@ def test_servers_die_with_a_test_run_killed_from_outside(tiny_model_dirs, start)
     )
     try:
         pids = json.loads(run.stdout.readline())  # the master, its two workers, and the helper it forked from
-        forked = start == "warm" and bool(os.environ.get("TEST_SERVERS_START_WARM"))
+        forked = start == "warm" and not os.environ.get("TEST_SERVERS_START_COLD")
         assert len(pids) == 3 + forked
         processes = [psutil.Process(pid) for pid in pids]
         if forked:
