@@ -73,10 +73,16 @@ def test_serve_with_two_workers_whose_model_cannot_load_exits_with_code_3_and_no
     [
         ({"block_size": "abc"}, "WSGI_INFER_BLOCK_SIZE='abc': Input should be a valid integer"),
         ({"quantization": "int3"}, "the WSGI_INFER_* settings (model "),
+        ({"keys_file": "/nowhere/keys.toml"}, "keys file '/nowhere/keys.toml': [Errno 2] No such file or directory"),
+        (
+            {"redis_url": "localhost:6379"},
+            "WSGI_INFER_REDIS_URL='localhost:6379': Value error, redis-py reads redis://",
+        ),
     ],
 )
 def test_a_bad_setting_stops_the_master_with_one_line_naming_its_variable(tmp_path, setting, said):
-    """Before, each worker imported torch, then printed pydantic's traceback naming the field (block_size)."""
+    """Before, each worker imported torch, then printed pydantic's traceback naming the field (block_size), or the
+    keys file's error, or redis-py's on a URL it cannot read."""
     env = {
         **os.environ,
         "WSGI_INFER_CACHE_DIR": str(tmp_path),

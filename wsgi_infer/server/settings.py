@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, get_type_hints
 
-from pydantic import Field, create_model
+from pydantic import Field, create_model, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ..engine.config import SETTINGS, EngineConfig
@@ -146,6 +146,14 @@ class ServerSettings(EngineSettings):
     test_load_seconds: float = Field(
         0.0, ge=0, description="tests only: every model load takes this much longer, on its loader thread"
     )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _a_url_redis_py_reads(cls, url: str | None) -> str | None:
+        """Checked with the settings, in the master: any other URL was each worker's traceback at its start."""
+        if url and not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("redis-py reads redis://, rediss:// and unix:// URLs only")
+        return url
 
     @property
     def api_keys(self) -> list[str]:

@@ -24,6 +24,7 @@ from wsgi_infer.server.gunicorn.owned_dirs import remove_owned_dirs
 from wsgi_infer.server.gunicorn.text_files_ahead import start_text_files_ahead
 from wsgi_infer.server.gunicorn.worker import InferenceWorker
 from wsgi_infer.server.settings import ServerSettings, unknown_variables
+from wsgi_infer.server.tenants.keys import load_keys
 from wsgi_infer.server.tenants.local_store import LocalLimitStore
 
 # Read in the master before any worker exists (and before torch is imported anywhere).
@@ -73,12 +74,14 @@ def _settings_or_exit(server):
     for name, nearest in unknown_variables(os.environ):
         server.log.warning("%s is no setting of wsgi-infer, ignored%s", name, f": {nearest}?" if nearest else "")
     try:
-        model_specs(ServerSettings())
+        settings = ServerSettings()
+        model_specs(settings)
+        load_keys(settings.api_keys, settings.keys_file)  # else each worker's traceback, once it imported torch
     except ValidationError as exc:
         for error in exc.errors():
             variable = "WSGI_INFER_" + str(error["loc"][0]).upper() if error["loc"] else "WSGI_INFER_*"
             server.log.error("%s=%r: %s", variable, error.get("input"), error["msg"])
-    except ValueError as exc:  # a models config's, or a setting every model takes
+    except ValueError as exc:  # a models config's, a setting every model takes, or the keys file's
         server.log.error("%s", exc)
     else:
         return
