@@ -86,9 +86,6 @@ class ForkedProcess:
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
 
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
 
 class WarmStarts:
     """This test process's helper: started at the first warm start, ended with the process."""
