@@ -71,9 +71,8 @@ LAYERS = (
     (
         "wsgi_infer.server.api.access",
         "wsgi_infer.server.api.continuation",
-        "wsgi_infer.server.api.keep_alive",
         "wsgi_infer.server.api.serving",
-        "wsgi_infer.server.api.schemas",
+        "wsgi_infer.server.api.bodies",
     ),
     ("wsgi_infer.server.api.chat",),
     ("wsgi_infer.server.api",),
@@ -280,10 +279,10 @@ def plant(root: Path, files: dict[str, str]) -> None:
 
 VIOLATIONS = {  # a stream log that reads a schema, and a schema that names it back, for type checking only; the
     # machine's runtime that reads the scheduler
-    "server/streaming/planted.py": "from ..api.schemas import Request\n",
+    "server/streaming/planted.py": "from ..api.bodies.schemas import Request\n",
     "engine/runtime/planted.py": "from ..scheduling.scheduler import Scheduler\n",
-    "server/api/schemas.py": "from typing import TYPE_CHECKING\n\n"
-    "if TYPE_CHECKING:\n    from ..streaming import planted\n",
+    "server/api/bodies/schemas.py": "from typing import TYPE_CHECKING\n\n"
+    "if TYPE_CHECKING:\n    from ...streaming import planted\n",
 }
 
 
@@ -293,7 +292,7 @@ def test_each_layer_imports_only_from_below(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "wsgi_infer")
     assert imports_from_above(module_graph()) == [
         ("wsgi_infer.engine.runtime.planted", "wsgi_infer.engine.scheduling.scheduler"),
-        ("wsgi_infer.server.streaming.planted", "wsgi_infer.server.api.schemas"),
+        ("wsgi_infer.server.streaming.planted", "wsgi_infer.server.api.bodies.schemas"),
     ]
 
 
@@ -301,7 +300,9 @@ def test_no_module_imports_itself_through_others_not_even_for_type_checking(tmp_
     assert import_cycles(module_graph()) == []
     plant(tmp_path, VIOLATIONS)
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "wsgi_infer")
-    assert import_cycles(module_graph()) == [["wsgi_infer.server.api.schemas", "wsgi_infer.server.streaming.planted"]]
+    assert import_cycles(module_graph()) == [
+        ["wsgi_infer.server.api.bodies.schemas", "wsgi_infer.server.streaming.planted"]
+    ]
 
 
 def test_no_module_is_over_300_lines(tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
-"""Sampling parameters: stop strings, seeds, penalties, filters, logprobs, validation."""
+"""Sampling parameters: stop strings, seeds, penalties, filters, logprobs, validation, and vLLM's min_tokens (no end
+of sequence, stop token or stop string before it; speculation held off until it is reached)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import math
 import pytest
 import torch
 
-from wsgi_infer import SamplingParams
+from wsgi_infer import LLM, SamplingParams
 from wsgi_infer.engine.sampling.sampler import apply_penalties, filter_logits, uniform_draw
-from wsgi_infer.engine.sampling_params import InvalidParameter
+from wsgi_infer.engine.sampling_params import InvalidParameter, StructuredOutput
 
 from ..conftest import assert_idle
 from ..support.transformers_reference import load_hf_model
@@ -197,6 +198,10 @@ def test_logprobs_match_the_reference_distribution(default_llm, default_model_di
         ({"logit_bias": {-5: 1}}, "logit_bias"),
         ({"stop": [""]}, "stop"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+        ({"min_tokens": 1, "structured_output": StructuredOutput("regex", "a+")}, "min_tokens"),
+        ({"min_tokens": None}, "min_tokens"),
         # types the ranges could not tell: a later step crashed on each (its batch lost), or took it for another
         ({"repetition_penalty": None}, "repetition_penalty"),
         ({"temperature": True}, "temperature"),
@@ -229,3 +234,67 @@ def test_request_over_the_context_window_is_refused(tiny_llama):
     with pytest.raises(ValueError, match="token ids"):
         tiny_llama.engine.add_request("z", [10**9], SamplingParams())
     assert_idle(tiny_llama)
+
+
+SHORT = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
+PASSAGE = "The quick brown fox jumps over the lazy dog. A stitch in time saves nine. All that glitters is not gold. "
+REPEAT = [{"role": "user", "content": PASSAGE * 2 + "\nRepeat the passage above, once."}]
+
+
+def test_no_end_of_sequence_before_min_tokens_and_the_batch_beside_it_unchanged(packed_llm):
+    eos = packed_llm.engine.eos_token_ids
+    free = packed_llm.chat(SHORT, SamplingParams(temperature=0, max_tokens=64))[0]
+    assert free.finish_reason == "stop" and free.token_ids[-1] in eos  # the case: a reply that ends early
+    least = len(free.token_ids) + 6
+    prompt = packed_llm.apply_chat_template(SHORT)
+    beside = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    greedy, sampled, other = packed_llm.generate(
+        [prompt, prompt, PROMPT],
+        [
+            SamplingParams(temperature=0, max_tokens=64, min_tokens=least),
+            SamplingParams(temperature=1.0, seed=7, max_tokens=64, min_tokens=least),
+            beside,
+        ],
+    )
+    for held in (greedy, sampled):
+        assert len(held.token_ids) > least or held.finish_reason == "length", held
+        assert not eos & set(held.token_ids[:least]), held.token_ids
+    # greedy: the same tokens up to where the end was barred, then another
+    assert greedy.token_ids[: len(free.token_ids) - 1] == free.token_ids[:-1]
+    assert other.token_ids == packed_llm.generate(PROMPT, beside)[0].token_ids
+    assert_idle(packed_llm)
+
+
+def test_a_stop_token_before_min_tokens_is_barred(tiny_llama):
+    free = tiny_llama.generate(PROMPT, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0]
+    target = free.token_ids[3]
+    first = free.token_ids.index(target)
+    least = first + 2
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop_token_ids=[target], min_tokens=least)
+    out = tiny_llama.generate(PROMPT, params)[0]
+    assert out.token_ids[:first] == free.token_ids[:first]
+    assert target not in out.token_ids[:least] and len(out.token_ids) > least
+    assert out.finish_reason == "length" or out.token_ids[-1] == target
+    assert_idle(tiny_llama)
+
+
+def test_a_stop_string_counts_only_after_the_text_of_min_tokens(packed_llm):
+    free = packed_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
+    stop = " " + free.text.split()[3]  # the stop string of test_sampling's stop test: in the first few tokens
+    cut = free.text.index(stop)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop])
+    assert packed_llm.generate(PROMPT, params)[0].text == free.text[:cut]
+    held = packed_llm.generate(PROMPT, SamplingParams(**{**vars(params), "min_tokens": 40}))[0]
+    assert (held.text, held.finish_reason) == (free.text, "length")
+
+
+def test_speculation_waits_for_min_tokens_and_changes_no_token(packed_llm, default_model_dir):
+    """The draft's tokens are taken by the model's own argmax, which bars nothing: a request short of its
+    min_tokens is not speculated."""
+    plain = LLM(model=None, speculative="none")
+    params = SamplingParams(temperature=0, max_tokens=80, min_tokens=24)
+    drafts = packed_llm.engine.spec.drafts
+    speculated = packed_llm.chat(REPEAT, params)[0]
+    assert packed_llm.engine.spec.drafts > drafts  # drafts verified past min_tokens: the passage repeats
+    assert speculated.token_ids == plain.chat(REPEAT, params)[0].token_ids
+    assert not packed_llm.engine.eos_token_ids & set(speculated.token_ids[:24])

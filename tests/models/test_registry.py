@@ -8,7 +8,7 @@ import shutil
 import pytest
 from pydantic import TypeAdapter
 
-from wsgi_infer.server.api.schemas import KeepAlive
+from wsgi_infer.server.api.bodies.keep_alive import KeepAlive
 from wsgi_infer.server.engine_client import served_model
 from wsgi_infer.server.engine_client.served_model import RETRY_FAILED_LOAD_SECONDS
 

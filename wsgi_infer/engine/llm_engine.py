@@ -75,7 +75,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens, self.store, share, pacer, beside
         )
-        self.sampler = Sampler(self.runner.kernels)
+        self.sampler = Sampler(self.runner.kernels, self.eos_token_ids)
         self._seqs: dict[str, Sequence] = {}
         self._seed_source = random.Random(config.seed)
         self.proposer = proposer_for(config, self.runner.kernels)
@@ -109,10 +109,7 @@ class LLMEngine:
             raise InvalidParameter("logit_bias", f"logit_bias token ids must be below the vocabulary size {vocab}")
         matcher = self.grammars.matcher(params.structured_output) if params.structured_output else None
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
-        tokenizer = self.tokenizer.backend_tokenizer
-        detokenizer = IncrementalDetokenizer(
-            tokenizer, prompt_ids, params.stop, params.skip_special_tokens, params.include_stop_str_in_output
-        )
+        detokenizer = IncrementalDetokenizer.for_request(self.tokenizer.backend_tokenizer, prompt_ids, params)
         for token in generated:  # their text went out before: only the detokenizer's and grammar's states count
             detokenizer.push(token)
             if matcher is not None:

@@ -33,7 +33,7 @@ class Range:
 
 
 # Every numeric field's range, declared here once: SamplingParams checks its values with them, and the API's
-# request schemas take their fields' bounds from them (server/api/schemas.py).
+# request schemas take their fields' bounds from them (server/api/bodies/schemas.py).
 RANGES = {
     "temperature": Range(0.0, 2.0),
     "top_k": Range(-1),  # 0 and -1 disable it
@@ -43,13 +43,15 @@ RANGES = {
     "presence_penalty": Range(-2.0, 2.0),
     "frequency_penalty": Range(-2.0, 2.0),
     "max_tokens": Range(0),  # 0 only reads the prompt (its logprobs)
+    "min_tokens": Range(0),
     "logprobs": Range(0, MAX_LOGPROBS),
     "prompt_logprobs": Range(0, MAX_LOGPROBS),
     "priority": Range(-(2**31), 2**31 - 1),
     "tenant_weight": Range(0.0, 1e6, low_open=True),
 }
-INTEGERS = ("top_k", "max_tokens", "logprobs", "prompt_logprobs", "seed", "priority")
-NOT_NONE = ("top_k", "priority", *(name for name in RANGES if name not in INTEGERS))  # numbers that must be given
+INTEGERS = ("top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "seed", "priority")
+# numbers that must be given
+NOT_NONE = ("top_k", "min_tokens", "priority", *(name for name in RANGES if name not in INTEGERS))
 FLAGS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
 # The containers a field takes (any other: an InvalidParameter, not a TypeError in a later step).
 CONTAINERS = {"stop": (str, list, tuple), "stop_token_ids": (list, tuple), "logit_bias": (dict,)}
@@ -135,6 +137,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False  # a matched stop string ends the text (vLLM's), else it is cut
     ignore_eos: bool = False
     max_tokens: int | None = 16
+    # vLLM's: the first min_tokens tokens can be no end of sequence and no stop token, and a stop string counts
+    # only where it starts after their text.
+    min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
@@ -202,6 +207,10 @@ class SamplingParams:
             fail("logit_bias", "must map token ids (non-negative integers) to biases")
         if any(not isinstance(b, (int, float)) or abs(b) > MAX_LOGIT_BIAS for b in self.logit_bias.values()):
             fail("logit_bias", f"biases must be numbers between -{MAX_LOGIT_BIAS:g} and {MAX_LOGIT_BIAS:g}")
+        if self.min_tokens and self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            fail("min_tokens", f"must be at most max_tokens ({self.max_tokens})")
+        if self.min_tokens and self.structured_output is not None:  # a complete constraint allows the end alone
+            fail("min_tokens", "cannot be combined with a constraint (structured outputs, tools)")
         if self.pooling not in (None, "mean", "last") or self.pooling and self.max_tokens != 0:
             fail("pooling", "must be mean or last, with max_tokens 0")
 

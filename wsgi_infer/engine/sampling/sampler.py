@@ -37,6 +37,14 @@ def apply_logit_bias(logits: torch.Tensor, seq: Sequence) -> None:
     logits.index_add_(0, ids, torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device))
 
 
+def bar_the_end(logits: torch.Tensor, seq: Sequence, eos_token_ids: frozenset[int]) -> None:
+    """In place, before the request's min_tokens: no token that would end it (its stop tokens, and the end of
+    sequence unless it ignores that)."""
+    ends = {*seq.params.stop_token_ids, *(() if seq.params.ignore_eos else eos_token_ids)}
+    ids = torch.tensor([t for t in ends if t < logits.numel()], dtype=torch.long, device=logits.device)
+    logits.index_fill_(0, ids, float("-inf"))
+
+
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
     """Mask (to -inf) tokens outside top-k, the top-p nucleus and the min-p floor."""
     if top_k and top_k < logits.numel():
@@ -98,8 +106,9 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, seed: int, positi
 
 
 class Sampler:
-    def __init__(self, kernels: CpuKernels | None = None) -> None:
+    def __init__(self, kernels: CpuKernels | None = None, eos_token_ids: set[int] | frozenset[int] = frozenset()):
         self._kernels = kernels  # their argmax, for float32 logits on the CPU
+        self._eos_token_ids = frozenset(eos_token_ids)
 
     def greedy(self, logits: torch.Tensor) -> list[int]:
         """Each row's most likely token."""
@@ -135,14 +144,16 @@ class Sampler:
                 )
         return tokens, logprobs
 
-    @staticmethod
-    def _process(logits: torch.Tensor, seqs: list[Sequence]) -> None:
-        """In place: penalties, then logit bias, then grammar masks (the raw logprobs are taken)."""
+    def _process(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """In place: penalties, then logit bias, then the end barred before min_tokens, then grammar masks (the raw
+        logprobs are taken)."""
         for i, seq in enumerate(seqs):  # row views only where asked for: this runs every step
             if seq.params.has_penalties:
                 apply_penalties(logits[i], seq)
             if seq.params.logit_bias:
                 apply_logit_bias(logits[i], seq)
+            if seq.num_output_tokens < seq.params.min_tokens:
+                bar_the_end(logits[i], seq, self._eos_token_ids)
         constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
         if constrained:
             apply_grammar_masks(logits, constrained, [seqs[i].matcher for i in constrained])

@@ -10,6 +10,8 @@ from __future__ import annotations
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
+from ..sampling_params import SamplingParams
+
 # DecodeStream needs a few prompt tokens of context so the first generated
 # token gets its leading space right (SentencePiece/ByteLevel merges).
 _PROMPT_CONTEXT_TOKENS = 4
@@ -42,7 +44,8 @@ class IncrementalDetokenizer:
 
     Text that could be the beginning of a stop string is held back until it is
     either completed (the request stops; the stop string is returned only with
-    ``include_stop``) or ruled out. ``matched`` holds the stop string once one matched.
+    ``include_stop``) or ruled out. ``matched`` holds the stop string once one matched. The text of the first
+    ``min_tokens`` tokens is released as it comes, searched for no stop string.
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class IncrementalDetokenizer:
         stop: list[str],
         skip_special_tokens: bool = True,
         include_stop: bool = False,
+        min_tokens: int = 0,
     ) -> None:
         self._tokenizer = tokenizer
         context, tail = _split_prompt_end(tokenizer, prompt_ids, skip_special_tokens)
@@ -68,7 +72,14 @@ class IncrementalDetokenizer:
         self._unsent = 0  # tokens stepped since the stream last gave text (bytes of an unfinished character)
         self._stop, self._include_stop = stop, include_stop
         self._pending = ""
+        self._unsearched = min_tokens  # tokens still to come whose text no stop string is searched in
         self.matched: str | None = None
+
+    @classmethod
+    def for_request(cls, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams) -> IncrementalDetokenizer:
+        """The detokenizer of a request's output, with its stop strings and settings."""
+        stop, skip, include = params.stop, params.skip_special_tokens, params.include_stop_str_in_output
+        return cls(tokenizer, prompt_ids, stop, skip, include, params.min_tokens)
 
     def push(self, token_id: int) -> str:
         """Decode one token; return the text that may be released now."""
@@ -80,6 +91,9 @@ class IncrementalDetokenizer:
             self._prompt_tail = None
         if piece:
             self._pending += piece
+        if self._unsearched > 0:
+            self._unsearched -= 1
+            return self._release(len(self._pending))
         if not self._stop:
             return self._release(len(self._pending))
         found = [(i, s) for s in self._stop if (i := self._pending.find(s)) >= 0]

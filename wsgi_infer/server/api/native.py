@@ -19,7 +19,8 @@ from flask import Blueprint, Response, jsonify, request
 from ..engine_client.streams import RequestStream
 from ..streaming import sse
 from ..streaming.stream_log import StreamInterrupted
-from .schemas import GenerateRequest, parse
+from .bodies.parsing import parse
+from .bodies.schemas import GenerateRequest
 from .serving import collect_all, publish, publish_log, pumped_choices, served, start
 
 if TYPE_CHECKING:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from flask import Blueprint, jsonify, request
 
 from ..errors import APIError
+from .bodies.parsing import parse
+from .bodies.schemas import DetokenizeRequest, TokenizeRequest
 from .chat.conversation import chat_token_ids
 from .chat.schemas import TokenizeChatRequest
-from .schemas import DetokenizeRequest, TokenizeRequest, parse
 from .serving import served, wait_ready
 
 bp = Blueprint("tokenization", __name__)
@@ -25,7 +26,7 @@ def tokenize():
     req = parse(TokenizeChatRequest if chat else TokenizeRequest, body)
     mgr = served(req.model)
     if chat:
-        tokens = chat_token_ids(req, req.add_generation_prompt)
+        tokens = chat_token_ids(req)
     else:
         wait_ready(mgr)
         tokens = mgr.with_tokenizer(_encode, req.prompt, req.add_special_tokens)

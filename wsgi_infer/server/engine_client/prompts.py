@@ -17,6 +17,7 @@ class Chat:
     tools: list[dict] | None = None
     template_kwargs: dict | None = None  # the template's own variables (``enable_thinking``...)
     continue_final: bool = False  # the reply continues the last (assistant) message: a prefill
+    opens_reply: bool = True  # the template's add_generation_prompt
 
 
 Prompt = str | list[int] | Chat  # a text, token ids, or a conversation
@@ -25,7 +26,7 @@ Prompt = str | list[int] | Chat  # a text, token ids, or a conversation
 def prompt_ids(tokenizer, prompts: list[Prompt]) -> list[list[int]]:
     """Each prompt's token ids; InvalidParameter naming ``messages`` for a conversation the template refuses."""
     return [
-        chat_prompt_ids(tokenizer, p.messages, p.tools, True, p.template_kwargs, p.continue_final)
+        chat_prompt_ids(tokenizer, p.messages, p.tools, p.opens_reply, p.template_kwargs, p.continue_final)
         if isinstance(p, Chat)
         else tokenizer.encode(p, add_special_tokens=True)
         if isinstance(p, str)

@@ -22,10 +22,10 @@ def _rendered(req: ChatCompletionRequest) -> tuple[ServedModel, list[dict], list
     return model, *req.conversation()
 
 
-def chat_token_ids(req: ChatCompletionRequest, add_generation_prompt: bool = True) -> list[int]:
+def chat_token_ids(req: ChatCompletionRequest) -> list[int]:
     """The prompt's token ids, as a chat completion would submit them (on the front-end thread)."""
     model, messages, tools = _rendered(req)
-    args = (messages, tools, add_generation_prompt, req.chat_template_kwargs, req.continue_final_message)
+    args = (messages, tools, req.add_generation_prompt, req.chat_template_kwargs, req.continue_final_message)
     return model.with_tokenizer(chat_prompt_ids, *args)
 
 
@@ -35,7 +35,7 @@ def start_chat(req: ChatCompletionRequest, obj: str) -> tuple[RequestStream, Cha
     mgr, messages, tools = _rendered(req)
     params = req.sampling_params(req.max_new_tokens, req.num_logprobs)
     thinks = mgr.template_thinks
-    opened = thinks and mgr.opens_thought(req.chat_template_kwargs)  # before submitting: it may raise
+    opened = thinks and req.add_generation_prompt and mgr.opens_thought(req.chat_template_kwargs)  # it may raise
     for p in params:  # a thinking model's thought is free, its answer constrained (unless the constraint spells it)
         spec = p.structured_output
         if thinks and spec is not None and not any(tag in json.dumps(spec.value) for tag in (THINK_OPEN, THINK_CLOSE)):
@@ -43,5 +43,6 @@ def start_chat(req: ChatCompletionRequest, obj: str) -> tuple[RequestStream, Cha
     plan = req.tool_plan
     for p in params if plan is not None and plan.format.special else ():
         p.skip_special_tokens = False  # the format's own tokens tell its calls from text: the parser reads them
-    stream = start(mgr, [Chat(messages, tools, req.chat_template_kwargs, req.continue_final_message)], params)
+    chat = Chat(messages, tools, req.chat_template_kwargs, req.continue_final_message, req.add_generation_prompt)
+    stream = start(mgr, [chat], params)
     return stream, ChatFormatter(stream, obj, plan, thinks=thinks, opened=opened)

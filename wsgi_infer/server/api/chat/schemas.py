@@ -10,7 +10,9 @@ from pydantic import Field, PrivateAttr, StrictBool, ValidationInfo, field_valid
 
 from ....engine.sampling_params import StructuredOutput
 from ...errors import APIError
-from ..schemas import Request, SamplingRequest, engine_field
+from ..bodies.parsing import Request
+from ..bodies.refused import SAMPLING, VLLM_CHAT
+from ..bodies.schemas import SamplingRequest, engine_field
 from .tool_formats import template_tools, tool_format_of, with_tools_in_system_message
 from .tools import ToolPlan, call_text
 
@@ -79,6 +81,7 @@ class ChatMessage(Request):
 
 
 class ChatCompletionRequest(SamplingRequest):
+    refused = {**SAMPLING, **VLLM_CHAT}
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = engine_field("max_tokens")  # None: up to the end of the context window
     max_completion_tokens: int | None = engine_field("max_tokens")
@@ -89,6 +92,7 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # the template's variables, as vLLM takes them
     continue_final_message: StrictBool = False  # vLLM's: the reply continues the last message, an assistant's
+    add_generation_prompt: StrictBool = True  # vLLM's: false, the template opens no reply (the model may)
     _chat_template: str | None = PrivateAttr(default=None)  # the model's (``render_with``)
 
     @field_validator("tools")
@@ -147,8 +151,8 @@ class ChatCompletionRequest(SamplingRequest):
         plan = self.tool_plan
         if plan is None:
             return super().constraint()
-        if self.structured_outputs is not None:
-            raise APIError("structured_outputs needs tool_choice none", param="tool_choice")
+        if others := [name for name in self.constraints_given if name != "response_format"]:
+            raise APIError(f"{others[0]} needs tool_choice none", param="tool_choice")
         answer = self.response_format.constraint() if self.response_format is not None else None
         return plan.constraint(answer)
 
@@ -195,5 +199,4 @@ def _template_message(message: ChatMessage, template_takes_tools: bool) -> dict:
 class TokenizeChatRequest(ChatCompletionRequest):
     """/tokenize with ``messages``: the chat template applied, as a chat completion would."""
 
-    add_generation_prompt: bool = True
     return_token_strs: bool = False

@@ -12,9 +12,9 @@ from ...engine_client.streams import RequestStream
 from ...errors import anthropic_error_body
 from ...streaming import sse
 from ...streaming.stream_log import StreamInterrupted
+from ..bodies.parsing import parse
 from ..chat.conversation import chat_token_ids, start_chat
 from ..chat.formatters import ChatFormatter
-from ..schemas import parse
 from ..serving import collect_all, model_of, publish, pumped_choices
 from . import events
 from .schemas import CountTokensRequest, MessagesRequest, extensions_of

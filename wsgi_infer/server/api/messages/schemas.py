@@ -9,8 +9,9 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, ValidationError
 
 from ...errors import APIError
+from ..bodies.parsing import Request, parse
+from ..bodies.schemas import MAX_STOP_SEQUENCES, engine_field
 from ..chat.schemas import ChatCompletionRequest
-from ..schemas import MAX_STOP_SEQUENCES, Request, engine_field, parse
 
 # The chat completion's fields beyond Anthropic's that this route takes too, under the same names.
 EXTENSIONS = (

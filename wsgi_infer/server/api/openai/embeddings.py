@@ -13,8 +13,9 @@ from pydantic import Field, field_validator
 
 from ....engine.sampling_params import InvalidParameter, SamplingParams
 from ...errors import APIError
-from ..keep_alive import KeepAlive
-from ..schemas import Prompts, Request, parse
+from ..bodies.keep_alive import KeepAlive
+from ..bodies.parsing import Request, parse
+from ..bodies.schemas import Prompts
 from ..serving import collect_all, served, start, wait_ready
 
 bp = Blueprint("embeddings", __name__, url_prefix="/v1")

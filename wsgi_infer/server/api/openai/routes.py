@@ -11,10 +11,11 @@ from ...engine_client.streams import RequestStream
 from ...errors import APIError
 from ...streaming import sse
 from ...streaming.stream_log import StreamInterrupted
+from ..bodies.parsing import parse
+from ..bodies.schemas import CompletionRequest
 from ..chat.conversation import start_chat
 from ..chat.formatters import CompletionFormatter, Formatter
 from ..chat.schemas import ChatCompletionRequest
-from ..schemas import CompletionRequest, parse
 from ..serving import (
     collect_all,
     log_response,

@@ -15,9 +15,9 @@ from ...engine_client.streams import RequestStream
 from ...errors import APIError
 from ...streaming.redis_store import StoreUnavailable
 from ...streaming.stream_log import StreamInterrupted
+from ..bodies.parsing import parse
 from ..chat.conversation import start_chat
 from ..chat.formatters import ChatFormatter
-from ..schemas import parse
 from ..serving import collect_all, log_response, manager, model_of, publish, published_log, pumped_choices
 from .events import ResponseBuilder, chunk_of, response_id
 from .schemas import ResponsesRequest, input_messages, refuse_unsupported

@@ -8,8 +8,9 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, ValidationError
 
 from ...errors import APIError
+from ..bodies.parsing import Request, parse
+from ..bodies.schemas import engine_field
 from ..chat.schemas import ChatCompletionRequest
-from ..schemas import Request, engine_field, parse
 
 # Fields of the Responses API that would change the output and that we do not implement: a 400, never ignored.
 UNSUPPORTED = {

@@ -1,28 +1,16 @@
-"""Request schemas of the OpenAI-compatible and native APIs (pydantic).
-
-Unknown fields are ignored, as OpenAI's server does; known fields with bad
-values give a 400 naming the field.
-"""
+"""Request schemas of the OpenAI-compatible and native APIs (pydantic), read by ``parsing.parse``."""
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictInt,
-    ValidationError,
-    WrapValidator,
-    field_validator,
-)
+from pydantic import Field, StrictBool, StrictInt, ValidationError, WrapValidator, field_validator
 
-from ...engine.sampling_params import RANGES, SamplingParams, StructuredOutput
-from ..errors import APIError
+from ....engine.sampling_params import RANGES, SamplingParams
+from .constraints import ConstraintFields
 from .keep_alive import KeepAlive
+from .parsing import Request
+from .refused import SAMPLING, VLLM_COMPLETIONS
 
 MAX_CHOICES = 16
 MAX_STOP_SEQUENCES = 4
@@ -43,14 +31,6 @@ def _one_of_the_forms(value: Any, handler: Any) -> Any:
 Prompts = Annotated[str | list[str] | TokenIds | list[TokenIds], WrapValidator(_one_of_the_forms)]
 
 
-class Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    def given(self, names: tuple[str, ...]) -> dict[str, Any]:
-        """The named fields the client gave a value (not None)."""
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
-
-
 def engine_default(name: str) -> Any:
     """SamplingParams' default for a field, which the API's defaults are."""
     return SamplingParams.__dataclass_fields__[name].default
@@ -61,90 +41,12 @@ def engine_field(name: str, default: Any = None) -> Any:
     return Field(default, **RANGES[name].bounds())
 
 
-# Known OpenAI fields that would change the output and that we do not implement: a 400, never ignored.
-# Fields that change nothing here (metadata, store, user, service_tier, ...) are accepted and ignored.
-UNSUPPORTED = {
-    "audio": "audio output is not supported",
-    "modalities": "only text output is supported",
-    "prediction": "predicted outputs are not supported",
-    "functions": "functions is deprecated and not supported; use tools",
-    "function_call": "function_call is deprecated and not supported; use tool_choice",
-    "web_search_options": "web search is not supported",
-    "suffix": "suffix (fill in the middle) is not supported",
-    "best_of": "best_of is not supported; use n",
-}
-NEUTRAL_VALUES = {"modalities": (["text"],), "best_of": (1,), "suffix": ("",)}
-
-
-def refuse_unsupported(body: dict) -> None:
-    for name, reason in UNSUPPORTED.items():
-        value = body.get(name)
-        if value is not None and value not in NEUTRAL_VALUES.get(name, ()):
-            raise APIError(reason, param=name)
-
-
 class StreamOptions(Request):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(Request):
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
-    schema_: dict | None = Field(None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(Request):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-    # json_object with a schema: the form llama-server and several hosted APIs honour (instructor sends it)
-    schema_: dict | None = Field(None, alias="schema")
-
-    def constraint(self) -> StructuredOutput | None:
-        if self.type == "text":
-            if self.schema_ is not None:
-                raise APIError("response_format.schema needs type json_object or json_schema", param="response_format")
-            return None
-        if self.type == "json_object":
-            return StructuredOutput("json", {"type": "object", **(self.schema_ or {})}, source="response_format")
-        if self.json_schema is None:
-            raise APIError("response_format.json_schema is required for type json_schema", param="response_format")
-        # No schema: any JSON object, as OpenAI does.
-        return StructuredOutput("json", self.json_schema.schema_ or {"type": "object"}, source="response_format")
-
-
-class StructuredOutputs(Request):
-    """vLLM's ``structured_outputs``: exactly one of these."""
-
-    json_: dict | str | None = Field(None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-
-    def constraint(self) -> StructuredOutput:
-        given = {
-            kind: value
-            for kind, value in (
-                ("json", self.json_),
-                ("regex", self.regex),
-                ("choice", self.choice),
-                ("grammar", self.grammar),
-            )
-            if value is not None
-        }
-        if self.json_object:
-            given["json"] = {"type": "object"}
-        if len(given) != 1:
-            raise APIError(
-                "structured_outputs takes exactly one of json, regex, choice, grammar, json_object",
-                param="structured_outputs",
-            )
-        [(kind, value)] = given.items()
-        return StructuredOutput(kind, value)
-
-
-class SamplingRequest(Request):
+class SamplingRequest(ConstraintFields):
+    refused = SAMPLING
     model: str | None = None
     keep_alive: KeepAlive = None
     temperature: float | None = engine_field("temperature")
@@ -157,6 +59,7 @@ class SamplingRequest(Request):
     presence_penalty: float | None = engine_field("presence_penalty")
     frequency_penalty: float | None = engine_field("frequency_penalty")
     repetition_penalty: float | None = engine_field("repetition_penalty")
+    min_tokens: int | None = engine_field("min_tokens")  # vLLM's
     ignore_eos: StrictBool = False
     priority: StrictInt = 0  # vLLM's: lower runs first
     cache_salt: str | None = Field(None, min_length=1)  # vLLM's: prefixes shared only with the same salt
@@ -167,8 +70,6 @@ class SamplingRequest(Request):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[int, float] | None = None
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None
 
     @field_validator("stop")
     @classmethod
@@ -180,12 +81,6 @@ class SamplingRequest(Request):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
-
-    def constraint(self) -> StructuredOutput | None:
-        if self.structured_outputs is not None and self.response_format is not None:
-            raise APIError("give response_format or structured_outputs, not both", param="structured_outputs")
-        source = self.structured_outputs or self.response_format
-        return source.constraint() if source is not None else None
 
     def sampling_params(
         self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
@@ -220,11 +115,13 @@ SAMPLING_FIELDS = (
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
+    "min_tokens",
     *("stop_token_ids", "skip_special_tokens", "include_stop_str_in_output"),
 )
 
 
 class CompletionRequest(SamplingRequest):
+    refused = {**SAMPLING, **VLLM_COMPLETIONS}
     prompt: Prompts
     max_tokens: int | None = engine_field("max_tokens", engine_default("max_tokens"))  # 0 with echo: score the prompt
     logprobs: int | None = engine_field("logprobs")
@@ -279,20 +176,3 @@ class GenerateRequest(Request):
             name: getattr(self, name) for name in ("temperature", "top_k", "top_p") if getattr(self, name) is not None
         }
         return SamplingParams(**given, max_tokens=self.max_new_tokens)
-
-
-def parse(schema: type[Request], body: object) -> Request:
-    """Validate a JSON body; a 400 naming the first bad field otherwise."""
-    if not isinstance(body, dict):
-        raise APIError("request body must be a JSON object")
-    try:  # JSON escapes can spell lone surrogates, which no tokenizer takes
-        json.dumps(body, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        raise APIError("request body has invalid unicode (a lone surrogate escape)") from None
-    refuse_unsupported(body)
-    try:
-        return schema.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise APIError(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None

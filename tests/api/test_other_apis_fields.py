@@ -1,0 +1,115 @@
+"""The fields vLLM's and llama-server's clients send beyond OpenAI's, over the tiny engine in this process: those we
+implement do what those servers do (constraints, min_tokens, add_generation_prompt); every other one that would
+change the output is a 400 naming it, unless its value changes nothing."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from wsgi_infer.server.api.bodies.schemas import CompletionRequest
+from wsgi_infer.server.api.chat.schemas import ChatCompletionRequest
+
+ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+ROUTES = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+SCHEMA = {"type": "object", "properties": {"warm": {"type": "boolean"}}, "required": ["warm"]}
+LARK = 'start: "sunny" | "rainy"'
+GBNF = 'root ::= "sunny" | "rainy"'
+
+
+def base(route: str) -> dict:
+    body = {"messages": ASK} if route.endswith("chat/completions") else {"prompt": "The weather in Paris is"}
+    return {**body, "max_tokens": 12, "temperature": 0}
+
+
+def text_of(reply: dict) -> str:
+    choice = reply["choices"][0]
+    return choice["message"]["content"] if "message" in choice else choice["text"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_every_field_refused_is_a_400_naming_it_unless_its_value_changes_nothing(tiny_api, route):
+    refused = ROUTES[route].refused
+    assert {"use_beam_search", "prompt_logprobs", "mirostat", "n_predict", "prediction"} <= set(refused)
+    body = {**base(route), "max_tokens": 2}
+    with tiny_api.client() as http:
+        plain = text_of(http.post(route, json=body).json())
+        for name, refusal in refused.items():
+            answer = http.post(route, json={**body, name: "x"})
+            assert answer.status_code == 400, (name, answer.text)
+            error = answer.json()["error"]
+            assert (error["param"], error["message"]) == (name, refusal.reason)
+            for value in refusal.neutral:
+                accepted = http.post(route, json={**body, name: value})
+                assert accepted.status_code == 200 and text_of(accepted.json()) == plain, (name, value)
+
+
+CONSTRAINTS = [  # a field of vLLM's or llama-server's, and the structured_outputs it is taken as
+    ("guided_json", SCHEMA, {"json": SCHEMA}),
+    ("guided_regex", "(sun|rain)y!", {"regex": "(sun|rain)y!"}),
+    ("guided_choice", ["sunny", "rainy"], {"choice": ["sunny", "rainy"]}),
+    ("guided_grammar", LARK, {"grammar": LARK}),
+    ("json_schema", SCHEMA, {"json": SCHEMA}),
+    ("grammar", GBNF, {"grammar": GBNF}),
+]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize(("field", "value", "ours"), CONSTRAINTS, ids=[c[0] for c in CONSTRAINTS])
+def test_other_apis_constraint_fields_constrain_as_structured_outputs_does(tiny_api, route, field, value, ours):
+    body = {**base(route), "max_tokens": 40}
+    with tiny_api.client() as http:
+        theirs = http.post(route, json={**body, field: value})
+        expected = http.post(route, json={**body, "structured_outputs": ours})
+        unconstrained = http.post(route, json=body)
+    assert theirs.status_code == 200, theirs.text
+    assert text_of(theirs.json()) == text_of(expected.json()) != text_of(unconstrained.json())
+    if field in ("guided_regex", "guided_choice", "guided_grammar", "grammar"):
+        assert re.fullmatch(r"(sunny|rainy)!?", text_of(theirs.json()))
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"guided_regex": "a", "structured_outputs": {"regex": "b"}}, "guided_regex"),
+        ({"response_format": {"type": "json_object"}, "json_schema": SCHEMA}, "json_schema"),
+        ({"grammar": GBNF, "guided_choice": ["a"]}, "grammar"),
+        ({"guided_regex": "(("}, "guided_regex"),  # does not compile
+        ({"guided_choice": ["a"], "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+        ({"min_tokens": 13}, "min_tokens"),  # over max_tokens
+        ({"min_tokens": 2, "guided_regex": "a+"}, "min_tokens"),
+    ],
+)
+def test_constraints_given_twice_or_beside_tools_and_min_tokens_past_the_end_are_refused_by_name(
+    tiny_api, fields, param
+):
+    with tiny_api.client() as http:
+        answer = http.post("/v1/chat/completions", json={**base("/v1/chat/completions"), **fields})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_min_tokens_keeps_a_stop_string_in_its_text_from_ending_the_reply(tiny_api, route):
+    body = {**base(route), "ignore_eos": True}
+    with tiny_api.client() as http:
+        free = text_of(http.post(route, json=body).json())
+        stop = free[1:4]  # in the first few tokens' text
+        cut = http.post(route, json={**body, "stop": stop}).json()
+        held = http.post(route, json={**body, "stop": stop, "min_tokens": 12}).json()
+    assert (text_of(cut), cut["choices"][0]["finish_reason"]) == (free[: free.index(stop)], "stop")
+    assert (text_of(held), held["choices"][0]["finish_reason"]) == (free, "length")
+
+
+def test_add_generation_prompt_false_opens_no_reply_as_tokenize_counts_it(tiny_api):
+    body = base("/v1/chat/completions")
+    with tiny_api.client() as http:
+        counts = [
+            (
+                http.post("/v1/chat/completions", json={**body, "add_generation_prompt": opens}).json()["usage"],
+                http.post("/tokenize", json={"messages": ASK, "add_generation_prompt": opens}).json()["count"],
+            )
+            for opens in (True, False)
+        ]
+    (usage_open, tokenized_open), (usage_closed, tokenized_closed) = counts
+    assert usage_open["prompt_tokens"] == tokenized_open > usage_closed["prompt_tokens"] == tokenized_closed

@@ -1,0 +1,72 @@
+"""The request fields of OpenAI's, vLLM's and llama-server's APIs that would change the output and that this server
+does not implement: each is a 400 naming it (``parsing.parse``), never ignored, unless its value is one that
+changes nothing. A client written for one of those servers either gets what it asked for or is told it cannot.
+
+Taken rather than refused: vLLM's ``min_tokens``, ``guided_json``/``_regex``/``_choice``/``_grammar`` and chat's
+``add_generation_prompt``, llama-server's ``json_schema`` and ``grammar``. Ignored, as changing nothing here:
+vLLM's ``guided_decoding_backend``, ``request_id``, ``mm_processor_kwargs`` and ``kv_transfer_params``;
+llama-server's ``cache_prompt``, ``id_slot``, ``n_keep``, ``samplers`` (the order of its samplers: ours is vLLM's)
+and the settings of the samplers refused below, which act only with them.
+"""
+
+from __future__ import annotations
+
+from .parsing import Refused
+
+OPENAI = {
+    "audio": Refused("audio output is not supported"),
+    "modalities": Refused("only text output is supported", (["text"],)),
+    "prediction": Refused("predicted outputs are not supported"),
+    "functions": Refused("functions is deprecated and not supported; use tools"),
+    "function_call": Refused("function_call is deprecated and not supported; use tool_choice"),
+    "web_search_options": Refused("web search is not supported"),
+    "suffix": Refused("suffix (fill in the middle) is not supported", ("",)),
+    "best_of": Refused("best_of is not supported; use n", (1,)),
+}
+
+
+def _off(what: str, *neutral: object, why: str = "") -> Refused:
+    return Refused(f"{what} is not supported" + (f": {why}" if why else ""), neutral)
+
+
+VLLM = {
+    "use_beam_search": _off("beam search", False),
+    "length_penalty": _off("length_penalty", 1.0, why="it is beam search's"),
+    "truncate_prompt_tokens": _off("truncate_prompt_tokens", why="a prompt over the context window is a 400"),
+    "prompt_logprobs": _off("prompt_logprobs", why="/v1/completions gives them with echo and logprobs"),
+    "allowed_token_ids": _off("allowed_token_ids", []),
+    "bad_words": _off("bad_words", []),
+    "logits_processors": _off("logits_processors", []),
+    "vllm_xargs": _off("vllm_xargs", {}, why="they are custom logits processors' arguments"),
+    "return_tokens_as_token_ids": _off("return_tokens_as_token_ids", False),
+    "return_token_ids": _off("return_token_ids", False),
+    "spaces_between_special_tokens": _off("spaces_between_special_tokens false", True),
+    "structural_tag": _off("structural_tag", why="use tools or structured_outputs"),
+    "guided_whitespace_pattern": _off("guided_whitespace_pattern", why="JSON takes 16 spaces or newlines at most"),
+}
+VLLM_CHAT = {
+    "echo": _off("echo in chat completions", False),
+    "chat_template": _off("a chat template in the request", why="the model's own renders the conversation"),
+    "documents": _off("documents"),
+    "add_special_tokens": _off("add_special_tokens in chat completions", False, why="the template places them"),
+}
+VLLM_COMPLETIONS = {
+    "add_special_tokens": _off("add_special_tokens false", True, why="a text prompt takes the tokenizer's own"),
+}
+LLAMA_SERVER = {
+    "n_predict": _off("n_predict", why="use max_tokens"),
+    "n_probs": _off("n_probs", 0, why="use logprobs"),
+    "repeat_penalty": _off("repeat_penalty", 1.0, why="use repetition_penalty, over the whole text"),
+    "mirostat": _off("Mirostat sampling", 0),
+    "typical_p": _off("typical_p", 1.0),
+    "tfs_z": _off("tfs_z", 1.0),
+    "top_n_sigma": _off("top_n_sigma", -1.0, 0.0),
+    "dynatemp_range": _off("dynatemp_range", 0.0),
+    "xtc_probability": _off("xtc_probability", 0.0),
+    "dry_multiplier": _off("dry_multiplier", 0.0),
+    "post_sampling_probs": _off("post_sampling_probs", False),
+    "t_max_predict_ms": _off("t_max_predict_ms", 0),
+    "n_indent": _off("n_indent", 0),
+    "lora": _off("lora", [], why="adapters are not loaded per request"),
+}
+SAMPLING = {**OPENAI, **VLLM, **LLAMA_SERVER}
