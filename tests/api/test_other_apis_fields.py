@@ -43,6 +43,9 @@ def test_every_field_refused_is_a_400_naming_it_unless_its_value_changes_nothing
             for value in refusal.neutral:
                 accepted = http.post(route, json={**body, name: value})
                 assert accepted.status_code == 200 and text_of(accepted.json()) == plain, (name, value)
+        usage = {"continuous_usage_stats": True}  # vLLM's usage in every chunk
+        answer = http.post(route, json={**body, "stream": True, "stream_options": usage}).json()
+    assert answer["error"]["param"] == "stream_options.continuous_usage_stats"
 
 
 CONSTRAINTS = [  # a field of vLLM's or llama-server's, and the structured_outputs it is taken as

@@ -12,12 +12,15 @@ import httpx
 import pytest
 
 from wsgi_infer import LLM, SamplingParams
+from wsgi_infer.server.api.bodies.parsing import parse
+from wsgi_infer.server.api.bodies.schemas import GenerateRequest
 
 from ..support.in_process import InProcessServer
 from ..support.server import GunicornServer
 from ..support.sse_client import events
 
 PROMPT = "Tell me something"
+BAD_GENERATE = ({"stop": ""}, {"stop": ["a", "b", "c", "d", "e"]}, {"seed": "x"})
 # A quick stop (SIGINT) exits in well under a second (docs/operations.md); test_lifecycle measured 0.4 s.
 QUICK_STOP_SECONDS = 2.0
 
@@ -98,12 +101,32 @@ def test_sampling_fields_equal_the_offline_engine(server, tiny_llama, field):
     assert complete(server, prompt=PROMPT, max_tokens=24, **base, **field)["choices"][0]["text"] == expected
 
 
-@pytest.mark.parametrize("field", [{"top_k": 1}, {"top_p": 1e-9}])
-def test_native_generate_honours_top_k_and_top_p(server, tiny_llama, field):
-    # Either filter keeps only the most likely token: sampling at temperature 1 becomes greedy.
+@pytest.mark.parametrize("field", [{"top_k": 1}, {"top_p": 1e-9}, {"seed": 7}, {"stop": "?"}], ids=str)
+def test_native_generate_honours_its_sampling_fields(server, tiny_llama, field):
+    """Sampled at temperature 1: top_k 1 or a tiny top_p make it greedy, a seed the engine's sample of that seed; a
+    stop string (a piece of the greedy text) cuts the greedy text."""
     greedy = tiny_llama.generate(PROMPT, SamplingParams(temperature=0, max_tokens=20))[0].text
+    if "stop" in field:
+        stop = greedy[8:12]
+        body = complete(server, "/generate", prompt=PROMPT, max_new_tokens=20, temperature=0, stop=stop)
+        assert (body["text"], body["finish_reason"]) == (greedy[: greedy.index(stop)], "stop")
+        return
+    expected = greedy
+    if "seed" in field:
+        expected = tiny_llama.generate(PROMPT, SamplingParams(temperature=1.0, max_tokens=20, seed=7))[0].text
+        assert expected != tiny_llama.generate(PROMPT, SamplingParams(temperature=1.0, max_tokens=20, seed=8))[0].text
     body = complete(server, "/generate", prompt=PROMPT, max_new_tokens=20, temperature=1.0, **field)
-    assert body["text"] == greedy
+    assert body["text"] == expected
+
+
+def test_native_generate_takes_ignore_eos_and_refuses_what_other_routes_refuse(server):
+    """The tiny model never ends by itself: ignore_eos is seen where the engine's parameters are made."""
+    body = {"prompt": PROMPT, "ignore_eos": True, "max_new_tokens": 3}
+    assert parse(GenerateRequest, body).sampling_params().ignore_eos
+    with server.client() as http:
+        assert http.post("/generate", json=body).status_code == 200
+        refused = [http.post("/generate", json={**body, **bad}).json()["error"]["param"] for bad in BAD_GENERATE]
+    assert refused == ["stop", "stop", "seed"]
 
 
 def prefix_hits_of_a_repeated_prompt(server: GunicornServer) -> float:

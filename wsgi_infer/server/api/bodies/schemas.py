@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, StrictBool, StrictInt, ValidationError, WrapValidator, field_validator
+from pydantic import AfterValidator, Field, StrictBool, StrictInt, ValidationError, WrapValidator, field_validator
 
 from ....engine.sampling_params import RANGES, SamplingParams
 from .constraints import ConstraintFields
@@ -31,6 +31,15 @@ def _one_of_the_forms(value: Any, handler: Any) -> Any:
 Prompts = Annotated[str | list[str] | TokenIds | list[TokenIds], WrapValidator(_one_of_the_forms)]
 
 
+def _at_most_four(value: str | list[str] | None) -> str | list[str] | None:
+    if isinstance(value, list) and len(value) > MAX_STOP_SEQUENCES:
+        raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+    return value
+
+
+StopStrings = Annotated[str | list[str] | None, AfterValidator(_at_most_four)]
+
+
 def engine_default(name: str) -> Any:
     """SamplingParams' default for a field, which the API's defaults are."""
     return SamplingParams.__dataclass_fields__[name].default
@@ -43,6 +52,14 @@ def engine_field(name: str, default: Any = None) -> Any:
 
 class StreamOptions(Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _not_in_every_chunk(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("usage in every chunk is not supported; include_usage sends it after the last")
+        return value
 
 
 class SamplingRequest(ConstraintFields):
@@ -54,7 +71,7 @@ class SamplingRequest(ConstraintFields):
     top_k: int | None = engine_field("top_k")
     min_p: float | None = engine_field("min_p")
     n: int = Field(1, ge=1, le=MAX_CHOICES)
-    stop: str | list[str] | None = None
+    stop: StopStrings = None
     seed: int | None = None
     presence_penalty: float | None = engine_field("presence_penalty")
     frequency_penalty: float | None = engine_field("frequency_penalty")
@@ -70,13 +87,6 @@ class SamplingRequest(ConstraintFields):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[int, float] | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_list(cls, value):
-        if isinstance(value, list) and len(value) > MAX_STOP_SEQUENCES:
-            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
-        return value
 
     @property
     def include_usage(self) -> bool:
@@ -169,10 +179,11 @@ class GenerateRequest(Request):
     temperature: float | None = engine_field("temperature")
     top_k: int | None = engine_field("top_k")
     top_p: float | None = engine_field("top_p")
+    seed: int | None = None
+    stop: StopStrings = None
+    ignore_eos: StrictBool = False
     stream: StrictBool = False
 
     def sampling_params(self) -> SamplingParams:
-        given = {
-            name: getattr(self, name) for name in ("temperature", "top_k", "top_p") if getattr(self, name) is not None
-        }
-        return SamplingParams(**given, max_tokens=self.max_new_tokens)
+        given = self.given(("temperature", "top_k", "top_p", "seed", "stop"))  # "" is refused as [""] is
+        return SamplingParams(**given, ignore_eos=self.ignore_eos, max_tokens=self.max_new_tokens)
