@@ -81,6 +81,7 @@ def test_other_apis_constraint_fields_constrain_as_structured_outputs_does(tiny_
         ({"guided_regex": "(("}, "guided_regex"),  # does not compile
         ({"guided_choice": ["a"], "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
         ({"min_tokens": 13}, "min_tokens"),  # over max_tokens
+        ({"min_tokens": 10**6, "max_tokens": None}, "min_tokens"),  # over the room the context window leaves
         ({"min_tokens": 2, "guided_regex": "a+"}, "min_tokens"),
     ],
 )

@@ -223,14 +223,21 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
-def max_tokens_within(prompt_len: int, max_tokens: int | None, max_model_len: int) -> int:
-    """``max_tokens``, or (None) all the room the context window leaves; InvalidParameter where they do not fit."""
-    room = max_model_len - prompt_len
+def max_tokens_within(prompt_len: int, params: SamplingParams, max_model_len: int) -> int:
+    """``params.max_tokens``, or (None) all the room the context window leaves; InvalidParameter where they do not
+    fit, or where min_tokens does not."""
+    max_tokens, room = params.max_tokens, max_model_len - prompt_len
     resolved = max_tokens if max_tokens is not None else room
     if room < 0 or resolved > room or (room == 0 and max_tokens is None):
         raise InvalidParameter(
             "max_tokens" if max_tokens is not None and room >= 0 else "prompt",
             f"prompt ({prompt_len} tokens) + max_tokens ({resolved}) exceeds the context window "
             f"of {max_model_len} tokens",
+        )
+    if params.min_tokens > resolved:
+        raise InvalidParameter(
+            "min_tokens",
+            f"prompt ({prompt_len} tokens) leaves room for {resolved} tokens, "
+            f"fewer than min_tokens ({params.min_tokens})",
         )
     return resolved

@@ -115,7 +115,7 @@ def start(
     model.compile_constraints(params)
     prompt_ids = model.encode(prompts)
     for ids in prompt_ids:  # as the engine would refuse it, but a long prompt then costs the engine thread nothing
-        max_tokens_within(len(ids), params[0].max_tokens, model.max_model_len)
+        max_tokens_within(len(ids), params[0], model.max_model_len)
     ticket = _admit_key(model, params, sum(map(len, prompt_ids)))
     continuation: Continuation | None = g.get("continuation")
     generated = continuation.generated(len(prompt_ids) * len(params)) if continuation else None
