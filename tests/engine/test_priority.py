@@ -56,5 +56,7 @@ def test_the_api_takes_priority_and_refuses_what_is_no_integer(tiny_api):
         assert http.post("/v1/completions", json={**body, "priority": -3}).status_code == 200
         refused = http.post("/v1/completions", json={**body, "priority": "high"})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "priority"
+        beyond = http.post("/v1/completions", json={**body, "priority": 2**40}).json()["error"]
+        assert beyond["param"] == "priority" and "in [-2147483648, 2147483647]" in beyond["message"]  # in full
         chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "priority": 2}
         assert http.post("/v1/chat/completions", json=chat).status_code == 200

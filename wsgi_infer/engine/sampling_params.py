@@ -27,9 +27,15 @@ class Range:
         return {"gt" if self.low_open else "ge": self.low, **({"le": self.high} if self.high is not None else {})}
 
     def __str__(self) -> str:
+        low = _number(self.low)
         if self.high is None:
-            return f"above {self.low:g}" if self.low_open else f"at least {self.low:g}"
-        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+            return f"above {low}" if self.low_open else f"at least {low}"
+        return f"in {'(' if self.low_open else '['}{low}, {_number(self.high)}]"
+
+
+def _number(value: float) -> str:
+    """Whole numbers in full (a priority's bound is 2147483647, not 2.14748e+09)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 # Every numeric field's range, declared here once: SamplingParams checks its values with them, and the API's
