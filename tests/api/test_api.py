@@ -333,3 +333,20 @@ def test_a_llama3_template_gets_its_calls_in_llama3s_json(llama3_style_api, pars
     assert call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"])["unit"] in UNIT["enum"]
     assert parsed_texts[-1] == f'{{"name": "get_weather", "parameters": {call["function"]["arguments"]}}}'
+
+
+def test_an_assistant_refusal_sent_back_reads_as_its_text(tiny_api):
+    """OpenAI's replies carry a refusal apart from content; a client sends the conversation back as it got it."""
+    said = "I cannot help with that."
+    turns = [*ASK, None, {"role": "user", "content": "Why not?"}]
+    with tiny_api.client() as http:
+        ids = [
+            http.post("/tokenize", json={"messages": [*turns[:1], assistant, *turns[2:]]}).json()["tokens"]
+            for assistant in (
+                {"role": "assistant", "content": None, "refusal": said},
+                {"role": "assistant", "content": said},
+            )
+        ]
+        empty = http.post("/tokenize", json={"messages": [*turns[:1], {"role": "assistant"}, *turns[2:]]})
+    assert ids[0] == ids[1]
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "messages.1"

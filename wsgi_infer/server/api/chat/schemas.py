@@ -60,10 +60,11 @@ class ChatMessage(Request):
     content: str | list[dict] | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    refusal: str | None = None  # an assistant's refusal, as OpenAI's replies carry it: its text where it has no content
 
     @model_validator(mode="after")
     def _says_something(self) -> ChatMessage:
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+        if self.content is None and not (self.role == "assistant" and (self.tool_calls or self.refusal)):
             raise ValueError(f"{self.role} messages need content" + (" or tool_calls" * (self.role == "assistant")))
         return self
 
@@ -71,7 +72,7 @@ class ChatMessage(Request):
     def text(self) -> str:
         """Content parts flattened to text (text parts only; other modalities are refused)."""
         if not isinstance(self.content, list):
-            return self.content or ""
+            return self.content if self.content is not None else self.refusal or ""
         texts = []
         for part in self.content:
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
