@@ -8,6 +8,8 @@ stream continued on another host) draws what the uninterrupted one would.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from ..kernels.cpu import CpuKernels
@@ -106,7 +108,7 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, seed: int, positi
 
 
 class Sampler:
-    def __init__(self, kernels: CpuKernels | None = None, eos_token_ids: set[int] | frozenset[int] = frozenset()):
+    def __init__(self, kernels: CpuKernels | None = None, eos_token_ids: Iterable[int] = ()) -> None:
         self._kernels = kernels  # their argmax, for float32 logits on the CPU
         self._eos_token_ids = frozenset(eos_token_ids)
 
