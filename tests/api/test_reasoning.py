@@ -186,3 +186,22 @@ def test_thinking_disabled_reaches_the_template(thinking_api):
         thinking = http.post("/v1/messages/count_tokens", json=ask).json()["input_tokens"]
         quiet = http.post("/v1/messages/count_tokens", json={**ask, "thinking": {"type": "disabled"}}).json()
     assert quiet["input_tokens"] > thinking  # the template closed an empty thought
+
+
+def test_reasoning_effort_none_turns_the_thought_off_as_the_templates_variable_does(thinking_api):
+    """OpenAI's chat field, as the Responses API's reasoning.effort and Anthropic's thinking disabled do."""
+    ask = {"messages": [{"role": "user", "content": "Capital?"}]}
+
+    def tokens(**fields) -> list[int]:
+        with thinking_api.client() as http:
+            return http.post("/tokenize", json={**ask, **fields}).json()["tokens"]
+
+    quiet = tokens(chat_template_kwargs={"enable_thinking": False})
+    assert tokens(reasoning_effort="none") == quiet != tokens(reasoning_effort="high") == tokens()
+    assert tokens(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True}) == tokens()  # its own say
+    with thinking_api.client() as http:
+        responses = [
+            http.post("/v1/responses", json={"input": "Capital?", "max_output_tokens": 1, **fields}).json()
+            for fields in ({"reasoning": {"effort": "none"}}, {})
+        ]
+    assert [r["usage"]["input_tokens"] for r in responses] == [len(quiet), len(tokens())]

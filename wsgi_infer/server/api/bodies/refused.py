@@ -49,6 +49,8 @@ VLLM_CHAT = {
     "chat_template": _off("a chat template in the request", why="the model's own renders the conversation"),
     "documents": _off("documents"),
     "add_special_tokens": _off("add_special_tokens in chat completions", False, why="the template places them"),
+    "include_reasoning": _off("include_reasoning false", True, why="a thought comes as reasoning_content"),
+    "thinking_token_budget": _off("thinking_token_budget", why="reasoning_effort none switches the thought off"),
 }
 VLLM_COMPLETIONS = {
     "add_special_tokens": _off("add_special_tokens false", True, why="a text prompt takes the tokenizer's own"),

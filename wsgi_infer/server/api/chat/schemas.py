@@ -94,6 +94,7 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template_kwargs: dict[str, Any] | None = None  # the template's variables, as vLLM takes them
     continue_final_message: StrictBool = False  # vLLM's: the reply continues the last message, an assistant's
     add_generation_prompt: StrictBool = True  # vLLM's: false, the template opens no reply (the model may)
+    reasoning_effort: str | None = None  # "none" switches a thinking model's thought off; other efforts, its own way
     _chat_template: str | None = PrivateAttr(default=None)  # the model's (``render_with``)
 
     @field_validator("tools")
@@ -103,6 +104,13 @@ class ChatCompletionRequest(SamplingRequest):
         if len(set(names)) < len(names):
             raise ValueError("tools must have distinct names")
         return tools
+
+    @model_validator(mode="after")
+    def _effort_none_thinks_not(self) -> ChatCompletionRequest:
+        """OpenAI's reasoning_effort "none" as the template's variable (unless the request set that itself)."""
+        if self.reasoning_effort == "none":
+            self.chat_template_kwargs = {"enable_thinking": False, **(self.chat_template_kwargs or {})}
+        return self
 
     @model_validator(mode="after")
     def _continues_an_assistant(self) -> ChatCompletionRequest:

@@ -158,9 +158,7 @@ class ResponsesRequest(Request):
             "tool_choice": self._tool_choice(),
             "parallel_tool_calls": self.parallel_tool_calls,
             "response_format": self._response_format(),
-            "chat_template_kwargs": {"enable_thinking": False}
-            if self.reasoning and self.reasoning.effort == "none"
-            else None,
+            "reasoning_effort": self.reasoning.effort if self.reasoning else None,
         }
         return parse(ChatCompletionRequest, {k: v for k, v in body.items() if v is not None})
 
