@@ -70,5 +70,6 @@ LLAMA_SERVER = {
     "t_max_predict_ms": _off("t_max_predict_ms", 0),
     "n_indent": _off("n_indent", 0),
     "lora": _off("lora", [], why="adapters are not loaded per request"),
+    "reasoning_format": _off("reasoning_format", "auto", "deepseek", why="a thought comes as reasoning_content"),
 }
 SAMPLING = {**OPENAI, **VLLM, **LLAMA_SERVER}
