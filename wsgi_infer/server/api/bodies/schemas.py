@@ -31,13 +31,13 @@ def _one_of_the_forms(value: Any, handler: Any) -> Any:
 Prompts = Annotated[str | list[str] | TokenIds | list[TokenIds], WrapValidator(_one_of_the_forms)]
 
 
-def _at_most_four(value: str | list[str] | None) -> str | list[str] | None:
+def _few_enough(value: str | list[str] | None) -> str | list[str] | None:
     if isinstance(value, list) and len(value) > MAX_STOP_SEQUENCES:
         raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
     return value
 
 
-StopStrings = Annotated[str | list[str] | None, AfterValidator(_at_most_four)]
+StopStrings = Annotated[str | list[str] | None, AfterValidator(_few_enough)]
 
 
 def engine_default(name: str) -> Any:
@@ -102,7 +102,6 @@ class SamplingRequest(ConstraintFields):
             SamplingParams(
                 **given,
                 seed=None if self.seed is None else self.seed + j,
-                stop=[] if self.stop is None else self.stop,  # "" is refused as [""] is
                 ignore_eos=self.ignore_eos,
                 priority=self.priority,
                 cache_salt=self.cache_salt or "",
@@ -116,8 +115,9 @@ class SamplingRequest(ConstraintFields):
         ]
 
 
-# The request fields that are SamplingParams fields of the same name and meaning.
+# The request fields that are SamplingParams fields of the same name and meaning ("" a stop string, refused as [""]).
 SAMPLING_FIELDS = (
+    "stop",
     "temperature",
     "top_p",
     "top_k",
@@ -185,5 +185,5 @@ class GenerateRequest(Request):
     stream: StrictBool = False
 
     def sampling_params(self) -> SamplingParams:
-        given = self.given(("temperature", "top_k", "top_p", "seed", "stop"))  # "" is refused as [""] is
+        given = self.given(("temperature", "top_k", "top_p", "seed", "stop"))
         return SamplingParams(**given, ignore_eos=self.ignore_eos, max_tokens=self.max_new_tokens)
