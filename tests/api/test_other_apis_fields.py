@@ -117,3 +117,40 @@ def test_add_generation_prompt_false_opens_no_reply_as_tokenize_counts_it(tiny_a
         ]
     (usage_open, tokenized_open), (usage_closed, tokenized_closed) = counts
     assert usage_open["prompt_tokens"] == tokenized_open > usage_closed["prompt_tokens"] == tokenized_closed
+
+
+def _tokens(reply: dict) -> list[str]:
+    """A chat reply's tokens, each as its text (its logprobs' entries)."""
+    return [entry["token"] for entry in reply["choices"][0]["logprobs"]["content"]]
+
+
+def test_allowed_token_ids_and_bad_words_bar_tokens_on_the_chat_route(tiny_api):
+    body = {**base("/v1/chat/completions"), "logprobs": True, "ignore_eos": True}
+    with tiny_api.client() as http:
+        free = _tokens(http.post("/v1/chat/completions", json=body).json())
+        words = {"prompt": " sunny rainy cloudy", "add_special_tokens": False}
+        ids = http.post("/tokenize", json=words).json()["tokens"]
+        pieces = {http.post("/detokenize", json={"tokens": [i]}).json()["prompt"] for i in ids}
+        allowed = _tokens(http.post("/v1/chat/completions", json={**body, "allowed_token_ids": ids}).json())
+        word = free[0].strip()  # the reply's first token, barred as a word (with and without a space before it)
+        barred = _tokens(http.post("/v1/chat/completions", json={**body, "bad_words": [word]}).json())
+    assert len(allowed) == 12 and set(allowed) <= pieces and not set(free) <= pieces, (allowed, pieces)
+    assert barred[0] != free[0] and all(t.strip() != word for t in barred), (word, barred)
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"allowed_token_ids": []}, "non-empty"),
+        ({"allowed_token_ids": [10**6]}, "vocabulary size"),
+        ({"allowed_token_ids": ["1"]}, "integer"),
+        ({"bad_words": [" "]}, "more than whitespace"),
+        ({"bad_words": ["sun"], "guided_regex": "a+"}, "constraint"),
+    ],
+)
+def test_bad_bans_are_refused_by_name(tiny_api, fields, why):
+    with tiny_api.client() as http:
+        answer = http.post("/v1/completions", json={**base("/v1/completions"), **fields})
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error["param"].startswith(next(iter(fields))), error
+    assert why in error["message"], error

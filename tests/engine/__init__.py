@@ -1,2 +1,2 @@
-"""The engine in this process: batching that is exact, the scheduler's blocks, sampling, speculation, constraints,
-detokenizing, the transformers reference and the real Gemma 3."""
+"""The engine in this process: batching that is exact, the scheduler's blocks, detokenizing, the transformers
+reference and the real Gemma 3 (sampling, speculation and constraints: tests/sampling)."""

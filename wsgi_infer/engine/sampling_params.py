@@ -60,7 +60,13 @@ INTEGERS = ("top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", 
 NOT_NONE = ("top_k", "min_tokens", "priority", *(name for name in RANGES if name not in INTEGERS))
 FLAGS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
 # The containers a field takes (any other: an InvalidParameter, not a TypeError in a later step).
-CONTAINERS = {"stop": (str, list, tuple), "stop_token_ids": (list, tuple), "logit_bias": (dict,)}
+CONTAINERS = {
+    "stop": (str, list, tuple),
+    "stop_token_ids": (list, tuple),
+    "logit_bias": (dict,),
+    "allowed_token_ids": (list, tuple, type(None)),
+    "bad_words": (list, tuple),
+}
 
 
 class InvalidParameter(ValueError):
@@ -125,7 +131,8 @@ class SamplingParams:
     only reads the prompt. ``logprobs`` is the number of top alternatives returned
     per token (0 = only the sampled token's logprob, None = no logprobs);
     ``prompt_logprobs`` the same for every prompt token after the first.
-    ``logit_bias`` adds to a token's logit before sampling; ``structured_output``
+    ``logit_bias`` adds to a token's logit before sampling; ``allowed_token_ids`` and
+    ``bad_words`` bar tokens (``sampling.token_bans``); ``structured_output``
     allows only the tokens that keep the text valid, and ends the choice when it
     is complete.
     """
@@ -150,6 +157,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] = field(default_factory=dict)
+    allowed_token_ids: list[int] | None = None  # vLLM's: only these may be sampled
+    bad_words: list[str] = field(default_factory=list)  # vLLM's: never sampled as a whole
     structured_output: StructuredOutput | None = None
     # Where the request waits, as vLLM's priority: lower runs first (equal ones first come, first served), and
     # under KV pressure the highest is preempted first. Not a sampling setting; it rides with them to the engine.
@@ -173,6 +182,8 @@ class SamplingParams:
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
         self.logit_bias = dict(self.logit_bias)
+        self.allowed_token_ids = None if self.allowed_token_ids is None else list(self.allowed_token_ids)
+        self.bad_words = list(self.bad_words)
         self._validate()
         self.top_k = max(self.top_k, 0)  # -1 disables it as 0 does
 
@@ -213,6 +224,14 @@ class SamplingParams:
             fail("logit_bias", "must map token ids (non-negative integers) to biases")
         if any(not isinstance(b, (int, float)) or abs(b) > MAX_LOGIT_BIAS for b in self.logit_bias.values()):
             fail("logit_bias", f"biases must be numbers between -{MAX_LOGIT_BIAS:g} and {MAX_LOGIT_BIAS:g}")
+        allowed = self.allowed_token_ids
+        if allowed is not None and (not allowed or any(not isinstance(t, int) or t < 0 for t in allowed)):
+            fail("allowed_token_ids", "must be a non-empty list of token ids (non-negative integers)")
+        if any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
+            fail("bad_words", "must be words (strings with more than whitespace)")
+        if (allowed is not None or self.bad_words) and self.structured_output is not None:
+            name = "allowed_token_ids" if allowed is not None else "bad_words"
+            fail(name, "cannot be combined with a constraint (structured outputs, tools)")
         if self.min_tokens and self.max_tokens is not None and self.min_tokens > self.max_tokens:
             fail("min_tokens", f"must be at most max_tokens ({self.max_tokens})")
         if self.min_tokens and self.structured_output is not None:  # a complete constraint allows the end alone
@@ -227,6 +246,11 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether the logits sampled from are other than the model's (penalties, biases, banned tokens)."""
+        return self.has_penalties or bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words)
 
 
 def max_tokens_within(prompt_len: int, params: SamplingParams, max_model_len: int) -> int:

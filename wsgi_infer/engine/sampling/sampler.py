@@ -17,6 +17,7 @@ from ..outputs import TokenLogprob
 from ..sampling_params import SamplingParams
 from ..scheduling.sequence import Sequence
 from .grammar import apply_grammar_masks
+from .token_bans import allowed_only, apply_bans, bans_tokens
 
 
 def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
@@ -39,10 +40,14 @@ def apply_logit_bias(logits: torch.Tensor, seq: Sequence) -> None:
     logits.index_add_(0, ids, torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device))
 
 
+def ending_tokens(params: SamplingParams, eos_token_ids: Iterable[int]) -> set[int]:
+    """The tokens that end a request: its stop tokens, and the end of sequence unless it ignores that."""
+    return {*params.stop_token_ids, *(() if params.ignore_eos else eos_token_ids)}
+
+
 def bar_the_end(logits: torch.Tensor, seq: Sequence, eos_token_ids: frozenset[int]) -> None:
-    """In place, before the request's min_tokens: no token that would end it (its stop tokens, and the end of
-    sequence unless it ignores that)."""
-    ends = {*seq.params.stop_token_ids, *(() if seq.params.ignore_eos else eos_token_ids)}
+    """In place, before the request's min_tokens: no token that would end it."""
+    ends = ending_tokens(seq.params, eos_token_ids)
     ids = torch.tensor([t for t in ends if t < logits.numel()], dtype=torch.long, device=logits.device)
     logits.index_fill_(0, ids, float("-inf"))
 
@@ -147,15 +152,20 @@ class Sampler:
         return tokens, logprobs
 
     def _process(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
-        """In place: penalties, then logit bias, then the end barred before min_tokens, then grammar masks (the raw
-        logprobs are taken)."""
+        """In place: penalties, then logit bias, then the request's banned tokens and the end barred before
+        min_tokens, then grammar masks (the raw logprobs are taken)."""
         for i, seq in enumerate(seqs):  # row views only where asked for: this runs every step
             if seq.params.has_penalties:
                 apply_penalties(logits[i], seq)
             if seq.params.logit_bias:
                 apply_logit_bias(logits[i], seq)
+            before = logits[i].clone() if bans_tokens(seq) else None
+            if before is not None:
+                apply_bans(logits[i], seq)
             if seq.num_output_tokens < seq.params.min_tokens:
                 bar_the_end(logits[i], seq, self._eos_token_ids)
+            if before is not None and not logits[i].isfinite().any():  # nothing left to sample
+                logits[i] = allowed_only(before, seq.params.allowed_token_ids)
         constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
         if constrained:
             apply_grammar_masks(logits, constrained, [seqs[i].matcher for i in constrained])

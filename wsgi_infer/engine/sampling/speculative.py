@@ -38,10 +38,11 @@ def proposer_for(config: EngineConfig, kernels: CpuKernels | None) -> NgramPropo
 
 
 def speculates(seq: Sequence) -> bool:
-    """Requests decoding on the model's own distribution (greedy or sampled); those with penalties, biases,
-    grammars or logprobs, or short of their min_tokens, are not speculated, so they behave exactly as without it."""
+    """Requests decoding on the model's own distribution (greedy or sampled); those with penalties, biases, banned
+    tokens, grammars or logprobs, or short of their min_tokens, are not speculated, so they behave exactly as
+    without it."""
     p = seq.params
-    plain = not p.has_penalties and not p.logit_bias and p.logprobs is None and seq.num_output_tokens >= p.min_tokens
+    plain = not p.shapes_logits and p.logprobs is None and seq.num_output_tokens >= p.min_tokens
     return plain and seq.matcher is None and seq.num_computed_tokens == seq.num_tokens - 1
 
 

@@ -2,11 +2,12 @@
 does not implement: each is a 400 naming it (``parsing.parse``), never ignored, unless its value is one that
 changes nothing. A client written for one of those servers either gets what it asked for or is told it cannot.
 
-Taken rather than refused: vLLM's ``min_tokens``, ``guided_json``/``_regex``/``_choice``/``_grammar`` and chat's
-``add_generation_prompt``, llama-server's ``json_schema`` and ``grammar``. Ignored, as changing nothing here:
-vLLM's ``guided_decoding_backend``, ``request_id``, ``mm_processor_kwargs`` and ``kv_transfer_params``;
-llama-server's ``cache_prompt``, ``id_slot``, ``n_keep``, ``samplers`` (the order of its samplers: ours is vLLM's)
-and the settings of the samplers refused below, which act only with them.
+Taken rather than refused: vLLM's ``min_tokens``, ``allowed_token_ids``, ``bad_words``,
+``guided_json``/``_regex``/``_choice``/``_grammar`` and chat's ``add_generation_prompt``, llama-server's
+``json_schema`` and ``grammar``. Ignored, as changing nothing here: vLLM's ``guided_decoding_backend``,
+``request_id``, ``mm_processor_kwargs`` and ``kv_transfer_params``; llama-server's ``cache_prompt``, ``id_slot``,
+``n_keep``, ``samplers`` (the order of its samplers: ours is vLLM's) and the settings of the samplers refused
+below, which act only with them.
 """
 
 from __future__ import annotations
@@ -34,8 +35,6 @@ VLLM = {
     "length_penalty": _off("length_penalty", 1.0, why="it is beam search's"),
     "truncate_prompt_tokens": _off("truncate_prompt_tokens", why="a prompt over the context window is a 400"),
     "prompt_logprobs": _off("prompt_logprobs", why="/v1/completions gives them with echo and logprobs"),
-    "allowed_token_ids": _off("allowed_token_ids", []),
-    "bad_words": _off("bad_words", []),
     "logits_processors": _off("logits_processors", []),
     "vllm_xargs": _off("vllm_xargs", {}, why="they are custom logits processors' arguments"),
     "return_tokens_as_token_ids": _off("return_tokens_as_token_ids", False),

@@ -87,6 +87,8 @@ class SamplingRequest(ConstraintFields):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[StrictInt] | None = None  # vLLM's, as is bad_words
+    bad_words: list[str] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -126,7 +128,7 @@ SAMPLING_FIELDS = (
     "frequency_penalty",
     "repetition_penalty",
     "min_tokens",
-    *("stop_token_ids", "skip_special_tokens", "include_stop_str_in_output"),
+    *("stop_token_ids", "skip_special_tokens", "include_stop_str_in_output", "allowed_token_ids", "bad_words"),
 )
 
 

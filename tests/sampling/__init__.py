@@ -1,0 +1,1 @@
+"""What the next tokens are, in this process: sampling parameters, banned tokens, speculation and constraints."""
