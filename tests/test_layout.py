@@ -36,6 +36,7 @@ ENGINE_CORE = (
     "wsgi_infer.engine.runtime.step_interrupt",
     "wsgi_infer.engine.text.chat_template",
     "wsgi_infer.engine.text.token_pieces",
+    "wsgi_infer.engine.text.truncation",
 )
 MASTER_MODULES = ("gunicorn.worker", "gunicorn.config", "gunicorn.logger", "settings")
 # The server's layers, lowest first: a module imports only from its own layer and those below it. Modules in no
@@ -79,7 +80,8 @@ LAYERS = (
     ("wsgi_infer.server.app", "wsgi_infer.server.wsgi"),
     ("wsgi_infer.server.gunicorn",),
 )
-# Plain data the server speaks to the engine with; routes use it freely.
+# Plain data the server speaks to the engine with, and the text side's torch-free steps the front end runs on the
+# engine's tokenizer (a chat's prompt, a prompt truncated, a token's text); routes use them freely.
 ENGINE_VOCABULARY = (
     "wsgi_infer.engine",
     "wsgi_infer.engine.config",
@@ -88,6 +90,7 @@ ENGINE_VOCABULARY = (
     "wsgi_infer.engine.messages",
     "wsgi_infer.engine.text.chat_template",
     "wsgi_infer.engine.text.token_pieces",
+    "wsgi_infer.engine.text.truncation",
 )
 # Torch-free engine steps the gunicorn master starts before it forks workers: the CPU kernels' build where none are
 # installed, and a process that reads GGUFs' text files ahead of their conversion (``text_files_ahead``).

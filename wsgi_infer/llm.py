@@ -9,7 +9,8 @@ from .engine.config import EngineConfig
 from .engine.kernels.build import kernels_library
 from .engine.llm_engine import LLMEngine, Prompt
 from .engine.outputs import CompletionOutput, RequestDelta
-from .engine.sampling_params import SamplingParams
+from .engine.sampling_params import SamplingParams, tokens_to_keep
+from .engine.text.truncation import prompt_tokens
 
 Message = dict[str, str]
 
@@ -43,7 +44,8 @@ class LLM:
         try:
             for prompt, p in zip(prompts, params_list):
                 request_id = f"offline-{next(self._ids)}"
-                prompt_ids[request_id] = self.engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+                keep = tokens_to_keep(p, self.engine.max_model_len)
+                prompt_ids[request_id] = prompt_tokens(self.engine.tokenizer, prompt, keep)
                 self.engine.add_request(request_id, prompt_ids[request_id], p)
                 results[request_id] = RequestDelta(request_id, "", [], [] if p.logprobs is not None else None)
             while self.engine.has_unfinished():

@@ -144,3 +144,25 @@ def test_last_token_pooling_through_chunks_and_the_prefix_cache(tiny_llama, tiny
     expected = transformers_pooled(tiny_model_dirs["llama"], [TEXTS[3] * 2], "last")[0]
     assert len(ids) > 64 and engine.counters().num_prefix_hit_tokens > hits[1]  # chunks of 64, then the cache
     assert np.allclose(found["first"], expected, atol=1e-5) and np.allclose(found["again"], expected, atol=1e-5)
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens_as_sentence_transformers_truncating_on_the_left(
+    embedding_api, minilm_dir
+):
+    from sentence_transformers import SentenceTransformer
+
+    text = " ".join(TEXTS) * 4  # over the model's 256 tokens
+    model = SentenceTransformer(str(minilm_dir), device="cpu")
+    references = {}
+    for side, length in (("left", 40), ("right", 40), ("left", 256)):
+        model.max_seq_length, model.tokenizer.truncation_side = length, side
+        references[side, length] = model.encode([text])
+    with embedding_api.client() as http:
+        kept = http.post("/v1/embeddings", json={"input": text, "truncate_prompt_tokens": 40}).json()
+        window = http.post("/v1/embeddings", json={"input": text, "truncate_prompt_tokens": -1}).json()
+        refused = http.post("/v1/embeddings", json={"input": text, "truncate_prompt_tokens": 257}).json()
+    assert kept["usage"]["prompt_tokens"] == 40 and window["usage"]["prompt_tokens"] == 256
+    ours = np.array([kept["data"][0]["embedding"]])
+    assert cosines(ours, references["left", 40])[0] > 0.9999 > cosines(ours, references["right", 40])[0]
+    assert cosines(np.array([window["data"][0]["embedding"]]), references["left", 256])[0] > 0.9999
+    assert refused["error"]["param"] == "truncate_prompt_tokens" and "256" in refused["error"]["message"]

@@ -89,7 +89,7 @@ def test_a_front_end_call_past_stall_seconds_is_a_503_and_health_says_stalled(ti
     says the worker is stalled until the call returns."""
     started, returned = SimpleQueue(), SimpleQueue()
 
-    def slow_prompt_ids(tokenizer, prompts):  # on the front-end thread: a native sleep, as a stuck call
+    def slow_prompt_ids(tokenizer, prompts, keep):  # on the front-end thread: a native sleep, as a stuck call
         started.put(True)
         get_original("time", "sleep")(1.0)
         returned.put(True)
@@ -117,9 +117,9 @@ def test_token_ids_are_taken_on_the_hub_and_text_on_the_front_end_thread(tiny_ap
     threads = []
     prompt_ids = served_model_module.prompt_ids
 
-    def recorded(tokenizer, prompts):
+    def recorded(tokenizer, prompts, keep):
         threads.append(get_original("threading", "get_native_id")())
-        return prompt_ids(tokenizer, prompts)
+        return prompt_ids(tokenizer, prompts, keep)
 
     monkeypatch.setattr(served_model_module, "prompt_ids", recorded)
     with tiny_api.client() as http:

@@ -154,3 +154,41 @@ def test_bad_bans_are_refused_by_name(tiny_api, fields, why):
     error = answer.json()["error"]
     assert answer.status_code == 400 and error["param"].startswith(next(iter(fields))), error
     assert why in error["message"], error
+
+
+def test_truncate_prompt_tokens_reads_the_prompts_last_tokens_on_both_routes(tiny_api):
+    long_ask = [{"role": "user", "content": "Tell me about the weather in Paris and in Rome. " * 4}]
+    prompt = "The weather in Paris is sunny, and the weather in Rome is"
+    with tiny_api.client() as http:
+        chat_ids = http.post("/tokenize", json={"messages": long_ask}).json()["tokens"]
+        text_ids = http.post("/tokenize", json={"prompt": prompt}).json()["tokens"]
+        replies = {
+            route: http.post(route, json={**base(route), **body, "truncate_prompt_tokens": 8}).json()
+            for route, body in (
+                ("/v1/chat/completions", {"messages": long_ask}),
+                ("/v1/completions", {"prompt": prompt}),
+            )
+        }
+        as_ids = [
+            http.post("/v1/completions", json={**base("/v1/completions"), "prompt": ids[-8:]}).json()
+            for ids in (chat_ids, text_ids)
+        ]
+        whole = http.post("/v1/completions", json={**base("/v1/completions"), "prompt": prompt}).json()
+    assert len(chat_ids) > 8 and len(text_ids) > 8
+    for reply, expected in zip(replies.values(), as_ids):
+        assert reply["usage"]["prompt_tokens"] == 8 and text_of(reply) == text_of(expected)
+    assert text_of(whole) != text_of(replies["/v1/completions"])
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),  # over the context window
+        ({"truncate_prompt_tokens": 4, "echo": True}, "echo"),  # the echo would not be the prompt read
+    ],
+)
+def test_bad_truncations_are_refused_by_name(tiny_api, fields, param):
+    with tiny_api.client() as http:
+        answer = http.post("/v1/completions", json={**base("/v1/completions"), **fields})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text

@@ -26,7 +26,7 @@ from .runtime.native_threads import start_native_thread
 from .sampling.sampler import Sampler, ending_tokens, prompt_logprobs
 from .sampling.speculative import SpecCounters, proposer_for, speculates, verify_sampled
 from .sampling.token_bans import bad_word_ids
-from .sampling_params import InvalidParameter, SamplingParams, max_tokens_within
+from .sampling_params import InvalidParameter, SamplingParams, max_tokens_within, tokens_to_keep
 from .scheduling.fair_share import FairShare
 from .scheduling.kv_cache_manager import KVCacheManager
 from .scheduling.prefill_pacer import FLOOR, PrefillPacer
@@ -34,6 +34,7 @@ from .scheduling.scheduler import Scheduler
 from .scheduling.sequence import Sequence, SequenceStatus
 from .text.chat_template import chat_prompt_ids
 from .text.detokenizer import IncrementalDetokenizer
+from .text.truncation import prompt_tokens
 from .text_side import TextSide, with_weights
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class LLMEngine:
         from where it ran before (a stream continued here), computed again with the prompt."""
         if request_id in self._seqs:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        prompt_ids = prompt_tokens(self.tokenizer, prompt, tokens_to_keep(params, self.max_model_len))
         if not prompt_ids:
             raise ValueError("prompt must not be empty")
         vocab = self.hf_config.vocab_size

@@ -53,9 +53,13 @@ RANGES = {
     "logprobs": Range(0, MAX_LOGPROBS),
     "prompt_logprobs": Range(0, MAX_LOGPROBS),
     "priority": Range(-(2**31), 2**31 - 1),
+    "truncate_prompt_tokens": Range(-1),  # -1: the context window's; 0 refused
     "tenant_weight": Range(0.0, 1e6, low_open=True),
 }
-INTEGERS = ("top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "seed", "priority")
+INTEGERS = (
+    *("top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "seed", "priority"),
+    "truncate_prompt_tokens",
+)
 # numbers that must be given
 NOT_NONE = ("top_k", "min_tokens", "priority", *(name for name in RANGES if name not in INTEGERS))
 FLAGS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
@@ -153,6 +157,9 @@ class SamplingParams:
     # vLLM's: the first min_tokens tokens can be no end of sequence and no stop token, and a stop string counts
     # only where it starts after their text.
     min_tokens: int = 0
+    # vLLM's: a longer prompt keeps its last this many tokens (-1: as many as the context window holds), a text
+    # its tokenizer's special tokens too (``text.truncation``)
+    truncate_prompt_tokens: int | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
@@ -232,6 +239,8 @@ class SamplingParams:
         if (allowed is not None or self.bad_words) and self.structured_output is not None:
             name = "allowed_token_ids" if allowed is not None else "bad_words"
             fail(name, "cannot be combined with a constraint (structured outputs, tools)")
+        if self.truncate_prompt_tokens == 0:
+            fail("truncate_prompt_tokens", "must be -1 (as many as the context window holds) or at least 1")
         if self.min_tokens and self.max_tokens is not None and self.min_tokens > self.max_tokens:
             fail("min_tokens", f"must be at most max_tokens ({self.max_tokens})")
         if self.min_tokens and self.structured_output is not None:  # a complete constraint allows the end alone
@@ -271,3 +280,15 @@ def max_tokens_within(prompt_len: int, params: SamplingParams, max_model_len: in
             f"fewer than min_tokens ({params.min_tokens})",
         )
     return resolved
+
+
+def tokens_to_keep(params: SamplingParams, max_model_len: int) -> int | None:
+    """How many tokens a prompt keeps at most (-1: the context window's), or None for all of them;
+    InvalidParameter where more are asked for than the context window holds."""
+    keep = params.truncate_prompt_tokens
+    if keep is not None and keep > max_model_len:
+        raise InvalidParameter(
+            "truncate_prompt_tokens",
+            f"truncate_prompt_tokens ({keep}) is more than the context window of {max_model_len} tokens",
+        )
+    return max_model_len if keep == -1 else keep

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from flask import Response, after_this_request, current_app, g, request
 
 from ...engine.messages import Accepted, Rejected
-from ...engine.sampling_params import InvalidParameter, SamplingParams, max_tokens_within
+from ...engine.sampling_params import InvalidParameter, SamplingParams, max_tokens_within, tokens_to_keep
 from ..client_connection import while_connected
 from ..engine_client.delta_records import encode_batch
 from ..engine_client.extension import manager_of
@@ -113,7 +113,7 @@ def start(
             headers={"Retry-After": "1"},
         )
     model.compile_constraints(params)
-    prompt_ids = model.encode(prompts)
+    prompt_ids = model.encode(prompts, tokens_to_keep(params[0], model.max_model_len))
     for ids in prompt_ids:  # as the engine would refuse it, but a long prompt then costs the engine thread nothing
         max_tokens_within(len(ids), params[0], model.max_model_len)
     ticket = _admit_key(model, params, sum(map(len, prompt_ids)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...engine.text.chat_template import chat_prompt_ids
+from ...engine.text.truncation import keep_last, prompt_tokens
 
 
 @dataclass
@@ -23,13 +24,14 @@ class Chat:
 Prompt = str | list[int] | Chat  # a text, token ids, or a conversation
 
 
-def prompt_ids(tokenizer, prompts: list[Prompt]) -> list[list[int]]:
-    """Each prompt's token ids; InvalidParameter naming ``messages`` for a conversation the template refuses."""
+def prompt_ids(tokenizer, prompts: list[Prompt], keep: int | None = None) -> list[list[int]]:
+    """Each prompt's token ids, its last ``keep`` at most (``text.truncation``); InvalidParameter naming
+    ``messages`` for a conversation the template refuses."""
     return [
-        chat_prompt_ids(tokenizer, p.messages, p.tools, p.opens_reply, p.template_kwargs, p.continue_final)
+        keep_last(
+            chat_prompt_ids(tokenizer, p.messages, p.tools, p.opens_reply, p.template_kwargs, p.continue_final), keep
+        )
         if isinstance(p, Chat)
-        else tokenizer.encode(p, add_special_tokens=True)
-        if isinstance(p, str)
-        else list(p)
+        else prompt_tokens(tokenizer, p, keep)
         for p in prompts
     ]

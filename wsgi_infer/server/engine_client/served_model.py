@@ -191,12 +191,13 @@ class ServedModel:
             message = "the server is too busy to read the request; retry later"
             raise APIError(message, 503, code="front_end_timeout", headers={"Retry-After": "5"}) from None
 
-    def encode(self, prompts: list[Prompt]) -> list[list[int]]:
-        """Each prompt's token ids, off the hub; InvalidParameter for a conversation the template refuses. Token
-        ids need no tokenizer, and so no wait behind the front-end thread's queue (a burst of requests)."""
+    def encode(self, prompts: list[Prompt], keep: int | None = None) -> list[list[int]]:
+        """Each prompt's token ids (its last ``keep`` at most), off the hub; InvalidParameter for a conversation the
+        template refuses. Token ids need no tokenizer, and so no wait behind the front-end thread's queue (a burst
+        of requests)."""
         if all(isinstance(p, list) for p in prompts):
-            return prompt_ids(None, prompts)
-        return self.with_tokenizer(prompt_ids, prompts)
+            return prompt_ids(None, prompts, keep)
+        return self.with_tokenizer(prompt_ids, prompts, keep)
 
     def compile_constraints(self, params: list[SamplingParams]) -> None:
         """Compile each constraint on the front-end thread, so that the engine thread only copies the

@@ -2,7 +2,7 @@
 does not implement: each is a 400 naming it (``parsing.parse``), never ignored, unless its value is one that
 changes nothing. A client written for one of those servers either gets what it asked for or is told it cannot.
 
-Taken rather than refused: vLLM's ``min_tokens``, ``allowed_token_ids``, ``bad_words``,
+Taken rather than refused: vLLM's ``min_tokens``, ``truncate_prompt_tokens``, ``allowed_token_ids``, ``bad_words``,
 ``guided_json``/``_regex``/``_choice``/``_grammar`` and chat's ``add_generation_prompt``, llama-server's
 ``json_schema`` and ``grammar``. Ignored, as changing nothing here: vLLM's ``guided_decoding_backend``,
 ``request_id``, ``mm_processor_kwargs`` and ``kv_transfer_params``; llama-server's ``cache_prompt``, ``id_slot``,
@@ -33,7 +33,6 @@ def _off(what: str, *neutral: object, why: str = "") -> Refused:
 VLLM = {
     "use_beam_search": _off("beam search", False),
     "length_penalty": _off("length_penalty", 1.0, why="it is beam search's"),
-    "truncate_prompt_tokens": _off("truncate_prompt_tokens", why="a prompt over the context window is a 400"),
     "prompt_logprobs": _off("prompt_logprobs", why="/v1/completions gives them with echo and logprobs"),
     "logits_processors": _off("logits_processors", []),
     "vllm_xargs": _off("vllm_xargs", {}, why="they are custom logits processors' arguments"),

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, StrictBool, StrictInt, ValidationError, WrapValidator, field_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    WrapValidator,
+    field_validator,
+)
 
 from ....engine.sampling_params import RANGES, SamplingParams
 from .constraints import ConstraintFields
@@ -76,7 +85,8 @@ class SamplingRequest(ConstraintFields):
     presence_penalty: float | None = engine_field("presence_penalty")
     frequency_penalty: float | None = engine_field("frequency_penalty")
     repetition_penalty: float | None = engine_field("repetition_penalty")
-    min_tokens: int | None = engine_field("min_tokens")  # vLLM's
+    min_tokens: int | None = engine_field("min_tokens")  # vLLM's, as is the next
+    truncate_prompt_tokens: int | None = engine_field("truncate_prompt_tokens")
     ignore_eos: StrictBool = False
     priority: StrictInt = 0  # vLLM's: lower runs first
     cache_salt: str | None = Field(None, min_length=1)  # vLLM's: prefixes shared only with the same salt
@@ -128,6 +138,7 @@ SAMPLING_FIELDS = (
     "frequency_penalty",
     "repetition_penalty",
     "min_tokens",
+    "truncate_prompt_tokens",
     *("stop_token_ids", "skip_special_tokens", "include_stop_str_in_output", "allowed_token_ids", "bad_words"),
 )
 
@@ -143,6 +154,13 @@ class CompletionRequest(SamplingRequest):
     def prompt_logprobs(self) -> int | None:
         """With echo, the prompt's tokens get logprobs too (lm-eval-harness's loglikelihood)."""
         return self.logprobs if self.echo else None
+
+    @field_validator("echo")
+    @classmethod
+    def _whole_prompt(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("truncate_prompt_tokens") is not None:  # the echo would not be what was read
+            raise ValueError("echo cannot be combined with truncate_prompt_tokens")
+        return value
 
     @field_validator("prompt")
     @classmethod

@@ -15,7 +15,7 @@ from ....engine.sampling_params import InvalidParameter, SamplingParams
 from ...errors import APIError
 from ..bodies.keep_alive import KeepAlive
 from ..bodies.parsing import Request, parse
-from ..bodies.schemas import Prompts
+from ..bodies.schemas import Prompts, engine_field
 from ..serving import collect_all, served, start, wait_ready
 
 bp = Blueprint("embeddings", __name__, url_prefix="/v1")
@@ -29,6 +29,7 @@ class EmbeddingRequest(Request):
     input: Prompts
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
+    truncate_prompt_tokens: int | None = engine_field("truncate_prompt_tokens")  # vLLM's
     user: str | None = None
 
     @field_validator("input")
@@ -54,8 +55,11 @@ def embeddings():
     wait_ready(mgr)
     pooling = None if mgr.task == "embed" else mgr.settings.embedding_pooling  # an encoder pools as configured
     try:
-        stream = start(mgr, req.inputs, [SamplingParams(max_tokens=0, pooling=pooling)], task=None)
+        params = SamplingParams(max_tokens=0, pooling=pooling, truncate_prompt_tokens=req.truncate_prompt_tokens)
+        stream = start(mgr, req.inputs, [params], task=None)
     except InvalidParameter as exc:  # the generation rule's words name a prompt
+        if exc.param not in ("prompt", "max_tokens"):
+            raise
         raise APIError(str(exc).replace("prompt", "input"), param="input") from None
     merged = collect_all(stream)
     vectors = [merged[i].delta.embedding for i in sorted(merged)]
