@@ -7,11 +7,13 @@ from dataclasses import dataclass, field, replace
 
 @dataclass
 class TokenLogprob:
-    """The sampled token's logprob and the top alternatives (model distribution)."""
+    """The sampled token's logprob and the top alternatives (model distribution); a prompt token's also its rank
+    there (1: the most likely), as vLLM's prompt_logprobs give it."""
 
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int | None = None
 
 
 @dataclass

@@ -70,15 +70,15 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) 
 
 
 def prompt_logprobs(logits: torch.Tensor, targets: list[int], num_top: int) -> list[TokenLogprob]:
-    """Each row's logprob of the prompt token that follows it, and its top alternatives."""
+    """Each row's logprob of the prompt token that follows it, its rank, and the top alternatives."""
     logprobs = logits.log_softmax(-1)
-    chosen = logprobs.gather(1, torch.tensor(targets, device=logits.device).unsqueeze(1)).squeeze(1).tolist()
-    if not num_top:
-        return [TokenLogprob(t, lp) for t, lp in zip(targets, chosen)]
-    top = logprobs.topk(num_top)
+    chosen = logprobs.gather(1, torch.tensor(targets, device=logits.device).unsqueeze(1))
+    ranks = (logprobs > chosen).sum(1).add_(1).tolist()
+    top = logprobs.topk(num_top) if num_top else None
+    tops = zip(top.indices.tolist(), top.values.tolist()) if top is not None else ([] for _ in targets)
     return [
-        TokenLogprob(t, lp, list(zip(ids, values)))
-        for t, lp, ids, values in zip(targets, chosen, top.indices.tolist(), top.values.tolist())
+        TokenLogprob(t, lp, list(zip(*alternatives)), rank)
+        for t, lp, rank, alternatives in zip(targets, chosen.squeeze(1).tolist(), ranks, tops)
     ]
 
 

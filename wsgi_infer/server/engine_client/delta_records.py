@@ -31,5 +31,5 @@ def _fields(delta: RequestDelta) -> dict:
 def _delta(fields: dict) -> RequestDelta:
     for name in ("logprobs", "prompt_logprobs"):
         if fields.get(name) is not None:
-            fields[name] = [TokenLogprob(p["token_id"], p["logprob"], list(map(tuple, p["top"]))) for p in fields[name]]
+            fields[name] = [TokenLogprob(**{**p, "top": list(map(tuple, p["top"]))}) for p in fields[name]]
     return RequestDelta(**{"request_id": "", "text": "", "token_ids": [], **fields})

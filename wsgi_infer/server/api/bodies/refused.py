@@ -2,12 +2,12 @@
 does not implement: each is a 400 naming it (``parsing.parse``), never ignored, unless its value is one that
 changes nothing. A client written for one of those servers either gets what it asked for or is told it cannot.
 
-Taken rather than refused: vLLM's ``min_tokens``, ``truncate_prompt_tokens``, ``allowed_token_ids``, ``bad_words``,
-``guided_json``/``_regex``/``_choice``/``_grammar`` and chat's ``add_generation_prompt``, llama-server's
-``json_schema`` and ``grammar``. Ignored, as changing nothing here: vLLM's ``guided_decoding_backend``,
-``request_id``, ``mm_processor_kwargs`` and ``kv_transfer_params``; llama-server's ``cache_prompt``, ``id_slot``,
-``n_keep``, ``samplers`` (the order of its samplers: ours is vLLM's) and the settings of the samplers refused
-below, which act only with them.
+Taken rather than refused: vLLM's ``min_tokens``, ``truncate_prompt_tokens``, ``prompt_logprobs``,
+``allowed_token_ids``, ``bad_words``, ``guided_json``/``_regex``/``_choice``/``_grammar`` and chat's
+``add_generation_prompt``, llama-server's ``json_schema`` and ``grammar``. Ignored, as changing nothing here:
+vLLM's ``guided_decoding_backend``, ``request_id``, ``mm_processor_kwargs`` and ``kv_transfer_params``;
+llama-server's ``cache_prompt``, ``id_slot``, ``n_keep``, ``samplers`` (the order of its samplers: ours is
+vLLM's) and the settings of the samplers refused below, which act only with them.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ def _off(what: str, *neutral: object, why: str = "") -> Refused:
 VLLM = {
     "use_beam_search": _off("beam search", False),
     "length_penalty": _off("length_penalty", 1.0, why="it is beam search's"),
-    "prompt_logprobs": _off("prompt_logprobs", why="/v1/completions gives them with echo and logprobs"),
     "logits_processors": _off("logits_processors", []),
     "vllm_xargs": _off("vllm_xargs", {}, why="they are custom logits processors' arguments"),
     "return_tokens_as_token_ids": _off("return_tokens_as_token_ids", False),

@@ -96,20 +96,30 @@ class SamplingRequest(ConstraintFields):
     user: str | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
+    prompt_logprobs: int | None = engine_field("prompt_logprobs")  # vLLM's: each prompt token's, and the top n
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[StrictInt] | None = None  # vLLM's, as is bad_words
     bad_words: list[str] | None = None
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _not_streamed(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("stream"):  # as vLLM: they come with the whole response
+            raise ValueError("prompt_logprobs are not available when stream is true")
+        return value
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def sampling_params(
-        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+        self, max_tokens: int | None, logprobs: int | None, echo_logprobs: int | None = None
     ) -> list[SamplingParams]:
         """One SamplingParams per choice; choice j of a seeded request uses seed + j so choices differ. Fields
-        left out (None) take the engine's defaults; a bad value raises InvalidParameter (errors.py renders it)."""
+        left out (None) take the engine's defaults; a bad value raises InvalidParameter (errors.py renders it).
+        The prompt's logprobs are computed for the larger of vLLM's prompt_logprobs and ``echo_logprobs``."""
         given, constraint = self.given(SAMPLING_FIELDS), self.constraint()
+        wanted = [n for n in (self.prompt_logprobs, echo_logprobs) if n is not None]
         return [
             SamplingParams(
                 **given,
@@ -119,7 +129,7 @@ class SamplingRequest(ConstraintFields):
                 cache_salt=self.cache_salt or "",
                 max_tokens=max_tokens,
                 logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs,
+                prompt_logprobs=max(wanted, default=None),
                 logit_bias=self.logit_bias or {},
                 structured_output=constraint,
             )
@@ -151,7 +161,7 @@ class CompletionRequest(SamplingRequest):
     echo: StrictBool = False
 
     @property
-    def prompt_logprobs(self) -> int | None:
+    def echo_logprobs(self) -> int | None:
         """With echo, the prompt's tokens get logprobs too (lm-eval-harness's loglikelihood)."""
         return self.logprobs if self.echo else None
 

@@ -17,11 +17,12 @@ class Formatter(ABC):
 
     prefix = ""
 
-    def __init__(self, stream: RequestStream, obj: str) -> None:
+    def __init__(self, stream: RequestStream, obj: str, prompt_logprobs: int | None = None) -> None:
         self.id = f"{self.prefix}-{stream.request_id}"
         self.object = obj
         self.created = stream.identity.created
         self.model = stream.model
+        self.prompt_logprobs = prompt_logprobs  # vLLM's: how many alternatives each prompt token's entry has
 
     def envelope(self, choices: list[dict], usage: dict | None = None) -> dict:
         body = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices}
@@ -39,16 +40,48 @@ class Formatter(ABC):
     @abstractmethod
     def abort_choice(self, index: int) -> dict: ...
 
+    def response_fields(self, choices: dict[int, ChoiceDelta]) -> dict:
+        """What a whole (not streamed) response has beside its choices."""
+        return {}
+
+    def _prompt_logprobs(self, choice: ChoiceDelta) -> list[dict | None] | None:
+        """vLLM's prompt_logprobs: None for the first token, then per token a dict of token id to its logprob,
+        rank and text: the prompt's own token and the top alternatives."""
+        d = choice.delta
+        if self.prompt_logprobs is None or d.prompt_logprobs is None:
+            return None
+        texts = {token_id: shown(piece) for token_id, piece in choice.token_texts.items()}
+
+        def entry(token_id: int, logprob: float, rank: int | None) -> dict:
+            return {"logprob": logprob, "rank": rank, "decoded_token": texts.get(token_id, "")}
+
+        return [None] + [
+            {
+                str(lp.token_id): entry(lp.token_id, lp.logprob, lp.rank),
+                **{str(t): entry(t, v, rank) for rank, (t, v) in enumerate(lp.top[: self.prompt_logprobs], 1)},
+            }
+            for lp in d.prompt_logprobs
+        ]
+
 
 class CompletionFormatter(Formatter):
-    """``echo`` holds each prompt's text: it starts that prompt's choices."""
+    """``echo`` holds each prompt's text: it starts that prompt's choices; ``logprobs``, how many alternatives each
+    token's legacy entry has."""
 
     prefix = "cmpl"
 
-    def __init__(self, stream: RequestStream, obj: str, echo: list[str] | None = None) -> None:
-        super().__init__(stream, obj)
+    def __init__(
+        self,
+        stream: RequestStream,
+        obj: str,
+        echo: list[str] | None = None,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+    ) -> None:
+        super().__init__(stream, obj, prompt_logprobs)
         self._text_offset: dict[int, int] = {}
         self._echo = echo
+        self._top = logprobs or 0
         self._n = stream.choices_per_prompt
         self._echoed: set[int] = set()
 
@@ -58,12 +91,14 @@ class CompletionFormatter(Formatter):
         if self._echo is not None and choice.index not in self._echoed:
             self._echoed.add(choice.index)
             text = self._echo[choice.index // self._n] + text
-        return {
+        body = {
             "index": choice.index,
             "text": text,
             "logprobs": self._logprobs(choice),
             "finish_reason": d.finish_reason,
         }
+        prompt_logprobs = self._prompt_logprobs(choice)
+        return body if prompt_logprobs is None else {**body, "prompt_logprobs": prompt_logprobs}
 
     final_choice = chunk_choice
 
@@ -73,12 +108,13 @@ class CompletionFormatter(Formatter):
     def _logprobs(self, choice: ChoiceDelta) -> dict | None:
         """The legacy shape; prompt tokens first when echoed (the first one has no logprob)."""
         d = choice.delta
-        if d.logprobs is None and d.prompt_logprobs is None:
+        prompt = d.prompt_logprobs if self._echo is not None else None  # else they may be vLLM's alone
+        if d.logprobs is None and prompt is None:
             return None
         entries: list[tuple[int, float | None, list | None]] = []
-        if d.prompt_logprobs is not None:
+        if prompt is not None:
             entries.append((d.prompt_token_ids[0], None, None))
-            entries += [(lp.token_id, lp.logprob, lp.top) for lp in d.prompt_logprobs]
+            entries += [(lp.token_id, lp.logprob, lp.top[: self._top]) for lp in prompt]
         entries += [(lp.token_id, lp.logprob, lp.top) for lp in d.logprobs or []]
         texts = {token_id: shown(piece) for token_id, piece in choice.token_texts.items()}
         tokens = [texts.get(token_id, "") for token_id, _, _ in entries]
@@ -108,10 +144,11 @@ class ChatFormatter(Formatter):
         tools: ToolPlan | None = None,
         thinks: bool = False,
         opened: bool = False,
+        prompt_logprobs: int | None = None,
     ) -> None:
         """``tools``: how the model may call them (their format, and whether it may write text instead);
         ``thinks``: the template thinks; ``opened``: its prompt opened the thought already."""
-        super().__init__(stream, obj)
+        super().__init__(stream, obj, prompt_logprobs)
         self._role_sent: set[int] = set()
         self._parsers = (
             {
@@ -181,6 +218,11 @@ class ChatFormatter(Formatter):
 
     def abort_choice(self, index: int) -> dict:
         return {"index": index, "delta": {}, "logprobs": None, "finish_reason": "abort"}
+
+    def response_fields(self, choices: dict[int, ChoiceDelta]) -> dict:
+        """vLLM's prompt_logprobs, once for the conversation (every choice reads the same prompt)."""
+        prompt_logprobs = self._prompt_logprobs(choices[0]) if choices else None
+        return {} if prompt_logprobs is None else {"prompt_logprobs": prompt_logprobs}
 
     @staticmethod
     def _logprobs(choice: ChoiceDelta) -> dict | None:

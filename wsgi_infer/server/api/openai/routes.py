@@ -51,13 +51,13 @@ def model(model_id: str):
 def completions():
     req: CompletionRequest = parse(CompletionRequest, request.get_json(force=True))
     mgr = served(req.model, req.keep_alive)
-    params = req.sampling_params(req.max_tokens, req.logprobs, req.prompt_logprobs)
+    params = req.sampling_params(req.max_tokens, req.logprobs, req.echo_logprobs)
     stream = start(mgr, req.prompts, params)
     echo = None
     if req.echo:
         tokenizer = mgr.tokenizer
         echo = [p if isinstance(p, str) else tokenizer.decode(p) for p in req.prompts]
-    formatter = CompletionFormatter(stream, "text_completion", echo)
+    formatter = CompletionFormatter(stream, "text_completion", echo, req.logprobs, req.prompt_logprobs)
     return _respond(stream, req.stream, req.include_usage, formatter)
 
 
@@ -72,7 +72,7 @@ def _respond(stream: RequestStream, streaming: bool, include_usage: bool, format
     if not streaming:
         merged = collect_all(stream)
         body = formatter.envelope([formatter.final_choice(merged[i]) for i in sorted(merged)])
-        body["usage"] = stream.usage
+        body.update(formatter.response_fields(merged), usage=stream.usage)
         return jsonify(body)
     return publish(stream, _sse(model_of(stream), stream, include_usage, formatter))
 
