@@ -11,7 +11,7 @@ import pytest
 from wsgi_infer.engine.outputs import RequestDelta, TokenLogprob
 from wsgi_infer.engine.sampling_params import SamplingParams
 from wsgi_infer.engine.text.chat_template import chat_prompt_ids
-from wsgi_infer.server.api.chat.formatters import CompletionFormatter
+from wsgi_infer.server.api.openai.completion_formatter import CompletionFormatter
 from wsgi_infer.server.engine_client.streams import ChoiceDelta, RequestStream
 
 from ..conftest import tiny_settings

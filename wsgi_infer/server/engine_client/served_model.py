@@ -226,7 +226,9 @@ class ServedModel:
         The stream's first event is Accepted or Rejected; then the choices' deltas.
         """
         self.last_used = time.monotonic()
-        return self._worker.submit(self, request_id, prompts, params, generated or [])
+        stream = self._worker.submit(self, request_id, prompts, params, generated or [])
+        stream.prompt_ids = prompts
+        return stream
 
     def release(self, stream: RequestStream) -> None:
         """The response is over (finished, failed or the client left): abort what still runs."""

@@ -60,6 +60,7 @@ class RequestStream:
     created: float = field(default_factory=time.monotonic)
     identity: ResponseIdentity = field(default_factory=ResponseIdentity.new)  # its ids and creation time
     prompt_tokens: int = 0
+    prompt_ids: list[list[int]] = field(default_factory=list)  # each prompt's token ids, as submitted
     completion_tokens: int = 0
     finish_reasons: dict[int, str] = field(default_factory=dict)
     cached_tokens: dict[int, int] = field(default_factory=dict)  # per choice, from the prefix cache

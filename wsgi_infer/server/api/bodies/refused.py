@@ -3,8 +3,9 @@ does not implement: each is a 400 naming it (``parsing.parse``), never ignored, 
 changes nothing. A client written for one of those servers either gets what it asked for or is told it cannot.
 
 Taken rather than refused: vLLM's ``min_tokens``, ``truncate_prompt_tokens``, ``prompt_logprobs``,
-``allowed_token_ids``, ``bad_words``, ``guided_json``/``_regex``/``_choice``/``_grammar`` and chat's
-``add_generation_prompt``, llama-server's ``json_schema`` and ``grammar``. Ignored, as changing nothing here:
+``return_token_ids``, ``return_tokens_as_token_ids``, ``allowed_token_ids``, ``bad_words``,
+``guided_json``/``_regex``/``_choice``/``_grammar`` and chat's ``add_generation_prompt``, llama-server's
+``json_schema`` and ``grammar``. Ignored, as changing nothing here:
 vLLM's ``guided_decoding_backend``, ``request_id``, ``mm_processor_kwargs`` and ``kv_transfer_params``;
 llama-server's ``cache_prompt``, ``id_slot``, ``n_keep``, ``samplers`` (the order of its samplers: ours is
 vLLM's) and the settings of the samplers refused below, which act only with them.
@@ -35,8 +36,6 @@ VLLM = {
     "length_penalty": _off("length_penalty", 1.0, why="it is beam search's"),
     "logits_processors": _off("logits_processors", []),
     "vllm_xargs": _off("vllm_xargs", {}, why="they are custom logits processors' arguments"),
-    "return_tokens_as_token_ids": _off("return_tokens_as_token_ids", False),
-    "return_token_ids": _off("return_token_ids", False),
     "spaces_between_special_tokens": _off("spaces_between_special_tokens false", True),
     "structural_tag": _off("structural_tag", why="use tools or structured_outputs"),
     "guided_whitespace_pattern": _off("guided_whitespace_pattern", why="JSON takes 16 spaces or newlines at most"),

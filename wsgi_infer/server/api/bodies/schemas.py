@@ -98,8 +98,10 @@ class SamplingRequest(ConstraintFields):
     stream_options: StreamOptions | None = None
     prompt_logprobs: int | None = engine_field("prompt_logprobs")  # vLLM's: each prompt token's, and the top n
     logit_bias: dict[int, float] | None = None
-    allowed_token_ids: list[StrictInt] | None = None  # vLLM's, as is bad_words
+    allowed_token_ids: list[StrictInt] | None = None  # vLLM's, as are the next three
     bad_words: list[str] | None = None
+    return_token_ids: StrictBool | None = None
+    return_tokens_as_token_ids: StrictBool | None = None
 
     @field_validator("prompt_logprobs")
     @classmethod

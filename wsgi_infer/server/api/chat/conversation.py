@@ -10,7 +10,7 @@ from ...engine_client.prompts import Chat
 from ...engine_client.served_model import ServedModel
 from ...engine_client.streams import RequestStream
 from ..serving import require_task, served, start
-from .formatters import ChatFormatter
+from .formatters import ChatFormatter, VllmFields
 from .schemas import ChatCompletionRequest
 
 
@@ -45,4 +45,4 @@ def start_chat(req: ChatCompletionRequest, obj: str) -> tuple[RequestStream, Cha
         p.skip_special_tokens = False  # the format's own tokens tell its calls from text: the parser reads them
     chat = Chat(messages, tools, req.chat_template_kwargs, req.continue_final_message, req.add_generation_prompt)
     stream = start(mgr, [chat], params)
-    return stream, ChatFormatter(stream, obj, plan, thinks=thinks, opened=opened, prompt_logprobs=req.prompt_logprobs)
+    return stream, ChatFormatter(stream, obj, plan, thinks=thinks, opened=opened, vllm=VllmFields.of(req))

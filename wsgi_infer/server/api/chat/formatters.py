@@ -1,10 +1,11 @@
-"""OpenAI's JSON for a request's merged deltas: streamed chunks, final choices and aborts, for completions and
-chat completions (tool calls parsed out of chat text)."""
+"""OpenAI's JSON for a request's merged deltas: streamed chunks, final choices and aborts (``Formatter``; chat
+completions' here, tool calls parsed out of their text), with vLLM's additions where a request asks for them."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from ....engine.text.token_pieces import piece_bytes, shown
 from ...engine_client.streams import ChoiceDelta, RequestStream
@@ -12,17 +13,39 @@ from .reasoning import ReasoningParser
 from .tools import ToolCallParser, ToolPlan, merge_call_entries
 
 
+@dataclass(frozen=True)
+class VllmFields:
+    """What vLLM adds to a response, where the request asks: ``prompt_logprobs`` (how many alternatives each prompt
+    token's entry has), ``return_token_ids`` (the prompt's and each choice's token ids) and
+    ``return_tokens_as_token_ids`` (logprobs' tokens written "token_id:N")."""
+
+    prompt_logprobs: int | None = None
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+
+    @classmethod
+    def of(cls, request: object) -> VllmFields:
+        """A request's, where it gave them (None: a field left out)."""
+        given = {name: getattr(request, name) for name in FIELDS}
+        return cls(**{name: value for name, value in given.items() if value is not None})
+
+
+FIELDS = tuple(VllmFields.__dataclass_fields__)
+PLAIN = VllmFields()  # none of them
+
+
 class Formatter(ABC):
     """Turns merged deltas into one API's JSON: streamed chunks, final choices, aborts."""
 
     prefix = ""
 
-    def __init__(self, stream: RequestStream, obj: str, prompt_logprobs: int | None = None) -> None:
+    def __init__(self, stream: RequestStream, obj: str, vllm: VllmFields = PLAIN) -> None:
         self.id = f"{self.prefix}-{stream.request_id}"
         self.object = obj
         self.created = stream.identity.created
         self.model = stream.model
-        self.prompt_logprobs = prompt_logprobs  # vLLM's: how many alternatives each prompt token's entry has
+        self.vllm = vllm
+        self.prompt_ids = stream.prompt_ids  # each prompt's, as submitted
 
     def envelope(self, choices: list[dict], usage: dict | None = None) -> dict:
         body = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices}
@@ -44,91 +67,32 @@ class Formatter(ABC):
         """What a whole (not streamed) response has beside its choices."""
         return {}
 
+    def token_text(self, token_id: int, texts: dict[int, str]) -> str:
+        """A token as logprobs show it: its text, or "token_id:N" where the request asked for ids."""
+        return f"token_id:{token_id}" if self.vllm.return_tokens_as_token_ids else shown(texts.get(token_id, ""))
+
+    def token_ids(self, choice: ChoiceDelta) -> dict:
+        """vLLM's token_ids of a chunk or a choice, where asked for."""
+        return {"token_ids": choice.delta.token_ids} if self.vllm.return_token_ids else {}
+
     def _prompt_logprobs(self, choice: ChoiceDelta) -> list[dict | None] | None:
         """vLLM's prompt_logprobs: None for the first token, then per token a dict of token id to its logprob,
         rank and text: the prompt's own token and the top alternatives."""
-        d = choice.delta
-        if self.prompt_logprobs is None or d.prompt_logprobs is None:
+        d, n = choice.delta, self.vllm.prompt_logprobs
+        if n is None or d.prompt_logprobs is None:
             return None
-        texts = {token_id: shown(piece) for token_id, piece in choice.token_texts.items()}
+        texts = choice.token_texts
 
         def entry(token_id: int, logprob: float, rank: int | None) -> dict:
-            return {"logprob": logprob, "rank": rank, "decoded_token": texts.get(token_id, "")}
+            return {"logprob": logprob, "rank": rank, "decoded_token": self.token_text(token_id, texts)}
 
         return [None] + [
             {
                 str(lp.token_id): entry(lp.token_id, lp.logprob, lp.rank),
-                **{str(t): entry(t, v, rank) for rank, (t, v) in enumerate(lp.top[: self.prompt_logprobs], 1)},
+                **{str(t): entry(t, v, rank) for rank, (t, v) in enumerate(lp.top[:n], 1)},
             }
             for lp in d.prompt_logprobs
         ]
-
-
-class CompletionFormatter(Formatter):
-    """``echo`` holds each prompt's text: it starts that prompt's choices; ``logprobs``, how many alternatives each
-    token's legacy entry has."""
-
-    prefix = "cmpl"
-
-    def __init__(
-        self,
-        stream: RequestStream,
-        obj: str,
-        echo: list[str] | None = None,
-        logprobs: int | None = None,
-        prompt_logprobs: int | None = None,
-    ) -> None:
-        super().__init__(stream, obj, prompt_logprobs)
-        self._text_offset: dict[int, int] = {}
-        self._echo = echo
-        self._top = logprobs or 0
-        self._n = stream.choices_per_prompt
-        self._echoed: set[int] = set()
-
-    def chunk_choice(self, choice: ChoiceDelta) -> dict:
-        d = choice.delta
-        text = d.text
-        if self._echo is not None and choice.index not in self._echoed:
-            self._echoed.add(choice.index)
-            text = self._echo[choice.index // self._n] + text
-        body = {
-            "index": choice.index,
-            "text": text,
-            "logprobs": self._logprobs(choice),
-            "finish_reason": d.finish_reason,
-        }
-        prompt_logprobs = self._prompt_logprobs(choice)
-        return body if prompt_logprobs is None else {**body, "prompt_logprobs": prompt_logprobs}
-
-    final_choice = chunk_choice
-
-    def abort_choice(self, index: int) -> dict:
-        return {"index": index, "text": "", "logprobs": None, "finish_reason": "abort"}
-
-    def _logprobs(self, choice: ChoiceDelta) -> dict | None:
-        """The legacy shape; prompt tokens first when echoed (the first one has no logprob)."""
-        d = choice.delta
-        prompt = d.prompt_logprobs if self._echo is not None else None  # else they may be vLLM's alone
-        if d.logprobs is None and prompt is None:
-            return None
-        entries: list[tuple[int, float | None, list | None]] = []
-        if prompt is not None:
-            entries.append((d.prompt_token_ids[0], None, None))
-            entries += [(lp.token_id, lp.logprob, lp.top[: self._top]) for lp in prompt]
-        entries += [(lp.token_id, lp.logprob, lp.top) for lp in d.logprobs or []]
-        texts = {token_id: shown(piece) for token_id, piece in choice.token_texts.items()}
-        tokens = [texts.get(token_id, "") for token_id, _, _ in entries]
-        offsets, offset = [], self._text_offset.get(choice.index, 0)
-        for token in tokens:
-            offsets.append(offset)
-            offset += len(token)
-        self._text_offset[choice.index] = offset
-        return {
-            "tokens": tokens,
-            "token_logprobs": [logprob for _, logprob, _ in entries],
-            "top_logprobs": [None if top is None else _by_text(top, texts) for _, _, top in entries],
-            "text_offset": offsets,
-        }
 
 
 class ChatFormatter(Formatter):
@@ -144,11 +108,12 @@ class ChatFormatter(Formatter):
         tools: ToolPlan | None = None,
         thinks: bool = False,
         opened: bool = False,
-        prompt_logprobs: int | None = None,
+        vllm: VllmFields = PLAIN,
     ) -> None:
         """``tools``: how the model may call them (their format, and whether it may write text instead);
         ``thinks``: the template thinks; ``opened``: its prompt opened the thought already."""
-        super().__init__(stream, obj, prompt_logprobs)
+        super().__init__(stream, obj, vllm)
+        self._enveloped = False
         self._role_sent: set[int] = set()
         self._parsers = (
             {
@@ -192,6 +157,7 @@ class ChatFormatter(Formatter):
             "delta": delta,
             "logprobs": self._logprobs(choice),
             "finish_reason": finish_reason,
+            **self.token_ids(choice),
         }
 
     def final_choice(self, choice: ChoiceDelta) -> dict:
@@ -214,25 +180,35 @@ class ChatFormatter(Formatter):
             "message": message,
             "logprobs": self._logprobs(choice),
             "finish_reason": finish_reason,
+            **self.token_ids(choice),
         }
 
     def abort_choice(self, index: int) -> dict:
         return {"index": index, "delta": {}, "logprobs": None, "finish_reason": "abort"}
+
+    def envelope(self, choices: list[dict], usage: dict | None = None) -> dict:
+        """vLLM's prompt_token_ids, where asked for, in the first (a stream's first chunk, or the response)."""
+        body = super().envelope(choices, usage)
+        if self.vllm.return_token_ids and not self._enveloped:
+            body["prompt_token_ids"] = self.prompt_ids[0]
+        self._enveloped = True
+        return body
 
     def response_fields(self, choices: dict[int, ChoiceDelta]) -> dict:
         """vLLM's prompt_logprobs, once for the conversation (every choice reads the same prompt)."""
         prompt_logprobs = self._prompt_logprobs(choices[0]) if choices else None
         return {} if prompt_logprobs is None else {"prompt_logprobs": prompt_logprobs}
 
-    @staticmethod
-    def _logprobs(choice: ChoiceDelta) -> dict | None:
+    def _logprobs(self, choice: ChoiceDelta) -> dict | None:
         if choice.delta.logprobs is None:
             return None
         texts = choice.token_texts
 
         def entry(token_id: int, logprob: float) -> dict:
-            piece = texts.get(token_id, "")  # its own bytes, also where it holds part of a character
-            return {"token": shown(piece), "logprob": logprob, "bytes": list(piece_bytes(piece))}
+            token = self.token_text(token_id, texts)
+            # its own bytes, also where it holds part of a character; an id's, as vLLM gives them
+            raw = token.encode() if self.vllm.return_tokens_as_token_ids else piece_bytes(texts.get(token_id, ""))
+            return {"token": token, "logprob": logprob, "bytes": list(raw)}
 
         return {
             "content": [
@@ -240,15 +216,6 @@ class ChatFormatter(Formatter):
                 for lp in choice.delta.logprobs
             ]
         }
-
-
-def _by_text(top: list[tuple[int, float]], texts: dict[int, str]) -> dict[str, float]:
-    """The legacy shape's top logprobs, keyed by text: where two tokens read alike (pieces of one character both
-    read "\ufffd"), the likelier one's, not the last one's."""
-    by_text: dict[str, float] = {}
-    for token_id, logprob in sorted(top, key=lambda entry: -entry[1]):
-        by_text.setdefault(texts.get(token_id, ""), logprob)
-    return by_text
 
 
 def _finish_reason(parser: ToolCallParser, finish_reason: str) -> str:

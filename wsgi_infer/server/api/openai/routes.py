@@ -14,7 +14,7 @@ from ...streaming.stream_log import StreamInterrupted
 from ..bodies.parsing import parse
 from ..bodies.schemas import CompletionRequest
 from ..chat.conversation import start_chat
-from ..chat.formatters import CompletionFormatter, Formatter
+from ..chat.formatters import Formatter, VllmFields
 from ..chat.schemas import ChatCompletionRequest
 from ..serving import (
     collect_all,
@@ -27,6 +27,7 @@ from ..serving import (
     served,
     start,
 )
+from .completion_formatter import CompletionFormatter
 
 if TYPE_CHECKING:
     from ...engine_client.served_model import ServedModel
@@ -57,7 +58,7 @@ def completions():
     if req.echo:
         tokenizer = mgr.tokenizer
         echo = [p if isinstance(p, str) else tokenizer.decode(p) for p in req.prompts]
-    formatter = CompletionFormatter(stream, "text_completion", echo, req.logprobs, req.prompt_logprobs)
+    formatter = CompletionFormatter(stream, "text_completion", echo, req.logprobs, VllmFields.of(req))
     return _respond(stream, req.stream, req.include_usage, formatter)
 
 
