@@ -1,6 +1,6 @@
 """A thinking model's thought apart from its answer: the parser at every split of the text, and the chat API's
-``reasoning_content`` (in one reply and streamed) over a tiny model whose template thinks, with the template's
-own variables from ``chat_template_kwargs``."""
+``reasoning_content`` and ``reasoning`` (in one reply and streamed) over a tiny model whose template thinks, with
+the template's own variables from ``chat_template_kwargs``."""
 
 from __future__ import annotations
 
@@ -95,9 +95,13 @@ def test_the_thought_is_reasoning_content_in_a_reply_and_in_its_chunks(request, 
         message = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
         with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
             deltas = [e.json["choices"][0]["delta"] for e in events(r) if e.data and e.data != "[DONE]"]
-    assert re.fullmatch("[a-z]{2,12}", message["reasoning_content"])
+    assert (
+        re.fullmatch("[a-z]{2,12}", message["reasoning_content"])
+        and message["reasoning"] == message["reasoning_content"]
+    )
     assert re.fullmatch("[A-Z][a-z]{2,12}", message["content"])
     assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+    assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)  # vLLM's name, and the other
     assert "".join(d.get("content") or "" for d in deltas) == message["content"]
     assert not any("think>" in (d.get("content") or "") + d.get("reasoning_content", "") for d in deltas)
 

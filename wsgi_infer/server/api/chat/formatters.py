@@ -145,8 +145,8 @@ class ChatFormatter(Formatter):
             if finish_reason is not None:
                 delta = _merge_deltas(delta, parser.finish())
                 finish_reason = _finish_reason(parser, finish_reason)
-        if reasoning:
-            delta = {"reasoning_content": reasoning, **delta}
+        if reasoning:  # under both names: vLLM's reasoning, and reasoning_content as DeepSeek's API and SGLang
+            delta = {"reasoning": reasoning, "reasoning_content": reasoning, **delta}
         if not delta and finish_reason is None:
             return None  # held: nothing to show yet
         if choice.index not in self._role_sent:  # the role comes with the first real token
@@ -164,7 +164,7 @@ class ChatFormatter(Formatter):
         reasoning, answer = self._split(choice.index, choice.delta.text, final=True)
         message: dict = {"role": "assistant", "content": answer}
         if self._thoughts is not None:
-            message["reasoning_content"] = reasoning or None
+            message["reasoning"] = message["reasoning_content"] = reasoning or None
         finish_reason = choice.delta.finish_reason
         if self._parsers is not None:
             parser = self._parsers[choice.index]
