@@ -11,6 +11,8 @@ import pytest
 from wsgi_infer.server.api.bodies.schemas import CompletionRequest
 from wsgi_infer.server.api.chat.schemas import ChatCompletionRequest
 
+from ..support.sse_client import events
+
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 ROUTES = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
 SCHEMA = {"type": "object", "properties": {"warm": {"type": "boolean"}}, "required": ["warm"]}
@@ -192,3 +194,23 @@ def test_bad_truncations_are_refused_by_name(tiny_api, fields, param):
     with tiny_api.client() as http:
         answer = http.post("/v1/completions", json={**base("/v1/completions"), **fields})
     assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_stop_reason_names_the_stop_string_or_token_that_ended_the_reply(tiny_api, route):
+    """vLLM's stop_reason: the stop string, or the stop token's id, that ended a choice; null for the length."""
+    body = {**base(route), "ignore_eos": True}
+    with tiny_api.client() as http:
+        free = http.post(route, json={**body, "return_token_ids": True}).json()["choices"][0]
+        token = free["token_ids"][3]
+        stop = text_of({"choices": [free]})[1:4]
+        by_string = http.post(route, json={**body, "stop": stop}).json()["choices"][0]
+        by_token = http.post(route, json={**body, "stop_token_ids": [token]}).json()["choices"][0]
+        with http.stream("POST", route, json={**body, "stop_token_ids": [token], "stream": True}) as response:
+            chunks = [e.json for e in events(response) if e.data and e.data != "[DONE]"]
+    assert (free["finish_reason"], free["stop_reason"]) == ("length", None)
+    assert (by_string["finish_reason"], by_string["stop_reason"]) == ("stop", stop)
+    assert (by_token["finish_reason"], by_token["stop_reason"]) == ("stop", token)
+    ends = [c for chunk in chunks for c in chunk["choices"] if c["finish_reason"] is not None]
+    assert [c["stop_reason"] for c in ends] == [token]
+    assert not any("stop_reason" in c for chunk in chunks for c in chunk["choices"] if c["finish_reason"] is None)

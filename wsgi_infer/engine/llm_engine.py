@@ -23,7 +23,7 @@ from .outputs import EngineCounters, RequestDelta, TokenLogprob
 from .pooling import embedding, pool
 from .runtime.device import resolve_device, resolve_dtype
 from .runtime.native_threads import start_native_thread
-from .sampling.sampler import Sampler, ending_tokens, prompt_logprobs
+from .sampling.sampler import Sampler, ending_tokens, prompt_logprobs, stop_reason
 from .sampling.speculative import SpecCounters, proposer_for, speculates, verify_sampled
 from .sampling.token_bans import bad_word_ids
 from .sampling_params import InvalidParameter, SamplingParams, max_tokens_within, tokens_to_keep
@@ -271,7 +271,7 @@ class LLMEngine:
             token_ids=tokens,
             logprobs=[logprob] if logprob is not None else None,
             finish_reason=finish_reason,
-            stop_reason=seq.detokenizer.matched if finish_reason == "stop" else None,
+            stop_reason=stop_reason(seq, finish_reason, self.eos_token_ids),
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
             num_cached_tokens=seq.num_cached_tokens,

@@ -30,7 +30,8 @@ class RequestDelta:
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
-    stop_reason: str | None = None  # the stop string that ended it ("stop" by EOS, a stop token or a grammar: None)
+    # vLLM's: the stop string or stop token (an id) that ended it; None where "stop" came by EOS or a grammar
+    stop_reason: str | int | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache

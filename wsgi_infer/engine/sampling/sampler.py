@@ -45,6 +45,18 @@ def ending_tokens(params: SamplingParams, eos_token_ids: Iterable[int]) -> set[i
     return {*params.stop_token_ids, *(() if params.ignore_eos else eos_token_ids)}
 
 
+def stop_reason(seq: Sequence, finish_reason: str | None, eos_token_ids: Iterable[int]) -> str | int | None:
+    """vLLM's stop_reason: the stop string or stop token that ended a sequence; None where it ends otherwise (its
+    end of sequence, its length, a complete grammar) or runs on."""
+    if finish_reason != "stop":
+        return None
+    if seq.detokenizer is not None and seq.detokenizer.matched is not None:
+        return seq.detokenizer.matched
+    last = seq.token_ids[-1]
+    eos = last in eos_token_ids and not seq.params.ignore_eos
+    return last if last in seq.params.stop_token_ids and not eos else None
+
+
 def bar_the_end(logits: torch.Tensor, seq: Sequence, eos_token_ids: frozenset[int]) -> None:
     """In place, before the request's min_tokens: no token that would end it."""
     ends = ending_tokens(seq.params, eos_token_ids)

@@ -158,6 +158,7 @@ class ChatFormatter(Formatter):
             "logprobs": self._logprobs(choice),
             "finish_reason": finish_reason,
             **self.token_ids(choice),
+            **({"stop_reason": choice.delta.stop_reason} if finish_reason is not None else {}),
         }
 
     def final_choice(self, choice: ChoiceDelta) -> dict:
@@ -180,6 +181,7 @@ class ChatFormatter(Formatter):
             "message": message,
             "logprobs": self._logprobs(choice),
             "finish_reason": finish_reason,
+            "stop_reason": choice.delta.stop_reason,
             **self.token_ids(choice),
         }
 

@@ -13,9 +13,10 @@ from ..chat.tools import whole_arguments
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
-def stop_reason(finish_reason: str | None, stop_string: str | None) -> dict:
-    """``stop_reason`` and ``stop_sequence``: a stop string that ended the text is named."""
-    if finish_reason == "stop" and stop_string is not None:
+def stop_reason(finish_reason: str | None, stop_string: str | int | None) -> dict:
+    """``stop_reason`` and ``stop_sequence``: a stop string that ended the text is named (a stop token is not a
+    sequence)."""
+    if finish_reason == "stop" and isinstance(stop_string, str):
         return {"stop_reason": "stop_sequence", "stop_sequence": stop_string}
     return {"stop_reason": STOP_REASONS.get(finish_reason or "stop", "end_turn"), "stop_sequence": None}
 

@@ -41,6 +41,8 @@ class CompletionFormatter(Formatter):
             "finish_reason": d.finish_reason,
             **self.token_ids(choice),
         }
+        if d.finish_reason is not None:
+            body["stop_reason"] = d.stop_reason
         if first and self.vllm.return_token_ids:
             body["prompt_token_ids"] = self.prompt_ids[prompt]
         prompt_logprobs = self._prompt_logprobs(choice)
