@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+
+import httpx
 import pytest
 
 from wsgi_infer import SamplingParams
@@ -93,3 +96,29 @@ def test_errors_are_shown_clearly(page):
     ask(page, "Too long", 100_000)
     page.wait_for_function("document.getElementById('status').className === 'error'")
     assert "400: prompt" in page.text_content("#status") and "context window" in page.text_content("#status")
+
+
+# A template whose prompt opens the thought, as DeepSeek-R1's: the tiny random model's reply is all thought
+OPENED = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n<think>\n{% if enable_thinking is defined and not enable_thinking %}</think>\n{% endif %}"
+)
+
+
+def test_a_thinking_models_thought_shows_apart_from_its_answer(browser, gunicorn_server, tiny_model_dirs, tmp_path):
+    """Before, the page showed only content: a reply that was all thought left the message empty."""
+    model = shutil.copytree(tiny_model_dirs["llama"], tmp_path / "thinking")
+    (model / "chat_template.jinja").write_text(OPENED)
+    server = gunicorn_server({"model": model, "dtype": "float32", "quantization": "none"})
+    body = {"messages": [{"role": "user", "content": "Think it over"}], "max_tokens": 40, "temperature": 0}
+    expected = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
+    assert expected["reasoning_content"] and not expected["content"]  # the case: a reply that is all thought
+    page = browser.new_page()
+    page.goto(server.url + "/")
+    page.wait_for_function("document.getElementById('model').textContent === 'thinking'")
+    ask(page, "Think it over", 40)
+    page.wait_for_function("!document.querySelector('.assistant').classList.contains('streaming')")
+    assert page.text_content(".assistant .thought div") == expected["reasoning_content"]
+    assert page.text_content(".assistant .answer") == ""
+    assert page.get_attribute(".assistant .thought", "open") is not None  # no answer began: it stays open
+    page.close()

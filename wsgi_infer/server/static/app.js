@@ -1,4 +1,5 @@
-// The chat page: streams /v1/chat/completions with fetch and renders tokens as they arrive.
+// The chat page: streams /v1/chat/completions with fetch and renders tokens as they arrive (a thinking model's
+// thought apart, above its answer).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -23,6 +24,20 @@ function addMessage(role, text) {
   div.textContent = text;
   $("transcript").appendChild(div);
   return div;
+}
+
+// A reply's thought, shown where the model thinks (reasoning_content): open while it streams, folded once the
+// answer begins. Only the answer joins the conversation, as chat templates drop past thoughts.
+function showThought(reply, thought, answering) {
+  let details = reply.querySelector(".thought");
+  if (!details) {
+    details = Object.assign(document.createElement("details"), { className: "thought", open: true });
+    details.append(Object.assign(document.createElement("summary"), { textContent: "thought" }));
+    details.append(document.createElement("div"));
+    reply.prepend(details);
+  }
+  details.lastChild.textContent = thought;
+  if (answering) details.open = false;
 }
 
 // The model picker: every model that generates, by name (the first is the server's default); its state on hover.
@@ -82,12 +97,13 @@ async function send(prompt) {
   history.push({ role: "user", content: prompt });
   addMessage("user", prompt);
   const out = addMessage("assistant", "");
+  const answer = out.appendChild(Object.assign(document.createElement("span"), { className: "answer" }));
   out.classList.add("streaming");
   controller = new AbortController();
   $("send").disabled = true;
   $("stop").disabled = false;
   setStatus("generating…");
-  let text = "", finished = null;
+  let text = "", thought = "", finished = null;
   try {
     let response = await fetch("/v1/chat/completions", {
       method: "POST",
@@ -122,10 +138,12 @@ async function send(prompt) {
           const chunk = JSON.parse(data);
           for (const choice of chunk.choices) {
             text += choice.delta.content || "";
+            thought += choice.delta.reasoning_content || "";
             if (choice.finish_reason) finished = choice.finish_reason;
           }
           if (chunk.usage) setStatus(`${chunk.usage.completion_tokens} tokens, finish: ${finished}`);
-          out.textContent = text;
+          if (thought) showThought(out, thought, text.length > 0);
+          answer.textContent = text;
         }
         break;
       } catch (e) {
