@@ -209,3 +209,25 @@ def test_reasoning_effort_none_turns_the_thought_off_as_the_templates_variable_d
             for fields in ({"reasoning": {"effort": "none"}}, {})
         ]
     assert [r["usage"]["input_tokens"] for r in responses] == [len(quiet), len(tokens())]
+
+
+# Qwen3's way: an assistant's thought sent back is rendered where the template wants it (its turns after the last
+# user message, between tool calls); ours renders every one it is given
+INTERLEAVED_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.reasoning_content is string %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}"
+    "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_an_assistants_thought_sent_back_reaches_a_template_that_renders_it(tiny_model_dirs, tmp_path):
+    """Under either name, vLLM's reasoning or reasoning_content; before, both were ignored."""
+    turns = [{"role": "user", "content": "Capital?"}, {"role": "assistant", "content": "Paris."}]
+    sent = [
+        [turns[0], {**turns[1], **extra}] for extra in ({}, {"reasoning_content": "France"}, {"reasoning": "France"})
+    ]
+    with thinking_server(tiny_model_dirs, tmp_path / "tiny", INTERLEAVED_TEMPLATE) as server, server.client() as http:
+        plain, by_content, by_reasoning = (http.post("/tokenize", json={"messages": m}).json()["tokens"] for m in sent)
+        reply = http.post("/v1/chat/completions", json={"messages": sent[2], "max_tokens": 1}).json()
+    assert by_content == by_reasoning and len(by_content) > len(plain)
+    assert reply["usage"]["prompt_tokens"] == len(by_reasoning)

@@ -61,6 +61,10 @@ class ChatMessage(Request):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None  # an assistant's refusal, as OpenAI's replies carry it: its text where it has no content
+    # An assistant's thought sent back, under either name: templates that think render it for the turns after the
+    # last user message (Qwen3's interleaved thinking, between tool calls)
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @model_validator(mode="after")
     def _says_something(self) -> ChatMessage:
@@ -183,7 +187,16 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 def _template_message(message: ChatMessage, template_takes_tools: bool) -> dict:
-    """One message as chat templates take it; tool traffic as text when the template knows none."""
+    """One message as chat templates take it; an assistant's thought under both names, as vLLM passes it."""
+    entry = _entry(message, template_takes_tools)
+    thought = message.reasoning_content if message.reasoning_content is not None else message.reasoning
+    if message.role == "assistant" and thought is not None:
+        entry["reasoning_content"] = entry["reasoning"] = thought
+    return entry
+
+
+def _entry(message: ChatMessage, template_takes_tools: bool) -> dict:
+    """Role and content; tool traffic as text when the template knows none."""
     if template_takes_tools:
         entry: dict = {"role": message.role, "content": message.text}
         if message.tool_calls:
