@@ -221,7 +221,8 @@ INTERLEAVED_TEMPLATE = (
 
 
 def test_an_assistants_thought_sent_back_reaches_a_template_that_renders_it(tiny_model_dirs, tmp_path):
-    """Under either name, vLLM's reasoning or reasoning_content; before, both were ignored."""
+    """Under either name, vLLM's reasoning or reasoning_content, and as a Responses API reasoning item before the
+    assistant's message; before, each was ignored."""
     turns = [{"role": "user", "content": "Capital?"}, {"role": "assistant", "content": "Paris."}]
     sent = [
         [turns[0], {**turns[1], **extra}] for extra in ({}, {"reasoning_content": "France"}, {"reasoning": "France"})
@@ -229,5 +230,13 @@ def test_an_assistants_thought_sent_back_reaches_a_template_that_renders_it(tiny
     with thinking_server(tiny_model_dirs, tmp_path / "tiny", INTERLEAVED_TEMPLATE) as server, server.client() as http:
         plain, by_content, by_reasoning = (http.post("/tokenize", json={"messages": m}).json()["tokens"] for m in sent)
         reply = http.post("/v1/chat/completions", json={"messages": sent[2], "max_tokens": 1}).json()
+        thought = {
+            "type": "reasoning",
+            "id": "rs_1",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "France"}],
+        }
+        items = [turns[0], thought, {"role": "assistant", "content": [{"type": "output_text", "text": "Paris."}]}]
+        response = http.post("/v1/responses", json={"input": items, "max_output_tokens": 1}).json()
     assert by_content == by_reasoning and len(by_content) > len(plain)
-    assert reply["usage"]["prompt_tokens"] == len(by_reasoning)
+    assert reply["usage"]["prompt_tokens"] == response["usage"]["input_tokens"] == len(by_reasoning)

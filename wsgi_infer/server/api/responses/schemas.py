@@ -47,11 +47,24 @@ class FunctionCallOutputItem(Request):
     output: str | list[dict]
 
 
-ITEMS: dict[str, type[Request] | None] = {
+class ReasoningItem(Request):
+    """An earlier turn's thought: the next assistant message's reasoning_content, which templates that render past
+    thoughts show (Qwen3's, between tool calls) and others drop."""
+
+    type: Literal["reasoning"]
+    content: list[dict] | None = None
+    summary: list[dict] | None = None
+
+    def text(self, where: str) -> str:
+        parts = self.content if self.content else self.summary or []
+        return content_text(parts, ("reasoning_text", "summary_text"), f"{where}.content")
+
+
+ITEMS: dict[str, type[Request]] = {
     "message": InputMessage,
     "function_call": FunctionCallItem,
     "function_call_output": FunctionCallOutputItem,
-    "reasoning": None,  # an earlier turn's thought: dropped, as chat templates drop past thoughts
+    "reasoning": ReasoningItem,
 }
 
 
@@ -71,17 +84,18 @@ def input_messages(items: str | list[dict]) -> list[dict]:
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict] = []
+    thought = None  # a reasoning item's, for the assistant message after it
     for i, raw in enumerate(items):
         kind = raw.get("type", "message") if isinstance(raw, dict) else None
         if kind not in ITEMS:
             raise APIError(f"input items of type {kind!r} are not supported", param=f"input.{i}")
-        schema = ITEMS[kind]
-        if schema is None:
-            continue
         try:
-            item = schema.model_validate(raw)
+            item = ITEMS[kind].model_validate(raw)
         except ValidationError as exc:
             raise APIError(f"input.{i}: {exc.errors()[0]['msg']}", param=f"input.{i}") from None
+        if isinstance(item, ReasoningItem):
+            thought = item.text(f"input.{i}")
+            continue
         if isinstance(item, FunctionCallItem) and item.status == "incomplete":
             continue  # a call cut short (an earlier response's last item): nothing ran, nothing answers it
         if isinstance(item, InputMessage):
@@ -99,6 +113,9 @@ def input_messages(items: str | list[dict]) -> list[dict]:
             if last is None or last["role"] != "assistant":
                 messages.append(last := {"role": "assistant", "content": None})
             last["tool_calls"] = [*last.get("tool_calls", []), call]
+        if thought is not None and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning_content"] = thought
+        thought = None
     return messages
 
 
