@@ -221,8 +221,8 @@ INTERLEAVED_TEMPLATE = (
 
 
 def test_an_assistants_thought_sent_back_reaches_a_template_that_renders_it(tiny_model_dirs, tmp_path):
-    """Under either name, vLLM's reasoning or reasoning_content, and as a Responses API reasoning item before the
-    assistant's message; before, each was ignored."""
+    """Under either name, vLLM's reasoning or reasoning_content, as a Responses API reasoning item before the
+    assistant's message, and as an Anthropic thinking block; before, each was ignored."""
     turns = [{"role": "user", "content": "Capital?"}, {"role": "assistant", "content": "Paris."}]
     sent = [
         [turns[0], {**turns[1], **extra}] for extra in ({}, {"reasoning_content": "France"}, {"reasoning": "France"})
@@ -238,5 +238,12 @@ def test_an_assistants_thought_sent_back_reaches_a_template_that_renders_it(tiny
         }
         items = [turns[0], thought, {"role": "assistant", "content": [{"type": "output_text", "text": "Paris."}]}]
         response = http.post("/v1/responses", json={"input": items, "max_output_tokens": 1}).json()
+        blocks = [{"type": "thinking", "thinking": "France", "signature": ""}, {"type": "text", "text": "Paris."}]
+        anthropic = [turns[0], {"role": "assistant", "content": blocks}, {"role": "user", "content": "And?"}]
+        counted = http.post("/v1/messages/count_tokens", json={"model": "tiny", "messages": anthropic}).json()
+        without = http.post(
+            "/v1/messages/count_tokens", json={"model": "tiny", "messages": [turns[0], turns[1], anthropic[2]]}
+        ).json()
     assert by_content == by_reasoning and len(by_content) > len(plain)
     assert reply["usage"]["prompt_tokens"] == response["usage"]["input_tokens"] == len(by_reasoning)
+    assert counted["input_tokens"] - without["input_tokens"] == len(by_reasoning) - len(plain)  # a thinking block

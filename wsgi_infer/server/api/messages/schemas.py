@@ -55,10 +55,19 @@ class ToolResultBlock(Request):
         return f"Error: {text}" if self.is_error else text
 
 
-# Which blocks each role may send. Earlier turns' thoughts are dropped, as chat templates drop them.
+class ThinkingBlock(Request):
+    """An earlier turn's thought: its message's reasoning_content, which templates that render past thoughts show
+    (Qwen3's, between tool calls) and others drop."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+# Which blocks each role may send. A redacted thought holds no text: dropped.
 BLOCKS: dict[str, dict[str, type[Request] | None]] = {
     "user": {"text": TextBlock, "tool_result": ToolResultBlock},
-    "assistant": {"text": TextBlock, "tool_use": ToolUseBlock, "thinking": None, "redacted_thinking": None},
+    "assistant": {"text": TextBlock, "tool_use": ToolUseBlock, "thinking": ThinkingBlock, "redacted_thinking": None},
 }
 
 
@@ -162,9 +171,11 @@ class MessagesRequest(Request):
         system = self.system if isinstance(self.system, str) else "".join(b.text for b in self.system or [])
         messages = [{"role": "system", "content": system}] if system else []
         for i, message in enumerate(self.messages):
-            texts, calls = [], []
+            texts, calls, thoughts = [], [], []
             for block in message.blocks(f"messages.{i}.content"):
-                if isinstance(block, ToolResultBlock):
+                if isinstance(block, ThinkingBlock):
+                    thoughts.append(block.thinking)
+                elif isinstance(block, ToolResultBlock):
                     messages.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text})
                 elif isinstance(block, ToolUseBlock):
                     arguments = json.dumps(block.input, ensure_ascii=False)
@@ -175,7 +186,11 @@ class MessagesRequest(Request):
                     texts.append(block.text)
             if texts or calls or not isinstance(message.content, list):
                 entry: dict = {"role": message.role, "content": "".join(texts) if texts or not calls else None}
-                messages.append({**entry, "tool_calls": calls} if calls else entry)
+                if calls:
+                    entry["tool_calls"] = calls
+                if thoughts:
+                    entry["reasoning_content"] = "".join(thoughts)
+                messages.append(entry)
         return messages
 
     def _tools(self) -> list[dict] | None:
