@@ -148,9 +148,12 @@ def test_allowed_token_ids_and_bad_words_bar_tokens_on_the_chat_route(tiny_api):
         ({"allowed_token_ids": ["1"]}, "integer"),
         ({"bad_words": [" "]}, "more than whitespace"),
         ({"bad_words": ["sun"], "guided_regex": "a+"}, "constraint"),
+        ({"truncate_prompt_tokens": 0}, "-1 (as many as the context window holds) or at least 1"),
+        ({"truncate_prompt_tokens": 10**6}, "more than the context window"),
+        ({"echo": True, "truncate_prompt_tokens": 4}, "echo cannot be combined"),  # it would not be the prompt read
     ],
 )
-def test_bad_bans_are_refused_by_name(tiny_api, fields, why):
+def test_bad_bans_and_truncations_are_refused_by_name(tiny_api, fields, why):
     with tiny_api.client() as http:
         answer = http.post("/v1/completions", json={**base("/v1/completions"), **fields})
     error = answer.json()["error"]
@@ -180,20 +183,6 @@ def test_truncate_prompt_tokens_reads_the_prompts_last_tokens_on_both_routes(tin
     for reply, expected in zip(replies.values(), as_ids):
         assert reply["usage"]["prompt_tokens"] == 8 and text_of(reply) == text_of(expected)
     assert text_of(whole) != text_of(replies["/v1/completions"])
-
-
-@pytest.mark.parametrize(
-    ("fields", "param"),
-    [
-        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
-        ({"truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),  # over the context window
-        ({"truncate_prompt_tokens": 4, "echo": True}, "echo"),  # the echo would not be the prompt read
-    ],
-)
-def test_bad_truncations_are_refused_by_name(tiny_api, fields, param):
-    with tiny_api.client() as http:
-        answer = http.post("/v1/completions", json={**base("/v1/completions"), **fields})
-    assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
 
 
 @pytest.mark.parametrize("route", ROUTES)
