@@ -40,6 +40,11 @@ def _one_of_the_forms(value: Any, handler: Any) -> Any:
 Prompts = Annotated[str | list[str] | TokenIds | list[TokenIds], WrapValidator(_one_of_the_forms)]
 
 
+def batch_of(prompts: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """One prompt or several, as a list of prompts (each a text or token ids)."""
+    return [prompts] if isinstance(prompts, str) or isinstance(prompts[0], int) else list(prompts)
+
+
 def _few_enough(value: str | list[str] | None) -> str | list[str] | None:
     if isinstance(value, list) and len(value) > MAX_STOP_SEQUENCES:
         raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
@@ -183,10 +188,7 @@ class CompletionRequest(SamplingRequest):
 
     @property
     def prompts(self) -> list[str | list[int]]:
-        """The batch of prompts: a string, token ids, or a list of either."""
-        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
-            return [self.prompt]
-        return list(self.prompt)
+        return batch_of(self.prompt)
 
 
 class TokenizeRequest(Request):

@@ -15,7 +15,7 @@ from ....engine.sampling_params import InvalidParameter, SamplingParams
 from ...errors import APIError
 from ..bodies.keep_alive import KeepAlive
 from ..bodies.parsing import Request, parse
-from ..bodies.schemas import Prompts, engine_field
+from ..bodies.schemas import Prompts, batch_of, engine_field
 from ..serving import collect_all, served, start, wait_ready
 
 bp = Blueprint("embeddings", __name__, url_prefix="/v1")
@@ -43,9 +43,7 @@ class EmbeddingRequest(Request):
 
     @property
     def inputs(self) -> list[str | list[int]]:
-        if isinstance(self.input, str) or isinstance(self.input[0], int):
-            return [self.input]
-        return list(self.input)
+        return batch_of(self.input)
 
 
 @bp.post("/embeddings")
