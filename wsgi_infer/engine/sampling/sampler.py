@@ -17,7 +17,7 @@ from ..outputs import TokenLogprob
 from ..sampling_params import SamplingParams
 from ..scheduling.sequence import Sequence
 from .grammar import apply_grammar_masks
-from .token_bans import allowed_only, apply_bans, bans_tokens
+from .token_bans import allowed_only, apply_bans, bans_tokens, could_bar_all
 
 
 def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
@@ -171,8 +171,8 @@ class Sampler:
                 apply_penalties(logits[i], seq)
             if seq.params.logit_bias:
                 apply_logit_bias(logits[i], seq)
-            before = logits[i].clone() if bans_tokens(seq) else None
-            if before is not None:
+            before = logits[i].clone() if could_bar_all(seq) else None
+            if bans_tokens(seq):
                 apply_bans(logits[i], seq)
             if seq.num_output_tokens < seq.params.min_tokens:
                 bar_the_end(logits[i], seq, self._eos_token_ids)

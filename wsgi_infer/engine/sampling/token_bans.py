@@ -25,7 +25,10 @@ def bans_tokens(seq: Sequence) -> bool:
 def apply_bans(logits: torch.Tensor, seq: Sequence) -> None:
     """In place, on one row: every token but the allowed ones, and the bad words' next tokens, to -inf."""
     if seq.params.allowed_token_ids is not None:
-        logits.copy_(allowed_only(logits, seq.params.allowed_token_ids))
+        ids = torch.tensor(seq.params.allowed_token_ids, dtype=torch.long, device=logits.device)
+        kept = logits[ids]
+        logits.fill_(float("-inf"))
+        logits[ids] = kept
     barred = barred_after(seq.bad_word_ids, seq.output_token_ids)
     if barred:
         logits.index_fill_(0, torch.tensor(barred, dtype=torch.long, device=logits.device), float("-inf"))
@@ -41,11 +44,15 @@ def barred_after(words: Spellings, output_ids: list[int]) -> list[int]:
     return barred
 
 
-def allowed_only(logits: torch.Tensor, allowed: list[int] | None) -> torch.Tensor:
-    """A row with the allowed tokens alone kept (all of them where none are given). The sampler takes this where
-    the bad words and the barred ends would leave no token at all (a bad word is then the only text left)."""
-    if allowed is None:
-        return logits
+def could_bar_all(seq: Sequence) -> bool:
+    """Whether a step's bans may leave a row no token: bad words beside an allowed few (the allowed tokens alone
+    leave some, and so do bad words among the whole vocabulary)."""
+    return bool(seq.bad_word_ids) and seq.params.allowed_token_ids is not None
+
+
+def allowed_only(logits: torch.Tensor, allowed: list[int]) -> torch.Tensor:
+    """A row with the allowed tokens alone kept. The sampler takes this where the bad words and the barred ends
+    would leave no token at all (a bad word is then the only text left)."""
     kept = torch.full_like(logits, float("-inf"))
     ids = torch.tensor(allowed, dtype=torch.long, device=logits.device)
     kept[ids] = logits[ids]
