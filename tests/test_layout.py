@@ -34,6 +34,7 @@ ENGINE_CORE = (
     "wsgi_infer.engine.scheduling.step_budget",
     "wsgi_infer.engine.runtime.cpu_share",
     "wsgi_infer.engine.runtime.step_interrupt",
+    "wsgi_infer.engine.text.bad_words",
     "wsgi_infer.engine.text.chat_template",
     "wsgi_infer.engine.text.token_pieces",
     "wsgi_infer.engine.text.truncation",
@@ -81,13 +82,14 @@ LAYERS = (
     ("wsgi_infer.server.gunicorn",),
 )
 # Plain data the server speaks to the engine with, and the text side's torch-free steps the front end runs on the
-# engine's tokenizer (a chat's prompt, a prompt truncated, a token's text); routes use them freely.
+# engine's tokenizer (a chat's prompt, a prompt truncated, bad words, a token's text); routes use them freely.
 ENGINE_VOCABULARY = (
     "wsgi_infer.engine",
     "wsgi_infer.engine.config",
     "wsgi_infer.engine.sampling_params",
     "wsgi_infer.engine.outputs",
     "wsgi_infer.engine.messages",
+    "wsgi_infer.engine.text.bad_words",
     "wsgi_infer.engine.text.chat_template",
     "wsgi_infer.engine.text.token_pieces",
     "wsgi_infer.engine.text.truncation",

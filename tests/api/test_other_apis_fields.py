@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from wsgi_infer.engine.sampling import token_bans
 from wsgi_infer.server.api.bodies.schemas import CompletionRequest
 from wsgi_infer.server.api.chat.schemas import ChatCompletionRequest
 
@@ -126,7 +127,13 @@ def _tokens(reply: dict) -> list[str]:
     return [entry["token"] for entry in reply["choices"][0]["logprobs"]["content"]]
 
 
-def test_allowed_token_ids_and_bad_words_bar_tokens_on_the_chat_route(tiny_api):
+def test_allowed_token_ids_and_bad_words_bar_tokens_on_the_chat_route(tiny_api, monkeypatch):
+    """The bad words tokenized on the front end: the engine thread, which every stream waits on, never does it."""
+
+    def on_the_engine_thread(tokenizer, words):
+        raise AssertionError("the engine thread tokenized bad words")
+
+    monkeypatch.setattr(token_bans, "spellings", on_the_engine_thread)
     body = {**base("/v1/chat/completions"), "logprobs": True, "ignore_eos": True}
     with tiny_api.client() as http:
         free = _tokens(http.post("/v1/chat/completions", json=body).json())

@@ -5,12 +5,14 @@ request left no token to sample is refused, or (bad words that bar every allowed
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
 from wsgi_infer import LLM, SamplingParams
 from wsgi_infer.engine.sampling.sampler import Sampler
+from wsgi_infer.engine.sampling.token_bans import token_bans
 from wsgi_infer.engine.sampling_params import InvalidParameter, StructuredOutput
 from wsgi_infer.engine.scheduling.sequence import Sequence
 
@@ -87,12 +89,14 @@ def test_bad_words_that_bar_every_allowed_token_leave_the_allowed_ones():
     """Rows no static check can foresee: a word's last token barred after its first, each allowed token so."""
     sampler = Sampler()
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.0, 5.0]])
-    params = SamplingParams(temperature=0, allowed_token_ids=[1, 2])
-    seq = Sequence("r", [0], params, 8, bad_word_ids=((3, 1), (3, 2)))
+    params = SamplingParams(temperature=0, allowed_token_ids=[1, 2], bad_words=["x"])
+    both = replace(params, bad_word_ids=((3, 1), (3, 2)))
+    seq = Sequence("r", [0], both, 8, bans=token_bans(both, None, 5, set(), logits.device))
     assert sampler(logits.clone(), [seq])[0] == [1]  # no word begun: the most likely allowed token
     seq.token_ids.append(3)
     assert sampler(logits.clone(), [seq])[0] == [1]  # both barred: the allowed tokens alone, the words lifted
-    seq.bad_word_ids = ((3, 1),)
+    one = replace(params, bad_word_ids=((3, 1),))
+    seq.bans = token_bans(one, None, 5, set(), logits.device)
     assert sampler(logits.clone(), [seq])[0] == [2]  # one barred, the other allowed
 
 

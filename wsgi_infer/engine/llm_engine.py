@@ -25,7 +25,7 @@ from .runtime.device import resolve_device, resolve_dtype
 from .runtime.native_threads import start_native_thread
 from .sampling.sampler import Sampler, ending_tokens, prompt_logprobs, stop_reason
 from .sampling.speculative import SpecCounters, proposer_for, speculates, verify_sampled
-from .sampling.token_bans import bad_word_ids
+from .sampling.token_bans import token_bans
 from .sampling_params import InvalidParameter, SamplingParams, max_tokens_within, tokens_to_keep
 from .scheduling.fair_share import FairShare
 from .scheduling.kv_cache_manager import KVCacheManager
@@ -109,7 +109,7 @@ class LLMEngine:
         max_tokens = max_tokens_within(len(prompt_ids), params, self.max_model_len)
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise InvalidParameter("logit_bias", f"logit_bias token ids must be below the vocabulary size {vocab}")
-        bad_words = bad_word_ids(params, self.tokenizer, vocab, ending_tokens(params, self.eos_token_ids))
+        bans = token_bans(params, self.tokenizer, vocab, ending_tokens(params, self.eos_token_ids), self.device)
         matcher = self.grammars.matcher(params.structured_output) if params.structured_output else None
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
         detokenizer = IncrementalDetokenizer.for_request(self.tokenizer.backend_tokenizer, prompt_ids, params)
@@ -117,7 +117,7 @@ class LLMEngine:
             detokenizer.push(token)
             if matcher is not None:
                 matcher.consume_token(token)
-        seq = Sequence(request_id, prompt_ids, params, max_tokens, detokenizer, seed, matcher, bad_words)
+        seq = Sequence(request_id, prompt_ids, params, max_tokens, detokenizer, seed, matcher, bans)
         seq.token_ids += generated
         seq.tenant = seq.tenant if self.config.fair_share else ""  # one tenant: first come, first served
         self._seqs[request_id] = seq

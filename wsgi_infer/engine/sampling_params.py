@@ -166,6 +166,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     allowed_token_ids: list[int] | None = None  # vLLM's: only these may be sampled
     bad_words: list[str] = field(default_factory=list)  # vLLM's: never sampled as a whole
+    # the bad words' spellings as token ids, where the server tokenized them ahead, off the engine thread
+    bad_word_ids: tuple[tuple[int, ...], ...] | None = field(default=None, compare=False, repr=False)
     structured_output: StructuredOutput | None = None
     # Where the request waits, as vLLM's priority: lower runs first (equal ones first come, first served), and
     # under KV pressure the highest is preempted first. Not a sampling setting; it rides with them to the engine.

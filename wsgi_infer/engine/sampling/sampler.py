@@ -17,7 +17,7 @@ from ..outputs import TokenLogprob
 from ..sampling_params import SamplingParams
 from ..scheduling.sequence import Sequence
 from .grammar import apply_grammar_masks
-from .token_bans import allowed_only, apply_bans, bans_tokens, could_bar_all
+from .token_bans import TokenBans
 
 
 def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
@@ -171,13 +171,14 @@ class Sampler:
                 apply_penalties(logits[i], seq)
             if seq.params.logit_bias:
                 apply_logit_bias(logits[i], seq)
-            before = logits[i].clone() if could_bar_all(seq) else None
-            if bans_tokens(seq):
-                apply_bans(logits[i], seq)
+            bans: TokenBans | None = seq.bans
+            before = logits[i].clone() if bans is not None and bans.could_bar_all else None
+            if bans is not None:
+                bans.apply(logits[i], seq.output_token_ids)
             if seq.num_output_tokens < seq.params.min_tokens:
                 bar_the_end(logits[i], seq, self._eos_token_ids)
             if before is not None and not logits[i].isfinite().any():  # nothing left to sample
-                logits[i] = allowed_only(before, seq.params.allowed_token_ids)
+                logits[i] = bans.allowed_only(before)
         constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
         if constrained:
             apply_grammar_masks(logits, constrained, [seqs[i].matcher for i in constrained])

@@ -29,7 +29,7 @@ class Sequence:
     ``num_computed_tokens`` counts tokens whose KV is in the cache; the tokens
     after it are what the next steps must compute. A token is sampled only when
     a step computes up to the last token. The engine attaches the request's
-    detokenizer, seed, grammar matcher and bad words' tokens; scheduling and block
+    detokenizer, seed, grammar matcher and banned tokens; scheduling and block
     management never use them.
     """
 
@@ -42,7 +42,7 @@ class Sequence:
         detokenizer: IncrementalDetokenizer | None = None,
         seed: int = 0,
         matcher: Matcher | None = None,
-        bad_word_ids: tuple[tuple[int, ...], ...] = (),
+        bans: object = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
@@ -53,7 +53,7 @@ class Sequence:
         self.detokenizer = detokenizer
         self.seed = seed  # its sampled tokens' draws (``sampler.uniform_draw``)
         self.matcher = matcher
-        self.bad_word_ids = bad_word_ids  # each bad word's spellings as token ids (``sampling.token_bans``)
+        self.bans = bans  # its allowed tokens and bad words, the sampler's (``sampling.token_bans.TokenBans``)
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_tables: list[BlockTable] = []  # one per pool of the KV cache (``kv_cache_manager``)

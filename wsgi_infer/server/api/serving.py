@@ -112,7 +112,7 @@ def start(
             code="too_many_requests",
             headers={"Retry-After": "1"},
         )
-    model.compile_constraints(params)
+    model.prepare(params)
     prompt_ids = model.encode(prompts, tokens_to_keep(params[0], model.max_model_len))
     for ids in prompt_ids:  # as the engine would refuse it, but a long prompt then costs the engine thread nothing
         max_tokens_within(len(ids), params[0], model.max_model_len)

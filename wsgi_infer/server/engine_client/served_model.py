@@ -19,6 +19,7 @@ import gevent.event
 
 from ...engine.messages import EngineFailed, EngineReady
 from ...engine.sampling_params import SamplingParams, StructuredOutput
+from ...engine.text.bad_words import spellings
 from ...engine.text.chat_template import opens_thought, template_thinks
 from .. import metrics
 from ..errors import APIError
@@ -199,10 +200,15 @@ class ServedModel:
             return prompt_ids(None, prompts, keep)
         return self.with_tokenizer(prompt_ids, prompts, keep)
 
-    def compile_constraints(self, params: list[SamplingParams]) -> None:
-        """Compile each constraint on the front-end thread, so that the engine thread only copies the
-        result and no running stream waits for a large schema. Raises InvalidParameter; call once ready. The first
-        builds the grammar vocabulary, GIL-free native work beside the steps, at the engine's priority."""
+    def prepare(self, params: list[SamplingParams]) -> None:
+        """Compile each constraint and tokenize the bad words on the front-end thread, so that the engine thread
+        only copies the result and no running stream waits for a large schema or a long list. Raises
+        InvalidParameter; call once ready. The first constraint builds the grammar vocabulary, GIL-free native work
+        beside the steps, at the engine's priority."""
+        if params and params[0].bad_words:  # the choices share them
+            ids = self.with_tokenizer(spellings, params[0].bad_words)
+            for p in params:
+                p.bad_word_ids = ids
         compiled: dict[int, StructuredOutput] = {}
         for p in params:
             spec = p.structured_output
