@@ -13,7 +13,7 @@ from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from tests.support.prerequisites import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from tests.support.server import GunicornServer  # noqa: E402
 
 
