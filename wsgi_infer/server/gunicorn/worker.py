@@ -32,6 +32,7 @@ from functools import partial
 from importlib import metadata
 
 import gevent
+from gevent.event import Event
 from gevent.pool import Pool
 from gevent.server import StreamServer
 from gunicorn.arbiter import Arbiter
@@ -68,6 +69,7 @@ class InferenceWorker(GeventWorker):
     boot_failure: str | None = None  # the model could not load: run ends with gunicorn's boot error
     _servers: list[StreamServer] = []
     _draining: gevent.Greenlet | None = None
+    _stop_asked: Event | None = None  # wakes run()'s heartbeat loop: an idle worker leaves at once, not within 1 s
 
     @property
     def alive(self) -> bool:
@@ -79,6 +81,8 @@ class InferenceWorker(GeventWorker):
         self._alive = value
         if not stopping:
             return
+        if self._stop_asked is not None:
+            self._stop_asked.set()
         for server in self._servers:  # closed, not only unwatched: a listener held open still completes handshakes,
             server.close()  # and those connections were reset at the close, their requests sent (1 s later)
         manager = manager_of(getattr(self, "wsgi", None))
@@ -122,9 +126,10 @@ class InferenceWorker(GeventWorker):
                 server.max_accept = 1
             server.start()
             self._servers = [*self._servers, server]
+        self._stop_asked = Event()
         while self.alive:
             self.notify()
-            gevent.sleep(1.0)
+            self._stop_asked.wait(1.0)
         for server in self._servers:
             if not server.closed:  # alive was False before the servers started
                 server.close()
