@@ -13,7 +13,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from .api import model_admin, native, ops, tokenization, ui
 from .api.access import install_access_control
 from .api.messages import routes as messages
-from .api.openai import embeddings
+from .api.openai import embeddings, scores
 from .api.openai import routes as openai
 from .api.responses import routes as responses
 from .api.serving import let_go_of_models
@@ -36,7 +36,8 @@ def create_app(settings: ServerSettings | None = None) -> Flask:
     _install_request_hooks(app)  # first: they run before any other hook
     register_error_handlers(app)
     install_access_control(app, settings)
-    blueprints = (openai.bp, responses.bp, messages.bp, embeddings.bp, native.bp, tokenization.bp, model_admin.bp)
+    blueprints = (openai.bp, responses.bp, messages.bp, embeddings.bp, scores.bp, native.bp, tokenization.bp)
+    blueprints += (model_admin.bp,)
     for blueprint in (*blueprints, ops.bp, ui.bp):
         app.register_blueprint(blueprint)
     return app

@@ -10,7 +10,7 @@ from ..errors import APIError
 from ..settings import ServerSettings
 from ..tenants.registry import Tenants
 
-API_PATHS = ("/v1/", "/generate", "/models/")
+API_PATHS = ("/v1/", "/v2/", "/generate", "/models/")  # /v2/rerank: Cohere's clients
 OPS_PATHS = ("/health", "/metrics")
 
 

@@ -49,18 +49,7 @@ class EmbeddingRequest(Request):
 @bp.post("/embeddings")
 def embeddings():
     req: EmbeddingRequest = parse(EmbeddingRequest, request.get_json(force=True))
-    mgr = served(req.model, req.keep_alive)
-    wait_ready(mgr)
-    pooling = None if mgr.task == "embed" else mgr.settings.embedding_pooling  # an encoder pools as configured
-    try:
-        params = SamplingParams(max_tokens=0, pooling=pooling, truncate_prompt_tokens=req.truncate_prompt_tokens)
-        stream = start(mgr, req.inputs, [params], task=None)
-    except InvalidParameter as exc:  # the generation rule's words name a prompt
-        if exc.param not in ("prompt", "max_tokens"):
-            raise
-        raise APIError(str(exc).replace("prompt", "input"), param="input") from None
-    merged = collect_all(stream)
-    vectors = [merged[i].delta.embedding for i in sorted(merged)]
+    name, vectors, prompt_tokens = embedded(req.model, req.keep_alive, req.inputs, req.truncate_prompt_tokens)
     if req.dimensions is not None and req.dimensions != len(vectors[0]):
         raise APIError(
             f"this model's embeddings have {len(vectors[0])} dimensions, which it cannot shorten", param="dimensions"
@@ -69,8 +58,26 @@ def embeddings():
         {"object": "embedding", "index": i, "embedding": _encoded(vector, req.encoding_format)}
         for i, vector in enumerate(vectors)
     ]
-    usage = {"prompt_tokens": stream.prompt_tokens, "total_tokens": stream.prompt_tokens}
-    return jsonify({"object": "list", "data": data, "model": mgr.name, "usage": usage})
+    usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+    return jsonify({"object": "list", "data": data, "model": name, "usage": usage})
+
+
+def embedded(
+    model: str | None, keep_alive: float | None, inputs: list[str | list[int]], truncate: int | None, field="input"
+) -> tuple[str, list[list[float]], int]:
+    """The model's name, each input's embedding and their prompt tokens (a 400 naming ``field`` for a bad input)."""
+    mgr = served(model, keep_alive)
+    wait_ready(mgr)
+    pooling = None if mgr.task == "embed" else mgr.settings.embedding_pooling  # an encoder pools as configured
+    try:
+        params = SamplingParams(max_tokens=0, pooling=pooling, truncate_prompt_tokens=truncate)
+        stream = start(mgr, inputs, [params], task=None)
+    except InvalidParameter as exc:  # the generation rule's words name a prompt
+        if exc.param not in ("prompt", "max_tokens"):
+            raise
+        raise APIError(str(exc).replace("prompt", field), param=field) from None
+    merged = collect_all(stream)
+    return mgr.name, [merged[i].delta.embedding for i in sorted(merged)], stream.prompt_tokens
 
 
 def _encoded(vector: list[float], encoding: str) -> list[float] | str:
