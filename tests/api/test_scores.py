@@ -94,6 +94,8 @@ def test_score_pairs_one_text_with_each_or_pair_by_pair(server, http, reference)
         ("/v1/rerank", {"query": "a", "documents": []}, "documents"),
         ("/v1/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n"),
         ("/v1/rerank", {"query": "a", "documents": [{"txt": "b"}]}, "documents"),
+        ("/v1/rerank", {"query": "a", "documents": ["b"], "return_documents": "yes"}, "return_documents"),
+        ("/v1/rerank", {"query": "a", "documents": ["b"], "top_n": 1.0}, "top_n"),
         ("/v1/rerank", {"query": "a", "documents": ["b"], "truncate_prompt_tokens": 100_000}, "truncate_prompt_tokens"),
     ],
 )

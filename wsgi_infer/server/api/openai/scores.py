@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import numpy as np
 from flask import Blueprint, jsonify, request
-from pydantic import BaseModel, Field, ValidationError, WrapValidator
+from pydantic import BaseModel, Field, StrictBool, StrictInt, ValidationError, WrapValidator
 
 from ...errors import APIError
 from ..bodies.keep_alive import KeepAlive
@@ -69,8 +69,8 @@ class Document(BaseModel):
 class RerankRequest(ScoringRequest):
     query: Annotated[str, WrapValidator(_texts)]
     documents: Annotated[list[str | Document], WrapValidator(_documents)]
-    top_n: int = Field(0, ge=0)  # 0: every document, as vLLM
-    return_documents: bool = True  # Jina's
+    top_n: StrictInt = Field(0, ge=0)  # 0: every document, as vLLM
+    return_documents: StrictBool = True  # Jina's
 
 
 @bp.post("/v1/score")
