@@ -91,6 +91,7 @@ def test_score_pairs_one_text_with_each_or_pair_by_pair(server, http, reference)
         ("/v1/score", {"text_1": "a", "text_2": []}, "text_2"),
         ("/v1/score", {"text_1": "", "text_2": "b"}, "text_1"),
         ("/v1/score", {"text_1": "a"}, "text_2"),
+        ("/v1/rerank", {"query": "", "documents": ["b"]}, "query"),
         ("/v1/rerank", {"query": "a", "documents": []}, "documents"),
         ("/v1/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n"),
         ("/v1/rerank", {"query": "a", "documents": [{"txt": "b"}]}, "documents"),

@@ -36,9 +36,8 @@ def create_app(settings: ServerSettings | None = None) -> Flask:
     _install_request_hooks(app)  # first: they run before any other hook
     register_error_handlers(app)
     install_access_control(app, settings)
-    blueprints = (openai.bp, responses.bp, messages.bp, embeddings.bp, scores.bp, native.bp, tokenization.bp)
-    blueprints += (model_admin.bp,)
-    for blueprint in (*blueprints, ops.bp, ui.bp):
+    api = (openai.bp, responses.bp, messages.bp, embeddings.bp, scores.bp, native.bp, tokenization.bp, model_admin.bp)
+    for blueprint in (*api, ops.bp, ui.bp):
         app.register_blueprint(blueprint)
     return app
 

@@ -10,12 +10,12 @@ from typing import Annotated, Any
 
 import numpy as np
 from flask import Blueprint, jsonify, request
-from pydantic import BaseModel, Field, StrictBool, StrictInt, ValidationError, WrapValidator
+from pydantic import BaseModel, Field, StrictBool, StrictInt, StringConstraints, ValidationError, WrapValidator
 
 from ...errors import APIError
 from ..bodies.keep_alive import KeepAlive
 from ..bodies.parsing import Request, parse
-from ..bodies.schemas import engine_field
+from ..bodies.schemas import batch_of, engine_field
 from .embeddings import MAX_INPUTS, embedded
 
 bp = Blueprint("scores", __name__)
@@ -67,7 +67,7 @@ class Document(BaseModel):
 
 
 class RerankRequest(ScoringRequest):
-    query: Annotated[str, WrapValidator(_texts)]
+    query: Annotated[str, StringConstraints(min_length=1)]
     documents: Annotated[list[str | Document], WrapValidator(_documents)]
     top_n: StrictInt = Field(0, ge=0)  # 0: every document, as vLLM
     return_documents: StrictBool = True  # Jina's
@@ -77,7 +77,7 @@ class RerankRequest(ScoringRequest):
 def score():
     """1:N (one text_1 against each text_2) or N:N (pairwise), as vLLM pairs them."""
     req: ScoreRequest = parse(ScoreRequest, request.get_json(force=True))
-    firsts, seconds = _listed(req.text_1), _listed(req.text_2)
+    firsts, seconds = batch_of(req.text_1), batch_of(req.text_2)
     if len(firsts) not in (1, len(seconds)):
         message = f"text_1 holds {len(firsts)} texts: it must hold one, or as many as text_2 ({len(seconds)})"
         raise APIError(message, param="text_1")
@@ -105,10 +105,6 @@ def rerank():
     )
 
 
-def _listed(texts: str | list[str]) -> list[str]:
-    return [texts] if isinstance(texts, str) else texts
-
-
 def _cosines(req: ScoringRequest, firsts: list[str], seconds: list[str], field: str) -> tuple[str, list[float], int]:
     """Each second text's score against its first (the one first text, or the one at its index)."""
     if len(firsts) + len(seconds) > MAX_INPUTS:
@@ -116,7 +112,5 @@ def _cosines(req: ScoringRequest, firsts: list[str], seconds: list[str], field: 
     name, vectors, tokens = embedded(req.model, req.keep_alive, firsts + seconds, req.truncate_prompt_tokens, field)
     embeddings = np.asarray(vectors, dtype=np.float64)
     embeddings /= np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), np.finfo(np.float64).tiny)
-    a, b = embeddings[: len(firsts)], embeddings[len(firsts) :]
-    if len(firsts) == 1:
-        a = np.broadcast_to(a, b.shape)
+    a, b = embeddings[: len(firsts)], embeddings[len(firsts) :]  # one first row broadcasts to every second
     return name, [float(s) for s in (a * b).sum(1)], tokens
