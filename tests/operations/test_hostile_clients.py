@@ -116,6 +116,27 @@ def test_stalled_headers_and_idle_connections_are_closed(strict):
         assert read_until(idle) == b""
 
 
+@pytest.mark.parametrize(
+    ("sent", "status", "words"),
+    [
+        (b"GET /v1/" + b"m" * 5000 + b" HTTP/1.1\r\nHost: test\r\n\r\n", 414, "too large"),
+        (b"GET /health HTTP/1.1\r\nHost: test\r\nX-Long: " + b"h" * 9000 + b"\r\n\r\n", 431, "limit request headers"),
+        (b"GET /health NOT-HTTP\r\nHost: test\r\n\r\n", 400, "NOT-HTTP"),
+    ],
+    ids=["request-line-too-long", "header-too-long", "not-http"],
+)
+def test_a_request_gunicorn_cannot_parse_gets_a_json_error(strict, sent, status, words):
+    """gunicorn answers these itself, before the app: in the API's error shape, as every other error."""
+    with connect(strict) as sock:
+        sock.sendall(sent)
+        reply = read_until(sock)  # then gunicorn closes
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status), reply
+    assert b"Content-Type: application/json" in head
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and words in error["message"], error
+
+
 def test_a_reader_that_never_reads_is_cut_at_the_backlog_bound(strict):
     # Events of about 3 KB, up to 48 MB of them: more than the kernel's socket buffers take (4 MB on Linux).
     messages = [{"role": "user", "content": "Never read"}]

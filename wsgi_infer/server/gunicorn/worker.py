@@ -14,6 +14,8 @@ Connections are bounded too: past ``worker_connections`` a new connection is
 answered at once with a JSON 503 and Retry-After (gevent would otherwise stop
 accepting, and the client would wait in the listen backlog, unseen). Idle
 connections, and request headers, are bounded by gunicorn's keep-alive timeout.
+A request gunicorn cannot parse gets its answer (400, 414, 431) in the API's JSON
+error shape, not gunicorn's HTML page.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import gevent
 from gevent.event import Event
 from gevent.pool import Pool
 from gevent.server import StreamServer
+from gunicorn import util
 from gunicorn.arbiter import Arbiter
 from gunicorn.sock import ssl_context
 from gunicorn.workers.base import Worker
@@ -91,6 +94,7 @@ class InferenceWorker(GeventWorker):
 
     def init_process(self) -> None:
         _raise_open_files_limit(self.worker_connections, self.log)
+        util.write_error = _write_json_error  # what gunicorn's handle_error answers with, in this worker only
         super().init_process()
 
     def keep_early_stops(self, master_queue: queue.SimpleQueue | list[int]) -> None:
@@ -165,13 +169,9 @@ class InferenceWorker(GeventWorker):
         if metrics is not None:
             metrics.http_connections_refused.inc()
         message = f"this worker holds its limit of {self.worker_connections} connections; retry later"
-        body = json.dumps(error_body(message, 503, code="too_many_connections")).encode()
-        head = (
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
+        body = error_body(message, 503, code="too_many_connections")
         try:
-            client.sendall(head.encode() + body)
+            client.sendall(_json_answer(503, "Service Unavailable", body, "Retry-After: 1\r\n"))
             client.shutdown(socket.SHUT_WR)
             with gevent.Timeout(TURN_AWAY_LINGER_S, False):
                 while client.recv(65536):
@@ -193,6 +193,21 @@ class InferenceWorker(GeventWorker):
         if manager is not None:
             manager.shutdown_now()
         Worker.handle_quit(self, sig, frame)  # worker_int hook, then exit
+
+
+def _json_answer(status: int, reason: str, body: dict, headers: str = "") -> bytes:
+    """A whole HTTP/1.1 answer with a JSON body (``headers``: more lines, each ending in CRLF), after which the
+    connection closes."""
+    data = json.dumps(body).encode()
+    head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n{headers}Connection: close\r\n"
+    return f"{head}Content-Length: {len(data)}\r\n\r\n".encode("latin1") + data
+
+
+def _write_json_error(sock: socket.socket, status: int, reason: str, message: str) -> None:
+    """gunicorn's ``util.write_error``, in JSON: its answer to a request it could not parse (a request line past
+    ``limit_request_line``: 414; headers past their limits: 431; a malformed line, header or chunk: 400), which a
+    client of the API then reads as it reads every other error."""
+    util.write_nonblock(sock, _json_answer(status, reason, error_body(message or reason, status)))
 
 
 def _taken(master_queue: queue.SimpleQueue | list[int]) -> list[int]:
