@@ -6,15 +6,18 @@ from __future__ import annotations
 import re
 import signal
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from wsgi_infer import LLM, SamplingParams
+from wsgi_infer.engine.messages import EngineStopped
 from wsgi_infer.server.api.bodies.parsing import parse
 from wsgi_infer.server.api.bodies.schemas import GenerateRequest
 
+from ..conftest import tiny_settings
 from ..support.in_process import InProcessServer
 from ..support.server import GunicornServer
 from ..support.sse_client import events
@@ -212,6 +215,25 @@ def test_a_non_streamed_request_gets_a_503_when_the_engine_dies(tiny_model_dirs)
     assert r.status_code == 503 and r.headers["retry-after"]
     error = r.json()["error"]
     assert error["code"] == "engine_stopped" and "fault injected at step 5" in error["message"]
+
+
+def test_the_engine_thread_frees_its_models_before_it_says_it_stopped(tiny_model_dirs):
+    """A stopped server's process may exit as soon as the engine thread says it stopped: a model that thread still
+    frees then is freed in interpreter shutdown, which aborts the process (``terminate called without an active
+    exception``, seen at the exit of a script that closed its in-process server)."""
+    server = InProcessServer(tiny_settings(tiny_model_dirs))
+    engines = [weakref.ref(engine) for engine in server.manager._loop._engines.values()]
+    alive_when_stopped = []
+    bridge, post = server.manager._bridge, server.manager._bridge.post
+
+    def watched(items: list) -> None:
+        if any(isinstance(item, EngineStopped) for item in items):
+            alive_when_stopped.extend(engine() is not None for engine in engines)
+        post(items)
+
+    bridge.post = watched
+    server.close()
+    assert engines and alive_when_stopped == [False] * len(engines)
 
 
 @pytest.mark.slow

@@ -117,12 +117,8 @@ class EngineLoop:
             failure = EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}", traceback.format_exc())
             self._channel.post([failure])
         finally:
-            for engine in self._engines.values():
-                engine.abort_all()
-                engine.close(wait=True)  # a stopping server keeps the KV blocks it computed
-            on_cuda = any(engine.device.type == "cuda" for engine in self._engines.values())
-            self._engines.clear()  # free the models here: torch destructors must not run in interpreter shutdown
-            give_back_freed_memory(on_cuda)
+            for model in list(self._engines):  # freed here: torch's destructors must not run in interpreter shutdown
+                self._unload(model, wait=True)  # (a thread still freeing tensors as the process exits aborts it)
             self._channel.post([EngineStopped()])
 
     def _serve(self) -> None:
@@ -250,12 +246,13 @@ class EngineLoop:
             engine.interrupt()
         return [_ready(loaded.model, engine)]
 
-    def _unload(self, model: str) -> list:
+    def _unload(self, model: str, wait: bool = False) -> list:
+        """Free ``model`` before this returns (``wait``: once its KV store has written what it computed)."""
         engine = self._engines.pop(model, None)
         if engine is None:
             return []
         engine.abort_all()
-        engine.close()
+        engine.close(wait=wait)
         on_cuda = engine.device.type == "cuda"
         del engine
         self._sharing.forget(model)
