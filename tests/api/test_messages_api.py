@@ -152,6 +152,7 @@ def test_count_tokens_is_the_prompt_a_message_reads(claude, model, tiny_api):
         ({"max_tokens": None}, 400, "invalid_request_error", "max_tokens"),
         ({"model": "claude-sonnet-4-5"}, 404, "not_found_error", "claude-sonnet-4-5"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400, None, "'image'"),
+        ({"messages": [{"role": "user", "content": [{"type": {}}]}]}, 400, None, "type {}"),  # it was a 500
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, None, "built-in tools"),
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, None, "thinking budgets"),
         ({"tool_choice": {"type": "tool"}}, 400, None, "needs a name"),

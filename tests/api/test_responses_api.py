@@ -180,6 +180,9 @@ def test_a_stream_resumes_after_a_sequence_number(tiny_api, model):
         ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input.0"),
+        ({"input": [{"type": []}]}, "input.0"),  # no key to look up: it was a 500 (found by the fuzzer)
+        ({"input": [{"role": "user", "content": [{"type": "input_text", "text": []}]}]}, "input.0.content.0.text"),
+        ({"input": [{"type": "reasoning", "summary": [{"type": "summary_text"}]}]}, "input.0.summary.0.text"),
         ({"include": ["message.output_text.logprobs"]}, "include"),
         ({"truncation": "auto"}, "truncation"),
         ({"tool_choice": {"type": "web_search"}}, "tool_choice"),

@@ -82,7 +82,7 @@ class MessageParam(Request):
         blocks = []
         for i, block in enumerate(self.content):
             kind = block.get("type")
-            if kind not in BLOCKS[self.role]:
+            if not isinstance(kind, str) or kind not in BLOCKS[self.role]:  # a list or an object is no key
                 raise APIError(f"{self.role} content blocks of type {kind!r} are not supported", param=f"{where}.{i}")
             if (schema := BLOCKS[self.role][kind]) is not None:
                 try:

@@ -56,8 +56,9 @@ class ReasoningItem(Request):
     summary: list[dict] | None = None
 
     def text(self, where: str) -> str:
-        parts = self.content if self.content else self.summary or []
-        return content_text(parts, ("reasoning_text", "summary_text"), f"{where}.content")
+        if self.content:
+            return content_text(self.content, ("reasoning_text", "summary_text"), f"{where}.content")
+        return content_text(self.summary or [], ("reasoning_text", "summary_text"), f"{where}.summary")
 
 
 ITEMS: dict[str, type[Request]] = {
@@ -73,8 +74,10 @@ def content_text(content: str | list[dict], kinds: tuple[str, ...], where: str) 
     if isinstance(content, str):
         return content
     for j, part in enumerate(content):
-        if part.get("type") not in kinds or not isinstance(part.get("text"), str):
+        if part.get("type") not in kinds:
             raise APIError(f"content parts of type {part.get('type')!r} are not supported", param=f"{where}.{j}")
+        if not isinstance(part.get("text"), str):
+            raise APIError(f"{where}.{j}.text must be a string", param=f"{where}.{j}.text")
     return "".join(part["text"] for part in content)
 
 
@@ -87,7 +90,7 @@ def input_messages(items: str | list[dict]) -> list[dict]:
     thought = None  # a reasoning item's, for the assistant message after it
     for i, raw in enumerate(items):
         kind = raw.get("type", "message") if isinstance(raw, dict) else None
-        if kind not in ITEMS:
+        if not isinstance(kind, str) or kind not in ITEMS:  # a list or an object is no key
             raise APIError(f"input items of type {kind!r} are not supported", param=f"input.{i}")
         try:
             item = ITEMS[kind].model_validate(raw)
