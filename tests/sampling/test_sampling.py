@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from wsgi_infer import LLM, SamplingParams
-from wsgi_infer.engine.sampling.sampler import apply_penalties, filter_logits, uniform_draw
+from wsgi_infer.engine.sampling.sampler import apply_penalties, filter_logits, sample_token, uniform_draw
 from wsgi_infer.engine.sampling_params import InvalidParameter, StructuredOutput
 
 from ..conftest import assert_idle
@@ -106,6 +106,19 @@ def test_top_k_one_and_tiny_top_p_are_greedy(tiny_llama):
         SamplingParams(temperature=1.5, min_p=1.0, max_tokens=16, ignore_eos=True),
     ):
         assert tiny_llama.generate(PROMPT, params)[0].token_ids == greedy, params
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-40, 5e-324])
+def test_a_temperature_near_zero_draws_the_largest_logit(tiny_llama, temperature):
+    # logits / 1e-40 overflows float32: the draw once landed past the vocabulary and the engine thread died.
+    assert sample_token(torch.tensor([0.5, 2.0, -3.0]), SamplingParams(temperature=temperature), 7, 0) == 1
+    tied = {
+        sample_token(torch.tensor([2.0, -1.0, 2.0]), SamplingParams(temperature=temperature), 7, p) for p in range(40)
+    }
+    assert tied == {0, 2}  # the largest ones share the draw, as they do at every temperature
+    greedy = tiny_llama.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].token_ids
+    params = SamplingParams(temperature=temperature, seed=3, max_tokens=8, ignore_eos=True)
+    assert tiny_llama.generate(PROMPT, params)[0].token_ids == greedy
 
 
 def test_filter_logits_keeps_the_right_tokens():
