@@ -1,9 +1,11 @@
-"""Property-based bodies for every route: an OpenAI-shaped 4xx or a correct result, never a 5xx.
+"""Property-based bodies for every route that takes one (generation, Responses, Messages, embeddings, scores,
+tokens): a 4xx in the route's error shape (OpenAI's, or Anthropic's for Messages) or a correct result, never a 5xx.
 
 Bodies mix the routes' own fields, with well-typed and hostile values, and
 junk beyond them: wrong types, missing fields, unicode edge cases, extreme
 numbers, nested junk. Generation stays small (a valid ``max_tokens`` is at
-most 8) so a few hundred examples run in seconds. ``derandomize`` fixes the
+most 8, and a null one ends at a 256-token window) so a few hundred examples
+run in seconds. ``derandomize`` fixes the
 examples, so the suite is the same on every run; ``scripts/fuzz_server.sh``
 runs many more, randomly.
 """
@@ -20,9 +22,11 @@ from hypothesis import strategies as st
 
 from wsgi_infer import SamplingParams
 
+from ..conftest import tiny_settings
+
 pytestmark = pytest.mark.slow  # real processes
 
-EXAMPLES = int(os.environ.get("WSGI_INFER_FUZZ_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("WSGI_INFER_FUZZ_EXAMPLES", "400"))
 RANDOM = os.environ.get("WSGI_INFER_FUZZ_RANDOM") == "1"
 PROBE = {"prompt": "The fuzzer's control prompt", "max_tokens": 12, "temperature": 0}
 
@@ -50,7 +54,7 @@ numbers = st.one_of(
     st.integers(-10, 10),
     st.integers(-(2**70), 2**70),
     st.floats(allow_nan=False, allow_infinity=False),
-    st.sampled_from([0.5, -0.0, 1e308, -1e-308, 2**53 + 1, float("nan"), float("inf")]),
+    st.sampled_from([0.5, -0.0, 1e308, -1e-308, 1e-40, 5e-324, 2**53 + 1, float("nan"), float("inf")]),
 )
 scalars = st.one_of(st.none(), st.booleans(), numbers, text)
 junk = st.recursive(
@@ -95,50 +99,135 @@ FIELDS = {
     ),
     "tool_choice": st.sampled_from(["none", "auto", "required"]) | junk,
     "tokens": st.one_of(st.lists(st.integers(-3, 70000), max_size=6), junk),
-    "model": st.one_of(st.none(), text),
-}
-# A valid body per route, around hostile text; most examples also change up to three fields,
-# so they get past validation often enough to reach tokenizers, grammars and the engine.
-VALID = {
-    "/v1/completions": st.fixed_dictionaries({"prompt": text, "max_tokens": st.just(4)}),
-    "/v1/chat/completions": st.fixed_dictionaries(
-        {
-            "messages": st.tuples(st.fixed_dictionaries({"role": st.just("user"), "content": text})).map(list),
-            "max_tokens": st.just(4),
-        }
+    "model": st.one_of(st.none(), text, st.sampled_from(["tiny", "minilm"])),
+    # the Responses API's
+    "input": st.one_of(
+        text,
+        st.lists(text, max_size=3),
+        st.lists(st.integers(-5, 60000), max_size=4),
+        st.lists(
+            st.fixed_dictionaries({"type": st.sampled_from(["message", "function_call_output"]) | junk}), max_size=2
+        ),
+        messages,
     ),
-    "/generate": st.fixed_dictionaries({"prompt": text, "max_new_tokens": st.just(4)}),
-    "/tokenize": st.fixed_dictionaries({"prompt": text}),
+    "instructions": text | junk,
+    "previous_response_id": text | junk,
+    "max_output_tokens": small_tokens,
+    "text": st.one_of(
+        st.fixed_dictionaries(
+            {"format": st.fixed_dictionaries({"type": st.sampled_from(["text", "json_schema"]) | junk, "schema": junk})}
+        ),
+        junk,
+    ),
+    "store": st.booleans() | junk,
+    # Anthropic's Messages API's
+    "system": st.one_of(text, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}), max_size=2)),
+    "stop_sequences": st.one_of(st.lists(text, max_size=5), junk),
+    "thinking": st.one_of(st.fixed_dictionaries({"type": st.sampled_from(["enabled", "disabled"]) | junk}), junk),
+    # embeddings' and scores'
+    "encoding_format": st.sampled_from(["float", "base64", "int8"]) | junk,
+    "dimensions": small_tokens,
+    "truncate_prompt_tokens": st.one_of(st.integers(-3, 600), junk),
+    "text_1": st.one_of(text, st.lists(text, max_size=3), junk),
+    "text_2": st.one_of(text, st.lists(text, max_size=3), junk),
+    "query": text | junk,
+    "documents": st.one_of(st.lists(text | st.fixed_dictionaries({"text": text | junk}), max_size=4), junk),
+    "top_n": small_tokens,
+    "return_documents": st.booleans() | junk,
+}
+# A valid body per route; most examples change some of its fields to hostile values (below), few enough that
+# they get past validation often enough to reach tokenizers, grammars and the engines.
+words = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=40)  # a valid text
+user_turn = st.tuples(st.fixed_dictionaries({"role": st.just("user"), "content": words})).map(list)
+texts = st.lists(words, min_size=1, max_size=3)
+streamed = st.booleans()  # half of the generating routes' valid bodies stream
+VALID = {
+    "/v1/completions": st.fixed_dictionaries({"prompt": words, "max_tokens": st.just(4), "stream": streamed}),
+    "/v1/chat/completions": st.fixed_dictionaries(
+        {"messages": user_turn, "max_tokens": st.just(4), "stream": streamed}
+    ),
+    "/v1/responses": st.fixed_dictionaries({"input": words, "max_output_tokens": st.just(4), "stream": streamed}),
+    "/v1/messages": st.fixed_dictionaries(
+        {"model": st.just("tiny"), "messages": user_turn, "max_tokens": st.just(4), "stream": streamed}
+    ),
+    "/v1/messages/count_tokens": st.fixed_dictionaries({"model": st.just("tiny"), "messages": user_turn}),
+    "/v1/embeddings": st.fixed_dictionaries({"model": st.just("minilm"), "input": words}),
+    "/v1/score": st.fixed_dictionaries({"model": st.just("minilm"), "text_1": words, "text_2": texts}),
+    "/v1/rerank": st.fixed_dictionaries({"model": st.just("minilm"), "query": words, "documents": texts}),
+    "/v2/rerank": st.fixed_dictionaries({"model": st.just("minilm"), "query": words, "documents": texts}),
+    "/generate": st.fixed_dictionaries({"prompt": words, "max_new_tokens": st.just(4)}),
+    "/tokenize": st.fixed_dictionaries({"prompt": words}),
     "/detokenize": st.fixed_dictionaries({"tokens": st.lists(st.integers(0, 49151), max_size=4)}),
 }
-changes = st.dictionaries(st.sampled_from(sorted(FIELDS)), st.none(), max_size=3).flatmap(
-    lambda keys: st.fixed_dictionaries({k: FIELDS[k] for k in keys})
-)
-requests = st.sampled_from(sorted(VALID)).flatmap(
-    lambda route: st.tuples(
-        st.just(route), st.one_of(st.builds(lambda base, c: {**base, **c}, VALID[route], changes), junk)
+# How each API's streams end: the last data line, or the last event's name.
+STREAM_ENDS = {
+    "/v1/responses": ("event: response.", ("completed", "incomplete", "failed")),
+    "/v1/messages": ("event: ", ("message_stop", "error")),
+}
+SAMPLING = ["max_tokens", "n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "logit_bias", "stream"]
+RERANK = ["query", "documents", "top_n", "return_documents"]
+# Each route's own fields, which its examples change: up to three of them, and one of any route's.
+OWN_FIELDS = {
+    "/v1/completions": [*SAMPLING, "prompt", "echo", "logprobs", "response_format", "structured_outputs"],
+    "/v1/chat/completions": [*SAMPLING, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools"],
+    "/v1/responses": ["input", "instructions", "previous_response_id", "max_output_tokens", "text", "store", "tools"],
+    "/v1/messages": ["messages", "system", "stop_sequences", "thinking", "max_tokens", "top_k", "tools", "stream"],
+    "/v1/messages/count_tokens": ["messages", "system", "tools", "tool_choice"],
+    "/v1/embeddings": ["input", "encoding_format", "dimensions", "truncate_prompt_tokens"],
+    "/v1/score": ["text_1", "text_2", "truncate_prompt_tokens"],
+    "/v1/rerank": RERANK,
+    "/v2/rerank": RERANK,
+    "/generate": ["prompt", "max_new_tokens", "stream", "temperature", "stop", "seed"],
+    "/tokenize": ["prompt", "messages", "tools"],
+    "/detokenize": ["tokens"],
+}
+
+
+def changes(route: str) -> st.SearchStrategy[dict]:
+    own = st.dictionaries(st.sampled_from(OWN_FIELDS[route]), st.none(), max_size=3)
+    keys = st.builds(
+        lambda a, b: {**a, **b}, own, st.dictionaries(st.sampled_from(sorted(FIELDS)), st.none(), max_size=1)
     )
-)
+    return keys.flatmap(lambda keys: st.fixed_dictionaries({k: FIELDS[k] for k in keys}))
+
+
+def bodies(route: str) -> st.SearchStrategy:
+    """A valid body with some of its fields changed, or (one in four) junk instead of a body."""
+    changed = st.builds(lambda base, c: {**base, **c}, VALID[route], changes(route))
+    return st.integers(0, 3).flatmap(lambda draw: junk if draw == 0 else changed)
+
+
+requests = st.sampled_from(sorted(VALID)).flatmap(lambda route: st.tuples(st.just(route), bodies(route)))
 
 
 @pytest.fixture(scope="module")
-def server(tiny_server):
-    return tiny_server
+def server(gunicorn_server, tiny_model_dirs, minilm_dir, tmp_path_factory):
+    """The tiny Llama, the default, and all-MiniLM-L6-v2 for the embedding routes. The Llama's window is 256
+    tokens: a null max_tokens means up to its end (as OpenAI's and vLLM's), a few seconds rather than minutes."""
+    config = tmp_path_factory.mktemp("fuzzed") / "models.toml"
+    tiny = f'[models.tiny]\npath = "{tiny_model_dirs["llama"]}"\nmax_model_len = 256\n'
+    config.write_text(f'{tiny}\n[models.minilm]\npath = "{minilm_dir}"\n')
+    settings = tiny_settings(tiny_model_dirs, models_config=config)
+    del settings["model"]  # the file names both; the first is the default
+    return gunicorn_server(settings)
 
 
 def assert_well_formed(response: httpx.Response, route: str) -> None:
     assert response.status_code < 500, (route, response.status_code, response.text[:400])
     if response.headers.get("content-type", "").startswith("text/event-stream"):
-        lines = [line for line in response.text.splitlines() if line.startswith("data: ")]
-        assert lines and lines[-1] == "data: [DONE]", response.text[-400:]
+        prefix, ends = STREAM_ENDS.get(route, ("data: ", ("[DONE]",)))
+        lines = [line for line in response.text.splitlines() if line.startswith(prefix)]
+        assert lines and lines[-1].removeprefix(prefix) in ends, response.text[-400:]
         return
     if response.headers.get("content-type", "").startswith("text/plain"):  # /generate streams plain text
         assert route == "/generate" and response.status_code == 200, (route, response.text[:400])
         return
     body = response.json()  # every answer is JSON, never an HTML error page
-    if response.status_code >= 400:
+    if response.status_code >= 400 and route.startswith("/v1/messages"):  # Anthropic's shape
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+    elif response.status_code >= 400:
         assert set(body["error"]) == {"message", "type", "param", "code"}, body
-        assert "Traceback" not in body["error"]["message"]
+    assert "Traceback" not in response.text
 
 
 def test_hostile_bodies_get_json_answers_and_the_engine_stays_exact(server, tiny_llama):
