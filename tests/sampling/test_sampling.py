@@ -103,6 +103,8 @@ def test_top_k_one_and_tiny_top_p_are_greedy(tiny_llama):
     for params in (
         SamplingParams(temperature=1.5, top_k=1, max_tokens=16, ignore_eos=True),
         SamplingParams(temperature=1.5, top_p=1e-6, max_tokens=16, ignore_eos=True),
+        # 0 beside a float32 tensor: it once dropped every token, and the draw fell past the vocabulary
+        SamplingParams(temperature=1.5, top_p=1e-280, max_tokens=16, ignore_eos=True),
         SamplingParams(temperature=1.5, min_p=1.0, max_tokens=16, ignore_eos=True),
     ):
         assert tiny_llama.generate(PROMPT, params)[0].token_ids == greedy, params
@@ -165,6 +167,18 @@ def test_penalty_arithmetic(tiny_llama):
     assert logits[9].item() == pytest.approx(0.5 - 0.5 - 0.25)
     assert logits[0].item() == 0.0
     engine.abort("p")
+    assert_idle(tiny_llama)
+
+
+def test_a_repetition_penalty_near_zero_keeps_the_logits_finite(tiny_llama):
+    engine = tiny_llama.engine
+    engine.add_request("p", [5, 6], SamplingParams(repetition_penalty=1e-147))
+    logits = torch.tensor([0.5, 0.0, 0.0, 0.0, 0.0, 4.0, -4.0])
+    apply_penalties(logits, engine.scheduler.waiting[0])
+    assert logits[5].item() == torch.finfo(torch.float32).max and torch.isfinite(logits).all()  # was inf: NaN drawn
+    engine.abort("p")
+    output = tiny_llama.generate(PROMPT, SamplingParams(repetition_penalty=1e-147, max_tokens=4, seed=1))[0]
+    assert len(output.token_ids) == 4 and max(output.token_ids) < engine.hf_config.vocab_size
     assert_idle(tiny_llama)
 
 

@@ -27,7 +27,9 @@ def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
     if params.repetition_penalty != 1.0:
         seen = torch.tensor(seq.token_ids, device=logits.device).unique()
         values = logits[seen]
-        logits[seen] = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+        penalised = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+        # Finite: a penalty near 0 (1e-147) divided a logit to inf, and inf - inf drew NaN (past the vocabulary).
+        logits[seen] = penalised.clamp_(max=torch.finfo(logits.dtype).max)
     if (params.presence_penalty or params.frequency_penalty) and seq.num_output_tokens:
         counts = torch.bincount(torch.tensor(seq.output_token_ids, device=logits.device), minlength=logits.numel())
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
@@ -72,8 +74,10 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) 
     if top_p < 1.0:
         sorted_logits, order = logits.sort(descending=True)
         cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token when the tokens before it already cover top_p.
+        # Drop a token when the tokens before it already cover top_p; never the most likely (a top_p below float32's
+        # range, 1e-280, is 0 beside the tensor and dropped every token: the draw fell past the vocabulary).
         drop = (cumulative - sorted_logits.softmax(-1)) >= top_p
+        drop[0] = False
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
     if min_p > 0.0:
         probs = logits.softmax(-1)

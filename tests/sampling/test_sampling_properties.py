@@ -1,0 +1,82 @@
+"""Property-based sampling settings, on the engine itself: any SamplingParams that validates (every field at any
+value its range allows, subnormal temperatures and extreme seeds included) either is refused by name when its
+request is added, or decodes in a mixed batch to tokens of the vocabulary, within its max_tokens, and leaves the
+engine idle. A fault here ends the engine thread and every stream of a worker (a temperature of 4.2e-105 did)."""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from wsgi_infer import SamplingParams
+from wsgi_infer.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, InvalidParameter
+
+from ..conftest import assert_idle
+
+EXAMPLES = int(os.environ.get("WSGI_INFER_FUZZ_EXAMPLES", "150"))
+RANDOM = os.environ.get("WSGI_INFER_FUZZ_RANDOM") == "1"
+
+token_ids = st.integers(0, 60_000)  # the tiny Llama's vocabulary is 49,152 tokens: some past it
+words = st.text(max_size=12)
+FIELDS = {
+    "temperature": st.floats(0.0, 2.0),
+    "top_k": st.integers(-1, 60_000),
+    "top_p": st.floats(0.0, 1.0, exclude_min=True),
+    "min_p": st.floats(0.0, 1.0),
+    "seed": st.none() | st.integers(-(2**70), 2**70),
+    "repetition_penalty": st.floats(0.0, 10.0, exclude_min=True),
+    "presence_penalty": st.floats(-2.0, 2.0),
+    "frequency_penalty": st.floats(-2.0, 2.0),
+    "stop": st.lists(words, max_size=3),
+    "stop_token_ids": st.lists(token_ids, max_size=3),
+    "include_stop_str_in_output": st.booleans(),
+    "ignore_eos": st.booleans(),
+    "max_tokens": st.integers(0, 6),
+    "min_tokens": st.integers(0, 6),
+    "logprobs": st.none() | st.integers(0, MAX_LOGPROBS),
+    "prompt_logprobs": st.none() | st.integers(0, MAX_LOGPROBS),
+    "skip_special_tokens": st.booleans(),
+    "logit_bias": st.dictionaries(token_ids, st.floats(-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS), max_size=4),
+    "allowed_token_ids": st.none() | st.lists(token_ids, max_size=4),
+    "bad_words": st.lists(words, max_size=3),
+    "truncate_prompt_tokens": st.none() | st.integers(-1, 8),
+}
+sampling_params = st.fixed_dictionaries({}, optional=FIELDS)
+prompts = st.one_of(st.text(min_size=1, max_size=30), st.lists(st.integers(0, 49_151), min_size=1, max_size=8))
+
+
+def built(fields: dict) -> SamplingParams | None:
+    try:
+        return SamplingParams(**fields)
+    except InvalidParameter:
+        return None  # refused by name: the API answers a 400
+
+
+def test_every_valid_setting_decodes_within_the_vocabulary_or_is_refused_by_name(tiny_llama):
+    vocab = tiny_llama.engine.hf_config.vocab_size
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=not RANDOM,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(batch=st.lists(st.tuples(prompts, sampling_params), min_size=1, max_size=3))
+    def one_batch(batch: list[tuple[object, dict]]) -> None:
+        requests = [(prompt, params) for prompt, fields in batch if (params := built(fields)) is not None]
+        if not requests:
+            return
+        try:
+            outputs = tiny_llama.generate([p for p, _ in requests], [params for _, params in requests])
+        except ValueError as refused:  # InvalidParameter, or the prompt refused (empty once truncated, too long)
+            assert str(refused)
+        else:
+            for output, (_, params) in zip(outputs, requests):
+                assert all(0 <= t < vocab for t in output.token_ids), output.token_ids
+                assert len(output.token_ids) <= params.max_tokens
+        assert_idle(tiny_llama)
+
+    one_batch()
