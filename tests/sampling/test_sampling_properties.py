@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,8 @@ from wsgi_infer import SamplingParams
 from wsgi_infer.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, InvalidParameter
 
 from ..conftest import assert_idle
+
+pytestmark = pytest.mark.slow  # 24 s of examples
 
 EXAMPLES = int(os.environ.get("WSGI_INFER_FUZZ_EXAMPLES", "150"))
 RANDOM = os.environ.get("WSGI_INFER_FUZZ_RANDOM") == "1"
@@ -54,11 +57,14 @@ def built(fields: dict) -> SamplingParams | None:
         return None  # refused by name: the API answers a 400
 
 
-def test_every_valid_setting_decodes_within_the_vocabulary_or_is_refused_by_name(tiny_llama):
-    vocab = tiny_llama.engine.hf_config.vocab_size
+# torch's float32 ops on the tiny Llama; the CPU kernels, speculating, on the default model (0.25 s an example)
+@pytest.mark.parametrize("engine, share", [("tiny_llama", 1), ("packed_llm", 4)])
+def test_every_valid_setting_decodes_within_the_vocabulary_or_is_refused_by_name(request, engine, share):
+    llm = request.getfixturevalue(engine)
+    vocab = llm.engine.hf_config.vocab_size
 
     @settings(
-        max_examples=EXAMPLES,
+        max_examples=EXAMPLES // share,
         deadline=None,
         derandomize=not RANDOM,
         database=None,
@@ -70,13 +76,13 @@ def test_every_valid_setting_decodes_within_the_vocabulary_or_is_refused_by_name
         if not requests:
             return
         try:
-            outputs = tiny_llama.generate([p for p, _ in requests], [params for _, params in requests])
+            outputs = llm.generate([p for p, _ in requests], [params for _, params in requests])
         except ValueError as refused:  # InvalidParameter, or the prompt refused (empty once truncated, too long)
             assert str(refused)
         else:
             for output, (_, params) in zip(outputs, requests):
                 assert all(0 <= t < vocab for t in output.token_ids), output.token_ids
                 assert len(output.token_ids) <= params.max_tokens
-        assert_idle(tiny_llama)
+        assert_idle(llm)
 
     one_batch()
