@@ -5,21 +5,19 @@ idle with every block free."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from wsgi_infer import LLM, SamplingParams
 
 from ..conftest import assert_idle
 from ..support.batch_runs import PROMPTS
+from ..support.fuzzing import examples, fuzzing
 
 pytestmark = pytest.mark.slow  # 20 s of examples
 
-EXAMPLES = int(os.environ.get("WSGI_INFER_FUZZ_EXAMPLES", "60"))
-RANDOM = os.environ.get("WSGI_INFER_FUZZ_RANDOM") == "1"
+EXAMPLES = examples(60)
 # The texts, and token prompts sharing a 13-token prefix (three blocks and a part) in three ways.
 SHARED = list(range(40, 53))
 POOL = [*PROMPTS, SHARED, [*SHARED, 7, 8, 9, 10], [*SHARED[:8], 99]]
@@ -63,13 +61,7 @@ def test_any_interleaving_gives_each_finished_request_its_tokens_alone_and_ends_
             alone[key] = cramped.generate(POOL[key[0]], params(*key[1:]))[0].token_ids
         return alone[key]
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        derandomize=not RANDOM,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
+    @fuzzing(EXAMPLES)
     @given(ops=operations)
     # one that preempts for certain (five requests want 3 times the cache) and shares a prefix, beside the draws
     @example(ops=[("add", 4, 40, None), ("add", 5, 40, 1), ("step", 3), ("add", 6, 40, None), *[("add", 1, 40, 2)] * 2])

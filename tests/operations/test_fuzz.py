@@ -1,33 +1,29 @@
 """Property-based bodies for every route that takes one (generation, Responses, Messages, embeddings, scores,
 tokens): a 4xx in the route's error shape (OpenAI's, or Anthropic's for Messages) or a correct result, never a 5xx.
 
-Bodies mix the routes' own fields, with well-typed and hostile values, and
-junk beyond them: wrong types, missing fields, unicode edge cases, extreme
-numbers, nested junk. Generation stays small (a valid ``max_tokens`` is at
-most 8, and a null one ends at a 256-token window) so a few hundred examples
-run in seconds. ``derandomize`` fixes the
-examples, so the suite is the same on every run; ``scripts/fuzz_server.sh``
-runs many more, randomly.
+Bodies mix the routes' own fields, with well-typed and hostile values, and junk beyond them: wrong types, missing
+fields, unicode edge cases, extreme numbers, nested junk. Generation stays small (a valid ``max_tokens`` is at most 8,
+and a null one ends at a 256-token window) so a few hundred examples run in seconds. The suite's examples are fixed
+(``support.fuzzing``); ``scripts/fuzz_server.sh`` runs many more, randomly.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from wsgi_infer import SamplingParams
 
 from ..conftest import tiny_settings
+from ..support.fuzzing import examples, fuzzing
 
 pytestmark = pytest.mark.slow  # real processes
 
-EXAMPLES = int(os.environ.get("WSGI_INFER_FUZZ_EXAMPLES", "400"))
-RANDOM = os.environ.get("WSGI_INFER_FUZZ_RANDOM") == "1"
+EXAMPLES = examples(400)
 PROBE = {"prompt": "The fuzzer's control prompt", "max_tokens": 12, "temperature": 0}
 
 edge_text = st.sampled_from(
@@ -235,13 +231,7 @@ def test_hostile_bodies_get_json_answers_and_the_engine_stays_exact(server, tiny
     with server.client(timeout=60) as http:
         assert http.post("/v1/completions", json=PROBE).json()["choices"][0]["text"] == expected
 
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            derandomize=not RANDOM,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        )
+        @fuzzing(EXAMPLES)
         @given(request=requests, ascii_only=st.booleans())
         def one_request(request: tuple[str, object], ascii_only: bool) -> None:
             route, body = request

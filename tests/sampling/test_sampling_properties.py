@@ -5,21 +5,19 @@ engine idle. A fault here ends the engine thread and every stream of a worker (a
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from wsgi_infer import SamplingParams
 from wsgi_infer.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, InvalidParameter
 
 from ..conftest import assert_idle
+from ..support.fuzzing import examples, fuzzing
 
 pytestmark = pytest.mark.slow  # 24 s of examples
 
-EXAMPLES = int(os.environ.get("WSGI_INFER_FUZZ_EXAMPLES", "150"))
-RANDOM = os.environ.get("WSGI_INFER_FUZZ_RANDOM") == "1"
+EXAMPLES = examples(150)
 
 token_ids = st.integers(0, 60_000)  # the tiny Llama's vocabulary is 49,152 tokens: some past it
 words = st.text(max_size=12)
@@ -63,13 +61,7 @@ def test_every_valid_setting_decodes_within_the_vocabulary_or_is_refused_by_name
     llm = request.getfixturevalue(engine)
     vocab = llm.engine.hf_config.vocab_size
 
-    @settings(
-        max_examples=EXAMPLES // share,
-        deadline=None,
-        derandomize=not RANDOM,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
+    @fuzzing(EXAMPLES // share)
     @given(batch=st.lists(st.tuples(prompts, sampling_params), min_size=1, max_size=3))
     def one_batch(batch: list[tuple[object, dict]]) -> None:
         requests = [(prompt, params) for prompt, fields in batch if (params := built(fields)) is not None]
