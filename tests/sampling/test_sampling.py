@@ -150,6 +150,24 @@ def test_filter_logits_keeps_the_right_tokens():
     ]
 
 
+@pytest.mark.parametrize("scale", [0.3, 1.0, 3.0, 8.0])
+def test_the_nucleus_is_the_fewest_most_likely_tokens_covering_top_p(scale):
+    # Against a float64 sort of the whole row: only the tokens that could reach the nucleus are sorted now.
+    torch.manual_seed(int(scale * 10))
+    checked = 0
+    for top_p in (0.05, 0.5, 0.9, 0.99):
+        for _ in range(5):
+            logits = torch.randn(4099) * scale
+            probs, order = logits.double().softmax(-1).sort(descending=True)
+            before = probs.cumsum(0) - probs
+            if (before - top_p).abs().min() < 1e-5:
+                continue  # a boundary that float32's rounding decides
+            expected = torch.zeros(4099, dtype=torch.bool).scatter(0, order, before < top_p)
+            assert torch.equal(torch.isfinite(filter_logits(logits, 0, top_p, 0.0)), expected), (scale, top_p)
+            checked += 1
+    assert checked >= 15
+
+
 def test_penalty_arithmetic(tiny_llama):
     engine = tiny_llama.engine
     engine.add_request(

@@ -72,17 +72,25 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) 
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = logits.sort(descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token when the tokens before it already cover top_p; never the most likely (a top_p below float32's
-        # range, 1e-280, is 0 beside the tensor and dropped every token: the draw fell past the vocabulary).
-        drop = (cumulative - sorted_logits.softmax(-1)) >= top_p
-        drop[0] = False
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+        logits = _nucleus(logits, top_p)
     if min_p > 0.0:
         probs = logits.softmax(-1)
         logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
     return logits
+
+
+def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The most likely tokens until they cover top_p (a token stays while those before it cover less), and always
+    the most likely one (a top_p of 1e-280 is 0 beside a float32 tensor)."""
+    probs = logits.softmax(-1)
+    # Tokens below (1 - top_p) / V hold less than 1 - top_p together, so the others cover top_p and come first:
+    # only they are sorted (a real model's few hundred, where sorting 49,152 took 5 ms a row).
+    candidates = (probs >= probs.max().clamp(max=(1.0 - top_p) / probs.numel())).nonzero().squeeze(1)
+    sorted_probs, order = probs[candidates].sort(descending=True)
+    kept = (sorted_probs.cumsum(0) - sorted_probs) < top_p
+    kept[0] = True
+    keep = candidates[order[kept]]
+    return torch.full_like(logits, float("-inf")).index_copy_(0, keep, logits[keep])
 
 
 def prompt_logprobs(logits: torch.Tensor, targets: list[int], num_top: int) -> list[TokenLogprob]:
