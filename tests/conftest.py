@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 # The suite runs two lanes on two cores, each with torch's and the kernels' OpenMP pools: a pool's threads spinning
 # between a tiny model's parallel regions take the other lane's core (one stream of the tiny Llama, 3,000 tokens:
@@ -51,6 +52,25 @@ def assert_idle(llm: LLM) -> None:
     assert counters.num_running == 0
     assert counters.num_waiting == 0
     assert counters.num_free_blocks == counters.num_total_blocks
+
+
+# The property-based tests' examples: fixed in the suite (the same on every run), or, with WSGI_INFER_FUZZ_RANDOM=1,
+# random ones (scripts/fuzz_server.sh runs many); WSGI_INFER_FUZZ_EXAMPLES sets how many.
+def fuzz_examples(default: int) -> int:
+    return int(os.environ.get("WSGI_INFER_FUZZ_EXAMPLES", default))
+
+
+def fuzzing(max_examples: int) -> settings:
+    """No deadline (a step may take long on a loaded machine), no example database and no health checks: the
+    examples are the test's, each run."""
+    random = os.environ.get("WSGI_INFER_FUZZ_RANDOM") == "1"
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=not random,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 def pin_packed_rows(model: str, rows: int) -> None:

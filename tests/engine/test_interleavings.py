@@ -11,13 +11,12 @@ from hypothesis import strategies as st
 
 from wsgi_infer import LLM, SamplingParams
 
-from ..conftest import assert_idle
+from ..conftest import assert_idle, fuzz_examples, fuzzing
 from ..support.batch_runs import PROMPTS
-from ..support.fuzzing import examples, fuzzing
 
 pytestmark = pytest.mark.slow  # 20 s of examples
 
-EXAMPLES = examples(60)
+EXAMPLES = fuzz_examples(60)
 # The texts, and token prompts sharing a 13-token prefix (three blocks and a part) in three ways.
 SHARED = list(range(40, 53))
 POOL = [*PROMPTS, SHARED, [*SHARED, 7, 8, 9, 10], [*SHARED[:8], 99]]

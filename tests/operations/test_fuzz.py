@@ -4,7 +4,7 @@ tokens): a 4xx in the route's error shape (OpenAI's, or Anthropic's for Messages
 Bodies mix the routes' own fields, with well-typed and hostile values, and junk beyond them: wrong types, missing
 fields, unicode edge cases, extreme numbers, nested junk. Generation stays small (a valid ``max_tokens`` is at most 8,
 and a null one ends at a 256-token window) so a few hundred examples run in seconds. The suite's examples are fixed
-(``support.fuzzing``); ``scripts/fuzz_server.sh`` runs many more, randomly.
+(``conftest.fuzzing``); ``scripts/fuzz_server.sh`` runs many more, randomly.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from hypothesis import strategies as st
 
 from wsgi_infer import SamplingParams
 
-from ..conftest import tiny_settings
-from ..support.fuzzing import examples, fuzzing
+from ..conftest import fuzz_examples, fuzzing, tiny_settings
 
 pytestmark = pytest.mark.slow  # real processes
 
-EXAMPLES = examples(400)
+EXAMPLES = fuzz_examples(400)
 PROBE = {"prompt": "The fuzzer's control prompt", "max_tokens": 12, "temperature": 0}
 
 edge_text = st.sampled_from(

@@ -12,12 +12,11 @@ from hypothesis import strategies as st
 from wsgi_infer import SamplingParams
 from wsgi_infer.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, InvalidParameter
 
-from ..conftest import assert_idle
-from ..support.fuzzing import examples, fuzzing
+from ..conftest import assert_idle, fuzz_examples, fuzzing
 
 pytestmark = pytest.mark.slow  # 24 s of examples
 
-EXAMPLES = examples(150)
+EXAMPLES = fuzz_examples(150)
 
 token_ids = st.integers(0, 60_000)  # the tiny Llama's vocabulary is 49,152 tokens: some past it
 words = st.text(max_size=12)
