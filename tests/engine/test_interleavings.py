@@ -14,7 +14,7 @@ from wsgi_infer import LLM, SamplingParams
 from ..conftest import assert_idle, fuzz_examples, fuzzing
 from ..support.batch_runs import PROMPTS
 
-pytestmark = pytest.mark.slow  # 20 s of examples
+pytestmark = pytest.mark.slow  # 10 s of examples
 
 EXAMPLES = fuzz_examples(60)
 # The texts, and token prompts sharing a 13-token prefix (three blocks and a part) in three ways.
