@@ -16,6 +16,7 @@ from ..kernels.cpu import CpuKernels
 from ..outputs import TokenLogprob
 from ..sampling_params import SamplingParams
 from ..scheduling.sequence import Sequence
+from .filters import in_bits, kept_floor, weights
 from .grammar import apply_grammar_masks
 from .token_bans import TokenBans
 
@@ -66,33 +67,6 @@ def bar_the_end(logits: torch.Tensor, seq: Sequence, eos_token_ids: frozenset[in
     logits.index_fill_(0, ids, float("-inf"))
 
 
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
-    """Mask (to -inf) tokens outside top-k, the top-p nucleus and the min-p floor."""
-    if top_k and top_k < logits.numel():
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        logits = _nucleus(logits, top_p)
-    if min_p > 0.0:
-        probs = logits.softmax(-1)
-        logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
-    return logits
-
-
-def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The most likely tokens until they cover top_p (a token stays while those before it cover less), and always
-    the most likely one (a top_p of 1e-280 is 0 beside a float32 tensor)."""
-    probs = logits.softmax(-1)
-    # Tokens below (1 - top_p) / V hold less than 1 - top_p together, so the others cover top_p and come first:
-    # only they are sorted (SmolLM2 at temperature 0.7, top_p 0.9: a median 133, at most 1,752; all 49,152: 5 ms).
-    candidates = (probs >= probs.max().clamp(max=(1.0 - top_p) / probs.numel())).nonzero().squeeze(1)
-    sorted_probs, order = probs[candidates].sort(descending=True)
-    kept = (sorted_probs.cumsum(0) - sorted_probs) < top_p
-    kept[0] = True
-    keep = candidates[order[kept]]
-    return torch.full_like(logits, float("-inf")).index_copy_(0, keep, logits[keep])
-
-
 def prompt_logprobs(logits: torch.Tensor, targets: list[int], num_top: int) -> list[TokenLogprob]:
     """Each row's logprob of the prompt token that follows it, its rank, and the top alternatives."""
     logprobs = logits.log_softmax(-1)
@@ -126,18 +100,14 @@ def uniform_draw(seed: int, position: int) -> float:
 def sample_token(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
     """One token drawn from a row's distribution (temperature, then top-k, top-p and min-p) by the uniform draw of
     its request's seed and position, whichever step or draft row computed the logits."""
-    # The largest logit moved to 0 first, and the temperature no smaller than the dtype's smallest normal number:
-    # logits / 1e-40 overflowed float32 and drew NaN (past the vocabulary). So a temperature near 0 makes the others
-    # -inf, the limit it tends to, where the largest (and its ties) are drawn.
-    row = (logits - logits.max()).div_(max(params.temperature, torch.finfo(logits.dtype).tiny))
-    row = filter_logits(row, params.top_k, params.top_p, params.min_p)
+    bits = in_bits(logits, params.temperature)
+    kept = weights(bits, kept_floor(bits, params.top_k, params.top_p, params.min_p))
     # By the inverse of the distribution function: one uniform draw. torch.multinomial draws one random number
     # per vocabulary entry on the CPU (1 ms a row for 49,152 tokens, a third of a 32-row decode step); this takes
-    # about a tenth of that. The weights exp(row) need no normalising (the draw scales to their sum, and the
-    # largest is 1). In float64, so that a token's share of the cumulated sum is exact to 1e-16; a token filtered
-    # out (weight 0) spans no interval, so it is never drawn.
-    cumulative = row.exp_().double().cumsum(-1)
-    drawn = torch.tensor([uniform_draw(seed, position)], dtype=torch.float64, device=row.device) * cumulative[-1]
+    # about a tenth of that. The weights need no normalising (the draw scales to their sum). In float64, so that a
+    # token's share of the cumulated sum is exact to 1e-16; a token filtered out (weight 0) spans no interval.
+    cumulative = kept.cumsum(-1, dtype=torch.float64)
+    drawn = torch.tensor([uniform_draw(seed, position)], dtype=torch.float64, device=bits.device) * cumulative[-1]
     return int(torch.searchsorted(cumulative, drawn, right=True))
 
 
