@@ -77,10 +77,10 @@ def test_a_sampled_row_takes_its_draft_token_with_its_probability():
     away is never accepted. (Seeded: the counts are the same every run.)"""
     import torch
 
-    from wsgi_infer.engine.sampling.filters import in_bits, kept_floor, weights
+    from wsgi_infer.engine.sampling.filters import in_bits, kept_floor, weights_
 
     logits = torch.tensor([[2.0, 0.5, 1.5, -1.0, 0.0], [0.0, 1.0, -0.5, 2.0, 0.3], [1.0, 1.0, 1.0, 1.0, -3.0]])
-    kept = [weights(bits, kept_floor(bits, 0, 0.95, 0.0)) for bits in (in_bits(row, 0.9) for row in logits)]
+    kept = [weights_(bits, kept_floor(bits, 0, 0.95, 0.0)) for bits in (in_bits(row, 0.9) for row in logits)]
     target = [w / w.sum() for w in kept]
     runs, params, position = 20_000, SamplingParams(temperature=0.9, top_p=0.95), 17
     accepted = [0, 0]

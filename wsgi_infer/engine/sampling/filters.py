@@ -41,9 +41,10 @@ def largest(values: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([picked, values[chunks * CHUNK :]]).topk(n).values
 
 
-def weights(bits: torch.Tensor, floor: float) -> torch.Tensor:
-    """A new tensor: ``2 ** bits`` where ``bits >= floor`` (and ``LOWEST_BITS``), 0 elsewhere."""
-    return F.threshold(bits, _below(max(floor, LOWEST_BITS)), -math.inf).exp2_()
+def weights_(bits: torch.Tensor, floor: float) -> torch.Tensor:
+    """In place (a new tensor cost a plain sampled row a sixth more): ``2 ** bits`` where ``bits >= floor`` (and
+    ``LOWEST_BITS``), 0 elsewhere."""
+    return F.threshold_(bits, _below(max(floor, LOWEST_BITS)), -math.inf).exp2_()
 
 
 def kept_floor(bits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> float:
@@ -63,7 +64,7 @@ def _nucleus_floor(bits: torch.Tensor, floor: float, top_p: float, top: torch.Te
     """The bits of the last of the most likely tokens (of those at or above ``floor``; ``top``, if given, the
     largest of them in order) that a token enters the nucleus while those before it cover less than ``top_p``; the
     most likely one always does."""
-    total = float(weights(bits, floor).sum(dtype=torch.float64))
+    total = float(weights_(bits.clone(), floor).sum(dtype=torch.float64))
     if top is None:
         # Tokens under (1 - top_p) / V of the mass hold less than 1 - top_p together, so each follows a mass of
         # top_p: only the others are sorted (SmolLM2 at temperature 0.7, top_p 0.9: a median 133 of 49,152, at

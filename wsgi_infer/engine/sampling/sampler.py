@@ -16,7 +16,7 @@ from ..kernels.cpu import CpuKernels
 from ..outputs import TokenLogprob
 from ..sampling_params import SamplingParams
 from ..scheduling.sequence import Sequence
-from .filters import in_bits, kept_floor, weights
+from .filters import in_bits, kept_floor, weights_
 from .grammar import apply_grammar_masks
 from .token_bans import TokenBans
 
@@ -101,7 +101,7 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, seed: int, positi
     """One token drawn from a row's distribution (temperature, then top-k, top-p and min-p) by the uniform draw of
     its request's seed and position, whichever step or draft row computed the logits."""
     bits = in_bits(logits, params.temperature)
-    kept = weights(bits, kept_floor(bits, params.top_k, params.top_p, params.min_p))
+    kept = weights_(bits, kept_floor(bits, params.top_k, params.top_p, params.min_p))
     # By the inverse of the distribution function: one uniform draw. torch.multinomial draws one random number
     # per vocabulary entry on the CPU (1 ms a row for 49,152 tokens, a third of a 32-row decode step); this takes
     # about a tenth of that. The weights need no normalising (the draw scales to their sum). In float64, so that a
