@@ -1,7 +1,7 @@
 """What each sampling filter costs a batch: ``--streams`` sampled requests of ``--output-len`` tokens decoded together
 in process (the engine alone, no server), greedy, plain sampling at two temperatures and each filter a chat client
-sends (top_p, top_k, min_p, and llama-server's defaults: all three), the settings alternating for ``--rounds`` rounds;
-speculation off unless ``--speculative ngram``.
+sends (top_p, top_k, min_p, and llama-server's defaults: all three; the penalties), the settings alternating for
+``--rounds`` rounds; speculation off unless ``--speculative ngram``.
 
     .venv/bin/python scripts/bench_sampling.py --streams 16 --rounds 2
 
@@ -24,6 +24,8 @@ SETTINGS = {
     "min_p 0.05": {"temperature": 0.7, "min_p": 0.05},
     "top_k 40, top_p 0.95": {"temperature": 0.7, "top_k": 40, "top_p": 0.95},
     "llama.cpp's defaults": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
+    "repetition_penalty 1.1": {"temperature": 0.7, "repetition_penalty": 1.1},
+    "presence 0.5, frequency 0.3": {"temperature": 0.7, "presence_penalty": 0.5, "frequency_penalty": 0.3},
 }
 ANIMALS = "cat dog fox owl bee ant elk yak emu eel cod ram hen bat rat koi gnu ape cow pig".split()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 
 from ..kernels.cpu import CpuKernels
@@ -26,14 +27,21 @@ def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
     presence and frequency penalties over the output (OpenAI style)."""
     params = seq.params
     if params.repetition_penalty != 1.0:
-        seen = torch.tensor(seq.token_ids, device=logits.device).unique()
+        seen, _ = distinct_tokens(seq.token_ids, logits.device)
         values = logits[seen]
         penalised = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
         # Finite: a penalty near 0 (1e-147) divided a logit to inf, and inf - inf drew NaN (past the vocabulary).
         logits[seen] = penalised.clamp_(max=torch.finfo(logits.dtype).max)
     if (params.presence_penalty or params.frequency_penalty) and seq.num_output_tokens:
-        counts = torch.bincount(torch.tensor(seq.output_token_ids, device=logits.device), minlength=logits.numel())
-        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+        tokens, counts = distinct_tokens(seq.output_token_ids, logits.device)
+        logits[tokens] -= params.frequency_penalty * counts + params.presence_penalty
+
+
+def distinct_tokens(token_ids: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct tokens of a list, and how often each comes. Through numpy: ``torch.tensor`` of a Python list
+    took 0.1 ms a 600 tokens, every step of a penalised request (and a bincount over the vocabulary 0.1 ms more)."""
+    tokens, counts = np.unique(np.asarray(token_ids, dtype=np.int64), return_counts=True)
+    return torch.from_numpy(tokens).to(device), torch.from_numpy(counts).to(device)
 
 
 def apply_logit_bias(logits: torch.Tensor, seq: Sequence) -> None:
