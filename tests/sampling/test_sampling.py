@@ -171,7 +171,9 @@ def test_largest_reads_the_chunks_that_hold_them(length):
     last_largest = torch.randn(length).index_fill_(0, torch.tensor([length - 1]), 9.0)  # in the tail, if any
     for values in (torch.randn(length), torch.randint(0, 4, (length,)).float(), last_largest):  # ties; the tail
         for n in sorted(n for n in {1, 2, 7, length // 8, length // 2, length} if 0 < n <= length):
-            assert torch.equal(largest(values, n), values.topk(n).values), (length, n)
+            top, indices = largest(values, n)
+            assert torch.equal(top, values.topk(n).values), (length, n)
+            assert torch.equal(values[indices], top) and indices.unique().numel() == n, (length, n)
 
 
 REFERENCE_ROWS = [

