@@ -23,7 +23,7 @@ SETTINGS = {
     "top_k 40": {"temperature": 0.7, "top_k": 40},
     "min_p 0.05": {"temperature": 0.7, "min_p": 0.05},
     "top_k 40, top_p 0.95": {"temperature": 0.7, "top_k": 40, "top_p": 0.95},
-    "llama.cpp's defaults": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
+    "llama-server's defaults": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
     "repetition_penalty 1.1": {"temperature": 0.7, "repetition_penalty": 1.1},
     "presence 0.5, frequency 0.3": {"temperature": 0.7, "presence_penalty": 0.5, "frequency_penalty": 0.3},
 }

@@ -34,14 +34,14 @@ def largest(values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``n`` largest of a 1-D tensor, largest first, and their indices (a token's top alternatives too: a topk
     of a 49,152-token row took 0.15 ms). Only the chunks with the ``n`` largest maxima (and the tail) are partially
     sorted: a value outside them is at most each of their maxima, ``n`` values no smaller."""
-    chunks = values.numel() // CHUNK
-    if 4 * n > chunks:  # those chunks would be much of the row
+    body, _ = _chunks(values)
+    if 4 * n > body.shape[0]:  # those chunks would be much of the row
         top = values.topk(n)
         return top.values, top.indices
-    picked = values[: chunks * CHUNK].view(chunks, CHUNK).amax(1).topk(n).indices
+    picked = body.amax(1).topk(n).indices
     offsets = torch.arange(CHUNK, device=values.device)
-    tail = torch.arange(chunks * CHUNK, values.numel(), device=values.device)
-    indices = torch.cat([(picked.unsqueeze(1) * CHUNK + offsets).flatten(), tail])
+    tail_indices = torch.arange(body.numel(), values.numel(), device=values.device)
+    indices = torch.cat([(picked.unsqueeze(1) * CHUNK + offsets).flatten(), tail_indices])
     top = values[indices].topk(n)
     return top.values, indices[top.indices]
 
@@ -83,10 +83,15 @@ def _nucleus_floor(bits: torch.Tensor, floor: float, top_p: float, top: torch.Te
 
 def _at_least(values: torch.Tensor, bound: float) -> torch.Tensor:
     """The values of a 1-D tensor at or above ``bound``, in no order, read from the chunks whose maxima reach it."""
-    chunks = values.numel() // CHUNK
-    body = values[: chunks * CHUNK].view(chunks, CHUNK)
-    pool = torch.cat([body[body.amax(1) >= bound].flatten(), values[chunks * CHUNK :]])
+    body, tail = _chunks(values)
+    pool = torch.cat([body[body.amax(1) >= bound].flatten(), tail])
     return pool[pool >= bound]
+
+
+def _chunks(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 1-D tensor as whole chunks of ``CHUNK`` (a view, one chunk a row) and the values after them."""
+    whole = values.numel() // CHUNK * CHUNK
+    return values[:whole].view(-1, CHUNK), values[whole:]
 
 
 def _below(value: float) -> float:

@@ -150,11 +150,11 @@ class Sampler:
                 n = seq.params.logprobs
                 if n is None:
                     continue
-                top = largest(raw_logprobs[i], n) if n else None
+                values, indices = largest(raw_logprobs[i], n) if n else (torch.empty(0), torch.empty(0))
                 logprobs[i] = TokenLogprob(
                     token_id=tokens[i],
                     logprob=float(raw_logprobs[i, tokens[i]]),
-                    top=list(zip(top[1].tolist(), top[0].tolist())) if top is not None else [],
+                    top=list(zip(indices.tolist(), values.tolist())),
                 )
         return tokens, logprobs
 
