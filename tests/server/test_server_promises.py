@@ -238,10 +238,11 @@ def test_the_engine_thread_frees_its_models_before_it_says_it_stopped(tiny_model
 
 @pytest.mark.slow
 def test_503_while_the_model_loads_and_while_the_engine_stalls():
-    """LOAD_WAIT_SECONDS=0: a request during the (seconds long) load of the default model gets
-    model_not_ready at once. STALL_SECONDS=0.3: /health says stalled while the engine, after its first step
-    (TEST_STALL_AFTER_STEP=1), takes no step with a request open; the next request's command ends the stall."""
-    settings = {"load_wait_seconds": 0, "stall_seconds": 0.3, "test_stall_after_step": 1}
+    """LOAD_WAIT_SECONDS=0: a request during the load of the default model gets model_not_ready at once (the load
+    held 3 s longer: from the cache it took 0.3 s, and a request sent after it waited on the stall below).
+    STALL_SECONDS=0.3: /health says stalled while the engine, after its first step (TEST_STALL_AFTER_STEP=1), takes
+    no step with a request open; the next request's command ends the stall."""
+    settings = {"load_wait_seconds": 0, "stall_seconds": 0.3, "test_stall_after_step": 1, "test_load_seconds": 3}
     with GunicornServer(settings) as server:
         server.wait_for_log(r"loading model from")
         assert httpx.get(f"{server.url}/health", timeout=30).json()["status"] == "loading"

@@ -7,6 +7,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -24,6 +25,9 @@ GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
 # max_tokens of a stream that must still run when a test acts on it: at least a minute of steps on the tiny
 # models (a step takes over a millisecond of Python however fast the CPU), within their 65,536-token window.
 ENDLESS = 60_000
+# httpx gives each client an SSL context of its own, loading the CA bundle: 20-40 ms of CPU, more than a poll of
+# /metrics costs the server. These clients speak plain HTTP on loopback, so they share one.
+LOOPBACK_TLS = ssl.create_default_context()
 
 
 def free_port() -> int:
@@ -63,7 +67,7 @@ def labelled_samples(text: str, name: str, model_name: str | None = None) -> dic
 def engine_steps(server: GunicornServer, model: str, above: int) -> tuple[float, float]:
     """``model``'s engine steps so far, and those that computed more than ``above`` tokens (a bucket's bound of
     ``wsgi_infer:iteration_tokens_total``)."""
-    text = httpx.get(f"{server.url}/metrics").text
+    text = httpx.get(f"{server.url}/metrics", verify=LOOPBACK_TLS).text
     buckets = labelled_samples(text, "wsgi_infer:iteration_tokens_total_bucket", model)
     steps = buckets[(("le", "+Inf"),)]
     return steps, steps - buckets[(("le", f"{float(above)}"),)]
@@ -211,10 +215,10 @@ class GunicornServer(LoggedProcess):
         return self
 
     def client(self, **kwargs) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 60.0), **kwargs)
+        return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 60.0), verify=LOOPBACK_TLS, **kwargs)
 
     def metrics(self) -> dict[str, float]:
-        return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=10).text)
+        return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=10, verify=LOOPBACK_TLS).text)
 
     def wait_for_metric(self, name: str, value: float, timeout: float = 30.0) -> None:
         wait_until(lambda: self.metrics()[name] == value, f"{name} == {value}", timeout)
