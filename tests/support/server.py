@@ -218,7 +218,9 @@ class GunicornServer(LoggedProcess):
         return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 60.0), verify=LOOPBACK_TLS, **kwargs)
 
     def metrics(self) -> dict[str, float]:
-        return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=10, verify=LOOPBACK_TLS).text)
+        response = httpx.get(f"{self.url}/metrics", timeout=10, verify=LOOPBACK_TLS)
+        response.raise_for_status()  # an error's JSON (a worker at its connection limit) is not metrics
+        return parse_metrics(response.text)
 
     def wait_for_metric(self, name: str, value: float, timeout: float = 30.0) -> None:
         wait_until(lambda: self.metrics()[name] == value, f"{name} == {value}", timeout)
