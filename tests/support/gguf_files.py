@@ -117,15 +117,27 @@ def _first_embedding(seed: int, shape: tuple[int, int], ggml_type: str) -> tuple
 
 
 def write_tiny_gguf(
-    path: Path, types: dict[str, str] | str, seed: int = 0, embedding: str = "F16", arch: str = "llama"
+    path: Path,
+    types: dict[str, str] | str,
+    seed: int = 0,
+    embedding: str = "F16",
+    arch: str = "llama",
+    user_defined_tokens: int = 0,
 ) -> TinyGGUF:
     """A 2-layer Llama (or Qwen3: with per-head q/k norms; or Phi-3: QKV and gate-up fused, as llama.cpp writes
     them, the attention's and the up projection's types, half of each head rotated by LongRoPE's factors) whose
     projections are of ``types`` (one name, or one per projection of ``PROJECTIONS``), its embedding (tied to the
-    LM head) of ``embedding``, its norms F32."""
+    LM head) of ``embedding``, its norms F32; the default vocabulary and ``user_defined_tokens`` more
+    (``<extra_0>``...: what llama.cpp's converter writes for a tokenizer's added tokens that are not special)."""
     rng = np.random.default_rng(seed)
     per_projection = dict.fromkeys(PROJECTIONS, types) if isinstance(types, str) else types
     fields = _tokenizer_fields()
+    if user_defined_tokens:
+        extra = {
+            "tokenizer.ggml.tokens": [f"<extra_{i}>" for i in range(user_defined_tokens)],
+            "tokenizer.ggml.token_type": [int(gguf.TokenType.USER_DEFINED)] * user_defined_tokens,
+        }
+        fields = [(key, value + extra[key] if key in extra else value, types) for key, value, types in fields]
     vocab = len(next(value for key, value, _ in fields if key == "tokenizer.ggml.tokens"))
     writer = _Writer(path, arch=arch)
     writer.add_name("tiny")
