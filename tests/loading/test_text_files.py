@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from wsgi_infer.engine import text_side
 from wsgi_infer.engine.loading import model_loader
 from wsgi_infer.engine.loading.model_loader import load_tokenizer, resolve_model_dir
 from wsgi_infer.engine.loading.model_paths import default_model_path
@@ -114,6 +115,36 @@ def test_a_copy_committed_while_its_tokenizer_is_read_takes_it_at_its_first_toke
     assert child.returncode == 0
     assert_the_conversions_own(copy, loaded[0], gguf, inline, monkeypatch)
     assert [p.name for p in ahead.iterdir() if p.name.startswith(".")] == []  # the tokenizer files were taken
+
+
+@pytest.mark.slow  # a fresh interpreter reads the file
+@pytest.mark.parametrize("share, weights_first", [(text_side.TOKENIZER_SHARE, False), (1.0, True)])
+def test_a_first_load_takes_its_weights_while_a_tokenizer_small_beside_them_is_read_ahead(
+    tmp_path, monkeypatch, caplog, share, weights_first
+):
+    """The shipped model's 49,152 tokens hold about a fifth of its file's memory: its weights wait for its tokenizer
+    (read first, so that its transient comes before their memory), unless the share allowed is larger."""
+    monkeypatch.setattr(text_side, "TOKENIZER_SHARE", share)
+    order, loaded = [], []
+
+    def load_weights() -> str:
+        order.append("weights")
+        return "weights"
+
+    with halfway_ahead(default_model_path(), tmp_path / "ahead", monkeypatch, caplog) as (child, copy):
+        with caplog.at_level(logging.INFO):
+            load = lambda: loaded.append(text_side.with_weights(copy, None, 49152, load_weights))  # noqa: E731
+            loader = threading.Thread(target=load)
+            loader.start()
+            while "waiting for its tokenizer" not in caplog.text:  # the tokenizer's load waits for the other process
+                assert loader.is_alive(), caplog.text
+                loader.join(0.01)
+            assert order == (["weights"] if weights_first else [])
+            assert ("loading the weights while its tokenizer is read ahead" in caplog.text) == weights_first
+            child.communicate("go\n", timeout=300)
+            loader.join(300)
+    assert order == ["weights"] and loaded[0][0] == "weights"
+    assert loaded[0][1].tokenizer.encode("Hello") == load_tokenizer(copy).encode("Hello")
 
 
 @pytest.mark.slow  # a fresh interpreter reads the file

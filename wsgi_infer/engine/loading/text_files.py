@@ -135,6 +135,11 @@ def tokenizer_being_read(target: Path) -> bool:
     return held_elsewhere(tokenizer_lock_file(target))
 
 
+def tokenizer_still_read_ahead(target: Path) -> bool:
+    """Whether the copy ``target`` was committed without its tokenizer, which another process still reads."""
+    return not (target / TOKENIZER_MARK).is_file() and tokenizer_being_read(target)
+
+
 def take_files(ready: Path, into: Path) -> bool:
     """Move files made ahead (in ``ready``) into ``into`` (a conversion's staging directory, or a copy waiting for
     its tokenizer: the mark last); whether there were. The caller holds the lock they were made under."""
