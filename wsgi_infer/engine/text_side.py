@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .loading.file_weights import FILE_WEIGHTS_FILE
+from .loading.file_weights import copied_gguf
 from .loading.model_loader import load_config, load_tokenizer, resolve_model_dir
 from .loading.model_paths import is_embedding_model
 from .loading.text_files import tokenizer_still_read_ahead
-from .runtime.cache_files import read_json
 from .runtime.heap import release_free_heap
 from .sampling.grammar import GrammarCompiler
 
@@ -88,8 +87,8 @@ def _weights_first(model_dir: Path, vocab_size: int | None) -> bool:
     (1.1 GB; 151,936 tokens, 102,784 of them added) waited 1.2 s for it, idle (AMD EPYC Zen 4)."""
     if vocab_size is None or not tokenizer_still_read_ahead(model_dir):
         return False
-    gguf = (read_json(model_dir / FILE_WEIGHTS_FILE) or {}).get("gguf")
-    return gguf is not None and vocab_size * TOKENIZER_BYTES < TOKENIZER_SHARE * Path(gguf).stat().st_size
+    gguf = copied_gguf(model_dir)
+    return gguf is not None and vocab_size * TOKENIZER_BYTES < TOKENIZER_SHARE * gguf.stat().st_size
 
 
 def prepared_text_side(model: str | None) -> TextSide:

@@ -47,6 +47,12 @@ def save_file_weights(
     np.savez(directory / ROW_ORDERS_FILE, **orders)
 
 
+def copied_gguf(model_dir: Path) -> Path | None:
+    """The GGUF a converted copy reads its weights from; None for any other directory."""
+    gguf = (read_json(model_dir / FILE_WEIGHTS_FILE) or {}).get("gguf")
+    return None if gguf is None else Path(gguf)
+
+
 def orphaned_copies(root: Path) -> list[Path]:
     """The converted copies under ``root`` whose GGUF is gone: a copy is named by its file's place, so a file
     deleted (or one in a temporary directory) leaves its copy for nothing to read again."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from ..models import model_class
 from ..runtime.cache_files import read_json
 from ..runtime.heap import release_free_heap
-from .file_weights import FILE_WEIGHTS_FILE, FileWeights, orphaned_copies, save_file_weights
+from .file_weights import FileWeights, copied_gguf, orphaned_copies, save_file_weights
 from .model_paths import (
     ModelLoadError,
     conversion_lock,
@@ -145,9 +145,9 @@ def load_tokenizer(model_dir: Path):
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     try:
-        gguf = (read_json(model_dir / FILE_WEIGHTS_FILE) or {}).get("gguf")
+        gguf = copied_gguf(model_dir)
         if gguf is not None:  # a GGUF's copy, perhaps committed while its tokenizer was read ahead
-            complete_tokenizer_files(Path(gguf), model_dir)
+            complete_tokenizer_files(gguf, model_dir)
         if _generic_tokenizer(model_dir):
             # As converted GGUFs name theirs. AutoTokenizer would first index every model's module (0.5 s).
             tokenizer = TokenizersBackend.from_pretrained(model_dir, local_files_only=True)
