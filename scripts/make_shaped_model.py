@@ -40,8 +40,7 @@ def vocabulary_of(gguf: Path, size: int):
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from wsgi_infer.engine.loading.gguf_tokenizer import read_gguf_tokenizer
-    from wsgi_infer.engine.loading.tokenizer_json import tokenizer_json
+    from wsgi_infer.engine.loading.gguf_tokenizer import read_gguf_tokenizer, tokenizer_json
 
     tokenizer, merges = read_gguf_tokenizer(gguf)
     tokenizer._tokenizer = Tokenizer.from_str(tokenizer_json(tokenizer.backend_tokenizer, merges))  # with merges

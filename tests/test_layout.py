@@ -99,12 +99,13 @@ ENGINE_VOCABULARY = (
 # installed, and a process that reads GGUFs' text files ahead of their conversion (``text_files_ahead``).
 MASTER_STEPS = (
     "wsgi_infer.engine.loading.gguf_config",
+    "wsgi_infer.engine.loading.gguf_file",
     "wsgi_infer.engine.loading.gguf_header",
     "wsgi_infer.engine.loading.gguf_tokenizer",
     "wsgi_infer.engine.loading.model_paths",
     "wsgi_infer.engine.loading.resolved_config",
+    "wsgi_infer.engine.loading.row_orders",
     "wsgi_infer.engine.loading.text_files",
-    "wsgi_infer.engine.loading.tokenizer_json",
     "wsgi_infer.engine.loading.vocabulary_merges",
     "wsgi_infer.engine.text.builtin_chat_templates",
     "wsgi_infer.engine.kernels",

@@ -187,11 +187,13 @@ def test_the_master_starts_it_only_where_the_settings_may_name_a_gguf(environ, m
 
 
 @pytest.mark.slow  # a fresh interpreter loads a model
-def test_a_first_start_with_its_text_files_ahead_imports_no_config_class(tmp_path):
+def test_a_first_start_with_its_text_files_ahead_imports_no_config_class_nor_the_index_of_models(tmp_path):
     """What the hub imports before the engine thread converts (``load_imports``) is all the conversion imports, and
-    the architecture's config class (transformers' kernel hub, torch.distributed and sympy with it) is not among it."""
+    neither the architecture's config class (transformers' kernel hub, torch.distributed and sympy with it) nor
+    transformers' index of every model (which its GGUF processors import) is among it: the process ahead found the
+    row orders too."""
     path = write_tiny_gguf(tmp_path / "t.gguf", MIXED_TYPES).path
     env = os.environ | {"WSGI_INFER_CACHE_DIR": str(tmp_path / "cache"), "WSGI_INFER_MODEL": str(path)}
     subprocess.run([sys.executable, "-m", AHEAD], env=env, check=True, timeout=300)
-    heavy = ("transformers.models.llama.configuration_llama", "torch.distributed.tensor")
+    heavy = ("transformers.models", "transformers.models.llama.configuration_llama", "torch.distributed.tensor")
     assert_a_load_imports_only_what_load_imports_names(path, env, absent=heavy)

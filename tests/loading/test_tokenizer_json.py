@@ -11,9 +11,8 @@ import random
 import pytest
 from tokenizers import Tokenizer, models
 
-from wsgi_infer.engine.loading.gguf_tokenizer import read_gguf_tokenizer
+from wsgi_infer.engine.loading.gguf_tokenizer import read_gguf_tokenizer, tokenizer_json
 from wsgi_infer.engine.loading.model_paths import default_model_path
-from wsgi_infer.engine.loading.tokenizer_json import tokenizer_json
 
 PUNCTUATION = ['"', "\\", ",", "[", "]", "],[", '","', '"],["', "\\u0022", "\n", "\t", "▁", "é", "世", "\x00"]
 

@@ -2,7 +2,7 @@
 
 Each tensor our model reads becomes its place in the file, for a load to read its
 blocks or values there (``file_weights``), with what transformers' tensor processor
-does to it: no tensor is copied. (The config: ``gguf_config``.)
+does to it (``row_orders``): no tensor is copied. (The config: ``gguf_config``.)
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..models import allocate_model
 from .gguf_file import GgufTensor, tensor_table
+from .row_orders import RowOrders
 
 
 @dataclass
@@ -32,31 +33,21 @@ class ConvertedTensor:
     processed: bool = False
 
 
-def gguf_tensors(gguf_file: Path, config) -> tuple[str, Iterator[ConvertedTensor]]:
+def gguf_tensors(gguf_file: Path, config, row_orders: RowOrders) -> tuple[str, Iterator[ConvertedTensor]]:
     """Each tensor the model reads, one at a time, so that a converter can write each away before the next is read.
     Returns the file's architecture too."""
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
-
     architecture, tensors = tensor_table(gguf_file)
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
     names = _hf_names(architecture, config, {t.name for t in tensors})
-    return architecture, _converted(tensors, processor, names)
+    return architecture, _converted(tensors, row_orders, names)
 
 
-def _converted(tensors: list[GgufTensor], processor, names: dict[str, str]) -> Iterator[ConvertedTensor]:
+def _converted(tensors: list[GgufTensor], row_orders: RowOrders, names: dict[str, str]) -> Iterator[ConvertedTensor]:
     for tensor in tensors:
         if tensor.name not in names:
             continue  # e.g. precomputed rope frequencies: our model computes them
-        if len(tensor.shape) != 2:  # a norm's, a bias's: the processor's output for its values, against them
-            values = tensor.values().numpy()
-            moved = processor.process(weights=values.copy(), name=tensor.name).weights
-            yield ConvertedTensor(names[tensor.name], tensor.place, processed=not np.array_equal(moved, values))
-            continue
-        tensor.rows(0, 1).values()  # a type gguf-py cannot read is refused now, by name, not at a later load
-        rows = np.arange(tensor.shape[0], dtype=np.float32)[:, None]
-        moved = processor.process(weights=rows, name=tensor.name).weights
-        processed = moved.shape != rows.shape or not np.array_equal(np.sort(moved, axis=0), rows)
-        order = None if processed or np.array_equal(moved, rows) else moved[:, 0].astype(np.int64)
+        first = tensor.rows(0, 1) if len(tensor.shape) == 2 else tensor  # a norm's, a bias's: small
+        first.values()  # a type gguf-py cannot read is refused now, by name, not at a later load
+        order, processed = row_orders.orders.get(tensor.name), tensor.name in row_orders.processed
         yield ConvertedTensor(names[tensor.name], tensor.place, order=order, processed=processed)
 
 

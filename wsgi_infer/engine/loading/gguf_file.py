@@ -2,7 +2,9 @@
 dequantizes them.
 
 The conversion reads the table (``tensor_table``); a later load reads the tensors a converted copy does not keep from
-the file itself, at the places the conversion recorded (``file_weights``), without parsing its metadata again.
+the file itself, at the places the conversion recorded (``file_weights``), without parsing its metadata again. The
+table and ``array`` need no torch: the process that reads a first start's text files ahead finds the tensors' row
+orders with them (``row_orders``).
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ import functools
 import mmap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .gguf_header import read_header
+
+if TYPE_CHECKING:
+    import torch
 
 DEQUANTIZED_ROWS = 1024  # a few MB of gguf-py's temporaries at a time
 
@@ -30,34 +35,40 @@ class GgufTensor:
     start: int = 0  # where they begin in the file
 
     def values(self) -> torch.Tensor:
-        """float32 values in torch's shape; ValueError naming a type gguf-py cannot read.
+        """float32 values in torch's shape; ValueError naming a type gguf-py cannot read (``array``)."""
+        import torch
+
+        if self.ggml_type == GGMLQuantizationType.Q6_K:
+            raw = torch.from_numpy(self.raw.copy())  # writable, as torch wants: a fifth of the values' size
+            return _q6_k_values(raw).reshape(self.shape)
+        # F32 comes back as a view of the read-only mapping: a copy of its own (torch warns of a shared one)
+        return torch.from_numpy(np.require(self.array(), np.float32, "W")).reshape(self.shape)
+
+    def array(self) -> np.ndarray:
+        """float32 values as gguf-py dequantizes them, [rows, values a row]; ValueError naming a type it cannot
+        read.
 
         gguf-py's own dequantization of its type's rows, ``DEQUANTIZED_ROWS`` at a time: its ``dequantize`` calls
         that for 16 rows at a time, and took twice as long (0.83 s against 0.43 s for the default model's tensors,
         1.63 s against 0.69 s for Gemma 3 270M's), for the same bits."""
         from gguf import quants
 
-        if self.ggml_type == GGMLQuantizationType.Q6_K:
-            raw = torch.from_numpy(self.raw.copy())  # writable, as torch wants: a fifth of the values' size
-            return _q6_k_values(raw).reshape(self.shape)
         kind = getattr(quants, self.ggml_type.name, None)  # gguf-py's class for the type, where it has one
         try:
             if kind is None or not hasattr(kind, "dequantize_rows"):  # F32 and F16: a view, a cast
-                values = quants.dequantize(self.raw, self.ggml_type)
-            else:
-                kind.init_grid()  # the IQ types' tables
-                # into one array, chunk by chunk: a list of the chunks, then their concatenation, took twice the
-                # values' size (a 1B model's embedding: 800 MB)
-                values = np.empty((self.raw.shape[0], int(np.prod(self.shape)) // self.raw.shape[0]), np.float32)
-                for r in range(0, self.raw.shape[0], DEQUANTIZED_ROWS):
-                    values[r : r + DEQUANTIZED_ROWS] = kind.dequantize_rows(self.raw[r : r + DEQUANTIZED_ROWS])
+                return quants.dequantize(self.raw, self.ggml_type)
+            kind.init_grid()  # the IQ types' tables
+            # into one array, chunk by chunk: a list of the chunks, then their concatenation, took twice the
+            # values' size (a 1B model's embedding: 800 MB)
+            values = np.empty((self.raw.shape[0], int(np.prod(self.shape)) // self.raw.shape[0]), np.float32)
+            for r in range(0, self.raw.shape[0], DEQUANTIZED_ROWS):
+                values[r : r + DEQUANTIZED_ROWS] = kind.dequantize_rows(self.raw[r : r + DEQUANTIZED_ROWS])
+            return values
         except NotImplementedError:
             raise ValueError(
                 f"tensor {self.name}: ggml type {self.ggml_type.name} ({int(self.ggml_type)}) cannot be read "
                 "(gguf-py does not dequantize it)"
             ) from None
-        # F32 comes back as a view of the read-only mapping: a copy of its own (torch warns of a shared one)
-        return torch.from_numpy(np.require(values, np.float32, "W")).reshape(self.shape)
 
     def rows(self, start: int, stop: int) -> GgufTensor:
         """Rows ``start`` to ``stop`` of a 2-D tensor."""
@@ -87,6 +98,8 @@ def _q6_k_values(raw: torch.Tensor) -> torch.Tensor:
     K-quant that most files keep some tensors in (a Q4_K_M's LM head and half its down projections), whose values a
     conversion makes 8-bit groups from (a 1B model's: 2.0 s in gguf-py's numpy, 0.5 s here). A block: 128 bytes of
     low nibbles, 64 of high bit pairs, 16 int8 scales (one per 16 values), float16 d."""
+    import torch
+
     blocks = raw.reshape(-1, 210)
     n = blocks.shape[0]
     scale = blocks[:, 192:208].contiguous().view(torch.int8).float()

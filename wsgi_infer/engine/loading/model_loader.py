@@ -32,6 +32,7 @@ from .model_paths import (
     older_conversions,
 )
 from .resolved_config import read_config, resolved_config_file
+from .row_orders import GGUF_ROW_ORDERS_FILE, read_row_orders
 from .text_files import (
     complete_tokenizer_files,
     config_files_dir,
@@ -109,7 +110,7 @@ def _convert_gguf(gguf: Path, staging: Path, target: Path) -> None:
             write_tokenizer_files(gguf, staging, file_config)
         log.info("model %s: reading where the weights lie", gguf.name)
         places, orders, processed = {}, {}, []
-        architecture, tensors = gguf_tensors(gguf, config)
+        architecture, tensors = gguf_tensors(gguf, config, read_row_orders(staging))
         for tensor in tensors:
             places[tensor.name] = tensor.place
             if tensor.order is not None:
@@ -121,7 +122,8 @@ def _convert_gguf(gguf: Path, staging: Path, target: Path) -> None:
     except Exception as exc:  # transformers and gguf-py raise many kinds for unreadable files
         raise ModelLoadError(f"model {gguf}: cannot read GGUF file ({exc})") from exc
     values = read_json(resolved_config_file(staging))  # the config as its class resolved it, wherever it was read
-    save_file_weights(staging, gguf, architecture, values, places, orders, processed)
+    save_file_weights(staging, gguf, architecture, values, places, orders, processed)  # by our names now
+    (staging / GGUF_ROW_ORDERS_FILE).unlink()
 
 
 def load_config(model_dir: Path):
@@ -175,14 +177,14 @@ PREPARED_LOAD_IMPORTS = (
 )
 FIRST_LOAD_IMPORTS = ("transformers.models.auto.configuration_auto", "transformers.models.auto.tokenization_auto")
 # Reading a GGUF's weights from the file (a copy keeps none), those transformers' processor changes beyond their
-# row order (GPT-2's), and converting one.
+# row order (GPT-2's), and converting one: where its text files were all made ahead, only where the tensors lie.
 FILE_IMPORTS = ("gguf", "wsgi_infer.engine.loading.gguf_file")
 PROCESSOR_IMPORTS = ("transformers.modeling_gguf_pytorch_utils",)
+MADE_AHEAD_CONVERSION_IMPORTS = (*FILE_IMPORTS, "wsgi_infer.engine.loading.gguf_checkpoint")
 CONVERSION_IMPORTS = (
-    *FILE_IMPORTS,
+    *MADE_AHEAD_CONVERSION_IMPORTS,
     *PROCESSOR_IMPORTS,
     "transformers.integrations.gguf.gguf_tokenizer_mapping",
-    "wsgi_infer.engine.loading.gguf_checkpoint",
     "wsgi_infer.engine.loading.gguf_tokenizer",
 )
 
@@ -191,13 +193,15 @@ def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
     """What loading ``model`` imports, beyond the engine's own modules: a first load's auto classes (0.6 s) only where
     no earlier load prepared it (converted the GGUF, resolved the config) or its tokenizer has a class of its own;
     gguf-py where a GGUF's weights are read from the file, and transformers' GGUF processors where one of them is
-    read through those. (A GGUF's text files made ahead spare a conversion little here: its processors import
-    transformers' index of every model, 0.21 s, which the auto classes import first otherwise.)"""
+    read through those. A GGUF whose text files were all made ahead (``text_files``) is converted with none of
+    transformers' GGUF modules, the auto classes or its index of every model (0.33 s, which each of those imports)."""
     try:
         path = model_path(model)
         prepared = _prepared(path)
     except (ModelLoadError, OSError):
         return PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS  # the load will say why
+    if prepared is None and is_gguf(path) and _made_ahead(path):
+        return PREPARED_LOAD_IMPORTS + MADE_AHEAD_CONVERSION_IMPORTS
     if prepared is None:
         return PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS + (CONVERSION_IMPORTS if is_gguf(path) else ())
     weights = FileWeights(prepared)
@@ -205,6 +209,17 @@ def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
         PREPARED_LOAD_IMPORTS
         + (FILE_IMPORTS if len(weights) else ())
         + (PROCESSOR_IMPORTS if weights.processed else ())
+    )
+
+
+def _made_ahead(gguf: Path) -> bool:
+    """Whether a GGUF's config, row orders and tokenizer were all made ahead of its conversion, which takes them."""
+    digest = known_gguf_identity(gguf)
+    target = converted_gguf_dir(gguf, digest) if digest is not None else None
+    return (
+        target is not None
+        and (config_files_dir(target) / GGUF_ROW_ORDERS_FILE).is_file()
+        and (tokenizer_files_dir(target).is_dir())
     )
 
 

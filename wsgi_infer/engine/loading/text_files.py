@@ -6,8 +6,8 @@ time: with torch it imports its distributed tensors and sympy too (0.9 s of a 1B
 server's first start has a process that never imports torch make them (``server.gunicorn.text_files_ahead``) while
 its workers import theirs, in two halves, as a worker needs them:
 
-- the config (``read_config_ahead``), under the copy's lock, which the conversion takes (``take_files``) to find
-  where the tensors lie,
+- the config and the tensors' row orders (``read_config_ahead``), under the copy's lock, which the conversion takes
+  (``take_files``) to find where the tensors lie,
 - while that process reads the tokenizer (``read_tokenizer_ahead``: 1.3 s of Gemma 3's 262,144 tokens), under the
   tokenizer's lock. A conversion that finds it held commits the copy without them, and the copy's first tokenizer
   load (before the weights') waits for them (``complete_tokenizer_files``), or reads them itself where that process
@@ -29,7 +29,7 @@ from ..runtime.cache_files import held_elsewhere, read_json, write_json
 from ..text.builtin_chat_templates import BUILTIN_TEMPLATES
 from .model_paths import conversion_lock, converted_gguf_dir, gguf_identity, tokenizer_lock, tokenizer_lock_file
 from .resolved_config import resolve_config
-from .tokenizer_json import tokenizer_json_saver
+from .row_orders import write_row_orders
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +37,14 @@ TOKENIZER_MARK = "tokenizer_config.json"  # a copy's tokenizer files are all the
 
 
 def write_config_files(gguf: Path, directory: Path):
-    """The file's config into ``directory`` and its resolved config into the cache (``resolved_config``); the
-    config."""
+    """The file's config into ``directory``, its resolved config into the cache (``resolved_config``), and the
+    tensors' row orders under it into ``directory`` (``row_orders``); the config."""
     from .gguf_config import read_gguf_config
 
     config = read_gguf_config(gguf)
     config.save_pretrained(directory)
-    resolve_config(directory)  # while its class is imported: no later load imports it
+    values = resolve_config(directory)  # while its class is imported: no later load imports it
+    write_row_orders(gguf, values, directory)  # as a later load's processor reads them: with the resolved values
     return config
 
 
@@ -54,7 +55,7 @@ def write_tokenizer_files(gguf: Path, directory: Path, config=None) -> None:
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     from .gguf_config import read_gguf_config
-    from .gguf_tokenizer import read_gguf_tokenizer
+    from .gguf_tokenizer import read_gguf_tokenizer, tokenizer_json_saver
 
     config = config if config is not None else read_gguf_config(gguf)
     tokenizer, merges = read_gguf_tokenizer(gguf)
