@@ -197,3 +197,57 @@ def test_a_first_start_with_its_text_files_ahead_imports_no_config_class_nor_the
     subprocess.run([sys.executable, "-m", AHEAD], env=env, check=True, timeout=300)
     heavy = ("transformers.models", "transformers.models.llama.configuration_llama", "torch.distributed.tensor")
     assert_a_load_imports_only_what_load_imports_names(path, env, absent=heavy)
+
+
+LOAD_AFTER_THE_READER_ENDED = """
+import importlib, sys
+from wsgi_infer.engine.loading import model_loader
+gguf = sys.argv[1]
+imports = model_loader.load_imports(gguf)
+for module in imports:
+    importlib.import_module(module)
+print(" ".join(imports), flush=True)
+sys.stdin.readline()  # the reader ahead ends without the tokenizer meanwhile
+asked = []
+
+def importer(function, *args):  # as the server's hub imports for its engine thread
+    before = set(sys.modules)
+    function(*args)
+    asked.extend(set(sys.modules) - before)
+
+model_loader.set_importer(importer)
+before = set(sys.modules)
+from wsgi_infer import LLM
+print(len(LLM(model=gguf).generate("Hi")[0].token_ids), flush=True)
+new = sorted(m for m in set(sys.modules) - before - set(asked) if m.startswith(("transformers", "gguf")))
+assert not new, new
+assert "transformers.integrations.gguf.gguf_tokenizer_mapping" in asked, asked
+"""
+
+
+@pytest.mark.slow  # fresh interpreters read the file
+def test_a_first_load_whose_tokenizer_reader_ends_without_it_has_its_readers_imported_for_it(tmp_path):
+    """A first start whose config was read ahead and whose tokenizer still is, at the hub's start, imports only what
+    finds where the tensors lie; where the reader then ends without the tokenizer, the load reads it itself, its
+    readers imported by whom the server names (its hub), not on the loading thread."""
+    gguf, cache = write_tiny_gguf(tmp_path / "t.gguf", MIXED_TYPES).path, tmp_path / "cache"
+    env = os.environ | {"WSGI_INFER_CACHE_DIR": str(cache)}
+    started = []
+    try:
+        reader = subprocess.Popen([sys.executable, "-c", HALVES, str(gguf)], env=env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)  # fmt: skip
+        started.append(reader)
+        assert reader.stdout.readline() == "config read\n"  # and it holds the tokenizer's lock
+        load = subprocess.Popen([sys.executable, "-c", LOAD_AFTER_THE_READER_ENDED, str(gguf)], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        started.append(load)
+        imported = load.stdout.readline().split()
+        assert imported == [*model_loader.PREPARED_LOAD_IMPORTS, *model_loader.MADE_AHEAD_CONVERSION_IMPORTS]
+        reader.kill()  # it ends without the tokenizer
+        reader.wait()
+        out, _ = load.communicate("go\n", timeout=300)
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+    assert load.returncode == 0 and int(out) > 0  # tokens generated

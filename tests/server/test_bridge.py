@@ -127,3 +127,50 @@ def test_front_end_calls_run_one_at_a_time_and_never_hang():
     out = subprocess.run([sys.executable, "-c", FRONT_END], capture_output=True, text=True, timeout=120, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"results": list(range(40)), "most": 1, "timed_out": True}
+
+
+ON_HUB = textwrap.dedent(
+    """
+    from gevent import monkey; monkey.patch_all()
+    import json, sys, gevent
+    from gevent.monkey import get_original
+    from wsgi_infer.engine.loading.model_loader import import_modules
+    from wsgi_infer.server.engine_client.bridge import HubBridge
+
+    native_ident = get_original("_thread", "get_ident")
+    hub_ident, seen = native_ident(), {}
+    bridge = HubBridge(lambda item: None)
+
+    def where(value):
+        seen.setdefault("ran_on", []).append(native_ident())
+        return value * 2
+
+    def refuse():
+        raise ValueError("not here")
+
+    def engine():  # a genuine OS thread asks the hub, and waits for it
+        seen["caller"] = native_ident()
+        seen["value"] = bridge.call_on_hub(where, 21)
+        try:
+            bridge.call_on_hub(refuse)
+        except ValueError as exc:
+            seen["error"] = str(exc)
+        bridge.call_on_hub(import_modules, ("colorsys",))
+        seen["imported"] = "colorsys" in sys.modules
+        seen["done"] = True
+
+    bridge.start_thread(engine)
+    while not seen.get("done"):
+        gevent.sleep(0.01)
+    print(json.dumps({"value": seen["value"], "error": seen["error"], "imported": seen["imported"],
+                      "on_hub": seen["ran_on"] == [hub_ident], "off_hub": seen["caller"] != hub_ident}))
+    """
+)
+
+
+def test_a_native_threads_call_on_the_hub_runs_there_and_returns_its_result_or_exception():
+    """The engine thread must not import (gevent's locks guard imports): a load that needs a module has the hub
+    import it, and waits."""
+    out = subprocess.run([sys.executable, "-c", ON_HUB], capture_output=True, text=True, timeout=60, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"value": 42, "error": "not here", "imported": True, "on_hub": True, "off_hub": True}

@@ -10,11 +10,14 @@ they are.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..models import model_class
@@ -107,6 +110,7 @@ def _convert_gguf(gguf: Path, staging: Path, target: Path) -> None:
         elif take_files(tokenizer_files_dir(target), staging):
             log.info("model %s: tokenizer read ahead (a process without torch)", gguf.name)
         else:
+            _import_text_file_readers(staging)
             write_tokenizer_files(gguf, staging, file_config)
         log.info("model %s: reading where the weights lie", gguf.name)
         places, orders, processed = {}, {}, []
@@ -149,7 +153,7 @@ def load_tokenizer(model_dir: Path):
     try:
         gguf = copied_gguf(model_dir)
         if gguf is not None:  # a GGUF's copy, perhaps committed while its tokenizer was read ahead
-            complete_tokenizer_files(gguf, model_dir)
+            complete_tokenizer_files(gguf, model_dir, functools.partial(_import_text_file_readers, model_dir))
         if _generic_tokenizer(model_dir):
             # As converted GGUFs name theirs. AutoTokenizer would first index every model's module (0.5 s).
             tokenizer = TokenizersBackend.from_pretrained(model_dir, local_files_only=True)
@@ -188,13 +192,52 @@ CONVERSION_IMPORTS = (
     "wsgi_infer.engine.loading.gguf_tokenizer",
 )
 
+# transformers' readers of a GGUF's config and tokenizer, for a conversion that reads them itself
+TEXT_FILE_IMPORTS = FIRST_LOAD_IMPORTS + CONVERSION_IMPORTS
+
+
+def import_modules(modules: tuple[str, ...]) -> None:
+    for module in modules:
+        importlib.import_module(module)
+
+
+def _call(function: Callable[..., None], *args: object) -> None:
+    function(*args)
+
+
+_importer: Callable[..., None] = _call
+
+
+def set_importer(importer: Callable[..., None]) -> None:
+    """Who imports what a load needs beyond ``load_imports`` (``importer(function, *args)`` calls the function that
+    imports): a GGUF's text files to read after all, where the process ahead (``text_files``) ended without them.
+    The server's hub, for its engine thread, which must not import (gevent's patched locks guard the imports and the
+    loggers they create); by default the loading thread."""
+    global _importer
+    _importer = importer
+
+
+def _import_text_file_readers(model_dir: Path) -> None:
+    """transformers' readers of a GGUF's text files, and the class of its config (as ``model_dir`` holds it), which
+    reading the file's config imports."""
+    _importer(_import_readers, read_config(model_dir).model_type)
+
+
+def _import_readers(model_type: str) -> None:
+    import_modules(TEXT_FILE_IMPORTS)
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    CONFIG_MAPPING[model_type]  # a lazy mapping: this imports the class's module
+
 
 def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
     """What loading ``model`` imports, beyond the engine's own modules: a first load's auto classes (0.6 s) only where
     no earlier load prepared it (converted the GGUF, resolved the config) or its tokenizer has a class of its own;
     gguf-py where a GGUF's weights are read from the file, and transformers' GGUF processors where one of them is
-    read through those. A GGUF whose text files were all made ahead (``text_files``) is converted with none of
-    transformers' GGUF modules, the auto classes or its index of every model (0.33 s, which each of those imports)."""
+    read through those. A GGUF whose config and row orders were made ahead (``text_files``), its tokenizer too or
+    still being read there, is converted with none of transformers' GGUF modules, the auto classes or its index of
+    every model (0.33 s, which each of those imports): if that process ends without the tokenizer, the load has them
+    imported then (``set_importer``)."""
     try:
         path = model_path(model)
         prepared = _prepared(path)
@@ -213,13 +256,13 @@ def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
 
 
 def _made_ahead(gguf: Path) -> bool:
-    """Whether a GGUF's config, row orders and tokenizer were all made ahead of its conversion, which takes them."""
+    """Whether a GGUF's config and row orders were made ahead of its conversion, and its tokenizer is or is being."""
     digest = known_gguf_identity(gguf)
     target = converted_gguf_dir(gguf, digest) if digest is not None else None
     return (
         target is not None
         and (config_files_dir(target) / GGUF_ROW_ORDERS_FILE).is_file()
-        and (tokenizer_files_dir(target).is_dir())
+        and (tokenizer_files_dir(target).is_dir() or tokenizer_being_read(target))
     )
 
 

@@ -11,7 +11,7 @@ its workers import theirs, in two halves, as a worker needs them:
 - while that process reads the tokenizer (``read_tokenizer_ahead``: 1.3 s of Gemma 3's 262,144 tokens), under the
   tokenizer's lock. A conversion that finds it held commits the copy without them, and the copy's first tokenizer
   load (before the weights') waits for them (``complete_tokenizer_files``), or reads them itself where that process
-  ended without.
+  ended without (the server's hub then imports transformers' readers for it: ``model_loader.set_importer``).
 """
 
 from __future__ import annotations
@@ -152,15 +152,16 @@ def take_files(ready: Path, into: Path) -> bool:
     return True
 
 
-def complete_tokenizer_files(gguf: Path, target: Path) -> None:
+def complete_tokenizer_files(gguf: Path, target: Path, before_reading: Callable[[], None]) -> None:
     """The tokenizer files of a copy committed without them (``tokenizer_being_read``): taken once read ahead, or
-    read now where that process ended without them."""
+    read now where that process ended without them, ``before_reading`` called first."""
     if (target / TOKENIZER_MARK).is_file():
         return
     with tokenizer_lock(target):
         if (target / TOKENIZER_MARK).is_file() or take_files(tokenizer_files_dir(target), target):
             return
         log.info("model %s: reading its tokenizer into %s (once)", gguf.name, target)
+        before_reading()
         staging = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=target.parent))
         try:
             write_tokenizer_files(gguf, staging)

@@ -17,6 +17,9 @@ thread must hand results to greenlets in a way that wakes the hub. A
 - The thread's log records go to the hub, which emits them, so the thread
   never touches logging's patched locks.
 
+``call_on_hub`` is the way back: the native thread has a greenlet of the hub run
+a call it must not make itself (an import) and waits for it on a ``SimpleQueue``.
+
 ``run_off_hub`` is the other native-thread door: a greenlet runs a call that
 releases the GIL (tokenizing a prompt, compiling a grammar) on one OS thread
 of the worker's own, the front-end thread, and waits cooperatively, so neither
@@ -152,6 +155,19 @@ class HubBridge:
             yield self._commands.get_nowait()
 
     # --- thread to hub --------------------------------------------------------------
+    def call_on_hub(self, function: Callable[..., Any], *args: Any) -> Any:
+        """Native thread: ``function(*args)`` in a greenlet of the hub, waited for natively; its result, or its
+        exception. For what the native thread must not do itself: import (gevent's patched locks guard imports and
+        the loggers they create). On the hub's own thread, or once the bridge is closed, the call runs here."""
+        if self.on_hub_thread() or self._closed:
+            return function(*args)
+        reply: SimpleQueue = SimpleQueue()
+        self.post(_HubCall(function, args, reply))
+        value, error = reply.get()
+        if error is not None:
+            raise error
+        return value
+
     def post(self, item: Any) -> None:
         """Thread-safe: queue ``item`` and wake the hub."""
         self._items.append(item)
@@ -163,6 +179,8 @@ class HubBridge:
             try:
                 if isinstance(item, logging.LogRecord):
                     logging.getLogger(item.name).handle(item)  # as if it had been logged here
+                elif isinstance(item, _HubCall):
+                    gevent.spawn(item.run)  # in a greenlet: the hub's own loop callback must not block
                 else:
                     self._handler(item)
             except Exception:  # one bad item must not stop delivery of the rest
@@ -173,6 +191,16 @@ class HubBridge:
         self._drain()
         self._watcher.stop()
         self._watcher.close()
+
+
+class _HubCall:
+    """A native thread's call for the hub (``call_on_hub``), and where its result goes."""
+
+    def __init__(self, function: Callable[..., Any], args: tuple, reply: SimpleQueue) -> None:
+        self.function, self.args, self.reply = function, args, reply
+
+    def run(self) -> None:
+        self.reply.put(_returned(self.function, self.args))
 
 
 def front_end_busy_for() -> float:

@@ -10,7 +10,6 @@ failure, graceful drain and quick shutdown.
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import logging
 import time
@@ -20,7 +19,7 @@ import gevent
 import gevent.event
 
 from ...engine import messages
-from ...engine.loading.model_loader import load_imports
+from ...engine.loading.model_loader import import_modules, load_imports, set_importer
 from ...engine.loop import EngineLoop
 from ...engine.messages import Abort, Stop, Submit
 from ...engine.sampling_params import SamplingParams
@@ -96,10 +95,10 @@ class EngineManager:
         if self._bridge is not None:
             return
         # Import what loading imports here, in the hub, so the engine's threads create no loggers.
-        for module in {m for model in self.models.values() for m in load_imports(model.spec.path)}:
-            importlib.import_module(module)
+        import_modules(tuple({m for model in self.models.values() for m in load_imports(model.spec.path)}))
 
         self._bridge = HubBridge(self._router.deliver, RELAYED_LOGGERS)
+        set_importer(self._bridge.call_on_hub)  # what a load imports later, the hub imports
         settings = self.settings
         tests_only = (settings.test_fault_at_step, settings.test_stall_after_step, settings.test_load_seconds)
         self._loop = EngineLoop(self._bridge, *tests_only)
