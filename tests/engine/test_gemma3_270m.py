@@ -3,15 +3,22 @@ dequantized weights, close to it on the packed path it serves by default, and it
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from wsgi_infer import LLM, SamplingParams
+from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE, PROCESSOR_IMPORTS, FileWeights
+from wsgi_infer.engine.loading.gguf_file import mapped_file, mapped_tensor
 from wsgi_infer.engine.sampling_params import StructuredOutput
 
 from ..conftest import assert_idle
+from ..support.fresh_imports import assert_a_load_imports_only_what_load_imports_names
 from ..support.grammar_reference import assert_masks_as_the_python_binding
 from ..support.in_process import InProcessServer
 from ..support.transformers_reference import assert_tokenizer_as_transformers_reads, reference_greedy
@@ -56,6 +63,36 @@ def test_float32_equals_transformers_on_the_dequantized_weights(exact):
 def test_its_tokenizer_is_the_one_transformers_reads_from_the_file(gemma_gguf, exact, tmp_path):
     """A SentencePiece vocabulary without merges in the file (transformers recovers them from the scores)."""
     assert_tokenizer_as_transformers_reads(gemma_gguf, exact.engine.model_dir, tmp_path)
+
+
+def test_a_load_takes_the_norms_kept_while_the_file_holds_them(gemma_gguf, exact, tmp_path):
+    """Gemma's norms are stored in the file shifted by one, which transformers' processor undoes: the conversion
+    keeps its output, so a later load imports neither the processor nor, with it, transformers' index of every model
+    (0.3 s of each start). A file changed in place since (the same header: the same copy) has its norms processed
+    again, not the values kept taken."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
+
+    weights = FileWeights(exact.engine.model_dir)
+    assert weights.processed and not weights.needs_processor
+    assert_a_load_imports_only_what_load_imports_names(
+        gemma_gguf, os.environ, ("transformers.models", *PROCESSOR_IMPORTS)
+    )
+    record = json.loads((exact.engine.model_dir / FILE_WEIGHTS_FILE).read_text())
+    name = "model.layers.0.input_layernorm.weight"
+    gguf_name, _, shape, start = record["weights"][name]
+    processor = TENSOR_PROCESSORS["gemma3"](config=record["config"])
+    changed, copy = tmp_path / "changed.gguf", tmp_path / "copy"
+    shutil.copyfile(gemma_gguf, changed)
+    values = np.linspace(-2, 2, shape[0], dtype=np.float32)
+    with changed.open("r+b") as file:  # the norm's float32 values, where the file holds them
+        file.seek(start)
+        file.write(values.tobytes())
+    shutil.copytree(exact.engine.model_dir, copy)
+    (copy / FILE_WEIGHTS_FILE).write_text(json.dumps(record | {"gguf": str(changed)}))
+    expected = processor.process(weights=values.copy(), name=gguf_name).weights
+    assert not np.array_equal(expected, values) and torch.equal(FileWeights(copy)[name], torch.from_numpy(expected))
+    in_file = mapped_tensor(mapped_file(gemma_gguf), record["weights"][name]).array().reshape(shape)
+    assert torch.equal(weights[name], torch.from_numpy(processor.process(weights=in_file, name=gguf_name).weights))
 
 
 def test_the_packed_path_agrees_on_95_percent_of_500_tokens(gemma_gguf, exact):

@@ -202,6 +202,7 @@ def test_a_first_start_with_its_text_files_ahead_imports_no_config_class_nor_the
 LOAD_AFTER_THE_READER_ENDED = """
 import importlib, sys
 from wsgi_infer.engine.loading import model_loader
+from wsgi_infer.engine.runtime import native_threads
 gguf = sys.argv[1]
 imports = model_loader.load_imports(gguf)
 for module in imports:
@@ -215,7 +216,7 @@ def importer(function, *args):  # as the server's hub imports for its engine thr
     function(*args)
     asked.extend(set(sys.modules) - before)
 
-model_loader.set_importer(importer)
+native_threads.set_importer(importer)
 before = set(sys.modules)
 from wsgi_infer import LLM
 print(len(LLM(model=gguf).generate("Hi")[0].token_ids), flush=True)

@@ -134,7 +134,7 @@ ON_HUB = textwrap.dedent(
     from gevent import monkey; monkey.patch_all()
     import json, sys, gevent
     from gevent.monkey import get_original
-    from wsgi_infer.engine.loading.model_loader import import_modules
+    from wsgi_infer.engine.runtime.native_threads import import_modules
     from wsgi_infer.server.engine_client.bridge import HubBridge
 
     native_ident = get_original("_thread", "get_ident")

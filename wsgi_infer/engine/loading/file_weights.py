@@ -5,8 +5,9 @@ Q4_K_M) would be a second copy of the file, and the CPU kernels read the file's 
 from the file, mapped, at the place the conversion recorded here: its blocks as they are (``FileBlocks``), or its
 values (norms, the embedding's table, a GPU, ``quantization none``, a type the kernels do not read), dequantized by
 gguf-py; either way in our row order, as transformers' processor for the architecture reorders them. The conversion
-records that order (``ROW_ORDERS_FILE``), so a later load needs transformers' GGUF module only for a tensor the
-processor does more than reorder (Gemma's norms, GPT-2's Conv1D weights).
+records that order (``ROW_ORDERS_FILE``), and of a vector the processor changes (Gemma's norms) its values as the file
+held them and as the processor gave them: so a later load needs transformers' GGUF module only for a matrix the
+processor does more than reorder (GPT-2's Conv1D weights), or a vector whose values in the file changed since.
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ import torch
 from torch import nn
 
 from ..runtime.cache_files import read_json, write_json
+from ..runtime.native_threads import import_for_thread
 from .model_paths import ModelLoadError
+from .row_orders import kept_arrays, kept_values
 
 if TYPE_CHECKING:  # gguf_file imports gguf, which a load imports only when it reads a file
     from .gguf_file import GgufTensor
 
 FILE_WEIGHTS_FILE = "gguf_weights.json"  # in a converted copy: the file, and where each tensor lies in it
-ROW_ORDERS_FILE = "row_orders.npz"  # beside it: our row order of each weight whose rows the processor moves
+ROW_ORDERS_FILE = "row_orders.npz"  # beside it: our row order of each weight whose rows the processor moves, and kept
+PROCESSOR_IMPORTS = ("transformers.modeling_gguf_pytorch_utils",)  # transformers' processors: 0.3 s, its model index
 
 
 def save_file_weights(
@@ -39,12 +43,14 @@ def save_file_weights(
     places: dict[str, list],
     orders: dict[str, np.ndarray],
     processed: list[str],
+    kept: dict[str, tuple[np.ndarray, np.ndarray]],
 ) -> None:
     """``places``: each weight's Hugging Face name -> ``GgufTensor.place``; ``orders``: the weights whose rows move,
-    -> their order; ``processed``: those the processor changes otherwise (their values are read through it)."""
+    -> their order; ``processed``: those the processor changes otherwise (their values are read through it, or
+    ``kept``: a vector's values, the file's and the processor's)."""
     record = {"gguf": str(gguf.resolve()), "architecture": architecture, "config": config, "weights": places}
     write_json(directory / FILE_WEIGHTS_FILE, record | {"processed": processed})
-    np.savez(directory / ROW_ORDERS_FILE, **orders)
+    np.savez(directory / ROW_ORDERS_FILE, **orders, **kept_arrays(kept))
 
 
 def copied_gguf(model_dir: Path) -> Path | None:
@@ -110,6 +116,7 @@ class FileWeights(Mapping):
         self._record = read_json(directory / FILE_WEIGHTS_FILE) or {"weights": {}}
         self._orders_file = directory / ROW_ORDERS_FILE
         self._orders: dict[str, np.ndarray] | None = None  # read at the first weight asked for
+        self._kept: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # with them: the processed vectors' values
         self._blob: np.ndarray | None = None
         self._processor = None
 
@@ -122,7 +129,7 @@ class FileWeights(Mapping):
         finally:
             tensor.let_go()  # read: its pages need not stay in this process
         if name in self.processed:
-            return torch.from_numpy(np.ascontiguousarray(self._reorder(values, tensor.name)))
+            return torch.from_numpy(np.ascontiguousarray(self._processed(values, name, tensor.name)))
         order = self._order(name)
         return torch.from_numpy(values if order is None else values[order])
 
@@ -150,13 +157,29 @@ class FileWeights(Mapping):
         """The weights read through transformers' processor."""
         return self._record.get("processed", [])
 
+    @property
+    def needs_processor(self) -> bool:
+        """Whether a load of these weights runs transformers' processor: a processed weight's values are not kept
+        (those kept are taken while the file holds the same values)."""
+        self._order("")
+        return any(name not in self._kept for name in self.processed)
+
     def _order(self, name: str) -> np.ndarray | None:
         if self._orders is None:  # once: opening the archive for each weight was 40% of a 135M model's load
             self._orders = {}
             if self._orders_file.is_file():
                 with np.load(self._orders_file) as orders:
                     self._orders = {key: orders[key] for key in orders.files}
+            self._kept = kept_values(self._orders)
         return self._orders.get(name)
+
+    def _processed(self, values: np.ndarray, name: str, gguf_name: str) -> np.ndarray:
+        """The processor's output for a weight's values: kept, where the file still holds the values kept with it."""
+        self._order(name)
+        kept = self._kept.get(name)
+        if kept is not None and np.array_equal(kept[0], values):
+            return kept[1]
+        return self._reorder(values, gguf_name)
 
     def _tensor(self, name: str):
         from .gguf_file import mapped_file, mapped_tensor
@@ -172,6 +195,7 @@ class FileWeights(Mapping):
         """transformers' processor of the architecture, as the conversion applied it (llama.cpp's permutation of
         the query and key rows, undone)."""
         if self._processor is None:
+            import_for_thread(PROCESSOR_IMPORTS)  # where the load did not expect it: a kept vector's file changed
             from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
             kind = TENSOR_PROCESSORS.get(self._record["architecture"], TensorProcessor)

@@ -25,12 +25,14 @@ class ConvertedTensor:
     """What a converted copy keeps of one tensor, under its Hugging Face name: the ``place`` in the file to read it
     from (``file_weights``), with the order transformers' processor puts a matrix's rows in (``order``: our row r is
     the file's ``order[r]``; None: the file's), or ``processed`` where the processor does more than move its rows
-    (GPT-2 transposes its Conv1D weights; Gemma's norms are stored less one)."""
+    (GPT-2 transposes its Conv1D weights; Gemma's norms are stored less one), with a vector's values as the file
+    holds them and as the processor gave them (``kept``)."""
 
     name: str
     place: list
     order: np.ndarray | None = None
     processed: bool = False
+    kept: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def gguf_tensors(gguf_file: Path, config, row_orders: RowOrders) -> tuple[str, Iterator[ConvertedTensor]]:
@@ -48,7 +50,8 @@ def _converted(tensors: list[GgufTensor], row_orders: RowOrders, names: dict[str
         first = tensor.rows(0, 1) if len(tensor.shape) == 2 else tensor  # a norm's, a bias's: small
         first.values()  # a type gguf-py cannot read is refused now, by name, not at a later load
         order, processed = row_orders.orders.get(tensor.name), tensor.name in row_orders.processed
-        yield ConvertedTensor(names[tensor.name], tensor.place, order=order, processed=processed)
+        kept = row_orders.kept.get(tensor.name)
+        yield ConvertedTensor(names[tensor.name], tensor.place, order=order, processed=processed, kept=kept)
 
 
 def _hf_names(architecture: str, config, present: set[str]) -> dict[str, str]:

@@ -11,19 +11,18 @@ they are.
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from ..models import model_class
 from ..runtime.cache_files import read_json
 from ..runtime.heap import release_free_heap
-from .file_weights import FileWeights, copied_gguf, orphaned_copies, save_file_weights
+from ..runtime.native_threads import call_on_importer, import_modules
+from .file_weights import PROCESSOR_IMPORTS, FileWeights, copied_gguf, orphaned_copies, save_file_weights
 from .model_paths import (
     ModelLoadError,
     conversion_lock,
@@ -113,7 +112,7 @@ def _convert_gguf(gguf: Path, staging: Path, target: Path) -> None:
             _import_text_file_readers(staging)
             write_tokenizer_files(gguf, staging, file_config)
         log.info("model %s: reading where the weights lie", gguf.name)
-        places, orders, processed = {}, {}, []
+        places, orders, processed, kept = {}, {}, [], {}
         architecture, tensors = gguf_tensors(gguf, config, read_row_orders(staging))
         for tensor in tensors:
             places[tensor.name] = tensor.place
@@ -121,12 +120,14 @@ def _convert_gguf(gguf: Path, staging: Path, target: Path) -> None:
                 orders[tensor.name] = tensor.order
             if tensor.processed:
                 processed.append(tensor.name)
+            if tensor.kept is not None:
+                kept[tensor.name] = tensor.kept
     except ModelLoadError:
         raise
     except Exception as exc:  # transformers and gguf-py raise many kinds for unreadable files
         raise ModelLoadError(f"model {gguf}: cannot read GGUF file ({exc})") from exc
     values = read_json(resolved_config_file(staging))  # the config as its class resolved it, wherever it was read
-    save_file_weights(staging, gguf, architecture, values, places, orders, processed)  # by our names now
+    save_file_weights(staging, gguf, architecture, values, places, orders, processed, kept)  # by our names
     (staging / GGUF_ROW_ORDERS_FILE).unlink()
 
 
@@ -183,7 +184,6 @@ FIRST_LOAD_IMPORTS = ("transformers.models.auto.configuration_auto", "transforme
 # Reading a GGUF's weights from the file (a copy keeps none), those transformers' processor changes beyond their
 # row order (GPT-2's), and converting one: where its text files were all made ahead, only where the tensors lie.
 FILE_IMPORTS = ("gguf", "wsgi_infer.engine.loading.gguf_file")
-PROCESSOR_IMPORTS = ("transformers.modeling_gguf_pytorch_utils",)
 MADE_AHEAD_CONVERSION_IMPORTS = (*FILE_IMPORTS, "wsgi_infer.engine.loading.gguf_checkpoint")
 CONVERSION_IMPORTS = (
     *MADE_AHEAD_CONVERSION_IMPORTS,
@@ -196,31 +196,10 @@ CONVERSION_IMPORTS = (
 TEXT_FILE_IMPORTS = FIRST_LOAD_IMPORTS + CONVERSION_IMPORTS
 
 
-def import_modules(modules: tuple[str, ...]) -> None:
-    for module in modules:
-        importlib.import_module(module)
-
-
-def _call(function: Callable[..., None], *args: object) -> None:
-    function(*args)
-
-
-_importer: Callable[..., None] = _call
-
-
-def set_importer(importer: Callable[..., None]) -> None:
-    """Who imports what a load needs beyond ``load_imports`` (``importer(function, *args)`` calls the function that
-    imports): a GGUF's text files to read after all, where the process ahead (``text_files``) ended without them.
-    The server's hub, for its engine thread, which must not import (gevent's patched locks guard the imports and the
-    loggers they create); by default the loading thread."""
-    global _importer
-    _importer = importer
-
-
 def _import_text_file_readers(model_dir: Path) -> None:
     """transformers' readers of a GGUF's text files, and the class of its config (as ``model_dir`` holds it), which
     reading the file's config imports."""
-    _importer(_import_readers, read_config(model_dir).model_type)
+    call_on_importer(_import_readers, read_config(model_dir).model_type)
 
 
 def _import_readers(model_type: str) -> None:
@@ -237,7 +216,7 @@ def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
     read through those. A GGUF whose config and row orders were made ahead (``text_files``), its tokenizer too or
     still being read there, is converted with none of transformers' GGUF modules, the auto classes or its index of
     every model (0.33 s, which each of those imports): if that process ends without the tokenizer, the load has them
-    imported then (``set_importer``)."""
+    imported then (``native_threads.set_importer``)."""
     try:
         path = model_path(model)
         prepared = _prepared(path)
@@ -251,7 +230,7 @@ def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
     return (
         PREPARED_LOAD_IMPORTS
         + (FILE_IMPORTS if len(weights) else ())
-        + (PROCESSOR_IMPORTS if weights.processed else ())
+        + (PROCESSOR_IMPORTS if weights.needs_processor else ())
     )
 
 

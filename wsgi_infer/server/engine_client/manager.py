@@ -19,9 +19,10 @@ import gevent
 import gevent.event
 
 from ...engine import messages
-from ...engine.loading.model_loader import import_modules, load_imports, set_importer
+from ...engine.loading.model_loader import load_imports
 from ...engine.loop import EngineLoop
 from ...engine.messages import Abort, Stop, Submit
+from ...engine.runtime.native_threads import import_modules, set_importer
 from ...engine.sampling_params import SamplingParams
 from ..errors import APIError
 from ..model_specs import model_specs
