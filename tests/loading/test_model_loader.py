@@ -23,7 +23,8 @@ from wsgi_infer.engine.loading import checkpoint_tensors
 from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
 from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE, FileBlocks
 from wsgi_infer.engine.loading.gguf_config import read_gguf_config
-from wsgi_infer.engine.loading.gguf_file import file_header, tensor_table
+from wsgi_infer.engine.loading.gguf_file import tensor_table
+from wsgi_infer.engine.loading.gguf_header import file_header
 from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE
 from wsgi_infer.engine.loading.model_loader import (
     CONVERSION_IMPORTS,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from .gguf_header import read_header
+from .gguf_header import file_header
 
 F32 = 0  # the ggml type of the values a config reads from a tensor (Phi-3's LongRoPE factors)
 
@@ -23,7 +23,7 @@ def read_gguf_config(gguf_file: Path):
     from transformers import AutoConfig
     from transformers.modeling_gguf_pytorch_utils import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_TO_TRANSFORMERS_MAPPING
 
-    metadata, entries, data_start = read_header(gguf_file)
+    metadata, entries, data_start = file_header(gguf_file)
     tensor_names = {name for name, *_ in entries}
     architecture = file_architecture = metadata["general.architecture"]
     if architecture == "llama" and metadata.get("general.name") == "mistral":

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...engine.config import default_cpu_kv_bytes
-from ...engine.loading.gguf_header import read_header
+from ...engine.loading.gguf_header import file_header
 
 CONVERTED_COPY = 1.2  # a GGUF's converted copy in memory, at most, per byte of the file (issue 52's bound)
 BUDGET_SHARE = 0.75  # of the machine's (or cgroup's) memory, split over the workers, by default
@@ -87,7 +87,7 @@ def kv_token_bytes(path: Path) -> int:
     where neither tells (the engine's least cache then)."""
     try:
         if path.is_file():
-            metadata = read_header(path)[0]
+            metadata = file_header(path)[0]
             prefix = metadata["general.architecture"] + "."
             layers, heads = metadata[prefix + "block_count"], metadata[prefix + "attention.head_count"]
             kv_heads = metadata.get(prefix + "attention.head_count_kv", heads)
