@@ -5,14 +5,17 @@ text substitution gets wrong (``"],["`` is a token of Gemma 3's)."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import random
 
 import pytest
 from tokenizers import Tokenizer, models
 
+from wsgi_infer.engine.kernels.build import kernels_library
 from wsgi_infer.engine.loading.gguf_tokenizer import read_gguf_tokenizer, tokenizer_json
 from wsgi_infer.engine.loading.model_paths import default_model_path
+from wsgi_infer.engine.loading.vocabulary_merges import MergeList, library_merges
 
 PUNCTUATION = ['"', "\\", ",", "[", "]", "],[", '","', '"],["', "\\u0022", "\n", "\t", "▁", "é", "世", "\x00"]
 
@@ -49,6 +52,20 @@ def test_a_merge_with_a_space_in_a_part_keeps_them_all_as_pairs():
     merges = json.loads(written)["model"]["merges"]
     assert any(" " in part for merge in merges for part in merge) and all(len(merge) == 2 for merge in merges)
     assert Tokenizer.from_str(written).to_str() == expected
+
+
+@pytest.mark.parametrize("parts", [PUNCTUATION, [*PUNCTUATION, " "]], ids=["strings", "pairs"])
+def test_merges_the_library_recovers_are_written_from_its_pairs_of_indices_as_from_their_strings(parts):
+    """The merges the kernels' library recovers (Gemma's) are pairs of the vocabulary's indices, written from the
+    tokens' escaped bytes: the same text as those pairs' strings written one by one, in either form."""
+    vocab, _ = bpe_parts([*parts, "a", "b"])
+    order = sorted(vocab, key=vocab.__getitem__)
+    merges = library_merges(ctypes.CDLL(str(kernels_library(build=True))), vocab, order, best_first=False)
+    assert isinstance(merges, MergeList) and len(merges) > 200
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    written = tokenizer_json(backend, merges)
+    assert written == tokenizer_json(backend, list(merges))
+    assert all(isinstance(merge, list) for merge in json.loads(written)["model"]["merges"]) == (" " in parts)
 
 
 def test_the_shipped_vocabulary_is_written_with_its_merges_as_strings():

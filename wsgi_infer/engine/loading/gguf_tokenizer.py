@@ -31,7 +31,7 @@ from pathlib import Path
 from unittest import mock
 
 from .gguf_header import read_header
-from .vocabulary_merges import vocabulary_merges
+from .vocabulary_merges import MergeList, vocabulary_merges
 
 STRING_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")  # the only arrays of strings a tokenizer reads
 
@@ -44,10 +44,10 @@ def read_gguf_tokenizer(gguf_file: Path) -> tuple[object, list[tuple[str, ...]]]
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     architecture, tokenizer_dict, settings = tokenizer_metadata(gguf_file)
-    merges = []
+    found = []
 
     def merges_apart(*args, **kwargs) -> list:
-        merges.extend(get_merges(*args, **kwargs))
+        found.append(get_merges(*args, **kwargs))  # as they are: a ``MergeList`` writes its own JSON
         return []
 
     with (
@@ -60,7 +60,7 @@ def read_gguf_tokenizer(gguf_file: Path) -> tuple[object, list[tuple[str, ...]]]
     tokenizer = TokenizersBackend.__new__(TokenizersBackend)
     tokenizer._tokenizer = backend
     tokenizer.__init__(**settings, **extra)
-    return tokenizer, merges
+    return tokenizer, found[0] if found else []
 
 
 def tokenizer_metadata(gguf_file: Path) -> tuple[str, dict, dict]:
@@ -101,6 +101,8 @@ def tokenizer_json(backend, merges: Sequence[tuple[str, ...]]) -> str:
 
 def _listed(merges: Sequence[tuple[str, ...]]) -> str:
     """The merges as a JSON list of "a b" strings, or of pairs where a part has a space (or a merge is no pair)."""
+    if isinstance(merges, MergeList):
+        return merges.json()
     joined = list(map(" ".join, merges))
     if set(map(len, merges)) == {2} and "".join(joined).count(" ") == len(joined):  # no space in a part
         return json.dumps(joined, ensure_ascii=False, separators=(",", ":"))
