@@ -107,29 +107,10 @@ class MergeList(Sequence):
         pieces = np.frombuffer(escaped + opening + between + closing + b",", np.uint8)
         constant = len(escaped) + np.cumsum([0, len(opening), len(between), len(closing)])
         lengths = np.diff(offsets)
-        starts = np.stack(
-            [
-                np.full(len(self), constant[0]),
-                offsets[self.left],
-                np.full(len(self), constant[1]),
-                offsets[self.right],
-                np.full(len(self), constant[2]),
-                np.full(len(self), constant[3]),
-            ],
-            1,
-        )
-        sizes = np.stack(
-            [
-                np.full(len(self), len(opening)),
-                lengths[self.left],
-                np.full(len(self), len(between)),
-                lengths[self.right],
-                np.full(len(self), len(closing)),
-                np.ones(len(self), np.int64),
-            ],
-            1,
-        )
-        starts, sizes = starts.ravel()[:-1], sizes.ravel()[:-1]  # no comma after the last
+        # each merge's six pieces: opening, left part, between, right part, closing and a comma (none after the last)
+        at = [constant[0], offsets[self.left], constant[1], offsets[self.right], constant[2], constant[3]]
+        size = [len(opening), lengths[self.left], len(between), lengths[self.right], len(closing), 1]
+        starts, sizes = (np.stack([np.broadcast_to(x, len(self)) for x in xs], 1).ravel()[:-1] for xs in (at, size))
         placed = np.cumsum(sizes) - sizes
         gathered = pieces[np.repeat(starts - placed, sizes) + np.arange(int(sizes.sum()))]
         return "[" + gathered.tobytes().decode("utf-8") + "]"
