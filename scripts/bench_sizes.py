@@ -41,10 +41,12 @@ from wsgi_infer.server.engine_client.residency import kv_token_bytes  # noqa: E4
 SERVE = [str(Path(sys.executable).with_name("wsgi-infer")), "serve"]
 PEERS = {"llama-server": "llama", IK_NAME: "ik"}
 FIGURES = {"1 stream": "c1_tok_s", "16 streams": "c16_tok_s", "2,048-token prefill": "prefill_tok_s"}
-# The virtual machines we measure on hand memory freed back to their host after about 2 s (virtio-balloon's free page
-# reporting), and memory taken again costs the host's page faults: a start right after another reuses what that one
-# freed (a 3B's weights laid out in 2.5 s, against 4.0 s three seconds later; Intel Xeon). Every start waits this long
-# first, so that each finds the memory as a server started on a machine at rest does.
+# On the virtual machines we measure on, memory costs the host's page faults when it is taken after a while at rest:
+# the 3B's weights laid out in 1.9-2.1 s four seconds after another load, in 4.1-4.4 s after a minute (in-process,
+# the same copy; AMD EPYC Zen 4, 2026-12-04), and a sweep's first start of a model came after the other sides' starts
+# of the one before, so it paid that and its later start did not. Before every start, ours and the peers', a process
+# takes as much memory as the start will (``back_memory``), and the start waits SETTLE_SECONDS after it: each finds
+# memory as on a machine whose memory is its own.
 SETTLE_SECONDS = 4
 
 
@@ -57,8 +59,15 @@ def shape(path: Path) -> tuple[int, int, int]:
     return sum(int(t.n_elements) for t in reader.tensors), weights, default_cpu_kv_bytes(per_token) // per_token
 
 
-def started(command, env: dict[str, str]) -> tuple[float, float]:
-    """(seconds from launch to a 200 on /health, the peak RSS in MB of its processes then); ``command(port)``."""
+def back_memory(nbytes: int) -> None:
+    """Have a process write ``nbytes`` of memory, and end (see SETTLE_SECONDS)."""
+    subprocess.run([sys.executable, "-c", f"import numpy; numpy.ones({nbytes}, numpy.uint8)"], check=True)
+
+
+def started(command, env: dict[str, str], memory_bytes: int) -> tuple[float, float]:
+    """(seconds from launch to a 200 on /health, the peak RSS in MB of its processes then); ``command(port)``, which
+    takes at most ``memory_bytes``."""
+    back_memory(memory_bytes)
     time.sleep(SETTLE_SECONDS)
     peak = []
     seconds = seconds_to_health(command, env, on_ready=lambda process: peak.append(tree_peak_rss_mb(process.pid)))
@@ -72,15 +81,15 @@ def peer_command(binary: str, model: Path, kv_tokens: int, ik: bool) -> list[str
 
 
 def starts(model: Path, peers: dict[str, str], kv_tokens: int) -> dict:
-    figures = {}
+    figures, memory = {}, 2 * model.stat().st_size + (2 << 30)  # over any side's RSS (llama-server's 3B: 2.07x)
     with tempfile.TemporaryDirectory() as cache:
         env = os.environ | {"WSGI_INFER_CACHE_DIR": cache, "WSGI_INFER_MODEL": str(model)}
         for which in ("first", "later"):
-            seconds, rss = started(lambda port: [*SERVE, "--bind", f"127.0.0.1:{port}"], env)
+            seconds, rss = started(lambda port: [*SERVE, "--bind", f"127.0.0.1:{port}"], env, memory)
             figures |= {f"{which}_start_s": seconds, f"{which}_start_rss_mb": rss}
     for name, binary in peers.items():
         command = peer_command(binary, model, kv_tokens, name == IK_NAME)
-        seconds, rss = started(lambda port, command=command: [*command, "--port", str(port)], dict(os.environ))
+        seconds, rss = started(lambda port, command=command: [*command, "--port", str(port)], dict(os.environ), memory)
         figures |= {f"{PEERS[name]}_start_s": seconds, f"{PEERS[name]}_rss_mb": rss}
     return figures
 
