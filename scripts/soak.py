@@ -108,6 +108,7 @@ def reload_once(server: GunicornServer, ctx: LoadContext, t0: float) -> dict:
     except AssertionError as exc:
         report["error"] = f"no new worker became ready: {exc}"
     _, alive = psutil.wait_procs(old_processes, timeout=120)
+    ctx.reload_done_at = None if alive else time.monotonic()
     report["old_pids_alive"] = [p.pid for p in alive]
     report["old_exited_after_s"] = None if alive else round(time.monotonic() - sent, 3)
     return report

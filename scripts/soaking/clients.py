@@ -54,6 +54,7 @@ class LoadContext:
     churn_seconds: float  # every this often the models in use move one along the list
     started: float = 0.0  # monotonic time the load began
     reload_sent_at: float | None = None  # monotonic time of the SIGHUP, once sent
+    reload_done_at: float | None = None  # and of the old workers' exit, once they are gone
 
     def models_in_use(self) -> list[ModelReferences]:
         shift = int((time.monotonic() - self.started) / self.churn_seconds) if self.churn_seconds else 0
@@ -191,8 +192,7 @@ class ClientLoop(threading.Thread):
         headers = {"Last-Event-ID": str(cut.last_id)}
         path = f"/v1/streams/{cut.stream_id}"
         with self._open(http, "GET", path, headers=headers) as response:
-            reload_sent_at = self.ctx.reload_sent_at
-            if response.status_code == 404 and reload_sent_at is not None and started < reload_sent_at:
+            if response.status_code == 404 and self._begun_before_the_old_workers_left(started):
                 # Logs are kept in the worker's memory: a new worker cannot know an old one's stream.
                 self.ctx.stats.record("resume", "lost_to_reload")
                 return
@@ -201,6 +201,13 @@ class ClientLoop(threading.Thread):
         rest.texts[0] = cut.texts[0] + rest.texts[0]
         rest.usage = rest.usage or cut.usage  # a cut after the usage chunk leaves only [DONE] to resume
         self._check_stream(ref, length, rest)
+
+    def _begun_before_the_old_workers_left(self, started: float) -> bool:
+        """Whether a stream begun at ``started`` may be one worker's and its resume the other's: until the old
+        workers exit, both answer requests (a draining one on its connections kept alive). A stream begun after the
+        SIGHUP was resumed 7 s after it, while the old worker drained for 13 s: not found (CI, 2026-12-04)."""
+        sent, done = self.ctx.reload_sent_at, self.ctx.reload_done_at
+        return sent is not None and (done is None or started < done)
 
     def _check_stream(self, ref: Reference, length: int, read: StreamRead) -> None:
         """The whole text equals the reference; a stream the reload ended holds a prefix of it."""
