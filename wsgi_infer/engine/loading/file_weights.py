@@ -161,22 +161,28 @@ class FileWeights(Mapping):
     def needs_processor(self) -> bool:
         """Whether a load of these weights runs transformers' processor: a processed weight's values are not kept
         (those kept are taken while the file holds the same values)."""
-        self._order("")
-        return any(name not in self._kept for name in self.processed)
+        return any(name not in self._kept_values() for name in self.processed)
 
     def _order(self, name: str) -> np.ndarray | None:
+        return self._saved().get(name)
+
+    def _saved(self) -> dict[str, np.ndarray]:
+        """The arrays saved beside the record: row orders, kept values."""
         if self._orders is None:  # once: opening the archive for each weight was 40% of a 135M model's load
             self._orders = {}
             if self._orders_file.is_file():
                 with np.load(self._orders_file) as orders:
                     self._orders = {key: orders[key] for key in orders.files}
             self._kept = kept_values(self._orders)
-        return self._orders.get(name)
+        return self._orders
+
+    def _kept_values(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        self._saved()
+        return self._kept
 
     def _processed(self, values: np.ndarray, name: str, gguf_name: str) -> np.ndarray:
         """The processor's output for a weight's values: kept, where the file still holds the values kept with it."""
-        self._order(name)
-        kept = self._kept.get(name)
+        kept = self._kept_values().get(name)
         if kept is not None and np.array_equal(kept[0], values):
             return kept[1]
         return self._reorder(values, gguf_name)
