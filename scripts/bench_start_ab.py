@@ -4,8 +4,8 @@
     git worktree add /tmp/before <commit> && cp -r wsgi_infer/engine/kernels/lib /tmp/before/wsgi_infer/engine/kernels/
     cd /tmp && /work/main/.venv/bin/python /work/main/scripts/bench_start_ab.py MODEL.gguf /tmp/before /work/main
 
-Each round, for each tree in turn (``PYTHONPATH``), a fresh cache: a first start, then a later start, each launch to
-the first 200 on /health with the serving processes' peak RSS, memory backed before it as in ``bench_sizes.py``. Run
+Each round, for each tree in turn (``PYTHONPATH``), ``bench_sizes.py``'s starts: a fresh cache, a first start, then a
+later start, each launch to the first 200 on /health with the serving processes' peak RSS, memory backed before it. Run
 it from a directory that holds no ``wsgi_infer``: ``python -m`` (the process that reads a first start's text files
 ahead) and gunicorn put the working directory first on the path, which would shadow the trees. Prints each round and
 the medians.
@@ -17,11 +17,10 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_sizes import SERVE, started  # noqa: E402
+from bench_sizes import starts  # noqa: E402
 
 
 def _figures(row: list[float]) -> str:
@@ -35,16 +34,12 @@ def main() -> None:
     parser.add_argument("trees", nargs="+", help="source trees, each a directory holding wsgi_infer")
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
-    memory = 2 * args.model.stat().st_size + (2 << 30)
     results: dict[str, list[list[float]]] = {tree: [] for tree in args.trees}
     for _ in range(args.rounds):
         for tree in args.trees:
-            with tempfile.TemporaryDirectory() as cache:
-                env = os.environ | {"WSGI_INFER_CACHE_DIR": cache, "WSGI_INFER_MODEL": str(args.model)}
-                env["PYTHONPATH"] = tree
-                row = []
-                for _which in ("first", "later"):
-                    row += started(lambda port: [*SERVE, "--bind", f"127.0.0.1:{port}"], env, memory)
+            os.environ["PYTHONPATH"] = tree  # what bench_sizes' starts run with
+            figures = starts(args.model, {}, 0)
+            row = [figures[f"{which}_start_{unit}"] for which in ("first", "later") for unit in ("s", "rss_mb")]
             results[tree].append(row)
             print(tree, _figures(row), flush=True)
     for tree, rows in results.items():

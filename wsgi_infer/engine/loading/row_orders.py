@@ -21,7 +21,7 @@ import numpy as np
 GGUF_ROW_ORDERS_FILE = "gguf_row_orders.npz"  # beside a config read: the orders by GGUF name, and the processed names
 _PROCESSED = "processed"  # its array of those names (no tensor's name: every one ends in .weight or .bias)
 FILE_VALUES, PROCESSED_VALUES = "file:", "processed:"  # before a vector's name: its values, the file's and processed
-_KEPT = (FILE_VALUES, PROCESSED_VALUES)  # in ``kept``'s order
+_KEPT = (FILE_VALUES, PROCESSED_VALUES)
 
 
 @dataclass
@@ -65,16 +65,14 @@ def write_row_orders(gguf: Path, config: dict, directory: Path) -> None:
 
 def kept_arrays(kept: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
     """Vectors' values, the file's and the processor's, by name, as arrays to save beside row orders."""
-    return {key + name: pair[i] for name, pair in kept.items() for i, key in enumerate(_KEPT)}
+    arrays = {FILE_VALUES + name: values for name, (values, _) in kept.items()}
+    return arrays | {PROCESSED_VALUES + name: output for name, (_, output) in kept.items()}
 
 
 def kept_values(saved: Mapping[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """What ``kept_arrays`` gave, from the arrays saved."""
-    return {
-        name.removeprefix(PROCESSED_VALUES): (saved[FILE_VALUES + name.removeprefix(PROCESSED_VALUES)], saved[name])
-        for name in saved
-        if name.startswith(PROCESSED_VALUES)
-    }
+    names = [key.removeprefix(PROCESSED_VALUES) for key in saved if key.startswith(PROCESSED_VALUES)]
+    return {name: (saved[FILE_VALUES + name], saved[PROCESSED_VALUES + name]) for name in names}
 
 
 def read_row_orders(directory: Path) -> RowOrders:
