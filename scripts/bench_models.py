@@ -20,6 +20,7 @@ Our conversion cache is warm (a run before this one converts); llama-server read
 ``--cold GGUF --rounds N`` times only that file's cold first token beside a SmolLM2 stream (``--idle``: none), in N
 fresh servers a side, with each server's start (to a 200 on /health) and the stream's largest gap, in all and before
 that first token (the load's alone: the engine thread steps the loaded model's prompt between two of the stream's).
+Each side's cold loads find their memory backed (``backed_memory``; ``--rested``: as it comes).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from backed_memory import back_memory, load_bytes  # noqa: E402
 from bench_serve import _peak_rss_kb, healthy  # noqa: E402
 from bench_start import free_port  # noqa: E402
 from long_prompts import long_prompts  # noqa: E402
@@ -188,8 +190,11 @@ def constrained(url: str, model: str) -> float:
     return time.perf_counter() - sent
 
 
-def measure(url: str, process: subprocess.Popen, first: str, second: str) -> dict:
+def measure(url: str, process: subprocess.Popen, first: str, second: str, memory_bytes: int) -> dict:
+    """The figures of the module's list; the cold load on ``memory_bytes`` backed first (none: as it comes)."""
     first_token(url, first)  # the first model loaded and warm
+    if memory_bytes:
+        back_memory(memory_bytes)
     cold = first_token(url, second)
     unload(url, second)
     reloaded, gap = largest_gap_during(url, first, lambda: first_token(url, second))
@@ -242,6 +247,8 @@ def cold_loads(args: argparse.Namespace) -> dict:
                 ready = time.perf_counter() - launched  # ours builds the cold model's text side before it is ready
                 try:
                     first_token(url, "smollm2-135m-q4_1")
+                    if not args.rested:
+                        back_memory(load_bytes(Path(args.cold)))
                     cold = functools.partial(first_token, url, Path(args.cold).stem)
                     took, gaps = (cold(), [(0.0, False)]) if args.idle else gaps_during(url, "smollm2-135m-q4_1", cold)
                 finally:
@@ -270,6 +277,7 @@ def main() -> None:
     parser.add_argument("--cold", help="a GGUF: time only its cold first token beside a SmolLM2 stream (cold_loads)")
     parser.add_argument("--rounds", type=int, default=3, help="--cold's rounds, a fresh server each")
     parser.add_argument("--idle", action="store_true", help="--cold with SmolLM2 idle (no stream beside the load)")
+    parser.add_argument("--rested", action="store_true", help="cold loads without backing their memory first")
     args = parser.parse_args()
     if args.cold:
         results = cold_loads(args)
@@ -279,6 +287,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as folder:
         directory = models_dir(Path(folder))
+        memory = 0 if args.rested else max(load_bytes(path) for path in directory.iterdir())
         results = {}
         systems = {"wsgi-infer": lambda: ours(directory)}
         if args.llama_server:
@@ -287,7 +296,8 @@ def main() -> None:
             process, url = launch()
             try:
                 ids = sorted(entry["id"] for entry in httpx.get(f"{url}/v1/models", timeout=30).json()["data"])
-                results[name] = measure(url, process, *ids)  # Gemma 3 first (ours loads it at start), SmolLM2 cold
+                # Gemma 3 first (ours loads it at start), SmolLM2 cold
+                results[name] = measure(url, process, *ids, memory)
             finally:
                 process.terminate()
                 process.wait(60)

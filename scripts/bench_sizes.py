@@ -31,6 +31,7 @@ from gguf import GGUFReader
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
+from backed_memory import SETTLE_SECONDS, back_memory, load_bytes  # noqa: E402
 from bench_bandwidth import probe_gb_s  # noqa: E402
 from bench_serve import IK_NAME, tree_peak_rss_mb  # noqa: E402
 from bench_start import FLOORS, floor_seconds, seconds_to_health  # noqa: E402
@@ -41,13 +42,6 @@ from wsgi_infer.server.engine_client.residency import kv_token_bytes  # noqa: E4
 SERVE = [str(Path(sys.executable).with_name("wsgi-infer")), "serve"]
 PEERS = {"llama-server": "llama", IK_NAME: "ik"}
 FIGURES = {"1 stream": "c1_tok_s", "16 streams": "c16_tok_s", "2,048-token prefill": "prefill_tok_s"}
-# On the virtual machines we measure on, memory costs the host's page faults when it is taken after a while at rest:
-# the 3B's weights laid out in 1.9-2.1 s four seconds after another load, in 4.1-4.4 s after a minute (in-process,
-# the same copy; AMD EPYC Zen 4, 2026-12-04), and a sweep's first start of a model came after the other sides' starts
-# of the one before, so it paid that and its later start did not. Before every start, ours and the peers', a process
-# takes as much memory as the start will (``back_memory``), and the start waits SETTLE_SECONDS after it: each finds
-# memory as on a machine whose memory is its own.
-SETTLE_SECONDS = 4
 
 
 def shape(path: Path) -> tuple[int, int, int]:
@@ -59,14 +53,9 @@ def shape(path: Path) -> tuple[int, int, int]:
     return sum(int(t.n_elements) for t in reader.tensors), weights, default_cpu_kv_bytes(per_token) // per_token
 
 
-def back_memory(nbytes: int) -> None:
-    """Have a process write ``nbytes`` of memory, and end (see SETTLE_SECONDS)."""
-    subprocess.run([sys.executable, "-c", f"import numpy; numpy.ones({nbytes}, numpy.uint8)"], check=True)
-
-
 def started(command, env: dict[str, str], memory_bytes: int) -> tuple[float, float]:
     """(seconds from launch to a 200 on /health, the peak RSS in MB of its processes then); ``command(port)``, which
-    takes at most ``memory_bytes``."""
+    takes at most ``memory_bytes``, started on backed memory (``backed_memory``)."""
     back_memory(memory_bytes)
     time.sleep(SETTLE_SECONDS)
     peak = []
@@ -81,7 +70,7 @@ def peer_command(binary: str, model: Path, kv_tokens: int, ik: bool) -> list[str
 
 
 def starts(model: Path, peers: dict[str, str], kv_tokens: int) -> dict:
-    figures, memory = {}, 2 * model.stat().st_size + (2 << 30)  # over any side's RSS (llama-server's 3B: 2.07x)
+    figures, memory = {}, load_bytes(model)
     with tempfile.TemporaryDirectory() as cache:
         env = os.environ | {"WSGI_INFER_CACHE_DIR": cache, "WSGI_INFER_MODEL": str(model)}
         for which in ("first", "later"):
