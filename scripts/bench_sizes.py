@@ -55,7 +55,7 @@ def shape(path: Path) -> tuple[int, int, int]:
 
 def started(command, env: dict[str, str], memory_bytes: int) -> tuple[float, float]:
     """(seconds from launch to a 200 on /health, the peak RSS in MB of its processes then); ``command(port)``, which
-    takes at most ``memory_bytes``, started on backed memory (``backed_memory``)."""
+    takes at most ``memory_bytes``, started after that much memory was backed (``backed_memory``: what it covers)."""
     back_memory(memory_bytes)
     time.sleep(SETTLE_SECONDS)
     peak = []
