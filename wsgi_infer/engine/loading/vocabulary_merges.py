@@ -75,14 +75,23 @@ def library_merges(
     )  # fmt: skip
     if count < 0:
         raise MemoryError("no memory for the vocabulary's table of tokens")
-    return MergeList(members, members_text, member_offsets, left[:count], right[:count])
+    return MergeList(library, members, members_text, member_offsets, left[:count], right[:count])
 
 
 class MergeList(Sequence):
     """Merges as pairs of a vocabulary's indices: a sequence of ``(left, right)`` strings, and their JSON list."""
 
-    def __init__(self, members: list[str], text: bytes, offsets: np.ndarray, left: np.ndarray, right: np.ndarray):
-        self.members, self.text, self.offsets, self.left, self.right = members, text, offsets, left, right
+    def __init__(
+        self,
+        library: ctypes.CDLL,
+        members: list[str],
+        text: bytes,
+        offsets: np.ndarray,
+        left: np.ndarray,
+        right: np.ndarray,
+    ):
+        self.library, self.members, self.text, self.offsets = library, members, text, offsets
+        self.left, self.right = left, right
 
     def __len__(self) -> int:
         return len(self.left)
@@ -97,23 +106,25 @@ class MergeList(Sequence):
 
     def json(self) -> str:
         """``tokenizer.json``'s list of them: "a b" strings, or ``["a","b"]`` pairs where a part has a space (as
-        ``gguf_tokenizer`` writes a list of tuples), assembled from the members' escaped bytes in numpy."""
+        ``gguf_tokenizer`` writes a list of tuples), assembled by the library from the members' escaped bytes."""
         used = np.zeros(len(self.members), bool)
         used[self.left] = used[self.right] = True
         blob = np.frombuffer(self.text, np.uint8)
         spaced = np.searchsorted(self.offsets, np.flatnonzero(blob == ord(" ")), "right") - 1
         opening, between, closing = (b'["', b'","', b'"]') if used[spaced].any() else (b'"', b" ", b'"')
         escaped, offsets = self._escaped(blob)
-        pieces = np.frombuffer(escaped + opening + between + closing + b",", np.uint8)
-        constant = len(escaped) + np.cumsum([0, len(opening), len(between), len(closing)])
         lengths = np.diff(offsets)
-        # each merge's six pieces: opening, left part, between, right part, closing and a comma (none after the last)
-        at = [constant[0], offsets[self.left], constant[1], offsets[self.right], constant[2], constant[3]]
-        size = [len(opening), lengths[self.left], len(between), lengths[self.right], len(closing), 1]
-        starts, sizes = (np.stack([np.broadcast_to(x, len(self)) for x in xs], 1).ravel()[:-1] for xs in (at, size))
-        placed = np.cumsum(sizes) - sizes
-        gathered = pieces[np.repeat(starts - placed, sizes) + np.arange(int(sizes.sum()))]
-        return "[" + gathered.tobytes().decode("utf-8") + "]"
+        size = 2 + int(lengths[self.left].sum() + lengths[self.right].sum())
+        size += len(self) * (len(opening) + len(between) + len(closing) + 1)
+        out = ctypes.create_string_buffer(size)
+        write = self.library.merges_json
+        write.argtypes, write.restype = [_P, _P, _P, _P, _I, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, _P], _I
+        left, right = (np.ascontiguousarray(side, np.int32) for side in (self.left, self.right))
+        written = write(
+            escaped, offsets.ctypes.data, left.ctypes.data, right.ctypes.data, len(self), opening, between, closing,
+            out,
+        )  # fmt: skip
+        return out.raw[:written].decode("utf-8")
 
     def _escaped(self, blob: np.ndarray) -> tuple[bytes, np.ndarray]:
         """The members' UTF-8 as JSON strings hold them (quotes, backslashes and control characters escaped, as

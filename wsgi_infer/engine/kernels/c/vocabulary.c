@@ -71,3 +71,27 @@ int64_t vocabulary_merges(const char *members_text, const int64_t *member_offset
     free(m.slots);
     return count;
 }
+
+/* The merges' list as tokenizer.json holds it: "[", then each merge as opening, member left[k], between, member
+   right[k] and closing, a comma between merges, and "]". The members are given as the JSON strings hold them
+   (escaped); out has room for all of it (the caller sums the sizes); the bytes written. In numpy the gathers of
+   Gemma 3's 514,906 merges took 0.4 s and 100 MB of fresh memory, in the process a first start waits for. */
+int64_t merges_json(const char *members_text, const int64_t *member_offsets, const int32_t *left,
+                    const int32_t *right, int64_t count, const char *opening, const char *between,
+                    const char *closing, char *out) {
+    size_t opening_n = strlen(opening), between_n = strlen(between), closing_n = strlen(closing);
+    char *at = out;
+    *at++ = '[';
+    for (int64_t k = 0; k < count; k++) {
+        if (k) *at++ = ',';
+        memcpy(at, opening, opening_n), at += opening_n;
+        int64_t start = member_offsets[left[k]], n = member_offsets[left[k] + 1] - start;
+        memcpy(at, members_text + start, (size_t)n), at += n;
+        memcpy(at, between, between_n), at += between_n;
+        start = member_offsets[right[k]], n = member_offsets[right[k] + 1] - start;
+        memcpy(at, members_text + start, (size_t)n), at += n;
+        memcpy(at, closing, closing_n), at += closing_n;
+    }
+    *at++ = ']';
+    return at - out;
+}
