@@ -10,10 +10,10 @@ import json
 import random
 
 import pytest
-from tokenizers import Tokenizer, models
+from tokenizers import AddedToken, Tokenizer, models
 
 from wsgi_infer.engine.kernels.build import kernels_library
-from wsgi_infer.engine.loading.gguf_tokenizer import read_gguf_tokenizer, tokenizer_json
+from wsgi_infer.engine.loading.gguf_tokenizer import TokenLookup, read_gguf_tokenizer, tokenizer_json
 from wsgi_infer.engine.loading.model_paths import default_model_path
 from wsgi_infer.engine.loading.vocabulary_merges import MergeList, library_merges
 
@@ -88,3 +88,16 @@ def test_merges_for_a_model_with_no_place_for_them_are_refused(model):
     assert tokenizer_json(tokenizer, []) == tokenizer.to_str()
     with pytest.raises(ValueError, match="no place"):
         tokenizer_json(tokenizer, [("a", "b")])
+
+
+def test_a_token_lookup_is_the_vocabulary_with_its_added_tokens():
+    """What transformers' converter reads of ``get_vocab()`` (whether a token is in it, its id, the whole dict) is
+    what the lookup that replaces it gives: added tokens included, one that is no token nowhere."""
+    backend = Tokenizer(models.BPE(vocab={"a": 0, "b": 1, "ab": 2}, merges=[]))
+    backend.add_tokens([AddedToken("<think>", special=False)])
+    backend.add_special_tokens([AddedToken("<|end|>", special=True)])
+    lookup, vocab = TokenLookup(backend), backend.get_vocab(with_added_tokens=True)
+    assert dict(lookup) == vocab and len(lookup) == len(vocab) == 5
+    for token in [*vocab, "abc", "", "<think", 3, None]:
+        assert (token in lookup) == (token in vocab), token
+        assert lookup.get(token) == vocab.get(token), token
