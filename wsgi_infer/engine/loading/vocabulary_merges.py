@@ -6,8 +6,9 @@ file whose merges follow its tokens' order, that order is the tokens' sorted onc
 ids that break ties never count: the same list from 1.2 million cuts. In Python those took 0.72 s, on the path to a
 first start's tokenizer (``text_files``); the CPU kernels' library (``c/vocabulary.c``) makes them in a fraction of
 that where one is there, and Python where none is. The library's are pairs of the vocabulary's indices
-(``MergeList``), written into ``tokenizer.json`` from them: as Python tuples, then strings, Gemma 3's 514,906 took
-0.45 s more of the process that reads a first start's tokenizer ahead, while the worker waited for it.
+(``MergeList``), written into ``tokenizer.json`` from them by the library too (``merges_json``): as Python tuples,
+then strings, Gemma 3's 514,906 took 0.45 s more of the process that reads a first start's tokenizer ahead, while the
+worker waited for it, and gathered in numpy 0.4 s and 100 MB of fresh memory.
 """
 
 from __future__ import annotations
