@@ -6,6 +6,11 @@ step of a 1B model's weights read 25.7 GB/s from 4 KB pages and 28.0 from 2 MB o
 region starts on a 2 MB boundary, so that all of a large weight lies in huge pages; it is unmapped when the last
 tensor viewing it goes. A model's weights share regions (``HugePageArena``): a region each rounded every weight up
 to whole 2 MB pages, and the shipped 135M model's 210 packed parts (120 MB) held 0.5 GB.
+
+Straight into huge pages, though on a virtual machine whose host takes back the free memory its guest reports, each
+is faulted in by the host (the 3B shape's 1.9 GB: 4.7 s of a 7.5 s start, against 1.7 s in 4 KB pages). Laid out in
+4 KB pages and collapsed once serving, the copies cost as much later and stalled streams 0.2-0.8 s
+(docs/benchmarks/start-up.md, 2026-12-04).
 """
 
 from __future__ import annotations
