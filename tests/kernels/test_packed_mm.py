@@ -80,6 +80,28 @@ def test_packed_mm_is_the_product_of_gguf_py_values_and_each_row_alone(kernels: 
         assert torch.equal(kernels.packed_mm(x[7:8], weight), got[7:8])
 
 
+@pytest.mark.parametrize("planes", [1, 2], ids=["8-bit", "exact"])
+@pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q4_0], ids=lambda t: t.name)
+def test_rows_past_a_tasks_block_are_each_rows_own(kernels: CpuKernels, ggml_type, planes):
+    """A multiply's rows go to the threads in blocks whose activations fit L2 (of 8,192 inputs: 64 rows): 150 rows
+    take three blocks, the last a part one, and each row is the same bits as alone or in a batch within one block."""
+    kernels.use_exact_activations(planes == 2)
+    weight = packed_from_file(random_file_blocks(ggml_type, 17, 8192), ggml_type)
+    x = randn(150, 8192, scale=2)
+    got = kernels.packed_mm(x, weight)
+    assert torch.equal(
+        got,
+        torch.cat(
+            [
+                kernels.packed_mm(x[:50], weight),
+                kernels.packed_mm(x[50:100], weight),
+                kernels.packed_mm(x[100:], weight),
+            ]
+        ),
+    )
+    assert torch.equal(kernels.packed_mm(x[140:141], weight), got[140:141])
+
+
 @pytest.mark.parametrize("ggml_type", FILE_FORMATS, ids=lambda t: t.name)
 def test_the_largest_sums_a_block_can_make_are_exact(kernels: CpuKernels, ggml_type):
     """Every code and sub-block scale at its largest magnitude times rows of one activation, positive or negative,

@@ -19,7 +19,7 @@
  * a prefill's many passes read the tile again from L1 and L2, which beat decoding it once into a buffer there and
  * reading that back (a 512-row gate and up 7% faster). With AMX (amx_mm.c), multiplies of 48 rows and more take
  * their passes of 16 on the tiles instead, which do read a buffer. Tasks, handed out to the threads, are a tile's
- * rows: all of them, or on the tiles a block of rows whose activations stay in L2 from one tile's task to the next.
+ * block of rows, whose activations stay in L2 from one tile's task to the next.
  */
 #include "amx_tiles.h"
 #include "packed_mm.h"
@@ -194,7 +194,7 @@ typedef struct {
     int64_t rows, planes;
     float *out;
     int64_t tile_rows;  /* the first rows, whole passes of AMX_ROWS, that take AMX's tiles (amx_mm.c) */
-    int64_t block_rows; /* rows a task takes: all, or (on the tiles) a block of them, the last with the rest */
+    int64_t block_rows; /* rows a task takes: a block of them (register_block_rows, or on the tiles amx_block_rows) */
     int64_t tiles;      /* the weight's tiles: a task is a tile's block of rows, blocks outer */
     const uint8_t *q;   /* the tiles' rows' codes in pairs of blocks (amx_pair_codes), for K-quants' 8-bit passes */
 } mm_job;
@@ -219,12 +219,21 @@ static int64_t tile_count(const packed_weight *w) {
     return tiles;
 }
 
+/* rows a task takes on the registers: as many as keep their activations within 256 KB (k inputs), so that they stay
+ * in L2 from one tile's task to the next, where a whole prefill chunk's (2 MB at 512 rows of 2,048 inputs) came from
+ * L3 for every tile (Zen 4, 512 rows of 4,096 x 2,048 Q4_K: 287 -> 299 G MAC/s); at least 64, so that a weight is
+ * read again at most every 64 rows (rows of 8,192 inputs gained nothing from blocks of 16) */
+static int64_t register_block_rows(int64_t k, int planes) {
+    const int64_t rows = (256 << 10) / (k / QK * ACT_BYTES(planes)) / ACT_ROWS * ACT_ROWS;
+    return rows > 64 ? rows : 64;
+}
+
 /* a task's tile, its outputs for its block of rows, 16, 8, 4, 2 or 1 rows a pass (the tile stays in L1 and L2 from
  * pass to pass) */
 static void tile_task(const mm_job *job, int64_t task) {
     int part, chunk = CHUNKS - 1;
     int64_t tile, first, row_block = task / job->tiles, start = row_block * job->block_rows;
-    int64_t end = (row_block + 1) * job->block_rows >= job->tile_rows ? job->rows : (row_block + 1) * job->block_rows;
+    int64_t end = start + job->block_rows < job->rows ? start + job->block_rows : job->rows;
     task_tile(job->w, task % job->tiles, &part, &tile, &first);
     const packed_part *p = job->w->parts + part;
     int64_t k = job->w->k, blocks = k / block_inputs((int)p->type);
@@ -253,10 +262,11 @@ void packed_mm(const float *x, int64_t rows, const packed_weight *w, float *out,
                        * too, theirs as well: they read each block's scale); others, one per block */
     for (int p = 0; p < w->count; p++) k_quants |= is_k((int)w->parts[p].type);
     uint8_t *act = quantize_activations(x, rows, w->k, planes, k_quants ? 256 : QK, threads);
-    const int64_t tile_rows = amx_rows(rows), block_rows = tile_rows ? amx_block_rows(w->k, planes) : rows;
+    const int64_t tile_rows = amx_rows(rows);
+    const int64_t block_rows = tile_rows ? amx_block_rows(w->k, planes) : register_block_rows(w->k, planes);
     const uint8_t *q = tile_rows && planes == 1 && k_quants ? amx_pair_codes(act, tile_rows, w->k, threads) : NULL;
     mm_job job = {w, act, rows, planes, out, tile_rows, block_rows, tile_count(w), q};
-    const int64_t tasks = job.tiles * (tile_rows ? (tile_rows + block_rows - 1) / block_rows : 1);
+    const int64_t tasks = job.tiles * ((rows + block_rows - 1) / block_rows);
 #pragma omp parallel for schedule(guided) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) tile_task(&job, task);
     if (w->bias)

@@ -74,6 +74,19 @@ static inline ivec dot16_add(ivec acc, ivec a, ivec b) {
 /* signed integers of at most 16 bits, low and high, as one lane's halves (madd16's pairs) */
 static inline ivec pair_lanes(ivec low, ivec high) { return (ivec)(((wvec)low & 0xFFFFu) | ((wvec)high << 16)); }
 
+/* Where pairing two sums costs no multiply: pair_lanes in one vpermt2w, a shuffle, which on Zen 4 leaves the
+ * multiply pipes that vpdpbusd and vpdpwssd share (a probe of 8 vpdpbusd a row: 2.92 G a second a core with two
+ * vpdpwssd after them, 3.24 with vpermt2w and one; a shift and a blend instead, 2.94). Not in the AMX build: on
+ * that Xeon pairing by shift and blend was slower, and a shuffle there was not measured. */
+#if QL == 16 && defined(__AVX512VNNI__) && !defined(__AMX_TILE__)
+#define PAIR_BY_SHUFFLE 1
+static inline ivec pair_words(ivec low, ivec high) {
+    const __m512i words = _mm512_set_epi16(62, 30, 60, 28, 58, 26, 56, 24, 54, 22, 52, 20, 50, 18, 48, 16, 46, 14,
+                                           44, 12, 42, 10, 40, 8, 38, 6, 36, 4, 34, 2, 32, 0);
+    return (ivec)_mm512_permutex2var_epi16((__m512i)low, words, (__m512i)high);
+}
+#endif
+
 static inline int32_t quad(const int8_t *q) { /* 4 activation codes as one 32-bit word */
     int32_t v;
     memcpy(&v, q, 4);
@@ -99,7 +112,7 @@ ALWAYS_INLINE __m512i dpbusd_at(__m512i acc, __m512i w, const int8_t *q) {
 /* a zeroed register: vpxord, which needs no execution unit, where GCC copied one zero register into each */
 ALWAYS_INLINE __m512i zero_512(void) {
     __m512i z;
-    __asm__("vpxord %0, %0, %0" : "=v"(z));
+    __asm__ volatile("vpxord %0, %0, %0" : "=v"(z)); /* volatile: or GCC made one and copied it */
     return z;
 }
 
@@ -233,6 +246,9 @@ ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stri
         return;
     }
 #endif
+#ifdef PAIR_BY_SHUFFLE
+    const ivec both = scale ? pair_lanes(scale[0], scale[0]) : (ivec){0};
+#endif
 #pragma GCC unroll 16
     for (int r = 0; r < rows; r++) {
         if (!scale) {
@@ -245,6 +261,12 @@ ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stri
         if (codes == CODES_4BIT) { /* each half's sum fits its lane's low 16 bits (16 codes of 15 times activations
                                     * of 128), the scale's high 16 bits are 0: a vpdpwssd a half, where vpmulld
                                     * took two uops and the additions two more */
+#ifdef PAIR_BY_SHUFFLE
+            if (!split) { /* or both halves at once, the scale in both words */
+                lo[r] = dot16_add(lo[r], pair_words(low, high), both);
+                continue;
+            }
+#endif
             lo[r] = dot16_add(dot16_add(lo[r], low, scale[0]), high, scale[split]);
             continue;
         }
