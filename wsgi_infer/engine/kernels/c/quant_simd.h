@@ -75,9 +75,9 @@ static inline ivec dot16_add(ivec acc, ivec a, ivec b) {
 static inline ivec pair_lanes(ivec low, ivec high) { return (ivec)(((wvec)low & 0xFFFFu) | ((wvec)high << 16)); }
 
 /* Where pairing two sums costs no multiply: pair_lanes in one vpermt2w, a shuffle, which on Zen 4 leaves the
- * multiply pipes that vpdpbusd and vpdpwssd share (a probe of 8 vpdpbusd a row: 2.92 G a second a core with two
- * vpdpwssd after them, 3.24 with vpermt2w and one; a shift and a blend instead, 2.94). Not in the AMX build: on
- * that Xeon pairing by shift and blend was slower, and a shuffle there was not measured. */
+ * multiply pipes that vpdpbusd and vpdpwssd share (scripts/vnni_pipe_probe.c, 8 vpdpbusd a row: 2.92 G a second a
+ * core with two vpdpwssd after them, 3.24 with vpermt2w and one; a shift and a blend instead, 2.94). Not in the AMX
+ * build: on that Xeon pairing by shift and blend was slower, and a shuffle there was not measured. */
 #if QL == 16 && defined(__AVX512VNNI__) && !defined(__AMX_TILE__)
 #define PAIR_BY_SHUFFLE 1
 static inline ivec pair_words(ivec low, ivec high) {
