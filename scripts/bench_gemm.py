@@ -7,11 +7,15 @@ CPU runs side by side:
 
     .venv/bin/python scripts/bench_gemm.py wsgi_infer/engine/kernels/lib/cpu_kernels-avx512-vnni.so \\
         wsgi_infer/engine/kernels/lib/cpu_kernels-avx2.so --formats Q4_0 IQ4_NL Q4_K IQ4_XS
+
+With ``--rounds N`` the libraries take turns N times and each cell is the median of its rounds (their range in
+brackets): this machine's clock and bandwidth move from minute to minute, so only turns taken side by side compare.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -45,15 +49,27 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", type=int, default=[512, 1])
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--k", type=int, default=2048)
+    parser.add_argument("--rounds", type=int, default=1, help="rounds alternating the libraries: medians (range)")
     args = parser.parse_args()
+    weights = {name: packed_from_file(random_file_blocks(Q[name], args.n, args.k), Q[name]) for name in args.formats}
+    kernels = [CpuKernels(library) for library in args.libraries]
+    rates: dict[tuple[int, str, int], list[float]] = {}
+    for _ in range(args.rounds):  # each round every library in turn: the machine's swings fall on all of them
+        for i, library in enumerate(kernels):
+            for name, weight in weights.items():
+                for rows in args.rows:
+                    measured = rate(library, torch.randn(rows, args.k), weight, max(3, 600 // rows))
+                    rates.setdefault((i, name, rows), []).append(measured)
     print("| library | format | " + " | ".join(f"{rows} rows, G MAC/s" for rows in args.rows) + " |")
     print("|---|---|" + "---|" * len(args.rows))
-    for library in args.libraries:
-        kernels = CpuKernels(library)
+    for i, library in enumerate(args.libraries):
         for name in args.formats:
-            weight = packed_from_file(random_file_blocks(Q[name], args.n, args.k), Q[name])
-            rates = [rate(kernels, torch.randn(rows, args.k), weight, max(3, 600 // rows)) for rows in args.rows]
-            print(f"| {library.stem} | {name} | " + " | ".join(f"{r:.0f}" for r in rates) + " |")
+            cells = []
+            for rows in args.rows:
+                got = rates[(i, name, rows)]
+                median = statistics.median(got)
+                cells.append(f"{median:.0f}" if len(got) == 1 else f"{median:.0f} ({min(got):.0f}-{max(got):.0f})")
+            print(f"| {library.stem} | {name} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
