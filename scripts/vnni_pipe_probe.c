@@ -1,10 +1,12 @@
 /* What a K-quant sub-block's row costs the multiply pipes with AVX-512 VNNI (quant_simd.h's dot_rows): 8 vpdpbusd
  * of a row (an activation quad broadcast from memory each, two chains of 4), then its two half sums scaled into the
- * row's super-block sum in one of five ways, for 8 rows a round. Prints vpdpbusd a second a core: where what follows
- * them takes a multiply pipe's slot, fewer. On an AMD EPYC Zen 4 (2026-12-04): nothing after them 3.58-3.67 G (one
- * a cycle), two vpdpwssd 2.86-2.93, the halves paired by vpermt2w and one vpdpwssd 3.15-3.24 (as one vpaddd and one
+ * row's sum in one of seven ways, for 8 rows a round. Prints vpdpbusd a second a core: where what follows
+ * them takes a multiply pipe's slot, fewer. On an AMD EPYC Zen 4 (2026-12-04): nothing after them 3.53-3.67 G (one
+ * a cycle), two vpdpwssd 2.86-2.93, the halves paired by vpermt2w and one vpdpwssd 3.15-3.25 (as one vpaddd and one
  * vpdpwssd: the shuffle takes no multiply slot), paired by a shift and a blend 2.84-3.01, two vpmulld (Q6_K's halves,
- * which do not fit 16 bits) 2.87-2.90: a slot each, as a vpdpwssd. Kept out of CI:
+ * which do not fit 16 bits) 2.83-2.90: a slot each, as a vpdpwssd; a 32-input block's float scaling (Q4_0's: the
+ * sum converted, the scales' product, a multiply-add) 2.86-2.93, two slots, the conversion alone taking none (3.60-3.66).
+ * Kept out of CI:
  *
  *     gcc -O2 -mavx512f -mavx512bw -mavx512vnni scripts/vnni_pipe_probe.c -o /tmp/vnni_pipes && taskset -c 1 /tmp/vnni_pipes
  */
@@ -49,6 +51,16 @@ static double now(void) {
     ASM("vpmulld %1, %0, %0" : "+v"(b) : "v"(scale));                                                               \
     ASM("vpaddd %1, %0, %0" : "+v"(a) : "v"(b));                                                                    \
     ASM("vpaddd %1, %0, %0" : "+v"(sum[R]) : "v"(a));
+/* a 32-input format's row and block (Q4_0): its sum converted, the two scales' product, a multiply-add */
+#define FLOATS(R)                                                                                                   \
+    ASM("vpaddd %1, %0, %0" : "+v"(a) : "v"(b));                                                                    \
+    ASM("vcvtdq2ps %0, %0" : "+v"(a));                                                                              \
+    ASM("vmulps %1, %2, %0" : "=v"(b) : "v"(scale), "v"(scale));                                                    \
+    ASM("vfmadd231ps %1, %2, %0" : "+v"(sum[R]) : "v"(a), "v"(b));
+#define CONVERSION(R)                                                                                               \
+    ASM("vpaddd %1, %0, %0" : "+v"(a) : "v"(b));                                                                    \
+    ASM("vcvtdq2ps %0, %0" : "+v"(a));                                                                              \
+    ASM("vpaddd %1, %0, %0" : "+v"(sum[R]) : "v"(a));
 #define RUN(NAME, SCALE)                                                                                            \
     start = now();                                                                                                  \
     for (long i = 0; i < ROUNDS; i++) {                                                                             \
@@ -71,6 +83,8 @@ int main(void) {
     RUN("paired by vpermt2w, one vpdpwssd", PAIRED_BY_SHUFFLE)
     RUN("paired by vpslld and vpblendmw, one vpdpwssd", PAIRED_BY_BLEND)
     RUN("two vpmulld", TWO_PMULLD)
+    RUN("converted, scaled and added in float32", FLOATS)
+    RUN("converted alone", CONVERSION)
     int out[16];
     __m512i all = sum[0];
     for (int i = 1; i < 8; i++) all = _mm512_add_epi32(all, sum[i]);
