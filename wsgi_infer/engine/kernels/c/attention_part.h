@@ -43,6 +43,11 @@ static inline __attribute__((always_inline)) void transpose_v(f32v v[LANES]) {
 /* tokens: a decode reads its keys and values from memory (a decode after 4,000 tokens, 16 layers of the 1B shape:
  * 17.4 ms 8 tokens ahead, 13.3 ms 32 ahead, more beyond; Xeon) */
 #define PREFETCH_AHEAD 32
+/* ...into L2, not L1: a head's keys (or values) are 128 bytes of each 2 KB slot, so a block's 16 tokens fall in two
+ * of L1's sets, and L1 prefetches 32 tokens ahead evicted the lines of the tokens being read (one row over 2,000
+ * tokens, 32 heads over 8, a layer: 247-252 -> 236-239 us with the cache warm, 361-368 -> 329-333 cold; a 512-row
+ * chunk's unchanged; Zen 4) */
+#define PREFETCH_KV(p) __builtin_prefetch(p, 0, 2)
 
 /* the part's keys, each block of LANES tokens transposed: keys_t[block][d] holds dimension d of the block's tokens
  * (zeros from len to the next multiple of 16), so that a query's scores are vectors of multiply-adds, no sums across
@@ -55,7 +60,7 @@ static inline __attribute__((always_inline)) void transposed_keys(const f16 *key
                 f32v v[LANES];
                 for (int64_t i = 0; i < LANES; i++) {
                     int64_t t = at + i;
-                    if (t + PREFETCH_AHEAD < len) __builtin_prefetch(keys + offsets[t + PREFETCH_AHEAD] + LANES * c);
+                    if (t + PREFETCH_AHEAD < len) PREFETCH_KV(keys + offsets[t + PREFETCH_AHEAD] + LANES * c);
                     v[i] = t < len ? load_halves(keys + offsets[t] + LANES * c) : (f32v){0};
                 }
                 transpose_v(v);
@@ -275,7 +280,7 @@ static inline __attribute__((always_inline)) void attend_part(const float *q, co
     for (int64_t h = 0; h < group; h++) total[h] = softmax_numerators(scores + h * stride, lens[h], peak[h]);
     for (int64_t t = 0; t < len; t++)
         for (int64_t c = 0; c < head_dim / LANES; c++) {
-            if (t + PREFETCH_AHEAD < len) __builtin_prefetch(values + offsets[t + PREFETCH_AHEAD] + LANES * c);
+            if (t + PREFETCH_AHEAD < len) PREFETCH_KV(values + offsets[t + PREFETCH_AHEAD] + LANES * c);
             f32v v = load_halves(values + offsets[t] + LANES * c);
             memcpy(values_f + t * head_dim + LANES * c, &v, sizeof(v));
         }
