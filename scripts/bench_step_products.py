@@ -35,10 +35,6 @@ def weight(fmt: str, n: int, k: int, seed: int) -> PackedWeight:
     return packed_from_file(random_file_blocks(Q[fmt], n, k, seed), Q[fmt])
 
 
-def size(w: PackedWeight) -> int:
-    return sum(part.tiles.numel() for part in w.parts)
-
-
 def step_weights() -> list[tuple[str, PackedWeight]]:
     step = []
     for layer in range(LAYERS):
@@ -75,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     kernels = CpuKernels(args.library) if args.library else load_cpu_kernels()
     step, large, tile = step_weights(), weight("Q4_K", 131072, 2048, 7), weight("Q4_K", 16, 2048, 8)
-    total = sum(size(w) for _, w in step)
+    total = sum(w.nbytes for _, w in step)
     print(f"{kernels.build}: the step's weights {total / 1e6:.0f} MB")
     for _ in range(args.rounds):
         wall, each = timed(kernels, [w for _, w in step], 8)
@@ -83,13 +79,13 @@ def main() -> None:
         for (name, w), seconds in zip(step, each, strict=True):
             kinds.setdefault(name, [0.0, 0.0])
             kinds[name][0] += seconds
-            kinds[name][1] += size(w)
+            kinds[name][1] += w.nbytes
         cells = ", ".join(f"{name} {nbytes / seconds / 1e9:.1f}" for name, (seconds, nbytes) in kinds.items())
         large_wall, _ = timed(kernels, [large], 6)
         call = statistics.median(timed(kernels, [tile] * 64, 4)[1])
         print(
             f"step {wall * 1e3:.2f} ms, {total / wall / 1e9:.1f} GB/s ({cells}); one 151 MB matrix "
-            f"{size(large) / large_wall / 1e9:.1f} GB/s; a one-tile call {call * 1e6:.1f} us"
+            f"{large.nbytes / large_wall / 1e9:.1f} GB/s; a one-tile call {call * 1e6:.1f} us"
         )
 
 
