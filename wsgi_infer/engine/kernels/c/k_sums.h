@@ -73,6 +73,9 @@ ALWAYS_INLINE fvec k_row_total(const int type, const k_weight_terms *t, const iv
 ALWAYS_INLINE void k_add_totals(const int type, const uint8_t *block, const int h, const int rows, const uint8_t *x,
                                 const int64_t act, const ivec sums[], fvec acc[]) {
     const k_weight_terms t = k_terms(type, block, h);
+    /* unrolled, so that the sums stay registers: a rolled loop indexed them in memory, and GCC stored every row's
+     * sum there after each sub-block (Zen 4, 512 rows of 4,096 x 2,048 Q4_K: 309 -> 319 G MAC/s; AVX2 unchanged) */
+#pragma GCC unroll 16
     for (int r = 0; r < rows; r++) {
         int32_t pair16[4];
         for (int p = 0; p < 4; p++) pair16[p] = head_at(x + (2 * p * ACT_ROWS + r) * act)->pair16;
