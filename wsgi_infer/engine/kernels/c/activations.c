@@ -10,28 +10,34 @@ static inline f32x8 round_even(f32x8 v) { /* to the nearest integer, ties to eve
 }
 
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
+typedef int8_t i8x8 __attribute__((vector_size(8)));
 
-/* the block's largest magnitude, as bits: floats' magnitudes order as their bits do, an infinity above every number
- * and a NaN above that (fmaxf, a library call that drops NaNs, took 1.4% of a prefill) */
-static inline uint32_t largest_magnitude(const float *x) {
-    u32x8 top = {0};
-    for (int c = 0; c < QK; c += 8) {
-        u32x8 bits;
-        memcpy(&bits, x + c, sizeof(bits));
-        bits &= 0x7fffffffu;
-        u32x8 greater = (u32x8)(top > bits);
-        top = (top & greater) | (bits & ~greater);
-    }
-    uint32_t largest = 0;
-    for (int i = 0; i < 8; i++) largest = top[i] > largest ? top[i] : largest;
-    return largest;
+/* across a vector's lanes, by halving: the largest, and the sum (exact integers: any order) */
+static inline uint32_t lanes_largest(u32x8 v) {
+    u32x8 other = __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3), greater;
+#define KEEP_LARGER greater = (u32x8)(v > other), v = (v & greater) | (other & ~greater)
+    KEEP_LARGER;
+    other = __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+    KEEP_LARGER;
+    other = __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+    KEEP_LARGER;
+#undef KEEP_LARGER
+    return v[0];
+}
+
+static inline int32_t lanes_sum(i32x8 v) {
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+    return v[0];
 }
 
 static int32_t pair16(int32_t low, int32_t high) { /* two sums of at most 16 bits in one word */
     return (int32_t)(((uint32_t)low & 0xFFFFu) | ((uint32_t)high << 16));
 }
 
-/* a block of 32 inputs at x as codes of the scale d (planes: activations.h) */
+/* a block of 32 inputs at x as codes of the scale d (planes: activations.h), in vectors of 8: the codes' sums
+ * across lanes once a half, where a scalar sum of every 8 codes took most of a quantization */
 static void quantize_block(const float *x, int planes, float d, uint8_t *out) {
     act_head *head = (act_head *)out;
     int8_t *hi = (int8_t *)(out + sizeof(act_head)), *lo = hi + QK;
@@ -41,42 +47,43 @@ static void quantize_block(const float *x, int planes, float d, uint8_t *out) {
         return;
     }
     float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int32_t halves[2] = {0, 0}; /* indexed by constants: summed at c / 16, GCC kept the sums in memory and read
-                                 * them back as one vector before their stores had landed (a store-forwarding stall) */
-    for (int c = 0; c < QK; c += 8) {
+    i32x8 q[QK / 8];
+    for (int j = 0; j < QK / 8; j++) {
         f32x8 v;
-        memcpy(&v, x + c, sizeof(v));
-        i32x8 q = __builtin_convertvector(round_even(v * id), i32x8);
+        memcpy(&v, x + 8 * j, sizeof(v));
+        q[j] = __builtin_convertvector(round_even(v * id), i32x8);
+        i8x8 codes = __builtin_convertvector(q[j], i8x8);
         if (planes == 2) { /* q = 255 hi + lo, both within -127..127: hi = round(q / 255), never a tie */
-            i32x8 h = __builtin_convertvector(round_even(__builtin_convertvector(q, f32x8) * (1.0f / 255.0f)), i32x8);
-            i32x8 l = q - 255 * h;
-            for (int i = 0; i < 8; i++) hi[c + i] = (int8_t)h[i], lo[c + i] = (int8_t)l[i];
-        } else {
-            for (int i = 0; i < 8; i++) hi[c + i] = (int8_t)q[i];
+            i32x8 h = __builtin_convertvector(round_even(__builtin_convertvector(q[j], f32x8) * (1.0f / 255.0f)), i32x8);
+            i8x8 low = __builtin_convertvector(q[j] - 255 * h, i8x8);
+            codes = __builtin_convertvector(h, i8x8);
+            memcpy(lo + 8 * j, &low, sizeof(low));
         }
-        int32_t eight = 0;
-        for (int i = 0; i < 8; i++) eight += q[i];
-        if (c < 16)
-            halves[0] += eight;
-        else
-            halves[1] += eight;
+        memcpy(hi + 8 * j, &codes, sizeof(codes));
     }
+    const int32_t first = lanes_sum(q[0] + q[1]), second = lanes_sum(q[2] + q[3]);
     head->d = d;
-    head->sum = halves[0] + halves[1];
-    head->sum_half[0] = halves[0], head->sum_half[1] = halves[1];
+    head->sum = first + second;
+    head->sum_half[0] = first, head->sum_half[1] = second;
     head->sum_f = (float)head->sum; /* exact: at most 32 * 32512 */
     head->s = d * head->sum_f;
-    head->halves16 = planes == 1 ? pair16(halves[0], halves[1]) : 0;
+    head->halves16 = planes == 1 ? pair16(first, second) : 0;
     head->pair16 = 0;
 }
 
-/* the scale of a span of inputs at x: its largest magnitude over the largest code, NaN where one is not finite */
+/* the scale of a span of inputs at x: its largest magnitude over the largest code, NaN where one is not finite.
+ * Magnitudes compare as their bits do, an infinity above every number and a NaN above that (fmaxf, a library call
+ * that drops NaNs, took 1.4% of a prefill). */
 static float span_scale(const float *x, int span, int planes) {
-    uint32_t largest = 0;
-    for (int b = 0; b < span; b += QK) {
-        uint32_t block = largest_magnitude(x + b);
-        largest = block > largest ? block : largest;
+    u32x8 top = {0};
+    for (int c = 0; c < span; c += 8) {
+        u32x8 bits;
+        memcpy(&bits, x + c, sizeof(bits));
+        bits &= 0x7fffffffu;
+        u32x8 greater = (u32x8)(top > bits);
+        top = (top & greater) | (bits & ~greater);
     }
+    uint32_t largest = lanes_largest(top);
     if (largest >= 0x7f800000u) return NAN;
     float amax;
     memcpy(&amax, &largest, 4);
