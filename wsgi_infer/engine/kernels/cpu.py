@@ -245,8 +245,8 @@ class CpuKernels:
         self._lib.argmax_rows(logits.data_ptr(), rows, n, out.data_ptr(), _threads())
         return out
 
-    def fused_decoder(self, layers: list[DecoderWeights], dims: DecoderDims) -> FusedDecoder:
-        return FusedDecoder(self._lib, layers, dims, lambda: self.planes)
+    def fused_decoder(self, layers: list[DecoderWeights], dims: DecoderDims, final_norm: torch.Tensor) -> FusedDecoder:
+        return FusedDecoder(self._lib, layers, dims, final_norm, lambda: self.planes)
 
     def use_exact_activations(self, exact: bool = True) -> None:
         """Packed multiplies from now on take each row's blocks (32 inputs, 256 before K-quants) as 16-bit integers

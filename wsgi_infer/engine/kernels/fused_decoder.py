@@ -1,6 +1,6 @@
-"""``decoder_layers`` (c/decoder.c): every decoder layer of a step in one call, for models whose projections are
-all packed on the kernels (``layers.quantization.PackedLinear``, in the formats a checkpoint mixes). The weights'
-addresses are laid out once; the step's own tensors are passed per call."""
+"""``decoder_layers`` (c/decoder.c): every decoder layer of a step and the final norm in one call, for models whose
+projections are all packed on the kernels (``layers.quantization.PackedLinear``, in the formats a checkpoint mixes).
+The weights' addresses are laid out once; the step's own tensors are passed per call."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ class _DecoderShape(ctypes.Structure):
         ("scale", _F),
         ("threads", ctypes.c_int),
         ("planes", ctypes.c_int),  # the packed multiplies' activations (CpuKernels.planes)
+        ("final_norm", _P),  # the model's norm after its layers
     ]
 
 
@@ -75,10 +76,16 @@ def _address(t: torch.Tensor | None) -> int | None:
 
 class FusedDecoder:
     def __init__(
-        self, lib: ctypes.CDLL, layers: list[DecoderWeights], dims: DecoderDims, planes: Callable[[], int]
+        self,
+        lib: ctypes.CDLL,
+        layers: list[DecoderWeights],
+        dims: DecoderDims,
+        final_norm: torch.Tensor,
+        planes: Callable[[], int],
     ) -> None:
         self._lib = lib
         self._dims = dims
+        self._final_norm = final_norm
         self._planes = planes  # the kernels' activations, as they are at each call
         self._layers = (_DecoderLayer * len(layers))(*(self._layer(layer) for layer in layers))
         self._kept = layers  # the addresses above stay valid while the layers live
@@ -102,11 +109,11 @@ class FusedDecoder:
         kv_caches: list[torch.Tensor],
         meta,
         stop: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor:
         """x: [rows, hidden] embeddings, overwritten; tables: (cos, sin) [rows, 1, rotary dims], and a second pair
         for layers with ``local_rope``; meta: AttentionMetadata; stop: the address of an int read before each layer
-        (``StepInterrupt``). Returns (the last layer's output, the residual sum before it), as the layers' loop
-        would; where ``stop`` was set, part way."""
+        (``StepInterrupt``). Returns x: the final norm of the last layer's output and the residual sum, as the
+        layers' loop and the model's norm would give it; where ``stop`` was set, part way."""
         cos_sin = (_P * 4)(*(t.data_ptr() for pair in (tables * 2)[:2] for t in pair))
         if kv_caches is not self._caches:  # the runner's list: the same one every step
             self._caches = kv_caches
@@ -124,6 +131,7 @@ class FusedDecoder:
             d.scale,
             torch.get_num_threads(),
             self._planes(),
+            self._final_norm.data_ptr(),
         )
         residual = torch.empty_like(x)
         self._lib.decoder_layers(
@@ -140,7 +148,7 @@ class FusedDecoder:
             rows,
             stop,
         )
-        return x, residual
+        return x
 
     @staticmethod
     def _window_group(meta) -> tuple[int | None, int | None, int]:

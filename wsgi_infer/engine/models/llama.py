@@ -149,9 +149,9 @@ class LlamaForCausalLM(nn.Module):
         x, residual = self.embed(input_ids), None
         rope = self.rotary(positions)
         if self.fused_decoder is not None and meta.cache_rows is not None:
-            x, residual = self.fused_decoder(x, self.fused_tables(rope), kv_caches, meta, self.interrupt.address)
+            x = self.fused_decoder(x, self.fused_tables(rope), kv_caches, meta, self.interrupt.address)
             self.interrupt.check()
-            return self.norm(x, residual)[0]
+            return x
         for layer, kv_cache in zip(self.layers, kv_caches):
             self.interrupt.check()
             x, residual = layer(x, residual, rope, kv_cache, meta)
@@ -178,7 +178,7 @@ class LlamaForCausalLM(nn.Module):
             eps=self.norm.eps,
             scale=attn.scale,
         )
-        return kernels.fused_decoder(weights, dims)
+        return kernels.fused_decoder(weights, dims, self.norm.weight)
 
     @staticmethod
     def _decoder_weights(layer: nn.Module) -> DecoderWeights:

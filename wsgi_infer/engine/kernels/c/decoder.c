@@ -1,7 +1,7 @@
 /* A step's decoder layers in one call (fused_decoder.py): the Llama layer (llama.py), or Gemma's (gemma3.py: norms
  * of each block's output, GeGLU, RoPE per kind), op for op, each through the kernel its torch path calls, so a
- * row's result is the same whichever path its step took. What is left of a step in Python is the embedding, the
- * final norm and the LM head. */
+ * row's result is the same whichever path its step took, and then the model's final norm. What is left of a step in
+ * Python is the embedding and the LM head. */
 #include "common.h"
 #include "packed_mm.h"
 
@@ -20,12 +20,12 @@ typedef struct {
     int64_t hidden, heads, kv_heads, head_dim, rotary_dim, intermediate, block_size;
     float eps, scale;
     int threads;
-    int planes; /* the activations' (packed_mm) */
+    int planes;               /* the activations' (packed_mm) */
+    const float *final_norm;  /* the model's norm after its layers */
 } DecoderShape;
 
 /* kv_caches: a layer's [slots, 2 * kv_heads, head_dim] each, IEEE halves. x: [rows, hidden], the embeddings in, the
- * last layer's output out; residual: [rows, hidden], the running sum before that output (the final norm adds
- * them). cos_sin: cos, sin, then a second pair for layers with local_rope, each [rows, rotary dims]; slots: [rows]
+ * final norm of the last layer's output plus the running sum out; residual: [rows, hidden], scratch (that sum). cos_sin: cos, sin, then a second pair for layers with local_rope, each [rows, rotary dims]; slots: [rows]
  * where each row's key and value go; block_table, seqs, max_blocks, row_seqs, context_lens: as paged_attention reads
  * them. window_slots, window_block_table, window_max_blocks: the same for sliding-window layers where they keep
  * blocks of their own (kv_cache_manager.py), or NULL. stop: read before each layer; once set, the remaining layers
@@ -69,5 +69,8 @@ void decoder_layers(const DecoderLayer *layers, int64_t num_layers, const Decode
         packed_mm(act, rows, &layer->down, x, shape->planes, shape->threads);
         if (layer->mlp_out_norm) rms_norm(x, NULL, layer->mlp_out_norm, x, rows, hidden, shape->eps, shape->threads);
     }
+    /* here, not in Python: a step's last small operations ran 5-10 times slower there, after the layers' weights
+     * went through the caches (sizes.md) */
+    if (!*stop) rms_norm(x, residual, shape->final_norm, x, rows, hidden, shape->eps, shape->threads);
 }
 
