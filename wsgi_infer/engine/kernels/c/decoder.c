@@ -25,8 +25,9 @@ typedef struct {
 } DecoderShape;
 
 /* kv_caches: a layer's [slots, 2 * kv_heads, head_dim] each, IEEE halves. x: [rows, hidden], the embeddings in, the
- * final norm of the last layer's output plus the running sum out; residual: [rows, hidden], scratch (that sum). cos_sin: cos, sin, then a second pair for layers with local_rope, each [rows, rotary dims]; slots: [rows]
- * where each row's key and value go; block_table, seqs, max_blocks, row_seqs, context_lens: as paged_attention reads
+ * final norm of the last layer's output plus the running sum out; residual: [rows, hidden], scratch (that sum).
+ * cos_sin: cos, sin, then a second pair for layers with local_rope, each [rows, rotary dims]; slots: [rows] where
+ * each row's key and value go; block_table, seqs, max_blocks, row_seqs, context_lens: as paged_attention reads
  * them. window_slots, window_block_table, window_max_blocks: the same for sliding-window layers where they keep
  * blocks of their own (kv_cache_manager.py), or NULL. stop: read before each layer; once set, the remaining layers
  * are skipped (the caller then discards the step). */
