@@ -5,10 +5,10 @@ request each, the servers' order rotating from round to round, and each ratio ta
 This machine's memory bandwidth moves from minute to minute (the C probe: 33-50 GB/s within ten minutes, Zen 4,
 2026-12-05), and one stream follows it; ``bench_serve.py`` starts each server afresh for a run of a minute or more,
 so its alternations compare minutes, not servers. Here the requests of one round follow each other within seconds,
-and the median of the rounds' ratios is the figure. Speculation off on our side (``WSGI_INFER_SPECULATIVE=none``),
-none on the peers'; 128 tokens a request (``ignore_eos``, and a bias of -100 on the end tokens for the peers):
+and the median of the rounds' ratios is the figure. Speculation off on our side (set here), none on the peers';
+128 tokens a request (``ignore_eos``, and a bias of -100 on the end tokens for the peers):
 
-    WSGI_INFER_SPECULATIVE=none .venv/bin/python scripts/bench_paired.py --model shaped/1b/shaped-1b-Q4_0.gguf \\
+    .venv/bin/python scripts/bench_paired.py --model shaped/1b/shaped-1b-Q4_0.gguf \\
         --llama-server LLAMA_SERVER --ik-llama-server IK_LLAMA_SERVER --rounds 12
 
 Reported per server: the median of its decode rates (tokens after the first over the time after the first: what
@@ -40,7 +40,7 @@ def start_all(args) -> dict[str, tuple]:
         prompt_tokens=0, output_len=args.output_len, workload="standard", llama_server=args.llama_server,
     )  # fmt: skip
     peer_extra = {"logit_bias": {str(t): -100 for t in args.eos_token_ids}}  # peers lack ignore_eos
-    servers = {OURS: (*start_server(serve), None)}
+    servers = {OURS: (*start_server(serve, env={"WSGI_INFER_SPECULATIVE": "none"}), None)}  # none on the peers
     if args.llama_server:
         servers["llama-server"] = (*start_llama_server(serve), peer_extra)
     if args.ik_llama_server:
