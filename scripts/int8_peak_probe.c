@@ -3,7 +3,9 @@
  * most (docs/benchmarks/sizes.md); then the packed multiply's inner loop as it runs (each product added to a row's
  * 16-bit sums with vpaddw): an activation quad broadcast from memory for each multiply, for every two, or none, or
  * each spread by a shuffle from 16 bytes loaded once for four, or each read whole from memory as the multiply's operand
- * (activations stored already broadcast: 32 bytes a quad, 8 times a quad's bytes).
+ * (activations stored already broadcast: 32 bytes a quad, 8 times a quad's bytes), or read rotated: 8 rows' quads
+ * stored twice in a 64-byte line, each multiply's operand the 32 bytes from the line's k-th quad on (twice a quad's
+ * bytes; lane l then meets row (l + k) mod 8, and the sums are diagonals).
  * Kept out of CI:
  *
  *     gcc -O2 -mavx2 -mfma -fopenmp -DTHREADS=2 scripts/int8_peak_probe.c -o /tmp/int8_peak && /tmp/int8_peak
@@ -62,9 +64,10 @@ int main(void) {
 #define SPREAD(B, IMM) "vpshufd $" #IMM ", %%ymm14, %%ymm" #B "\n"
 /* the multiply's signed operand read from memory: a quad stored broadcast, with no shuffle at all */
 #define MUL_AT(R, W, AT) "vpmaddubsw " #AT "(%0), %%ymm" #W ", %%ymm15\n vpaddw %%ymm15, %%ymm" #R ", %%ymm" #R "\n"
-    const char *names[5] = {"no broadcast", "a broadcast each", "a broadcast for two (two weights)",
-                            "a shuffle each, 16 bytes loaded for four", "each read whole, stored broadcast"};
-    for (int shape = 0; shape < 5; shape++) {
+    const char *names[6] = {"no broadcast", "a broadcast each", "a broadcast for two (two weights)",
+                            "a shuffle each, 16 bytes loaded for four", "each read whole, stored broadcast",
+                            "each read rotated, 4k bytes into a line"};
+    for (int shape = 0; shape < 6; shape++) {
         start = omp_get_wtime();
 #pragma omp parallel num_threads(THREADS)
         for (long it = 0; it < ITERATIONS / 10; it++) {
@@ -81,6 +84,10 @@ int main(void) {
             else if (shape == 4)
                 __asm__ volatile(MUL_AT(0, 8, 0) MUL_AT(1, 8, 32) MUL_AT(2, 8, 64) MUL_AT(3, 8, 96) MUL_AT(4, 8, 128)
                                  MUL_AT(5, 8, 160) MUL_AT(6, 8, 192) MUL_AT(7, 8, 224)::"r"(quads)
+                                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm15", "memory");
+            else if (shape == 5)
+                __asm__ volatile(MUL_AT(0, 8, 0) MUL_AT(1, 8, 4) MUL_AT(2, 8, 8) MUL_AT(3, 8, 12) MUL_AT(4, 8, 16)
+                                 MUL_AT(5, 8, 20) MUL_AT(6, 8, 24) MUL_AT(7, 8, 28)::"r"(quads)
                                  : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm15", "memory");
             else if (shape == 3)
                 __asm__ volatile(LOAD4(0) SPREAD(9, 0x00) MUL(0, 8, 9) SPREAD(10, 0x55) MUL(1, 8, 10) SPREAD(11, 0xAA)

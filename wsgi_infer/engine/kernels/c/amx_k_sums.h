@@ -119,9 +119,12 @@ ALWAYS_INLINE void k_tiles_pass(const int type, const int groups, const uint8_t 
         const k_weight_terms t = k_terms(type, tile + b * block_bytes(type), 0);
         for (int g = 0; g < groups; g++) {
             const k_row_head *heads = (const k_row_head *)(q + g * apart + AMX_ROWS * blocks * 256) + b * AMX_ROWS;
-            for (int r = 0; r < AMX_ROWS; r++)
-                acc[g][r] = k_row_total(type, &t, k_total(groups, sums[b % 2], g, r), heads[r].pair16, heads[r].d,
+            for (int r = 0; r < AMX_ROWS; r++) {
+                const ivec pair16[4] = {(ivec){0} + heads[r].pair16[0], (ivec){0} + heads[r].pair16[1],
+                                        (ivec){0} + heads[r].pair16[2], (ivec){0} + heads[r].pair16[3]};
+                acc[g][r] = k_row_total(type, &t, k_total(groups, sums[b % 2], g, r), pair16, splat_v(heads[r].d),
                                         acc[g][r]);
+            }
         }
     }
     for (int g = 0; g < groups; g++)

@@ -201,6 +201,7 @@ enum {
     SCRATCH_GATED,
     SCRATCH_DECODED,    /* amx_mm.c's decoded weight tile */
     SCRATCH_PAIR_CODES, /* and its activations' codes, two blocks a row */
+    SCRATCH_ROTATED,    /* packed_mm's rows rotated (rotated.h) */
 };
 void rms_norm(const float *x, float *residual, const float *weight, float *out, int64_t rows, int64_t dim, float eps,
               int threads);

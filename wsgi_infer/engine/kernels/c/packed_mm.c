@@ -23,146 +23,13 @@
  */
 #include "amx_tiles.h"
 #include "packed_mm.h"
-#include "sub_blocks.h"
+#include "register_passes.h"
 
-#if QL == 16
-#define ROWS_AT_ONCE 16 /* rows whose sums stay in registers beside a sub-block's 8 codes: 29 of 32 */
-#elif SUMS_IN_16_BITS
-#define ROWS_AT_ONCE 8 /* 8 rows' 16-bit sums in 16 registers beside a quad of the weight (dot_rows) */
-#else
-#define ROWS_AT_ONCE 4 /* 16 registers */
-#endif
-_Static_assert(ACT_ROWS % ROWS_AT_ONCE == 0, "a pass's rows lie in one group of activations (activations.h)");
-/* rows whose integer sums are made together: all of a pass's where they are 16-bit sums (quant_simd.h's dot_rows),
- * else one row's at a time */
-#define SUM_ROWS (SUMS_IN_16_BITS ? ROWS_AT_ONCE : 1)
-/* how far ahead of a tile's sub-block its weight is fetched: at least this, in whole blocks. Rounded down, a
- * K-quant's block (2,304-3,360 bytes) fetched its own sub-block: a 16-row Q6_K step ran at 199 G MAC/s, now 294 */
-#define PREFETCH_BYTES 4096
-/* sub-blocks ahead that a pass's activations are fetched, with 8-lane registers (0: not; AVX-512 not measured) */
-#define ACT_AHEAD (QL == 8 ? 4 : 0)
-
-
-/* rows' integer sums of a decoded sub-block times their activation blocks (row r's at a + r * act), less the
- * offset's: per half of 16 inputs, or both together */
-ALWAYS_INLINE void rows_sums(const int type, const decoded *w, const int planes, const uint8_t *a, const int64_t act,
-                             const int rows, ivec lo[], ivec hi[]) {
-    const int codes = code_kind(type), offset = code_offset(type), split = halves_scaled(type);
-    dot_rows(w->w, (const int8_t *)(a + sizeof(act_head)), act, rows, codes, split, NULL, lo, hi);
-    if (planes == 2) {
-        ivec lo2[SUM_ROWS], hi2[SUM_ROWS];
-        dot_rows(w->w, (const int8_t *)(a + sizeof(act_head) + QK), act, rows, codes, split, NULL, lo2, hi2);
-        for (int r = 0; r < rows; r++) {
-            lo[r] = two_planes(lo[r], lo2[r]);
-            hi[r] = two_planes(hi[r], hi2[r]);
-        }
-    }
-    for (int r = 0; r < rows; r++) {
-        const act_head *head = (const act_head *)(a + r * act);
-        if (halves_scaled(type)) {
-            lo[r] -= offset * head->sum_half[0];
-            hi[r] -= offset * head->sum_half[1];
-        } else {
-            lo[r] += hi[r] - offset * head->sum;
-        }
-    }
-}
-
-
-/* --- a tile for a pass of rows: each sub-block decoded in registers ------------------------------------------ */
-
-/* rows (a constant) of activations x (their first's first block; activations.h: the group's next row ACT_BYTES on,
- * the next block ACT_ROWS rows on) times one tile of `blocks` blocks: its first `width` outputs of each row into
- * out. `parts` of the tile's HALVES (QL rows each) at once, from `h0` on: both, where their sums fit the registers
- * beside the codes (each byte of the weight then used while it is in L1), else one at a time. */
-ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, const int parts, int h0,
-                             const uint8_t *tile, int64_t blocks, const uint8_t *x, float *out, int64_t out_stride,
-                             int width) {
-    const int64_t bytes = block_bytes(type), subs = sub_blocks(type), act = ACT_BYTES(planes);
-    fvec acc[HALVES][ROWS_AT_ONCE]; /* not [rows]: an array of variable size lives in memory */
-    for (int h = 0; h < parts; h++)
-        for (int r = 0; r < rows; r++) acc[h][r] = (fvec){0};
-    for (int64_t b = 0; b < blocks; b++) {
-        const uint8_t *block = tile + b * bytes;
-        fvec sb[HALVES][ROWS_AT_ONCE]; /* a K-quant's super-block's sums: float, or integer (k_sums.h) */
-        ivec isb[HALVES][ROWS_AT_ONCE];
-        for (int h = 0; h < parts; h++)
-            for (int r = 0; r < rows; r++) sb[h][r] = (fvec){0}, isb[h][r] = (ivec){0};
-        for (int j = 0; j < subs; j++) {
-            /* the weight streams: fetch what the sub-block PREFETCH_BYTES (or more) on reads. A one-row pass is
-             * the last over its tile (both halves at once), so its lines are fetched non-temporal: a decode step
-             * streams the whole model through the caches, and otherwise evicts what the step reads again (the
-             * activations, the KV cache, the norms); one stream of the 1B Q4_0 +3.3%, Q4_K_M +2.8% (Zen 4) */
-            const uint8_t *ahead = block + (PREFETCH_BYTES + bytes - 1) / bytes * bytes + j * (bytes / subs);
-            for (int64_t line = 0; line < bytes / subs; line += 64) {
-                if (rows == 1)
-                    __builtin_prefetch(ahead + line, 0, 0);
-                else
-                    __builtin_prefetch(ahead + line);
-            }
-#if ACT_AHEAD
-            /* and the pass's activations: rows of 8,192 inputs outran the hardware's prefetch (Zen 3, 512 rows of
-             * Q4_K: 64 G MAC/s, 115 with this and ACT_ROWS of 8; 2,048 inputs 119 -> 129) */
-            const uint8_t *act_ahead = x + (b * subs + j + ACT_AHEAD) * ACT_ROWS * act;
-            for (int64_t line = 0; line < rows * act; line += 64) __builtin_prefetch(act_ahead + line);
-#endif
-            for (int h = 0; h < parts; h++) {
-                decoded w;
-                decode(type, block, j, h0 + h, &w);
-#pragma GCC unroll 16
-                for (int r0 = 0; r0 < rows; r0 += SUM_ROWS) {
-                    const int n = rows - r0 < SUM_ROWS ? rows - r0 : SUM_ROWS;
-                    const uint8_t *a0 = x + ((b * subs + j) * ACT_ROWS + r0) * act;
-                    if (integer_sums(type, planes)) {
-                        k_rows_sums(type, &w, a0, act, n, isb[h] + r0);
-                        continue;
-                    }
-                    ivec lo[SUM_ROWS], hi[SUM_ROWS];
-                    rows_sums(type, &w, planes, a0, act, n, lo, hi);
-#pragma GCC unroll 16
-                    for (int r = r0; r < r0 + n; r++) {
-                        const uint8_t *a = a0 + (r - r0) * act;
-                        if (is_k(type))
-                            sb[h][r] = k_row_step(type, &w, a, lo[r - r0], hi[r - r0], sb[h][r]);
-                        else
-                            acc[h][r] = row_step(type, &w, a, lo[r - r0], acc[h][r]);
-                    }
-                }
-            }
-        }
-        if (is_k(type)) { /* the super-block's activation scale, as its last block holds it */
-            if (integer_sums(type, planes))
-                for (int h = 0; h < parts; h++)
-                    k_add_totals(type, block, h0 + h, rows, x + b * subs * ACT_ROWS * act, act, isb[h], acc[h]);
-            else
-                for (int h = 0; h < parts; h++)
-                    for (int r = 0; r < rows; r++) {
-                        const act_head *head = (const act_head *)(x + ((b * subs + subs - 1) * ACT_ROWS + r) * act);
-                        acc[h][r] = fma_v(sb[h][r], splat_v(head->d), acc[h][r]);
-                    }
-            /* the totals kept in L1, read and written once a super-block, so that the registers hold 16 rows'
-             * super-block sums beside the codes: 16 rows in one pass, each sub-block decoded once (3% faster than
-             * two passes of 8, Zen 4) */
-            __asm__("" : : "r"(acc) : "memory");
-        }
-    }
-    for (int h = 0; h < parts; h++) store_rows(acc[h], rows, h0 + h, width, out, out_stride);
-}
-
-ALWAYS_INLINE void tile_pass(const int type, const int planes, const int rows, const uint8_t *tile, int64_t blocks,
-                             const uint8_t *x, float *out, int64_t out_stride, int width) {
-    if (HALVES == 1 || rows > 2) {
-        for (int h = 0; h < HALVES; h++) tile_rows(type, planes, rows, 1, h, tile, blocks, x, out, out_stride, width);
-    } else {
-        tile_rows(type, planes, rows, HALVES, 0, tile, blocks, x, out, out_stride, width);
-    }
-}
-
-typedef void (*pass_fn)(const uint8_t *, int64_t, const uint8_t *, float *, int64_t, int);
+typedef void (*pass_fn)(const uint8_t *, int64_t, const uint8_t *, const uint8_t *, float *, int64_t, int);
 #define PASS(T, P, R)                                                                                               \
-    static void pass_##T##_##P##_##R(const uint8_t *tile, int64_t blocks, const uint8_t *x, float *out,             \
-                                    int64_t out_stride, int width) {                                               \
-        tile_pass(T, P, R, tile, blocks, x, out, out_stride, width);                                                \
+    static void pass_##T##_##P##_##R(const uint8_t *tile, int64_t blocks, const uint8_t *x, const uint8_t *rot,     \
+                                    float *out, int64_t out_stride, int width) {                                   \
+        tile_pass(T, P, R, tile, blocks, x, rot, out, out_stride, width);                                           \
     }
 #if ROWS_AT_ONCE == 16
 #define PASSES_OF(T, P) PASS(T, P, 1) PASS(T, P, 2) PASS(T, P, 4) PASS(T, P, 8) PASS(T, P, 16)
@@ -205,6 +72,7 @@ typedef struct {
     int64_t block_rows; /* rows a task takes: a block of them (register_block_rows, or on the tiles amx_block_rows) */
     int64_t tiles;      /* the weight's tiles: a task is a tile's block of rows, blocks outer */
     const uint8_t *q;   /* the tiles' rows' codes in pairs of blocks (amx_pair_codes), for K-quants' 8-bit passes */
+    const uint8_t *rot; /* the whole groups' rows rotated (rotated.h), for the passes whose sums are 16-bit */
 } mm_job;
 
 /* the part and tile of a task (tasks count the parts' tiles in order), and its first output */
@@ -256,8 +124,10 @@ static void tile_task(const mm_job *job, int64_t task) {
                              on_tiles, job->out + start * job->w->n + first, job->w->n, (int)width);
     while (r < end) {
         while ((1 << chunk) > end - r) chunk--;
-        kernels[chunk](tiles, blocks, job->x + act_offset(r, 0, k / QK, job->planes), job->out + r * job->w->n + first,
-                       job->w->n, (int)width);
+        /* a whole group's pass: chunks only shrink, so its rows are group r / ACT_ROWS */
+        const uint8_t *rot = job->rot && chunk == CHUNKS - 1 ? job->rot + r / ACT_ROWS * (k / QK) * ROT_BYTES : NULL;
+        kernels[chunk](tiles, blocks, job->x + act_offset(r, 0, k / QK, job->planes), rot,
+                       job->out + r * job->w->n + first, job->w->n, (int)width);
         r += 1 << chunk;
     }
 }
@@ -266,14 +136,19 @@ static void tile_task(const mm_job *job, int64_t task) {
  * of every part's block. Tiles are the tasks: with few rows the weight streams from memory, and a thread reads best
  * long runs: guided grabs, half of what is left and then less, let the thread that ends first take the rest. */
 void packed_mm(const float *x, int64_t rows, const packed_weight *w, float *out, int planes, int threads) {
-    int k_quants = 0; /* K-quants' activations have one scale per super-block (where a fused weight has other parts
-                       * too, theirs as well: they read each block's scale); others, one per block */
-    for (int p = 0; p < w->count; p++) k_quants |= is_k((int)w->parts[p].type);
+    int k_quants = 0, rotate = 0; /* K-quants' activations have one scale per super-block (where a fused weight has
+                                   * other parts too, theirs as well: they read each block's scale); others, one per
+                                   * block */
+    for (int p = 0; p < w->count; p++) {
+        k_quants |= is_k((int)w->parts[p].type);
+        rotate |= rows >= ACT_ROWS && reads_rotated((int)w->parts[p].type, planes);
+    }
     uint8_t *act = quantize_activations(x, rows, w->k, planes, k_quants ? 256 : QK, threads);
     const int64_t tile_rows = amx_rows(rows);
     const int64_t block_rows = tile_rows ? amx_block_rows(w->k, planes) : register_block_rows(w->k, planes);
     const uint8_t *q = tile_rows && planes == 1 && k_quants ? amx_pair_codes(act, tile_rows, w->k, threads) : NULL;
-    mm_job job = {w, act, rows, planes, out, tile_rows, block_rows, tile_count(w), q};
+    const uint8_t *rot = rotate ? rotate_activations(act, rows, w->k, threads) : NULL;
+    mm_job job = {w, act, rows, planes, out, tile_rows, block_rows, tile_count(w), q, rot};
     const int64_t tasks = job.tiles * ((rows + block_rows - 1) / block_rows);
 #pragma omp parallel for schedule(guided) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) tile_task(&job, task);

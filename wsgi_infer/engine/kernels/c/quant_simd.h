@@ -17,6 +17,7 @@
 #error "the 16-lane quant kernels need AVX-512 BW as well as F"
 #endif
 #define HALVES (TILE / QL) /* a tile's parts of QL rows */
+#define ROTATED_LINE (2 * 4 * QL) /* a line of rotated activations: a quad of each of a pass's rows, twice (rotated.h) */
 
 typedef uint32_t wvec __attribute__((vector_size(QL * 4))); /* QL rows' 4 codes each, one row a lane */
 typedef int32_t ivec __attribute__((vector_size(QL * 4)));
@@ -147,10 +148,20 @@ typedef __m512i mvec;
 typedef __m256i mvec;
 #endif
 typedef int16_t h16 __attribute__((vector_size(QL * 4)));
-ALWAYS_INLINE h16 pairs_of(wvec w, const int8_t *q) { return (h16)MADDUBS((mvec)w, SET1_32(quad(q))); }
+ALWAYS_INLINE h16 pairs_of(wvec w, mvec q) { return (h16)MADDUBS((mvec)w, q); }
 ALWAYS_INLINE ivec widen(h16 pairs) { return madd16((ivec)pairs, (ivec)SET1_16(1)); }
 ALWAYS_INLINE ivec pair_sum(wvec w0, wvec w1, const int8_t *q0, const int8_t *q1) {
-    return widen(pairs_of(w0, q0) + pairs_of(w1, q1));
+    return widen(pairs_of(w0, SET1_32(quad(q0))) + pairs_of(w1, SET1_32(quad(q1))));
+}
+
+/* dot_rows' activations for its row r and the weight's quad i, as vpmaddubsw's operand: row r's quad (at q + r *
+ * stride + 4i) in every lane; or, `rotated` (rotated.h: q a block's lines), the 32 bytes of line i from its r-th
+ * quad on, whose lane l holds row (l + r) mod 8's quad, read whole by the multiply: no broadcast */
+ALWAYS_INLINE mvec act_quads(const int8_t *q, const int64_t stride, const int r, const int i, const int rotated) {
+    if (!rotated) return SET1_32(quad(q + r * stride + 4 * i));
+    mvec v;
+    memcpy(&v, q + ROTATED_LINE * i + 4 * r, sizeof(v));
+    return v;
 }
 
 #if QL == 16 /* q with the sign of w's bytes (AVX-512 has no vpsignb; where w is 0, so is |w|) */
@@ -213,7 +224,7 @@ ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, iv
  * half, integers of at most 8 bits), each half's sum times its scale is added to lo instead (hi unused): where the
  * sums are 16-bit, the widening vpmaddwd multiplies by the scales rather than by ones. Exact integers either way. */
 ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stride, const int rows, const int codes,
-                            const int split, const ivec *scale, ivec lo[], ivec hi[]) {
+                            const int split, const ivec *scale, const int rotated, ivec lo[], ivec hi[]) {
 #if SUMS_IN_16_BITS
     if (codes <= CODES_6BIT) {
         const int n = codes == CODES_4BIT && !split ? 8 : codes == CODES_6BIT ? 2 : 4;
@@ -226,12 +237,12 @@ ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stri
         for (int first = 0; first < 8; first += n) {
             h16 sum[16];
 #pragma GCC unroll 16
-            for (int r = 0; r < rows; r++) sum[r] = pairs_of(w[first], q + r * stride + 4 * first);
+            for (int r = 0; r < rows; r++) sum[r] = pairs_of(w[first], act_quads(q, stride, r, first, rotated));
 #pragma GCC unroll 8
             for (int i = first + 1; i < first + n; i++)
 #pragma GCC unroll 16
                 for (int r = 0; r < rows; r++) {
-                    sum[r] += pairs_of(w[i], q + r * stride + 4 * i);
+                    sum[r] += pairs_of(w[i], act_quads(q, stride, r, i, rotated));
                     __asm__("" : "+v"(sum[r])); /* in a register now: GCC otherwise reassociated the sums into
                                                  * trees of all 64 products, stored to the stack and read back */
                 }
@@ -246,6 +257,7 @@ ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stri
         return;
     }
 #endif
+    (void)rotated; /* only where the sums are 16-bit (rotated.h) */
 #ifdef PAIR_BY_SHUFFLE
     const ivec both = scale ? pair_lanes(scale[0], scale[0]) : (ivec){0};
 #endif
