@@ -153,7 +153,7 @@ ALWAYS_INLINE void tiles_pass(const int type, const int planes, const uint8_t *t
                 if (is_k(type))
                     sb[r] = k_row_step(type, w, a, sum, (ivec){0}, sb[r]);
                 else
-                    acc[r] = row_step(type, w, row_scales(a), sum, acc[r]);
+                    acc[r] = row_step(type, w, a, sum, acc[r]);
             }
             if (!is_k(type) || s % subs != subs - 1) continue;
             for (int r = 0; r < AMX_ROWS; r++) { /* a super-block's last: its activation scale, as tile_rows's */

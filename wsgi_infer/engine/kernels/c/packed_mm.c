@@ -72,7 +72,7 @@ typedef struct {
     int64_t block_rows; /* rows a task takes: a block of them (register_block_rows, or on the tiles amx_block_rows) */
     int64_t tiles;      /* the weight's tiles: a task is a tile's block of rows, blocks outer */
     const uint8_t *q;   /* the tiles' rows' codes in pairs of blocks (amx_pair_codes), for K-quants' 8-bit passes */
-    const uint8_t *rot; /* the whole groups' rows rotated (rotated.h), for the passes whose sums are 16-bit */
+    const uint8_t *rot; /* the whole groups' rows rotated (rotated.h), for K-quants' passes of 16-bit sums */
 } mm_job;
 
 /* the part and tile of a task (tasks count the parts' tiles in order), and its first output */

@@ -23,19 +23,15 @@ _Static_assert(ACT_ROWS % ROWS_AT_ONCE == 0, "a pass's rows lie in one group of 
 #define ACT_AHEAD (QL == 8 ? 4 : 0)
 
 
-/* whether a whole group's pass of `type` reads its activations rotated (rotated.h): where 8-bit codes are summed in
- * 16 bits (quant_simd.h's dot_rows; Q8_0's and IQ4's are bytes, multiplied otherwise) */
-static inline int reads_rotated(const int type, const int planes) {
-    return ROTATED && planes == 1 && code_kind(type) <= CODES_6BIT;
-}
+/* whether a whole group's pass of `type` reads its activations rotated (rotated.h) */
+static inline int reads_rotated(const int type, const int planes) { return ROTATED && integer_sums(type, planes); }
 
-/* rows' integer sums of a decoded sub-block times their activation blocks (row r's at a + r * act; `rotated`:
- * diagonal r's, a the group's block's lines), less the offset's: per half of 16 inputs, or both together */
+/* rows' integer sums of a decoded sub-block times their activation blocks (row r's at a + r * act), less the
+ * offset's: per half of 16 inputs, or both together */
 ALWAYS_INLINE void rows_sums(const int type, const decoded *w, const int planes, const uint8_t *a, const int64_t act,
-                             const int rows, const int rotated, ivec lo[], ivec hi[]) {
+                             const int rows, ivec lo[], ivec hi[]) {
     const int codes = code_kind(type), offset = code_offset(type), split = halves_scaled(type);
-    const int8_t *q = (const int8_t *)(rotated ? a : a + sizeof(act_head));
-    dot_rows(w->w, q, act, rows, codes, split, NULL, rotated, lo, hi);
+    dot_rows(w->w, (const int8_t *)(a + sizeof(act_head)), act, rows, codes, split, NULL, 0, lo, hi);
     if (planes == 2) {
         ivec lo2[SUM_ROWS], hi2[SUM_ROWS];
         dot_rows(w->w, (const int8_t *)(a + sizeof(act_head) + QK), act, rows, codes, split, NULL, 0, lo2, hi2);
@@ -46,11 +42,11 @@ ALWAYS_INLINE void rows_sums(const int type, const decoded *w, const int planes,
     }
     for (int r = 0; r < rows; r++) {
         const act_head *head = (const act_head *)(a + r * act);
-        if (halves_scaled(type)) { /* Q6_K on the exact path: never rotated */
+        if (halves_scaled(type)) {
             lo[r] -= offset * head->sum_half[0];
             hi[r] -= offset * head->sum_half[1];
         } else {
-            lo[r] += hi[r] - offset * (rotated ? rotated_words(a, ROT_SUM, r) : (ivec){0} + head->sum);
+            lo[r] += hi[r] - offset * head->sum;
         }
     }
 }
@@ -61,8 +57,8 @@ ALWAYS_INLINE void rows_sums(const int type, const decoded *w, const int planes,
 /* rows (a constant) of activations x (their first's first block; activations.h: the group's next row ACT_BYTES on,
  * the next block ACT_ROWS rows on) times one tile of `blocks` blocks: its first `width` outputs of each row into
  * out. `parts` of the tile's HALVES (QL rows each) at once, from `h0` on: both, where their sums fit the registers
- * beside the codes (each byte of the weight then used while it is in L1), else one at a time. A whole group whose
- * sums are 16-bit reads its rotation instead (rotated.h: rot, the group's first block's lines). */
+ * beside the codes (each byte of the weight then used while it is in L1), else one at a time. A whole group's
+ * K-quant sums in 16 bits read its rotation instead (rotated.h: rot, the group's first block's lines). */
 ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, const int parts, int h0,
                              const uint8_t *tile, int64_t blocks, const uint8_t *x, const uint8_t *rot, float *out,
                              int64_t out_stride, int width) {
@@ -104,21 +100,20 @@ ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, c
                 for (int r0 = 0; r0 < rows; r0 += SUM_ROWS) {
                     const int n = rows - r0 < SUM_ROWS ? rows - r0 : SUM_ROWS;
                     const uint8_t *a0 = x + ((b * subs + j) * ACT_ROWS + r0) * act;
-                    const uint8_t *at = rotated ? rot + (b * subs + j) * ROT_BYTES : a0; /* the sums' activations */
                     if (integer_sums(type, planes)) {
-                        k_rows_sums(type, &w, at, act, n, rotated, isb[h] + r0);
+                        k_rows_sums(type, &w, rotated ? rot + (b * subs + j) * ROT_BYTES : a0, act, n, rotated,
+                                    isb[h] + r0);
                         continue;
                     }
                     ivec lo[SUM_ROWS], hi[SUM_ROWS];
-                    rows_sums(type, &w, planes, at, act, n, rotated, lo, hi);
+                    rows_sums(type, &w, planes, a0, act, n, lo, hi);
 #pragma GCC unroll 16
                     for (int r = r0; r < r0 + n; r++) {
                         const uint8_t *a = a0 + (r - r0) * act;
                         if (is_k(type))
                             sb[h][r] = k_row_step(type, &w, a, lo[r - r0], hi[r - r0], sb[h][r]);
                         else
-                            acc[h][r] = row_step(type, &w, rotated ? diagonal_scales(at, r) : row_scales(a),
-                                                 lo[r - r0], acc[h][r]);
+                            acc[h][r] = row_step(type, &w, a, lo[r - r0], acc[h][r]);
                     }
                 }
             }

@@ -15,8 +15,6 @@ uint8_t *rotate_activations(const uint8_t *act, int64_t rows, int64_t k, int thr
                 memcpy(lines + ROT_HALVES16 * ROTATED_LINE + word, &head->halves16, 4);
                 memcpy(lines + ROT_PAIR16 * ROTATED_LINE + word, &head->pair16, 4);
                 memcpy(lines + ROT_D * ROTATED_LINE + word, &head->d, 4);
-                memcpy(lines + ROT_S * ROTATED_LINE + word, &head->s, 4);
-                memcpy(lines + ROT_SUM * ROTATED_LINE + word, &head->sum, 4);
             }
         }
     }

@@ -5,12 +5,13 @@
  * (scripts/int8_peak_probe.c). Rotated, a group of 8 rows' block of 32 codes is 8 lines of 64 bytes, line i holding
  * quad i of rows 0-7 and again of rows 0-7; the 32 bytes from a line's r-th quad on hold row (l + r) mod 8's quad
  * in lane l, and the multiply reads them whole (one 32-byte load, within the line). So a pass's sum "r" is a
- * diagonal: lane l is weight row l times activation row (l + r) mod 8. The rows' per-block numbers that scale the
- * sums (act_head's) follow as lines of their own, rotated the same way, and at the pass's end the diagonals are
- * turned back into rows. Each lane sums and rounds the same integers in the same order as a broadcast pass: the
- * same bits. Every format whose codes are summed in 16 bits (4, 5 and 6 bits: Q4_0 to Q5_1, Q4_K to Q6_K) takes
- * its passes of 8 rows this way with 8-bit activations; the exact path's, 8-bit codes' and the rows past a
- * multiply's last whole group read activations.h's layout, as before.
+ * diagonal: lane l is weight row l times activation row (l + r) mod 8. The rows' per-block numbers that a
+ * K-quant's totals take (k_sums.h) follow as lines of their own, rotated the same way, and at the pass's end the
+ * diagonals are turned back into rows. Each lane sums and rounds the same integers in the same order as a
+ * broadcast pass: the same bits. The K-quants (Q4_K, Q5_K, Q6_K) with 8-bit activations take their passes of 8
+ * rows this way; the other formats, the exact path and the rows past a multiply's last whole group read
+ * activations.h's layout, as before (the 32-input formats rotated gained 3% on Q4_0 and cost Q4_K 6% beside them:
+ * their two more lines a block, and GCC's registers, AMD Zen 4's AVX2 build).
  */
 #ifndef WSGI_INFER_ROTATED_H
 #define WSGI_INFER_ROTATED_H
@@ -18,8 +19,7 @@
 #include "quant_simd.h"
 
 #define ROTATED (QL == 8 && SUMS_IN_16_BITS && ACT_ROWS == QL) /* builds whose passes of QL rows read rotations */
-enum { ROT_HALVES16 = 8, ROT_PAIR16, ROT_D, ROT_S, ROT_SUM, ROT_LINES }; /* a block's lines after its codes' 8:
-                                                                      * act_head's fields */
+enum { ROT_HALVES16 = 8, ROT_PAIR16, ROT_D, ROT_LINES }; /* a block's lines after its codes' 8: act_head's fields */
 #define ROT_BYTES ((int64_t)ROT_LINES * ROTATED_LINE)     /* a group's block */
 
 /* the first rows / ACT_ROWS groups of a multiply's activations (activations.h's layout, 8-bit), rotated into the

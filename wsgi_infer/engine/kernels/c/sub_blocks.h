@@ -32,25 +32,11 @@ ALWAYS_INLINE void decode(const int type, const uint8_t *block, int j, int h, de
         decode_legacy(type, block, h, out);
 }
 
-/* an activation block's scale d and d times its codes' sum (act_head's s), per lane */
-typedef struct {
-    fvec d, s;
-} act_scales;
-
-ALWAYS_INLINE act_scales row_scales(const uint8_t *a) { /* the row's whose block is at a, in every lane */
+/* acc + one row's products with a decoded sub-block of a 32-input format (d: the block's), sum its integer sum */
+ALWAYS_INLINE fvec row_step(const int type, const decoded *w, const uint8_t *a, ivec sum, fvec acc) {
     const act_head *head = (const act_head *)a;
-    return (act_scales){splat_v(head->d), splat_v(head->s)};
-}
-
-ALWAYS_INLINE act_scales diagonal_scales(const uint8_t *lines, int r) { /* diagonal r's (rotated.h) */
-    return (act_scales){(fvec)rotated_words(lines, ROT_D, r), (fvec)rotated_words(lines, ROT_S, r)};
-}
-
-/* acc + one row's products with a decoded sub-block of a 32-input format (a: the block's scales), sum its integer
- * sum */
-ALWAYS_INLINE fvec row_step(const int type, const decoded *w, const act_scales a, ivec sum, fvec acc) {
-    acc = fma_v(to_f(sum), w->s[0] * a.d, acc);
-    return own_minimums(type) ? fma_v(w->m, a.s, acc) : acc;
+    acc = fma_v(to_f(sum), w->s[0] * splat_v(head->d), acc);
+    return own_minimums(type) ? fma_v(w->m, splat_v(head->s), acc) : acc;
 }
 
 /* sb + one row's products with a decoded sub-block of a K-quant, before the super-block's activation scale */
