@@ -4,6 +4,7 @@ the checkpoint's other weights, read one tensor at a time."""
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ from torch import nn
 from ..config import EngineConfig
 from ..kernels.build import kernels_library
 from ..kernels.cpu import CpuKernels, attach_kernels
-from ..kernels.packed import PackedWeight, bits_per_weight
+from ..kernels.packed import PackedWeight, bits_per_weight, packed_bytes
 from ..layers.crossing_points import choose_max_rows
 from ..layers.packed_embedding import share_embedding_with_packed_head
 from ..layers.quantization import PackedLinear, kinds, pack_on_kernels, packed_layers, quantize_with_torch
@@ -91,7 +92,10 @@ def _load_and_quantize(
 
 def _pack_on_kernels(model: nn.Module, method: str, model_dir: Path, kernels: CpuKernels) -> None:
     """Every linear layer packed, the LM head's rows serving a tied embedding where they are the file's, else the
-    embedding's rows read from the GGUF at each lookup where it is there: the table is never read."""
+    embedding's rows read from the GGUF at each lookup where it is there: the table is never read. The log gives
+    the tiles' rate: far below the memory's (0.4-1 GB/s against tens) is a host faulting the memory in
+    (docs/benchmarks/start-up.md)."""
+    started = time.monotonic()
     values = CheckpointTensors(model_dir, torch.float32)
     names, memory = model.checkpoint_names, HugePageArena()
 
@@ -105,7 +109,14 @@ def _pack_on_kernels(model: nn.Module, method: str, model_dir: Path, kernels: Cp
             model.embed_tokens = from_file
             log.info("embedding rows read from the GGUF's own blocks at each lookup: no table kept")
     packed = [m.packed for m in model.modules() if isinstance(m, PackedLinear)]
-    log.info("packed weights, bits a weight by format: %s", bits_per_weight(packed))
+    held, seconds = packed_bytes(packed), time.monotonic() - started
+    log.info(
+        "packed weights: %d MiB laid out in %.2f s (%.2f GB/s); bits a weight by format: %s",
+        held >> 20,
+        seconds,
+        held / seconds / 1e9,
+        bits_per_weight(packed),
+    )
 
 
 def _load_weights(model: nn.Module, model_dir: Path, dtype: torch.dtype) -> None:
