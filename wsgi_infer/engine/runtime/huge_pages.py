@@ -11,7 +11,7 @@ Straight into huge pages, though on a virtual machine whose host takes back the 
 is faulted in by the host (the 3B shape's 1.9 GB: 4.7 s of a 7.5 s start, against 1.7 s in 4 KB pages). Laid out in
 4 KB pages and collapsed once serving, the copies cost as much later and stalled streams 0.2-0.8 s
 (docs/benchmarks/start-up.md, 2026-12-04). 64 KB folios (multi-size THP, where an administrator enables them)
-fault as fast as 4 KB pages and decode as slowly (0.92x, 2026-12-05).
+fault faster still than 4 KB pages and decode as slowly (0.92x, 2026-12-05).
 """
 
 from __future__ import annotations
