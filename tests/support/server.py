@@ -12,7 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -237,22 +238,30 @@ class GunicornServer(LoggedProcess):
                 return pid
         raise AssertionError(f"no worker holds the connection from port {client_port} {context} (their peers: {peers})")
 
-    def client_on_worker(self, other_than: int | None) -> tuple[httpx.Client, int]:
-        """A client whose one kept-alive connection a worker (not ``other_than``) holds, and that worker's pid."""
-        for _ in range(40):
-            http = self.client()
-            r = http.get("/health")
-            owner = self.owner_of(r.extensions["network_stream"].get_extra_info("client_addr")[1])
-            if owner != other_than:
-                return http, owner
-            http.close()
-        raise AssertionError("the kernel never gave a connection to the other worker")
+    @contextmanager
+    def accepting_only_on_others(self, pid: int) -> Iterator[None]:
+        """While it lasts, worker ``pid`` is stopped (SIGSTOP), so another worker accepts every new connection: the
+        kernel wakes each worker waiting on the shared socket, and under load one of them could win 40 in a row."""
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    def client_and_its_worker(self) -> tuple[httpx.Client, int]:
+        """A client whose one kept-alive connection a worker holds, and that worker's pid."""
+        http = self.client()
+        r = http.get("/health")
+        return http, self.owner_of(r.extensions["network_stream"].get_extra_info("client_addr")[1])
 
     def clients_on_two_workers(self) -> tuple[httpx.Client, httpx.Client]:
         """Once both workers of a two-worker server are ready, a client on each."""
         self.wait_booted(count=2)
-        first, pid = self.client_on_worker(None)
-        return first, self.client_on_worker(pid)[0]
+        first, pid = self.client_and_its_worker()
+        with self.accepting_only_on_others(pid):
+            second, other = self.client_and_its_worker()
+        assert other != pid, f"worker {pid} accepted a connection while stopped"
+        return first, second
 
     def worker_pids(self) -> list[int]:
         """The master's children that are its workers (forks of it): not a process it started to do a step of a
