@@ -198,9 +198,10 @@ def test_workers_starting_on_a_new_gguf_convert_it_once(default_model_dir, tmp_p
         assert len(conversions) == 1, conversions
         (other,) = [pid for pid in workers if f"[{pid}]" not in conversions[0]]
         server.wait_for_log(rf"\[{other}\] .*loading model from {re.escape(str(cache))}/")
-        for _ in workers:
-            with server.client() as client:
+        for worker in workers:  # each one serves what it loaded
+            with server.accepting_only_on(worker), server.client() as client:
                 reply = client.post("/v1/completions", json={"prompt": "Paris is", "max_tokens": 4})
+                assert server.worker_of(reply) == worker
             assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
     converted = [path for path in cache.iterdir() if path.name.endswith(f"-{CONVERSION_VERSION}")]
     assert [path.name for path in converted] == [default_model_dir.name]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -325,16 +324,16 @@ def test_sigkill_of_one_worker_leaves_the_other_workers_streams_alone(tiny_model
     with lifecycle_server(tiny_model_dirs, "--workers", "2") as server:
         workers = server.wait_booted(count=2)
         results, threads, owners = [], [], []
-        for i in range(2):  # one stream on each worker: the second started while the first one's worker is stopped
+        for i, worker in enumerate(workers):  # a stream on each, started while the other worker is stopped
             result = StreamResult()
             thread = threading.Thread(target=stream, args=(server, result, ENDLESS, f"s{i}"))
-            with server.accepting_only_on_others(owners[0]) if owners else contextlib.nullcontext():
+            with server.accepting_only_on(worker):
                 thread.start()
                 assert result.first_token.wait(60) and result.error is None, result.error
             results.append(result)
             threads.append(thread)
             owners.append(server.owner_of(result.client_port, result))
-        assert owners[0] != owners[1]
+        assert owners == workers
         victim, survivor = owners[0], results[1]
         killed_at = len(server.lines)
         psutil.Process(victim).send_signal(signal.SIGKILL)

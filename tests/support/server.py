@@ -239,29 +239,30 @@ class GunicornServer(LoggedProcess):
         raise AssertionError(f"no worker holds the connection from port {client_port} {context} (their peers: {peers})")
 
     @contextmanager
-    def accepting_only_on_others(self, pid: int) -> Iterator[None]:
-        """While it lasts, worker ``pid`` is stopped (SIGSTOP), so another worker accepts every new connection: the
-        kernel wakes each worker waiting on the shared socket, and under load one of them could win 40 in a row."""
-        os.kill(pid, signal.SIGSTOP)
+    def accepting_only_on(self, pid: int) -> Iterator[None]:
+        """While it lasts, every worker but ``pid`` is stopped (SIGSTOP), so that ``pid`` accepts every new connection:
+        the kernel wakes each worker waiting on the shared socket, and under load one of them won 40 in a row."""
+        others = [worker for worker in self.worker_pids() if worker != pid]
+        for worker in others:
+            os.kill(worker, signal.SIGSTOP)
         try:
             yield
         finally:
-            os.kill(pid, signal.SIGCONT)
+            for worker in others:
+                os.kill(worker, signal.SIGCONT)
 
-    def client_and_its_worker(self) -> tuple[httpx.Client, int]:
-        """A client whose one kept-alive connection a worker holds, and that worker's pid."""
-        http = self.client()
-        r = http.get("/health")
-        return http, self.owner_of(r.extensions["network_stream"].get_extra_info("client_addr")[1])
+    def worker_of(self, response: httpx.Response) -> int:
+        """The worker holding the connection that ``response`` came on."""
+        return self.owner_of(response.extensions["network_stream"].get_extra_info("client_addr")[1])
 
     def clients_on_two_workers(self) -> tuple[httpx.Client, httpx.Client]:
-        """Once both workers of a two-worker server are ready, a client on each."""
-        self.wait_booted(count=2)
-        first, pid = self.client_and_its_worker()
-        with self.accepting_only_on_others(pid):
-            second, other = self.client_and_its_worker()
-        assert other != pid, f"worker {pid} accepted a connection while stopped"
-        return first, second
+        """Once both workers of a two-worker server are ready, a client on each (its one connection kept alive)."""
+        clients = []
+        for pid in self.wait_booted(count=2):
+            with self.accepting_only_on(pid):
+                clients.append(self.client())
+                assert self.worker_of(clients[-1].get("/health")) == pid
+        return clients[0], clients[1]
 
     def worker_pids(self) -> list[int]:
         """The master's children that are its workers (forks of it): not a process it started to do a step of a
