@@ -53,7 +53,7 @@ def cramped(tiny_model_dirs) -> LLM:
 
 
 def test_any_interleaving_gives_each_finished_request_its_tokens_alone_and_ends_idle(cramped):
-    engine, alone = cramped.engine, {}
+    engine, alone, drafts = cramped.engine, {}, [0]  # drafts verified in the interleavings' steps (not the references')
 
     def reference(key: tuple[int, int, int | None]) -> list[int]:
         if key not in alone:
@@ -68,10 +68,12 @@ def test_any_interleaving_gives_each_finished_request_its_tokens_alone_and_ends_
         keys, tokens, aborted, finished = {}, {}, set(), set()
 
         def step() -> None:
+            before = engine.counters().num_spec_drafts
             for delta in engine.step():
                 tokens[delta.request_id] += delta.token_ids
                 if delta.finish_reason:
                     finished.add(delta.request_id)
+            drafts[0] += engine.counters().num_spec_drafts - before
 
         for op in ops:
             if op[0] == "add":
@@ -97,3 +99,4 @@ def test_any_interleaving_gives_each_finished_request_its_tokens_alone_and_ends_
 
     interleaving()
     assert engine.scheduler.num_preemptions > 0 and engine.kv_cache.num_prefix_hit_blocks > 0  # both were run
+    assert drafts[0] > 0  # and speculation

@@ -102,16 +102,19 @@ def test_rows_past_a_tasks_block_are_each_rows_own(kernels: CpuKernels, ggml_typ
     assert torch.equal(kernels.packed_mm(x[140:141], weight), got[140:141])
 
 
+@pytest.mark.parametrize("planes", [1, 2], ids=["8-bit", "exact"])
 @pytest.mark.parametrize("ggml_type", FILE_FORMATS, ids=lambda t: t.name)
-def test_the_largest_sums_a_block_can_make_are_exact(kernels: CpuKernels, ggml_type):
+def test_the_largest_sums_a_block_can_make_are_exact(kernels: CpuKernels, ggml_type, planes):
     """Every code and sub-block scale at its largest magnitude times rows of one activation, positive or negative,
-    each quantized to the largest 8-bit code: the integer sums at their bounds (VNNI's Q4_K scales each half's sum
-    as a 16-bit integer, Q6_K's offset takes its scales times -32 as 16-bit integers) are still the float64
-    product's."""
+    each quantized to the largest code of each plane: the integer sums at their bounds (VNNI's Q4_K scales each
+    half's sum as a 16-bit integer, Q6_K's offset takes its scales times -32 as 16-bit integers) are still the
+    float64 product's, in both activation modes."""
+    kernels.use_exact_activations(planes == 2)
     raw = largest_file_blocks(ggml_type, 17, 512 if FORMATS[ggml_type] == 256 else 288)
     weight, values = packed_from_file(raw, ggml_type), file_values(raw, ggml_type).double()
     x = torch.ones(4, values.shape[1]) * torch.tensor([[3.0], [-3.0], [0.5], [-250.0]])
-    expected = quantized_rows(x, 1, activation_span(weight)) @ values.T
+    assert kernels.planes == planes
+    expected = quantized_rows(x, planes, activation_span(weight)) @ values.T
     got = kernels.packed_mm(x, weight).double()
     assert ((got - expected).abs() <= 2e-6 * (x.abs().double() @ values.abs().T) + 1e-30).all()
 

@@ -44,11 +44,18 @@ def test_the_backlog_counts_what_no_reader_has_taken():
 
 
 def test_a_waiting_reader_wakes_on_append_and_on_finish():
-    log = new_log()
+    log, took = new_log(), gevent.event.Event()
     taken: list[str] = []
-    reader = gevent.spawn(lambda: taken.extend(log.read(0, heartbeat=30.0)))
+
+    def read() -> None:
+        for event in log.read(0, heartbeat=30.0):
+            taken.append(event)
+            took.set()
+
+    reader = gevent.spawn(read)
     gevent.sleep(0)  # the reader runs until it waits
     log.append(sse.event({"n": 1}))
+    assert took.wait(timeout=5) and not reader.dead  # the append alone woke it (its heartbeat is 30 s away)
     log.finish()
     reader.join(timeout=5)
     assert reader.dead and taken == [f"id: 1\n{sse.event({'n': 1})}"]
