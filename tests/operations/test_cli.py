@@ -63,7 +63,7 @@ def test_serve_with_two_workers_whose_model_cannot_load_exits_with_code_3_and_no
     with GunicornServer(settings, command=command) as server:
         assert server.process.wait(120) == 3
         server.wait_for_log(r"WSGI_INFER_API_KEYS is no setting of wsgi-infer, ignored: WSGI_INFER_API_KEY\?")
-        assert not [line for line in server.lines if "HaltServer" in line or "arbiter.py" in line]  # the master's
+        assert not [line for line in server.wait_eof() if "HaltServer" in line or "arbiter.py" in line]  # the master's
     refused = run_cli("serve", "--workers", "0")  # gunicorn took 0 as its default of 1
     assert refused.returncode == 2 and "--workers: must be a whole number of at least 1" in refused.stderr
 

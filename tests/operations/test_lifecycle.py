@@ -180,7 +180,7 @@ def test_sigterm_drains_short_streams_and_ends_endless_ones(tiny_model_dirs, rec
     assert all(r.done for r in results[:8]), "short streams must finish inside the drain"
     assert all(r.data[-2].json["choices"][0]["finish_reason"] == "length" for r in results[:8])
     assert all(r.interrupted for r in results[8:]), "endless streams must end with the shutdown event"
-    assert not any("SIGKILL" in line or "WORKER TIMEOUT" in line for line in server.lines)
+    assert not any("SIGKILL" in line or "WORKER TIMEOUT" in line for line in server.wait_eof())
     assert_all_gone(pids)
     record_property("sigterm_last_client_closed_s", round(last_client, 2))
     record_property("sigterm_master_exit_s", round(master_exit, 2))
@@ -219,7 +219,7 @@ def test_quick_stop_ends_every_stream_at_once(tiny_model_dirs, sig):
     ended, _ = server.wait_for_line(r"quick shutdown: ended 4 open requests", after=mark)
     server.wait_for_line(r"Worker exiting", after=ended)
     assert max(r.ended_at for r in results) <= exited
-    assert not any("SIGKILL" in line or "WORKER TIMEOUT" in line for line in server.lines)
+    assert not any("SIGKILL" in line or "WORKER TIMEOUT" in line for line in server.wait_eof())
     assert_all_gone(pids)
     slowest, master_exit = max(r.ended_at for r in results) - signalled, exited - signalled
     print(
@@ -254,7 +254,7 @@ def test_quick_stop_with_a_busy_process_on_every_cpu_ends_every_stream(tiny_mode
     assert exited - signalled <= QUICK_STOP_SECONDS
     assert all(r.error is None and r.interrupted for r in results)
     stopped, _ = server.wait_for_line(r"engine thread stopped", after=mark)
-    assert not any("did not stop within" in line for line in server.lines)
+    assert not any("did not stop within" in line for line in server.wait_eof())
     server.wait_for_line(r"Worker exiting", after=stopped)
     assert_all_gone(pids)
 
@@ -269,7 +269,7 @@ def test_a_stop_just_after_the_worker_forks_is_not_lost(tiny_model_dirs, sig):
     server.process.send_signal(sig)
     assert server.process.wait(60) == 0
     server.wait_for_log(r"engine thread stopped")  # a stop while it loads: once loaded, to the worker's exit
-    assert not any("SIGKILL" in line or "did not stop within" in line for line in server.lines)
+    assert not any("SIGKILL" in line or "did not stop within" in line for line in server.wait_eof())
 
 
 def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dirs):

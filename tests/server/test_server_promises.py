@@ -286,4 +286,4 @@ def test_a_quick_stop_ends_a_stalled_engine_at_once(tiny_model_dirs):
         assert exited <= QUICK_STOP_SECONDS  # measured 0.47 s
         reply = stalled.result()
         assert reply.status_code == 503 and reply.json()["error"]["code"] == "server_shutting_down"
-        assert not any("did not stop within" in line for line in server.lines)
+        assert not any("did not stop within" in line for line in server.wait_eof())

@@ -95,8 +95,9 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) 
 
 
 def stop_together(processes: Iterable[LoggedProcess], sig: int = signal.SIGTERM, timeout: float = 60.0) -> None:
-    """Signal every process that still runs, then wait for each (killed with its group after ``timeout``): servers
-    drain side by side, not one after another (a second each)."""
+    """Signal every process that still runs, then wait for each (killed with its group after ``timeout``) and for
+    the end of its log: servers drain side by side, not one after another (a second each)."""
+    processes = list(processes)
     running = [p.process for p in processes if p.process.poll() is None]
     for process in running:
         process.send_signal(sig)
@@ -107,6 +108,8 @@ def stop_together(processes: Iterable[LoggedProcess], sig: int = signal.SIGTERM,
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+    for p in processes:
+        p.wait_eof()
 
 
 def dying_with_this_process(argv: list[str]) -> list[str]:
@@ -165,6 +168,14 @@ class LoggedProcess:
                 if remaining <= 0 or self._eof:
                     raise AssertionError(f"no log line matching {pattern!r}; log:\n" + "\n".join(self.lines[-40:]))
                 self._changed.wait(remaining)
+
+    def wait_eof(self, timeout: float = 30.0) -> list[str]:
+        """Every log line, once the process has exited and its output is read to the end: a test that looks for a
+        line that must not be there reads all of them (a master's last words come after its workers' exits)."""
+        self.process.wait(timeout)
+        with self._changed:
+            assert self._changed.wait_for(lambda: self._eof, timeout), "a process still holds the log's pipe open"
+            return self.lines
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         stop_together([self], sig, timeout)
