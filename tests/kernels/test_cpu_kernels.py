@@ -274,5 +274,25 @@ def test_an_interrupted_step_stops_before_its_next_layer(tiny_model_dirs):
         engine.step()
     assert ran == [False]  # called, and no layer ran
     model.fused_decoder = None  # the layers' loop, as for large steps
+    layers_run = _watch_layers(model)
     with pytest.raises(StepInterrupted):
         engine.step()
+    assert layers_run == []
+    # a stop asked while the loop is at its first layer: the second never runs
+    llm = LLM(model=str(tiny_model_dirs["llama"]), block_size=4)
+    engine, model = llm.engine, llm.engine.runner.model
+    model.fused_decoder = None
+    layers_run = _watch_layers(model)
+    model.layers[0].register_forward_pre_hook(lambda *_: engine.interrupt())
+    engine.add_request("r", "Hello there", GREEDY)
+    with pytest.raises(StepInterrupted):
+        engine.step()
+    assert layers_run == [0]
+
+
+def _watch_layers(model) -> list[int]:
+    """The indices of the decoder layers that run, in order, from now on."""
+    ran: list[int] = []
+    for i, layer in enumerate(model.layers):
+        layer.register_forward_pre_hook(lambda *_, i=i: ran.append(i))
+    return ran

@@ -19,13 +19,15 @@ def test_a_model_on_int8_activations_says_so_and_batches_equal_each_request_alon
     row's result independent of its batch; the exact path gives other logits."""
     with caplog.at_level(logging.INFO, logger="wsgi_infer.engine.model_runner"):
         llm = LLM(model=str(tiny_model_dirs[arch]), block_size=4, max_num_batched_tokens=64, activations="int8")
-    assert llm.engine.runner.kernels.planes == 1
+    assert llm.engine.runner.kernels.planes == 1 and llm.engine.runner.model.fused_decoder is not None
     assert "8-bit activations" in caplog.text and "not exact" in caplog.text
     alone = {f"r{i}": run_alone(llm, p) for i, p in enumerate(PROMPTS)}
     assert run_staggered(llm, PROMPTS) == alone
     assert_idle(llm)
     exact = LLM(model=str(tiny_model_dirs[arch]), block_size=4, max_num_batched_tokens=64, activations="int16")
     assert exact.engine.runner.kernels.planes == 2
+    layers = LLM(model=str(tiny_model_dirs[arch]), block_size=4, max_num_batched_tokens=64, activations="int8")
+    layers.engine.runner.model.fused_decoder = None  # the layers' loop, whose multiplies read the setting
     read = SamplingParams(max_tokens=0, prompt_logprobs=0)
-    eight, sixteen = (m.generate(PROMPTS[4], read)[0].prompt_logprobs for m in (llm, exact))
-    assert eight != sixteen
+    eight, sixteen, loop = (m.generate(PROMPTS[4], read)[0].prompt_logprobs for m in (llm, exact, layers))
+    assert eight != sixteen and eight == loop  # the fused decoder's multiplies are 8-bit as well
