@@ -21,6 +21,7 @@ from ..support.sse_client import events
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 UNIT = {"type": "string", "enum": ["celsius", "fahrenheit"]}
 NEWLINE = 198  # the token of "\n" in the tiny models' (SmolLM2's) vocabulary
+LESS_THAN = 44  # of "<", the first of "<tool_call>"'s
 TOOLS = [
     {
         "type": "function",
@@ -138,10 +139,11 @@ def test_a_choice_constraint_holds_streamed_and_not(tiny_api):
     assert streamed in ("yes", "no", "maybe")
 
 
-@pytest.mark.parametrize("bias", [{}, {NEWLINE: 100}])
-def test_tools_beside_a_response_format_give_a_call_or_an_answer_in_the_schema(tiny_api, bias):
+@pytest.mark.parametrize(("bias", "way"), [({}, "answer"), ({NEWLINE: 100}, "answer"), ({LESS_THAN: 100}, "call")])
+def test_tools_beside_a_response_format_give_a_call_or_an_answer_in_the_schema(tiny_api, bias, way):
     """As OpenAI takes them (openai-agents sends both for an agent with tools and an output type): a reply that
-    calls nothing follows the schema. The tiny random model goes one way or the other; each way is checked."""
+    calls nothing follows the schema. The tiny random model answers unless a bias starts a call; each way is
+    checked."""
     schema = {"type": "object", "properties": {"unit": UNIT}, "required": ["unit"], "additionalProperties": False}
     body = {
         "messages": ASK,
@@ -153,7 +155,8 @@ def test_tools_beside_a_response_format_give_a_call_or_an_answer_in_the_schema(t
     }
     with tiny_api.client() as http:
         message = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
-    if message.get("tool_calls"):
+    assert ("call" if message.get("tool_calls") else "answer") == way, message
+    if way == "call":
         assert json.loads(message["tool_calls"][0]["function"]["arguments"])["unit"] in UNIT["enum"]
     else:
         assert json.loads(message["content"])["unit"] in UNIT["enum"]
