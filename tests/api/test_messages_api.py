@@ -117,6 +117,11 @@ def test_a_named_tool_is_used_once_then_its_result_answered(claude, model, strea
         model=model, messages=history, max_tokens=5, extra_body=GREEDY, tools=[WEATHER_TOOL]
     )
     assert answer.usage.output_tokens == 5 and answer.content[0].type in ("text", "tool_use")
+    # the answer read the result: its prompt is the history counted, which the result's text lengthens
+    counted = claude.messages.count_tokens(model=model, messages=history, tools=[WEATHER_TOOL]).input_tokens
+    assert answer.usage.input_tokens + answer.usage.cache_read_input_tokens == counted
+    history[-1]["content"][0]["content"] = ""
+    assert counted > claude.messages.count_tokens(model=model, messages=history, tools=[WEATHER_TOOL]).input_tokens
 
 
 def test_a_tool_use_cut_by_a_stop_sequence_is_no_block_and_no_tool_use(claude, model):
