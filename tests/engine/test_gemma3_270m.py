@@ -132,9 +132,16 @@ def test_chat_turns_are_gemmas_and_end_of_turn_ends_a_reply(gemma_gguf, exact):
     ids = exact.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
     text = exact.engine.tokenizer.decode(ids)
     assert text == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
-    assert exact.engine.tokenizer.convert_tokens_to_ids("<end_of_turn>") in exact.engine.eos_token_ids
+    end_of_turn = exact.engine.tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert end_of_turn in exact.engine.eos_token_ids
+    # the greedy reply to "Hi" loops past 64 tokens: a bias makes <end_of_turn> come, after two tokens of text
+    (free,) = exact.generate([ids], SamplingParams(temperature=0, max_tokens=2))
+    ended = SamplingParams(temperature=0, max_tokens=8, logit_bias={end_of_turn: 100}, min_tokens=2)
+    (alone,) = exact.generate([ids], ended)
+    assert alone.finish_reason == "stop" and alone.token_ids == [*free.token_ids, end_of_turn]
     with InProcessServer({"model": str(gemma_gguf)}) as server, server.client() as http:
         assert http.get("/v1/models").json()["data"][0]["id"] == "gemma3-270m-q4_k_m"
         body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0}
-        reply = http.post("/v1/chat/completions", json=body)
-        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+        reply = http.post("/v1/chat/completions", json={**body, "logit_bias": {str(end_of_turn): 100}, "min_tokens": 2})
+        assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] == "stop"
+        assert reply.json()["usage"]["completion_tokens"] == len(alone.token_ids)  # its <end_of_turn> counted
