@@ -179,6 +179,19 @@ def test_a_streams_leases_last_seconds_whatever_the_heartbeat(instances, redis_u
         (producer,) = [k for k in leases.keys("wsgi-infer:stream:*:producer") if r.headers["x-stream-id"].encode() in k]
         key = producer.removesuffix(b":producer").decode()  # its key's too (a stream's id is kept apart by key)
         assert 0 < leases.pttl(producer) <= 3000
+        assert_renewed(leases, producer)
         with second.client(headers=KEY_ONE) as other, other.stream("GET", f"/v1/streams/{r.headers['x-stream-id']}"):
             wait_until(lambda: leases.exists(f"{key}:reader"), "the reader's lease")
             assert 0 < leases.pttl(f"{key}:reader") <= 3000
+            assert_renewed(leases, f"{key}:reader")
+
+
+def assert_renewed(leases, key: str | bytes) -> None:
+    """The lease ``key`` is renewed: it comes to have more time left than a lease set once could (by 300 ms)."""
+    left, since = leases.pttl(key), time.monotonic()
+
+    def renewed() -> bool:
+        unrenewed = left - 1000 * (time.monotonic() - since)  # read before the pttl: at least what it would have
+        return leases.pttl(key) > unrenewed + 300
+
+    wait_until(renewed, f"{key!r} renewed", timeout=10)
