@@ -124,6 +124,11 @@ start_native_thread(lambda: done.put(store.put(b"n", b"k", block)), ())  # the w
 assert done.get(timeout=20), "the block was there already"
 start_native_thread(lambda: done.put(store.get(b"n", b"k")), ())  # the reader again
 assert done.get(timeout=20) == block[0]
+import redis
+checker = redis.Redis.from_url(sys.argv[1])
+own = checker.client_id()
+others = [c for c in checker.client_list() if int(c["id"]) != own]
+assert len(others) == 2, others  # the reader's and the writer's, each kept
 """
 
 
