@@ -54,7 +54,8 @@ def first_event_and_total(url: str, body: dict, **client_options) -> tuple[float
 def test_tokens_stream_through_nginx_as_they_are_generated(tiny_model_dirs):
     """The engine stalls three steps into the stream (``test_stall_after_step``), so the upstream response neither
     grows nor ends: its first tokens reach the client through nginx only if nothing on the way buffers them."""
-    settings = {"model": tiny_model_dirs["llama"], "test_stall_after_step": 3, "heartbeat_seconds": 2}
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "heartbeat_seconds": 0.5}
+    settings["test_stall_after_step"] = 3  # heartbeats: a closed stream is seen at once, too few to fill a buffer
     endless = {"prompt": "Stream me", "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}
     with GunicornServer(settings) as server, NginxProxy(f"127.0.0.1:{server.port}") as nginx:
         server.wait_ready()
