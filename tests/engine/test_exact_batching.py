@@ -24,13 +24,15 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, logprobs=2, ignore_eos=Tru
 EMBED = SamplingParams(max_tokens=0, pooling="mean")
 
 
-def _run(llm: LLM, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, tuple]:
-    """Every request added at once; each one's tokens, their logprobs (every alternative's) and its embedding."""
-    engine = llm.engine
-    for request_id, (prompt, params) in requests.items():
-        engine.add_request(request_id, prompt, params)
+def _run(llm: LLM, requests: dict[str, tuple[list[int], SamplingParams]], one_a_step: bool = False) -> dict[str, tuple]:
+    """Every request added at once (or one before each step, joining the others' prefills and decodes); each one's
+    tokens, their logprobs (every alternative's) and its embedding."""
+    engine, pending = llm.engine, list(requests.items())
     tokens, logprobs, embedding = {r: [] for r in requests}, {r: [] for r in requests}, {}
-    while engine.has_unfinished():
+    while pending or engine.has_unfinished():
+        for request_id, (prompt, params) in pending[:1] if one_a_step else pending:
+            engine.add_request(request_id, prompt, params)
+        pending = pending[1:] if one_a_step else []
         for delta in engine.step():
             tokens[delta.request_id] += delta.token_ids
             logprobs[delta.request_id] += [(p.token_id, p.logprob, p.top) for p in delta.logprobs or []]
@@ -49,6 +51,8 @@ def test_a_request_is_the_same_bits_alone_and_in_a_batch_of_the_shipped_model(ac
     batched = _run(llm, generate | embed)
     for request_id, request in (generate | embed).items():
         assert _run(llm, {request_id: request})[request_id] == batched[request_id], request_id
+    interleaved = dict(reversed([*generate.items(), *embed.items()]))  # another order, each joining a running batch
+    assert _run(llm, interleaved, one_a_step=True) == batched
     assert all(len(batched[r][0]) == GREEDY.max_tokens and len(batched[r][1]) == GREEDY.max_tokens for r in generate)
     assert all(len(batched[r][2]) == llm.engine.hf_config.hidden_size for r in embed)
     assert_idle(llm)
