@@ -183,28 +183,29 @@ def test_disconnect_while_queued_and_while_prefilling(one_seq_server):
 
 
 def test_clients_reusing_a_request_id_do_not_collide(server, tiny_llama):
+    """Two streams under one X-Request-Id at once: the second runs from start to end while the first streams on,
+    and each gets its own greedy text."""
     prompts = ["First of the twins", "Second of the twins"]
     expected = [
         o.text for o in tiny_llama.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
     ]
-    texts = ["", ""]
-
-    def client(i: int) -> None:
-        body = completion_body(prompts[i], 40, ignore_eos=True)
-        with (
-            server.client() as http,
-            http.stream("POST", "/v1/completions", json=body, headers={"X-Request-Id": "same"}) as r,
-        ):
-            for event in events(r):
-                if event.data and event.data != "[DONE]":
-                    texts[i] += event.json["choices"][0]["text"]
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert texts == expected
+    same = {"X-Request-Id": "same"}
+    with server.client() as first_http, server.client() as second_http:
+        first_body = completion_body(prompts[0], ENDLESS, ignore_eos=True)
+        with first_http.stream("POST", "/v1/completions", json=first_body, headers=same) as first:
+            first_texts = (e.json["choices"][0]["text"] for e in events(first) if e.data and e.data != "[DONE]")
+            first_text = next(first_texts)  # running
+            second_body = completion_body(prompts[1], 40, ignore_eos=True)
+            with second_http.stream("POST", "/v1/completions", json=second_body, headers=same) as second:
+                second_text = "".join(
+                    e.json["choices"][0]["text"] for e in events(second) if e.data and e.data != "[DONE]"
+                )
+            server.wait_for_metric("wsgi_infer:num_requests_running", 1)  # the first one streams on
+            while len(first_text) < len(expected[0]):
+                first_text += next(first_texts)
+    assert second_text == expected[1]
+    assert first_text.startswith(expected[0])  # its first 40 tokens' text
+    server.wait_for_metric("wsgi_infer:num_requests_running", 0)
     assert_idle(server)
 
 
