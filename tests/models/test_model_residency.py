@@ -42,7 +42,7 @@ def two_of_three(request, tmp_path_factory, tiny_model_dirs):
     models = {"a": "llama", "b": "qwen3", "c": "gemma3"}
     tables = "".join(f'[models.{name}]\npath = "{tiny_model_dirs[arch]}"\n' for name, arch in models.items())
     room = {"max_loaded_models": 2} if request.param == "count" else {"models_memory_mb": 600}
-    yield from serving(tmp_path_factory.mktemp("two"), tiny_model_dirs, tables, load_wait_seconds=2, **room)
+    yield from serving(tmp_path_factory.mktemp("two"), tiny_model_dirs, tables, load_wait_seconds=30, **room)
 
 
 @pytest.fixture(scope="module")
