@@ -95,11 +95,6 @@ def packed_weight(parts: list[PackedPart], file_values: bool) -> PackedWeight:
     return PackedWeight(parts, inputs.pop(), file_values)
 
 
-def packed_bytes(weights: list[PackedWeight]) -> int:
-    """The bytes the packed weights' tiles hold."""
-    return sum(part.tiles.nbytes for weight in weights for part in weight.parts)
-
-
 def bits_per_weight(weights: list[PackedWeight]) -> dict[str, str]:
     """Per format, what the packed weights hold a weight in beside the file's blocks of that type (the load's log)."""
     held, counted = defaultdict(int), defaultdict(int)

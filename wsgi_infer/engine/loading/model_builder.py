@@ -13,7 +13,7 @@ from torch import nn
 from ..config import EngineConfig
 from ..kernels.build import kernels_library
 from ..kernels.cpu import CpuKernels, attach_kernels
-from ..kernels.packed import PackedWeight, bits_per_weight, packed_bytes
+from ..kernels.packed import PackedWeight, bits_per_weight
 from ..layers.crossing_points import choose_max_rows
 from ..layers.packed_embedding import share_embedding_with_packed_head
 from ..layers.quantization import PackedLinear, kinds, pack_on_kernels, packed_layers, quantize_with_torch
@@ -109,7 +109,7 @@ def _pack_on_kernels(model: nn.Module, method: str, model_dir: Path, kernels: Cp
             model.embed_tokens = from_file
             log.info("embedding rows read from the GGUF's own blocks at each lookup: no table kept")
     packed = [m.packed for m in model.modules() if isinstance(m, PackedLinear)]
-    held, seconds = packed_bytes(packed), time.monotonic() - started
+    held, seconds = sum(weight.nbytes for weight in packed), time.monotonic() - started
     log.info(
         "packed weights: %d MiB laid out in %.2f s (%.2f GB/s); bits a weight by format: %s",
         held >> 20,
