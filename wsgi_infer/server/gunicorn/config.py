@@ -11,7 +11,6 @@ import gc
 import logging
 import os
 import sys
-import tempfile
 import time
 
 from gunicorn.arbiter import Arbiter
@@ -20,7 +19,7 @@ from pydantic import ValidationError
 from wsgi_infer.engine.kernels.build import start_building_cpu_kernels
 from wsgi_infer.engine.runtime.cpu_budget import cpu_budget
 from wsgi_infer.server.engine_client.extension import manager_of
-from wsgi_infer.server.gunicorn.owned_dirs import remove_owned_dirs
+from wsgi_infer.server.gunicorn.owned_dirs import make_owned_dir, remove_abandoned_dirs, remove_owned_dirs
 from wsgi_infer.server.gunicorn.text_files_ahead import start_text_files_ahead
 from wsgi_infer.server.gunicorn.worker import InferenceWorker
 from wsgi_infer.server.settings import ServerSettings, unknown_variables
@@ -30,10 +29,10 @@ from wsgi_infer.server.tenants.local_store import LocalLimitStore
 # Read in the master before any worker exists (and before torch is imported anywhere).
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="wsgi-infer-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = make_owned_dir("wsgi-infer-metrics-")
     os.environ["WSGI_INFER_OWNS_METRICS_DIR"] = "1"
 if not os.environ.get("WSGI_INFER_LIMITS_DIR"):  # the API keys' limits, which every worker counts against
-    os.environ["WSGI_INFER_LIMITS_DIR"] = tempfile.mkdtemp(prefix="wsgi-infer-limits-")
+    os.environ["WSGI_INFER_LIMITS_DIR"] = make_owned_dir("wsgi-infer-limits-")
     os.environ["WSGI_INFER_OWNS_LIMITS_DIR"] = "1"
 LocalLimitStore.prepare(os.environ["WSGI_INFER_LIMITS_DIR"])
 
@@ -57,8 +56,12 @@ def on_starting(server):
     """In the master, before any worker: start compiling the CPU kernels if this machine has none yet, and reading
     the text files of GGUFs not yet converted (``text_files_ahead``), where a second CPU lets them run beside the
     workers' imports. Each runs while the workers import; their engine threads wait for it on its lock. A gevent
-    worker could not run them: its engine thread cannot wait for a child process."""
+    worker could not run them: its engine thread cannot wait for a child process. And the folders of servers killed
+    outright are removed (``owned_dirs``)."""
     _settings_or_exit(server)
+    abandoned = remove_abandoned_dirs()
+    if abandoned:
+        server.log.info("removed %d folders left by servers killed outright: %s", len(abandoned), " ".join(abandoned))
     _control_socket_of_our_own(server)
     start_building_cpu_kernels()
     if cpu_budget().cpus >= 2:

@@ -1,0 +1,89 @@
+"""The folders a master makes for its workers (metrics, limits) do not outlive it, even when it is killed outright:
+the next server to start removes them, and only them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from wsgi_infer.server.gunicorn.owned_dirs import LOCK_NAME, remove_abandoned_dirs
+
+from ..support.server import ROOT, GunicornServer, stop_together, wait_until
+
+HOLDS_A_FOLDER = """
+import os
+from wsgi_infer.server.gunicorn.owned_dirs import make_owned_dir
+path = make_owned_dir("wsgi-infer-metrics-")
+worker = os.fork()  # inherits the open lock file, as a gunicorn worker does
+if worker:
+    print(path, worker, flush=True)
+input()  # until killed
+"""
+
+
+def test_a_folder_is_removed_once_no_process_holds_its_lock(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDS_A_FOLDER],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    worker = None
+    try:
+        folder, worker = holder.stdout.readline().split()
+        held = Path(folder)
+        assert held.parent == tmp_path and (held / LOCK_NAME).is_file()
+        unlocked = tmp_path / "wsgi-infer-limits-old"  # made by a version without a lock, or being made
+        (unlocked / (LOCK_NAME + ".new")).mkdir(parents=True)
+        other = tmp_path / "someone-else"  # not ours, unlocked
+        other.mkdir()
+        (other / LOCK_NAME).touch()
+        assert remove_abandoned_dirs(str(tmp_path)) == []
+        holder.kill()  # the master alone: its worker still writes there
+        holder.wait()
+        assert remove_abandoned_dirs(str(tmp_path)) == []
+    finally:
+        holder.kill()
+        holder.wait()
+        if worker:  # else it leaves once its stdin, this pipe, closes
+            os.kill(int(worker), signal.SIGKILL)
+    removed = []
+    wait_until(lambda: removed.extend(remove_abandoned_dirs(str(tmp_path))) or removed, "the folder removed")
+    assert removed == [str(held)]
+    assert not held.exists() and unlocked.is_dir() and other.is_dir()
+
+
+def owned_dirs_of(server: GunicornServer) -> list[Path]:
+    """The folders whose lock the server's master holds open."""
+    master = psutil.Process(server.process.pid)
+    return sorted(Path(f.path).parent for f in master.open_files() if Path(f.path).name == LOCK_NAME)
+
+
+@pytest.mark.slow  # real servers
+def test_a_server_killed_outright_leaves_its_folders_to_the_next_server_to_start(tiny_model_dirs):
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none"}
+    killed, alive = GunicornServer(settings), GunicornServer(settings)
+    try:
+        left, kept = owned_dirs_of(killed), owned_dirs_of(alive)
+        assert [d.name.rsplit("-", 1)[0] for d in left] == ["wsgi-infer-limits", "wsgi-infer-metrics"]
+        os.killpg(killed.process.pid, signal.SIGKILL)  # master and workers: no exit hook runs
+        killed.process.wait(10)
+        assert all(d.is_dir() for d in left)
+        with GunicornServer(settings) as starting:
+            removed = starting.wait_for_log(r"removed \d+ folders left by servers killed outright: (.*)").group(1)
+            assert set(map(str, left)) <= set(removed.split())  # others' too, where a test killed a server
+            assert not any(d.exists() for d in left)
+            assert all(d.is_dir() for d in kept)
+            mine = owned_dirs_of(starting)
+        assert not any(d.exists() for d in mine)  # a server that stops removes its own
+    finally:
+        stop_together([killed, alive])
+    assert not any(d.exists() for d in kept)
