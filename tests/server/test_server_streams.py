@@ -16,7 +16,7 @@ from wsgi_infer.engine.loading.model_paths import default_model_path
 
 from ..conftest import tiny_settings
 from ..support.model_servers import prompt_beside_stream
-from ..support.server import ENDLESS, GunicornServer, labelled_samples
+from ..support.server import ENDLESS, GunicornServer, labelled_samples, wait_until
 from ..support.sse_client import events
 
 pytestmark = pytest.mark.slow
@@ -64,13 +64,17 @@ def test_32_concurrent_streams_are_batched_and_correct(server, tiny_llama):
                     first_token.wait(60)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
-    for t in threads:
-        t.start()
+    # All 32 reach the worker at once, queued while it is stopped: started one by one on a busy host, the first
+    # could all finish before the last was sent, and nothing would show them batched.
+    with server.stopped(server.worker_pids()):
+        for t in threads:
+            t.start()
+        wait_until(lambda: server.queued_connections() == 32, "32 connections queued")
     first_token.wait(60)  # every client has its first token: all 32 are in the engine now
     running_seen.append(server.metrics()["wsgi_infer:num_requests_running"])
     for t in threads:
         t.join(120)
-    assert running_seen[0] > 1
+    assert running_seen[0] > 1, running_seen
     assert texts == expected
     assert len(set(texts)) == 32
     assert_idle(server)

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import httpx
@@ -249,18 +249,30 @@ class GunicornServer(LoggedProcess):
                 return pid
         raise AssertionError(f"no worker holds the connection from port {client_port} {context} (their peers: {peers})")
 
+    def accepting_only_on(self, pid: int) -> AbstractContextManager[None]:
+        """While it lasts, every worker but ``pid`` is stopped, so that ``pid`` accepts every new connection: the
+        kernel wakes each worker waiting on the shared socket, and under load one of them won 40 in a row."""
+        return self.stopped([worker for worker in self.worker_pids() if worker != pid])
+
     @contextmanager
-    def accepting_only_on(self, pid: int) -> Iterator[None]:
-        """While it lasts, every worker but ``pid`` is stopped (SIGSTOP), so that ``pid`` accepts every new connection:
-        the kernel wakes each worker waiting on the shared socket, and under load one of them won 40 in a row."""
-        others = [worker for worker in self.worker_pids() if worker != pid]
-        for worker in others:
+    def stopped(self, workers: list[int]) -> Iterator[None]:
+        """While it lasts, ``workers`` are stopped (SIGSTOP): new connections wait in the listen queue."""
+        for worker in workers:
             os.kill(worker, signal.SIGSTOP)
         try:
             yield
         finally:
-            for worker in others:
+            for worker in workers:
                 os.kill(worker, signal.SIGCONT)
+
+    def queued_connections(self) -> int:
+        """Connections the kernel has made on the listening socket that no worker has accepted yet (a listening
+        socket's receive queue in /proc/net/tcp is its accept queue)."""
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[1] == f"0100007F:{self.port:04X}" and fields[3] == "0A":  # 127.0.0.1, LISTEN
+                return int(fields[4].split(":")[1], 16)
+        raise AssertionError(f"no socket listens on 127.0.0.1:{self.port}")
 
     def worker_of(self, response: httpx.Response) -> int:
         """The worker holding the connection that ``response`` came on."""
