@@ -11,13 +11,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import openai
 import psutil
 import pytest
 
-from ..support.server import ENDLESS, ROOT, GunicornServer, dying_with_this_process
+from ..support.server import ENDLESS, ROOT, GunicornServer, dying_with_this_process, wait_until
 from ..support.sse_client import events
 
 pytestmark = pytest.mark.slow  # real processes
@@ -96,13 +97,6 @@ def holder_of(server: GunicornServer, sock: socket.socket) -> int | None:
         return None
 
 
-def wait_until(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.01)
-
-
 def start_streams(server, max_tokens_list: list[int]) -> tuple[list[StreamResult], list[threading.Thread]]:
     results = [StreamResult() for _ in max_tokens_list]
     threads = [
@@ -116,7 +110,9 @@ def start_streams(server, max_tokens_list: list[int]) -> tuple[list[StreamResult
     return results, threads
 
 
-def lifecycle_server(tiny_model_dirs, *args, warm: bool = True, **settings) -> GunicornServer:
+def lifecycle_server(
+    tiny_model_dirs, *args, warm: bool = True, config: str = "gunicorn.conf.py", **settings
+) -> GunicornServer:
     base = {
         "model": tiny_model_dirs["llama"],
         "dtype": "float32",
@@ -125,7 +121,7 @@ def lifecycle_server(tiny_model_dirs, *args, warm: bool = True, **settings) -> G
         "drain_seconds": DRAIN,
     }
     return GunicornServer(
-        {**base, **settings}, "--graceful-timeout", str(GRACEFUL), "--keep-alive", "2", *args, warm=warm
+        {**base, **settings}, "--graceful-timeout", str(GRACEFUL), "--keep-alive", "2", *args, config=config, warm=warm
     )
 
 
@@ -261,15 +257,30 @@ def test_quick_stop_with_a_busy_process_on_every_cpu_ends_every_stream(tiny_mode
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_just_after_the_worker_forks_is_not_lost(tiny_model_dirs, sig):
-    """Signalled as soon as its worker forks, before gunicorn sets the worker's own handlers (after gevent's
-    patching), the server still stops as asked, once the worker has imported: the master never has to kill it. The
-    real command (not a warm start): its worker imports torch after the fork, as a deployed one does."""
-    server = lifecycle_server(tiny_model_dirs, "--graceful-timeout", "60", warm=False)
-    server.wait_for_log(r"Booting worker with pid")
+    """Signalled while its worker is between the fork and gunicorn's own handlers (held there, stopped, by the
+    test's configuration), the server still stops as asked once the worker goes on: the worker takes the stop that
+    came early, and the master never has to kill it. The real command (not a warm start), as deployed."""
+    config = str(ROOT / "tests" / "support" / "paused_worker_conf.py")
+    server = lifecycle_server(tiny_model_dirs, "--graceful-timeout", "60", config=config, warm=False)
+    worker = int(server.wait_for_log(r"Booting worker with pid: (\d+)").group(1))
+    wait_until(lambda: psutil.Process(worker).status() == psutil.STATUS_STOPPED, "the worker held after its fork")
     server.process.send_signal(sig)
+    relayed = signal.SIGTERM if sig == signal.SIGTERM else signal.SIGQUIT  # the master's stop for its workers
+    wait_until(lambda: relayed in pending_signals(worker), f"{relayed.name} pending on the held worker")
+    os.kill(worker, signal.SIGCONT)
     assert server.process.wait(60) == 0
+    server.wait_for_log(rf"taking now the stop that came while this worker started \({relayed.name}\)")
     server.wait_for_log(r"engine thread stopped")  # a stop while it loads: once loaded, to the worker's exit
     assert not any("SIGKILL" in line or "did not stop within" in line for line in server.wait_eof())
+
+
+def pending_signals(pid: int) -> set[int]:
+    """The signals sent to process ``pid`` and not yet delivered (a stopped process delivers none)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("ShdPnd:"):
+            mask = int(line.split()[1], 16)
+            return {number + 1 for number in range(64) if mask >> number & 1}
+    return set()
 
 
 def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dirs):
@@ -280,7 +291,7 @@ def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dir
         # A connection the old worker accepted just before the reload, whose request comes
         # only after that worker began to drain: gunicorn accepted it, so it is served.
         early = socket.create_connection(("127.0.0.1", server.port), timeout=60)
-        wait_until(lambda: holder_of(server, early) == old_worker)
+        wait_until(lambda: holder_of(server, early) == old_worker, "the old worker holds the early connection")
         server.process.send_signal(signal.SIGHUP)
         server.wait_for_log(rf"\[{old_worker}\] \[INFO\] draining: \d+ open requests")
         with early:
@@ -340,7 +351,7 @@ def test_sigkill_of_one_worker_leaves_the_other_workers_streams_alone(tiny_model
         (replacement,) = server.wait_booted(after=killed_at)
         assert replacement not in workers
         received = len(survivor.data)  # the survivor still streams once the replacement is up
-        wait_until(lambda: len(survivor.data) >= received + 50 or survivor.ended_at)
+        wait_until(lambda: len(survivor.data) >= received + 50 or survivor.ended_at, "50 more events on the survivor")
         assert survivor.error is None and not survivor.ended_at and len(survivor.data) >= received + 50
         for result in results:
             result.cancel.set()

@@ -194,15 +194,22 @@ class GunicornServer(LoggedProcess):
     """
 
     def __init__(
-        self, settings: dict[str, str], *args: str, command: list[str] | None = None, warm: bool = True, **env_vars: str
+        self,
+        settings: dict[str, str],
+        *args: str,
+        command: list[str] | None = None,
+        config: str = "gunicorn.conf.py",
+        warm: bool = True,
+        **env_vars: str,
     ) -> None:
-        """``command`` replaces ``gunicorn -c gunicorn.conf.py`` (for `wsgi-infer serve`); it must
-        bind 127.0.0.1:0 itself. ``env_vars`` go to the environment as they are. ``warm=False``: the real command
-        even where a warm start could serve (``warm_starts``: tests of the master, of imports, of start-up)."""
+        """``config``: gunicorn's configuration file. ``command`` replaces ``gunicorn -c gunicorn.conf.py`` (for
+        `wsgi-infer serve`); it must bind 127.0.0.1:0 itself. ``env_vars`` go to the environment as they are.
+        ``warm=False``: the real command even where a warm start could serve (``warm_starts``: tests of the master,
+        of imports, of start-up)."""
         env = {**os.environ, **{f"WSGI_INFER_{k.upper()}": str(v) for k, v in settings.items()}, **env_vars}
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         self.warm = warm and command is None
-        super().__init__(command or [GUNICORN, "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", *args], env)
+        super().__init__(command or [GUNICORN, "-c", config, "--bind", "127.0.0.1:0", *args], env)
         self.port = int(self.wait_for_log(r"Listening at: http://127\.0\.0\.1:(\d+)\b").group(1))
         self.url = f"http://127.0.0.1:{self.port}"
 

@@ -112,7 +112,9 @@ class InferenceWorker(GeventWorker):
         super().init_signals()
         early = set(getattr(self, "_early_stops", ()))
         if early:  # the most urgent once: a quick stop (SIGINT, SIGQUIT) over a drain (SIGTERM)
-            os.kill(os.getpid(), signal.SIGQUIT if early - {signal.SIGTERM} else signal.SIGTERM)
+            sig = signal.SIGQUIT if early - {signal.SIGTERM} else signal.SIGTERM
+            self.log.info("taking now the stop that came while this worker started (%s)", sig.name)
+            os.kill(os.getpid(), sig)
 
     def patch(self) -> None:
         with _entry_points_read_once():
