@@ -260,7 +260,7 @@ def test_a_stop_just_after_the_worker_forks_is_not_lost(tiny_model_dirs, sig):
     """Signalled while its worker is between the fork and gunicorn's own handlers (held there, stopped, by the
     test's configuration), the server still stops as asked once the worker goes on: the worker takes the stop that
     came early, and the master never has to kill it. The real command (not a warm start), as deployed."""
-    config = str(ROOT / "tests" / "support" / "paused_worker_conf.py")
+    config = str(Path(__file__).with_name("paused_worker_conf.py"))
     server = lifecycle_server(tiny_model_dirs, "--graceful-timeout", "60", config=config, warm=False)
     worker = int(server.wait_for_log(r"Booting worker with pid: (\d+)").group(1))
     wait_until(lambda: psutil.Process(worker).status() == psutil.STATUS_STOPPED, "the worker held after its fork")
