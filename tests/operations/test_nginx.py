@@ -7,7 +7,6 @@ import signal
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import psutil
@@ -161,9 +160,12 @@ def test_sigterm_drain_reaches_the_client_through_nginx(tiny_model_dirs):
 
 
 def test_access_log_shows_the_real_client_and_the_unix_socket_upstream(tiny_model_dirs):
-    sock = Path(tempfile.mkdtemp()) / "gunicorn.sock"
     settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none"}
-    with GunicornServer(settings, "--bind", f"unix:{sock}") as server, NginxProxy(f"unix:{sock}") as nginx:
+    with (
+        tempfile.TemporaryDirectory() as folder,  # short: a socket's path has at most 107 bytes
+        GunicornServer(settings, "--bind", f"unix:{folder}/gunicorn.sock") as server,
+        NginxProxy(f"unix:{folder}/gunicorn.sock") as nginx,
+    ):
         server.wait_ready()
         via_nginx = httpx.HTTPTransport(local_address="127.0.0.2")
         with httpx.Client(base_url=nginx.url, transport=via_nginx, timeout=30) as http:
