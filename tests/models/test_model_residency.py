@@ -155,9 +155,11 @@ def test_a_model_a_request_waited_for_is_not_unloaded_before_the_request_submits
         asks["a"].start()
         server.wait_for_log(r"loading a\b", after=mark)  # its load takes a second more: b's request waits in it
         asks["b"].start()
-        server.wait_for_log(r"b waits for room", after=mark)
+        waited, _ = server.wait_for_line(r"b waits for room", after=mark)
         for ask in asks.values():
             ask.join(60)
+        ready, _ = server.wait_for_line(r"engine ready: serving a\b", after=mark)
+        assert waited < ready  # b asked during a's load: the turn this test is about, not after a's request ran
         assert answers["a"].status_code == 200, answers["a"].text
         assert answers["b"].status_code == 200, answers["b"].text  # once a's request ended
         assert states(server) == {"a": "unloaded", "b": "loaded"}
