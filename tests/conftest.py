@@ -26,6 +26,7 @@ from wsgi_infer import LLM  # noqa: E402
 from wsgi_infer.engine.loading.model_builder import PACKED_ROWS_FILE  # noqa: E402
 from wsgi_infer.engine.loading.model_loader import load_tokenizer, resolve_model_dir  # noqa: E402
 from wsgi_infer.engine.runtime.cache_files import cache_root  # noqa: E402
+from wsgi_infer.server.gunicorn.owned_dirs import remove_abandoned_dirs  # noqa: E402
 
 from .support import warm_starts  # noqa: E402
 from .support.in_process import InProcessServer  # noqa: E402
@@ -372,6 +373,12 @@ def pytest_collection_modifyitems(items):
         if DEFAULT_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
     items.sort(key=_start_order)  # stable: a module's tests keep their order
+
+
+def pytest_sessionfinish(session):
+    """Nothing left in the temporary directory: the folders of servers a test killed outright (SIGKILL) are removed,
+    as the next server to start there would remove them; those of servers still running are not."""
+    remove_abandoned_dirs()
 
 
 @pytest.hookimpl(optionalhook=True)
