@@ -9,12 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
 from wsgi_infer.server.gunicorn.owned_dirs import LOCK_NAME, remove_abandoned_dirs
 
-from ..support.server import ROOT, GunicornServer, stop_together, wait_until
+from ..support.server import ROOT, GunicornServer, parse_metrics, stop_together, wait_until
 
 HOLDS_A_FOLDER = """
 import os
@@ -68,10 +69,9 @@ def exited(process: psutil.Process) -> bool:
         return True
 
 
-def owned_dirs_of(server: GunicornServer) -> list[Path]:
-    """The folders whose lock the server's master holds open."""
-    master = psutil.Process(server.process.pid)
-    return sorted(Path(f.path).parent for f in master.open_files() if Path(f.path).name == LOCK_NAME)
+def owned_dirs_of(master: int) -> list[Path]:
+    """The folders whose lock the master ``master`` holds open."""
+    return sorted(Path(f.path).parent for f in psutil.Process(master).open_files() if Path(f.path).name == LOCK_NAME)
 
 
 @pytest.mark.slow  # real servers
@@ -80,7 +80,7 @@ def test_a_server_killed_outright_leaves_its_folders_to_the_next_server_to_start
     # A temporary directory of their own: a server another test starts meanwhile would remove the killed one's too.
     killed, alive = GunicornServer(settings, TMPDIR=str(tmp_path)), GunicornServer(settings, TMPDIR=str(tmp_path))
     try:
-        left, kept = owned_dirs_of(killed), owned_dirs_of(alive)
+        left, kept = owned_dirs_of(killed.process.pid), owned_dirs_of(alive.process.pid)
         assert [(d.parent, d.name.rsplit("-", 1)[0]) for d in left] == [
             (tmp_path, "wsgi-infer-limits"),
             (tmp_path, "wsgi-infer-metrics"),
@@ -98,8 +98,40 @@ def test_a_server_killed_outright_leaves_its_folders_to_the_next_server_to_start
             assert sorted(removed.split()) == list(map(str, left))
             assert not any(d.exists() for d in left)
             assert all(d.is_dir() for d in kept)
-            mine = owned_dirs_of(starting)
+            mine = owned_dirs_of(starting.process.pid)
         assert not any(d.exists() for d in mine)  # a server that stops removes its own
     finally:
         stop_together([killed, alive])
     assert not any(d.exists() for d in kept)
+
+
+@pytest.mark.slow  # real servers
+def test_an_upgrade_on_the_fly_serves_on_and_leaves_no_folder(tiny_model_dirs, tmp_path):
+    """gunicorn's upgrade on the fly: SIGUSR2 starts a new master beside the old one (a new process image, with the
+    environment the old one started with), then the old one is stopped. The new one serves on the same socket and
+    counts in folders of its own; each master's folders go with it."""
+    settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none"}
+    old = GunicornServer(settings, TMPDIR=str(tmp_path), warm=False).wait_ready()  # the real command, to exec again
+    new = None
+    try:
+        olds, mark = owned_dirs_of(old.process.pid), len(old.lines)
+        old.process.send_signal(signal.SIGUSR2)
+        new = psutil.Process(int(old.wait_for_log(r"\[(\d+)\] \[INFO\] Starting gunicorn", after=mark).group(1)))
+        worker = old.wait_for_log(r"Booting worker with pid: (\d+)", after=mark).group(1)
+        old.wait_for_log(rf"\[{worker}\] \[INFO\] engine ready", after=mark)
+        news = owned_dirs_of(new.pid)
+        assert len(news) == 2 and {d.parent for d in news} == {tmp_path} and not set(news) & set(olds)
+        old.process.send_signal(signal.SIGTERM)
+        assert old.process.wait(60) == 0
+        assert not any(d.exists() for d in olds) and all(d.is_dir() for d in news)
+        body = {"prompt": "Upgraded", "max_tokens": 3, "ignore_eos": True}
+        assert httpx.post(f"{old.url}/v1/completions", json=body, timeout=60).status_code == 200  # the new one's
+        metrics = parse_metrics(httpx.get(f"{old.url}/metrics", timeout=10).text)
+        assert metrics["wsgi_infer:generation_tokens_total"] == 3
+        new.send_signal(signal.SIGTERM)
+        new.wait(60)
+        assert not any(d.exists() for d in news)
+    finally:
+        if new is not None and new.is_running():
+            new.kill()
+        stop_together([old])
