@@ -25,11 +25,11 @@
 #include "packed_mm.h"
 #include "register_passes.h"
 
-typedef void (*pass_fn)(const uint8_t *, int64_t, const uint8_t *, const uint8_t *, float *, int64_t, int);
+typedef void (*pass_fn)(const uint8_t *, int64_t, const uint8_t *, const uint8_t *, float *, int64_t, int, int);
 #define PASS(T, P, R)                                                                                               \
     static void pass_##T##_##P##_##R(const uint8_t *tile, int64_t blocks, const uint8_t *x, const uint8_t *rot,     \
-                                    float *out, int64_t out_stride, int width) {                                   \
-        tile_pass(T, P, R, tile, blocks, x, rot, out, out_stride, width);                                           \
+                                    float *out, int64_t out_stride, int width, int fetch) {                        \
+        tile_pass(T, P, R, tile, blocks, x, rot, out, out_stride, width, fetch);                                    \
     }
 #if ROWS_AT_ONCE == 16
 #define PASSES_OF(T, P) PASS(T, P, 1) PASS(T, P, 2) PASS(T, P, 4) PASS(T, P, 8) PASS(T, P, 16)
@@ -127,7 +127,7 @@ static void tile_task(const mm_job *job, int64_t task) {
         /* a whole group's pass: chunks only shrink, so its rows are group r / ACT_ROWS */
         const uint8_t *rot = job->rot && chunk == CHUNKS - 1 ? job->rot + r / ACT_ROWS * (k / QK) * ROT_BYTES : NULL;
         kernels[chunk](tiles, blocks, job->x + act_offset(r, 0, k / QK, job->planes), rot,
-                       job->out + r * job->w->n + first, job->w->n, (int)width);
+                       job->out + r * job->w->n + first, job->w->n, (int)width, r == start);
         r += 1 << chunk;
     }
 }
