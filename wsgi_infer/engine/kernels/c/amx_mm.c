@@ -179,7 +179,7 @@ ALWAYS_INLINE int64_t tile_passes(const int type, const int planes, const uint8_
         for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(ahead + line);
         for (int64_t j = 0; j < subs; j++) {
             decoded w;
-            decode(type, tile + b * bytes, (int)j, 0, &w);
+            decode(type, tile + b * bytes, (int)j, 0, NULL, &w);
             if (ints) {
                 split_scaled(type, &w, (int)(j % 2), (split_codes *)dec + (b * subs + j) / 2);
             } else {

@@ -52,12 +52,8 @@ ALWAYS_INLINE k_weight_terms k_terms(const int type, const uint8_t *block, const
     k_weight_terms t = {load_halves((const f16 *)block + QL * h), {0}, {{0}}};
     if (type == Q6_K) return t;
     t.less = -load_halves((const f16 *)(block + 32) + QL * h);
-    for (int p = 0; p < 4; p++) {
-        wvec scale, even, odd;
-        k_scale_min(block + 64, 2 * p, h, &scale, &even);
-        k_scale_min(block + 64, 2 * p + 1, h, &scale, &odd);
-        t.pairs[p] = pair_lanes((ivec)even, (ivec)odd);
-    }
+    const k_scales s = k_unpack_scales(block + 64, h);
+    for (int p = 0; p < 4; p++) t.pairs[p] = (ivec)lane_byte_pair(s.low[p / 2], 2 * p % 4);
     return t;
 }
 

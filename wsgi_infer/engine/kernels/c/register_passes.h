@@ -74,6 +74,8 @@ ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, c
         ivec isb[HALVES][ROWS_AT_ONCE];
         for (int h = 0; h < parts; h++)
             for (int r = 0; r < rows; r++) sb[h][r] = (fvec){0}, isb[h][r] = (ivec){0};
+        k_scales ks[HALVES]; /* Q4_K's and Q5_K's, unpacked once for the super-block's sub-blocks */
+        for (int h = 0; h < parts && has_k_scales(type); h++) ks[h] = k_unpack_scales(block + 64, h0 + h);
         for (int j = 0; j < subs; j++) {
             /* the weight streams: fetch what the sub-block PREFETCH_BYTES (or more) on reads. A one-row pass is
              * the last over its tile (both halves at once), so its lines are fetched non-temporal: a decode step
@@ -98,7 +100,7 @@ ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, c
 #endif
             for (int h = 0; h < parts; h++) {
                 decoded w;
-                decode(type, block, j, h0 + h, &w);
+                decode(type, block, j, h0 + h, has_k_scales(type) ? ks + h : NULL, &w);
 #pragma GCC unroll 16
                 for (int r0 = 0; r0 < rows; r0 += SUM_ROWS) {
                     const int n = rows - r0 < SUM_ROWS ? rows - r0 : SUM_ROWS;

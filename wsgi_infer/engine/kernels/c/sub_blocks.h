@@ -25,9 +25,9 @@ static inline int code_kind(const int type) { /* quant_simd.h's dot_sub */
     return type == Q5_0 || type == Q5_1 || type == Q5_K ? CODES_5BIT : CODES_4BIT;
 }
 
-ALWAYS_INLINE void decode(const int type, const uint8_t *block, int j, int h, decoded *out) {
+ALWAYS_INLINE void decode(const int type, const uint8_t *block, int j, int h, const k_scales *ks, decoded *out) {
     if (is_k(type))
-        decode_k(type, block, j, h, out);
+        decode_k(type, block, j, h, ks, out);
     else
         decode_legacy(type, block, h, out);
 }
