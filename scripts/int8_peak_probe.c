@@ -5,7 +5,7 @@
  * each spread by a shuffle from 16 bytes loaded once for four, or each read whole from memory as the multiply's operand
  * (activations stored already broadcast: 32 bytes a quad, 8 times a quad's bytes), or read rotated: 8 rows' quads
  * stored twice in a 64-byte line, each multiply's operand the 32 bytes from the line's k-th quad on (twice a quad's
- * bytes; lane l then meets row (l + k) mod 8, and the sums are diagonals).
+ * bytes; lane l then meets row (l + k) mod 8, and the sums are diagonals); last, the Q4_K pass's whole inner loop.
  * Kept out of CI:
  *
  *     gcc -O2 -mavx2 -mfma -fopenmp -DTHREADS=2 scripts/int8_peak_probe.c -o /tmp/int8_peak && /tmp/int8_peak
@@ -19,6 +19,56 @@
 #endif
 #define TIMES_10(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9)
 #define ITERATIONS 100000000L
+
+/* The AVX2 Q4_K pass's inner loop alone (register_passes.h, rotated.h), what it costs with nothing around it (no
+ * prefetches, no scales to unpack, no super-block totals): a sub-block of 8 weight rows, its 4 words of codes loaded
+ * and split into 8 quads of nibbles, times 8 rows of rotated activations (line i at 64i), each row's 8 products
+ * summed in 16 bits and widened by the scales (vpmaddwd) into its 32-bit sums in memory. 64 sub-blocks of codes and
+ * of activations (16 and 44 KB: L1 and L2, as a pass over 2,048 inputs reads them). */
+static void q4_k_loop(void) {
+    enum { SUBS = 64 };
+    static unsigned char codes[SUBS * 256] __attribute__((aligned(64)));
+    static signed char lines[SUBS * 704] __attribute__((aligned(64)));
+    static int sums[THREADS][64] __attribute__((aligned(64)));
+    const long iterations = ITERATIONS / 50;
+    double start = omp_get_wtime();
+#pragma omp parallel num_threads(THREADS)
+    {
+        const __m256i mask = _mm256_set1_epi8(15), by = _mm256_set1_epi32(0x00030003);
+        int *lo = sums[omp_get_thread_num()];
+        for (long it = 0; it < iterations; it++)
+            for (int j = 0; j < SUBS; j++)
+                __asm__ volatile(".irp u,0,1,2,3\n"
+                                 "vmovdqu 64*\\u(%[codes]), %%ymm9\n"
+                                 "vpand %%ymm9, %[mask], %%ymm8\n"
+                                 "vpsrlw $4, %%ymm9, %%ymm9\n"
+                                 "vpand %%ymm9, %[mask], %%ymm9\n"
+                                 ".irp r,0,1,2,3,4,5,6,7\n"
+                                 ".if \\u == 0\n"
+                                 "vpmaddubsw 4*\\r(%[q]), %%ymm8, %%ymm\\r\n"
+                                 ".else\n"
+                                 "vpmaddubsw 64*\\u+4*\\r(%[q]), %%ymm8, %%ymm10\n"
+                                 "vpaddw %%ymm10, %%ymm\\r, %%ymm\\r\n"
+                                 ".endif\n"
+                                 "vpmaddubsw 256+64*\\u+4*\\r(%[q]), %%ymm9, %%ymm10\n"
+                                 "vpaddw %%ymm10, %%ymm\\r, %%ymm\\r\n"
+                                 ".endr\n"
+                                 ".endr\n"
+                                 ".irp r,0,1,2,3,4,5,6,7\n"
+                                 "vpmaddwd %[by], %%ymm\\r, %%ymm\\r\n"
+                                 "vpaddd 32*\\r(%[lo]), %%ymm\\r, %%ymm\\r\n"
+                                 "vmovdqu %%ymm\\r, 32*\\r(%[lo])\n"
+                                 ".endr\n"
+                                 :
+                                 : [codes] "r"(codes + 256 * j), [q] "r"(lines + 704 * j), [mask] "x"(mask),
+                                   [by] "x"(by), [lo] "r"(lo)
+                                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                                   "xmm10", "memory");
+    }
+    double seconds = omp_get_wtime() - start;
+    printf("%d threads: the Q4_K pass's loop alone (8 rows by 8 of a sub-block, decoded and widened): %.2f G "
+           "multiplies a second a thread\n", THREADS, iterations * SUBS * 64.0 / seconds / 1e9);
+}
 
 int main(void) {
     double start = omp_get_wtime(), sink = 0;
@@ -106,5 +156,6 @@ int main(void) {
         printf("%d threads: vpmaddubsw + vpaddw into 8 sums, %s: %.2f G multiplies a second a thread\n", THREADS,
                names[shape], 8 * (ITERATIONS / 10) / seconds / 1e9);
     }
+    q4_k_loop();
     return 0;
 }
