@@ -57,6 +57,15 @@ ALWAYS_INLINE void add_high_pairs(wvec bits, int u, wvec w[8]) {
     w[u + 5] |= (bits >> 2) & SIXTH_BITS;
 }
 
+/* each lane's byte b (0-3), zero-extended */
+ALWAYS_INLINE wvec lane_byte(const wvec v, const int b) { return (v >> (8 * b)) & 0xFFu; }
+
+/* each lane's bytes b and b + 1 (b: 0-2) as its low and high 16 bits */
+ALWAYS_INLINE wvec lane_byte_pair(const wvec v, const int b) {
+    const wvec t = v >> (8 * b);
+    return (t & 0xFFu) | ((t & 0xFF00u) << 8);
+}
+
 /* a super-block's 6-bit sub-block scales and minimums of QL rows, from the file's 12 bytes a row (ggml's
  * get_scale_min_k4), unpacked once for its 8 sub-blocks: a byte a sub-block, 0-3 in [0] and 4-7 in [1] (each
  * sub-block unpacking its own, the AVX2 build on a Zen 4 ran 512 rows of Q4_K at 241 G MAC/s, now 249; one row 100,

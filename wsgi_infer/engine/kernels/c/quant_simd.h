@@ -88,15 +88,6 @@ static inline ivec pair_words(ivec low, ivec high) {
 }
 #endif
 
-/* each lane's byte b (0-3), zero-extended */
-ALWAYS_INLINE wvec lane_byte(const wvec v, const int b) { return (v >> (8 * b)) & 0xFFu; }
-
-/* each lane's bytes b and b + 1 (b: 0-2) as its low and high 16 bits */
-ALWAYS_INLINE wvec lane_byte_pair(const wvec v, const int b) {
-    const wvec t = v >> (8 * b);
-    return (t & 0xFFu) | ((t & 0xFF00u) << 8);
-}
-
 static inline int32_t quad(const int8_t *q) { /* 4 activation codes as one 32-bit word */
     int32_t v;
     memcpy(&v, q, 4);
