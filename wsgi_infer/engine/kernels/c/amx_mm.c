@@ -177,9 +177,11 @@ ALWAYS_INLINE int64_t tile_passes(const int type, const int planes, const uint8_
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *ahead = tile + (b + (4096 + bytes - 1) / bytes) * bytes;
         for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(ahead + line);
+        k_scales ks; /* Q4_K's and Q5_K's */
+        if (has_k_scales(type)) ks = k_unpack_scales(tile + b * bytes + 64, 0);
         for (int64_t j = 0; j < subs; j++) {
             decoded w;
-            decode(type, tile + b * bytes, (int)j, 0, NULL, &w);
+            decode(type, tile + b * bytes, (int)j, 0, &ks, &w);
             if (ints) {
                 split_scaled(type, &w, (int)(j % 2), (split_codes *)dec + (b * subs + j) / 2);
             } else {

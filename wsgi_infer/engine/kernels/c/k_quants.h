@@ -109,7 +109,7 @@ ALWAYS_INLINE wvec iq4_xs_scale(const uint8_t *block, int j, int h) {
     return ((low_nibbles >> (4 * j)) & 15) | (((high_pairs >> (2 * j)) & 3) << 4);
 }
 
-/* sub-block j of part h (QL rows) of a tile's super-block; ks: its scales unpacked (Q4_K, Q5_K; NULL: unpacked here) */
+/* sub-block j of part h (QL rows) of a tile's super-block; ks: its scales unpacked (read by Q4_K and Q5_K) */
 ALWAYS_INLINE void decode_k(const int type, const uint8_t *block, int j, int h, const k_scales *ks, decoded *out) {
     fvec d = load_halves((const f16 *)block + QL * h);
     if (type == Q6_K) {
@@ -128,9 +128,8 @@ ALWAYS_INLINE void decode_k(const int type, const uint8_t *block, int j, int h, 
         return;
     }
     fvec dmin = load_halves((const f16 *)(block + 32) + QL * h);
-    const k_scales own = ks ? (k_scales){0} : k_unpack_scales(block + 64, h);
     wvec scale, low;
-    k_scale_min(ks ? ks : &own, j, &scale, &low);
+    k_scale_min(ks, j, &scale, &low);
     out->sc[0] = out->sc[1] = (ivec)scale;
     out->s[0] = d * to_f((ivec)scale); /* 6 bits: as signed, one instruction without AVX-512 too */
     out->m = dmin * to_f(-(ivec)low);

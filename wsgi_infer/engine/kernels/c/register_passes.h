@@ -100,7 +100,7 @@ ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, c
 #endif
             for (int h = 0; h < parts; h++) {
                 decoded w;
-                decode(type, block, j, h0 + h, has_k_scales(type) ? ks + h : NULL, &w);
+                decode(type, block, j, h0 + h, ks + h, &w);
 #pragma GCC unroll 16
                 for (int r0 = 0; r0 < rows; r0 += SUM_ROWS) {
                     const int n = rows - r0 < SUM_ROWS ? rows - r0 : SUM_ROWS;
