@@ -5,7 +5,8 @@
  * each spread by a shuffle from 16 bytes loaded once for four, or each read whole from memory as the multiply's operand
  * (activations stored already broadcast: 32 bytes a quad, 8 times a quad's bytes), or read rotated: 8 rows' quads
  * stored twice in a 64-byte line, each multiply's operand the 32 bytes from the line's k-th quad on (twice a quad's
- * bytes; lane l then meets row (l + k) mod 8, and the sums are diagonals); last, the Q4_K pass's whole inner loop.
+ * bytes; lane l then meets row (l + k) mod 8, and the sums are diagonals); then the Q4_K pass's whole inner loop;
+ * last, attention's float tiles with their broadcasts and without.
  * Kept out of CI:
  *
  *     gcc -O2 -mavx2 -mfma -fopenmp -DTHREADS=2 scripts/int8_peak_probe.c -o /tmp/int8_peak && /tmp/int8_peak
@@ -68,6 +69,42 @@ static void q4_k_loop(void) {
     double seconds = omp_get_wtime() - start;
     printf("%d threads: the Q4_K pass's loop alone (8 rows by 8 of a sub-block, decoded and widened): %.2f G "
            "multiplies a second a thread\n", THREADS, iterations * SUBS * 64.0 / seconds / 1e9);
+}
+
+/* Attention's float tiles on AVX2 (attention_part.h's score_tile and weigh_pass): 12 sums of vfmadd231ps, each
+ * broadcast float (a query's dimension, a token's weight) feeding 2 of them, against the same multiply-adds with
+ * their operands in registers, and with a broadcast each. Whether a CPU spends its multiply-add slots on
+ * broadcasts from memory, as the Zen 3 did on vpbroadcastd beside vpmaddubsw. */
+static void float_tiles(void) {
+    static float weights[64] __attribute__((aligned(64)));
+    const char *names[3] = {"operands in registers", "a broadcast for two (attention's tiles)", "a broadcast each"};
+#define F2(A, B, X) "vfmadd231ps %%ymm12, %%ymm" #X ", %%ymm" #A "\n vfmadd231ps %%ymm13, %%ymm" #X ", %%ymm" #B "\n"
+#define BC(AT) "vbroadcastss " #AT "(%0), %%ymm14\n"
+#define F1(A, AT) "vbroadcastss " #AT "(%0), %%ymm14\n vfmadd231ps %%ymm12, %%ymm14, %%ymm" #A "\n"
+    for (int shape = 0; shape < 3; shape++) {
+        double start = omp_get_wtime();
+#pragma omp parallel num_threads(THREADS)
+        for (long it = 0; it < ITERATIONS / 10; it++) {
+            if (shape == 0)
+                __asm__ volatile(F2(0, 1, 15) F2(2, 3, 15) F2(4, 5, 15) F2(6, 7, 15) F2(8, 9, 15) F2(10, 11, 15)::"r"(
+                                     weights)
+                                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                                   "xmm10", "xmm11");
+            else if (shape == 1)
+                __asm__ volatile(BC(0) F2(0, 1, 14) BC(4) F2(2, 3, 14) BC(8) F2(4, 5, 14) BC(12) F2(6, 7, 14) BC(16)
+                                     F2(8, 9, 14) BC(20) F2(10, 11, 14)::"r"(weights)
+                                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                                   "xmm10", "xmm11", "xmm14", "memory");
+            else
+                __asm__ volatile(F1(0, 0) F1(1, 4) F1(2, 8) F1(3, 12) F1(4, 16) F1(5, 20) F1(6, 24) F1(7, 28)
+                                     F1(8, 32) F1(9, 36) F1(10, 40) F1(11, 44)::"r"(weights)
+                                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                                   "xmm10", "xmm11", "xmm14", "memory");
+        }
+        double seconds = omp_get_wtime() - start;
+        printf("%d threads: vfmadd231ps into 12 sums, %s: %.2f G a second a thread\n", THREADS, names[shape],
+               12 * (ITERATIONS / 10) / seconds / 1e9);
+    }
 }
 
 int main(void) {
@@ -157,5 +194,6 @@ int main(void) {
                names[shape], 8 * (ITERATIONS / 10) / seconds / 1e9);
     }
     q4_k_loop();
+    float_tiles();
     return 0;
 }
