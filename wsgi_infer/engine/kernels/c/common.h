@@ -175,14 +175,6 @@ static inline f32v exp_v(f32v x) {
 #endif
 }
 
-/* exp_v of 16 lanes, a register's width at a time */
-static inline f32x16 exp16(f32x16 x) {
-    f32v piece[16 / LANES];
-    memcpy(piece, &x, sizeof(x));
-    for (int i = 0; i < 16 / LANES; i++) piece[i] = exp_v(piece[i]);
-    memcpy(&x, piece, sizeof(x));
-    return x;
-}
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* --- across sources ------------------------------------------------------------------------------------------ */
