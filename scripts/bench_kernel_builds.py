@@ -12,16 +12,21 @@ tokens) and the 128 tokens decoded after it. Example, against the kernels of an 
         "from wsgi_infer.engine.kernels import variants, build; variants.build_variants(build.installed_dir())")
     .venv/bin/python scripts/bench_kernel_builds.py /tmp/before/wsgi_infer/engine/kernels/lib/cpu_kernels-avx2.so \\
         wsgi_infer/engine/kernels/lib/cpu_kernels-avx2.so --model smol-q4_1.gguf
+
+``--prefill-only`` times only 2,048-token prompts' prefills (``long_prompts.py``, each new), one or more libraries
+alternating, ``--repeat`` rounds of ``--prompts`` each: the figure issue 62's prefill asks for, without the server.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 import time
 from pathlib import Path
 
 from bench_engine import prompts as standard_prompts
+from long_prompts import long_prompts
 from repeat_prompts import SENTENCES, repeat_prompts
 
 import wsgi_infer.engine.kernels.cpu as cpu
@@ -29,10 +34,10 @@ from wsgi_infer import LLM, SamplingParams
 from wsgi_infer.engine.runtime.cpu_info import cpu_model_name
 
 
-def engines(library: str, model: str | None) -> dict[str, LLM]:
+def engines(library: str, model: str | None, kinds: tuple[str, ...] = ("ngram", "none")) -> dict[str, LLM]:
     cpu.kernels_library = lambda: Path(library)  # what every engine made now loads
     # no prefix cache: every round's requests pay their prefill, as new prompts would, with speculation or without
-    return {kind: LLM(model=model, speculative=kind, enable_prefix_caching=False) for kind in ("ngram", "none")}
+    return {kind: LLM(model=model, speculative=kind, enable_prefix_caching=False) for kind in kinds}
 
 
 def tokens_and_seconds(llm: LLM, prompts: list[str], params: SamplingParams) -> tuple[int, float]:
@@ -52,12 +57,35 @@ def decode_rate(llm: LLM, prompt: str, tokens: int = 128) -> float:
     return tokens / (time.perf_counter() - first)
 
 
+def prefills(libraries: list[str], model: str | None, rounds: int, prompts: int) -> None:
+    """Each library's 2,048-token prefills, the libraries alternating a round at a time, in prompt tok/s."""
+    built = {library: engines(library, model, ("none",))["none"] for library in libraries}
+    rates: dict[str, list[float]] = {library: [] for library in libraries}
+    once = SamplingParams(temperature=0, max_tokens=1)
+    for _ in range(rounds):
+        for library, llm in built.items():
+            for prompt in long_prompts(prompts):
+                start = time.perf_counter()
+                output = llm.generate([prompt], once)[0]
+                rates[library].append(len(output.prompt_token_ids) / (time.perf_counter() - start))
+    print(f"# {cpu_model_name()}, engine alone, 2,048-token prefills, {rounds} alternating rounds of {prompts}")
+    for library, values in rates.items():
+        each = ", ".join(f"{v:.1f}" for v in values)
+        print(f"# {library}: median {statistics.median(values):.1f} prompt tok/s ({each})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("libraries", nargs=2, help="two kernel libraries (.so)")
+    parser.add_argument("libraries", nargs="+", help="kernel libraries (.so): two, or any number with --prefill-only")
     parser.add_argument("--model", default=None, help="default: the shipped model")
     parser.add_argument("--repeat", type=int, default=2, help="alternating rounds")
+    parser.add_argument("--prefill-only", action="store_true", help="only 2,048-token prompts' prefills")
+    parser.add_argument("--prompts", type=int, default=2, help="--prefill-only's prompts a round")
     args = parser.parse_args()
+    if args.prefill_only:
+        return prefills(args.libraries, args.model, args.repeat, args.prompts)
+    if len(args.libraries) != 2:
+        parser.error("two libraries, or --prefill-only")
     built = {library: engines(library, args.model) for library in args.libraries}
     workloads = {
         "repeat": (repeat_prompts(8), SamplingParams(temperature=0, max_tokens=256, ignore_eos=True)),
