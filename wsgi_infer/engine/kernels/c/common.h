@@ -66,22 +66,6 @@ static inline void store_halves(f16 *out, const float *x, int64_t count) {
     for (; i < count; i++) out[i] = to_half(x[i]);
 }
 
-/* 16 floats as one vector (GCC's vector extensions: AVX-512 where present, narrower registers elsewhere). */
-typedef float f32x16 __attribute__((vector_size(64)));
-
-static inline f32x16 load16f(const float *p) {
-    f32x16 v;
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
-
-static inline float hsum(f32x16 v) {
-    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);
-    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1);
-    return v[0] + v[1];
-}
-
 /* Vectors of the CPU's own width, for code with comparisons: GCC splits wider vectors into registers for
  * arithmetic, but compares them one lane at a time, with a branch each. */
 #ifdef __AVX512F__

@@ -6,15 +6,22 @@
  * a residual, the sum residual + x is normalized, and kept in residual, in place. */
 /* dst = weight * (row / rms(row)); dst may be row. */
 static inline void norm_row(const float *row, const float *weight, float *dst, int64_t dim, float eps) {
-    f32x16 lanes = {0};
-    float squares = 0.0f;
+    /* 16 lanes of sums, lane j of part[j / LANES] (one vector of 16 went through the stack on AVX2: half of the
+     * norm's time), then summed as a tree: lanes j and j + 8, j and j + 4, j and j + 2, the last two */
+    f32v part[16 / LANES] = {{0}};
+    float squares = 0.0f, lane[16];
     int64_t i = 0;
-    for (; i + 16 <= dim; i += 16) {
-        f32x16 v = load16f(row + i);
-        lanes += v * v;
-    }
+    for (; i + 16 <= dim; i += 16)
+        for (int p = 0; p < 16 / LANES; p++) {
+            f32v v;
+            memcpy(&v, row + i + p * LANES, sizeof(v));
+            part[p] += v * v;
+        }
     for (; i < dim; i++) squares += row[i] * row[i];
-    squares += hsum(lanes);
+    memcpy(lane, part, sizeof(lane));
+    for (int half = 8; half >= 1; half /= 2)
+        for (int j = 0; j < half; j++) lane[j] += lane[j + half];
+    squares += lane[0];
     float inv = 1.0f / sqrtf(squares / (float)dim + eps);
     for (int64_t i = 0; i < dim; i++) dst[i] = weight[i] * (row[i] * inv);
 }
