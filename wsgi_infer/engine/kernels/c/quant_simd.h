@@ -253,8 +253,9 @@ ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stri
         }
 #pragma GCC unroll 16
         for (int r = 0; r < rows && !scale; r++) lo[r] = hi[r] = (ivec){0};
-#pragma GCC unroll 4 /* or the rows' lo and hi lived on the stack: Q6_K's 4 rounds (Zen 3, 512 rows) 49-83 -> 66-88 G
-                      * MAC/s in 4 alternations, Q5_K's 2 rounds 83-86 -> 103-106 */
+#pragma GCC unroll 4 /* or the rows' lo and hi lived on the stack: Q6_K's 4 rounds (Zen 3, 512 rows, before their
+                      * whole passes took the order above) 49-83 -> 66-88 G MAC/s in 4 alternations, Q5_K's 2 rounds
+                      * 83-86 -> 103-106 */
         for (int first = 0; first < 8; first += n) {
             h16 sum[16];
 #pragma GCC unroll 16
