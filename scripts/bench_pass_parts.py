@@ -44,7 +44,7 @@ REMOVALS: dict[str, list[tuple[str, str, str]]] = {
         ),
     ],
     "no widening multiply": [
-        ("quant_simd.h", "lo[r] += madd16((ivec)sum[r], by[first / 4]);", "lo[r] += (ivec)sum[r];"),
+        ("dot_products.h", "lo[r] += madd16((ivec)sum[r], by[first / 4]);", "lo[r] += (ivec)sum[r];"),
     ],
 }
 

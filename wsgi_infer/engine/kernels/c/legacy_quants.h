@@ -11,12 +11,12 @@
  * the integer sums), or d * q + m with the block's own minimum m (Q4_1, Q5_1, Q8_M). IQ4_NL's 4-bit codes (and
  * IQ4_XS's, k_quants.h) index 16 signed levels (ggml's kvalues_iq4nl): decoded in registers, a code is its level
  * + 128, w = d * (code - 128); without VNNI, Q8_0's and IQ4's codes are decoded signed (the file's own, the
- * level itself) and w = d * code (quant_simd.h). Our Q8_M (weights quantized here from float values) is Q8_0 with
+ * level itself) and w = d * code (dot_products.h). Our Q8_M (weights quantized here from float values) is Q8_0 with
  * a minimum: 255 steps between each block's least and largest weight.
  */
 #ifndef WSGI_INFER_LEGACY_QUANTS_H
 #define WSGI_INFER_LEGACY_QUANTS_H
-#include "quant_simd.h"
+#include "dot_products.h"
 
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, IQ4_NL = 20, Q8_M = 200 }; /* ggml's ids; Q8_M our own */
 

@@ -13,7 +13,7 @@
 #define ROWS_AT_ONCE 4 /* 16 registers */
 #endif
 _Static_assert(ACT_ROWS % ROWS_AT_ONCE == 0, "a pass's rows lie in one group of activations (activations.h)");
-/* rows whose integer sums are made together: all of a pass's where they are 16-bit sums (quant_simd.h's dot_rows),
+/* rows whose integer sums are made together: all of a pass's where they are 16-bit sums (dot_products.h's dot_rows),
  * else one row's at a time */
 #define SUM_ROWS (SUMS_IN_16_BITS ? ROWS_AT_ONCE : 1)
 /* how far ahead of a tile's sub-block its weight is fetched: at least this, in whole blocks. Rounded down, a

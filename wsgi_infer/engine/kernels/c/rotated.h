@@ -16,7 +16,7 @@
 #ifndef WSGI_INFER_ROTATED_H
 #define WSGI_INFER_ROTATED_H
 #include "activations.h"
-#include "quant_simd.h"
+#include "dot_products.h"
 
 #define ROTATED (QL == 8 && SUMS_IN_16_BITS && ACT_ROWS == QL) /* builds whose passes of QL rows read rotations */
 enum { ROT_HALVES16 = 8, ROT_PAIR16, ROT_D, ROT_LINES }; /* a block's lines after its codes' 8: act_head's fields */

@@ -18,7 +18,7 @@ static inline int code_offset(const int type) { /* codes a format's weights are 
 static inline int own_minimums(const int type) { /* w = s * code + m, m a block's own */
     return type == Q4_1 || type == Q5_1 || type == Q8_M || type == Q4_K || type == Q5_K;
 }
-static inline int code_kind(const int type) { /* quant_simd.h's dot_sub */
+static inline int code_kind(const int type) { /* dot_products.h's dot_sub */
     if (is_iq4(type) || type == Q8_0) return SIGNED_CODES ? CODES_SIGNED : CODES_BYTES;
     if (type == Q8_M) return CODES_BYTES;
     if (type == Q6_K) return CODES_6BIT;
