@@ -30,7 +30,7 @@ from wsgi_infer.engine.layers.quantization import kinds
 from wsgi_infer.engine.runtime.cpu_info import cpu_model_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import free_port, healthy  # noqa: E402
+from serve_processes import free_port, healthy  # noqa: E402
 
 TOPICS = ["rain", "volcanoes", "photosynthesis", "black holes", "the printing press", "tides", "vaccines", "bridges"]
 

@@ -37,7 +37,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import percentile, prompts  # noqa: E402
-from bench_serve import start_llama_server, start_server  # noqa: E402
+from serve_processes import start_llama_server, start_server  # noqa: E402
 
 from wsgi_infer.engine.loading.model_paths import default_model_path  # noqa: E402
 

@@ -20,7 +20,7 @@ import zipfile
 from pathlib import Path
 
 import httpx
-from bench_serve import start_server
+from serve_processes import start_server
 
 WORDS = (
     "retrieval augmented generation reads the closest passages of a large corpus before it answers a question "

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,15 +31,13 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import prompts as standard_prompts  # noqa: E402
-from bench_serve import healthy  # noqa: E402
-from bench_start import free_port  # noqa: E402
 from long_prompts import long_prompts  # noqa: E402
+from serve_processes import free_port, healthy  # noqa: E402
+from worker_server import Server  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 LENGTHS = (512, 2048)
 
 
@@ -50,53 +47,6 @@ def prompt_ids(n: int, length: int) -> list[list[int]]:
     tokenizer = load_tokenizer(resolve_model_dir(None))
     texts = long_prompts(2 * n)  # each about 2,048 tokens, never more: two make one of ``length`` exactly
     return [tokenizer(texts[2 * i] + " " + texts[2 * i + 1]).input_ids[:length] for i in range(n)]
-
-
-class Server:
-    def __init__(self, model: str | None, store: Path | None, workers: int = 1) -> None:
-        self.port = free_port()
-        gunicorn = str(Path(sys.executable).with_name("gunicorn"))
-        command = [gunicorn, "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{self.port}", "--workers", str(workers)]
-        env = {**os.environ, "WSGI_INFER_SPECULATIVE": "none", "WSGI_INFER_MAX_WAITING_REQUESTS": "16"}
-        env.update({"WSGI_INFER_MODEL": model} if model else {})
-        env.update({"WSGI_INFER_KV_STORE_DIR": str(store)} if store else {})
-        self.process = subprocess.Popen(
-            command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        self.url = healthy(self.process, f"http://127.0.0.1:{self.port}", command)
-        if workers > 1:  # every worker's engine loaded: /health answers from whichever worker accepts
-            deadline = time.monotonic() + 600
-            while len(self.owners_ready()) < workers and time.monotonic() < deadline:
-                time.sleep(0.5)
-
-    def owners_ready(self) -> set[int]:
-        seen = set()
-        for _ in range(20):
-            with httpx.Client(base_url=self.url) as http:
-                if http.get("/health").status_code == 200:
-                    seen.add(self.owner(http))
-        return seen
-
-    def client_on(self, other_than: int | None) -> tuple[httpx.Client, int]:
-        """A client whose kept-alive connection a worker holds (not ``other_than``)."""
-        while True:
-            http = httpx.Client(base_url=self.url, timeout=600)
-            http.get("/health")
-            if (owner := self.owner(http)) != other_than:
-                return http, owner
-            http.close()
-
-    def owner(self, http: httpx.Client) -> int:
-        (pool,) = [http._transport._pool]
-        port = pool.connections[0]._connection._network_stream.get_extra_info("client_addr")[1]
-        for child in psutil.Process(self.process.pid).children():
-            if any(c.raddr and c.raddr.port == port for c in child.net_connections(kind="tcp")):
-                return child.pid
-        raise RuntimeError("no worker holds the connection")
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(120)
 
 
 def ttft(http: httpx.Client, ids: list[int] | str) -> tuple[float, int]:
@@ -269,9 +219,10 @@ def block_costs(model: str | None, ids: list[int], misses: int = 10_000) -> dict
 
 
 def _hashes(llm, ids: list[int]) -> list[bytes]:
+    from wsgi_infer import SamplingParams
     from wsgi_infer.engine.scheduling.sequence import Sequence
 
-    seq = Sequence("hashes", ids, None, 1)
+    seq = Sequence("hashes", ids, SamplingParams(), 1)
     llm.engine.kv_cache.update_block_hashes(seq)
     return seq.block_hashes
 

@@ -41,15 +41,13 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from backed_memory import back_memory, load_bytes  # noqa: E402
-from bench_serve import _peak_rss_kb, healthy  # noqa: E402
-from bench_start import free_port  # noqa: E402
 from long_prompts import long_prompts  # noqa: E402
+from model_requests import first_token, token_times, unload  # noqa: E402
+from serve_processes import ROOT, free_port, healthy, peak_rss_kb  # noqa: E402
 
 from wsgi_infer.engine.loading.model_paths import default_model_path  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 SWITCHES = 8  # requests in each of the switch phase's series
-LONG_STREAM = 1500  # tokens of the stream that runs while the other model loads (EOS ignored)
 FAIRNESS_STREAM = 400  # tokens of the stream whose gaps are timed beside the other model's prefills
 CONTEXT = 4096  # llama-server's KV tokens per model; ours get KV_CACHE_MB each, which holds at least as many
 KV_CACHE_MB = 96  # SmolLM2: 4,270 tokens (23 KB each in bf16), Gemma 3 270M: 5,340 (18 KB)
@@ -88,46 +86,6 @@ def llama_router(binary: str, directory: Path) -> tuple[subprocess.Popen, str]:
     return start(command, dict(os.environ), port)
 
 
-def first_token(url: str, model: str, max_tokens: int = 8) -> float:
-    """Seconds from a streamed completion's request to its first text."""
-    body = {"model": model, "prompt": "The capital of France is", "max_tokens": max_tokens, "stream": True}
-    sent = time.perf_counter()
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {") and json.loads(line[6:])["choices"][0].get("text"):
-                return time.perf_counter() - sent
-    raise RuntimeError(f"{model}: no text (status {r.status_code})")
-
-
-def token_times(url: str, model: str, times: list[float], started: threading.Event, tokens: int = LONG_STREAM) -> None:
-    body = {"model": model, "prompt": "Once upon a time", "max_tokens": tokens, "ignore_eos": True}
-    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=600) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                times.append(time.perf_counter())
-                started.set()
-
-
-def unload(url: str, model: str) -> None:
-    """Unload ``model`` once its last request has ended (ours answers 409 until then), and wait until it has."""
-    deadline = time.monotonic() + 60
-    while (r := httpx.post(f"{url}/models/unload", json={"model": model}, timeout=60)).status_code == 409:
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    r.raise_for_status()
-    while time.monotonic() < deadline and loaded(url, model):
-        time.sleep(0.1)
-
-
-def loaded(url: str, model: str) -> bool:
-    for entry in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]:
-        if entry["id"] == model:
-            state = entry.get("state") or entry.get("status", {}).get("value")  # ours, llama-server's
-            return state == "loaded"
-    raise KeyError(model)
-
-
 def gaps_beside_prefills(url: str, steady: str, busy: str | None) -> list[float]:
     """The gaps between a stream's tokens on ``steady``, while ``busy`` (unless None) takes 2,048-token prompts
     one after another."""
@@ -156,7 +114,7 @@ def tree_rss_mb(pid: int) -> float:
     import psutil
 
     processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    return sum(_peak_rss_kb(p.pid) for p in processes) / 1024
+    return sum(peak_rss_kb(p.pid) for p in processes) / 1024
 
 
 def gaps_during(url: str, steady: str, action) -> tuple[float, list[tuple[float, bool]]]:

@@ -28,7 +28,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_engine import prompts  # noqa: E402
-from bench_serve import IK_NAME, one_request, start_llama_server, start_server  # noqa: E402
+from serve_load import one_request  # noqa: E402
+from serve_processes import IK_NAME, start_llama_server, start_server  # noqa: E402
 
 OURS = "wsgi-infer"
 

@@ -33,8 +33,8 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from backed_memory import SETTLE_SECONDS, back_memory, load_bytes  # noqa: E402
 from bench_bandwidth import probe_gb_s  # noqa: E402
-from bench_serve import IK_NAME, tree_peak_rss_mb  # noqa: E402
 from bench_start import FLOORS, floor_seconds, seconds_to_health  # noqa: E402
+from serve_processes import IK_NAME, tree_peak_rss_mb  # noqa: E402
 
 from wsgi_infer.engine.config import default_cpu_kv_bytes  # noqa: E402
 from wsgi_infer.server.engine_client.residency import kv_token_bytes  # noqa: E402

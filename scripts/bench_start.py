@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,15 +27,12 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_processes import free_port  # noqa: E402
+
 SERVE = [str(Path(sys.executable).with_name("wsgi-infer")), "serve"]
 HERE = Path(__file__).parent
 FLOORS = {"torch": "torch", "torch and transformers": "torch transformers"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_seconds(cache_dir: Path, model: str | None) -> float:

@@ -29,7 +29,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import one_request, run_level, start_server  # noqa: E402
+from serve_load import one_request, run_level  # noqa: E402
+from serve_processes import start_server  # noqa: E402
 
 LONG_STRING = {
     "type": "json_schema",

@@ -33,8 +33,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import prompts as chat_prompts  # noqa: E402
 from bench_kv_store import prompt_ids  # noqa: E402
-from bench_serve import healthy  # noqa: E402
-from bench_start import free_port  # noqa: E402
+from serve_processes import free_port, healthy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"A": "tenant-a-key", "B": "tenant-b-key"}

@@ -281,7 +281,6 @@ def plant(root: Path, files: dict[str, str]) -> None:
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_text(path.read_text())
     for relative, text in files.items():
-        (root / "wsgi_infer" / relative).parent.mkdir(parents=True, exist_ok=True)
         (root / "wsgi_infer" / relative).write_text(text)
 
 
@@ -313,19 +312,24 @@ def test_no_module_imports_itself_through_others_not_even_for_type_checking(tmp_
     ]
 
 
-def test_no_module_is_over_300_lines_not_even_a_c_source(tmp_path, monkeypatch):
-    def long_modules() -> list[str]:
-        sources = (p for p in PACKAGE.rglob("*") if p.suffix in (".py", ".c", ".h"))
-        return sorted(
-            module_name(p) if p.suffix == ".py" else p.relative_to(PACKAGE.parent).as_posix()
-            for p in sources
-            if len(p.read_text().splitlines()) > 300
-        )
+def long_sources(root: Path) -> list[str]:
+    """The package's modules, C sources and scripts under ``root`` over 300 lines, as paths relative to it."""
+    folders = (root / "wsgi_infer", root / "scripts")
+    sources = (p for folder in folders for p in folder.rglob("*") if p.suffix in (".py", ".c", ".h"))
+    return sorted(p.relative_to(root).as_posix() for p in sources if len(p.read_text().splitlines()) > 300)
 
-    assert long_modules() == []
-    plant(tmp_path, {"server/api/planted.py": "\n" * 301, "engine/kernels/c/planted.h": "\n" * 301})
-    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "wsgi_infer")
-    assert long_modules() == ["wsgi_infer.server.api.planted", "wsgi_infer/engine/kernels/c/planted.h"]
+
+def test_no_module_is_over_300_lines_not_even_a_c_source_or_a_script(tmp_path):
+    assert long_sources(PACKAGE.parent) == []
+    for planted in ("wsgi_infer/server/api/planted.py", "wsgi_infer/engine/kernels/c/planted.h", "scripts/x.py"):
+        (tmp_path / planted).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / planted).write_text("\n" * 301)
+    (tmp_path / "scripts" / "short.py").write_text("\n" * 300)
+    assert long_sources(tmp_path) == [
+        "scripts/x.py",
+        "wsgi_infer/engine/kernels/c/planted.h",
+        "wsgi_infer/server/api/planted.py",
+    ]
 
 
 MAX_MODULES_PER_FOLDER = 15
