@@ -418,12 +418,33 @@ def test_the_suites_start_order_names_test_modules_that_exist():
     assert not set(WHOLE_MACHINE) & set(LONGEST_FIRST) and len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
 
 
+def top_level_names(tree: ast.Module) -> set[str]:
+    """What a module defines at its top level: functions, classes, assigned and imported names."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
 def unresolved_script_imports(scripts: Path) -> list[str]:
-    """What the scripts import from our package or the tests' helpers that does not exist: run by hand, not by the
-    suite, a script broken by a rename stays broken unseen (screenshot_chat.py imported a module removed since)."""
+    """What the scripts import from our package, the tests' helpers or each other that does not exist: run by hand,
+    not by the suite, a script broken by a rename stays broken unseen (screenshot_chat.py imported a module removed
+    since)."""
     missing = []
-    for path in sorted(scripts.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+    trees = {path.stem: ast.parse(path.read_text()) for path in sorted(scripts.glob("*.py"))}
+    for name, tree in trees.items():
+        path = scripts / f"{name}.py"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in trees:  # a neighbour: what it defines
+                defined = top_level_names(trees[node.module])
+                missing += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name not in defined]
+                continue
             if not (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("wsgi_infer", "tests")):
                 continue
             try:
@@ -439,8 +460,11 @@ def test_every_script_imports_what_exists(tmp_path):
     assert unresolved_script_imports(PACKAGE.parent / "scripts") == []
     (tmp_path / "planted.py").write_text(
         "from tests.support.gone import CHROMIUM\nfrom tests.support.server import GunicornServer, Gone\n"
+        "from helper import IK_NAME, free_port, healthy, Path\n"
     )
+    (tmp_path / "helper.py").write_text("from pathlib import Path\nIK_NAME = 'ik'\n\ndef free_port():\n    pass\n")
     assert unresolved_script_imports(tmp_path) == [
         "planted.py: tests.support.gone",
         "planted.py: tests.support.server.Gone",
+        "planted.py: helper.healthy",
     ]
