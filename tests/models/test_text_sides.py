@@ -20,7 +20,8 @@ from wsgi_infer.engine.sampling.grammar import GrammarCompiler
 
 from ..conftest import save_tiny_model
 from ..support.model_servers import Stream, serving
-from ..support.server import ENDLESS, dying_with_this_process
+from ..support.server import ENDLESS
+from ..support.warm_starts import dying_with_this_process
 
 pytestmark = pytest.mark.slow  # a real server
 

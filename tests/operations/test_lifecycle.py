@@ -8,9 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -18,111 +16,15 @@ import openai
 import psutil
 import pytest
 
-from ..support.server import ENDLESS, ROOT, GunicornServer, dying_with_this_process, wait_until
-from ..support.sse_client import events
+from ..support.server import ENDLESS, ROOT, wait_until
+from ..support.warm_starts import dying_with_this_process
+from .lifecycle_servers import GRACEFUL, lifecycle_server, start_streams
 
 pytestmark = pytest.mark.slow  # real processes
 
-GRACEFUL = 8
-DRAIN = 3
 # A quick stop (SIGINT, SIGQUIT) ends every stream and exits "in well under a second" (docs/operations.md); measured
 # 0.4 s from the signal to the master's exit, so this bound keeps a margin for a loaded host.
 QUICK_STOP_SECONDS = 2.0
-
-
-@dataclass
-class StreamResult:
-    data: list = field(default_factory=list)  # data events, in order
-    first_token: threading.Event = field(default_factory=threading.Event)
-    ended_at: float = 0.0
-    error: Exception | None = None
-    client_port: int = 0
-    cancel: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def done(self) -> bool:
-        return bool(self.data) and self.data[-1].data == "[DONE]"
-
-    @property
-    def interrupted(self) -> bool:
-        """Ended with an abort chunk, then an error event with a retry hint, and no [DONE]."""
-        if len(self.data) < 2 or any(e.data == "[DONE]" for e in self.data):
-            return False
-        error, abort = self.data[-1], self.data[-2]
-        return (
-            error.name == "error"
-            and error.retry is not None
-            and error.json["error"]["code"] == "server_shutting_down"
-            and error.json["error"]["type"] == "server_shutdown"
-            and abort.json["choices"][0]["finish_reason"] == "abort"
-        )
-
-
-def stream(server: GunicornServer, result: StreamResult, max_tokens: int, prompt: str = "Tell me a story") -> None:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0, "stream": True}
-    try:
-        with httpx.Client(base_url=server.url, timeout=httpx.Timeout(30.0)) as http:
-            with http.stream("POST", "/v1/completions", json=body) as r:
-                result.client_port = r.extensions["network_stream"].get_extra_info("client_addr")[1]
-                for event in events(r):
-                    if event.data:
-                        result.data.append(event)
-                        result.first_token.set()
-                    if result.cancel.is_set():
-                        break
-    except Exception as exc:  # recorded and asserted on by the test
-        result.error = exc
-    result.ended_at = time.monotonic()
-    result.first_token.set()
-
-
-def post_on(
-    sock: socket.socket, path: str, body: dict, server: GunicornServer | None = None, body_after: str = ""
-) -> int:
-    """POST on an open connection; with ``body_after``, the body goes only once that log line
-    appears. The response's status."""
-    payload = json.dumps(body).encode()
-    head = f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}"
-    sock.sendall(f"{head}\r\n\r\n".encode())
-    if body_after:
-        server.wait_for_log(body_after)
-    sock.sendall(payload)
-    return int(sock.makefile("rb").readline().split()[1])
-
-
-def holder_of(server: GunicornServer, sock: socket.socket) -> int | None:
-    try:
-        return server.owner_of(sock.getsockname()[1])
-    except AssertionError:  # not accepted yet
-        return None
-
-
-def start_streams(server, max_tokens_list: list[int]) -> tuple[list[StreamResult], list[threading.Thread]]:
-    results = [StreamResult() for _ in max_tokens_list]
-    threads = [
-        threading.Thread(target=stream, args=(server, r, n, f"Story {i}"))
-        for i, (r, n) in enumerate(zip(results, max_tokens_list))
-    ]
-    for t in threads:
-        t.start()
-    for r in results:
-        assert r.first_token.wait(60)
-    return results, threads
-
-
-def lifecycle_server(
-    tiny_model_dirs, *args, warm: bool = True, config: str = "gunicorn.conf.py", **settings
-) -> GunicornServer:
-    base = {
-        "model": tiny_model_dirs["llama"],
-        "dtype": "float32",
-        "quantization": "none",
-        "heartbeat_seconds": 0.5,
-        "drain_seconds": DRAIN,
-    }
-    return GunicornServer(
-        {**base, **settings}, "--graceful-timeout", str(GRACEFUL), "--keep-alive", "2", *args, config=config, warm=warm
-    )
 
 
 def assert_all_gone(pids: list[int]) -> None:
@@ -283,88 +185,6 @@ def pending_signals(pid: int) -> set[int]:
     return set()
 
 
-def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dirs):
-    with lifecycle_server(tiny_model_dirs) as server:
-        server.wait_ready()
-        (old_worker,) = server.worker_pids()
-        results, threads = start_streams(server, [ENDLESS] * 2)
-        # A connection the old worker accepted just before the reload, whose request comes
-        # only after that worker began to drain: gunicorn accepted it, so it is served.
-        early = socket.create_connection(("127.0.0.1", server.port), timeout=60)
-        wait_until(lambda: holder_of(server, early) == old_worker, "the old worker holds the early connection")
-        server.process.send_signal(signal.SIGHUP)
-        server.wait_for_log(rf"\[{old_worker}\] \[INFO\] draining: \d+ open requests")
-        with early:
-            assert post_on(early, "/v1/completions", {"prompt": "early", "max_tokens": 2}) == 200
-        served = []
-        deadline = time.monotonic() + DRAIN + 3
-        while time.monotonic() < deadline:  # new connections all along the reload
-            with httpx.Client(base_url=server.url, timeout=30) as http:
-                served.append(
-                    http.post("/v1/completions", json={"prompt": "still there?", "max_tokens": 2}).status_code
-                )
-        for t in threads:
-            t.join(30)
-        assert served and set(served) == {200}
-        assert all(r.error is None and r.interrupted for r in results)
-        assert not psutil.pid_exists(old_worker) or psutil.Process(old_worker).status() == psutil.STATUS_ZOMBIE
-        assert old_worker not in server.worker_pids()
-
-
-def test_max_requests_recycles_the_worker_with_a_drain(tiny_model_dirs):
-    with lifecycle_server(tiny_model_dirs, "--max-requests", "2") as server:
-        server.wait_ready()
-        (old_worker,) = server.worker_pids()
-        results, threads = start_streams(server, [ENDLESS])  # request 1: endless
-        # Request 2 reaches max_requests, which starts the drain before the app runs it; its body
-        # arrives only once the drain has begun, and gunicorn promises to serve it all the same.
-        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
-            body = {"prompt": "two", "max_tokens": 2}
-            assert post_on(sock, "/v1/completions", body, server, body_after=r"draining: \d+ open requests") == 200
-        # With a single worker, request 3 waits in the listen backlog for the replacement worker.
-        with httpx.Client(base_url=server.url, timeout=60) as http:
-            assert http.post("/v1/completions", json={"prompt": "three", "max_tokens": 2}).status_code == 200
-        threads[0].join(30)
-        assert results[0].error is None and results[0].interrupted
-        assert old_worker not in server.worker_pids()
-
-
-def test_sigkill_of_one_worker_leaves_the_other_workers_streams_alone(tiny_model_dirs):
-    """Endless streams, so that each is surely running while its worker is looked up and while the other worker
-    dies (a stream of 2,500 tokens could end first on a fast host, and its connection with it)."""
-    with lifecycle_server(tiny_model_dirs, "--workers", "2") as server:
-        workers = server.wait_booted(count=2)
-        results, threads, owners = [], [], []
-        for i, worker in enumerate(workers):  # a stream on each, started while the other worker is stopped
-            result = StreamResult()
-            thread = threading.Thread(target=stream, args=(server, result, ENDLESS, f"s{i}"))
-            with server.accepting_only_on(worker):
-                thread.start()
-                assert result.first_token.wait(60) and result.error is None, result.error
-            results.append(result)
-            threads.append(thread)
-            owners.append(server.owner_of(result.client_port, result))
-        assert owners == workers
-        victim, survivor = owners[0], results[1]
-        killed_at = len(server.lines)
-        psutil.Process(victim).send_signal(signal.SIGKILL)
-        (replacement,) = server.wait_booted(after=killed_at)
-        assert replacement not in workers
-        received = len(survivor.data)  # the survivor still streams once the replacement is up
-        wait_until(lambda: len(survivor.data) >= received + 50 or survivor.ended_at, "50 more events on the survivor")
-        assert survivor.error is None and not survivor.ended_at and len(survivor.data) >= received + 50
-        for result in results:
-            result.cancel.set()
-        for t in threads:
-            t.join(60)
-        assert survivor.error is None
-        with httpx.Client(base_url=server.url, timeout=60) as http:
-            assert http.post("/v1/completions", json={"prompt": "after", "max_tokens": 2}).status_code == 200
-        # The dead worker's gauges are gone (child_exit): two live engines' worth of blocks, not three.
-        single = int(server.wait_for_log(r"KV cache: (\d+) blocks").group(1))
-        assert server.metrics()["wsgi_infer:kv_blocks_total"] == 2 * single
-
-
 # A test run's process that starts a server (forked from the warm-start helper where asked and allowed), then is
 # killed from outside before any cleanup of its own: it prints the server's processes, the helper's last.
 STARTS_A_SERVER = """
@@ -404,24 +224,3 @@ def test_servers_die_with_a_test_run_killed_from_outside(tiny_model_dirs, start)
     for process in alive:  # not left to outlive this run too
         process.kill()
     assert alive == [], f"left running after the run was killed: {alive}"
-
-
-def test_hub_is_never_blocked_by_model_work():
-    """With a 5 s heartbeat timeout, loading the default model and a long chunked prefill
-    (both longer than that) must not get the worker killed. (Not 2 s: importing torch and
-    transformers in post_worker_init, before the worker's loop runs, took over 2 s on a busy host.)"""
-    with GunicornServer({"max_num_batched_tokens": 16}, "--timeout", "5") as server:
-        server.wait_ready()
-        (worker,) = server.worker_pids()
-        # 250 prefill steps of the real model: 1,800 tokens took 3.0 s on a Zen 4 (7-8 s on a Zen 3), under the
-        # timeout, so that the test showed nothing there; 4,000 take about twice the timeout (10 s on the Zen 4).
-        long_prompt = list(range(1000, 5000))
-        started = time.monotonic()
-        with httpx.Client(base_url=server.url, timeout=120) as http:
-            r = http.post("/v1/completions", json={"prompt": long_prompt, "max_tokens": 2})
-        assert r.status_code == 200
-        assert server.worker_pids() == [worker]
-        assert not any("WORKER TIMEOUT" in line for line in server.lines)
-        took = time.monotonic() - started
-        print(f"a prefill of {len(long_prompt)} tokens took {took:.1f} s")
-        assert took > 5, "the prefill ended within gunicorn's timeout: lengthen it, or the test shows nothing"

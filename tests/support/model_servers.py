@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from ..conftest import tiny_settings
-from .server import GunicornServer, engine_steps
+from .server import LOOPBACK_TLS, GunicornServer, labelled_samples
 from .sse_client import events
 
 PROMPT = "The capital of France is"
@@ -65,6 +65,15 @@ class Stream:
         self.thread.join(120)
         assert not self.thread.is_alive()
         return self
+
+
+def engine_steps(server: GunicornServer, model: str, above: int) -> tuple[float, float]:
+    """``model``'s engine steps so far, and those that computed more than ``above`` tokens (a bucket's bound of
+    ``wsgi_infer:iteration_tokens_total``)."""
+    text = httpx.get(f"{server.url}/metrics", verify=LOOPBACK_TLS).text
+    buckets = labelled_samples(text, "wsgi_infer:iteration_tokens_total_bucket", model)
+    steps = buckets[(("le", "+Inf"),)]
+    return steps, steps - buckets[(("le", f"{float(above)}"),)]
 
 
 def prompt_beside_stream(

@@ -11,7 +11,8 @@ import uuid
 from pathlib import Path
 
 from .prerequisites import unavailable
-from .server import ROOT, dying_with_this_process, free_port, wait_until
+from .server import ROOT, free_port, wait_until
+from .warm_starts import dying_with_this_process
 
 SHIPPED = ROOT / "scripts" / "nginx" / "wsgi-infer.conf"
 SHIPPED_HOSTS = ROOT / "scripts" / "nginx" / "wsgi-infer-hosts.conf"

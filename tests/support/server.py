@@ -20,7 +20,7 @@ import httpx
 
 from . import warm_starts
 from .prerequisites import unavailable
-from .warm_starts import ROOT, ForkedProcess
+from .warm_starts import ROOT, ForkedProcess, dying_with_this_process
 
 GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
 # max_tokens of a stream that must still run when a test acts on it: at least a minute of steps on the tiny
@@ -65,27 +65,6 @@ def labelled_samples(text: str, name: str, model_name: str | None = None) -> dic
     return values
 
 
-def engine_steps(server: GunicornServer, model: str, above: int) -> tuple[float, float]:
-    """``model``'s engine steps so far, and those that computed more than ``above`` tokens (a bucket's bound of
-    ``wsgi_infer:iteration_tokens_total``)."""
-    text = httpx.get(f"{server.url}/metrics", verify=LOOPBACK_TLS).text
-    buckets = labelled_samples(text, "wsgi_infer:iteration_tokens_total_bucket", model)
-    steps = buckets[(("le", "+Inf"),)]
-    return steps, steps - buckets[(("le", f"{float(above)}"),)]
-
-
-# Runs a command that dies with the test process, even one killed from outside (SIGKILL), which runs no cleanup:
-# Linux sends the command SIGINT when its parent goes (PR_SET_PDEATHSIG, kept across exec), a quick stop for
-# gunicorn, nginx and redis alike. A parent that died before the prctl is caught by its pid.
-_DIE_WITH_PARENT = """
-import ctypes, os, signal, sys
-ctypes.CDLL(None).prctl(1, signal.SIGINT)
-if os.getppid() != int(sys.argv[1]):
-    sys.exit("the test run ended before this process started")
-os.execvp(sys.argv[2], sys.argv[2:])
-"""
-
-
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
     """Poll ``condition`` (a metric, a file: nothing to block on from outside) until it holds."""
     deadline = time.monotonic() + timeout
@@ -110,14 +89,6 @@ def stop_together(processes: Iterable[LoggedProcess], sig: int = signal.SIGTERM,
             process.wait()
     for p in processes:
         p.wait_eof()
-
-
-def dying_with_this_process(argv: list[str]) -> list[str]:
-    """``argv`` run so that it ends with this process (on Linux; the thread that starts it must outlive it, as
-    the fixtures' main thread does)."""
-    if not sys.platform.startswith("linux"):
-        return argv
-    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 class LoggedProcess:

@@ -1,0 +1,148 @@
+"""The OpenAI API's request fields over the tiny engine, in this process (the fast tier): requests refused by the
+field at fault (400s naming it), and fields honoured as OpenAI and vLLM do (stop fields, a continued final
+message, max_completion_tokens of 0, a refusal sent back)."""
+
+from __future__ import annotations
+
+import pytest
+
+from wsgi_infer.engine.sampling_params import SamplingParams
+from wsgi_infer.engine.text.chat_template import chat_prompt_ids
+
+from .weather_tool import ASK, TOOLS
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": TOOLS, "logprobs": True}, "logprobs"),
+        ({"tools": TOOLS, "structured_outputs": {"regex": "a"}}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}]}, "tools"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{"}}],
+                    }
+                ]
+            },
+            "messages.0.tool_calls.0.function.arguments",
+        ),
+    ],
+)
+def test_bad_tool_requests_are_400s_naming_the_field(tiny_api, fields, param):
+    with tiny_api.client() as http:
+        response = http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, **fields})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("route", "fields", "param"),
+    [  # values pydantic's lax mode took (as 1, True), and fields that were ignored though they change the output
+        ("/v1/completions", {"prompt": [True]}, "prompt"),
+        ("/v1/completions", {"prompt": [[1, 2.0]]}, "prompt"),
+        ("/v1/completions", {"prompt": "Hi", "stream": "yes"}, "stream"),
+        ("/v1/completions", {"prompt": "Hi", "stop": ""}, "stop"),
+        ("/v1/completions", {"prompt": "Hi", "priority": True}, "priority"),
+        ("/v1/completions", {"prompt": "Hi", "cache_salt": 7}, "cache_salt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages.0"),
+        ("/v1/chat/completions", {"messages": [*ASK, {"role": "assistant", "content": None}]}, "messages.1"),
+        ("/v1/chat/completions", {"messages": ASK, "top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {"messages": ASK, "tools": TOOLS * 2}, "tools"),
+    ],
+)
+def test_what_would_be_taken_for_something_else_is_a_400_naming_the_field(tiny_api, route, fields, param):
+    with tiny_api.client() as http:
+        response = http.post(route, json={"max_tokens": 2, **fields})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param
+
+
+def test_vllms_stop_fields_are_honoured(tiny_api, tiny_llama):
+    """stop_token_ids and include_stop_str_in_output were accepted and ignored (unknown fields): a vLLM client's
+    stop token ran on to the length limit."""
+    body = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    ids = tiny_llama.generate(body["prompt"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    token = ids.token_ids[4]
+    with tiny_api.client() as http:
+        stopped = http.post("/v1/completions", json={**body, "stop_token_ids": [token]}).json()
+        text = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+        stop = text[3:6]
+        cut, kept = (
+            http.post("/v1/completions", json={**body, "stop": [stop], "include_stop_str_in_output": include}).json()
+            for include in (False, True)
+        )
+    assert stopped["usage"]["completion_tokens"] == ids.token_ids.index(token) + 1
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    assert len(stop) == 3 and cut["choices"][0]["text"] == text[: text.find(stop)]
+    assert kept["choices"][0]["text"] == text[: text.find(stop) + 3]
+
+
+def test_continue_final_message_continues_the_assistants_last_message(tiny_api):
+    messages = [*ASK, {"role": "assistant", "content": "It is"}]
+    tokenizer = tiny_api.manager.default.tokenizer
+    ids = chat_prompt_ids(tokenizer, messages, continue_final_message=True)
+    assert tokenizer.decode(ids).endswith("It is")  # its turn not closed, no other opened
+    body = {"messages": messages, "max_tokens": 4, "temperature": 0, "continue_final_message": True}
+    with tiny_api.client() as http:
+        reply = http.post("/v1/chat/completions", json=body).json()
+        same = http.post("/v1/completions", json={"prompt": ids, "max_tokens": 4, "temperature": 0}).json()
+        refused = http.post("/v1/chat/completions", json={**body, "messages": ASK})
+    assert reply["usage"]["prompt_tokens"] == len(ids)
+    assert reply["choices"][0]["message"]["content"] == same["choices"][0]["text"]
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "continue_final_message"
+
+
+def test_max_completion_tokens_of_0_scores_the_prompt_as_max_tokens_0_does(tiny_api):
+    body = {"messages": ASK, "max_completion_tokens": 0, "max_tokens": 3, "logprobs": True}
+    with tiny_api.client() as http:
+        reply = http.post("/v1/chat/completions", json=body).json()
+    assert reply["usage"]["completion_tokens"] == 0 and reply["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}},
+            "response_format",
+        ),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"structured_outputs": {"regex": "[a-"}}, "structured_outputs"),
+        ({"structured_outputs": {"grammar": "start: missing"}}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+        ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}}, "structured_outputs"),
+        ({"logit_bias": {"49152": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"five": 1}}, "logit_bias.five.[key]"),
+    ],
+)
+def test_a_bad_constraint_or_bias_is_a_400_naming_the_field(tiny_api, fields, param):
+    with tiny_api.client() as http:
+        response = http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, **fields})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param
+        assert http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
+
+
+def test_an_assistant_refusal_sent_back_reads_as_its_text(tiny_api):
+    """OpenAI's replies carry a refusal apart from content; a client sends the conversation back as it got it."""
+    said = "I cannot help with that."
+    turns = [*ASK, None, {"role": "user", "content": "Why not?"}]
+    with tiny_api.client() as http:
+        ids = [
+            http.post("/tokenize", json={"messages": [*turns[:1], assistant, *turns[2:]]}).json()["tokens"]
+            for assistant in (
+                {"role": "assistant", "content": None, "refusal": said},
+                {"role": "assistant", "content": said},
+            )
+        ]
+        empty = http.post("/tokenize", json={"messages": [*turns[:1], {"role": "assistant"}, *turns[2:]]})
+    assert ids[0] == ids[1]
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "messages.1"
