@@ -15,6 +15,9 @@ tokens) and the 128 tokens decoded after it. Example, against the kernels of an 
 
 ``--prefill-only`` times only 2,048-token prompts' prefills (``long_prompts.py``, each new), one or more libraries
 alternating, ``--repeat`` rounds of ``--prompts`` each: the figure issue 62's prefill asks for, without the server.
+``--streams N`` times only N of ``bench_engine.py``'s prompts decoded together (greedy, EOS ignored): their prefills
+and first step, and the 64 steps after, in steps a second and, for a GGUF, the matrices' multiply-adds a second;
+each library on each of one or more ``--model`` files, all alternating.
 """
 
 from __future__ import annotations
@@ -74,18 +77,67 @@ def prefills(libraries: list[str], model: str | None, rounds: int, prompts: int)
         print(f"# {library}: median {statistics.median(values):.1f} prompt tok/s ({each})")
 
 
+def multiply_adds_per_token(model: str | None) -> float | None:
+    """A token's multiply-adds in the weights' matrices (attention's own left out), from a GGUF's tensors: every
+    matrix once, the embedding as the LM head where the file has no head of its own (tied)."""
+    if not (model and model.endswith(".gguf")):
+        return None
+    from gguf import GGUFReader
+
+    tensors = {t.name: t for t in GGUFReader(model).tensors if len(t.shape) == 2}
+    if "output.weight" in tensors:
+        tensors.pop("token_embd.weight", None)
+    return float(sum(int(t.n_elements) for t in tensors.values()))
+
+
+def streams(libraries: list[str], models: list[str | None], rounds: int, count: int) -> None:
+    """``count`` standard prompts decoded together, each library on each model, alternating a round at a time: the
+    prefills and their first step, then 64 steps more, in steps a second (and multiply-adds a second where the file
+    says)."""
+    built = {(library, model): engines(library, model, ("none",))["none"] for library in libraries for model in models}
+    prompts = standard_prompts(count)
+
+    def seconds(llm: LLM, tokens: int) -> float:
+        start = time.perf_counter()
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
+        return time.perf_counter() - start
+
+    for llm in built.values():
+        seconds(llm, 4)  # warm
+    first: dict[tuple, list[float]] = {key: [] for key in built}
+    rates: dict[tuple, list[float]] = {key: [] for key in built}
+    for _ in range(rounds):
+        for key, llm in built.items():
+            first[key].append(seconds(llm, 1))
+            rates[key].append(64 / (seconds(llm, 65) - first[key][-1]))
+    print(f"# {cpu_model_name()}, engine alone, {count} streams decoded together, {rounds} alternating rounds")
+    for (library, model), values in rates.items():
+        median, work = statistics.median(values), multiply_adds_per_token(model)
+        done = f", {count * work * median / 1e9:.0f} G MAC/s" if work else ""
+        each = ", ".join(f"{rate:.2f}" for rate in values)
+        prefill = ", ".join(f"{s:.2f}" for s in first[library, model])
+        print(f"# {library}, {model or 'the shipped model'}: median {median:.2f} steps/s{done} ({each});")
+        print(f"#   prefills and a step {prefill} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("libraries", nargs="+", help="kernel libraries (.so): two, or any number with --prefill-only")
-    parser.add_argument("--model", default=None, help="default: the shipped model")
+    parser.add_argument("libraries", nargs="+", help="kernel libraries (.so): two, or any number with a mode below")
+    parser.add_argument("--model", nargs="+", default=[None], help="default: the shipped model (several: --streams)")
     parser.add_argument("--repeat", type=int, default=2, help="alternating rounds")
     parser.add_argument("--prefill-only", action="store_true", help="only 2,048-token prompts' prefills")
     parser.add_argument("--prompts", type=int, default=2, help="--prefill-only's prompts a round")
+    parser.add_argument("--streams", type=int, default=0, help="only this many prompts decoded together")
     args = parser.parse_args()
+    if args.streams:
+        return streams(args.libraries, args.model, args.repeat, args.streams)
+    if len(args.model) != 1:
+        parser.error("one --model, or --streams")
+    args.model = args.model[0]
     if args.prefill_only:
         return prefills(args.libraries, args.model, args.repeat, args.prompts)
     if len(args.libraries) != 2:
-        parser.error("two libraries, or --prefill-only")
+        parser.error("two libraries, --prefill-only or --streams")
     built = {library: engines(library, args.model) for library in args.libraries}
     workloads = {
         "repeat": (repeat_prompts(8), SamplingParams(temperature=0, max_tokens=256, ignore_eos=True)),
