@@ -129,13 +129,67 @@ ALWAYS_INLINE void dot_sub(const wvec w[8], const int8_t *q, const int codes, iv
 #define SUMS_IN_16_BITS 0
 #endif
 
+#if SUMS_IN_16_BITS
+/* dot_rows of K-quants whose sums widen more than once a sub-block (Q5_K, Q6_K), in a whole pass: a row at a time,
+ * the quads in registers, so that each row's 32-bit sum is read and written once a sub-block rather than at each
+ * widening, where the 8 rows' sums beside their 16-bit ones were the stack's (AVX2 build, Zen 4, 512 rows of 4,096
+ * x 2,048: Q6_K 183 -> 187 G MAC/s, Q5_K 209 -> 217). Fewer rows keep the quads outer (1 and 4 rows were slower
+ * this way). The same integers as quads_outer_16, added in another order. `n` quads summed before each widening. */
+ALWAYS_INLINE void rows_outer_16(const wvec w[8], const int8_t *q, const int64_t stride, const int rows, const int n,
+                                 const ivec by[2], const int rotated, ivec lo[]) {
+#pragma GCC unroll 16
+    for (int r = 0; r < rows; r++) {
+        ivec acc = lo[r];
+#pragma GCC unroll 4
+        for (int first = 0; first < 8; first += n) {
+            h16 sum = pairs_of(w[first], act_quads(q, stride, r, first, rotated));
+#pragma GCC unroll 8
+            for (int i = first + 1; i < first + n; i++) sum += pairs_of(w[i], act_quads(q, stride, r, i, rotated));
+            acc += madd16((ivec)sum, by[first / 4]);
+        }
+        lo[r] = acc;
+    }
+}
+
+/* dot_rows with the quads outer and the rows inner: each row's 16-bit sums stay in registers while the weight's
+ * quads are read one at a time (a sub-block's 8 quads beside 4 rows' sums were more than AVX2's 16 registers: they
+ * spilled), `n` quads summed before each widening (by[half]: ones, or the scales) */
+ALWAYS_INLINE void quads_outer_16(const wvec w[8], const int8_t *q, const int64_t stride, const int rows, const int n,
+                                  const ivec by[2], const int scaled, const int rotated, ivec lo[], ivec hi[]) {
+#pragma GCC unroll 16
+    for (int r = 0; r < rows && !scaled; r++) lo[r] = hi[r] = (ivec){0};
+#pragma GCC unroll 4 /* or the rows' lo and hi lived on the stack: Q6_K's 4 rounds (Zen 3, 512 rows, before their
+                      * whole passes took rows_outer_16) 49-83 -> 66-88 G MAC/s in 4 alternations, Q5_K's 2 rounds
+                      * 83-86 -> 103-106 */
+    for (int first = 0; first < 8; first += n) {
+        h16 sum[16];
+#pragma GCC unroll 16
+        for (int r = 0; r < rows; r++) sum[r] = pairs_of(w[first], act_quads(q, stride, r, first, rotated));
+#pragma GCC unroll 8
+        for (int i = first + 1; i < first + n; i++)
+#pragma GCC unroll 16
+            for (int r = 0; r < rows; r++) {
+                sum[r] += pairs_of(w[i], act_quads(q, stride, r, i, rotated));
+                __asm__("" : "+v"(sum[r])); /* in a register now: GCC otherwise reassociated the sums into
+                                             * trees of all 64 products, stored to the stack and read back */
+            }
+#pragma GCC unroll 16
+        for (int r = 0; r < rows; r++) {
+            if (first < 4 || scaled)
+                lo[r] += madd16((ivec)sum[r], by[first / 4]);
+            else
+                hi[r] += madd16((ivec)sum[r], by[1]);
+        }
+    }
+}
+#endif
+
 /* dot_sub for `rows` rows, row r's codes at q + r * stride. Where vpmaddubsw's 16-bit sums serve (no VNNI), small
- * codes take the quads outer and the rows inner: each row's 16-bit sums stay in registers while the weight's quads
- * are read one at a time (a sub-block's 8 quads beside 4 rows' sums were more than AVX2's 16 registers: they
- * spilled), 8 (codes up to 15), 4 (31) or 2 (63) quads summed before each widening. `split`: whether the halves
- * are wanted apart; if not, lo may hold the whole sum and hi zero. With `scale` (a K-quant's sub-block scales per
- * half, integers of at most 8 bits), each half's sum times its scale is added to lo instead (hi unused): where the
- * sums are 16-bit, the widening vpmaddwd multiplies by the scales rather than by ones. Exact integers either way. */
+ * codes take rows_outer_16 or quads_outer_16: 8 (codes up to 15), 4 (31) or 2 (63) quads summed before each
+ * widening. `split`: whether the halves are wanted apart; if not, lo may hold the whole sum and hi zero. With
+ * `scale` (a K-quant's sub-block scales per half, integers of at most 8 bits), each half's sum times its scale is
+ * added to lo instead (hi unused): where the sums are 16-bit, the widening vpmaddwd multiplies by the scales rather
+ * than by ones. Exact integers either way. */
 ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stride, const int rows, const int codes,
                             const int split, const ivec *scale, const int rotated, ivec lo[], ivec hi[]) {
 #if SUMS_IN_16_BITS
@@ -143,52 +197,10 @@ ALWAYS_INLINE void dot_rows(const wvec w[8], const int8_t *q, const int64_t stri
         const int n = codes == CODES_4BIT && !split ? 8 : codes == CODES_6BIT ? 2 : 4;
         const ivec ones = (ivec)SET1_16(1), by[2] = {scale ? pair_lanes(scale[0], scale[0]) : ones,
                                                      scale ? pair_lanes(scale[1], scale[1]) : ones};
-        if (scale && n < 8 && rows >= 8) {
-            /* K-quants whose sums widen more than once a sub-block (Q5_K, Q6_K), in a whole pass: a row at a time,
-             * the quads in registers, so that each row's 32-bit sum is read and written once a sub-block rather
-             * than at each widening, where the 8 rows' sums beside their 16-bit ones were the stack's (AVX2 build,
-             * Zen 4, 512 rows of 4,096 x 2,048: Q6_K 183 -> 187 G MAC/s, Q5_K 209 -> 217). Fewer rows keep the
-             * quads outer (1 and 4 rows were slower this way). The same integers, added in another order. */
-#pragma GCC unroll 16
-            for (int r = 0; r < rows; r++) {
-                ivec acc = lo[r];
-#pragma GCC unroll 4
-                for (int first = 0; first < 8; first += n) {
-                    h16 sum = pairs_of(w[first], act_quads(q, stride, r, first, rotated));
-#pragma GCC unroll 8
-                    for (int i = first + 1; i < first + n; i++)
-                        sum += pairs_of(w[i], act_quads(q, stride, r, i, rotated));
-                    acc += madd16((ivec)sum, by[first / 4]);
-                }
-                lo[r] = acc;
-            }
-            return;
-        }
-#pragma GCC unroll 16
-        for (int r = 0; r < rows && !scale; r++) lo[r] = hi[r] = (ivec){0};
-#pragma GCC unroll 4 /* or the rows' lo and hi lived on the stack: Q6_K's 4 rounds (Zen 3, 512 rows, before their
-                      * whole passes took the order above) 49-83 -> 66-88 G MAC/s in 4 alternations, Q5_K's 2 rounds
-                      * 83-86 -> 103-106 */
-        for (int first = 0; first < 8; first += n) {
-            h16 sum[16];
-#pragma GCC unroll 16
-            for (int r = 0; r < rows; r++) sum[r] = pairs_of(w[first], act_quads(q, stride, r, first, rotated));
-#pragma GCC unroll 8
-            for (int i = first + 1; i < first + n; i++)
-#pragma GCC unroll 16
-                for (int r = 0; r < rows; r++) {
-                    sum[r] += pairs_of(w[i], act_quads(q, stride, r, i, rotated));
-                    __asm__("" : "+v"(sum[r])); /* in a register now: GCC otherwise reassociated the sums into
-                                                 * trees of all 64 products, stored to the stack and read back */
-                }
-#pragma GCC unroll 16
-            for (int r = 0; r < rows; r++) {
-                if (first < 4 || scale)
-                    lo[r] += madd16((ivec)sum[r], by[first / 4]);
-                else
-                    hi[r] += madd16((ivec)sum[r], by[1]);
-            }
-        }
+        if (scale && n < 8 && rows >= 8)
+            rows_outer_16(w, q, stride, rows, n, by, rotated, lo);
+        else
+            quads_outer_16(w, q, stride, rows, n, by, scale != NULL, rotated, lo, hi);
         return;
     }
 #endif
