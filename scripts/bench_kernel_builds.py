@@ -110,10 +110,11 @@ def streams(libraries: list[str], models: list[str | None], rounds: int, count: 
         for key, llm in built.items():
             first[key].append(seconds(llm, 1))
             rates[key].append(64 / (seconds(llm, 65) - first[key][-1]))
+    work = {model: multiply_adds_per_token(model) for model in models}  # each file read once
     print(f"# {cpu_model_name()}, engine alone, {count} streams decoded together, {rounds} alternating rounds")
     for (library, model), values in rates.items():
-        median, work = statistics.median(values), multiply_adds_per_token(model)
-        done = f", {count * work * median / 1e9:.0f} G MAC/s" if work else ""
+        median = statistics.median(values)
+        done = f", {count * work[model] * median / 1e9:.0f} G MAC/s" if work[model] else ""
         each = ", ".join(f"{rate:.2f}" for rate in values)
         prefill = ", ".join(f"{s:.2f}" for s in first[library, model])
         print(f"# {library}, {model or 'the shipped model'}: median {median:.2f} steps/s{done} ({each});")

@@ -1,4 +1,4 @@
-"""The tree's shape: no module, C source or script over 300 lines, no folder of more than 15 modules; and no name
+"""The tree's shape: no module, C source, script or test over 300 lines, no folder of more than 15 modules; and no name
 that a rename left stale where nothing else would notice: what the scripts import, the modules the suite's start
 order names. Each of the first three rules is shown to fail on a planted violation as well as to pass on the tree.
 """
