@@ -88,7 +88,7 @@ class EngineConfig:
     num_speculative_tokens: int | None = option(
         None,
         "tokens a speculative step proposes to verify; default: one less than the CPU kernels' rows per pass over "
-        "the weights (7 with AVX-512 VNNI, 4 with AVX2), else 4",
+        "the weights (15 with AVX-512, 7 with AVX2, 3 with AVX-VNNI or portable C), else 4",
         ge=1,
     )
     prompt_lookup_min: int = option(3, "ngram speculation: the shortest n-gram looked up", ge=1)

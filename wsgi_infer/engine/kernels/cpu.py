@@ -84,7 +84,7 @@ class CpuKernels:
             getattr(self._lib, name).argtypes = argtypes
             getattr(self._lib, name).restype = None
         self._lib.packed_rows_per_pass.argtypes, self._lib.packed_rows_per_pass.restype = [], ctypes.c_int
-        # rows a packed multiply computes in one pass over its weight (8 with AVX-512, 4 with AVX2)
+        # rows a packed multiply computes in one pass over its weight (16 with AVX-512, 8 with AVX2, else 4)
         self.rows_per_pass: int = self._lib.packed_rows_per_pass()
         self._lib.packed_block_bytes.argtypes, self._lib.packed_block_bytes.restype = [ctypes.c_int], ctypes.c_int64
         self._lib.tile_blocks.argtypes, self._lib.tile_blocks.restype = [_I, _P, _I, _I, _P, ctypes.c_int], ctypes.c_int
