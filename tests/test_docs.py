@@ -1,5 +1,5 @@
-"""The front page and docs/: the README stays short, every relative link reaches a file, and the README's two
-commands are the ones CI runs.
+"""The front page and docs/: the README stays short, every relative link reaches a file, the README's two
+commands are the ones CI runs, and the benchmark pages show where things stand, their history left to git.
 
 Each rule is a function of the text it reads, shown to fail on a planted violation as well as to pass on the tree.
 """
@@ -11,9 +11,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-PAGES = (README, *sorted((ROOT / "docs").glob("*.md")))
+BENCHMARK_PAGES = (ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs" / "benchmarks").glob("*.md")))
+PAGES = (README, *sorted((ROOT / "docs").glob("*.md")), *BENCHMARK_PAGES)
 CI = ROOT / ".ci" / "run"
 MAX_README_LINES = 200
+# a benchmark page is each CPU's latest figures and what they rest on, not every session's entries (git keeps those)
+MAX_BENCHMARK_PAGE_LINES = 300
 
 SERVE = "bash scripts/setup.sh && .venv/bin/wsgi-infer serve"
 TEST_SETUP = "bash scripts/setup.sh --test"
@@ -57,6 +60,21 @@ def ci_mismatches(readme: str, ci_script: str) -> list[str]:
 def test_the_readme_is_at_most_200_lines():
     lines = len(README.read_text().splitlines())
     assert lines <= MAX_README_LINES, f"README.md has {lines} lines: move reference into docs/"
+
+
+def long_pages(pages: tuple[Path, ...], most: int) -> dict[str, int]:
+    """The pages of more than ``most`` lines, with their line counts."""
+    counts = {page.name: len(page.read_text().splitlines()) for page in pages}
+    return {name: lines for name, lines in counts.items() if lines > most}
+
+
+def test_every_benchmark_page_shows_where_things_stand_in_at_most_300_lines(tmp_path):
+    assert len(BENCHMARK_PAGES) > 5 and long_pages(BENCHMARK_PAGES, MAX_BENCHMARK_PAGE_LINES) == {}
+
+    short, log = tmp_path / "short.md", tmp_path / "log.md"  # the rule fails on a violation, and only there
+    short.write_text("line\n" * MAX_BENCHMARK_PAGE_LINES)
+    log.write_text("line\n" * (MAX_BENCHMARK_PAGE_LINES + 1))
+    assert long_pages((short, log), MAX_BENCHMARK_PAGE_LINES) == {"log.md": MAX_BENCHMARK_PAGE_LINES + 1}
 
 
 def test_every_relative_link_reaches_a_file(tmp_path):
