@@ -34,7 +34,7 @@ def replay(outputs: list[tuple[list[int], list[int]]], k: int, n_min: int, n_max
             draft = proposer.propose(seq, len(output) - done - 1)
             taken = next((i for i, token in enumerate(draft) if token != output[done + i]), len(draft))
             if draft:
-                proposer.verified(seq, taken)
+                proposer.verified(seq, len(draft), taken)
                 drafted, accepted = drafted + len(draft), accepted + taken
             steps += 1
             cost += 1 + (verify_cost - 1) * len(draft) / 4

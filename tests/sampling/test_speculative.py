@@ -43,13 +43,32 @@ def test_a_sequence_grows_and_the_latest_occurrence_wins():
 def test_rejected_drafts_back_off_and_an_accepted_one_resets():
     proposer, seq = NgramProposer(num_tokens=2, n_min=2, n_max=2), seq_of([1, 2, 3, 1, 2])
     assert proposer.propose(seq, limit=8)
-    proposer.verified(seq, accepted=0)
+    proposer.verified(seq, proposed=2, accepted=0)
     assert proposer.propose(seq, limit=8) == []  # one step without a draft
     assert proposer.propose(seq, limit=8)
-    proposer.verified(seq, accepted=0)
-    assert [proposer.propose(seq, limit=8) for _ in range(3)] == [[], [], [3, 1]]  # then two
-    proposer.verified(seq, accepted=1)
+    proposer.verified(seq, proposed=2, accepted=0)
+    assert [proposer.propose(seq, limit=8) for _ in range(3)] == [[], [], [3]]  # then two, and one token
+    proposer.verified(seq, proposed=1, accepted=1)
     assert proposer.propose(seq, limit=8)
+
+
+def test_a_draft_grows_while_accepted_whole_and_halves_when_cut_short():
+    """The first draft is as long as allowed; one accepted whole doubles the next (within num_tokens and the room
+    left), one cut short halves it, but not below its accepted part and one more: verified rows cost arithmetic."""
+    proposer, seq = NgramProposer(num_tokens=15, n_min=2, n_max=2), seq_of([1, 2, *range(3, 40), 1, 2])
+    assert len(proposer.propose(seq, limit=20)) == 15
+    proposer.verified(seq, proposed=15, accepted=2)
+    assert proposer.propose(seq, limit=20) == list(range(3, 10))  # half of 15
+    proposer.verified(seq, proposed=7, accepted=1)
+    assert proposer.propose(seq, limit=20) == [3, 4, 5]  # half of 7
+    proposer.verified(seq, proposed=3, accepted=2)
+    assert proposer.propose(seq, limit=20) == [3, 4, 5]  # not below what was accepted, and one more
+    proposer.verified(seq, proposed=3, accepted=3)
+    assert len(proposer.propose(seq, limit=20)) == 6
+    assert len(proposer.propose(seq, limit=4)) == 4  # the room left
+    proposer.verified(seq, proposed=6, accepted=6)
+    proposer.verified(seq, proposed=12, accepted=12)
+    assert len(proposer.propose(seq, limit=20)) == 15  # never past num_tokens
 
 
 def test_a_draft_fills_the_rows_the_kernels_multiply_in_one_pass_unless_set():

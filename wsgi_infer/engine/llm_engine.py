@@ -243,7 +243,7 @@ class LLMEngine:
         seq.num_computed_tokens -= len(proposed) - accepted
         seq.draft = []
         self.spec.count(len(proposed), accepted)
-        self.proposer.verified(seq, accepted)
+        self.proposer.verified(seq, len(proposed), accepted)
         deltas = []
         for token in chosen:
             deltas.append(self._append_token(seq, token, None))
