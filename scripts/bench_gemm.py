@@ -10,6 +10,8 @@ CPU runs side by side:
 
 With ``--rounds N`` the libraries take turns N times and each cell is the median of its rounds (their range in
 brackets): this machine's clock and bandwidth move from minute to minute, so only turns taken side by side compare.
+With ``--copies N`` each format's weight is N copies multiplied in turn, so that with enough of them (8 of 8,192 x
+3,072 Q4_K: 113 MB) each multiply reads its weight from memory, as a model's decode step does, not from L3.
 """
 
 from __future__ import annotations
@@ -31,15 +33,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.kernel_libraries import packed_from_file, random_file_blocks  # noqa: E402
 
 
-def rate(kernels: CpuKernels, x: torch.Tensor, weight: PackedWeight, repeats: int) -> float:
-    kernels.packed_mm(x, weight)
+def rate(kernels: CpuKernels, x: torch.Tensor, copies: list[PackedWeight], repeats: int) -> float:
+    for weight in copies:
+        kernels.packed_mm(x, weight)
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
         for _ in range(repeats):
-            kernels.packed_mm(x, weight)
-        best = min(best, (time.perf_counter() - start) / repeats)
-    return x.shape[0] * weight.n * weight.k / best / 1e9
+            for weight in copies:
+                kernels.packed_mm(x, weight)
+        best = min(best, (time.perf_counter() - start) / repeats / len(copies))
+    return x.shape[0] * copies[0].n * copies[0].k / best / 1e9
 
 
 def main() -> None:
@@ -50,15 +54,19 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--k", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=1, help="rounds alternating the libraries: medians (range)")
+    parser.add_argument("--copies", type=int, default=1, help="copies of each weight multiplied in turn")
     args = parser.parse_args()
-    weights = {name: packed_from_file(random_file_blocks(Q[name], args.n, args.k), Q[name]) for name in args.formats}
+    weights = {
+        name: [packed_from_file(random_file_blocks(Q[name], args.n, args.k), Q[name]) for _ in range(args.copies)]
+        for name in args.formats
+    }
     kernels = [CpuKernels(library) for library in args.libraries]
     rates: dict[tuple[int, str, int], list[float]] = {}
     for _ in range(args.rounds):  # each round every library in turn: the machine's swings fall on all of them
         for i, library in enumerate(kernels):
-            for name, weight in weights.items():
+            for name, copies in weights.items():
                 for rows in args.rows:
-                    measured = rate(library, torch.randn(rows, args.k), weight, max(3, 600 // rows))
+                    measured = rate(library, torch.randn(rows, args.k), copies, max(3, 600 // rows // args.copies))
                     rates.setdefault((i, name, rows), []).append(measured)
     print("| library | format | " + " | ".join(f"{rows} rows, G MAC/s" for rows in args.rows) + " |")
     print("|---|---|" + "---|" * len(args.rows))

@@ -83,9 +83,10 @@ ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, c
              * activations, the KV cache, the norms); one stream of the 1B Q4_0 +3.3%, Q4_K_M +2.8% (Zen 4). A pass
              * of more rows fetches them into L2 only, not L1, which keeps the lines the pass reads over and over
              * (its rows' activations): the 1B Q4_K_M's steps of 4, 8 and 16 streams from memory, Zen 4, were 18%,
-             * 11% and 0% faster (VNNI) and 25%, 24% and 14% (AVX2), 2 unchanged. The passes after a task's first
-             * find the tile in L1 and L2, and their prefetches only cost instructions (AVX2 build, Zen 4, 512 rows
-             * of 4,096 x 2,048: Q4_K 234 -> 246 G MAC/s, Q6_K 170 -> 185) */
+             * 11% and 0% faster (VNNI) and 25%, 24% and 14% (AVX2), 2 unchanged (AMD's cores before Zen 4 fill L1
+             * for this hint too, as before). The passes after a task's first find the tile in L1 and L2, and their
+             * prefetches only cost instructions (AVX2 build, Zen 4, 512 rows of 4,096 x 2,048: Q4_K 234 -> 246 G
+             * MAC/s, Q6_K 170 -> 185) */
             const uint8_t *ahead = block + (PREFETCH_BYTES + bytes - 1) / bytes * bytes + j * (bytes / subs);
             for (int64_t line = 0; fetch && line < bytes / subs; line += 64) {
                 if (rows == 1)
