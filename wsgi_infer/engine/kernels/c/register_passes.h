@@ -18,9 +18,10 @@ _Static_assert(ACT_ROWS % ROWS_AT_ONCE == 0, "a pass's rows lie in one group of 
 #define SUM_ROWS (SUMS_IN_16_BITS ? ROWS_AT_ONCE : 1)
 /* how far ahead of a tile's sub-block its weight is fetched: at least this, in whole blocks. Rounded down, a
  * K-quant's block (2,304-3,360 bytes) fetched its own sub-block: a 16-row Q6_K step ran at 199 G MAC/s, now 294.
- * 8 KB rather than 4 (Zen 4, the 1B Q4_K_M in process, 5 rounds): 4 streams 42.4 -> 45.3 steps/s (VNNI) and 29.4 ->
- * 32.4 (AVX2), one stream 56.2 -> 59.5 and 56.9 -> 58.5, 16 streams and a prefill unchanged */
-#define PREFETCH_BYTES 8192
+ * 8 KB rather than 4 with 8-lane registers (Zen 4's AVX2 build, the 1B Q4_K_M): 4 streams in process 29.4 -> 32.4
+ * and 29.3 -> 33.8 steps/s (every round of 5 faster), served 96.7 -> 103.5 tok/s; 1 and 16 streams +3%. AVX-512's
+ * gained 7% at 4 streams in process and lost 9% served: kept at 4 KB */
+#define PREFETCH_BYTES (QL == 8 ? 8192 : 4096)
 /* sub-blocks ahead that a pass's activations are fetched, with 8-lane registers (0: not; AVX-512 not measured) */
 #define ACT_AHEAD (QL == 8 ? 4 : 0)
 
