@@ -8,7 +8,7 @@
 A start runs `wsgi-infer serve` (the default model unless --model) on a free loopback port with its own cache
 directory, polling /health every 50 ms. ``--phases`` makes the worker's calls one after another here, each timed
 with perf_counter (the imports, gevent's patching, the engine's tokenizer, weights and KV cache); run it after a
-start has prepared the cache it names. ``--floor`` also starts, each round, gunicorn's
+start has prepared the cache it names (the model's too, with --model). ``--floor`` also starts, each round, gunicorn's
 gevent worker on an app that only imports torch, then one that imports torch and transformers
 (``start_floor_app.py``): what any server on these dependencies takes before it can answer.
 """
@@ -78,7 +78,9 @@ def seconds_to_health(
         server.wait(60)
 
 
-def phases() -> None:
+def phases(model: str | None) -> None:
+    if model:
+        os.environ["WSGI_INFER_MODEL"] = model  # read by ServerSettings, as a worker reads it
     marks: list[tuple[str, float]] = [("", time.perf_counter())]
 
     def mark(name: str) -> None:
@@ -117,26 +119,26 @@ def phases() -> None:
     parts = _time_engine_parts()
     LLMEngine(ServerSettings().engine_config())
     mark("the engine, in all:")
-    for name, seconds in parts.items():
-        print(f"  {name:36s} {seconds:6.3f} s")
+    for name, (seconds, calls) in parts.items():
+        print(f"  {name:36s} {seconds:6.3f} s" + ("" if calls else "  (never called: renamed or moved?)"))
     print(f"{'in all':38s} {marks[-1][1] - marks[0][1]:6.3f} s")
     gc.unfreeze()  # else logging's handlers outlive gevent's thread module at exit, and their cleanup complains
 
 
-def _time_engine_parts() -> dict[str, float]:
-    """Wraps the engine's loading steps so that each one's time is kept (its module's name for it is replaced)."""
-    from wsgi_infer.engine import llm_engine, model_runner
+def _time_engine_parts() -> dict[str, list[float]]:
+    """Wraps the engine's loading steps so that each one's time and calls are kept (its module's name for it is
+    replaced): a step the engine no longer calls by that name says so rather than timing nothing."""
+    from wsgi_infer.engine import model_runner, text_side
     from wsgi_infer.engine.loading import model_builder
 
     steps = {
-        "tokenizer": (llm_engine, "load_tokenizer"),
+        "tokenizer": (text_side, "load_tokenizer"),
         "packing the projections": (model_builder, "pack_on_kernels"),
         "the other weights": (model_builder, "_load_weights"),
         "the embedding's check": (model_builder, "share_embedding_with_packed_head"),
-        "crossing points": (model_builder, "choose_max_rows"),
         "KV cache": (model_runner.ModelRunner, "_allocate_kv_cache"),
     }
-    seconds = dict.fromkeys(steps, 0.0)
+    kept = {name: [0.0, 0] for name in steps}  # seconds, calls
 
     def timed(name, function):
         def call(*args, **kwargs):
@@ -144,13 +146,14 @@ def _time_engine_parts() -> dict[str, float]:
             try:
                 return function(*args, **kwargs)
             finally:
-                seconds[name] += time.perf_counter() - started
+                kept[name][0] += time.perf_counter() - started
+                kept[name][1] += 1
 
         return call
 
     for name, (owner, attribute) in steps.items():
         setattr(owner, attribute, timed(name, getattr(owner, attribute)))
-    return seconds
+    return kept
 
 
 def main() -> None:
@@ -161,7 +164,7 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true", help="also time apps that only import torch (and transformers)")
     args = parser.parse_args()
     if args.phases:
-        return phases()
+        return phases(args.model)
     times: dict[str, list[float]] = {"first": [], "later": []} | ({name: [] for name in FLOORS} if args.floor else {})
     for _ in range(args.rounds):
         with tempfile.TemporaryDirectory() as cache:
