@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from wsgi_infer.engine.config import QUANTIZATION_METHODS
 
@@ -114,14 +115,16 @@ def run_engine(args) -> dict:
 
 def run_transformers(args) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM
 
     from wsgi_infer.engine.loading.model_loader import load_tokenizer, resolve_model_dir
     from wsgi_infer.engine.runtime.device import resolve_dtype
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.support.transformers_reference import load_hf_model  # a GGUF's copy holds no weights of its own
+
     model_dir = resolve_model_dir(args.model)
     dtype = resolve_dtype(args.dtype, torch.device("cpu"))
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
+    model = load_hf_model(model_dir, dtype)
     tokenizer = load_tokenizer(model_dir)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
@@ -173,6 +176,7 @@ def run_profile(args) -> dict:
 
 
 def child(kind: str, args, quant: str = "none") -> dict:
+    """One run of `kind` in a process of its own (its peak RSS its own): the JSON it prints last."""
     cmd = [
         sys.executable,
         __file__,
@@ -188,11 +192,11 @@ def child(kind: str, args, quant: str = "none") -> dict:
         str(args.rounds),
         "--min-requests",
         str(args.min_requests),
-        "--hf-single-requests",
-        str(args.hf_single_requests),
         "--concurrency",
         *map(str, args.concurrency),
     ]
+    if kind == "transformers":  # the only kind that reads it (bench_serve.py's args have none)
+        cmd += ["--hf-single-requests", str(args.hf_single_requests)]
     if args.model:
         cmd += ["--model", args.model]
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout

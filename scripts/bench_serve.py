@@ -35,49 +35,22 @@ import argparse
 import asyncio
 import functools
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import prompts  # noqa: E402
+from bench_engine import child, prompts  # noqa: E402
 from long_prompts import long_prompts  # noqa: E402
 from repeat_prompts import repeat_prompts  # noqa: E402
 from serve_load import run_level  # noqa: E402
-from serve_processes import IK_NAME, ROOT, start_llama_server, start_server, tree_peak_rss_mb  # noqa: E402
+from serve_processes import IK_NAME, start_llama_server, start_server, tree_peak_rss_mb  # noqa: E402
 from serve_report import median_runs, plot, print_served_and_alone, print_side_by_side  # noqa: E402
 
 from wsgi_infer.engine.config import QUANTIZATION_METHODS  # noqa: E402
 
 WORKLOADS = {"standard": prompts, "repeat": repeat_prompts, "long": long_prompts}
-
-
-def engine_alone(args) -> dict:
-    cmd = [
-        sys.executable,
-        str(ROOT / "scripts" / "bench_engine.py"),
-        "--child",
-        "engine",
-        "--dtype",
-        args.dtype,
-        "--quantization",
-        args.quantization,
-        "--output-len",
-        str(args.output_len),
-        "--rounds",
-        str(args.rounds),
-        "--min-requests",
-        str(args.min_requests),
-        "--concurrency",
-        *map(str, args.concurrency),
-    ]
-    if args.model:
-        cmd += ["--model", args.model]
-    return json.loads(
-        subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1]
-    )
 
 
 def workload_of(args):
@@ -201,7 +174,7 @@ def main() -> None:
         for name, url, env, llama_args in systems:
             runs[name].append(serve_levels(args, name, url, env, llama_args))
         if not args.skip_engine:
-            alone_runs.append({int(c): r for c, r in engine_alone(args)["results"].items()})
+            alone_runs.append({int(c): r for c, r in child("engine", args, args.quantization)["results"].items()})
     medians = {name: median_runs(r) for name, r in runs.items()}
     for name, levels in medians.items():
         for c, r in levels.items():

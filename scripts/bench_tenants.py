@@ -33,9 +33,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import prompts as chat_prompts  # noqa: E402
 from bench_kv_store import prompt_ids  # noqa: E402
-from serve_processes import free_port, healthy  # noqa: E402
+from serve_processes import ROOT, free_port, healthy  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"A": "tenant-a-key", "B": "tenant-b-key"}
 
 
