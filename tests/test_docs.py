@@ -1,5 +1,6 @@
 """The front page and docs/: the README stays short, every relative link reaches a file, the README's two
-commands are the ones CI runs, and the benchmark pages show where things stand, their history left to git.
+commands are the ones CI runs, every script a page's code calls takes the options it is given, and the benchmark
+pages show where things stand, their history left to git.
 
 Each rule is a function of the text it reads, shown to fail on a planted violation as well as to pass on the tree.
 """
@@ -27,6 +28,10 @@ LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCED = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
 CODE_SPAN = re.compile(r"`[^`]+`")
 BASH_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.M | re.S)
+# `scripts/NAME.py` and what follows it on its line; an option; a quoted argument (a peer's options, passed through)
+SCRIPT_CALL = re.compile(r"scripts/(\w+)\.py\b([^|;&>`\n]*)")
+OPTION = re.compile(r"(?<![\w-])--[a-z][\w-]*")
+QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 
 
 def relative_links(text: str) -> list[str]:
@@ -55,6 +60,46 @@ def ci_mismatches(readme: str, ci_script: str) -> list[str]:
         return [*problems, f"the README has {len(tests)} test commands (`{TEST_SETUP} && {PYTEST} ...`)"]
     ci_lines = {line.strip() for line in ci_script.splitlines()}
     return problems + [f"CI does not run `{part}`" for part in tests[0].split(" && ", 1) if part not in ci_lines]
+
+
+def script_calls(text: str) -> list[tuple[str, str]]:
+    """The calls of ``scripts/NAME.py`` in a page's code (blocks, continued lines joined, and spans): each script's
+    name and what follows it on its line."""
+    code = [m[0].replace("\\\n", " ") for m in FENCED.finditer(text)] + CODE_SPAN.findall(FENCED.sub("", text))
+    return [call for piece in code for call in SCRIPT_CALL.findall(piece)]
+
+
+def unknown_script_options(text: str, scripts: Path) -> list[str]:
+    """The calls of a page whose script is gone or never names an option they give it (argparse's names are string
+    literals of its source): a command a reader copies from the page and that fails."""
+    problems = []
+    for name, arguments in script_calls(text):
+        script = scripts / f"{name}.py"
+        if not script.is_file():
+            problems.append(f"scripts/{name}.py: no such script")
+            continue
+        source = script.read_text()
+        unknown = [o for o in OPTION.findall(QUOTED.sub("", arguments)) if f'"{o}"' not in source]
+        problems += [f"scripts/{name}.py {option}: not an option of the script" for option in unknown]
+    return problems
+
+
+def test_every_script_a_page_calls_takes_the_options_it_is_given():
+    scripts = ROOT / "scripts"
+    assert sum(len(script_calls(page.read_text())) for page in PAGES) > 50, "the pages' calls not found?"
+    assert {page.name: unknown_script_options(page.read_text(), scripts) for page in PAGES} == {
+        page.name: [] for page in PAGES
+    }
+
+    planted = (  # the rule fails on a violation, and only there: a misspelt option, a script that is gone
+        "```bash\n.venv/bin/python scripts/bench_serve.py --concurrency 1 \\\n    --concurency 16 "
+        "--llama-variant 'x=--spec-type ngram' | tee log\n```\nand `scripts/bench_gone.py --rounds 2`, "
+        "`scripts/bench_gemm.py --rows 512`\n"
+    )
+    assert unknown_script_options(planted, scripts) == [
+        "scripts/bench_serve.py --concurency: not an option of the script",
+        "scripts/bench_gone.py: no such script",
+    ]
 
 
 def test_the_readme_is_at_most_200_lines():
