@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from wsgi_infer.engine.config import QUANTIZATION_METHODS
+from wsgi_infer.engine.config import QUANTIZATION_METHODS, EngineConfig
 
 SUBJECTS = [
     "a lighthouse keeper",
@@ -60,7 +60,7 @@ def peak_rss_mb() -> float:
 def run_engine(args) -> dict:
     from wsgi_infer import LLM, SamplingParams
 
-    llm = LLM(model=args.model, dtype=args.dtype, quantization=args.quantization[0])
+    llm = LLM(model=args.model, dtype=args.dtype, quantization=args.quantization[0], speculative=args.speculative)
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     results = {}
@@ -110,7 +110,13 @@ def run_engine(args) -> dict:
             "e2el_mean_ms": 1e3 * statistics.mean(e2el),
         }
         print(f"# wsgi-infer c={concurrency}: {results[concurrency]['output_tok_s']:.1f} tok/s", file=sys.stderr)
-    return {"system": "wsgi-infer", "dtype": str(engine.dtype), "results": results, "peak_rss_mb": peak_rss_mb()}
+    return {
+        "system": "wsgi-infer",
+        "dtype": str(engine.dtype),
+        "speculative": engine.config.speculative,
+        "results": results,
+        "peak_rss_mb": peak_rss_mb(),
+    }
 
 
 def run_transformers(args) -> dict:
@@ -153,7 +159,7 @@ def run_profile(args) -> dict:
 
     from wsgi_infer import LLM, SamplingParams
 
-    llm = LLM(model=args.model, dtype=args.dtype, quantization=args.quantization[0])
+    llm = LLM(model=args.model, dtype=args.dtype, quantization=args.quantization[0], speculative=args.speculative)
     engine = llm.engine
     tables = {}
     for batch in (1, 64):
@@ -175,8 +181,9 @@ def run_profile(args) -> dict:
     return {"system": "profile", "profiles": tables}
 
 
-def child(kind: str, args, quant: str = "none") -> dict:
-    """One run of `kind` in a process of its own (its peak RSS its own): the JSON it prints last."""
+def child(kind: str, args, quant: str = "none", speculative: str | None = None) -> dict:
+    """One run of `kind` in a process of its own (its peak RSS its own): the JSON it prints last. ``speculative``:
+    the engine's, where not ``args.speculative``."""
     cmd = [
         sys.executable,
         __file__,
@@ -192,6 +199,8 @@ def child(kind: str, args, quant: str = "none") -> dict:
         str(args.rounds),
         "--min-requests",
         str(args.min_requests),
+        "--speculative",
+        speculative or args.speculative,
         "--concurrency",
         *map(str, args.concurrency),
     ]
@@ -219,6 +228,7 @@ def main() -> None:
         choices=QUANTIZATION_METHODS,
         help="engine runs to compare (auto: the GGUF's own 4-bit blocks for small batches, in bf16 on a CPU)",
     )
+    parser.add_argument("--speculative", choices=["ngram", "none"], default=EngineConfig().speculative)
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--profile", action="store_true", help="also profile one decode step at batch 1 and 64")
     parser.add_argument("--child", choices=["engine", "transformers", "profile"], help=argparse.SUPPRESS)
@@ -232,7 +242,8 @@ def main() -> None:
     for quant in args.quantization:
         engine = child("engine", args, quant)
         print(
-            f"## wsgi-infer engine ({engine['dtype']}, quantization {quant}), {args.output_len} output tokens, "
+            f"## wsgi-infer engine ({engine['dtype']}, quantization {quant}, speculation {engine['speculative']}), "
+            f"{args.output_len} output tokens, "
             f"peak RSS {engine['peak_rss_mb']:.0f} MB\n"
         )
         print(

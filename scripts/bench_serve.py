@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -48,7 +49,7 @@ from serve_load import run_level  # noqa: E402
 from serve_processes import IK_NAME, start_llama_server, start_server, tree_peak_rss_mb  # noqa: E402
 from serve_report import median_runs, plot, print_served_and_alone, print_side_by_side  # noqa: E402
 
-from wsgi_infer.engine.config import QUANTIZATION_METHODS  # noqa: E402
+from wsgi_infer.engine.config import QUANTIZATION_METHODS, EngineConfig  # noqa: E402
 
 WORKLOADS = {"standard": prompts, "repeat": repeat_prompts, "long": long_prompts}
 
@@ -170,11 +171,14 @@ def main() -> None:
     systems = systems_of(args)
     runs: dict[str, list] = {system[0]: [] for system in systems}
     alone_runs = []
+    # the engine alone speculates as the server it is set beside does (its WSGI_INFER_SPECULATIVE)
+    speculative = os.environ.get("WSGI_INFER_SPECULATIVE", EngineConfig().speculative)
     for _ in range(args.repeat):  # alternate the systems so drift of this shared machine hits each of them
         for name, url, env, llama_args in systems:
             runs[name].append(serve_levels(args, name, url, env, llama_args))
         if not args.skip_engine:
-            alone_runs.append({int(c): r for c, r in child("engine", args, args.quantization)["results"].items()})
+            results = child("engine", args, args.quantization, speculative)["results"]
+            alone_runs.append({int(c): r for c, r in results.items()})
     medians = {name: median_runs(r) for name, r in runs.items()}
     for name, levels in medians.items():
         for c, r in levels.items():
@@ -189,7 +193,7 @@ def main() -> None:
         plot(medians, args.plot)
     if len(systems) > 1:
         print_side_by_side(medians, args)
-    print_served_and_alone(served, alone, args)
+    print_served_and_alone(served, alone, args, speculative)
 
 
 if __name__ == "__main__":

@@ -54,9 +54,9 @@ def plot(medians: dict[str, dict[int, dict]], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def print_served_and_alone(served: dict[int, dict], alone: dict[int, dict] | None, args) -> None:
+def print_served_and_alone(served: dict[int, dict], alone: dict[int, dict] | None, args, speculative: str) -> None:
     print(
-        f"## HTTP server vs engine alone ({args.dtype}, quantization {args.quantization}), "
+        f"## HTTP server vs engine alone ({args.dtype}, quantization {args.quantization}, speculation {speculative}), "
         f"{args.output_len} output tokens, median of {args.repeat} alternating runs\n"
     )
     print(
