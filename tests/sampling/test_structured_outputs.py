@@ -16,6 +16,7 @@ import pytest
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from wsgi_infer.engine.kernels.cpu import load_cpu_kernels
 from wsgi_infer.engine.sampling.grammar import apply_grammar_masks
 from wsgi_infer.engine.sampling_params import InvalidParameter, SamplingParams, StructuredOutput
 
@@ -155,8 +156,10 @@ def test_the_masks_are_what_llguidances_python_binding_computes(tiny_llama):
         StructuredOutput("choice", ["red", "green", "blue sky"]),
         StructuredOutput("grammar", 'start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,2}/'),
     ]
-    engine = tiny_llama.engine
-    assert_masks_as_the_python_binding(engine.grammars, engine.tokenizer, specs)
+    engine, kernels = tiny_llama.engine, load_cpu_kernels()
+    assert kernels is not None, "the masks' kernel is not tested here"
+    for unpacking in (kernels, None):  # the kernels' (a packed model's sampler), and torch's (CUDA, no compiler)
+        assert_masks_as_the_python_binding(engine.grammars, engine.tokenizer, specs, kernels=unpacking)
 
 
 def test_a_matcher_in_error_allows_the_end_of_sequence_alone_and_a_mask_of_another_size_is_refused(tiny_llama):

@@ -7,15 +7,21 @@ import random
 import llguidance
 import torch
 
+from wsgi_infer.engine.kernels.cpu import CpuKernels
 from wsgi_infer.engine.sampling.grammar import GrammarCompiler, apply_grammar_masks, grammar_text
 from wsgi_infer.engine.sampling_params import StructuredOutput
 
 
 def assert_masks_as_the_python_binding(
-    grammars: GrammarCompiler, tokenizer, specs: list[StructuredOutput], steps: int = 24
+    grammars: GrammarCompiler,
+    tokenizer,
+    specs: list[StructuredOutput],
+    steps: int = 24,
+    kernels: CpuKernels | None = None,
 ) -> None:
     """At each of ``steps`` tokens, drawn at random from what both allow, our mask (unpacked for a batch row, beside
-    an unconstrained row) equals the Python binding's for the same tokenizer, and both stop together."""
+    an unconstrained row, by ``kernels`` where given, else by torch) equals the Python binding's for the same
+    tokenizer, and both stop together."""
     reference = llguidance.LLTokenizer(
         tokenizer.backend_tokenizer.to_str(), n_vocab=grammars.vocab_size, eos_token=tokenizer.eos_token_id
     )
@@ -24,7 +30,7 @@ def assert_masks_as_the_python_binding(
         ours, theirs = grammars.matcher(spec), llguidance.LLMatcher(reference, grammar_text(spec))
         for step in range(steps):
             logits = torch.zeros(2, vocab)
-            apply_grammar_masks(logits, [1], [ours])
+            apply_grammar_masks(logits, [1], [ours], kernels)
             allowed = torch.frombuffer(bytearray(theirs.compute_logit_bias()), dtype=torch.uint8)[:vocab] > 0
             assert torch.equal(logits[1] == 0, allowed), (spec.kind, step)
             assert torch.equal(logits[0], torch.zeros(vocab)), "an unconstrained row is untouched"

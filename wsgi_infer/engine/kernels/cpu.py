@@ -39,6 +39,7 @@ _SIGNATURES = {
     "decoder_layers": [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _P, _I, _I, _P],
     "gelu_mul": [_P, _P, _I, _I, ctypes.c_int],
     "argmax_rows": [_P, _I, _I, _P, ctypes.c_int],
+    "mask_rows": [_P, _I, _P, _I, _P, ctypes.c_int],
 }
 
 
@@ -244,6 +245,18 @@ class CpuKernels:
         out = torch.empty(rows, dtype=torch.long)
         self._lib.argmax_rows(logits.data_ptr(), rows, n, out.data_ptr(), _threads())
         return out
+
+    def mask_rows_(self, logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
+        """In place: float32 rows [rows, n] listed in ``rows`` keep the tokens their int32 bitmask rows allow
+        (llguidance's words of 32 tokens, ``bitmask[i]`` for ``rows[i]``), the others -inf."""
+        _check(logits, "mask_rows")
+        _check(bitmask, "mask_rows", torch.int32)
+        _expect(logits.dim() == 2 and logits.is_contiguous(), f"mask_rows: rows {logits.shape}")
+        words = (logits.shape[1] + 31) // 32
+        _expect(bitmask.is_contiguous() and bitmask.shape == (len(rows), words), f"mask_rows: bits {bitmask.shape}")
+        _expect(all(0 <= r < logits.shape[0] for r in rows), f"mask_rows: rows outside 0..{logits.shape[0] - 1}")
+        listed, n = torch.tensor(rows, dtype=torch.long), logits.shape[1]
+        self._lib.mask_rows(logits.data_ptr(), n, listed.data_ptr(), len(rows), bitmask.data_ptr(), _threads())
 
     def fused_decoder(self, layers: list[DecoderWeights], dims: DecoderDims, final_norm: torch.Tensor) -> FusedDecoder:
         return FusedDecoder(self._lib, layers, dims, final_norm, lambda: self.planes)

@@ -23,6 +23,7 @@ import torch
 from llguidance import LLMatcher
 from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
 
+from ..kernels.cpu import CpuKernels
 from ..runtime.cpu_share import beside_the_steps
 from ..sampling_params import JSON_WHITESPACE, InvalidParameter, StructuredOutput
 from ..text.llguidance_c import Matcher, Vocabulary
@@ -163,17 +164,23 @@ class GrammarCompiler:
         return matcher
 
 
-def apply_grammar_masks(logits: torch.Tensor, rows: list[int], matchers: list[Matcher]) -> None:
+def apply_grammar_masks(
+    logits: torch.Tensor, rows: list[int], matchers: list[Matcher], kernels: CpuKernels | None = None
+) -> None:
     """In place: each listed row keeps only the tokens its matcher allows.
 
-    One bitmask row (32 tokens per int32) per matcher, filled by llguidance,
-    then unpacked for the whole batch at once.
+    One bitmask row (32 tokens per int32) per matcher, filled by llguidance, then unpacked by the CPU kernels where
+    they take the logits (16 rows of SmolLM2's 49,152 tokens: 0.1 ms against torch's 1.5-1.8, Zen 4), else by torch
+    for the whole batch at once.
     """
     words = (logits.shape[1] + 31) // 32
     bitmask = torch.zeros((len(rows), words), dtype=torch.int32)
     for k, matcher in enumerate(matchers):
         row = bitmask[k]
         matcher.fill_mask(row.data_ptr(), row.numel() * row.element_size())
+    if kernels is not None and logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
+        kernels.mask_rows_(logits, rows, bitmask)
+        return
     allowed = ((bitmask.unsqueeze(-1) >> _BITS) & 1).view(len(rows), words * 32)[:, : logits.shape[1]]
     index = torch.tensor(rows, device=logits.device)
     logits[index] = logits[index].masked_fill(allowed.to(logits.device) == 0, float("-inf"))

@@ -176,4 +176,4 @@ class Sampler:
                 logits[i] = bans.allowed_only(before)
         constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
         if constrained:
-            apply_grammar_masks(logits, constrained, [seqs[i].matcher for i in constrained])
+            apply_grammar_masks(logits, constrained, [seqs[i].matcher for i in constrained], self._kernels)

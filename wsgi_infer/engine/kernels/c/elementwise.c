@@ -1,5 +1,5 @@
 /* A step's element-wise work: RMSNorm (with its residual add), per-head norms, gated activations, rotary
- * positions, and the sampler's argmax. */
+ * positions, and the sampler's argmax and grammar masks. */
 #include "common.h"
 
 /* out = weight * rms_norm(x) in float32, as transformers computes it (the sum of squares in another order). With
@@ -136,5 +136,28 @@ void argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out, int thre
             if (row[j] > best) best = row[j], found = j;
         }
         out[r] = found;
+    }
+}
+
+/* Grammar masks, in place: row rows[i] of x [.., n] keeps the tokens that bitmask row i allows (llguidance's words:
+ * token t is bit t % 32 of word t / 32) and the others become -inf, as torch's masked_fill makes them. A constraint
+ * allows few tokens, so most words are 0: 32 tokens barred at once. */
+void mask_rows(float *x, int64_t n, const int64_t *rows, int64_t count, const uint32_t *bitmask, int threads) {
+    const int64_t words = (n + 31) / 32;
+#pragma omp parallel for schedule(static) num_threads(threads) if (count > 1)
+    for (int64_t i = 0; i < count; i++) {
+        float *row = x + rows[i] * n;
+        const uint32_t *bits = bitmask + i * words;
+        for (int64_t w = 0; w < words; w++) {
+            const uint32_t word = bits[w];
+            const int64_t first = 32 * w, end = first + 32 < n ? first + 32 : n;
+            if (word == 0xFFFFFFFFu) continue;
+            if (word == 0) {
+                for (int64_t t = first; t < end; t++) row[t] = -INFINITY;
+                continue;
+            }
+            for (int64_t t = first; t < end; t++)
+                if (!(word >> (t - first) & 1)) row[t] = -INFINITY;
+        }
     }
 }
