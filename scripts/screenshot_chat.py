@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""Save a screenshot of the chat page mid-stream (docs/chat-page.png), default model.
+"""Save a screenshot of the chat page mid-stream (docs/chat-page.png, the README's picture), default model.
 
-.venv/bin/python scripts/screenshot_chat.py
+.venv/bin/python scripts/screenshot_chat.py [--out FILE]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -18,6 +19,9 @@ from tests.support.server import GunicornServer  # noqa: E402
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "chat-page.png")
+    out = parser.parse_args().out
     with GunicornServer({}) as server, sync_playwright() as playwright:
         server.wait_ready()
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -32,7 +36,7 @@ def main() -> None:
         page.fill("#max_tokens", "200")
         page.click("#send")
         page.wait_for_function("document.querySelectorAll('.assistant')[1]?.textContent.length > 60")
-        page.screenshot(path=str(ROOT / "docs" / "chat-page.png"))
+        page.screenshot(path=str(out))
         browser.close()
 
 
