@@ -11,6 +11,7 @@ A stream's share of it: the bytes a token reads (its packed weights) times token
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -47,6 +48,7 @@ def probe_gb_s(huge_pages: bool) -> dict[int, float]:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     threads = os.cpu_count()
     for huge in (False, True):
         rates = probe_gb_s(huge)

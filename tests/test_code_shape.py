@@ -1,6 +1,7 @@
 """The tree's shape: no module, C source, script or test over 300 lines, no folder of more than 15 modules; and no name
 that a rename left stale where nothing else would notice: what the scripts import, the modules the suite's start
-order names. Each of the first three rules is shown to fail on a planted violation as well as to pass on the tree.
+order names; and every script run as a program answers ``--help`` without running. Each rule but the start order's
+is shown to fail on a planted violation as well as to pass on the tree.
 """
 
 from __future__ import annotations
@@ -114,3 +115,20 @@ def test_every_script_imports_what_exists(tmp_path):
         "planted.py: tests.support.server.Gone",
         "planted.py: helper.healthy",
     ]
+
+
+def scripts_without_a_command_line(scripts: Path) -> list[str]:
+    """The scripts run as programs (a ``__main__`` block) that parse no command line with argparse: ``--help`` runs
+    them (screenshot_chat.py started a server and rewrote the README's picture)."""
+    programs = {path.name: path.read_text() for path in sorted(scripts.glob("*.py"))}
+    runs = [name for name, text in programs.items() if '__name__ == "__main__"' in text]
+    return [name for name in runs if "ArgumentParser(" not in programs[name]]
+
+
+def test_every_script_run_as_a_program_parses_its_command_line(tmp_path):
+    assert scripts_without_a_command_line(PACKAGE.parent / "scripts") == []
+    main = 'if __name__ == "__main__":\n    '
+    (tmp_path / "parses.py").write_text(f"import argparse\n\n{main}argparse.ArgumentParser().parse_args()\n")
+    (tmp_path / "runs.py").write_text(f"{main}print('rewrites a file')\n")
+    (tmp_path / "helper.py").write_text("def helper():\n    pass\n")  # imported by others, never run
+    assert scripts_without_a_command_line(tmp_path) == ["runs.py"]
