@@ -21,14 +21,18 @@ WHOLE_MACHINE = {
 }
 
 
-# The other modules of 15 s and more (a full run, AMD EPYC Zen 4, 2026-11-29), longest first: under pytest-xdist
+# The other modules of 5 s and more (a full run, AMD EPYC Zen 4, 2026-12-06), longest first: under pytest-xdist
 # they start before the short ones, so that the last units are short and neither process ends long before the
-# other (test_key_limits_server, 73 s, once ran last, alone for 43 s of a 517 s run). Only the order depends on it.
+# other (test_key_limits_server, 73 s, once ran last, alone for 43 s of a 517 s run; the fast tier's test_layout,
+# 10 s, last of one process, ended it 9 s after the other). Only the order depends on it.
 LONGEST_FIRST = (
-    *("test_key_limits_server", "test_model_residency", "test_several_hosts", "test_gguf_formats"),
-    *("test_kernel_variants", "test_model_loader", "test_cpu_kernels", "test_server_errors", "test_server_workers"),
-    *("test_redis_outage", "test_store_server", "test_browser", "test_server_promises", "test_cli"),
-    *("test_server_streams", "test_nginx"),
+    *("test_key_limits_server", "test_kernel_variants", "test_cpu_kernels", "test_redis_outage", "test_text_files"),
+    *("test_cli", "test_model_residency", "test_gguf_formats", "test_server_errors", "test_server_workers"),
+    *("test_model_loader", "test_server_openai", "test_server_streams", "test_owned_dirs", "test_browser"),
+    *("test_quantization", "test_several_hosts", "test_reference", "test_stream_failover", "test_bench_engine"),
+    *("test_store_server", "test_resume", "test_server_promises", "test_layout", "test_batching"),
+    *("test_server_structured", "test_sampling_properties", "test_nginx", "test_fuzz", "test_speculative"),
+    *("test_prefix_store", "test_filters_and_temperature", "test_exact_batching", "test_interleavings"),
 )
 
 
