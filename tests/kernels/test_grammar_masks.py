@@ -1,7 +1,10 @@
-"""The CPU kernels' grammar masks (``mask_rows``): each listed row keeps the tokens its llguidance bitmask row allows
-and the others become -inf, the same values torch's unpacking gives, on every build."""
+"""The CPU kernels' grammar masks: each matcher's bitmask row filled on the steps' threads (``fill_masks``), then each
+listed row keeps the tokens its row allows and the others become -inf, as torch's unpacking makes them (``mask_rows``),
+on every build."""
 
 from __future__ import annotations
+
+import ctypes
 
 import pytest
 import torch
@@ -57,3 +60,29 @@ def test_a_bitmask_of_another_width_or_a_row_outside_is_refused(kernels):
         kernels.mask_rows_(logits, [2], torch.zeros(1, 2, dtype=torch.int32))
     with pytest.raises(TypeError, match="mask_rows"):
         kernels.mask_rows_(logits, [0], torch.zeros(1, 2, dtype=torch.int64))
+
+
+FILL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t)
+
+
+@pytest.mark.parametrize("count", [1, 2, 16])
+def test_each_row_is_filled_by_its_own_matcher_and_failures_are_named(kernels, count):
+    """``fill_masks`` calls llguidance's fill for every matcher on the steps' threads (here a C callback standing in
+    for it, which writes its matcher's number in every word and fails every third): each row holds its own
+    matcher's words, and exactly the failed rows are returned."""
+    words = 7
+
+    def fill(matcher, mask, size) -> int:
+        for w in range(size // 4):
+            mask[w] = matcher
+        return -1 if matcher % 3 == 0 else 0
+
+    callback = FILL(fill)  # kept alive for the call
+    matchers = [100 + i for i in range(count)]
+    bitmask = torch.zeros((count, words), dtype=torch.int32)
+    address = ctypes.cast(callback, ctypes.c_void_p).value
+    failed = kernels.fill_masks(address, matchers, bitmask)
+    assert torch.equal(bitmask, torch.tensor(matchers, dtype=torch.int32)[:, None].expand(count, words))
+    assert failed == [i for i, m in enumerate(matchers) if m % 3 == 0]
+    with pytest.raises(TypeError, match="fill_masks: bits"):
+        kernels.fill_masks(address, matchers, torch.zeros((count + 1, words), dtype=torch.int32))

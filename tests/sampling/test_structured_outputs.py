@@ -168,9 +168,15 @@ def test_a_matcher_in_error_allows_the_end_of_sequence_alone_and_a_mask_of_anoth
     matcher = engine.grammars.matcher(StructuredOutput("regex", "[0-9]+"))
     (letter,) = engine.tokenizer.encode("x", add_special_tokens=False)
     assert not matcher.consume_token(letter) and matcher.is_error()
-    logits = torch.zeros(1, vocab)
-    apply_grammar_masks(logits, [0], [matcher])
-    assert (logits[0] == 0).nonzero().flatten().tolist() == [engine.tokenizer.eos_token_id]
+    fine = engine.grammars.matcher(StructuredOutput("regex", "[0-9]+"))
+    digits = torch.zeros(1, vocab)
+    apply_grammar_masks(digits, [0], [fine])
+    assert (digits[0] == 0).sum() > 1
+    for filling in (load_cpu_kernels(), None):  # the rows filled on the steps' threads, and one after another
+        logits = torch.zeros(3, vocab)
+        apply_grammar_masks(logits, [0, 2], [matcher, fine], filling)
+        assert (logits[0] == 0).nonzero().flatten().tolist() == [engine.tokenizer.eos_token_id]
+        assert torch.equal(logits[2], digits[0]) and torch.equal(logits[1], torch.zeros(vocab))
     fresh, wider = (
         engine.grammars.matcher(StructuredOutput("regex", "[0-9]+")),
         torch.zeros(vocab // 32 + 2, dtype=torch.int32),

@@ -16,7 +16,8 @@ import torch
 
 from .attention_inputs import AttentionInputs
 from .config import EngineConfig, default_cpu_kv_bytes
-from .kernels.cpu import CpuKernels, attention_fits, load_cpu_kernels
+from .kernels.attach import attention_fits
+from .kernels.cpu import CpuKernels, load_cpu_kernels
 from .layers.attention import AttentionMetadata
 from .loading.model_builder import build_model, kernels_serve, why_not_on_kernels
 from .runtime.cpu_budget import cpu_budget

@@ -6,7 +6,7 @@ was the distance to llama.cpp. Each of these is one call here, packed weights (G
 their own multiply, and ``FusedDecoder`` runs a step's decoder layers in one call. Activations are float32 between
 the kernels; a packed multiply takes them as 8-bit integers (llama.cpp's trade, the default) or, on the exact path,
 as 16-bit ones. The KV cache holds IEEE halves (llama.cpp's default: 3 more bits than bf16). They take CPU tensors
-contiguous in their last dimension, which the layers give them (see ``attach_kernels``).
+contiguous in their last dimension, which the layers give them (see ``attach.attach_kernels``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 from .block_fields import FILE_BLOCK_BYTES, FORMATS
 from .build import kernels_library
@@ -40,6 +39,7 @@ _SIGNATURES = {
     "gelu_mul": [_P, _P, _I, _I, ctypes.c_int],
     "argmax_rows": [_P, _I, _I, _P, ctypes.c_int],
     "mask_rows": [_P, _I, _P, _I, _P, ctypes.c_int],
+    "fill_masks": [_P, _P, _I, _P, _I, _P, ctypes.c_int],
 }
 
 
@@ -258,6 +258,18 @@ class CpuKernels:
         listed, n = torch.tensor(rows, dtype=torch.long), logits.shape[1]
         self._lib.mask_rows(logits.data_ptr(), n, listed.data_ptr(), len(rows), bitmask.data_ptr(), _threads())
 
+    def fill_masks(self, fill: int, matchers: list[int], bitmask: torch.Tensor) -> list[int]:
+        """Row i of the int32 ``bitmask`` written by the C function at ``fill`` (llguidance's
+        ``llg_matcher_compute_mask_into``) for the matcher at ``matchers[i]``, the rows spread over the steps' threads
+        (16 rows of SmolLM2's 49,152 tokens in a JSON string: 1.5 ms one after another). The rows whose call failed."""
+        _check(bitmask, "fill_masks", torch.int32)
+        _expect(bitmask.dim() == 2 and bitmask.shape[0] == len(matchers), f"fill_masks: bits {bitmask.shape}")
+        _expect(bitmask.is_contiguous(), "fill_masks: bits not contiguous")
+        status, handles = torch.zeros(len(matchers), dtype=torch.int32), (ctypes.c_void_p * len(matchers))(*matchers)
+        words = bitmask.shape[1]
+        self._lib.fill_masks(fill, handles, len(matchers), bitmask.data_ptr(), words, status.data_ptr(), _threads())
+        return status.nonzero().flatten().tolist()
+
     def fused_decoder(self, layers: list[DecoderWeights], dims: DecoderDims, final_norm: torch.Tensor) -> FusedDecoder:
         return FusedDecoder(self._lib, layers, dims, final_norm, lambda: self.planes)
 
@@ -284,16 +296,3 @@ def load_cpu_kernels() -> CpuKernels | None:
 
 
 _FIRST_ROWS_ON_TILES = 48  # c/amx_mm.c's amx_rows
-
-
-def attention_fits(head_dim: int) -> bool:
-    """Attention reads heads 16 values at a time: a head size that is no multiple of 16 keeps torch's ops."""
-    return head_dim % 16 == 0
-
-
-def attach_kernels(model: nn.Module, kernels: CpuKernels | None) -> None:
-    """Hand the kernels to every layer of ``model`` that has a fused path (a ``kernels`` attribute); those
-    that attend (a ``head_dim``) only where ``attention_fits``."""
-    for module in model.modules():
-        if hasattr(type(module), "kernels"):
-            module.kernels = kernels if attention_fits(getattr(module, "head_dim", 16)) else None

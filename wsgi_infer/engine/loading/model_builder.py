@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from ..config import EngineConfig
+from ..kernels.attach import attach_kernels
 from ..kernels.build import kernels_library
-from ..kernels.cpu import CpuKernels, attach_kernels
+from ..kernels.cpu import CpuKernels
 from ..kernels.packed import PackedWeight, bits_per_weight
 from ..layers.crossing_points import choose_max_rows
 from ..layers.packed_embedding import share_embedding_with_packed_head

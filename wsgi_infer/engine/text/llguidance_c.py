@@ -68,6 +68,9 @@ _declare("llg_matcher_is_stopped", ctypes.c_bool, _P)
 _declare("llg_matcher_is_accepting", ctypes.c_bool, _P)
 _declare("llg_matcher_compute_mask_into", ctypes.c_int32, _P, _P, ctypes.c_size_t)
 _declare("llg_matcher_get_mask_byte_size", ctypes.c_size_t, _P)
+# llg_matcher_compute_mask_into's address, for C that fills many matchers' masks at once (the CPU kernels'
+# fill_masks): each matcher is its own, so several threads may fill different ones.
+COMPUTE_MASK_INTO: int = ctypes.cast(_LIB.llg_matcher_compute_mask_into, ctypes.c_void_p).value
 
 
 def _angle_bracketed_tokens_special(tokenizer_json: bytes) -> bytes:
@@ -166,16 +169,26 @@ class Matcher:
     def mask_bytes(self) -> int:
         return _LIB.llg_matcher_get_mask_byte_size(self._handle)
 
+    @property
+    def handle(self) -> int:
+        """The matcher's ``LlgMatcher *``, for ``COMPUTE_MASK_INTO``; valid as long as this object lives."""
+        return self._handle
+
     def fill_mask(self, address: int, size: int) -> None:
         """The allowed tokens' bits written at ``address`` (``size`` bytes, 32 tokens a word); a matcher in error
         allows its end-of-sequence token alone, as the Python binding's does."""
         if _LIB.llg_matcher_compute_mask_into(self._handle, address, size) != 0:
-            if not self.is_error():  # the size was not the vocabulary's
-                raise ValueError(f"a mask of {size} bytes where llguidance writes {self.mask_bytes()}")
-            ctypes.memset(address, 0, size)
-            eos = self._vocabulary.eos_token_id
-            word = ctypes.c_uint32.from_address(address + 4 * (eos // 32))
-            word.value = 1 << (eos % 32)
+            self.mask_not_filled(address, size)
+
+    def mask_not_filled(self, address: int, size: int) -> None:
+        """After ``llg_matcher_compute_mask_into`` failed on this mask: a matcher in error allows its end-of-sequence
+        token alone; any other failure is a size that is not the vocabulary's."""
+        if not self.is_error():
+            raise ValueError(f"a mask of {size} bytes where llguidance writes {self.mask_bytes()}")
+        ctypes.memset(address, 0, size)
+        eos = self._vocabulary.eos_token_id
+        word = ctypes.c_uint32.from_address(address + 4 * (eos // 32))
+        word.value = 1 << (eos % 32)
 
     def __del__(self) -> None:
         if getattr(self, "_handle", None):

@@ -161,3 +161,14 @@ void mask_rows(float *x, int64_t n, const int64_t *rows, int64_t count, const ui
         }
     }
 }
+
+/* Grammar masks filled, a row per call of llguidance's llg_matcher_compute_mask_into (fill), on the steps' own
+ * threads: theirs wait spinning after a step, so a pool beside them shared their cores and gained nothing. Each
+ * matcher is its own, so rows fill independently; status[i] is row i's call's result (0, or -1 where the
+ * matcher is in error and the row unwritten). */
+typedef int32_t (*mask_fill)(void *matcher, uint32_t *mask, size_t bytes);
+void fill_masks(mask_fill fill, void *const *matchers, int64_t count, uint32_t *bitmask, int64_t words,
+                int32_t *status, int threads) {
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (count > 1)
+    for (int64_t i = 0; i < count; i++) status[i] = fill(matchers[i], bitmask + i * words, (size_t)words * 4);
+}
