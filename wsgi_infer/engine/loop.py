@@ -48,7 +48,7 @@ from .messages import (
 )
 from .model_admission import admit, token_texts
 from .runtime.heap import give_back_freed_memory, release_free_heap
-from .runtime.native_threads import Empty, SimpleQueue, start_native_thread
+from .runtime.native_threads import Empty, SimpleQueue, start_native_thread, start_openmp_team
 from .runtime.step_interrupt import StepInterrupted
 from .scheduling.fair_share import RECENT_SECONDS, FairShare
 from .step_sharing import StepSharing
@@ -110,6 +110,7 @@ class EngineLoop:
     def run(self) -> None:
         """The thread's target: serve until ``Stop`` or an error, then free every model."""
         try:
+            start_openmp_team()  # every thread the steps use runs before the first step
             self._serve()
         except StepInterrupted:
             pass  # the Stop that interrupted the step is still queued: nothing else is to be served

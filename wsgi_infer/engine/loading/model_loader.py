@@ -28,6 +28,7 @@ from .model_paths import (
     conversion_lock,
     converted_gguf_dir,
     gguf_identity,
+    is_embedding_model,
     is_gguf,
     known_gguf_identity,
     model_path,
@@ -194,6 +195,9 @@ CONVERSION_IMPORTS = (
 
 # transformers' readers of a GGUF's config and tokenizer, for a conversion that reads them itself
 TEXT_FILE_IMPORTS = FIRST_LOAD_IMPORTS + CONVERSION_IMPORTS
+# An embedding model's class comes through transformers' modeling_utils, whose imports start scipy's BLAS threads:
+# imported with the rest in the hub, they are a worker's from its start, not from its first embedding model's load.
+EMBEDDING_IMPORTS = ("transformers.modeling_utils", "transformers.models.auto.modeling_auto")
 
 
 def _import_text_file_readers(model_dir: Path) -> None:
@@ -224,6 +228,8 @@ def load_imports(model: str | os.PathLike | None) -> tuple[str, ...]:
         return PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS  # the load will say why
     if prepared is None and is_gguf(path) and _made_ahead(path):
         return PREPARED_LOAD_IMPORTS + MADE_AHEAD_CONVERSION_IMPORTS
+    if prepared is None and is_embedding_model(path):
+        return PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS + EMBEDDING_IMPORTS
     if prepared is None:
         return PREPARED_LOAD_IMPORTS + FIRST_LOAD_IMPORTS + (CONVERSION_IMPORTS if is_gguf(path) else ())
     weights = FileWeights(prepared)

@@ -20,11 +20,20 @@ __all__ = [
     "import_for_thread",
     "set_importer",
     "start_native_thread",
+    "start_openmp_team",
 ]
 
 
 def start_native_thread(target: Callable[[], None]) -> None:
     _thread.start_new_thread(target, ())
+
+
+def start_openmp_team() -> None:
+    """The calling thread's OpenMP team started now, as wide as torch's: OpenMP starts it at the thread's first
+    parallel region, which a small model's steps may reach minutes after the worker is ready."""
+    import torch
+
+    torch.ones(1 << 16).add_(1)  # 2 of torch's grains: a parallel region of every thread
 
 
 def import_modules(modules: tuple[str, ...]) -> None:

@@ -129,11 +129,7 @@ class HubBridge:
         ``beside_the_steps``: on the thread at the engine's priority, for native work that the steps leave a core
         for and that touches no library lock (see the module's text).
         """
-        hub = gevent.get_hub()
-        pool = _front_end.get((id(hub), beside_the_steps))
-        if pool is None:  # its thread is started by the hub's: nice 0, as the hub's
-            pool = _front_end[(id(hub), beside_the_steps)] = ThreadPool(1, hub=hub)
-        result = pool.spawn(_in_background, function, args, not beside_the_steps)
+        result = _front_end_pool(beside_the_steps).spawn(_in_background, function, args, not beside_the_steps)
         try:
             value, error = result.get(timeout=timeout)
         except gevent.Timeout:
@@ -206,6 +202,25 @@ class _HubCall:
 def front_end_busy_for() -> float:
     """Seconds the front-end thread has spent on its current call (0 when idle): a stuck call shows here."""
     return time.monotonic() - _busy_since[0] if _busy_since else 0.0
+
+
+def _front_end_pool(beside_the_steps: bool) -> ThreadPool:
+    hub = gevent.get_hub()
+    pool = _front_end.get((id(hub), beside_the_steps))
+    if pool is None:  # its thread is started by the hub's: nice 0, as the hub's
+        pool = _front_end[(id(hub), beside_the_steps)] = ThreadPool(1, hub=hub)
+    return pool
+
+
+def start_front_end() -> None:
+    """Both front-end threads started now, in the hub, not at their first calls: every thread a worker keeps runs
+    once it is ready (the soak counts them to find threads that models coming and going left behind)."""
+    for beside_the_steps in (False, True):
+        _front_end_pool(beside_the_steps).spawn(_in_background, _nothing, (), not beside_the_steps)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _in_background(function: Callable[..., Any], args: tuple, front_end: bool) -> tuple[Any, Exception | None]:

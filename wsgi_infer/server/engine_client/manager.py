@@ -29,7 +29,7 @@ from ..model_specs import model_specs
 from ..settings import ServerSettings
 from ..streaming.response_store import response_store
 from ..streaming.stream_log import StreamLogs
-from .bridge import HubBridge, front_end_busy_for
+from .bridge import HubBridge, front_end_busy_for, start_front_end
 from .model_loads import ModelLoads
 from .router import StreamRouter
 from .served_model import ServedModel
@@ -104,6 +104,7 @@ class EngineManager:
         tests_only = (settings.test_fault_at_step, settings.test_stall_after_step, settings.test_load_seconds)
         self._loop = EngineLoop(self._bridge, *tests_only)
         self._bridge.start_thread(self._loop.run)
+        start_front_end()
         self.loads.start(settings.text_sides_at_start)
 
     def model(self, name: str | None) -> ServedModel:
