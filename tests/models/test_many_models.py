@@ -11,6 +11,7 @@ import time
 import httpx
 import numpy as np
 import openai
+import psutil
 import pytest
 
 from wsgi_infer.engine.loading.model_paths import default_model_path
@@ -18,7 +19,7 @@ from wsgi_infer.engine.sampling_params import SamplingParams
 
 from ..conftest import tiny_settings
 from ..support.model_servers import LONG, PROMPT, Stream, prompt_beside_stream
-from ..support.server import ENDLESS, GunicornServer, parse_metrics
+from ..support.server import ENDLESS, GunicornServer, parse_metrics, wait_until
 
 pytestmark = pytest.mark.slow  # a real server of real models
 
@@ -54,8 +55,14 @@ path = "{broken}"
     settings["shared_step_ms"] = 1  # a paced prefill step: the pacer's floor, 8 tokens, never more
     del settings["model"]  # the file names every model; the first is the default
     server = GunicornServer(settings, "--graceful-timeout", "10").wait_ready()
+    (server.first_worker,) = server.worker_pids()
+    server.threads_at_ready = thread_ids(server.first_worker)
     yield server
     server.stop()
+
+
+def thread_ids(pid: int) -> set[int]:
+    return {thread.id for thread in psutil.Process(pid).threads()}
 
 
 def greedy(llm, max_tokens: int) -> str:
@@ -201,6 +208,20 @@ def test_the_chat_page_picks_a_model(browser, models_server, packed_llm):
         assert page.text_content(".assistant") == expected
     finally:
         page.close()
+
+
+def test_every_thread_a_worker_keeps_runs_once_it_is_ready(models_server):
+    """After every model loaded, embeddings, a constraint's grammar vocabulary built and a long prompt's parallel
+    attention, the worker runs no thread it did not run when it said ready (the loads' threads end): the steps'
+    OpenMP team, the front-end threads and scipy's BLAS threads (transformers' modeling_utils) start before."""
+    with models_server.client(timeout=120) as http:
+        assert http.post("/v1/embeddings", json={"model": "minilm", "input": ["a cat"]}).status_code == 200
+        long = {"prompt": "a cat and a dog " * 60, "max_tokens": 4, "response_format": {"type": "json_object"}}
+        for body in ({"model": "tiny"} | long, {"model": "smollm2", "prompt": "Hi", "max_tokens": 2}):
+            assert http.post("/v1/completions", json=body).status_code == 200, body
+    assert models_server.worker_pids() == [models_server.first_worker]
+    started_since = lambda: thread_ids(models_server.first_worker) - models_server.threads_at_ready  # noqa: E731
+    wait_until(lambda: not started_since(), "no thread but the loads' started since the worker was ready", 10)
 
 
 def test_a_reload_ends_every_models_streams_and_the_new_worker_serves_them_all(models_server):
