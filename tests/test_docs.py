@@ -1,6 +1,6 @@
 """The front page and docs/: the README stays short, every relative link reaches a file, the README's two
-commands are the ones CI runs, every script a page's code calls takes the options it is given, and the benchmark
-pages show where things stand, their history left to git.
+commands are the ones CI runs, every script a page's code (or a shell script of scripts/) calls takes the options it
+is given, and the benchmark pages show where things stand, their history left to git.
 
 Each rule is a function of the text it reads, shown to fail on a planted violation as well as to pass on the tree.
 """
@@ -100,6 +100,14 @@ def test_every_script_a_page_calls_takes_the_options_it_is_given():
         "scripts/bench_serve.py --concurency: not an option of the script",
         "scripts/bench_gone.py: no such script",
     ]
+
+
+def test_every_script_a_shell_script_calls_takes_the_options_it_is_given():
+    """The shell drivers (the peers' benchmarks, the fuzzing) call the Python scripts as a page's code does."""
+    scripts = ROOT / "scripts"
+    texts = {path.name: f"```bash\n{path.read_text()}```" for path in scripts.glob("*.sh")}
+    assert len(script_calls(texts["bench_peers.sh"])) >= 8, "its calls not found?"
+    assert {name: unknown_script_options(text, scripts) for name, text in texts.items()} == {name: [] for name in texts}
 
 
 def test_the_readme_is_at_most_200_lines():
