@@ -87,6 +87,7 @@ class CpuKernels:
         self._lib.packed_rows_per_pass.argtypes, self._lib.packed_rows_per_pass.restype = [], ctypes.c_int
         # rows a packed multiply computes in one pass over its weight (16 with AVX-512, 8 with AVX2, else 4)
         self.rows_per_pass: int = self._lib.packed_rows_per_pass()
+        self.one_row_non_temporal = bool(self._lib.packed_one_row_non_temporal())  # AMD's (c/register_passes.h)
         self._lib.packed_block_bytes.argtypes, self._lib.packed_block_bytes.restype = [ctypes.c_int], ctypes.c_int64
         self._lib.tile_blocks.argtypes, self._lib.tile_blocks.restype = [_I, _P, _I, _I, _P, ctypes.c_int], ctypes.c_int
         self._lib.amx_rows.argtypes, self._lib.amx_rows.restype = [_I], _I
@@ -292,6 +293,7 @@ def load_cpu_kernels() -> CpuKernels | None:
     kernels = CpuKernels(library)
     if kernels.rows_on_tiles(1 << 20):
         log.info("CPU kernels: packed multiplies of %d rows and more on AMX's tiles", _FIRST_ROWS_ON_TILES)
+    log.info("CPU kernels: a decode's weight fetched %s", "non-temporal" if kernels.one_row_non_temporal else "into L2")
     return kernels
 
 

@@ -160,3 +160,6 @@ void packed_mm(const float *x, int64_t rows, const packed_weight *w, float *out,
 /* The most rows a packed multiply computes in one pass over its weight (a draft's verification of one token more
  * costs little more than reading the weights there) */
 int packed_rows_per_pass(void) { return ROWS_AT_ONCE; }
+
+/* 1 where a decode's one-row passes fetch their weight non-temporal (AMD's cores), 0 where into L2 */
+int packed_one_row_non_temporal(void) { return one_row_non_temporal; }

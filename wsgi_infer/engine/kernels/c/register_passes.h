@@ -22,6 +22,17 @@ _Static_assert(ACT_ROWS % ROWS_AT_ONCE == 0, "a pass's rows lie in one group of 
  * and 29.3 -> 33.8 steps/s (every round of 5 faster), served 96.7 -> 103.5 tok/s; 1 and 16 streams +3%. AVX-512's
  * gained 7% at 4 streams in process and lost 9% served: kept at 4 KB */
 #define PREFETCH_BYTES (QL == 8 ? 8192 : 4096)
+/* whether a one-row pass (a decode's, the last over its tile) fetches its weight non-temporal, as on AMD's cores,
+ * or into L2 as a pass of more rows does. prefetchnta gained Zen 4 3% of one stream (below), but halved it on an
+ * Intel Xeon with AMX (family 6 model 167, the 1B Q4_0 in process: 16.1 tok/s against 31-36 with prefetcht0 or
+ * prefetcht2, which was best: 36.1 against 31.9 steps/s, Q4_K_M 32.9 against 30.1) */
+static int one_row_non_temporal;
+#if defined(__x86_64__)
+__attribute__((constructor)) static void pick_one_row_fetch(void) {
+    __builtin_cpu_init();
+    one_row_non_temporal = __builtin_cpu_is("amd");
+}
+#endif
 /* sub-blocks ahead that a pass's activations are fetched, with 8-lane registers (0: not; AVX-512 not measured) */
 #define ACT_AHEAD (QL == 8 ? 4 : 0)
 
@@ -81,8 +92,8 @@ ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, c
         for (int h = 0; h < parts && has_k_scales(type); h++) ks[h] = k_unpack_scales(block + 64, h0 + h);
         for (int j = 0; j < subs; j++) {
             /* the weight streams: fetch what the sub-block PREFETCH_BYTES (or more) on reads. A one-row pass is
-             * the last over its tile (both halves at once), so its lines are fetched non-temporal: a decode step
-             * streams the whole model through the caches, and otherwise evicts what the step reads again (the
+             * the last over its tile (both halves at once), so on AMD its lines are fetched non-temporal: a decode
+             * step streams the whole model through the caches, and otherwise evicts what the step reads again (the
              * activations, the KV cache, the norms); one stream of the 1B Q4_0 +3.3%, Q4_K_M +2.8% (Zen 4). A pass
              * of more rows fetches them into L2 only, not L1, which keeps the lines the pass reads over and over
              * (its rows' activations): the 1B Q4_K_M's steps of 4, 8 and 16 streams from memory, Zen 4, were 18%,
@@ -92,7 +103,7 @@ ALWAYS_INLINE void tile_rows(const int type, const int planes, const int rows, c
              * MAC/s, Q6_K 170 -> 185) */
             const uint8_t *ahead = block + (PREFETCH_BYTES + bytes - 1) / bytes * bytes + j * (bytes / subs);
             for (int64_t line = 0; fetch && line < bytes / subs; line += 64) {
-                if (rows == 1)
+                if (rows == 1 && one_row_non_temporal)
                     __builtin_prefetch(ahead + line, 0, 0);
                 else
                     __builtin_prefetch(ahead + line, 0, 1); /* prefetcht2 */
