@@ -92,9 +92,10 @@ def test_the_share_gives_a_thread_back_while_other_processes_crowd_and_takes_it_
 
 def test_native_work_beside_the_steps_begins_with_the_next_step_and_has_a_core_until_it_ends(monkeypatch):
     """A grammar vocabulary's build, while steps run: it waits for the step running now to end (that one may hold
-    every core), the steps leave it a core while it runs, and take the core back after."""
+    every core), the steps leave it a core while it runs, and take the core back as any thread, once a CPU is idle
+    (at once, on a crowded machine, the next steps' barriers would wait on the scheduler)."""
     monkeypatch.setattr(share_module, "STEP_WAIT", 60.0)  # no step comes by itself here: each is called below
-    share = CpuShare(3)
+    share = CpuShare(3, period=3600.0)  # decides at its first step only: the rest below
     assert share.threads_for_step() == 3  # a step runs now
     began, done = threading.Event(), threading.Event()
 
@@ -111,6 +112,9 @@ def test_native_work_beside_the_steps_begins_with_the_next_step_and_has_a_core_u
     assert share.threads_for_step() == 2
     done.set()
     worker.join(60)
+    assert share.threads_for_step() == 2  # no CPU seen idle yet
+    last = share._last
+    share._decide(Sample(last.at + 1, last.waited, last.idle + 0.9, last.busy + 1.1, last.ours + 1.0))
     assert share.threads_for_step() == 3
     assert CpuShare(2).threads_for_step() == 2 and CpuShare(1).threads_for_step() == 1
 
