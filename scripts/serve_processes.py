@@ -10,6 +10,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import httpx
@@ -28,8 +29,8 @@ def start_server(args, wrap: list[str] | None = None, env: dict | None = None) -
     """Our gunicorn on a free port, its command behind `wrap` (taskset, a cgroup) when given, with ``env`` added."""
     port = free_port()
     env = {**os.environ, "WSGI_INFER_DTYPE": args.dtype, "WSGI_INFER_QUANTIZATION": args.quantization, **(env or {})}
-    if args.model:
-        env["WSGI_INFER_MODEL"] = args.model
+    if args.model:  # a path given relative to where the benchmark runs: the server runs in ROOT
+        env["WSGI_INFER_MODEL"] = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
     process = subprocess.Popen(
         [
             *(wrap or []),
@@ -47,10 +48,11 @@ def start_server(args, wrap: list[str] | None = None, env: dict | None = None) -
         stderr=subprocess.STDOUT,
         text=True,
     )
-    ready = threading.Event()
+    ready, last_lines = threading.Event(), deque(maxlen=20)
 
     def drain() -> None:  # keep reading, or a full pipe would block the server's logging
         for line in process.stdout:
+            last_lines.append(line)
             if "engine ready" in line:
                 ready.set()
             if args.server_log:
@@ -60,7 +62,7 @@ def start_server(args, wrap: list[str] | None = None, env: dict | None = None) -
     threading.Thread(target=drain, daemon=True).start()
     ready.wait()
     if process.poll() is not None:
-        raise SystemExit("server exited before it was ready")
+        raise SystemExit("server exited before it was ready; its log's last lines:\n" + "".join(last_lines))
     return process, f"http://127.0.0.1:{port}"
 
 
