@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from .engine.config import QUANTIZATION_METHODS
@@ -64,10 +65,14 @@ def _prepare(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     """gunicorn with wsgi_infer.server.gunicorn.config, as `gunicorn -c gunicorn.conf.py` would run it."""
+    from .server.gunicorn.text_files_ahead import start_text_files_ahead
+
+    _name_models(args)
+    if not _sets_variables(args.gunicorn_args):  # else the master's hook starts it, once they are set
+        start_text_files_ahead()  # before gunicorn's imports and the configuration's: a first start's tokenizer sooner
     from gunicorn.app.wsgiapp import WSGIApplication
     from gunicorn.errors import HaltServer
 
-    _name_models(args)
     argv = ["gunicorn", "-c", "python:wsgi_infer.server.gunicorn.config"]
     if args.bind:
         argv += ["--bind", args.bind]
@@ -83,6 +88,12 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"wsgi-infer: {halted.reason}", file=sys.stderr)
         return halted.exit_status
     return 0
+
+
+def _sets_variables(gunicorn_args: list[str]) -> bool:
+    """Whether gunicorn's own flags set environment variables (``-e``, ``--env``), which its master reads later."""
+    flags = [*gunicorn_args, *os.environ.get("GUNICORN_CMD_ARGS", "").split()]
+    return any(flag == "--env" or flag.startswith(("--env=", "-e")) for flag in flags)
 
 
 def _at_least_one(text: str) -> int:

@@ -186,6 +186,49 @@ def test_the_master_starts_it_only_where_the_settings_may_name_a_gguf(environ, m
     assert may_name_a_gguf(environ) == may
 
 
+@pytest.fixture
+def processes_ahead(monkeypatch) -> list[list[str]]:
+    """The processes ``start_text_files_ahead`` starts (recorded, none run) on 2 CPUs, in a ``wsgi-infer serve``
+    that stops where it would import gunicorn's application (the master's imports, then its hook)."""
+    from types import SimpleNamespace
+
+    from wsgi_infer.server.gunicorn import text_files_ahead
+
+    started = []
+    monkeypatch.setattr(text_files_ahead, "_started", False)
+    monkeypatch.setattr(subprocess, "Popen", lambda argv, **kwargs: started.append(argv))
+    monkeypatch.setattr(text_files_ahead, "cpu_budget", lambda: SimpleNamespace(cpus=2))
+    monkeypatch.setitem(sys.modules, "gunicorn.app.wsgiapp", None)
+    for name in ("WSGI_INFER_MODEL", "WSGI_INFER_MODELS"):  # the command sets them: restored after
+        monkeypatch.setenv(name, "")
+    return started
+
+
+def test_serve_starts_the_process_ahead_before_gunicorn_is_imported_and_the_masters_hook_starts_no_second(
+    processes_ahead,
+):
+    from wsgi_infer.cli import main
+    from wsgi_infer.server.gunicorn.text_files_ahead import start_text_files_ahead
+
+    with pytest.raises(ImportError, match="gunicorn.app.wsgiapp"):
+        main(["serve", "--model", "/models/tiny.gguf"])
+    assert processes_ahead == [[sys.executable, "-m", AHEAD]]
+    start_text_files_ahead()  # the master's hook, as gunicorn.conf.py runs it
+    assert len(processes_ahead) == 1
+
+
+@pytest.mark.parametrize("flags", [["--env", "WSGI_INFER_MODEL=/models/other.gguf"], ["-eWSGI_INFER_MODEL=a.gguf"]])
+def test_serve_leaves_the_process_ahead_to_the_masters_hook_where_gunicorns_flags_set_variables(processes_ahead, flags):
+    from wsgi_infer.cli import main
+    from wsgi_infer.server.gunicorn.text_files_ahead import start_text_files_ahead
+
+    with pytest.raises(ImportError, match="gunicorn.app.wsgiapp"):
+        main(["serve", "--model", "/models/tiny.gguf", "--", *flags])
+    assert processes_ahead == []  # they are set as the master reads its configuration, after this
+    start_text_files_ahead()
+    assert processes_ahead == [[sys.executable, "-m", AHEAD]]
+
+
 @pytest.mark.slow  # a fresh interpreter loads a model
 def test_a_first_start_with_its_text_files_ahead_imports_no_config_class_nor_the_index_of_models(tmp_path):
     """What the hub imports before the engine thread converts (``load_imports``) is all the conversion imports, and

@@ -64,8 +64,7 @@ def on_starting(server):
         server.log.info("removed %d folders left by servers killed outright: %s", len(abandoned), " ".join(abandoned))
     _control_socket_of_our_own(server)
     start_building_cpu_kernels()
-    if cpu_budget().cpus >= 2:
-        start_text_files_ahead()
+    start_text_files_ahead()
 
 
 def _settings_or_exit(server):
