@@ -48,12 +48,13 @@ def start_server(args, wrap: list[str] | None = None, env: dict | None = None) -
         stderr=subprocess.STDOUT,
         text=True,
     )
-    ready, last_lines = threading.Event(), deque(maxlen=20)
+    ready, engine_ready, last_lines = threading.Event(), threading.Event(), deque(maxlen=20)
 
     def drain() -> None:  # keep reading, or a full pipe would block the server's logging
         for line in process.stdout:
             last_lines.append(line)
             if "engine ready" in line:
+                engine_ready.set()
                 ready.set()
             if args.server_log:
                 sys.stderr.write(line)
@@ -61,7 +62,8 @@ def start_server(args, wrap: list[str] | None = None, env: dict | None = None) -
 
     threading.Thread(target=drain, daemon=True).start()
     ready.wait()
-    if process.poll() is not None:
+    if not engine_ready.is_set():  # its log ended first: the process may not be reaped yet
+        process.wait()
         raise SystemExit("server exited before it was ready; its log's last lines:\n" + "".join(last_lines))
     return process, f"http://127.0.0.1:{port}"
 
