@@ -196,7 +196,8 @@ def processes_ahead(monkeypatch) -> list[list[str]]:
 
     started = []
     monkeypatch.setattr(text_files_ahead, "_started", False)
-    monkeypatch.setattr(subprocess, "Popen", lambda argv, **kwargs: started.append(argv))
+    recorder = SimpleNamespace(Popen=lambda argv, **kwargs: started.append(argv), DEVNULL=subprocess.DEVNULL)
+    monkeypatch.setattr(text_files_ahead, "subprocess", recorder)  # that module alone: other threads start theirs
     monkeypatch.setattr(text_files_ahead, "cpu_budget", lambda: SimpleNamespace(cpus=2))
     monkeypatch.setitem(sys.modules, "gunicorn.app.wsgiapp", None)
     for name in ("WSGI_INFER_MODEL", "WSGI_INFER_MODELS"):  # the command sets them: restored after
