@@ -85,6 +85,9 @@ def test_hash_depends_on_the_whole_prefix():
     compute_all(kv, make_seq("a", [1, 2, 3, 4, 5]))
     # Same second block [3, 4] after a different first block must not hit.
     assert kv.find_cached_prefix(make_seq("b", [9, 9, 3, 4, 5])) is None
+    # Nor as a first block: its hash chains the block before it (the lookup above stops at [9, 9] either way).
+    assert kv.find_cached_prefix(make_seq("c", [3, 4, 5])) is None
+    assert kv.find_cached_prefix(make_seq("d", [1, 2, 3, 4, 5])).num_blocks == 2
 
 
 def test_a_prefix_is_found_only_by_requests_of_its_tenant_and_salt():

@@ -46,7 +46,7 @@ def _group(root: Path, path: str, files: dict[str, str]) -> None:
 def test_a_cgroup_v2_quota_is_the_tightest_along_the_hierarchy(tmp_path):
     _group(tmp_path, "", {"cpu.max": "max 100000\n"})
     _group(tmp_path, "outer", {"cpu.max": "150000 100000\n"})
-    _group(tmp_path, "outer/inner", {"cpu.max": "max 100000\n"})
+    _group(tmp_path, "outer/inner", {"cpu.max": "200000 100000\n"})  # looser than its parent's: the parent's holds
     (tmp_path / "self").write_text("0::/outer/inner\n")
     assert cgroup_quota(tmp_path / "self", tmp_path) == (1.5, "cgroup CPU quota of 1.5 CPUs (/outer)")
 
@@ -64,6 +64,8 @@ def test_the_budget_is_the_smaller_of_the_affinity_mask_and_the_quota(monkeypatc
     monkeypatch.setattr(budget_module.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     monkeypatch.setattr(budget_module, "cgroup_quota", lambda: (2.5, "cgroup CPU quota of 2.5 CPUs (/x)"))
     assert cpu_budget() == CpuBudget(2.5, "cgroup CPU quota of 2.5 CPUs (/x)") and cpu_budget().threads == 2
+    monkeypatch.setattr(budget_module, "cgroup_quota", lambda: (8.0, "cgroup CPU quota of 8 CPUs (/x)"))
+    assert cpu_budget() == CpuBudget(4.0, "affinity mask: 4 CPUs")  # a quota above the mask: the mask holds
     monkeypatch.setattr(budget_module, "cgroup_quota", lambda: None)
     assert cpu_budget() == CpuBudget(4.0, "affinity mask: 4 CPUs")
     assert CpuBudget(0.3, "tiny quota").threads == 1

@@ -27,3 +27,6 @@ def test_logprobs_match_the_reference_distribution(default_llm, default_model_di
         assert lp.top[0][0] == lp.token_id  # greedy: the sampled token is the most likely
         assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
         assert all(v <= 0 and math.isfinite(v) for _, v in lp.top)
+        # each top token's logprob is the reference's, and no token the reference ranks higher is left out
+        assert [v for _, v in lp.top] == pytest.approx([reference[i, t].item() for t, _ in lp.top], abs=1e-3)
+        assert lp.top[-1][1] >= reference[i].topk(3).values[-1].item() - 1e-3

@@ -39,8 +39,12 @@ def test_possible_stop_prefix_is_released_when_ruled_out(packed_llm):
     free = packed_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].text
     # A stop string that starts like the output but never completes: all text still arrives.
     stop = free[:3] + "\u2603never"
-    out = packed_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[stop]))[0]
-    assert out.text == free and out.finish_reason == "length"
+    pieces, reason = stream_pieces(
+        packed_llm, PROMPT, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[stop])
+    )
+    assert "".join(pieces) == free and reason == "length"
+    # Released as soon as the next character rules the stop string out, not held to the end of the request.
+    assert "".join(pieces[:-1]).startswith(free[:3]), pieces
 
 
 def test_stop_token_ids(tiny_llama):
