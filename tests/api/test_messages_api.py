@@ -122,6 +122,11 @@ def test_a_named_tool_is_used_once_then_its_result_answered(claude, model, strea
     assert answer.usage.input_tokens + answer.usage.cache_read_input_tokens == counted
     history[-1]["content"][0]["content"] = ""
     assert counted > claude.messages.count_tokens(model=model, messages=history, tools=[WEATHER_TOOL]).input_tokens
+    # and the call itself: its input, written longer, lengthens the prompt too
+    history[1]["content"][0]["input"] = {"unit": "celsius, in the shade of the tallest tree in Paris"}
+    longer = claude.messages.count_tokens(model=model, messages=history, tools=[WEATHER_TOOL]).input_tokens
+    history[1]["content"][0]["input"] = {"unit": "celsius"}
+    assert longer > claude.messages.count_tokens(model=model, messages=history, tools=[WEATHER_TOOL]).input_tokens
 
 
 def test_a_tool_use_cut_by_a_stop_sequence_is_no_block_and_no_tool_use(claude, model):

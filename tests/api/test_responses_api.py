@@ -211,6 +211,7 @@ def test_each_key_reads_only_its_own_responses_and_streams(tiny_model_dirs):
             assert http.get(f"/v1/responses/{created['id']}", headers=one).status_code == 200
             assert http.get(f"/v1/responses/{created['id']}", headers=two).status_code == 404
             assert http.delete(f"/v1/responses/{created['id']}", headers=two).status_code == 404
+            assert http.get(f"/v1/responses/{created['id']}", headers=one).status_code == 200  # not deleted either
             assert http.get(f"/v1/streams/{stream_id}", headers=one).status_code == 200
             assert http.get(f"/v1/streams/{stream_id}", headers=two).status_code == 404
             follow = {"input": ASK, "previous_response_id": created["id"], "max_output_tokens": 2}

@@ -125,12 +125,31 @@ def test_auto_calls_when_the_model_writes_the_token_and_answers_in_text_when_not
 
 
 def test_the_calls_go_back_through_the_template_with_their_ids(family):
-    fmt, server, _ = family
+    fmt, server, tokenizer = family
     calls = chat(server, tool_choice="required")["message"]["tool_calls"]
     results = [{"role": "tool", "tool_call_id": c["id"], "content": '{"unit": "celsius", "value": 21}'} for c in calls]
     history = [*ASK, {"role": "assistant", "content": None, "tool_calls": calls}, *results]
     answer = chat(server, messages=history, tool_choice="none", max_tokens=4)
     assert answer["message"]["content"] is not None and answer["finish_reason"] == "length"
+    # Mistral's template writes the calls back with their ids (Phi-4's writes none): the prompt is transformers'
+    # rendering of the history, the arguments as objects, as its documentation has them.
+    with server.client() as http:
+        rendered = http.post("/tokenize", json={"messages": history, "tools": TOOLS})
+    assert rendered.status_code == 200, rendered.text
+    if fmt is MISTRAL:
+        objects = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])},
+            }
+            for c in calls
+        ]
+        reference = [*ASK, {"role": "assistant", "content": "", "tool_calls": objects}, *results]
+        expected = tokenizer.apply_chat_template(reference, tools=TOOLS, add_generation_prompt=True, return_dict=False)
+        assert rendered.json()["tokens"] == expected
+        prompt = tokenizer.decode(expected)
+        assert all(f'"id": "{c["id"]}"' in prompt and c["function"]["name"] in prompt for c in calls), prompt
 
 
 def test_a_format_whose_token_the_model_lacks_is_a_400_naming_it(tiny_model_dirs, tmp_path):
