@@ -49,11 +49,21 @@ def test_a_frame_gives_back_its_payload_and_refuses_anything_else():
         unframe(NAMESPACE, b"x" * 16, data)  # another prefix's block
 
 
-def test_blocks_are_written_once_whole_and_found_by_namespace_and_key(tmp_path):
+def test_blocks_are_written_once_whole_and_found_by_namespace_and_key(tmp_path, monkeypatch):
     store = DirectoryStore(tmp_path / "kv", 1 << 20)
     key = b"a" * 16
     assert not store.contains(NAMESPACE, key) and store.get(NAMESPACE, key) is None
+    renames, replace = [], os.replace
+
+    def recorded(src, dst):  # what a reader could see at the block's name: nothing, then the whole file
+        renames.append((Path(src), Path(dst), Path(src).read_bytes(), Path(dst).exists()))
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", recorded)
     assert _put(store, key)
+    [(src, dst, written, existed)] = renames
+    assert src != dst and src.parent == dst.parent and not existed
+    assert written == b"".join(frame(NAMESPACE, key, _payload(1000)))
     assert not _put(store, key)  # another worker's copy is there: not written twice
     assert store.contains(NAMESPACE, key) and not store.contains(OTHER, key)
     assert bytes(unframe(NAMESPACE, key, store.get(NAMESPACE, key))) == bytes(_payload(1000))

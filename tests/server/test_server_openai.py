@@ -103,7 +103,7 @@ def test_n_choices_stream_interleaved_with_exact_usage(client, model):
     assert len(set(texts.values())) > 1  # seed + index: the choices differ
 
 
-def test_logprobs_in_chat(client, model):
+def test_logprobs_in_chat(client, model, default_llm):
     response = client.chat.completions.create(
         model=model, messages=QUESTION, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2
     )
@@ -113,6 +113,11 @@ def test_logprobs_in_chat(client, model):
     for entry in content:
         assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].token == entry.token
         assert entry.logprob <= 0
+    # the values are the engine's own: the sampled token's and each top one's
+    expected = default_llm.chat(QUESTION, SamplingParams(temperature=0, max_tokens=5, logprobs=2))[0].logprobs
+    assert [e.logprob for e in content] == pytest.approx([lp.logprob for lp in expected], abs=1e-4)
+    tops = [[t.logprob for t in e.top_logprobs] for e in content]
+    assert tops == [pytest.approx([v for _, v in lp.top], abs=1e-4) for lp in expected]
 
 
 def test_unknown_model_is_a_404_api_error(client):

@@ -74,7 +74,7 @@ def test_32_concurrent_streams_are_batched_and_correct(server, tiny_llama):
     running_seen.append(server.metrics()["wsgi_infer:num_requests_running"])
     for t in threads:
         t.join(120)
-    assert running_seen[0] > 1, running_seen
+    assert running_seen[0] > 16, running_seen  # more than a cap of 16 (or 2) would let run at once
     assert texts == expected
     assert len(set(texts)) == 32
     assert_idle(server)

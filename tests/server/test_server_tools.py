@@ -78,6 +78,13 @@ def test_a_required_call_then_its_result_then_a_text_answer(client, model):
     assert answer.choices[0].message.tool_calls is None
     assert answer.choices[0].message.content
     assert answer.choices[0].finish_reason in ("stop", "length")
+    # the answer's prompt holds the call and its result, as the server renders the history
+    root = str(client.base_url).rstrip("/").removesuffix("/v1")  # vLLM's /tokenize and /detokenize
+    chat = {"messages": history, "tools": TOOLS, "tool_choice": "none"}
+    rendered = client.post(f"{root}/tokenize", body=chat, cast_to=object)
+    text = client.post(f"{root}/detokenize", body={"tokens": rendered["tokens"]}, cast_to=object)["prompt"]
+    assert '"sky": "sunny"' in text and calls[0].function.name in text, text
+    assert answer.usage.prompt_tokens == rendered["count"]
 
 
 def test_a_named_function_is_the_one_called(client, model):
