@@ -16,6 +16,7 @@ import torch
 from transformers import AutoConfig
 
 from wsgi_infer import LLM, SamplingParams
+from wsgi_infer.engine.loading import resolved_config
 from wsgi_infer.engine.loading.checkpoint_tensors import CheckpointTensors
 from wsgi_infer.engine.loading.file_weights import FILE_WEIGHTS_FILE
 from wsgi_infer.engine.loading.gguf_config import read_gguf_config
@@ -91,7 +92,9 @@ def test_a_vocabularys_user_defined_tokens_are_read_from_its_tokenizer_json_alon
 def test_a_config_is_resolved_by_its_class_once_then_read_back_whole(arch, tiny_model_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("WSGI_INFER_CACHE_DIR", str(tmp_path))
     reference = AutoConfig.from_pretrained(tiny_model_dirs[arch], local_files_only=True)
-    first, again = load_config(tiny_model_dirs[arch]), load_config(tiny_model_dirs[arch])
+    first = load_config(tiny_model_dirs[arch])
+    monkeypatch.setattr(resolved_config, "resolve_config", lambda model_dir: pytest.fail("resolved again"))
+    again = load_config(tiny_model_dirs[arch])  # read back from the file the first wrote
     assert len(list((tmp_path / RESOLVED_CONFIGS_DIR).iterdir())) == 1
     # Every value, aliases (n_embd) included; but use_cache, a generation setting the plain config drops.
     for name in [*reference.to_dict().keys() - {"use_cache"}, *reference.attribute_map]:

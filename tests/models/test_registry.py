@@ -83,6 +83,7 @@ def test_a_model_that_cannot_load_is_failed_with_its_reason(registry):
     assert failed.status_code == 503 and failed.json()["error"]["code"] == "model_load_failed"
     assert 1 <= int(failed.headers["retry-after"]) <= RETRY_FAILED_LOAD_SECONDS
     assert described["state"] == "failed" and described["failure"].startswith("model failed to load")
+    assert "so it is not a GGUF file" in described["failure"]  # the reason itself, not its type alone
     assert served.status_code == 200
 
 

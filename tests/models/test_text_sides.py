@@ -20,7 +20,7 @@ from wsgi_infer.engine.sampling.grammar import GrammarCompiler
 
 from ..conftest import save_tiny_model
 from ..support.model_servers import Stream, serving
-from ..support.server import ENDLESS
+from ..support.server import ENDLESS, wait_until
 from ..support.warm_starts import dying_with_this_process
 
 pytestmark = pytest.mark.slow  # a real server
@@ -61,7 +61,16 @@ path = "{tiny_model_dirs["llama"]}"
 [models.large]
 path = "{large_vocabulary_dir}"
 """
-    yield from serving(tmp_path_factory.mktemp("text-sides"), tiny_model_dirs, tables)
+    for server in serving(tmp_path_factory.mktemp("text-sides"), tiny_model_dirs, tables):
+        server.ready_line = first_ready_line(server)
+        yield server
+
+
+def first_ready_line(server) -> int:
+    """The log line of the first /health that says ready, asked from the moment the first model serves."""
+    after = len(server.lines)
+    wait_until(lambda: httpx.get(f"{server.url}/health", timeout=10).status_code == 200, "/health says ready")
+    return server.wait_for_line(r'"GET /health HTTP/1.1" 200', after=after)[0]
 
 
 def constrained(server, model: str) -> dict:
@@ -110,7 +119,8 @@ def beside_a_stream(server, action: Callable[[], dict], what: str, built: str) -
 
 def test_the_worker_builds_the_text_side_of_a_model_it_has_not_loaded(server):
     """As it starts (before /health says ready: ``EngineManager._preloads_settled``), not at the model's load."""
-    server.wait_for_log(r"large: its text side built ahead of its load")
+    built, _ = server.wait_for_line(r"large: its text side built ahead of its load")
+    assert built < server.ready_line, server.lines[built - 2 : server.ready_line + 2]
     r = httpx.get(f"{server.url}/v1/models/large", timeout=10)
     assert r.json()["state"] == "unloaded"
 

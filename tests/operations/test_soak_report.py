@@ -40,7 +40,10 @@ def test_a_fresh_workers_warm_up_is_no_drift_whatever_set_it_warmed_up_with(drif
 
 
 def test_a_load_and_the_sample_after_it_are_left_out(drift):
+    """Late in the worker's life, where a peak counts: two samples while b loads, then the one in the load's
+    interval (its evicted model not yet freed), each at 900 MiB; left out, the set stays at 500."""
     before = [sample(1, ("a", "b"), 500) for _ in range(9)]
-    loading = [{**sample(1, ("a", "b"), 900), "models": ["a:loaded", "b:loading"]}, sample(1, ("a", "b"), 900, 2)]
-    after = [sample(1, ("a", "b"), 500, 2) for _ in range(9)]
+    loading = [{**sample(1, ("a", "b"), rss), "models": ["a:loaded", "b:loading"]} for rss in (500, 900)]
+    after = [sample(1, ("a", "b"), 900, 2), *(sample(1, ("a", "b"), 500, 2) for _ in range(2))]
     assert drift(before + loading + after, "rss_bytes") == 0.0
+    assert drift(before + after[1:] + [sample(1, ("a", "b"), 900, 2)], "rss_bytes") == 0.8  # what it would count
