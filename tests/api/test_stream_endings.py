@@ -64,6 +64,7 @@ def test_a_reader_behind_the_backlog_bound_gets_its_apis_own_ending(backlogged, 
     elif route == "/generate":
         del body["max_tokens"]
     headers = {"Accept": "text/event-stream"}
+    generated = backlogged.metrics()["wsgi_infer:generation_tokens_total"]
     with backlogged.client() as http, http.stream("POST", route, json=body, headers=headers) as r:
         assert r.status_code == 200, r.read()
         log = backlogged.manager.stream_logs.get(r.headers["X-Stream-Id"])
@@ -74,6 +75,7 @@ def test_a_reader_behind_the_backlog_bound_gets_its_apis_own_ending(backlogged, 
     assert not any(e.data == "[DONE]" for e in received)
     check(received)
     wait_until_idle(backlogged)  # the generation was aborted: its KV blocks are free
+    assert backlogged.metrics()["wsgi_infer:generation_tokens_total"] - generated < 200  # before its 200 tokens
 
 
 def wait_until_idle(server: InProcessServer) -> None:
