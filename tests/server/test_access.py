@@ -61,6 +61,23 @@ def test_health_and_metrics_stay_open_by_default(server):
         assert http.get("/metrics").status_code == 200
 
 
+def test_every_path_but_the_chat_page_and_ops_needs_a_key(server):
+    """/tokenize and /detokenize too (they load a model that is not loaded), and paths no route serves."""
+    with server.client() as http:
+        for method, path, body in [
+            ("POST", "/tokenize", {"prompt": "hi"}),
+            ("POST", "/detokenize", {"tokens": [1]}),
+            ("POST", "/v1/score", {"text_1": "a", "text_2": "b"}),
+            ("GET", "/v1/responses/resp_x", None),
+            ("GET", "/no-such-route", None),
+        ]:
+            refused = http.request(method, path, json=body)
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key", path
+        keyed = http.post("/tokenize", json={"prompt": "hi"}, headers={"Authorization": "Bearer key-two"})
+        assert keyed.status_code == 200 and keyed.json()["count"] >= 1
+        assert http.get("/").status_code == 200 and http.get("/static/app.js").status_code == 200
+
+
 def test_cors_preflight_and_allowed_origins(server):
     with server.client() as http:
         preflight = http.options(
@@ -84,7 +101,11 @@ def test_cors_preflight_and_allowed_origins(server):
         assert "access-control-allow-origin" not in other.headers
         actual = http.get("/v1/models", headers={"Origin": "http://app.example", "Authorization": "Bearer key-one"})
         assert actual.headers["access-control-allow-origin"] == "http://app.example"
-        assert "x-request-id" in actual.headers["access-control-expose-headers"].lower()
+        exposed = actual.headers["access-control-expose-headers"].lower()
+        # what a page reads: the request's id, the stream's to resume it by, and a limited key's budget
+        assert {"x-request-id", "x-stream-id", "x-ratelimit-remaining-requests"} <= set(
+            exposed.replace(" ", "").split(",")
+        )
 
 
 def test_protected_ops(tiny_model_dirs):

@@ -8,10 +8,19 @@ from flask_cors import CORS
 
 from ..errors import APIError
 from ..settings import ServerSettings
+from ..tenants.limits import BUCKETS
 from ..tenants.registry import Tenants
 
-API_PATHS = ("/v1/", "/v2/", "/generate", "/models/")  # /v2/rerank: Cohere's clients
 OPS_PATHS = ("/health", "/metrics")
+RATE_LIMIT_HEADERS = [
+    f"x-ratelimit-{part}-{word}" for word in BUCKETS.values() for part in ("limit", "remaining", "reset")
+]
+
+
+def is_public(path: str, protect_ops: bool) -> bool:
+    """Paths served without a key: the chat page and its files, and the ops paths unless they are protected. Every
+    other path needs one, so that a route added later (as /tokenize was: it loads a model) is guarded too."""
+    return path == "/" or path.startswith("/static/") or (not protect_ops and path.startswith(OPS_PATHS))
 
 
 def install_access_control(app: Flask, settings: ServerSettings) -> None:
@@ -22,8 +31,7 @@ def install_access_control(app: Flask, settings: ServerSettings) -> None:
         def _require_api_key() -> None:
             if request.method == "OPTIONS":  # CORS preflights carry no credentials
                 return
-            protected = API_PATHS + OPS_PATHS if settings.protect_ops else API_PATHS
-            if not request.path.startswith(protected):  # the chat page and its files stay public
+            if is_public(request.path, settings.protect_ops):
                 return
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             presented = [token.strip()] if scheme.lower() == "bearer" else []
@@ -48,6 +56,7 @@ def install_access_control(app: Flask, settings: ServerSettings) -> None:
                 *("Authorization", "x-api-key", "anthropic-version"),
                 *("Content-Type", "X-Request-Id", "Last-Event-ID"),
             ],
-            expose_headers=["X-Request-Id", "Retry-After"],
+            # what a page reads: the stream id it resumes by, and a limited key's budget
+            expose_headers=["X-Request-Id", "Retry-After", "X-Stream-Id", *RATE_LIMIT_HEADERS],
             max_age=600,
         )
