@@ -63,6 +63,46 @@ def test_what_would_be_taken_for_something_else_is_a_400_naming_the_field(tiny_a
         assert response.json()["error"]["param"] == param
 
 
+@pytest.mark.parametrize(
+    ("route", "body", "field"),
+    [  # booleans pydantic's lax mode took from "yes", "no", 0 and 1 (store "no": nothing stored, and no error)
+        ("/v1/chat/completions", {"messages": ASK, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ("/v1/completions", {"prompt": "Hi", "stream": True, "stream_options": {"include_usage": 1}}, "include_usage"),
+        ("/v1/responses", {"input": "Hi", "store": "no"}, "store"),
+        ("/v1/responses", {"input": "Hi", "parallel_tool_calls": 0}, "parallel_tool_calls"),
+        ("/tokenize", {"prompt": "Hi", "add_special_tokens": "no"}, "add_special_tokens"),
+        ("/tokenize", {"messages": ASK, "return_token_strs": "yes"}, "return_token_strs"),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": ASK,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": "yes"}},
+            },
+            "strict",
+        ),
+        (
+            "/v1/messages",
+            {
+                "messages": ASK,
+                "max_tokens": 2,
+                "tools": [],
+                "tool_choice": {"type": "auto", "disable_parallel_tool_use": 1},
+            },
+            "disable_parallel_tool_use",
+        ),
+    ],
+)
+def test_a_boolean_is_true_or_false_not_a_word_or_a_number(tiny_api, route, body, field):
+    with tiny_api.client() as http:
+        limit = (
+            {"max_output_tokens": 2} if route == "/v1/responses" else {} if route == "/tokenize" else {"max_tokens": 2}
+        )
+        response = http.post(route, json={"model": tiny_api.manager.model_name, **limit, **body})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]  # Anthropic's names the field in its message: its errors have no param
+        assert error["param"].split(".")[-1] == field if "param" in error else field in error["message"], error
+
+
 def test_vllms_stop_fields_are_honoured(tiny_api, tiny_llama):
     """stop_token_ids and include_stop_str_in_output were accepted and ignored (unknown fields): a vLLM client's
     stop token ran on to the length limit."""

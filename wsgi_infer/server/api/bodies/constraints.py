@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from ....engine.sampling_params import StructuredOutput
 from ...errors import APIError
@@ -17,7 +17,7 @@ class JsonSchemaFormat(Request):
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
     schema_: dict | None = Field(None, alias="schema")
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
 
 class ResponseFormat(Request):
@@ -46,7 +46,7 @@ class StructuredOutputs(Request):
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
-    json_object: bool | None = None
+    json_object: StrictBool | None = None
 
     def constraint(self) -> StructuredOutput:
         given = {

@@ -65,8 +65,8 @@ def engine_field(name: str, default: Any = None) -> Any:
 
 
 class StreamOptions(Request):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False  # vLLM's
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # vLLM's
 
     @field_validator("continuous_usage_stats")
     @classmethod
@@ -194,8 +194,8 @@ class CompletionRequest(SamplingRequest):
 class TokenizeRequest(Request):
     model: str | None = None
     prompt: str
-    add_special_tokens: bool = True
-    return_token_strs: bool = False
+    add_special_tokens: StrictBool = True
+    return_token_strs: StrictBool = False
 
 
 class DetokenizeRequest(Request):

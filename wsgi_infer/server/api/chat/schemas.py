@@ -21,7 +21,7 @@ class FunctionDefinition(Request):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     description: str | None = None
     parameters: dict | None = None
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
 
 class Tool(Request):
@@ -94,7 +94,7 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = engine_field("logprobs")
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None  # the template's variables, as vLLM takes them
     continue_final_message: StrictBool = False  # vLLM's: the reply continues the last message, an assistant's
     add_generation_prompt: StrictBool = True  # vLLM's: false, the template opens no reply (the model may)
@@ -221,4 +221,4 @@ def _entry(message: ChatMessage, template_takes_tools: bool) -> dict:
 class TokenizeChatRequest(ChatCompletionRequest):
     """/tokenize with ``messages``: the chat template applied, as a chat completion would."""
 
-    return_token_strs: bool = False
+    return_token_strs: StrictBool = False

@@ -47,7 +47,7 @@ class ToolResultBlock(Request):
     type: Literal["tool_result"]
     tool_use_id: str
     content: str | list[TextBlock] = ""
-    is_error: bool = False
+    is_error: StrictBool = False
 
     @property
     def text(self) -> str:
@@ -102,7 +102,7 @@ class ToolParam(Request):
 class ToolChoiceParam(Request):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
-    disable_parallel_tool_use: bool = False
+    disable_parallel_tool_use: StrictBool = False
 
 
 class ThinkingParam(Request):

@@ -127,7 +127,7 @@ class FunctionTool(Request):
     name: str
     description: str | None = None
     parameters: dict | None = None
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
 
 class TextFormat(Request):
@@ -135,7 +135,7 @@ class TextFormat(Request):
     name: str | None = None
     schema_: dict | None = Field(None, alias="schema")
     description: str | None = None
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
 
 class TextConfig(Request):
@@ -152,14 +152,14 @@ class ResponsesRequest(Request):
     input: str | list[dict]
     instructions: str | None = None
     previous_response_id: str | None = None
-    store: bool = True
+    store: StrictBool = True
     stream: StrictBool = False
     max_output_tokens: int | None = engine_field("max_tokens")
     temperature: float | None = engine_field("temperature")
     top_p: float | None = engine_field("top_p")
     tools: list[dict] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: StrictBool = True
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     include: list[str] | None = None
