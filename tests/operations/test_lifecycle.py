@@ -74,6 +74,9 @@ def test_sigterm_drains_short_streams_and_ends_endless_ones(tiny_model_dirs, rec
     last_client = max(r.ended_at for r in results) - signalled
     assert server.process.wait(GRACEFUL + 5) == 0
     master_exit = time.monotonic() - signalled
+    # the worker left by itself, not by the master's SIGKILL at graceful_timeout (gunicorn logs no word of that)
+    server.wait_for_line(r"Worker exiting", after=mark)
+    assert master_exit < GRACEFUL - 1, master_exit
     assert all(r.error is None for r in results), [r.error for r in results]
     assert all(r.done for r in results[:8]), "short streams must finish inside the drain"
     assert all(r.data[-2].json["choices"][0]["finish_reason"] == "length" for r in results[:8])

@@ -39,16 +39,19 @@ def free_port() -> int:
 
 
 def parse_metrics(text: str, model_name: str | None = None) -> dict[str, float]:
-    """The ``wsgi_infer:*`` samples with no label but ``model_name`` (which every one has), by name; of one
-    model where a process serves several (apps in the test process)."""
+    """The ``wsgi_infer:*`` samples with no label but ``model_name`` (which every one has), by name: of the one
+    model named, which a server of several models needs (a name read across models would be the last one's)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    values = {}
+    values, models = {}, {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.startswith("wsgi_infer:") and set(sample.labels) == {"model_name"}:
                 if model_name in (None, sample.labels["model_name"]):
                     values[sample.name] = sample.value
+                    models.setdefault(sample.name, set()).add(sample.labels["model_name"])
+    several = {name: sorted(named) for name, named in models.items() if len(named) > 1}
+    assert not several, f"metrics of several models: name the one to read ({next(iter(several.items()))})"
     return values
 
 
@@ -207,10 +210,10 @@ class GunicornServer(LoggedProcess):
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 60.0), verify=LOOPBACK_TLS, **kwargs)
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, model_name: str | None = None) -> dict[str, float]:
         response = httpx.get(f"{self.url}/metrics", timeout=10, verify=LOOPBACK_TLS)
         response.raise_for_status()  # an error's JSON (a worker at its connection limit) is not metrics
-        return parse_metrics(response.text)
+        return parse_metrics(response.text, model_name)
 
     def wait_for_metric(self, name: str, value: float, timeout: float = 30.0) -> None:
         wait_until(lambda: self.metrics()[name] == value, f"{name} == {value}", timeout)
