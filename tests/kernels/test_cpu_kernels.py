@@ -175,8 +175,9 @@ def test_long_contexts_attend_in_parts_alike_alone_and_in_a_batch(kernels, windo
 def test_argmax_picks_what_torch_picks(kernels, vocab):
     """The first of equal maxima, a NaN before any number, all -inf, infinities, and rows of ties."""
     torch.manual_seed(0)
-    logits = torch.randn(9, vocab)
+    logits = torch.randn(10, vocab)
     logits[1, vocab // 2] = logits[1, vocab - 1] = 100.0  # equal maxima far apart
+    logits[9, 17 % vocab] = logits[9, 32 % vocab] = 100.0  # the earlier in a higher lane (8 or 16 of them)
     logits[2, 3 % vocab] = logits[2, vocab - 2] = float("nan")
     logits[3] = float("-inf")
     logits[4, vocab // 3] = float("inf")

@@ -112,7 +112,8 @@ def test_the_largest_sums_a_block_can_make_are_exact(kernels: CpuKernels, ggml_t
     kernels.use_exact_activations(planes == 2)
     raw = largest_file_blocks(ggml_type, 17, 512 if FORMATS[ggml_type] == 256 else 288)
     weight, values = packed_from_file(raw, ggml_type), file_values(raw, ggml_type).double()
-    x = torch.ones(4, values.shape[1]) * torch.tensor([[3.0], [-3.0], [0.5], [-250.0]])
+    # 52 rows: passes of 16 rows (their own sums, rotated activations) and, with AMX, tiles of 48, not 4 alone
+    x = torch.ones(52, values.shape[1]) * torch.tensor([3.0, -3.0, 0.5, -250.0]).repeat(13)[:, None]
     assert kernels.planes == planes
     expected = quantized_rows(x, planes, activation_span(weight)) @ values.T
     got = kernels.packed_mm(x, weight).double()
