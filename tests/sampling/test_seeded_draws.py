@@ -3,7 +3,7 @@ as a prompt; each draw is uniform, a function of the seed and the position."""
 
 from __future__ import annotations
 
-from wsgi_infer import SamplingParams
+from wsgi_infer import LLM, SamplingParams
 from wsgi_infer.engine.sampling.sampler import uniform_draw
 
 from ..conftest import assert_idle
@@ -43,3 +43,15 @@ def test_the_uniform_draws_are_uniform_and_a_function_of_seed_and_position():
     deciles = [sum(int(10 * d) == i for d in draws) for i in range(10)]
     assert min(deciles) > 900 and max(deciles) < 1100, deciles  # about 1,000 each (standard deviation 30)
     assert uniform_draw(7, 3) == uniform_draw(7, 3) != uniform_draw(7, 4)
+
+
+def test_unseeded_requests_draw_their_seeds_from_the_engines_seed(tiny_model_dirs):
+    """WSGI_INFER_SEED (``seed``) seeds the sequence a new engine draws unseeded requests' seeds from: two engines
+    of one seed give their k-th unseeded request the same output, and in one engine the requests differ."""
+    params = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)
+    runs = []
+    for _ in range(2):
+        llm = LLM(model=str(tiny_model_dirs["llama"]), dtype="float32", quantization="none", seed=5)
+        runs.append([llm.generate(PROMPT, params)[0].token_ids for _ in range(2)])
+    assert runs[0] == runs[1]
+    assert runs[0][0] != runs[0][1]
