@@ -49,8 +49,8 @@ def test_sigterm_drains_short_streams_and_ends_endless_ones(tiny_model_dirs, rec
     next(iter(sdk_stream))
     # Short streams take about 1/50 of the drain here (a wide margin for a loaded CI host); endless ones outlast it.
     results, threads = start_streams(server, [20] * 8 + [ENDLESS] * 8)
-    keep_alive, probe = (httpx.Client(base_url=server.url, timeout=30) for _ in range(2))
-    for client in (keep_alive, probe):
+    keep_alive, probe, tokenizing, reading = (httpx.Client(base_url=server.url, timeout=30) for _ in range(4))
+    for client in (keep_alive, probe, tokenizing, reading):
         assert client.get("/health").status_code == 200  # an open keep-alive connection (a load balancer's)
 
     mark = len(server.lines)
@@ -64,6 +64,10 @@ def test_sigterm_drains_short_streams_and_ends_endless_ones(tiny_model_dirs, rec
     during = keep_alive.post("/v1/completions", json={"prompt": "too late", "max_tokens": 2})
     assert during.status_code == 503 and during.headers["retry-after"]
     assert during.json()["error"]["code"] == "server_shutting_down"
+    # any POST is new work, turned away alike; a read is still served
+    tokenized = tokenizing.post("/tokenize", json={"prompt": "too late"})
+    assert tokenized.status_code == 503 and tokenized.json()["error"]["code"] == "server_shutting_down"
+    assert reading.get("/v1/models").status_code == 200
     with pytest.raises(openai.APIError) as sdk_error:
         for _ in sdk_stream:
             pass

@@ -78,6 +78,18 @@ def _install_request_hooks(app: Flask) -> None:
             if len(body) >= app.config["MAX_CONTENT_LENGTH"] and request.environ["wsgi.input"].read(1):
                 raise RequestEntityTooLarge()
 
+    @app.before_request
+    def _turn_away_new_work() -> None:
+        # A POST starts work (a generation, a model's load, a tokenizer's call): its client retries it on a worker
+        # that stays. Reads (models, stored responses, a stream's resumption) are still served.
+        if g.turned_away and request.method == "POST":
+            raise APIError(
+                "the server is shutting down; retry the request",
+                503,
+                code="server_shutting_down",
+                headers={"Retry-After": "1"},
+            )
+
     # A request that named a model and ends before submitting to it (an error, /tokenize) lets go of it here.
     app.teardown_request(lambda _exc: let_go_of_models())
 

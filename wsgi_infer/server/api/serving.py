@@ -93,13 +93,6 @@ def start(
     """Compile the constraint, tokenize, submit and wait for the engine to accept; raise the right APIError
     otherwise (InvalidParameter for bad input, which errors.py renders). ``task``: the model's it needs (None:
     either)."""
-    if g.turned_away:
-        raise APIError(
-            "the server is shutting down; retry the request",
-            503,
-            code="server_shutting_down",
-            headers={"Retry-After": "1"},
-        )
     if task is None:
         wait_ready(model)
     else:
