@@ -39,25 +39,22 @@ def free_port() -> int:
 
 
 def parse_metrics(text: str, model_name: str | None = None) -> dict[str, float]:
-    """The ``wsgi_infer:*`` samples with no label but ``model_name`` (which every one has), by name: of the one
-    model named, which a server of several models needs (a name read across models would be the last one's)."""
+    """The ``wsgi_infer:*`` samples labelled by model alone, by name: of the model named where several are served."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    values, models = {}, {}
+    values, models = {}, set()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.startswith("wsgi_infer:") and set(sample.labels) == {"model_name"}:
                 if model_name in (None, sample.labels["model_name"]):
                     values[sample.name] = sample.value
-                    models.setdefault(sample.name, set()).add(sample.labels["model_name"])
-    several = {name: sorted(named) for name, named in models.items() if len(named) > 1}
-    assert not several, f"metrics of several models: name the one to read ({next(iter(several.items()))})"
+                    models.add(sample.labels["model_name"])
+    assert len(models) <= 1, f"metrics of several models {sorted(models)}: name the one to read"
     return values
 
 
 def labelled_samples(text: str, name: str, model_name: str | None = None) -> dict[tuple[tuple[str, str], ...], float]:
-    """The samples of metric ``name`` (of one model, where given), by their labels other than ``model_name`` (sorted
-    pairs)."""
+    """Metric ``name``'s samples (of one model, where given), by their labels but ``model_name``, sorted pairs."""
     from prometheus_client.parser import text_string_to_metric_families
 
     values = {}
