@@ -90,8 +90,8 @@ def test_the_kernels_refuse_what_they_cannot_read(kernels):
         kernels.paged_attention(randn(3, 4, 64), randn(8, 4, 64).half(), rows, 0.125)
 
 
-# groups of 1-5 heads: a decode's group, and a 5-row run's 5 to 25 heads, leave every count of queries past the
-# kernels' whole tiles (of 6 with AVX2, 8 with AVX-512), each a tile of its own
+# groups of 1-5 heads: a decode's group, and a 5-row run's 5 to 25 heads (the queries past the kernels' whole tiles,
+# of 6 with AVX2 and 16 with AVX-512, each count a tile of its own: the next test takes every one)
 @pytest.mark.parametrize("group", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("head_dim", [64, 80, 256])  # 80: 5 blocks of 16; 256: more sums than registers hold
 def test_paged_attention_reads_scattered_blocks_as_sdpa_does(kernels, head_dim, group):
@@ -133,6 +133,21 @@ def test_paged_attention_reads_scattered_blocks_as_sdpa_does(kernels, head_dim, 
         query = q[row].float().view(kv_heads, group, head_dim)
         expected = F.scaled_dot_product_attention(query, keys.transpose(0, 1), values.transpose(0, 1), scale=scale)
         torch.testing.assert_close(windowed[row], expected.flatten(), **close)
+
+
+def test_every_count_of_queries_a_key_value_head_serves_attends_as_sdpa_does(kernels):
+    """A decode whose one key-value head serves 1 to 33 query heads: every count past the whole score tiles (of 6
+    with AVX2, 16 with AVX-512), and whole tiles beside them."""
+    torch.manual_seed(0)
+    block_size, head_dim, n = 4, 64, 13
+    cache = randn(8 * block_size, 2, head_dim).half()
+    rows = CacheRows(block_size, torch.arange(8)[None], torch.zeros(1, dtype=torch.long), torch.tensor([n]))
+    keys, values = cache[:n, :1].float().transpose(0, 1), cache[:n, 1:].float().transpose(0, 1)
+    for heads in range(1, 34):
+        q = randn(1, heads, head_dim)
+        expected = F.scaled_dot_product_attention(q[0].float()[None], keys, values, scale=head_dim**-0.5)
+        got = kernels.paged_attention(q, cache, rows, head_dim**-0.5)
+        torch.testing.assert_close(got[0], expected.flatten(), rtol=1e-5, atol=1e-6, msg=f"{heads} heads")
 
 
 @pytest.mark.parametrize("window", [0, 300])
