@@ -160,6 +160,7 @@ def test_count_tokens_is_the_prompt_a_message_reads(claude, model, tiny_api):
     ("change", "status", "kind", "names"),
     [
         ({"max_tokens": None}, 400, "invalid_request_error", "max_tokens"),
+        ({"model": None}, 400, "invalid_request_error", "model"),  # required, as Anthropic's API has it
         ({"model": "claude-sonnet-4-5"}, 404, "not_found_error", "claude-sonnet-4-5"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400, None, "'image'"),
         ({"messages": [{"role": "user", "content": [{"type": {}}]}]}, 400, None, "type {}"),  # it was a 500
