@@ -33,6 +33,7 @@ LONGEST_FIRST = (
     *("test_store_server", "test_resume", "test_server_promises", "test_layout", "test_batching"),
     *("test_server_structured", "test_sampling_properties", "test_nginx", "test_fuzz", "test_speculative"),
     *("test_prefix_store", "test_filters_and_temperature", "test_exact_batching", "test_interleavings"),
+    "test_attention",  # test_cpu_kernels' attention tests, 12 s (Xeon, 2026-12-07)
 )
 
 
