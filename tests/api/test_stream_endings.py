@@ -78,6 +78,22 @@ def test_a_reader_behind_the_backlog_bound_gets_its_apis_own_ending(backlogged, 
     assert backlogged.metrics()["wsgi_infer:generation_tokens_total"] - generated < 200  # before its 200 tokens
 
 
+def test_a_stream_cut_in_its_opening_events_lets_go_of_its_request(backlogged):
+    """A Responses stream whose metadata alone puts its first two events (each holds the response) past the bound:
+    cut before its generator reached the engine's deltas, whose end released the request; it was never released,
+    its model busy for ever (no unload, every drain to its deadline) and the open-streams gauge up."""
+    body = {"input": "Hi", "stream": True, "max_output_tokens": 4, "metadata": {"note": "x" * BACKLOG}}
+    with backlogged.client() as http, http.stream("POST", "/v1/responses", json=body) as reply:
+        ending = [e for e in events(reply) if e.data][-1]
+        assert ending.name == "error" and ending.json["error"]["code"] == "stream_backlog_exceeded", ending.data
+    wait_until_idle(backlogged)
+    deadline = time.monotonic() + 30
+    while backlogged.metrics()["wsgi_infer:open_streams"] != 0:
+        assert time.monotonic() < deadline, "the stream was never released"
+        gevent.sleep(0.01)
+    assert not backlogged.manager.models[backlogged.manager.model_name].busy
+
+
 def wait_until_idle(server: InProcessServer) -> None:
     """Until nothing runs and every KV block is free; the hub (this thread) runs meanwhile, taking the engine's
     news."""

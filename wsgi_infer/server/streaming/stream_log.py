@@ -101,6 +101,10 @@ class StreamLog:
         self.finished_at = time.monotonic()
         self._notify()
 
+    def release(self) -> None:
+        """Let go of the request behind the events (``on_abandoned``: nothing where it was let go of already)."""
+        self._on_abandoned()
+
     def wait(self, seen: int, timeout: float) -> bool:
         """Wait up to ``timeout`` s for an event after the first ``seen``, or the end; True if one came."""
         return self._wait_until(lambda: len(self.events) > seen or self.finished, timeout)
@@ -225,6 +229,9 @@ class StreamLogs:
                     return self._end(stream_log, events, interrupted)
         finally:
             stream_log.finish()
+            # and let go of the request (nothing where the events' own end did): a stream cut in its opening events
+            # (a Responses frame past the backlog bound) never reached the generator whose end releases it
+            stream_log.release()
             self._finished.append(stream_log)
             self._greenlets.dec()
 
