@@ -220,3 +220,19 @@ def test_each_key_reads_only_its_own_responses_and_streams(tiny_model_dirs):
 
 def _unit_format() -> dict:
     return {"type": "json_schema", "name": "unit", "schema": UNIT_SCHEMA, "strict": True}
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [{f"k{i}": "v" for i in range(17)}, {"k" * 65: "v"}, {"k": "v" * 513}],
+    ids=["17 pairs", "a key of 65", "a value of 513"],
+)
+def test_metadata_is_held_to_openais_bounds(tiny_api, model, metadata):
+    """16 pairs, keys of 64 characters, values of 512: a frame every event repeats (a stream's first events, past
+    the backlog bound, were cut before its generation began)."""
+    with tiny_api.client() as http:
+        body = {"model": model, "input": ASK, "max_output_tokens": 2}
+        refused = http.post("/v1/responses", json={**body, "metadata": metadata})
+        assert refused.status_code == 400 and refused.json()["error"]["param"].startswith("metadata"), refused.text
+        largest = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
+        assert http.post("/v1/responses", json={**body, "metadata": largest}).json()["metadata"] == largest

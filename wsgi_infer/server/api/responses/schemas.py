@@ -3,7 +3,7 @@ path from any API's request to the engine's SamplingParams."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, ValidationError
 
@@ -147,6 +147,12 @@ class ReasoningConfig(Request):
     summary: str | None = None  # the thought comes whole, as reasoning_text, not summarized
 
 
+# OpenAI's bounds: 16 pairs, keys of 64 characters, values of 512 (a response's every event repeats them)
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)
+]
+
+
 class ResponsesRequest(Request):
     model: str | None = None
     input: str | list[dict]
@@ -163,7 +169,7 @@ class ResponsesRequest(Request):
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     include: list[str] | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
 
     def as_chat(self, conversation: list[dict]) -> ChatCompletionRequest:
         """The same request as a chat completion of ``conversation`` (the previous response's, then this input)."""
