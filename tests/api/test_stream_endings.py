@@ -79,10 +79,11 @@ def test_a_reader_behind_the_backlog_bound_gets_its_apis_own_ending(backlogged, 
 
 
 def test_a_stream_cut_in_its_opening_events_lets_go_of_its_request(backlogged):
-    """A Responses stream whose metadata alone puts its first two events (each holds the response) past the bound:
+    """A Responses stream whose metadata alone puts its first events (each holds the response) past the bound:
     cut before its generator reached the engine's deltas, whose end released the request; it was never released,
     its model busy for ever (no unload, every drain to its deadline) and the open-streams gauge up."""
-    body = {"input": "Hi", "stream": True, "max_output_tokens": 4, "metadata": {"note": "x" * BACKLOG}}
+    metadata = {f"note{i}": "x" * 512 for i in range(BACKLOG // 512)}  # within OpenAI's bounds, the bound's size
+    body = {"input": "Hi", "stream": True, "max_output_tokens": 4, "metadata": metadata}
     with backlogged.client() as http, http.stream("POST", "/v1/responses", json=body) as reply:
         ending = [e for e in events(reply) if e.data][-1]
         assert ending.name == "error" and ending.json["error"]["code"] == "stream_backlog_exceeded", ending.data
