@@ -124,7 +124,9 @@ def test_requests_without_a_conversation_go_to_the_least_busy_host(hosts, nginx)
 def test_a_draining_host_then_a_dead_one_are_passed_over(tiny_model_dirs, redis_url):
     """SIGTERM: the host stops accepting, answers 503 on kept-alive connections, and finishes its stream; SIGKILL:
     it refuses. Either way its conversations' requests are served by the others, none failing."""
-    gunicorn_args = ("--graceful-timeout", "8", "--keep-alive", "1")
+    # Keep-alive 3 s (nginx's pool holds 4): the connection of the turn just before the SIGTERM is still pooled when
+    # the next turn comes; the drain's deadline is 10 - 3 - 2 = 5 s.
+    gunicorn_args = ("--graceful-timeout", "10", "--keep-alive", "3")
     with (
         three_hosts(tiny_model_dirs, redis_url, *gunicorn_args) as servers,
         NginxProxy.hosts(addresses(servers)) as proxy,
@@ -141,11 +143,17 @@ def test_a_draining_host_then_a_dead_one_are_passed_over(tiny_model_dirs, redis_
         ):
             received = events(reply)
             assert next(e for e in received if e.data)
+            # A turn of its conversation beside the stream: nginx pools that second connection to the host.
+            assert served_by(proxy, posts(proxy, 1, "/v1/completions", SHORT, **held)) == [addresses(servers)[draining]]
             servers[draining].process.send_signal(signal.SIGTERM)
             servers[draining].wait_for_log(r"draining: 1 open requests")
-            # Its conversation, while its own stream still runs there: another host answers every request.
+            # Its conversation, while its own stream still runs there: another host answers every request. The
+            # first is sent on the pooled connection, which the draining host answers with a 503 (no longer
+            # listening, it refuses the others' new connections).
             served = served_by(proxy, posts(proxy, 3, "/v1/completions", SHORT, **held), 3)
             assert addresses(servers)[draining] not in served
+            (first_tries, *_) = proxy.upstreams(proxy.sent[-3:])
+            assert first_tries[0] == (addresses(servers)[draining], "503"), first_tries
             ending = [e for e in received if e.data][-1]
         assert ending.name == "error" and ending.json["error"]["code"] == "server_shutting_down"
         assert servers[draining].process.wait(15) == 0
