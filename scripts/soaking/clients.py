@@ -13,7 +13,7 @@ from functools import partial
 
 import httpx
 
-from .references import MAX_LENGTH, PATHS, ModelReferences, Reference, answer_of, mismatch
+from .references import MAX_LENGTH, PATHS, ModelReferences, Reference, answer_of, bad_requests, mismatch
 from .streams import Failed, Hung, Stats, StreamRead, choice_text, expect_ok, read_stream, retry_code
 
 # How often a client loop sends each kind of request to a generating model (an embedding model gets embeddings).
@@ -60,23 +60,12 @@ class LoadContext:
         shift = int((time.monotonic() - self.started) / self.churn_seconds) if self.churn_seconds else 0
         return [self.models[(shift + i) % len(self.models)] for i in range(self.in_use)]
 
-
-def bad_requests(model: ModelReferences) -> list[tuple[str, str, dict | bytes | None, int]]:
-    """(method, path, body, status) to a generating model: each must be answered with that status and an OpenAI
-    error object."""
-    name = model.name
-    return [
-        ("POST", "/v1/completions", {"model": name, "prompt": "x", "max_tokens": -1}, 400),
-        ("POST", "/v1/completions", {"model": name, "prompt": "x", "temperature": "hot"}, 400),
-        ("POST", "/v1/completions", {"prompt": "x", "model": "no-such-model"}, 404),
-        ("POST", "/v1/chat/completions", {"model": name, "messages": "not a list"}, 400),
-        ("POST", "/v1/completions", {"model": name, "prompt": "x", "n": 0}, 400),
-        ("POST", "/v1/completions", {"model": name, "prompt": "x", "max_tokens": model.max_model_len}, 400),
-        ("POST", "/v1/completions", {"model": name, "prompt": "x", "best_of": 3}, 400),
-        ("POST", "/v1/embeddings", {"model": name, "input": "x", "encoding_format": "hex"}, 400),
-        ("POST", "/v1/completions", b"{not json", 400),
-        ("GET", "/v1/streams/no-such-stream", None, 404),
-    ]
+    def reloading(self, started: float) -> bool:
+        """Whether a request sent at ``started`` may meet the reload: until the old workers exit, both answer
+        requests (a draining one on its connections kept alive). Only then may it be told the server is shutting
+        down, or be resumed by a worker that never saw its stream. (A stream begun after the SIGHUP was resumed 7 s
+        after it, while the old worker drained for 13 s: not found, CI, 2026-12-04.)"""
+        return self.reload_sent_at is not None and (self.reload_done_at is None or started < self.reload_done_at)
 
 
 class ClientLoop(threading.Thread):
@@ -130,6 +119,7 @@ class ClientLoop(threading.Thread):
         (503 + Retry-After during the reload) or closed a kept-alive connection without an answer."""
         timeout = httpx.Timeout(self.ctx.request_timeout, connect=10.0)
         for _ in range(MAX_RETRIES):
+            sent = time.monotonic()
             try:
                 response = http.send(http.build_request(method, path, timeout=timeout, **kwargs), stream=True)
             except httpx.RemoteProtocolError:
@@ -142,6 +132,8 @@ class ClientLoop(threading.Thread):
                     return
             finally:
                 response.close()
+            if code == "server_shutting_down" and not self.ctx.reloading(sent):
+                raise Failed("shutting_down_outside_reload", f"{method} {path}: 503 {code}")
             self.ctx.stats.retry(f"503 {code}")
             time.sleep(min(5.0, float(response.headers["retry-after"])))  # as the server asked
         raise Failed("retries_exhausted", f"{method} {path}: still refused after {MAX_RETRIES} tries")
@@ -178,7 +170,7 @@ class ClientLoop(threading.Thread):
             read = read_stream(response, ref.api, 0, cut_after, deadline, self.ctx.stats.add_gap)
         if not cut or read.done or read.error_code or read.data_events < cut_after:
             self.kind = f"{ref.api}_stream"  # it ended before the cut
-            self._check_stream(ref, length, read)
+            self._check_stream(ref, length, read, started)
         elif not resume:
             if not ref.expected(length).startswith(read.texts[0]):
                 raise mismatch(ref, length, read.texts[0], None)
@@ -192,7 +184,7 @@ class ClientLoop(threading.Thread):
         headers = {"Last-Event-ID": str(cut.last_id)}
         path = f"/v1/streams/{cut.stream_id}"
         with self._open(http, "GET", path, headers=headers) as response:
-            if response.status_code == 404 and self._begun_before_the_old_workers_left(started):
+            if response.status_code == 404 and self.ctx.reloading(started):
                 # Logs are kept in the worker's memory: a new worker cannot know an old one's stream.
                 self.ctx.stats.record("resume", "lost_to_reload")
                 return
@@ -200,22 +192,14 @@ class ClientLoop(threading.Thread):
             rest = read_stream(response, ref.api, cut.last_id, 0, deadline, self.ctx.stats.add_gap)
         rest.texts[0] = cut.texts[0] + rest.texts[0]
         rest.usage = rest.usage or cut.usage  # a cut after the usage chunk leaves only [DONE] to resume
-        self._check_stream(ref, length, rest)
+        self._check_stream(ref, length, rest, started)
 
-    def _begun_before_the_old_workers_left(self, started: float) -> bool:
-        """Whether a stream begun at ``started`` may be one worker's and its resume the other's: until the old
-        workers exit, both answer requests (a draining one on its connections kept alive). A stream begun after the
-        SIGHUP was resumed 7 s after it, while the old worker drained for 13 s: not found (CI, 2026-12-04)."""
-        sent, done = self.ctx.reload_sent_at, self.ctx.reload_done_at
-        return sent is not None and (done is None or started < done)
-
-    def _check_stream(self, ref: Reference, length: int, read: StreamRead) -> None:
+    def _check_stream(self, ref: Reference, length: int, read: StreamRead, started: float) -> None:
         """The whole text equals the reference; a stream the reload ended holds a prefix of it."""
         text = read.texts[0]
         if not ref.expected(length).startswith(text):
             raise mismatch(ref, length, text, read.usage)
-        if read.error_code == "server_shutting_down":
-            self.ctx.stats.record(self.kind, "interrupted_by_reload")
+        if self._interrupted_by_reload(read, started):
             return
         if read.error_code is not None:
             raise Failed("stream_error", f"{self.kind} stream {read.stream_id} ended with error {read.error_code}")
@@ -225,6 +209,15 @@ class ClientLoop(threading.Thread):
             raise mismatch(ref, length, text, read.usage)
         self.ctx.stats.record(self.kind, greedy_checked=True)
 
+    def _interrupted_by_reload(self, read: StreamRead, started: float) -> bool:
+        """A stream the server ended as it shut down: counted if the reload may have, else a failure."""
+        if read.error_code != "server_shutting_down":
+            return False
+        if not self.ctx.reloading(started):
+            raise Failed("shutting_down_outside_reload", f"{self.kind} stream {read.stream_id}")
+        self.ctx.stats.record(self.kind, "interrupted_by_reload")
+        return True
+
     def _sampled_n(self, http: httpx.Client) -> None:
         """n = 2..4 sampled choices (temperature 0.8, a seed), streamed or not: all n, all full length."""
         ref, length = self._pick()
@@ -232,7 +225,8 @@ class ClientLoop(threading.Thread):
         self.current += f" n={n} stream={stream}"
         body = {**ref.body(length, stream), "temperature": 0.8, "seed": self.rng.randrange(1 << 31), "n": n}
         self.kind = "sampled_n"
-        deadline = time.monotonic() + self.ctx.request_timeout
+        started = time.monotonic()
+        deadline = started + self.ctx.request_timeout
         with self._open(http, "POST", PATHS[ref.api], json=body) as response:
             expect_ok(response, self.kind)
             if stream:
@@ -241,8 +235,7 @@ class ClientLoop(threading.Thread):
             else:
                 answer = response.read() and response.json()
                 indices, usage = {c["index"] for c in answer["choices"]}, answer["usage"]
-        if stream and read.error_code == "server_shutting_down":
-            self.ctx.stats.record(self.kind, "interrupted_by_reload")
+        if stream and self._interrupted_by_reload(read, started):
             return
         if stream and (read.error_code or not read.done):
             raise Failed("protocol", f"n={n} stream {read.stream_id}: error {read.error_code}, done {read.done}")

@@ -195,3 +195,21 @@ def model_references(http: httpx.Client, described: dict, parallel: int) -> Mode
         response = http.post(path, json=body, timeout=600)
         refs.fixed.append(FixedRequest(kind, path, body, answer_of(response.raise_for_status().json())))
     return refs
+
+
+def bad_requests(model: ModelReferences) -> list[tuple[str, str, dict | bytes | None, int]]:
+    """(method, path, body, status) to a generating model: each must be answered with that status and an OpenAI
+    error object."""
+    name = model.name
+    return [
+        ("POST", "/v1/completions", {"model": name, "prompt": "x", "max_tokens": -1}, 400),
+        ("POST", "/v1/completions", {"model": name, "prompt": "x", "temperature": "hot"}, 400),
+        ("POST", "/v1/completions", {"prompt": "x", "model": "no-such-model"}, 404),
+        ("POST", "/v1/chat/completions", {"model": name, "messages": "not a list"}, 400),
+        ("POST", "/v1/completions", {"model": name, "prompt": "x", "n": 0}, 400),
+        ("POST", "/v1/completions", {"model": name, "prompt": "x", "max_tokens": model.max_model_len}, 400),
+        ("POST", "/v1/completions", {"model": name, "prompt": "x", "best_of": 3}, 400),
+        ("POST", "/v1/embeddings", {"model": name, "input": "x", "encoding_format": "hex"}, 400),
+        ("POST", "/v1/completions", b"{not json", 400),
+        ("GET", "/v1/streams/no-such-stream", None, 404),
+    ]
