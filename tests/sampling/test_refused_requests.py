@@ -41,6 +41,8 @@ from ..conftest import assert_idle
         ({"stop": None}, "stop"),
         ({"logit_bias": [1]}, "logit_bias"),
         ({"structured_output": "json"}, "structured_output"),
+        # NaN passes no comparison: a NaN bias passed the bound and its step killed the engine (every stream lost)
+        ({"logit_bias": {5: float("nan")}}, "logit_bias"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs, field):

@@ -231,7 +231,8 @@ class SamplingParams:
             fail("stop_token_ids", "must be non-negative integers")
         if any(not isinstance(t, int) or t < 0 for t in self.logit_bias):
             fail("logit_bias", "must map token ids (non-negative integers) to biases")
-        if any(not isinstance(b, (int, float)) or abs(b) > MAX_LOGIT_BIAS for b in self.logit_bias.values()):
+        # "not <=": a NaN bias fails every comparison (as "> MAX" it passed, and its step killed the engine)
+        if any(not isinstance(b, (int, float)) or not abs(b) <= MAX_LOGIT_BIAS for b in self.logit_bias.values()):
             fail("logit_bias", f"biases must be numbers between -{MAX_LOGIT_BIAS:g} and {MAX_LOGIT_BIAS:g}")
         allowed = self.allowed_token_ids
         if allowed is not None and (not allowed or any(not isinstance(t, int) or t < 0 for t in allowed)):
