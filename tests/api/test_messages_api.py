@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from wsgi_infer.engine.text.chat_template import chat_prompt_ids
 
+from ..support.chat_templates import REPLY
 from ..support.sse_client import events
 
 if TYPE_CHECKING:  # imported where used: collecting the SDK costs every test process 2.6 s
@@ -156,9 +157,25 @@ def test_count_tokens_is_the_prompt_a_message_reads(claude, model, tiny_api):
     assert counted > claude.messages.count_tokens(model=model, messages=ASK).input_tokens  # the tools count
 
 
+# Conversations with no message to answer (each was a 500) and a user message with no content, which Anthropic refuses
+# (with a system prompt, it was dropped and the reply read the system prompt alone).
+EMPTY = [
+    {"messages": [{"role": "user", "content": []}]},
+    {"messages": [{"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]}]},
+    {"messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": "Hm."}]}]},
+    {"system": [], "messages": [{"role": "user", "content": []}]},
+    {"system": SYSTEM, "messages": [{"role": "user", "content": []}]},
+]
+
+
 @pytest.mark.parametrize(
     ("change", "status", "kind", "names"),
     [
+        *((change, 400, None, "messages") for change in EMPTY),
+        ({"max_tokens": 0}, 400, None, "max_tokens"),  # at least 1, as Anthropic's API has it: it was an empty 200
+        ({"output_config": {"effort": "most"}}, 400, None, "effort"),  # not one of Anthropic's: it was ignored
+        ({"thinking": {"type": "adaptive", "display": "none"}}, 400, None, "display"),
+        ({"stop_sequences": [""]}, 400, None, "stop_sequences"),  # it named the chat completion's stop
         ({"max_tokens": None}, 400, "invalid_request_error", "max_tokens"),
         ({"model": None}, 400, "invalid_request_error", "model"),  # required, as Anthropic's API has it
         ({"model": "claude-sonnet-4-5"}, 404, "not_found_error", "claude-sonnet-4-5"),
@@ -179,6 +196,13 @@ def test_bad_requests_get_anthropic_shaped_errors(tiny_api, model, change, statu
     error = reply.json()
     assert error["type"] == "error" and names in error["error"]["message"]
     assert error["error"]["type"] == (kind or "invalid_request_error")
+
+
+@pytest.mark.parametrize("body", EMPTY)
+def test_count_tokens_refuses_a_conversation_with_nothing_to_count(tiny_api, model, body):
+    with tiny_api.client() as http:
+        reply = http.post("/v1/messages/count_tokens", json={"model": model, **body})
+    assert reply.status_code == 400 and "messages" in reply.json()["error"]["message"]
 
 
 def test_the_sdk_raises_the_errors_it_knows(claude, model):
@@ -216,3 +240,24 @@ def test_an_output_format_constrains_the_text_to_its_schema(claude, model):
     )
     assert reply.stop_reason == "end_turn"
     WeatherArgs.model_validate_json(reply.content[0].text)
+
+
+def test_thinking_display_omitted_keeps_the_thinking_block_without_its_text(thinking_api):
+    """Anthropic's ``display: "omitted"``: the block comes, its thought does not (it came whole, before)."""
+    body = {
+        "model": thinking_api.manager.model_name,
+        "messages": [{"role": "user", "content": "Capital?"}],
+        "max_tokens": 40,
+        "temperature": 0,
+        "structured_outputs": REPLY,  # a thought, then an answer
+        "thinking": {"type": "adaptive", "display": "omitted"},
+    }
+    with thinking_api.client() as http:
+        message = http.post("/v1/messages", json=body).json()
+        with http.stream("POST", "/v1/messages", json={**body, "stream": True}) as reply:
+            frames = [e.json for e in events(reply) if e.data]
+    thinking, text = message["content"]
+    assert thinking == {"type": "thinking", "thinking": "", "signature": ""} and text["text"]
+    starts = [f["content_block"]["type"] for f in frames if f["type"] == "content_block_start"]
+    deltas = [f["delta"]["type"] for f in frames if f["type"] == "content_block_delta"]
+    assert starts == ["thinking", "text"] and set(deltas) == {"text_delta"}

@@ -5,7 +5,6 @@ the template's own variables from ``chat_template_kwargs``."""
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import replace
 
 import pytest
@@ -16,8 +15,8 @@ from wsgi_infer.engine.sampling_params import StructuredOutput
 from wsgi_infer.server.api.chat.reasoning import ReasoningParser
 from wsgi_infer.server.api.chat.tools import ToolPlan
 
-from ..conftest import tiny_settings
-from ..support.in_process import InProcessServer
+from ..plugins.server_fixtures import thinking_server
+from ..support.chat_templates import OPENED_REPLY, OPENED_TEMPLATE, REPLY
 from ..support.sse_client import events
 
 CASES = {
@@ -53,31 +52,6 @@ def test_a_reply_that_starts_inside_the_thought_the_prompt_opened():
     for cut in range(len(text) + 1):
         assert parse([text[:cut], text[cut:]], opened=True) == ("So: Paris.", "Paris."), cut
     assert parse(["cut short"], opened=True) == ("cut short", "")
-
-
-THINKING_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
-)
-# What the tiny random model must write (the grammar makes it): a thought, then an answer.
-REPLY = {"regex": "<think>\n[a-z]{2,12}\n</think>\n\n[A-Z][a-z]{2,12}"}
-# A template whose prompt opens the thought (DeepSeek-R1's): the reply starts inside it.
-OPENED_TEMPLATE = THINKING_TEMPLATE.replace("{% if enable_thinking", "<think>\n{% if enable_thinking")
-OPENED_REPLY = {"regex": "[a-z]{2,12}\n</think>\n\n[A-Z][a-z]{2,12}"}
-
-
-def thinking_server(tiny_model_dirs, path, template: str) -> InProcessServer:
-    """The tiny Llama with a chat template that thinks, as Qwen3's does."""
-    shutil.copytree(tiny_model_dirs["llama"], path)
-    (path / "chat_template.jinja").write_text(template)
-    return InProcessServer(tiny_settings(tiny_model_dirs, model=path))
-
-
-@pytest.fixture(scope="module")
-def thinking_api(tiny_model_dirs, tmp_path_factory):
-    with thinking_server(tiny_model_dirs, tmp_path_factory.mktemp("thinking") / "tiny", THINKING_TEMPLATE) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -160,7 +160,7 @@ def test_max_completion_tokens_of_0_scores_the_prompt_as_max_tokens_0_does(tiny_
         ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}}, "structured_outputs"),
         ({"logit_bias": {"49152": 1}}, "logit_bias"),
         ({"logit_bias": {"5": 101}}, "logit_bias"),
-        ({"logit_bias": {"five": 1}}, "logit_bias.five.[key]"),
+        ({"logit_bias": {"five": 1}}, "logit_bias.five"),
     ],
 )
 def test_a_bad_constraint_or_bias_is_a_400_naming_the_field(tiny_api, fields, param):

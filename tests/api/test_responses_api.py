@@ -169,8 +169,38 @@ def test_a_stream_resumes_after_a_sequence_number(tiny_api, model):
             resumed = [e.json for e in events(reply) if e.data]
         for url in (resumed_url.replace("=3", "=\u00b2"), f"/v1/streams/{stream_id}?last_event_id=\u00b2"):
             assert http.get(url).status_code == 400, url  # a digit to str.isdigit, not to int(): it was a 500
+        for after in ("--1", "-2", "+3", " 3"):  # a 500, and -2 read as -1, before
+            error = http.get(resumed_url.replace("=3", f"={after}")).json()["error"]
+            assert error["param"] == "starting_after", after
     assert stream_id == whole[0]["response"]["id"]
     assert resumed == whole[4:] and resumed[-1]["type"] == "response.incomplete"
+
+
+def test_a_chat_stream_is_no_response_to_retrieve(tiny_api):
+    """Its stream id is no response's: a 404 there (it was the chat's stream), its own route serves it still."""
+    chat = {"messages": [{"role": "user", "content": ASK}], "max_tokens": 2, "stream": True}
+    with tiny_api.client() as http:
+        with http.stream("POST", "/v1/chat/completions", json=chat) as reply:
+            stream_id = reply.headers["X-Stream-Id"]
+            list(events(reply))
+        retrieved = http.get(f"/v1/responses/{stream_id}?stream=true")
+        assert retrieved.status_code == 404 and retrieved.json()["error"]["param"] == "response_id"
+        assert http.get(f"/v1/streams/{stream_id}").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"input": "1," * 34_000, "max_output_tokens": 2}, "input"),  # a token a byte: past the window (65,536)
+        ({"max_output_tokens": 10**6}, "max_output_tokens"),
+    ],
+)
+def test_a_conversation_past_the_window_names_the_fields_sent(tiny_api, model, change, param):
+    """Not the chat completion's prompt and max_tokens, which the client never sent."""
+    with tiny_api.client() as http:
+        error = http.post("/v1/responses", json={"model": model, "input": ASK, **change}).json()["error"]
+    assert error["param"] == param and "context window" in error["message"]
+    assert "input (" in error["message"] and "max_output_tokens (" in error["message"], error["message"]
 
 
 @pytest.mark.parametrize(

@@ -1,16 +1,18 @@
-"""The servers' fixtures: the app in this process and the openai SDK on it, real gunicorn servers shared per set
-of settings, a headless browser, the tool-call texts the app parsed; and, at the session's end, the folders of
-servers a test killed removed."""
+"""The servers' fixtures: the app in this process and the openai SDK on it, the app over a model that thinks, real
+gunicorn servers shared per set of settings, a headless browser, the tool-call texts the app parsed; and, at the
+session's end, the folders of servers a test killed removed."""
 
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
 from wsgi_infer.server.gunicorn.owned_dirs import remove_abandoned_dirs
 
 from ..conftest import tiny_settings
+from ..support.chat_templates import THINKING_TEMPLATE
 from ..support.in_process import InProcessServer
 from ..support.prerequisites import CHROMIUM, CHROMIUM_ARGS, unavailable
 from ..support.server import GunicornServer, stop_together
@@ -115,3 +117,16 @@ def pytest_sessionfinish(session):
     """Nothing left in the temporary directory: the folders of servers a test killed outright (SIGKILL) are removed,
     as the next server to start there would remove them; those of servers still running are not."""
     remove_abandoned_dirs()
+
+
+def thinking_server(tiny_model_dirs, path, template: str) -> InProcessServer:
+    """The tiny Llama with a chat template that thinks, as Qwen3's does."""
+    shutil.copytree(tiny_model_dirs["llama"], path)
+    (path / "chat_template.jinja").write_text(template)
+    return InProcessServer(tiny_settings(tiny_model_dirs, model=path))
+
+
+@pytest.fixture(scope="module")
+def thinking_api(tiny_model_dirs, tmp_path_factory):
+    with thinking_server(tiny_model_dirs, tmp_path_factory.mktemp("thinking") / "tiny", THINKING_TEMPLATE) as server:
+        yield server

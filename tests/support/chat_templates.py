@@ -1,4 +1,5 @@
-"""Chat templates of model families whose tokenizers the tests do not have: the parts that concern tools."""
+"""Chat templates of model families whose tokenizers the tests do not have: the parts that concern tools, and a
+thinking model's (with the replies the tiny random model is made to write under them)."""
 
 # Phi-4-mini's chat template (as Microsoft publishes it): the tools come from the system message's own field.
 PHI4_TEMPLATE = (
@@ -27,3 +28,14 @@ MISTRAL_TEMPLATE = (
     '"call_id": "{{ message.tool_call_id }}"}[/TOOL_RESULTS]'
     "{%- endif %}{%- endfor %}"
 )
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+# What the tiny random model must write (the grammar makes it): a thought, then an answer.
+REPLY = {"regex": "<think>\n[a-z]{2,12}\n</think>\n\n[A-Z][a-z]{2,12}"}
+# A template whose prompt opens the thought (DeepSeek-R1's): the reply starts inside it.
+OPENED_TEMPLATE = THINKING_TEMPLATE.replace("{% if enable_thinking", "<think>\n{% if enable_thinking")
+OPENED_REPLY = {"regex": "[a-z]{2,12}\n</think>\n\n[A-Z][a-z]{2,12}"}

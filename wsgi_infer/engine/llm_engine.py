@@ -23,6 +23,7 @@ from .outputs import EngineCounters, RequestDelta, TokenLogprob
 from .pooling import embedding, pool
 from .runtime.device import resolve_device, resolve_dtype
 from .runtime.native_threads import start_native_thread
+from .sampling.grammar import constraint_end
 from .sampling.sampler import Sampler, ending_tokens, prompt_logprobs, stop_reason
 from .sampling.speculative import SpecCounters, proposer_for, speculates, verify_sampled
 from .sampling.token_bans import token_bans
@@ -284,6 +285,8 @@ class LLMEngine:
     def _advance(self, seq: Sequence, token: int) -> tuple[str | None, str]:
         """Feed the new token to the detokenizer and grammar; return (finish_reason, text)."""
         params = seq.params
+        if seq.matcher is not None and seq.matcher.is_error():  # no token could follow: its mask let the end through
+            return constraint_end(seq.matcher, seq.request_id), seq.detokenizer.flush()
         if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
             return "stop", seq.detokenizer.flush()
         text = seq.detokenizer.push(token)
@@ -291,9 +294,7 @@ class LLMEngine:
             return "stop", text
         # A complete grammar allows nothing more: the choice ends without waiting for EOS.
         if seq.matcher is not None and (not seq.matcher.consume_token(token) or seq.matcher.is_stopped()):
-            if seq.matcher.is_error():  # past one of llguidance's limits: the text may break its constraint
-                log.warning("request %s: its constraint failed: %s", seq.request_id, seq.matcher.get_error())
-            return "stop", text + seq.detokenizer.flush()
+            return constraint_end(seq.matcher, seq.request_id), text + seq.detokenizer.flush()
         if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length", text + seq.detokenizer.flush()
         return None, text

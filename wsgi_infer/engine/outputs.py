@@ -16,12 +16,18 @@ class TokenLogprob:
     rank: int | None = None
 
 
+# vLLM's finish reason "error": the output's constraint (a schema, a grammar, tools) could not be completed, no token
+# able to follow the text; the APIs without such a reason end the request with an error instead.
+CONSTRAINT_FAILED = "error"
+CONSTRAINT_FAILED_MESSAGE = "the output cannot be completed within its constraint: no token may follow it"
+
+
 @dataclass
 class RequestDelta:
     """What one step did to one request: new text, new tokens, maybe its end.
 
-    ``finish_reason`` is None while the request runs, then "stop", "length" or
-    "abort". ``text`` may be empty while the detokenizer holds back an incomplete
+    ``finish_reason`` is None while the request runs, then "stop", "length",
+    "abort" or ``CONSTRAINT_FAILED``. ``text`` may be empty while the detokenizer holds back an incomplete
     character or a possible stop-string prefix.
     """
 

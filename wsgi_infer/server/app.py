@@ -20,6 +20,7 @@ from .api.serving import let_go_of_models
 from .engine_client.extension import init_app, manager_of
 from .engine_client.manager import EngineManager
 from .errors import APIError, register_error_handlers
+from .request_json import StrictJSONProvider
 from .settings import ServerSettings
 
 _CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -31,6 +32,7 @@ def create_app(settings: ServerSettings | None = None) -> Flask:
     settings = settings or ServerSettings()
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.json = StrictJSONProvider(app)
     app.json.ensure_ascii = False
     init_app(app, EngineManager(settings))
     _install_request_hooks(app)  # first: they run before any other hook

@@ -24,9 +24,11 @@ from llguidance import LLMatcher
 from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
 
 from ..kernels.cpu import CpuKernels
+from ..outputs import CONSTRAINT_FAILED
 from ..runtime.cpu_share import beside_the_steps
 from ..sampling_params import JSON_WHITESPACE, InvalidParameter, StructuredOutput
-from ..text.llguidance_c import COMPUTE_MASK_INTO, Matcher, Vocabulary
+from ..text.llguidance_c import COMPUTE_MASK_INTO, NO_TOKEN_ALLOWED, Matcher, Vocabulary
+from .schema_loops import loop_at, schemas_in_lark
 
 log = logging.getLogger(__name__)
 GRAMMAR_CACHE_SIZE = 128
@@ -36,8 +38,9 @@ _BITS = torch.arange(32, dtype=torch.int32)
 
 
 def grammar_text(spec: StructuredOutput) -> str:
-    """The llguidance grammar of a constraint (not yet checked)."""
+    """The llguidance grammar of a constraint (not yet checked but for its schemas' loops)."""
     try:
+        _refuse_loops(spec)
         if spec.after_thought:
             return LLMatcher.grammar_from_lark(_after_thought(spec))
         if spec.kind == "json":
@@ -49,6 +52,18 @@ def grammar_text(spec: StructuredOutput) -> str:
         return LLMatcher.grammar_from_lark(_lark(spec.value))
     except (ValueError, GbnfToLarkError) as exc:  # not JSON, a schema that is not an object, GBNF it cannot read
         raise InvalidParameter(spec.source, f"the {spec.kind} constraint is not valid: {exc}") from None
+
+
+def _refuse_loops(spec: StructuredOutput) -> None:
+    """A ValueError where a schema of the constraint loops (``schema_loops``): llguidance would compile it to a
+    grammar that no text completes."""
+    schemas = [spec.schema] if spec.kind == "json" else schemas_in_lark(spec.value) if spec.kind == "grammar" else []
+    for schema in schemas:
+        if (where := loop_at(schema)) is not None:
+            raise ValueError(
+                f"the schema at {where} is a loop of $ref or allOf that never reaches a schema of a value: "
+                "no value satisfies it"
+            )
 
 
 def _lark(grammar: str) -> str:
@@ -133,6 +148,8 @@ class GrammarCompiler:
             spec = replace(spec, value=self._with_token_ids(spec))
         text = grammar_text(spec)
         try:
+            if spec.after_thought:  # the answer alone: an empty one would show only after the thought
+                self._compiled(grammar_text(replace(spec, after_thought=False)))
             return replace(spec, compiled=self._compiled(text))
         except ValueError as exc:  # the cache is keyed by the text alone, which knows no request field
             raise InvalidParameter(spec.source, str(exc)) from None
@@ -161,7 +178,26 @@ class GrammarCompiler:
             lines = [line.strip() for line in matcher.get_error().strip().splitlines()]
             reason = " ".join([lines[0], *(line for line in lines[1:] if line.startswith("error:"))])
             raise ValueError(f"the constraint does not compile: {reason}")
+        reason = matcher.next_mask_error()  # a grammar whose start allows no token, the end included
+        if reason == NO_TOKEN_ALLOWED:
+            raise ValueError("the constraint is unsatisfiable: no text matches it (a rule that only refers to itself?)")
+        if reason is not None:
+            raise ValueError(f"the constraint does not compile: {reason}")
         return matcher
+
+
+def constraint_end(matcher: Matcher, request_id: str) -> str:
+    """The finish reason of a choice its matcher ends: "stop" where the grammar is complete; ``CONSTRAINT_FAILED``,
+    with a warning, where it is in error, the text breaking its constraint: no token could follow it (its mask let
+    the end of sequence alone through, ``Matcher.mask_not_filled``), one was refused, or a limit of llguidance's
+    met."""
+    if not matcher.is_error():
+        return "stop"
+    reason = (matcher.get_error().strip().splitlines() or ["?"])[0]
+    log.warning(
+        "request %s: its constraint cannot be completed (%s): finish_reason %r", request_id, reason, CONSTRAINT_FAILED
+    )
+    return CONSTRAINT_FAILED
 
 
 def apply_grammar_masks(

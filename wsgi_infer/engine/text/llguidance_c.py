@@ -71,6 +71,7 @@ _declare("llg_matcher_get_mask_byte_size", ctypes.c_size_t, _P)
 # llg_matcher_compute_mask_into's address, for C that fills many matchers' masks at once (the CPU kernels'
 # fill_masks): each matcher is its own, so several threads may fill different ones.
 COMPUTE_MASK_INTO: int = ctypes.cast(_LIB.llg_matcher_compute_mask_into, ctypes.c_void_p).value
+NO_TOKEN_ALLOWED = "NoExtensionBias"  # the error of a mask that would allow nothing: no text completes the grammar
 
 
 def _angle_bracketed_tokens_special(tokenizer_json: bytes) -> bytes:
@@ -165,6 +166,15 @@ class Matcher:
 
     def is_accepting(self) -> bool:
         return _LIB.llg_matcher_is_accepting(self._handle)
+
+    def next_mask_error(self) -> str | None:
+        """Why a copy's mask cannot be computed (the first line of its error: ``NO_TOKEN_ALLOWED`` where no token
+        may come next, the end of sequence included), or None where it can; this matcher is left as it was."""
+        probe = self.deep_copy()
+        mask = (ctypes.c_uint8 * probe.mask_bytes())()
+        if _LIB.llg_matcher_compute_mask_into(probe.handle, ctypes.addressof(mask), len(mask)) == 0:
+            return None
+        return (probe.get_error().strip().splitlines() or ["its mask could not be computed"])[0]
 
     def mask_bytes(self) -> int:
         return _LIB.llg_matcher_get_mask_byte_size(self._handle)

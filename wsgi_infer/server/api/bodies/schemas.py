@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     Field,
     StrictBool,
     StrictInt,
@@ -26,6 +27,17 @@ MAX_STOP_SEQUENCES = 4
 
 # JSON's true and 1.0 are no token ids, nor "yes" a boolean: pydantic's lax mode would take them as 1 and True.
 TokenIds = list[StrictInt]
+
+
+def _token_id_key(key: Any) -> Any:
+    """A JSON object's key naming a token id: its decimal digits, as OpenAI's logit_bias writes them ("+5", "05",
+    "5_0" or " 5" would be another spelling pydantic's lax int takes)."""
+    if isinstance(key, str) and key.isascii() and key.isdigit() and (key == "0" or not key.startswith("0")):
+        return int(key)
+    return key  # a string the strict int refuses
+
+
+TokenBiases = dict[Annotated[int, BeforeValidator(_token_id_key)], float]
 
 
 def _one_of_the_forms(value: Any, handler: Any) -> Any:
@@ -102,11 +114,18 @@ class SamplingRequest(ConstraintFields):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     prompt_logprobs: int | None = engine_field("prompt_logprobs")  # vLLM's: each prompt token's, and the top n
-    logit_bias: dict[int, float] | None = None
+    logit_bias: TokenBiases | None = None
     allowed_token_ids: list[StrictInt] | None = None  # vLLM's, as are the next three
     bad_words: list[str] | None = None
     return_token_ids: StrictBool | None = None
     return_tokens_as_token_ids: StrictBool | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _streamed(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if value is not None and not info.data.get("stream"):  # as OpenAI: they shape a stream's chunks
+            raise ValueError("only allowed when stream is true")
+        return value
 
     @field_validator("prompt_logprobs")
     @classmethod

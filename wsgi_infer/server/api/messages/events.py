@@ -53,11 +53,13 @@ def message(message_id: str, model: str, stream: RequestStream) -> dict:
     }
 
 
-def content_blocks(chat_message: dict) -> list[dict]:
-    """A chat completion's message as content blocks: its thought, its text, its tool calls."""
+def content_blocks(chat_message: dict, omit_thinking: bool = False) -> list[dict]:
+    """A chat completion's message as content blocks: its thought (its text left out with ``omit_thinking``), its
+    text, its tool calls."""
     blocks = []
     if chat_message.get("reasoning_content"):
-        blocks.append({"type": "thinking", "thinking": chat_message["reasoning_content"], "signature": ""})
+        thought = "" if omit_thinking else chat_message["reasoning_content"]
+        blocks.append({"type": "thinking", "thinking": thought, "signature": ""})
     if chat_message.get("content"):
         blocks.append({"type": "text", "text": chat_message["content"]})
     for call in chat_message.get("tool_calls", []):
@@ -72,7 +74,8 @@ def content_blocks(chat_message: dict) -> list[dict]:
 
 class MessageEvents:
     """The streamed events of one message, from the chat formatter's chunks: a block opens where the kind of
-    output changes (thought, text, each tool call), and closes before the next one opens."""
+    output changes (thought, text, each tool call), and closes before the next one opens. ``omit_thinking``: a
+    thinking block opens and closes without deltas (Anthropic's ``thinking.display: "omitted"``)."""
 
     # Per kind of text part: its block, how the block starts, its delta's type.
     _TEXT_BLOCKS = {
@@ -80,7 +83,8 @@ class MessageEvents:
         "content": ("text", {"type": "text", "text": ""}, "text_delta"),
     }
 
-    def __init__(self) -> None:
+    def __init__(self, omit_thinking: bool = False) -> None:
+        self._omit_thinking = omit_thinking
         self._index = -1
         self._open: str | None = None  # the kind of the open block: "thinking", "text" or "tool_use"
         self.finish_reason: str | None = None  # the chat's, once it ended ("tool_calls" after calls)
@@ -97,7 +101,8 @@ class MessageEvents:
                 block, start, delta_type = self._TEXT_BLOCKS[kind]
                 if self._open != block:
                     events += self._start(block, start)
-                events.append(self._delta({"type": delta_type, block: value}))
+                if not (kind == "reasoning" and self._omit_thinking):
+                    events.append(self._delta({"type": delta_type, block: value}))
         if chunk is not None and chunk["finish_reason"] is not None:
             self.finish_reason = chunk["finish_reason"]
             events += self._stop()

@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING
 
 from flask import Blueprint, jsonify, request
 
+from ....engine.outputs import CONSTRAINT_FAILED, CONSTRAINT_FAILED_MESSAGE
 from ...engine_client.streams import RequestStream
-from ...errors import anthropic_error_body
+from ...errors import APIError, anthropic_error_body
 from ...streaming import sse
 from ...streaming.stream_log import StreamInterrupted
-from ..bodies.parsing import parse
+from ..bodies.parsing import fields_as_sent, parse
 from ..chat.conversation import chat_token_ids, start_chat
 from ..chat.formatters import ChatFormatter
 from ..serving import collect_all, model_of, publish, pumped_choices
@@ -24,19 +25,26 @@ if TYPE_CHECKING:
 
 bp = Blueprint("messages", __name__, url_prefix="/v1")
 
+# A chat completion's fields that a Messages request names otherwise.
+_FIELDS = {"stop": "stop_sequences", "response_format": "output_config.format"}
+
 
 @bp.post("/messages")
 def messages():
     body = request.get_json(force=True)
     extensions = extensions_of(body)
     req: MessagesRequest = parse(MessagesRequest, body)
-    stream, formatter = start_chat(req.as_chat(extensions), "message")
+    with fields_as_sent(_FIELDS):
+        stream, formatter = start_chat(req.as_chat(extensions), "message")
     frame = events.message(f"msg_{stream.request_id}", formatter.model, stream)
     if req.stream:
-        return publish(stream, _events(model_of(stream), stream, formatter, frame), api="anthropic")
+        translate = events.MessageEvents(req.thinking_omitted)
+        return publish(stream, _events(model_of(stream), stream, formatter, frame, translate), api="anthropic")
     choice = collect_all(stream)[0]
     final = formatter.final_choice(choice)
-    content = events.content_blocks(final["message"])
+    if final["finish_reason"] == CONSTRAINT_FAILED:  # Anthropic's stop reasons have none for it
+        raise APIError(CONSTRAINT_FAILED_MESSAGE, 400)
+    content = events.content_blocks(final["message"], req.thinking_omitted)
     return jsonify(
         {
             **frame,
@@ -52,12 +60,15 @@ def count_tokens():
     body = request.get_json(force=True)
     extensions_of(body)
     req: CountTokensRequest = parse(CountTokensRequest, body)
-    return jsonify({"input_tokens": len(chat_token_ids(req.as_chat()))})
+    with fields_as_sent(_FIELDS):
+        return jsonify({"input_tokens": len(chat_token_ids(req.as_chat()))})
 
 
-def _events(mgr: ServedModel, stream: RequestStream, formatter: ChatFormatter, frame: dict) -> Iterator[str | None]:
-    """The events of one message; runs in the pump greenlet (no request context)."""
-    translate, stop_string = events.MessageEvents(), None
+def _events(
+    mgr: ServedModel, stream: RequestStream, formatter: ChatFormatter, frame: dict, translate: events.MessageEvents
+) -> Iterator[str | None]:
+    """The events of one message, ``translate``'s; runs in the pump greenlet (no request context)."""
+    stop_string = None
     yield from events.opening(frame)
     try:
         for choice in pumped_choices(mgr, stream):
@@ -66,6 +77,9 @@ def _events(mgr: ServedModel, stream: RequestStream, formatter: ChatFormatter, f
                 continue
             yield from translate.of(formatter.chunk_choice(choice))
             stop_string = stop_string or choice.delta.stop_reason
+        if translate.finish_reason == CONSTRAINT_FAILED:
+            yield sse.event(anthropic_error_body(CONSTRAINT_FAILED_MESSAGE, 400), name="error")
+            return
         yield from events.closing(translate.finish_reason, stop_string, stream)
     except StreamInterrupted as exc:
         yield sse.event(anthropic_error_body(exc.message, 503), name="error")

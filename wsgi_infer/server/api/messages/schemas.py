@@ -108,6 +108,7 @@ class ToolChoiceParam(Request):
 class ThinkingParam(Request):
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = None
+    display: Literal["summarized", "omitted"] | None = None  # omitted: thinking blocks without their text
 
 
 class JsonOutputFormat(Request):
@@ -116,15 +117,16 @@ class JsonOutputFormat(Request):
 
 
 class OutputConfig(Request):
-    """Structured output; ``effort`` is a hint to Claude's thinking budget, which no model here has."""
+    """Structured output; ``effort`` is a hint to Claude's thinking budget, which no model here has (one of
+    Anthropic's values all the same: a client that sends another has a bug to hear of)."""
 
     format: JsonOutputFormat | None = None
-    effort: str | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
 
 
 class MessagesRequest(Request):
     model: str
-    max_tokens: int = engine_field("max_tokens", ...)
+    max_tokens: int = Field(ge=1)  # Anthropic's bound (a chat completion's 0 only reads the prompt)
     messages: list[MessageParam] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
     stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
@@ -136,6 +138,11 @@ class MessagesRequest(Request):
     tool_choice: ToolChoiceParam | None = None
     thinking: ThinkingParam | None = None
     output_config: OutputConfig | None = None
+
+    @property
+    def thinking_omitted(self) -> bool:
+        """``thinking.display: "omitted"``: thinking blocks come without their text."""
+        return self.thinking is not None and self.thinking.display == "omitted"
 
     def as_chat(self, extensions: dict | None = None) -> ChatCompletionRequest:
         """The same request as a chat completion, which the engine's path takes from here; ``extensions``: the
@@ -171,6 +178,12 @@ class MessagesRequest(Request):
         system = self.system if isinstance(self.system, str) else "".join(b.text for b in self.system or [])
         messages = [{"role": "system", "content": system}] if system else []
         for i, message in enumerate(self.messages):
+            if not message.content and not (message.role == "assistant" and i == len(self.messages) - 1):
+                raise APIError(  # Anthropic's rule: an empty user message is no turn to skip silently
+                    f"messages.{i}: all messages must have non-empty content except for the optional final "
+                    "assistant message",
+                    param=f"messages.{i}.content",
+                )
             texts, calls, thoughts = [], [], []
             for block in message.blocks(f"messages.{i}.content"):
                 if isinstance(block, ThinkingBlock):
@@ -191,6 +204,10 @@ class MessagesRequest(Request):
                 if thoughts:
                     entry["reasoning_content"] = "".join(thoughts)
                 messages.append(entry)
+        if all(m["role"] == "system" for m in messages):  # thoughts alone, or an empty prefill: nothing to answer
+            raise APIError(
+                "messages: at least one message with text, a tool use or a tool result is required", param="messages"
+            )
         return messages
 
     def _tools(self) -> list[dict] | None:

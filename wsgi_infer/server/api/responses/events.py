@@ -8,6 +8,7 @@ import copy
 import re
 import time
 
+from ....engine.outputs import CONSTRAINT_FAILED, CONSTRAINT_FAILED_MESSAGE
 from ...engine_client.identity import ResponseIdentity
 from ...engine_client.streams import RequestStream
 from ...streaming import sse
@@ -90,7 +91,10 @@ class ResponseBuilder:
         return events
 
     def finish(self, stream: RequestStream) -> list[str]:
-        """Close the last item; the response completed, or incomplete where the length limit cut it."""
+        """Close the last item; the response completed, incomplete where the length limit cut it, or failed where
+        its constraint could not be completed."""
+        if self._finish_reason == CONSTRAINT_FAILED:
+            return self.fail(CONSTRAINT_FAILED_MESSAGE, "constraint_failed", stream)
         complete = self._finish_reason != "length"
         events = self._close("completed" if complete else "incomplete")
         self.response.update(status="completed" if complete else "incomplete", usage=usage(stream))

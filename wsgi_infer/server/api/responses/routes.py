@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from flask import Blueprint, g, jsonify, request
 
-from ....engine.sampling_params import InvalidParameter
 from ...engine_client.streams import RequestStream
 from ...errors import APIError
 from ...streaming.redis_store import StoreUnavailable
 from ...streaming.stream_log import StreamInterrupted
-from ..bodies.parsing import parse
+from ..bodies.parsing import fields_as_sent, parse
 from ..chat.conversation import start_chat
 from ..chat.formatters import ChatFormatter
 from ..serving import collect_all, log_response, manager, model_of, publish, published_log, pumped_choices
@@ -41,7 +39,7 @@ def create():
     conversation = (previous["history"] if previous else []) + input_messages(req.input)
     if previous and req.model is None:  # a chain keeps its model
         req.model = previous["response"]["model"]
-    with _fields_as_sent():
+    with fields_as_sent(_FIELDS):
         stream, formatter = start_chat(req.as_chat(conversation), "response")
     builder = ResponseBuilder(_frame(req, formatter.model, stream.identity), stream.identity)
     keep = _Keeper(manager().responses if req.store else None, g.get("tenant", ""), conversation)
@@ -58,9 +56,12 @@ def create():
 def retrieve(response_id: str):
     if request.args.get("stream") in ("true", "1"):
         after = request.args.get("starting_after", "-1")
-        if not (after.isascii() and after.lstrip("-").isdigit()):
-            raise APIError("starting_after must be an event's sequence_number", param="starting_after")
-        return log_response(published_log(response_id), int(after) + 1, response_id)  # log ids count from 1
+        if not (after == "-1" or (after.isascii() and after.isdigit())):  # -1: from the first event
+            raise APIError("starting_after must be an event's sequence_number, or -1", param="starting_after")
+        log = published_log(response_id)
+        if log.api != "responses":  # another API's stream (its X-Stream-Id): no response; /v1/streams serves it
+            raise _not_found(response_id, "response_id")
+        return log_response(log, int(after) + 1, response_id)  # log ids count from 1
     return jsonify(_stored(response_id, "response_id")["response"])
 
 
@@ -104,23 +105,13 @@ def _events(
     keep(builder.response)
 
 
-# A chat completion's fields that a Responses request names otherwise.
-_FIELDS = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
-
-
-@contextmanager
-def _fields_as_sent() -> Iterator[None]:
-    """The errors of the chat completion a response runs as, naming the fields its client sent (a message's index
-    counts the instructions and the stored history too: the input as a whole)."""
-    try:
-        yield
-    except (APIError, InvalidParameter) as exc:
-        error = exc if isinstance(exc, APIError) else APIError(str(exc), 400, param=exc.param)
-        field = (error.param or "").split(".")[0]
-        if field not in _FIELDS:
-            raise
-        message = error.message.replace(error.param, _FIELDS[field], 1)
-        raise APIError(message, error.status, _FIELDS[field], error.code, error.headers) from None
+# A chat completion's fields (and the engine's prompt) that a Responses request names otherwise.
+_FIELDS = {
+    "max_tokens": "max_output_tokens",
+    "messages": "input",
+    "prompt": "input",
+    "response_format": "text.format",
+}
 
 
 def _frame(req: ResponsesRequest, model: str, ids: ResponseIdentity) -> dict:

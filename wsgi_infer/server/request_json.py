@@ -1,0 +1,50 @@
+"""How the app reads a JSON body: as RFC 8259 defines JSON, and no deeper than a bound.
+
+Python's json module takes ``NaN``, ``Infinity`` and ``-Infinity`` as numbers, which no JSON client sends and which
+pass every range check (``NaN > 2`` is false); and a body of a few kilobytes of nested brackets raises a
+RecursionError, which Flask does not take for a malformed body. Both are a 400 here, for every route.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask.json.provider import DefaultJSONProvider
+
+from .errors import APIError
+
+# OpenAI bounds a structured output's schema at 10 levels of objects; a body nests a few more around it.
+MAX_DEPTH = 64
+
+
+def _refuse_constant(name: str) -> float:
+    raise APIError(f"malformed request body: {name} is not a JSON number")
+
+
+def depth(value: Any) -> int:
+    """How many arrays and objects deep ``value`` nests, walked without recursion."""
+    deepest, pending = 0, [(value, 0)]
+    while pending:
+        node, level = pending.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, level + 1)
+            pending.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+class StrictJSONProvider(DefaultJSONProvider):
+    """Flask's JSON, reading bodies strictly; answers are written as before."""
+
+    def loads(self, s: str | bytes, **kwargs: Any) -> Any:
+        try:
+            value = json.loads(s, parse_constant=_refuse_constant, **kwargs)
+        except RecursionError:  # deeper than Python's stack: far past the bound
+            raise _too_deep() from None
+        if depth(value) > MAX_DEPTH:
+            raise _too_deep()
+        return value
+
+
+def _too_deep() -> APIError:
+    return APIError(f"malformed request body: arrays and objects nest deeper than {MAX_DEPTH} levels")
