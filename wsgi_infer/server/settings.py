@@ -73,7 +73,7 @@ class ServerSettings(EngineSettings):
         description="KV cache budget; default on CPU 256, or room for 8,192 tokens where that is more (a 3B: 896); "
         "90% of free memory on CUDA",
     )
-    max_waiting_requests: int = Field(256, ge=0, description="requests queued beyond max_num_seqs before 429")
+    max_waiting_requests: int = Field(256, ge=0, description="sequences (prompts × n) queued past max_num_seqs: 429")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body (413 above)")
     body_timeout_seconds: float = Field(
         30.0, gt=0, description="a request body must arrive whole within this time (408 otherwise; slow clients)"

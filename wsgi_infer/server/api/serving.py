@@ -87,6 +87,20 @@ def require_task(model: ServedModel, task: str) -> None:
     wait_ready(model)
 
 
+def _admit_choices(model: ServedModel, choices: int) -> None:
+    """The door counts sequences, as the engine's limits do (a request of 500 prompts × n 16 is 8,000 of them, not
+    one); one larger than the door (2,048 texts to embed) comes in where nothing else is open."""
+    limit = model.settings.max_num_seqs + model.settings.max_waiting_requests
+    fits = model.num_open_choices + choices <= limit or not model.num_open_choices
+    if not fits and not tenants().within_equal_share(g.get("key"), model, limit):
+        raise APIError(
+            f"too many choices in flight ({limit}); retry later",
+            429,
+            code="too_many_requests",
+            headers={"Retry-After": "1"},
+        )
+
+
 def start(
     model: ServedModel, prompts: list[Prompt], params: list[SamplingParams], task: str | None = "generate"
 ) -> RequestStream:
@@ -97,14 +111,7 @@ def start(
         wait_ready(model)
     else:
         require_task(model, task)  # waits for readiness too
-    limit = model.settings.max_num_seqs + model.settings.max_waiting_requests
-    if model.num_open_requests >= limit and not tenants().within_equal_share(g.get("key"), model, limit):
-        raise APIError(
-            f"too many requests in flight ({limit}); retry later",
-            429,
-            code="too_many_requests",
-            headers={"Retry-After": "1"},
-        )
+    _admit_choices(model, len(prompts) * len(params))
     model.prepare(params)
     prompt_ids = model.encode(prompts, tokens_to_keep(params[0], model.max_model_len))
     for ids in prompt_ids:  # as the engine would refuse it, but a long prompt then costs the engine thread nothing

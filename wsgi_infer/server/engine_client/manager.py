@@ -229,7 +229,7 @@ class EngineManager:
         self._router.add(stream)
         self._open_streams.add(id(stream))
         self._idle.clear()
-        model.num_open_requests += 1
+        model.count_open(stream, +1)
         model.metrics.open_streams.inc()
         self._bridge.send(Submit(model.name, stream.key, request_id, stream.choice_ids, prompts, params, generated))
         return stream
@@ -242,7 +242,7 @@ class EngineManager:
         if stream.on_close is not None:
             stream.on_close()
         model = self.models[stream.model]
-        model.num_open_requests -= 1
+        model.count_open(stream, -1)
         model.metrics.open_streams.dec()
         model.last_used = time.monotonic()
         if not model.busy:

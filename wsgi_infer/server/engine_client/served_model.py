@@ -61,6 +61,7 @@ class ServedModel:
         self._settled = gevent.event.Event()  # set while loaded or failed
         self.metrics = metrics.ModelMetrics(self.name)
         self.num_open_requests = 0
+        self.num_open_choices = 0  # their choices (prompts × n each): the sequences the admission door counts
         self.holds = 0  # requests that named the model and have not submitted to it yet (``busy``)
         self.open_by_key: Counter[str] = Counter()  # of them, each API key's (``tenants``)
         self.last_used = time.monotonic()
@@ -82,6 +83,11 @@ class ServedModel:
         """A request is open on the model, or on its way to it: rendering, tokenizing or compiling its constraint
         between the model's readiness and its submission. A busy model is never unloaded."""
         return bool(self.num_open_requests or self.holds)
+
+    def count_open(self, stream: RequestStream, sign: int) -> None:
+        """A stream opened (+1) or closed (-1): one request, and its choices."""
+        self.num_open_requests += sign
+        self.num_open_choices += sign * stream.num_choices
 
     def loading(self) -> None:
         self.state, self.failure = "loading", None
@@ -109,7 +115,7 @@ class ServedModel:
 
     def on_unloaded(self) -> None:
         self.state = "unloaded"  # its text side stays, for its next load
-        self._settled.clear()  # its gauges read zero once the engine freed it (``Router.forget``)
+        self._settled.clear()  # its gauges read zero once the engine freed it (``StreamRouter.forget``)
 
     @property
     def retry_in(self) -> int:
