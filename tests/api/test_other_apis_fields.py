@@ -210,3 +210,18 @@ def test_stop_reason_names_the_stop_string_or_token_that_ended_the_reply(tiny_ap
     ends = [c for chunk in chunks for c in chunk["choices"] if c["finish_reason"] is not None]
     assert [c["stop_reason"] for c in ends] == [token]
     assert not any("stop_reason" in c for chunk in chunks for c in chunk["choices"] if c["finish_reason"] is None)
+
+
+@pytest.mark.parametrize("field", [{"max_tokens": 2}, {"n": 2}, {"min_p": 0.5}, {"repetition_penalty": 1.5}])
+def test_the_native_apis_fields_are_its_own_and_another_is_a_400(tiny_api, field):
+    """/generate's fields are this server's: one of another API's was ignored (max_tokens 2 generated 16)."""
+    with tiny_api.client() as http:
+        response = http.post("/generate", json={"prompt": "Hi", "max_new_tokens": 2, **field})
+        assert response.status_code == 400, response.text
+        (name,) = field
+        assert response.json()["error"] == {
+            "message": f"{name}: no such field here",
+            "type": "invalid_request_error",
+            "param": name,
+            "code": None,
+        }

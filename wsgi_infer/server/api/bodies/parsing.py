@@ -80,6 +80,8 @@ def _bad_field(errors: list[Any], body: dict) -> APIError:
     if not where:
         return APIError(first["msg"])
     param = ".".join(where)
+    if first["type"] == "extra_forbidden":  # a route whose fields are all its own (the native API's)
+        return APIError(f"{param}: no such field here", param=param)
     said = [e["msg"] for e in errors if tuple(str(p) for p in e["loc"][: len(where)]) == where]
     if len(where) < len(first["loc"]):
         detail = "; ".join(dict.fromkeys(said))  # each form's complaint, once

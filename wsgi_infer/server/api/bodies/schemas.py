@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from pydantic import (
     AfterValidator,
     BeforeValidator,
+    ConfigDict,
     Field,
     StrictBool,
     StrictInt,
@@ -223,8 +224,10 @@ class DetokenizeRequest(Request):
 
 
 class GenerateRequest(Request):
-    """The native API: a prompt and a few sampling knobs."""
+    """The native API: a prompt and a few sampling knobs. Its fields are ours: another is a 400, not ignored
+    (``max_tokens`` here would have been, and 16 tokens generated)."""
 
+    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     keep_alive: KeepAlive = None
     prompt: str = Field(min_length=1)
