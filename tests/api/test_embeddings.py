@@ -10,6 +10,7 @@ import numpy as np
 import openai
 import pytest
 
+from ..plugins.server_fixtures import openai_client
 from ..support.in_process import InProcessServer
 
 TEXTS = [
@@ -33,8 +34,7 @@ def embedding_api(minilm_dir):
 
 @pytest.fixture(scope="module")
 def client(embedding_api) -> openai.OpenAI:
-    http = embedding_api.client()
-    return openai.OpenAI(base_url=f"{embedding_api.url}/v1", api_key="unused", max_retries=0, http_client=http)
+    return openai_client(embedding_api)
 
 
 @pytest.fixture(scope="module")

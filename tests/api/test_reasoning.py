@@ -17,6 +17,7 @@ from wsgi_infer.server.api.chat.tools import ToolPlan
 
 from ..plugins.server_fixtures import thinking_server
 from ..support.chat_templates import OPENED_REPLY, OPENED_TEMPLATE, REPLY
+from ..support.grammar_reference import accepts
 from ..support.sse_client import events
 
 CASES = {
@@ -120,17 +121,10 @@ def grammars(tiny_model_dirs) -> tuple[GrammarCompiler, object]:
 def test_a_thinking_models_constraint_holds_after_its_free_thought(grammars, spec, answer, wrong):
     """The thought may hold anything (even a partial tag); the answer after it, or alone, is what the constraint
     allows, and nothing else."""
-    grammars, tokenizer = grammars
     spec = replace(spec, after_thought=True)
-
-    def accepts(text: str) -> bool:
-        matcher = grammars.matcher(spec)
-        tokens = tokenizer.encode(text, add_special_tokens=False)
-        return all(matcher.consume_token(token) for token in tokens) and matcher.is_accepting()
-
     thought = '<think>\nNo, wait: </thi is no end. {"b": 1}\n</think>\n\n'
-    assert accepts(thought + answer) and accepts(answer)
-    assert not accepts(thought + wrong) and not accepts(wrong)
+    assert accepts(*grammars, spec, thought + answer) and accepts(*grammars, spec, answer)
+    assert not accepts(*grammars, spec, thought + wrong) and not accepts(*grammars, spec, wrong)
 
 
 @pytest.mark.parametrize("api, reply", [("thinking_api", REPLY), ("opened_api", OPENED_REPLY)])
@@ -221,3 +215,32 @@ def test_an_assistants_thought_sent_back_reaches_a_template_that_renders_it(tiny
     assert by_content == by_reasoning and len(by_content) > len(plain)
     assert reply["usage"]["prompt_tokens"] == response["usage"]["input_tokens"] == len(by_reasoning)
     assert counted["input_tokens"] - without["input_tokens"] == len(by_reasoning) - len(plain)  # a thinking block
+
+
+# gpt-oss's way: the template reads reasoning_effort (its "Reasoning: high" line); some read a message's name
+NAMED_TEMPLATE = (
+    "{% if reasoning_effort is defined %}Reasoning: {{ reasoning_effort }}\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}{% if m.name is defined %} ({{ m.name }}){% endif %}\n"
+    "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_reasoning_effort_and_a_messages_name_reach_the_template_as_vllm_passes_them(tiny_model_dirs, tmp_path):
+    """Before, reasoning_effort other than none and a message's name were dropped: the same prompt for any."""
+    ask = [{"role": "user", "content": "Capital?", "name": "ada"}]
+    with thinking_server(tiny_model_dirs, tmp_path / "tiny", NAMED_TEMPLATE) as server, server.client() as http:
+
+        def prompt(**fields) -> list[int]:
+            return http.post("/tokenize", json={"model": "tiny", **fields}).json()["tokens"]
+
+        high = prompt(messages=ask, reasoning_effort="high")
+        own = prompt(messages=ask, reasoning_effort="high", chat_template_kwargs={"reasoning_effort": "low"})
+        unnamed = [{"role": "user", "content": "Capital?"}]
+        plain, low = prompt(messages=unnamed), prompt(messages=unnamed, reasoning_effort="low")
+        effort = {"input": "Capital?", "max_output_tokens": 1, "reasoning": {"effort": "low"}}
+        response = http.post("/v1/responses", json=effort).json()
+        decode = server.manager.default.tokenizer.decode
+    assert decode(high).startswith("Reasoning: high") and "user (ada)" in decode(high)
+    assert decode(own).startswith("Reasoning: low")  # the request's own variable has its say
+    assert not decode(plain).startswith("Reasoning") and "(ada)" not in decode(plain)
+    assert response["usage"]["input_tokens"] == len(low)

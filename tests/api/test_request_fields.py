@@ -54,6 +54,15 @@ def test_bad_tool_requests_are_400s_naming_the_field(tiny_api, fields, param):
         ("/v1/chat/completions", {"messages": [*ASK, {"role": "assistant", "content": None}]}, "messages.1"),
         ("/v1/chat/completions", {"messages": ASK, "top_logprobs": 2}, "top_logprobs"),
         ("/v1/chat/completions", {"messages": ASK, "tools": TOOLS * 2}, "tools"),
+        ("/v1/chat/completions", {"messages": ASK, "reasoning_effort": "bogus"}, "reasoning_effort"),
+        ("/v1/chat/completions", {"messages": ASK, "verbosity": "high"}, "verbosity"),  # only medium, the default
+        ("/v1/chat/completions", {"messages": ASK, "verbosity": "bogus"}, "verbosity"),
+        ("/v1/chat/completions", {"messages": [{**ASK[0], "name": 5}]}, "messages.0.name"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            "messages.0.content.0.text",
+        ),
     ],
 )
 def test_what_would_be_taken_for_something_else_is_a_400_naming_the_field(tiny_api, route, fields, param):
@@ -61,6 +70,14 @@ def test_what_would_be_taken_for_something_else_is_a_400_naming_the_field(tiny_a
         response = http.post(route, json={"max_tokens": 2, **fields})
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("effort", ["none", "minimal", "low", "medium", "high", "xhigh", "max"])
+def test_openais_reasoning_efforts_and_its_default_verbosity_are_accepted(tiny_api, effort):
+    body = {"messages": ASK, "max_tokens": 2, "reasoning_effort": effort, "verbosity": "medium"}
+    with tiny_api.client() as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
 
 
 @pytest.mark.parametrize(

@@ -12,13 +12,15 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from ..conftest import tiny_settings
+from ..plugins.server_fixtures import openai_client
 from ..support.in_process import InProcessServer
 from ..support.sse_client import events
+from .weather_tool import UNIT
 
 ASK = "What is the weather like in Paris today?"
 UNIT_SCHEMA = {
     "type": "object",
-    "properties": {"unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "properties": {"unit": UNIT},
     "required": ["unit"],
     "additionalProperties": False,
 }
@@ -32,7 +34,7 @@ class Unit(BaseModel):
 
 @pytest.fixture(scope="module")
 def client(tiny_api) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{tiny_api.url}/v1", api_key="unused", max_retries=0, http_client=tiny_api.client())
+    return openai_client(tiny_api)
 
 
 @pytest.fixture(scope="module")
@@ -221,12 +223,31 @@ def test_a_conversation_past_the_window_names_the_fields_sent(tiny_api, model, c
         ({"max_output_tokens": 10**6}, "max_output_tokens"),  # over the context window
         ({"input": []}, "input"),
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "strin"}}}}, "text.format"),
+        # ignored though they change the output, before
+        ({"text": {"verbosity": "low"}}, "text.verbosity"),
+        ({"text": {"verbosity": "bogus"}}, "text.verbosity"),
+        ({"context_management": [{"type": "compaction", "compact_threshold": 1000}]}, "context_management"),
+        ({"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
+        ({"reasoning": {"context": "all_turns"}}, "reasoning.context"),
+        ({"reasoning": {"mode": "pro"}}, "reasoning.mode"),
+        ({"reasoning": {"effort": "bogus"}}, "reasoning.effort"),
     ],
 )
 def test_what_is_not_supported_is_a_400_naming_the_field(tiny_api, model, change, param):
     with tiny_api.client() as http:
-        reply = http.post("/v1/responses", json={"model": model, "input": ASK, **change})
+        reply = http.post("/v1/responses", json={"model": model, "input": ASK, "max_output_tokens": 2, **change})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == param
+
+
+def test_the_values_of_those_fields_that_change_nothing_are_accepted(tiny_api, model):
+    neutral = {
+        "text": {"verbosity": "medium"},
+        "context_management": [],
+        "reasoning": {"context": "auto", "mode": "standard"},
+    }
+    with tiny_api.client() as http:
+        reply = http.post("/v1/responses", json={"model": model, "input": ASK, "max_output_tokens": 2, **neutral})
+    assert reply.status_code == 200, reply.text
 
 
 def test_each_key_reads_only_its_own_responses_and_streams(tiny_model_dirs):

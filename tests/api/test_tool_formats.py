@@ -16,8 +16,8 @@ from ..conftest import save_tiny_model, tiny_settings
 from ..support.chat_templates import MISTRAL_TEMPLATE, PHI4_TEMPLATE
 from ..support.in_process import InProcessServer
 from ..support.sse_client import events
+from .weather_tool import UNIT
 
-UNIT = {"type": "string", "enum": ["celsius", "fahrenheit"]}
 TOOLS = [
     {
         "type": "function",

@@ -12,6 +12,7 @@ from wsgi_infer.server.api.chat.tool_formats import HERMES, LLAMA3_JSON, tool_fo
 from wsgi_infer.server.api.chat.tools import ToolCallParser, ToolPlan, call_text
 
 from ..support.chat_templates import PHI4_TEMPLATE
+from ..support.grammar_reference import accepts
 
 WEATHER = {
     "name": "get_weather",
@@ -24,12 +25,6 @@ WEATHER = {
 }
 TIME = {"name": "get_time", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}
 TWO_CALLS = call_text("get_weather", '{"city":"Paris","days":2}') + "\n" + call_text("get_time", "{}")
-
-
-def accepts(plan: ToolPlan, text: str, engine) -> bool:
-    matcher = engine.grammars.matcher(plan.constraint())
-    tokens = engine.tokenizer.encode(text, add_special_tokens=False)
-    return all(matcher.consume_token(token) for token in tokens) and matcher.is_accepting()
 
 
 @pytest.mark.parametrize(
@@ -50,7 +45,8 @@ def accepts(plan: ToolPlan, text: str, engine) -> bool:
     ],
 )
 def test_the_grammar_allows_exactly_valid_calls(tiny_llama, mode, parallel, text, accepted):
-    assert accepts(ToolPlan([WEATHER, TIME], mode, parallel), text, tiny_llama.engine) is accepted
+    engine, plan = tiny_llama.engine, ToolPlan([WEATHER, TIME], mode, parallel)
+    assert accepts(engine.grammars, engine.tokenizer, plan.constraint(), text) is accepted
 
 
 @pytest.mark.parametrize("piece", [1, 2, 3, 7, 1000])
@@ -120,8 +116,8 @@ def test_the_call_format_is_the_chat_templates(tiny_llama):
     ],
 )
 def test_llama3s_grammar_allows_exactly_one_valid_call(tiny_llama, mode, text, accepted):
-    plan = ToolPlan([WEATHER, TIME], mode, True, LLAMA3_JSON)
-    assert accepts(plan, text, tiny_llama.engine) is accepted
+    engine, plan = tiny_llama.engine, ToolPlan([WEATHER, TIME], mode, True, LLAMA3_JSON)
+    assert accepts(engine.grammars, engine.tokenizer, plan.constraint(), text) is accepted
 
 
 @pytest.mark.parametrize("piece", [1, 2, 3, 7, 1000])

@@ -11,20 +11,12 @@ from wsgi_infer.engine.scheduling.prefill_pacer import PrefillPacer
 from wsgi_infer.engine.scheduling.scheduler import Scheduler
 from wsgi_infer.engine.scheduling.sequence import Sequence
 
-from ..support.scheduling import step, step_tokens
+from ..support.scheduling import Clock, step, step_tokens
 
 
 def _seq(name: str, tenant: str, n: int = 8, weight: float = 1.0, priority: int = 0, max_tokens: int = 64) -> Sequence:
     params = SamplingParams(tenant=tenant, tenant_weight=weight, priority=priority)
     return Sequence(name, list(range(n)), params, max_tokens=max_tokens)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _scheduler(

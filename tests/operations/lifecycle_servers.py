@@ -39,7 +39,7 @@ class StreamResult:
             error.name == "error"
             and error.retry is not None
             and error.json["error"]["code"] == "server_shutting_down"
-            and error.json["error"]["type"] == "server_shutdown"
+            and error.json["error"]["type"] == "service_unavailable_error"
             and abort.json["choices"][0]["finish_reason"] == "abort"
         )
 

@@ -23,6 +23,7 @@ from wsgi_infer.server.streaming.redis_store import RedisStore
 from wsgi_infer.server.streaming.stream_endings import API_SHAPES
 from wsgi_infer.server.streaming.stream_log import StreamLog
 
+from ..support.in_process import interrupted_endings
 from ..support.server import GunicornServer, RedisServer, labelled_samples, stop_together
 from ..support.sse_client import Event, events, text_of
 
@@ -153,7 +154,7 @@ def test_a_mirror_that_slept_through_an_outage_copies_its_whole_log_again(tmp_pa
     # A long heartbeat: the sleeping mirror renews nothing, so it never meets the outage itself.
     store = RedisStore(redis_server.url, keep_seconds=60, heartbeat=30, metrics=ModelMetrics("mirror-test"))
     client = redis.Redis.from_url(redis_server.url)
-    busy, sleeping = (StreamLog(name, grace=60, on_abandoned=lambda: None) for name in ("busy", "sleeping"))
+    busy, sleeping = (StreamLog(name, grace=60, on_release=lambda: None) for name in ("busy", "sleeping"))
 
     def until(condition, what: str, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
@@ -193,7 +194,7 @@ def test_a_reader_elsewhere_ends_a_lost_stream_in_its_apis_shape(tmp_path, api):
     redis_server = RedisServer(tmp_path)
     store = RedisStore(redis_server.url, keep_seconds=60, heartbeat=0.2, metrics=ModelMetrics(f"lost-{api}"))
     client = redis.Redis.from_url(redis_server.url)
-    stream_log = StreamLog(f"lost-{api}", grace=60, on_abandoned=lambda: None, api=api)
+    stream_log = StreamLog(f"lost-{api}", grace=60, on_release=lambda: None, api=api)
     key = store.key(stream_log.stream_id)
     try:
         for n in (1, 2):
@@ -216,5 +217,6 @@ def test_a_reader_elsewhere_ends_a_lost_stream_in_its_apis_shape(tmp_path, api):
         assert error["type"] == "error" and error["error"]["type"] == "overloaded_error"
     elif api == "responses":
         assert (error["type"], error["code"], error["sequence_number"]) == ("error", "stream_lost", 2)
-    else:
+    else:  # the event the route writes on the generating worker, where it can
         assert error["error"]["code"] == "stream_lost"
+        assert frames[-1] == interrupted_endings(error["error"]["message"], "stream_lost")["openai"]

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from ..support.nginx_proxy import NginxProxy
-from ..support.server import ENDLESS, GunicornServer, RedisServer, stop_together, wait_until
+from ..support.server import ENDLESS, GunicornServer, stop_together, wait_until
 from ..support.sse_client import events
 
 pytestmark = pytest.mark.slow  # real processes
@@ -35,12 +35,6 @@ def three_hosts(tiny_model_dirs, redis_url: str, *gunicorn_args: str) -> Iterato
         hosts = [stack.enter_context(GunicornServer(settings, *gunicorn_args)) for _ in range(3)]
         yield [host.wait_ready() for host in hosts]
         stop_together(hosts)
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    with RedisServer(tmp_path_factory.mktemp("redis")) as redis_server:
-        yield redis_server.url
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from ..support.nginx_proxy import NginxProxy
-from ..support.server import GunicornServer, RedisServer, labelled_samples
+from ..support.server import GunicornServer, labelled_samples
 from ..support.sse_client import Event, events
 
 pytestmark = pytest.mark.slow  # real processes
@@ -128,12 +128,6 @@ def resume(url: str, path: str, stream_id: str, last: Event) -> list[Event]:
     ):
         assert reply.status_code == 200, reply.read()
         return [e for e in events(reply) if e.data]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    with RedisServer(tmp_path_factory.mktemp("redis")) as redis_server:
-        yield redis_server.url
 
 
 def test_every_streaming_route_continues_on_another_host_as_if_uninterrupted(tiny_model_dirs, redis_url):

@@ -1,11 +1,12 @@
 """The servers' fixtures: the app in this process and the openai SDK on it, the app over a model that thinks, real
-gunicorn servers shared per set of settings, a headless browser, the tool-call texts the app parsed; and, at the
-session's end, the folders of servers a test killed removed."""
+gunicorn servers shared per set of settings, a Redis for a module's servers, a headless browser, the tool-call texts
+the app parsed; and, at the session's end, the folders of servers a test killed removed."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 
 import pytest
 
@@ -15,7 +16,7 @@ from ..conftest import tiny_settings
 from ..support.chat_templates import THINKING_TEMPLATE
 from ..support.in_process import InProcessServer
 from ..support.prerequisites import CHROMIUM, CHROMIUM_ARGS, unavailable
-from ..support.server import GunicornServer, stop_together
+from ..support.server import GunicornServer, RedisServer, stop_together
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +70,13 @@ def gunicorn_server():
 
     yield serve
     stop_together(servers.values())
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory) -> Iterator[str]:
+    """A real Redis for the servers of one module (several hosts sharing it), started and stopped with it."""
+    with RedisServer(tmp_path_factory.mktemp("redis")) as redis_server:
+        yield redis_server.url
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 
 from wsgi_infer import SamplingParams
 
-from ..support.server import ENDLESS, GunicornServer, RedisServer, stop_together, wait_until
+from ..support.server import ENDLESS, GunicornServer, stop_together, wait_until
 from ..support.sse_client import events, text_of
 
 pytestmark = pytest.mark.slow  # real processes
@@ -108,12 +108,6 @@ def test_unknown_stream_and_bad_last_event_id(server):
             list(events(r))
         bad = http.get(f"/v1/streams/{stream_id}", headers={"Last-Event-ID": "x"})
         assert bad.status_code == 400
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    with RedisServer(tmp_path_factory.mktemp("redis")) as redis_server:
-        yield redis_server.url
 
 
 KEY_ONE, KEY_TWO = ({"Authorization": f"Bearer {key}"} for key in ("key-one", "key-two"))

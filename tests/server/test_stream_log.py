@@ -6,15 +6,19 @@ import json
 
 import gevent
 import gevent.event
+import pytest
 from openai._streaming import SSEDecoder
 
 from wsgi_infer.server.metrics import ModelMetrics
 from wsgi_infer.server.streaming import sse
+from wsgi_infer.server.streaming.stream_endings import RETRY_MS, error_event
 from wsgi_infer.server.streaming.stream_log import StreamInterrupted, StreamLog, StreamLogs
+
+from ..support.in_process import interrupted_endings
 
 
 def new_log() -> StreamLog:
-    return StreamLog("s", grace=60.0, on_abandoned=lambda: None)
+    return StreamLog("s", grace=60.0, on_release=lambda: None)
 
 
 def test_a_heartbeat_between_numbered_events_is_no_event_for_the_openai_sdk():
@@ -65,7 +69,7 @@ def test_a_stream_read_elsewhere_when_its_reader_here_left_is_abandoned_once_tha
     """A resume on another worker (through Redis) holds the stream while it reads; when it leaves too, nobody
     tells this worker: the stream is looked at again each grace period until nobody reads it anywhere."""
     elsewhere, abandoned = [True, True, False], gevent.event.Event()
-    log = StreamLog("s", grace=0.01, on_abandoned=abandoned.set, read_elsewhere=lambda: elsewhere.pop(0))
+    log = StreamLog("s", grace=0.01, on_release=abandoned.set, read_elsewhere=lambda: elsewhere.pop(0))
     log.append(sse.event({"n": 1}))
     reader = log.read(0, heartbeat=1.0)
     next(reader)
@@ -73,16 +77,16 @@ def test_a_stream_read_elsewhere_when_its_reader_here_left_is_abandoned_once_tha
     assert abandoned.wait(timeout=10) and elsewhere == []
 
 
-def test_an_event_the_mirror_has_not_released_wakes_no_heartbeat():
-    """With Redis, each event is released once the mirror has copied it: its append woke the reader, which wrote a
+def test_an_event_the_mirror_has_not_copied_wakes_no_heartbeat():
+    """With Redis, each event is readable once the mirror has copied it: its append woke the reader, which wrote a
     heartbeat before every event (as many writes again)."""
     log = new_log()
-    log.copied(0)  # a mirror runs: nothing released yet
+    log.copied(0)  # a mirror runs: nothing readable yet
     taken: list[str] = []
     reader = gevent.spawn(lambda: taken.extend(log.read(0, heartbeat=30.0)))
     gevent.sleep(0)
     log.append(sse.event({"n": 1}))
-    gevent.sleep(0)  # the reader wakes, and finds nothing released
+    gevent.sleep(0)  # the reader wakes, and finds nothing readable
     gevent.sleep(0)
     log.copied(1)
     log.finish()
@@ -93,7 +97,7 @@ def test_an_event_the_mirror_has_not_released_wakes_no_heartbeat():
 def published_past_the_bound(events) -> list[str]:
     """The events a stream's log ends with when its events, never read, pass a backlog bound of 100 bytes."""
     logs = StreamLogs(keep_seconds=60, grace=60, backlog_bytes=100, redis_url=None, metrics=ModelMetrics("bound"))
-    log = logs.publish(events, on_abandoned=lambda: None)
+    log = logs.publish(events, on_release=lambda: None)
     while not log.finished:
         log.wait(len(log.events), timeout=10)
     return log.events
@@ -116,13 +120,25 @@ def test_a_stream_past_the_backlog_bound_ends_as_its_route_ends_an_interrupted_s
     assert ending[:-1] == [sse.event({"text": "x" * 40})] * 2 and closed == [True]  # 114 bytes: past the bound
 
 
-def test_a_route_that_does_not_end_an_interrupted_stream_gets_an_openai_shaped_error():
+def test_a_route_that_does_not_end_an_interrupted_stream_gets_the_error_the_openai_routes_write():
     def route_events():
         while True:
             yield sse.event({"text": "x" * 40})
 
-    name, data = sse.fields(published_past_the_bound(route_events())[-1])
-    assert name == "error" and json.loads(data)["error"]["code"] == "stream_backlog_exceeded"
+    ending = published_past_the_bound(route_events())[-1]
+    message = json.loads(sse.fields(ending)[1])["error"]["message"]
+    assert ending == interrupted_endings(message, "stream_backlog_exceeded")["openai"]
+
+
+@pytest.mark.parametrize("code", ["server_shutting_down", "engine_stopped", "stream_abandoned"])
+def test_an_interrupted_stream_ends_as_a_reader_of_redis_ends_it(code):
+    """The same interruption reaches a client the same way, from the generating worker or from Redis's copy read
+    elsewhere (``stream_endings``): OpenAI's error of a 503, the cause in its code, and a retry hint."""
+    elsewhere = error_event("openai", 7, "cut short", code)
+    assert interrupted_endings("cut short", code) == {"openai": elsewhere, "native": elsewhere}
+    name, data = sse.fields(elsewhere)
+    error = {"message": "cut short", "type": "service_unavailable_error", "param": None, "code": code}
+    assert name == "error" and json.loads(data) == {"error": error} and f"\nretry: {RETRY_MS}\n" in elsewhere
 
 
 def test_a_continued_stream_skips_the_events_its_client_has_and_ends_where_its_run_differs():
@@ -141,7 +157,7 @@ def test_a_continued_stream_skips_the_events_its_client_has_and_ends_where_its_r
             yield sse.event({"ended": exc.code})
 
     for first, ending in (([1, 2], {"n": 3}), ([1, 5], {"ended": "stream_lost"})):
-        log = logs.publish(route(first), on_abandoned=lambda: None, known=known)
+        log = logs.publish(route(first), on_release=lambda: None, known=known)
         while not log.finished:
             log.wait(len(log.events), timeout=5)  # the pump greenlet runs meanwhile
         assert log.events == [*known, sse.event(ending)]

@@ -1,4 +1,5 @@
-"""llguidance's Python binding as the reference for our matchers, which call its C interface."""
+"""llguidance's Python binding as the reference for our matchers, which call its C interface; and whether one of
+our matchers takes a text whole."""
 
 from __future__ import annotations
 
@@ -10,6 +11,14 @@ import torch
 from wsgi_infer.engine.kernels.cpu import CpuKernels
 from wsgi_infer.engine.sampling.grammar import GrammarCompiler, apply_grammar_masks, grammar_text
 from wsgi_infer.engine.sampling_params import StructuredOutput
+
+
+def accepts(grammars: GrammarCompiler, tokenizer, spec: StructuredOutput, text: str) -> bool:
+    """Whether a fresh matcher for ``spec`` takes every token of ``text`` (as ``tokenizer`` encodes it) and may end
+    there."""
+    matcher = grammars.matcher(spec)
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    return all(matcher.consume_token(token) for token in tokens) and matcher.is_accepting()
 
 
 def assert_masks_as_the_python_binding(

@@ -2,15 +2,21 @@
 
 Requests go through httpx's WSGI transport (the openai SDK takes such a client too) or Flask's test client, in
 this thread, which is also the gevent hub's: every wait inside the app runs the hub, which delivers the engine
-thread's output. So one request at a time: concurrency, signals and sockets are the real server's tests.
+thread's output. So one request at a time: concurrency, signals and sockets are the real server's tests. And a
+route's own events for a stream the engine cut short, with no app at all (``interrupted_endings``).
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import httpx
 
+from wsgi_infer.server.api import native
+from wsgi_infer.server.api.openai import routes
 from wsgi_infer.server.app import create_app
 from wsgi_infer.server.engine_client.extension import manager_of
+from wsgi_infer.server.engine_client.streams import RequestStream, Terminated
 from wsgi_infer.server.settings import ServerSettings
 
 from .server import parse_metrics
@@ -41,3 +47,30 @@ class InProcessServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Envelopes:
+    """What ending a stream asks of an OpenAI route's formatter: an envelope, and an abort chunk per unfinished
+    choice."""
+
+    def envelope(self, choices: list, **fields) -> dict:
+        return {"choices": choices, **fields}
+
+    def abort_choice(self, index: int) -> dict:
+        return {"index": index, "finish_reason": "abort"}
+
+
+def interrupted_endings(message: str, code: str) -> dict[str, str]:
+    """The last event each OpenAI-shaped route (``openai``: completions and chat; ``native``: /generate) writes
+    where the engine ends its stream before it finished (``message``, ``code``): its generator, driven alone."""
+    model = SimpleNamespace(settings=SimpleNamespace(heartbeat_seconds=1.0), release=lambda stream: None)
+    events = {
+        "openai": lambda stream: routes._sse(model, stream, False, _Envelopes()),
+        "native": lambda stream: native._events(model, stream),
+    }
+    endings = {}
+    for name, route in events.items():
+        stream = RequestStream(name, 1, key="0")
+        stream.push(Terminated(message, code))
+        endings[name] = list(route(stream))[-1]
+    return endings

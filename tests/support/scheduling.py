@@ -1,8 +1,19 @@
-"""A scheduler driven as the engine drives it, without a model: for the plain-Python scheduling tests."""
+"""A scheduler driven as the engine drives it, without a model: for the plain-Python scheduling tests; and a clock
+that stands still unless the test moves it (fair shares', a key's limits')."""
 
 from __future__ import annotations
 
 from wsgi_infer.engine.scheduling.scheduler import Scheduler
+
+
+class Clock:
+    """A time source (``time.monotonic``'s stand-in) at ``now``, which the test moves."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def step(scheduler: Scheduler) -> list[str]:

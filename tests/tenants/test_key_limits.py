@@ -18,13 +18,7 @@ from wsgi_infer.server.tenants.limits import Ledger, duration
 from wsgi_infer.server.tenants.local_store import LocalLimitStore
 from wsgi_infer.server.tenants.registry import Tenants
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from ..support.scheduling import Clock
 
 
 def _policy(tmp_path, **limits):
@@ -77,7 +71,7 @@ def test_concurrent_and_queued_requests_free_up_as_requests_start_and_end(tmp_pa
 
 
 def test_buckets_refill_over_a_minute_and_say_when_in_the_headers(tmp_path):
-    clock = Clock()
+    clock = Clock(1000.0)
     policy = _policy(tmp_path, prompt_tokens_per_minute=600, generated_tokens_per_minute=120, requests_per_minute=60)
     ledger = Ledger(LocalLimitStore(str(tmp_path)), clock)
     admitted = ledger.admit(policy, 500)

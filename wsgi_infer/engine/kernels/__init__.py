@@ -1,2 +1,3 @@
 """Compiled kernels for the CPU (a step's matrix multiplies, attention and small ops, built per x86-64 level)
-and the packed weight formats they read (``weight_groups``)."""
+and the weights they read: the block formats, GGUF's and our Q8_M (``block_fields``), and a weight packed in tiles
+of those blocks as the kernels multiply it (``packed``)."""

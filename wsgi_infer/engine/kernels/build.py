@@ -32,10 +32,10 @@ KERNELS_DIR = "kernels"  # in the cache root
 NATIVE = ("-march=native",)
 
 
-def library_path(extra_flags: tuple[str, ...] = ()) -> Path:
-    """Where a build for this source, these flags and this CPU (its model and instruction sets) lives."""
+def library_path() -> Path:
+    """Where a build for this source, its flags and this CPU (its model and instruction sets) lives."""
     cpu = f"{cpu_model_name()} {' '.join(sorted(cpu_flags()))}"
-    flags = " ".join(variants.COMMON_FLAGS + NATIVE + extra_flags)
+    flags = " ".join(variants.COMMON_FLAGS + NATIVE)
     key = hashlib.sha256(b"\0".join([variants.source_bytes(), flags.encode(), cpu.encode()]))
     return cache_root() / KERNELS_DIR / f"cpu_kernels-{key.hexdigest()[:16]}.so"
 
@@ -87,14 +87,14 @@ def _after_any_build(target: Path) -> Path | None:
     return target if target.exists() else None
 
 
-def build_cpu_kernels(extra_flags: tuple[str, ...] = ()) -> Path | None:
+def build_cpu_kernels() -> Path | None:
     """A build for this CPU, compiled now if it is not there yet; None where there is no C compiler or it failed,
-    now or before (torch's ops serve then). ``extra_flags``: e.g. to build without an instruction set."""
-    target = library_path(extra_flags)
+    now or before (torch's ops serve then)."""
+    target = library_path()
     if target.exists():
         return target
     with build_lock(target):
-        return target if target.exists() else _compile(target, extra_flags)
+        return target if target.exists() else _compile(target)
 
 
 def start_building_cpu_kernels() -> None:
@@ -131,14 +131,14 @@ def build_lock(target: Path) -> AbstractContextManager[None]:
     return file_lock(_lock_path(target), "waiting for the CPU kernels' build")
 
 
-def _compile(target: Path, extra_flags: tuple[str, ...]) -> Path | None:
+def _compile(target: Path) -> Path | None:
     if _failed(target).exists():
         return None  # logged when it failed
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         log.warning("no C compiler (CC or cc) and no installed CPU kernels for this source: torch ops serve")
         return None
-    failure = variants.compile_library(compiler, NATIVE + extra_flags, target)
+    failure = variants.compile_library(compiler, NATIVE, target)
     if failure is not None:
         log.warning("building the CPU kernels failed (not retried: %s), torch ops serve:\n%s", _failed(target), failure)
         _failed(target).write_text(failure)
@@ -150,4 +150,4 @@ def _compile(target: Path, extra_flags: tuple[str, ...]) -> Path | None:
 if __name__ == "__main__":  # the master's child (start_building_cpu_kernels), holding the inherited lock
     gunicorn_format = "[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s"
     logging.basicConfig(level=logging.INFO, format=gunicorn_format, datefmt="%Y-%m-%d %H:%M:%S %z")
-    _compile(library_path(), ())
+    _compile(library_path())

@@ -21,6 +21,7 @@ from ..kernels.cpu import CpuKernels
 from ..kernels.packed import PackedWeight
 
 GROUP_SIZE = 32  # inputs a block: torch's int4 kernel's group size, and GGUF's
+INT8_ROWS_PER_CHUNK = 2048  # rows _int8_per_channel quantizes at a time, to stay in cache
 
 
 class SmallBatchLinear(nn.Module, ABC):
@@ -106,7 +107,7 @@ class TorchInt8Linear(SmallBatchLinear):
         return torch._weight_int8pack_mm(rows, self.weight_int8, self.scale)
 
 
-def _int8_per_channel(weight: torch.Tensor, rows_per_chunk: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
+def _int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 codes per output channel, and their float32 scales.
 
     A chunk of rows at a time stays in cache: the default model's LM head packs in 0.1 s, not 0.8.
@@ -114,14 +115,11 @@ def _int8_per_channel(weight: torch.Tensor, rows_per_chunk: int = 2048) -> tuple
     w = weight.detach()
     scale = w.abs().amax(dim=1).float().clamp(min=1e-12) / 127.0  # |w|'s maximum is exact in w's dtype
     codes = torch.empty(w.shape, dtype=torch.int8)
-    for start in range(0, len(w), rows_per_chunk):
+    for start in range(0, len(w), INT8_ROWS_PER_CHUNK):
+        end = start + INT8_ROWS_PER_CHUNK
         # a copy: .float() of a float32 weight is the weight itself, which the division would change
-        chunk = (
-            w[start : start + rows_per_chunk]
-            .to(torch.float32, copy=True)
-            .div_(scale[start : start + rows_per_chunk, None])
-        )
-        codes[start : start + rows_per_chunk] = chunk.round_().clamp_(-127, 127)
+        chunk = w[start:end].to(torch.float32, copy=True).div_(scale[start:end, None])
+        codes[start:end] = chunk.round_().clamp_(-127, 127)
     return codes, scale
 
 

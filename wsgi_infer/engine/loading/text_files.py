@@ -11,7 +11,7 @@ its workers import theirs, in two halves, as a worker needs them:
 - while that process reads the tokenizer (``read_tokenizer_ahead``: 1.3 s of Gemma 3's 262,144 tokens), under the
   tokenizer's lock. A conversion that finds it held commits the copy without them, and the copy's first tokenizer
   load (before the weights') waits for them (``complete_tokenizer_files``), or reads them itself where that process
-  ended without (the server's hub then imports transformers' readers for it: ``model_loader.set_importer``).
+  ended without (the server's hub then imports transformers' readers for it: ``native_threads.set_importer``).
 """
 
 from __future__ import annotations

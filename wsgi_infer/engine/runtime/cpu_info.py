@@ -28,8 +28,3 @@ def cpu_model_name() -> str:
 def cpu_flags() -> set[str]:
     """The instruction-set flags /proc/cpuinfo lists (empty where there is none)."""
     return set((_cpuinfo("flags") or "").split())
-
-
-def cpu_has_vnni() -> bool:
-    """True when the CPU multiplies int8 into int32 sums directly (AVX512-VNNI or AVX-VNNI)."""
-    return bool({"avx512_vnni", "avx_vnni"} & cpu_flags())

@@ -18,6 +18,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from ..engine_client.streams import RequestStream
 from ..streaming import sse
+from ..streaming.stream_endings import openai_error_event
 from ..streaming.stream_log import StreamInterrupted
 from .bodies.parsing import parse
 from .bodies.schemas import GenerateRequest
@@ -56,7 +57,7 @@ def _events(mgr: ServedModel, stream: RequestStream) -> Iterator[str | None]:
         yield sse.event({"text": "", "finish_reason": stream.finish_reasons[0], "usage": stream.usage})
         yield sse.DONE
     except StreamInterrupted as exc:
-        yield sse.event({"error": {"message": exc.message, "type": "server_error", "code": exc.code}}, name="error")
+        yield openai_error_event(exc.message, exc.code)
 
 
 def _plain_text(frames: Iterator[str]) -> Iterator[str]:

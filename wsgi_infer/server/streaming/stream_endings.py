@@ -1,13 +1,20 @@
-"""How a stream read from Redis's copy ends early, in the shape of the API whose events it holds (a reader on
-another worker or host than the one generating it ends it, should Redis or that worker go away)."""
+"""How a stream ends early, in the shape of the API whose events it holds: written by the worker generating it, or
+by a reader of Redis's copy on another worker or host, should Redis or that worker go away. Both write the same
+event for the same interruption."""
 
 from __future__ import annotations
 
 from ..errors import anthropic_error_body, error_body
 from . import sse
 
-RETRY_MS = 1000
+RETRY_MS = 1000  # the `retry:` hint of an error event: how soon a client may resume the stream or retry
 API_SHAPES = ("openai", "anthropic", "responses")  # the shapes a stream may end in: see error_event
+
+
+def openai_error_event(message: str, code: str) -> str:
+    """OpenAI's error event ending an interrupted stream: a 503's body (``service_unavailable_error``), ``code``
+    saying why (``server_shutting_down``, ``engine_stopped``, ``stream_lost``...)."""
+    return sse.event(error_body(message, 503, code=code), name="error", retry_ms=RETRY_MS)
 
 
 def error_event(api: str, events_before: int, message: str, code: str) -> str:
@@ -18,5 +25,5 @@ def error_event(api: str, events_before: int, message: str, code: str) -> str:
     elif api == "responses":
         data = {"type": "error", "code": code, "message": message, "param": None, "sequence_number": events_before}
     else:
-        data = error_body(message, 503, code=code)
+        return openai_error_event(message, code)
     return sse.event(data, name="error", retry_ms=RETRY_MS)

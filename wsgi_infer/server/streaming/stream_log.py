@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import gevent
 import gevent.event
 
-from ..errors import error_body
 from ..metrics import ModelMetrics
 from . import sse
 from .redis_store import RedisStore
+from .stream_endings import openai_error_event
 from .stream_record import StreamRecord
 
 log = logging.getLogger(__name__)
@@ -46,18 +46,18 @@ class StreamInterrupted(Exception):
 class StreamLog:
     """One stream's events, numbered from 1, in this worker's memory.
 
-    ``on_abandoned`` runs when the stream is unfinished and nobody has read it
-    for ``grace`` seconds (here, or in another process through ``read_elsewhere``):
-    the client is gone for good, so its generation stops. ``api``: the API whose
-    events it holds (``stream_endings.API_SHAPES``), which a reader elsewhere ends
-    the stream in, should it have to.
+    ``on_release`` lets go of the request behind the events (its generation stops, where it still runs), through
+    ``release``: the pump calls it once the stream has ended, however it ended, and the log when the stream is
+    unfinished and nobody has read it for ``grace`` seconds (here, or in another process through
+    ``read_elsewhere``): the client is gone for good. A call after the first does nothing. ``api``: the API whose
+    events it holds (``stream_endings.API_SHAPES``), which a reader elsewhere ends the stream in, should it have to.
     """
 
     def __init__(
         self,
         stream_id: str,
         grace: float,
-        on_abandoned: Callable[[], None],
+        on_release: Callable[[], None],
         read_elsewhere: Callable[[], bool] = lambda: False,
         api: str = "openai",
         record: StreamRecord | None = None,
@@ -72,9 +72,9 @@ class StreamLog:
         self.delivered = 0  # events some reader's connection has taken, at most
         self._ends = [0]  # _ends[i]: bytes of the first i events
         self.known = 0  # continued here: the events its client had from the host that died
-        self.mirrored: int | None = None  # events Redis holds, while a mirror copies them (``released``)
+        self.mirrored: int | None = None  # events Redis holds, while a mirror copies them (``readable``)
         self._grace = grace
-        self._on_abandoned = on_abandoned
+        self._on_release = on_release
         self._read_elsewhere = read_elsewhere
         self._changed = gevent.event.Event()  # replaced (never cleared) on each change
 
@@ -102,21 +102,21 @@ class StreamLog:
         self._notify()
 
     def release(self) -> None:
-        """Let go of the request behind the events (``on_abandoned``: nothing where it was let go of already)."""
-        self._on_abandoned()
+        """Let go of the request behind the events (``on_release``: nothing where it was let go of already)."""
+        self._on_release()
 
     def wait(self, seen: int, timeout: float) -> bool:
         """Wait up to ``timeout`` s for an event after the first ``seen``, or the end; True if one came."""
         return self._wait_until(lambda: len(self.events) > seen or self.finished, timeout)
 
     @property
-    def released(self) -> int:
+    def readable(self) -> int:
         """The events readers may have: while a mirror copies the stream to Redis, those Redis holds (a host that
         continues the stream after this one died then has every event a client had), else all of them."""
         return len(self.events) if self.mirrored is None else self.mirrored
 
     def copied(self, mirrored: int | None) -> None:
-        """The mirror's word: Redis holds the first ``mirrored`` events (None: Redis is away, release them all)."""
+        """The mirror's word: Redis holds the first ``mirrored`` events (None: Redis is away, all are readable)."""
         self.mirrored = mirrored
         self._notify()
 
@@ -126,7 +126,7 @@ class StreamLog:
         try:
             position = max(0, after)
             while True:
-                while position < self.released:
+                while position < self.readable:
                     position += 1
                     yield f"id: {position}\n{self.events[position - 1]}"
                     self.delivered = max(self.delivered, position)  # the server wrote it: next() came back
@@ -143,12 +143,12 @@ class StreamLog:
         return self.finished and position >= len(self.events)
 
     def _news_after(self, position: int) -> bool:
-        """A released event after the first ``position``, or the end, for a reader there."""
-        return self.released > position or self._read_to_end(position)
+        """A readable event after the first ``position``, or the end, for a reader there."""
+        return self.readable > position or self._read_to_end(position)
 
     def _wait_until(self, ready: Callable[[], bool], timeout: float) -> bool:
         """Wait up to ``timeout`` s for the log to change until ``ready()``; whether it is. A change that leaves it
-        unready (an event appended that the mirror has not released) waits on: a reader wrote a heartbeat for each."""
+        unready (an event appended that the mirror has not copied yet) waits on: a reader wrote a heartbeat for each."""
         deadline = time.monotonic() + timeout
         while not ready():
             left = deadline - time.monotonic()
@@ -163,7 +163,7 @@ class StreamLog:
         if self._read_elsewhere():  # nobody tells this worker when that reader leaves: look again
             gevent.spawn_later(self._grace, self._abandon_if_unread)
         else:
-            self._on_abandoned()
+            self.release()
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, gevent.event.Event()
@@ -188,7 +188,7 @@ class StreamLogs:
     def publish(
         self,
         events: Generator[str | None, None, None],
-        on_abandoned: Callable[[], None],
+        on_release: Callable[[], None],
         stream_id: str | None = None,
         api: str = "openai",
         record: StreamRecord | None = None,
@@ -200,7 +200,7 @@ class StreamLogs:
         self._expire()
         stream_id = stream_id or uuid.uuid4().hex
         read_elsewhere = (lambda: self.store.read_elsewhere(stream_id)) if self.store else (lambda: False)
-        stream_log = StreamLog(stream_id, self.grace, on_abandoned, read_elsewhere, api, record)
+        stream_log = StreamLog(stream_id, self.grace, on_release, read_elsewhere, api, record)
         stream_log.start_with(known or [])
         self._logs[stream_id] = stream_log
         gevent.spawn(self._pump, stream_log, events)
@@ -261,7 +261,7 @@ class StreamLogs:
         except StopIteration:
             ending = []
         except StreamInterrupted:
-            ending = [sse.event(error_body(interrupted.message, 503, code=interrupted.code), name="error")]
+            ending = [openai_error_event(interrupted.message, interrupted.code)]
         finally:
             events.close()
         for text in ending:

@@ -31,6 +31,22 @@ def _off(what: str, *neutral: object, why: str = "") -> Refused:
     return Refused(f"{what} is not supported" + (f": {why}" if why else ""), neutral)
 
 
+# OpenAI's chat field and the Responses API's text.verbosity: its default, medium, is what a model writes unasked
+VERBOSITY = _off("verbosity other than medium", "medium", why="the model writes as it does")
+OPENAI_CHAT = {"verbosity": VERBOSITY}
+RESPONSES = {  # the Responses API's own
+    "context_management": _off("context_management", [], why="a conversation is never compacted"),
+    "moderation": _off("moderation"),
+}
+RESPONSES_NESTED = {  # fields of its objects, named as text.verbosity (``responses.schemas.refuse_unsupported``)
+    "text": {"verbosity": VERBOSITY},
+    "reasoning": {
+        "context": _off("reasoning.context other than auto", "auto", why="the template renders past thoughts"),
+        "mode": _off("reasoning.mode other than standard", "standard"),
+    },
+}
+
+
 VLLM = {
     "use_beam_search": _off("beam search", False),
     "length_penalty": _off("length_penalty", 1.0, why="it is beam search's"),

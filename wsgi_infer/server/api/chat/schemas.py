@@ -11,10 +11,13 @@ from pydantic import Field, PrivateAttr, StrictBool, ValidationInfo, field_valid
 from ....engine.sampling_params import StructuredOutput
 from ...errors import APIError
 from ..bodies.parsing import Request
-from ..bodies.refused import SAMPLING, VLLM_CHAT
+from ..bodies.refused import OPENAI_CHAT, SAMPLING, VLLM_CHAT
 from ..bodies.schemas import SamplingRequest, engine_field
 from .tool_formats import template_tools, tool_format_of, with_tools_in_system_message
 from .tools import ToolPlan, call_text
+
+# OpenAI's efforts (its SDK's ReasoningEffort); "none" switches a thinking model's thought off (``enable_thinking``)
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 class FunctionDefinition(Request):
@@ -60,6 +63,7 @@ class ChatMessage(Request):
     content: str | list[dict] | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    name: str | None = None  # the speaker's, which OpenAI shows the model: the templates that read it render it
     refusal: str | None = None  # an assistant's refusal, as OpenAI's replies carry it: its text where it has no content
     # An assistant's thought sent back, under either name: templates that think render it for the turns after the
     # last user message (Qwen3's interleaved thinking, between tool calls)
@@ -79,14 +83,14 @@ class ChatMessage(Request):
             return self.content if self.content is not None else self.refusal or ""
         texts = []
         for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if part.get("type") != "text":
                 raise APIError(f"content parts of type {part.get('type')!r} are not supported", param="messages")
-            texts.append(part["text"])
+            texts.append(part["text"])  # a string (``ChatCompletionRequest._text_parts``)
         return "".join(texts)
 
 
 class ChatCompletionRequest(SamplingRequest):
-    refused = {**SAMPLING, **VLLM_CHAT}
+    refused = {**SAMPLING, **OPENAI_CHAT, **VLLM_CHAT}
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = engine_field("max_tokens")  # None: up to the end of the context window
     max_completion_tokens: int | None = engine_field("max_tokens")
@@ -98,7 +102,7 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template_kwargs: dict[str, Any] | None = None  # the template's variables, as vLLM takes them
     continue_final_message: StrictBool = False  # vLLM's: the reply continues the last message, an assistant's
     add_generation_prompt: StrictBool = True  # vLLM's: false, the template opens no reply (the model may)
-    reasoning_effort: str | None = None  # "none" switches a thinking model's thought off; other efforts, its own way
+    reasoning_effort: ReasoningEffort | None = None  # the template's variable, as vLLM passes it
     _chat_template: str | None = PrivateAttr(default=None)  # the model's (``render_with``)
 
     @field_validator("tools")
@@ -110,10 +114,23 @@ class ChatCompletionRequest(SamplingRequest):
         return tools
 
     @model_validator(mode="after")
-    def _effort_none_thinks_not(self) -> ChatCompletionRequest:
-        """OpenAI's reasoning_effort "none" as the template's variable (unless the request set that itself)."""
-        if self.reasoning_effort == "none":
-            self.chat_template_kwargs = {"enable_thinking": False, **(self.chat_template_kwargs or {})}
+    def _effort_as_the_templates_variable(self) -> ChatCompletionRequest:
+        """reasoning_effort as the template's variable, as vLLM passes it (gpt-oss's reads it; a template that does
+        not, ignores it), and "none" also as enable_thinking false (Qwen3's); the request's own kwargs win."""
+        if self.reasoning_effort is not None:
+            effort = {"reasoning_effort": self.reasoning_effort}
+            off = {"enable_thinking": False} if self.reasoning_effort == "none" else {}
+            self.chat_template_kwargs = {**effort, **off, **(self.chat_template_kwargs or {})}
+        return self
+
+    @model_validator(mode="after")
+    def _text_parts(self) -> ChatCompletionRequest:
+        """A 400 naming a text part whose text is no string (parts are untyped dicts: ``ChatMessage.text``)."""
+        for i, message in enumerate(self.messages):
+            for j, part in enumerate(message.content if isinstance(message.content, list) else []):
+                if part.get("type") == "text" and not isinstance(part.get("text"), str):
+                    where = f"messages.{i}.content.{j}.text"
+                    raise APIError(f"{where} must be a string", param=where)
         return self
 
     @model_validator(mode="after")
@@ -187,8 +204,11 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 def _template_message(message: ChatMessage, template_takes_tools: bool) -> dict:
-    """One message as chat templates take it; an assistant's thought under both names, as vLLM passes it."""
+    """One message as chat templates take it; its name, and an assistant's thought under both names, as vLLM
+    passes them."""
     entry = _entry(message, template_takes_tools)
+    if message.name is not None and entry["role"] == message.role:  # a tool result as a user's text has none
+        entry["name"] = message.name
     thought = message.reasoning_content if message.reasoning_content is not None else message.reasoning
     if message.role == "assistant" and thought is not None:
         entry["reasoning_content"] = entry["reasoning"] = thought

@@ -10,6 +10,7 @@ from flask import Blueprint, jsonify, request
 from ...engine_client.streams import RequestStream
 from ...errors import APIError
 from ...streaming import sse
+from ...streaming.stream_endings import openai_error_event
 from ...streaming.stream_log import StreamInterrupted
 from ..bodies.parsing import parse
 from ..bodies.schemas import CompletionRequest
@@ -33,8 +34,6 @@ if TYPE_CHECKING:
     from ...engine_client.served_model import ServedModel
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
-
-RETRY_AFTER_INTERRUPT_MS = 1000
 
 
 @bp.get("/models")
@@ -104,6 +103,4 @@ def _sse(mgr: ServedModel, stream: RequestStream, include_usage: bool, formatter
         for index in range(stream.num_choices):
             if index not in stream.finish_reasons:
                 yield sse.event(formatter.envelope([formatter.abort_choice(index)]))
-        kind = "server_shutdown" if exc.code == "server_shutting_down" else "server_error"
-        error = {"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code}}
-        yield sse.event(error, name="error", retry_ms=RETRY_AFTER_INTERRUPT_MS)
+        yield openai_error_event(exc.message, exc.code)  # as a reader of Redis's copy ends it (stream_endings)

@@ -9,8 +9,9 @@ from pydantic import Field, StrictBool, ValidationError
 
 from ...errors import APIError
 from ..bodies.parsing import Request, parse
+from ..bodies.refused import RESPONSES, RESPONSES_NESTED
 from ..bodies.schemas import engine_field
-from ..chat.schemas import ChatCompletionRequest
+from ..chat.schemas import ChatCompletionRequest, ReasoningEffort
 
 # Fields of the Responses API that would change the output and that we do not implement: a 400, never ignored.
 UNSUPPORTED = {
@@ -143,7 +144,7 @@ class TextConfig(Request):
 
 
 class ReasoningConfig(Request):
-    effort: str | None = None  # "none" switches a thinking model's thought off; other efforts are its own way
+    effort: ReasoningEffort | None = None  # as chat's reasoning_effort: the template's variable
     summary: str | None = None  # the thought comes whole, as reasoning_text, not summarized
 
 
@@ -154,6 +155,7 @@ Metadata = Annotated[
 
 
 class ResponsesRequest(Request):
+    refused = RESPONSES
     model: str | None = None
     input: str | list[dict]
     instructions: str | None = None
@@ -225,3 +227,8 @@ def refuse_unsupported(body: object) -> None:
         value = body.get(name)
         if value is not None and value not in NEUTRAL_VALUES.get(name, ()):
             raise APIError(UNSUPPORTED.get(name, f"{name} {value!r} is not supported"), param=name)
+    for outer, fields in RESPONSES_NESTED.items():  # ``parse`` reads the body's own fields only
+        given = body.get(outer)
+        for name, refusal in fields.items() if isinstance(given, dict) else ():
+            if refusal.refuses(given.get(name)):
+                raise APIError(refusal.reason, param=f"{outer}.{name}")
