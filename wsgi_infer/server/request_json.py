@@ -22,15 +22,17 @@ def _refuse_constant(name: str) -> float:
     raise APIError(f"malformed request body: {name} is not a JSON number")
 
 
-def depth(value: Any) -> int:
-    """How many arrays and objects deep ``value`` nests, walked without recursion."""
-    deepest, pending = 0, [(value, 0)]
-    while pending:
-        node, level = pending.pop()
-        if isinstance(node, dict | list):
-            deepest = max(deepest, level + 1)
-            pending.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
-    return deepest
+def depth(value: Any, bound: int = MAX_DEPTH) -> int:
+    """How many arrays and objects deep ``value`` nests (counted to ``bound`` + 1 at most), a level at a time: on
+    the hub, a 1 MiB body of small lists took 290 ms walked node by node."""
+    level, frontier = 0, [value]
+    while level <= bound:
+        frontier = [node for node in frontier if isinstance(node, dict | list)]
+        if not frontier:
+            break
+        level += 1
+        frontier = [child for node in frontier for child in (node.values() if isinstance(node, dict) else node)]
+    return level
 
 
 class StrictJSONProvider(DefaultJSONProvider):
@@ -41,7 +43,8 @@ class StrictJSONProvider(DefaultJSONProvider):
             value = json.loads(s, parse_constant=_refuse_constant, **kwargs)
         except RecursionError:  # deeper than Python's stack: far past the bound
             raise _too_deep() from None
-        if depth(value) > MAX_DEPTH:
+        opened = s.count(b"[") + s.count(b"{") if isinstance(s, bytes) else s.count("[") + s.count("{")
+        if opened > MAX_DEPTH and depth(value) > MAX_DEPTH:  # fewer brackets in all: no need to walk
             raise _too_deep()
         return value
 
