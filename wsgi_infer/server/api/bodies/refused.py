@@ -35,6 +35,14 @@ def _off(what: str, *neutral: object, why: str = "") -> Refused:
 VERBOSITY = _off("verbosity other than medium", "medium", why="the model writes as it does")
 OPENAI_CHAT = {"verbosity": VERBOSITY}
 RESPONSES = {  # the Responses API's own
+    "background": Refused(
+        "background responses are not supported; stream, and resume the stream if the connection drops", (False,)
+    ),
+    "conversation": Refused("conversations are not supported; chain responses with previous_response_id"),
+    "prompt": _off("prompt templates"),
+    "max_tool_calls": _off("max_tool_calls"),
+    "top_logprobs": Refused("logprobs are not supported on /v1/responses; use /v1/chat/completions", (0,)),
+    "truncation": _off("truncation other than disabled", "disabled"),
     "context_management": _off("context_management", [], why="a conversation is never compacted"),
     "moderation": _off("moderation"),
 }

@@ -13,15 +13,6 @@ from ..bodies.refused import RESPONSES, RESPONSES_NESTED
 from ..bodies.schemas import engine_field
 from ..chat.schemas import ChatCompletionRequest, ReasoningEffort
 
-# Fields of the Responses API that would change the output and that we do not implement: a 400, never ignored.
-UNSUPPORTED = {
-    "background": "background responses are not supported; stream, and resume the stream if the connection drops",
-    "conversation": "conversations are not supported; chain responses with previous_response_id",
-    "prompt": "prompt templates are not supported",
-    "max_tool_calls": "max_tool_calls is not supported",
-    "top_logprobs": "logprobs are not supported on /v1/responses; use /v1/chat/completions",
-}
-NEUTRAL_VALUES = {"background": (False,), "truncation": ("disabled",), "top_logprobs": (0,)}
 INCLUDABLE = ("reasoning.encrypted_content",)  # asked by stateless clients; our reasoning items need no encryption
 
 
@@ -221,13 +212,10 @@ class ResponsesRequest(Request):
 
 
 def refuse_unsupported(body: object) -> None:
+    """A 400 for a refused field of the body's objects (``RESPONSES_NESTED``); ``parse`` reads its own fields."""
     if not isinstance(body, dict):
         return
-    for name in ("truncation", *UNSUPPORTED):
-        value = body.get(name)
-        if value is not None and value not in NEUTRAL_VALUES.get(name, ()):
-            raise APIError(UNSUPPORTED.get(name, f"{name} {value!r} is not supported"), param=name)
-    for outer, fields in RESPONSES_NESTED.items():  # ``parse`` reads the body's own fields only
+    for outer, fields in RESPONSES_NESTED.items():
         given = body.get(outer)
         for name, refusal in fields.items() if isinstance(given, dict) else ():
             if refusal.refuses(given.get(name)):
