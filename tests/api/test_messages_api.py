@@ -118,6 +118,13 @@ def test_a_named_tool_is_used_once_then_its_result_answered(claude, model, strea
         model=model, messages=history, max_tokens=5, extra_body=GREEDY, tools=[WEATHER_TOOL]
     )
     assert answer.usage.output_tokens == 5 and answer.content[0].type in ("text", "tool_use")
+    # a result answers a tool use of the message before it, as Anthropic requires
+    import anthropic
+
+    for unasked in ([history[0], history[2]], [*history, {"role": "assistant", "content": "Sunny."}, history[2]]):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.messages.create(model=model, messages=unasked, max_tokens=5, tools=[WEATHER_TOOL])
+        assert f"unexpected tool_use_id found in tool_result blocks: {use.id}" in refused.value.message
     # the answer read the result: its prompt is the history counted, which the result's text lengthens
     counted = claude.messages.count_tokens(model=model, messages=history, tools=[WEATHER_TOOL]).input_tokens
     assert answer.usage.input_tokens + answer.usage.cache_read_input_tokens == counted

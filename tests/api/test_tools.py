@@ -10,6 +10,7 @@ import pytest
 from wsgi_infer.server.api.chat.schemas import ChatCompletionRequest
 from wsgi_infer.server.api.chat.tool_formats import HERMES, LLAMA3_JSON, tool_format_of
 from wsgi_infer.server.api.chat.tools import ToolCallParser, ToolPlan, call_text
+from wsgi_infer.server.errors import APIError
 
 from ..support.chat_templates import PHI4_TEMPLATE
 from ..support.grammar_reference import accepts
@@ -136,8 +137,8 @@ def test_any_cut_of_a_llama3_call_gives_its_arguments_to_where_its_object_ends(p
     assert text.feed('{"na') == {} and text.feed("p") == {"content": '{"nap'}
 
 
-def conversation(chat_template: str | None, **fields):
-    history = [
+def conversation_history() -> list[dict]:
+    return [
         {"role": "user", "content": "Weather?"},
         {
             "role": "assistant",
@@ -146,10 +147,32 @@ def conversation(chat_template: str | None, **fields):
         },
         {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
     ]
+
+
+def conversation(chat_template: str | None, **fields):
+    history = conversation_history()
     tools = [{"type": "function", "function": WEATHER}, {"type": "function", "function": TIME}]
     request = ChatCompletionRequest.model_validate({"messages": history, "tools": tools, **fields})
     request.render_with(chat_template)
     return request.conversation()
+
+
+def test_a_tool_message_answers_a_call_made_before_it():
+    user, call = {"role": "user", "content": "Time?"}, conversation_history()[1]
+
+    def refusal(*messages: dict) -> tuple[str | None, str]:
+        with pytest.raises(APIError) as refused:
+            ChatCompletionRequest.model_validate({"messages": list(messages)}).conversation()
+        return refused.value.param, refused.value.message
+
+    result = {"role": "tool", "tool_call_id": "c1", "content": "12:00"}
+    first = ("messages.1.tool_call_id", "messages.1: a tool message must answer a tool call made before it")
+    assert refusal(user, {"role": "tool", "content": "12:00"}) == first
+    assert refusal(user, result)[0] == "messages.1.tool_call_id"
+    unknown = ("messages.2.tool_call_id", "messages.2: tool_call_id 'c2' names no tool call made before it")
+    assert refusal(user, call, {**result, "tool_call_id": "c2"}) == unknown
+    for answered in ([user, call, result], [user, call, {"role": "tool", "content": "12:00"}]):
+        ChatCompletionRequest.model_validate({"messages": answered}).conversation()
 
 
 def test_templates_that_take_tools_get_them_and_structured_calls():

@@ -205,6 +205,18 @@ def _object_end(text: str, start: int) -> int | None:
     return None
 
 
+def unasked_result(messages: list[dict]) -> tuple[int, str | None] | None:
+    """The first tool message that answers no call made before it (its index, and the id it names): OpenAI and
+    Anthropic refuse such a result, a client's bug that a template would render as if the model had asked."""
+    called: set[str | None] = set()
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant":
+            called |= {call.get("id") for call in message.get("tool_calls") or []}
+        elif message["role"] == "tool" and (not called or message.get("tool_call_id") not in called | {None}):
+            return i, message.get("tool_call_id")
+    return None
+
+
 def merge_call_entries(entries: list[dict]) -> list[dict]:
     """Entries of one chunk, one per index: a later entry's arguments appended to the earlier one's."""
     merged: dict[int, dict] = {}

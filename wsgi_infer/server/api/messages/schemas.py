@@ -177,6 +177,7 @@ class MessagesRequest(Request):
         tool calls (their input as JSON text)."""
         system = self.system if isinstance(self.system, str) else "".join(b.text for b in self.system or [])
         messages = [{"role": "system", "content": system}] if system else []
+        asked: set[str] = set()  # the previous message's tool uses: the only ones a tool result may answer
         for i, message in enumerate(self.messages):
             if not message.content and not (message.role == "assistant" and i == len(self.messages) - 1):
                 raise APIError(  # Anthropic's rule: an empty user message is no turn to skip silently
@@ -185,10 +186,17 @@ class MessagesRequest(Request):
                     param=f"messages.{i}.content",
                 )
             texts, calls, thoughts = [], [], []
-            for block in message.blocks(f"messages.{i}.content"):
+            for j, block in enumerate(message.blocks(f"messages.{i}.content")):
                 if isinstance(block, ThinkingBlock):
                     thoughts.append(block.thinking)
                 elif isinstance(block, ToolResultBlock):
+                    if block.tool_use_id not in asked:  # Anthropic's words
+                        raise APIError(
+                            f"messages.{i}.content.{j}: unexpected tool_use_id found in tool_result blocks: "
+                            f"{block.tool_use_id}. Each tool_result block must have a corresponding tool_use block "
+                            "in the previous message.",
+                            param=f"messages.{i}.content.{j}.tool_use_id",
+                        )
                     messages.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text})
                 elif isinstance(block, ToolUseBlock):
                     arguments = json.dumps(block.input, ensure_ascii=False)
@@ -197,6 +205,7 @@ class MessagesRequest(Request):
                     )
                 else:
                     texts.append(block.text)
+            asked = {call["id"] for call in calls}
             if texts or calls or not isinstance(message.content, list):
                 entry: dict = {"role": message.role, "content": "".join(texts) if texts or not calls else None}
                 if calls:
