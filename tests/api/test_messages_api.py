@@ -192,6 +192,7 @@ EMPTY = [
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, None, "thinking budgets"),
         ({"tool_choice": {"type": "tool"}}, 400, None, "needs a name"),
         ({"mcp_servers": [{"type": "url", "url": "http://x"}]}, 400, None, "MCP"),
+        ({"container": "container_011"}, 400, None, "code execution containers"),
         ({"temperature": -1}, 400, None, "temperature"),
     ],
 )

@@ -1,6 +1,6 @@
-"""The request fields of OpenAI's, vLLM's and llama-server's APIs that would change the output and that this server
-does not implement: each is a 400 naming it (``parsing.parse``), never ignored, unless its value is one that
-changes nothing. A client written for one of those servers either gets what it asked for or is told it cannot.
+"""The request fields of OpenAI's, Anthropic's, vLLM's and llama-server's APIs that would change the output and
+that this server does not implement: each is a 400 naming it (``parsing.parse``), never ignored, unless its value is
+one that changes nothing. A client written for one of those servers either gets what it asked for or is told it cannot.
 
 Taken rather than refused: vLLM's ``min_tokens``, ``truncate_prompt_tokens``, ``prompt_logprobs``,
 ``return_token_ids``, ``return_tokens_as_token_ids``, ``allowed_token_ids``, ``bad_words``,
@@ -45,6 +45,10 @@ RESPONSES = {  # the Responses API's own
     "truncation": _off("truncation other than disabled", "disabled"),
     "context_management": _off("context_management", [], why="a conversation is never compacted"),
     "moderation": _off("moderation"),
+}
+MESSAGES = {  # Anthropic's Messages API's
+    "container": _off("code execution containers"),
+    "mcp_servers": _off("MCP servers"),
 }
 RESPONSES_NESTED = {  # fields of its objects, named as text.verbosity (``responses.schemas.refuse_unsupported``)
     "text": {"verbosity": VERBOSITY},

@@ -58,7 +58,6 @@ def messages():
 @bp.post("/messages/count_tokens")
 def count_tokens():
     body = request.get_json(force=True)
-    extensions_of(body)
     req: CountTokensRequest = parse(CountTokensRequest, body)
     with fields_as_sent(_FIELDS):
         return jsonify({"input_tokens": len(chat_token_ids(req.as_chat()))})

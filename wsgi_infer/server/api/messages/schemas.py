@@ -10,6 +10,7 @@ from pydantic import Field, StrictBool, ValidationError
 
 from ...errors import APIError
 from ..bodies.parsing import Request, parse
+from ..bodies.refused import MESSAGES
 from ..bodies.schemas import MAX_STOP_SEQUENCES, engine_field
 from ..chat.schemas import ChatCompletionRequest
 
@@ -24,11 +25,6 @@ EXTENSIONS = (
     "logit_bias",
     "structured_outputs",
 )
-# Fields of Anthropic's API that would change the output and that we do not implement: a 400, never ignored.
-UNSUPPORTED = {
-    "container": "code execution containers are not supported",
-    "mcp_servers": "MCP servers are not supported",
-}
 
 
 class TextBlock(Request):
@@ -125,6 +121,7 @@ class OutputConfig(Request):
 
 
 class MessagesRequest(Request):
+    refused = MESSAGES
     model: str
     max_tokens: int = Field(ge=1)  # Anthropic's bound (a chat completion's 0 only reads the prompt)
     messages: list[MessageParam] = Field(min_length=1)
@@ -251,10 +248,5 @@ class CountTokensRequest(MessagesRequest):
 
 
 def extensions_of(body: object) -> dict:
-    """The body's ``EXTENSIONS``, after refusing what Anthropic's API has and we do not."""
-    if not isinstance(body, dict):
-        return {}
-    for name, reason in UNSUPPORTED.items():
-        if body.get(name) is not None:
-            raise APIError(reason, param=name)
-    return {name: body[name] for name in EXTENSIONS if name in body}
+    """The body's ``EXTENSIONS``."""
+    return {name: body[name] for name in EXTENSIONS if name in body} if isinstance(body, dict) else {}
