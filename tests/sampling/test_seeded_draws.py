@@ -55,3 +55,14 @@ def test_unseeded_requests_draw_their_seeds_from_the_engines_seed(tiny_model_dir
         runs.append([llm.generate(PROMPT, params)[0].token_ids for _ in range(2)])
     assert runs[0] == runs[1]
     assert runs[0][0] != runs[0][1]
+
+
+def test_engines_of_no_seed_draw_their_own(tiny_model_dirs):
+    """Unset (the default), each engine draws from the OS's entropy: two workers, or a model loaded again, do not
+    repeat each other's samples (they did when the default was 0)."""
+    params = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)
+    firsts = [
+        LLM(model=str(tiny_model_dirs["llama"]), dtype="float32", quantization="none").generate(PROMPT, params)[0]
+        for _ in range(2)
+    ]
+    assert firsts[0].token_ids != firsts[1].token_ids

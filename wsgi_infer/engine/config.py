@@ -83,7 +83,11 @@ class EngineConfig:
         "a Redis (redis://host:port/db) where full KV blocks of prompts are kept for every host that reaches it, "
         "instead of a directory; its maxmemory and allkeys-lru bound it; empty: none",
     )
-    seed: int = option(0, "seed of the sequence that seeds requests giving none")
+    seed: int | None = option(
+        None,
+        "seed of the sequence that seeds requests giving none; empty: the OS's entropy, each engine its own (every "
+        "worker and every load samples afresh)",
+    )
     speculative: str = option("ngram", "speculative decoding: ngram (prompt lookup), or none")
     num_speculative_tokens: int | None = option(
         None,
