@@ -9,6 +9,8 @@ from collections.abc import Callable
 import gevent
 import pytest
 
+from wsgi_infer.server.streaming.stream_endings import RETRY_MS
+
 from ..conftest import tiny_settings
 from ..support.in_process import InProcessServer
 from ..support.sse_client import events
@@ -26,6 +28,7 @@ def backlogged(tiny_model_dirs):
 def openai_ending(ending: list) -> None:
     error = ending[-1]
     assert error.name == "error" and error.json["error"]["code"] == "stream_backlog_exceeded"
+    assert error.retry == RETRY_MS  # when the client may resume the stream
     assert ending[-2].json["choices"][0]["finish_reason"] == "abort"
 
 
@@ -33,6 +36,7 @@ def anthropic_ending(ending: list) -> None:
     error = ending[-1]
     assert error.name == "error" and error.json["type"] == "error"
     assert error.json["error"]["type"] == "overloaded_error" and "behind" in error.json["error"]["message"]
+    assert error.retry == RETRY_MS  # as the event a reader of Redis's copy writes
 
 
 def responses_ending(ending: list) -> None:

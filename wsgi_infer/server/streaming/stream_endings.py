@@ -17,13 +17,17 @@ def openai_error_event(message: str, code: str) -> str:
     return sse.event(error_body(message, 503, code=code), name="error", retry_ms=RETRY_MS)
 
 
+def anthropic_error_event(message: str) -> str:
+    """Anthropic's error event ending an interrupted stream (an ``overloaded_error``, as a 503's)."""
+    return sse.event(anthropic_error_body(message, 503), name="error", retry_ms=RETRY_MS)
+
+
 def error_event(api: str, events_before: int, message: str, code: str) -> str:
     """The event that ends a stream read elsewhere in its API's shape: Anthropic's error, the Responses API's ``error``
     event (numbered after the ``events_before`` the stream's numbers count from 0), else OpenAI's error."""
     if api == "anthropic":
-        data = anthropic_error_body(message, 503)
-    elif api == "responses":
+        return anthropic_error_event(message)
+    if api == "responses":
         data = {"type": "error", "code": code, "message": message, "param": None, "sequence_number": events_before}
-    else:
-        return openai_error_event(message, code)
-    return sse.event(data, name="error", retry_ms=RETRY_MS)
+        return sse.event(data, name="error", retry_ms=RETRY_MS)
+    return openai_error_event(message, code)

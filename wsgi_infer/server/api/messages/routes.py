@@ -12,6 +12,7 @@ from ....engine.outputs import CONSTRAINT_FAILED, CONSTRAINT_FAILED_MESSAGE
 from ...engine_client.streams import RequestStream
 from ...errors import APIError, anthropic_error_body
 from ...streaming import sse
+from ...streaming.stream_endings import anthropic_error_event
 from ...streaming.stream_log import StreamInterrupted
 from ..bodies.parsing import fields_as_sent, parse
 from ..chat.conversation import chat_token_ids, start_chat
@@ -81,4 +82,4 @@ def _events(
             return
         yield from events.closing(translate.finish_reason, stop_string, stream)
     except StreamInterrupted as exc:
-        yield sse.event(anthropic_error_body(exc.message, 503), name="error")
+        yield anthropic_error_event(exc.message)
