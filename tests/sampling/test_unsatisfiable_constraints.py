@@ -42,12 +42,12 @@ def json_schema(schema: dict) -> dict:
     [
         ("chat", {"response_format": json_schema(A_B_LOOP)}, "response_format", "/properties/x"),
         ("completions", {"response_format": json_schema(A_B_LOOP)}, "response_format", "/properties/x"),
-        ("completions", {"structured_outputs": {"json": SELF_LOOP}}, "structured_outputs", "loop"),
-        ("completions", {"guided_json": {"allOf": [{"$ref": "#"}]}}, "guided_json", "loop"),
+        ("completions", {"structured_outputs": {"json": SELF_LOOP}}, "structured_outputs", "no finite value"),
+        ("completions", {"guided_json": {"allOf": [{"$ref": "#"}]}}, "guided_json", "no finite value"),
         ("completions", {"structured_outputs": {"grammar": "start: start"}}, "structured_outputs", "unsatisfiable"),
         ("chat", {"structured_outputs": {"grammar": "root ::= root"}}, "structured_outputs", "unsatisfiable"),
         ("completions", {"structured_outputs": {"regex": "[^\\x00-\\U0010FFFF]"}}, "structured_outputs", "unsat"),
-        ("chat", {"tools": LOOPING_TOOL, "tool_choice": "required"}, "tools", "loop"),
+        ("chat", {"tools": LOOPING_TOOL, "tool_choice": "required"}, "tools", "no finite value"),
     ],
 )
 def test_a_constraint_shown_unsatisfiable_when_compiled_is_a_400_naming_its_field(tiny_api, route, fields, param, says):
@@ -67,6 +67,10 @@ REFUSED = [
     StructuredOutput("json", {"anyOf": [{"$ref": "#"}, {"oneOf": [{"$ref": "#"}]}]}),
     StructuredOutput("grammar", 'start: "{" %json {"$ref": "#"} "}"'),
     StructuredOutput("grammar", "start: start", after_thought=True),  # a thinking model's: after a free thought
+    # every value holds another: nested until the tokens ran out, ending "length"
+    StructuredOutput("json", {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}),
+    StructuredOutput("json", {"type": "array", "items": {"$ref": "#"}, "minItems": 1}),
+    StructuredOutput("json", {"type": "array", "prefixItems": [{"type": "null"}, {"$ref": "#"}], "minItems": 2}),
 ]
 
 
@@ -86,7 +90,12 @@ def test_loops_and_empty_languages_are_refused_and_recursion_that_ends_is_not(ti
         "properties": {"next": {"anyOf": [{"type": "null"}, {"$ref": "#"}]}},
         "required": ["next"],
     }
-    tiny_llama.engine.grammars.compile(StructuredOutput("json", {"anyOf": [{"$ref": "#"}, {"type": "integer"}]}))
+    for ends in (
+        {"anyOf": [{"$ref": "#"}, {"type": "integer"}]},
+        {"type": "array", "prefixItems": [{"type": "null"}, {"$ref": "#"}], "minItems": 1},  # [null] ends it
+        {"type": ["object", "null"], "properties": {"x": {"$ref": "#"}}, "required": ["x"]},  # null ends it
+    ):
+        tiny_llama.engine.grammars.compile(StructuredOutput("json", ends))
     for schema in (tree, nested, linked):
         constraint = StructuredOutput("json", schema)
         outs = tiny_llama.generate(

@@ -61,8 +61,8 @@ def _refuse_loops(spec: StructuredOutput) -> None:
     for schema in schemas:
         if (where := loop_at(schema)) is not None:
             raise ValueError(
-                f"the schema at {where} is a loop of $ref or allOf that never reaches a schema of a value: "
-                "no value satisfies it"
+                f"the schema at {where} has no finite value: its $ref, allOf, required properties or least items "
+                "lead back to it without reaching a schema of a value"
             )
 
 

@@ -1,11 +1,14 @@
-"""JSON Schemas whose references loop: a schema whose ``$ref`` and ``allOf`` lead back to it at the same place in
-the value, never reaching one that says what the value is (``{"$ref": "#"}``, ``a`` → ``b`` → ``a``).
+"""JSON Schemas with no finite value: a schema whose ``$ref`` and ``allOf`` lead back to it at the same place in the
+value, never reaching one that says what the value is (``{"$ref": "#"}``, ``a`` → ``b`` → ``a``), or whose every
+value holds another of itself (an object's required property, an array's least items, that recur to it).
 
-JSON Schema leaves such a loop undefined (a validator would never end), and llguidance compiles it to a grammar that
-no text completes: a choice stopped on ``{"x":``, its mask letting the end of sequence through. Found here before
-compiling, so that the request is refused naming its field. A schema that recurs through a property or an item
-(a tree) is no loop, nor one where some ``anyOf``/``oneOf`` branch ends it; schemas reached only from ``$defs`` that
-nothing refers to are not looked at, and where a nested ``$id`` moves the base of references, nothing is."""
+JSON Schema leaves a loop undefined (a validator would never end), and llguidance compiles either to a grammar that
+no text completes: a choice stopped on ``{"x":``, its mask letting the end of sequence through, or nested until its
+tokens ran out. Found here before compiling, so that the request is refused naming its field. A schema that may
+recur through a property or an item (a tree) is fine where the recursion may stop (an optional property, an
+array that may be empty, an ``anyOf``/``oneOf`` branch that ends it, a type besides the object's); schemas reached
+only from ``$defs`` that nothing refers to are not looked at, and where a nested ``$id`` moves the base of
+references, nothing is."""
 
 from __future__ import annotations
 
@@ -34,18 +37,29 @@ def schemas_in_lark(grammar: str) -> Iterator[object]:
 
 
 def loop_at(root: object) -> str | None:
-    """Where ``root`` first reaches a looping schema (a JSON pointer, ``#`` the root itself), or None.
+    """Where ``root`` first reaches a schema with no finite value (a JSON pointer, ``#`` the root itself), or None.
 
-    A schema ends unless its ``$ref`` or one of its ``allOf`` does not, or all of its ``anyOf``/``oneOf`` branches do
-    not: the least fixed point, grown from the schemas that end at once, in time linear in the references."""
+    A schema ends unless its ``$ref``, one of its ``allOf`` or of the values it forces (``_forced``) does not, or all
+    of its ``anyOf``/``oneOf`` branches do not: the least fixed point, grown from the schemas that end at once, in
+    time linear in the references."""
     found = _reachable(root)
     if found is None:
         return None
+    for forced in (False, True):  # a loop of references first: where it is reached says more than what holds it
+        ended = _ended(root, found, forced)
+        if unended := [where for key, (where, _) in found.items() if key not in ended]:
+            return unended[0]
+    return None
+
+
+def _ended(root: object, found: dict[int, tuple[str, dict]], forced: bool) -> set[int]:
+    """The schemas of ``found`` that end (``loop_at``), counting the values they force only with ``forced``."""
     waits: dict[int, int] = {}  # per schema: the schemas it needs that have not ended, +1 while no branch has
     needed_by: dict[int, list[int]] = {key: [] for key in found}
     branch_of: dict[int, list[int]] = {key: [] for key in found}
     for key, (_, schema) in found.items():
-        must = [id(s) for s in [_target(root, schema), *_list(schema, "allOf")] if isinstance(s, dict)]
+        must = [_target(root, schema), *_list(schema, "allOf"), *(_forced(schema) if forced else [])]
+        must = list(dict.fromkeys(id(s) for s in must if isinstance(s, dict)))
         branches = _list(schema, "anyOf") + _list(schema, "oneOf")
         open_branches = bool(branches) and all(isinstance(s, dict) for s in branches)  # `true` ends at once
         waits[key] = len(must) + open_branches
@@ -64,7 +78,7 @@ def loop_at(root: object) -> str | None:
             waits[waiting] -= 1
             if waits[waiting] == 0:
                 ready.append(waiting)
-    return next((where for key, (where, _) in found.items() if key not in ended), None)
+    return ended
 
 
 def _reachable(root: object) -> dict[int, tuple[str, dict]] | None:
@@ -97,6 +111,21 @@ def _children(where: str, schema: dict) -> Iterator[tuple[str, object]]:
         named = schema.get(word)
         for name, item in named.items() if isinstance(named, dict) else ():
             yield f"{where}/{word}/{name.replace('~', '~0').replace('/', '~1')}", item
+
+
+def _forced(schema: dict) -> list:
+    """The schemas of the values every value of ``schema`` holds, where it admits objects alone (its required
+    properties') or arrays alone (its first ``minItems`` items')."""
+    kind, least = schema.get("type"), schema.get("minItems")
+    if kind == "object" and isinstance(schema.get("required"), list):
+        named = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        other = schema.get("additionalProperties")
+        return [named.get(name, other) for name in schema["required"] if isinstance(name, str)]
+    if kind == "array" and isinstance(least, int) and least > 0:
+        prefix = _list(schema, "prefixItems") or _list(schema, "items")  # (items as a list: before 2020-12)
+        rest = schema.get("items") if isinstance(schema.get("items"), dict) else schema.get("additionalItems")
+        return prefix[:least] + ([rest] if len(prefix) < least else [])
+    return []
 
 
 def _list(schema: dict, word: str) -> list:
