@@ -121,10 +121,25 @@ def test_a_named_tool_is_used_once_then_its_result_answered(claude, model, strea
     # a result answers a tool use of the message before it, as Anthropic requires
     import anthropic
 
-    for unasked in ([history[0], history[2]], [*history, {"role": "assistant", "content": "Sunny."}, history[2]]):
-        with pytest.raises(anthropic.BadRequestError) as refused:
-            claude.messages.create(model=model, messages=unasked, max_tokens=5, tools=[WEATHER_TOOL])
-        assert f"unexpected tool_use_id found in tool_result blocks: {use.id}" in refused.value.message
+    result, text = history[2]["content"][0], {"type": "text", "text": "Thanks."}
+    broken = {
+        f"unexpected tool_use_id found in tool_result blocks: {use.id}": [
+            [history[0], history[2]],
+            [*history, {"role": "assistant", "content": "Sunny."}, history[2]],
+        ],
+        f"ids were found without `tool_result` blocks immediately after: {use.id}": [
+            [*history[:2], {"role": "user", "content": "Well?"}],
+        ],
+        "tool_result blocks must come first": [[*history[:2], {"role": "user", "content": [text, result]}]],
+    }
+    for says, conversations in broken.items():
+        for conversation in conversations:
+            with pytest.raises(anthropic.BadRequestError) as refused:
+                claude.messages.create(model=model, messages=conversation, max_tokens=5, tools=[WEATHER_TOOL])
+            assert says in refused.value.message
+    claude.messages.create(  # a text after the results is fine
+        model=model, messages=[*history[:2], {"role": "user", "content": [result, text]}], max_tokens=1
+    )
     # the answer read the result: its prompt is the history counted, which the result's text lengthens
     counted = claude.messages.count_tokens(model=model, messages=history, tools=[WEATHER_TOOL]).input_tokens
     assert answer.usage.input_tokens + answer.usage.cache_read_input_tokens == counted

@@ -117,14 +117,21 @@ def test_a_function_call_then_its_output_continues_the_stored_conversation(clien
     replayed_call = {k: getattr(call, k) for k in ("type", "call_id", "name", "arguments")}
     replayed = client.responses.create(input=[{"role": "user", "content": ASK}, replayed_call, output], **follow_up)
     assert follow.usage.input_tokens == replayed.usage.input_tokens
-    with pytest.raises(openai.BadRequestError) as alone:
-        client.responses.create(input=[output], **follow_up)
-    assert alone.value.body == {
-        "message": f"No tool call found for function call output with call_id {call.call_id}.",
-        "type": "invalid_request_error",
-        "param": "input",
-        "code": None,
+    refusals = {  # OpenAI's words
+        f"No tool call found for function call output with call_id {call.call_id}.": [output],
+        f"No tool output found for function call {call.call_id}.": [{"role": "user", "content": ASK}, replayed_call],
     }
+    for message, conversation in refusals.items():
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(input=conversation, **follow_up)
+        assert refused.value.body == {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "input",
+            "code": None,
+        }
+    with pytest.raises(openai.BadRequestError, match="No tool output found"):  # a chain that answers nothing
+        client.responses.create(previous_response_id=first.id, input="And tomorrow?", **follow_up)
 
 
 def test_a_call_cut_short_is_incomplete_streamed_or_not_and_its_response_continues(client, model):

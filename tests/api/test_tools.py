@@ -137,8 +137,8 @@ def test_any_cut_of_a_llama3_call_gives_its_arguments_to_where_its_object_ends(p
     assert text.feed('{"na') == {} and text.feed("p") == {"content": '{"nap'}
 
 
-def conversation_history() -> list[dict]:
-    return [
+def conversation(chat_template: str | None, **fields):
+    history = [
         {"role": "user", "content": "Weather?"},
         {
             "role": "assistant",
@@ -147,32 +147,37 @@ def conversation_history() -> list[dict]:
         },
         {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
     ]
-
-
-def conversation(chat_template: str | None, **fields):
-    history = conversation_history()
     tools = [{"type": "function", "function": WEATHER}, {"type": "function", "function": TIME}]
     request = ChatCompletionRequest.model_validate({"messages": history, "tools": tools, **fields})
     request.render_with(chat_template)
     return request.conversation()
 
 
-def test_a_tool_message_answers_a_call_made_before_it():
-    user, call = {"role": "user", "content": "Time?"}, conversation_history()[1]
+def test_tool_messages_answer_each_call_of_the_assistant_message_before_them():
+    """OpenAI's rule: a broken history is a 400 naming the message, not rendered as if the model had asked."""
+    user = {"role": "user", "content": "Time?"}
+    call = {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+    asks = {"role": "assistant", "content": None, "tool_calls": [call, {**call, "id": "c2"}]}
+
+    def answer(call_id: str | None) -> dict:
+        return {"role": "tool", "content": "12:00", **({"tool_call_id": call_id} if call_id else {})}
 
     def refusal(*messages: dict) -> tuple[str | None, str]:
         with pytest.raises(APIError) as refused:
             ChatCompletionRequest.model_validate({"messages": list(messages)}).conversation()
         return refused.value.param, refused.value.message
 
-    result = {"role": "tool", "tool_call_id": "c1", "content": "12:00"}
-    first = ("messages.1.tool_call_id", "messages.1: a tool message must answer a tool call made before it")
-    assert refusal(user, {"role": "tool", "content": "12:00"}) == first
-    assert refusal(user, result)[0] == "messages.1.tool_call_id"
-    unknown = ("messages.2.tool_call_id", "messages.2: tool_call_id 'c2' names no tool call made before it")
-    assert refusal(user, call, {**result, "tool_call_id": "c2"}) == unknown
-    for answered in ([user, call, result], [user, call, {"role": "tool", "content": "12:00"}]):
-        ChatCompletionRequest.model_validate({"messages": answered}).conversation()
+    first = "messages.1: a tool message must answer a tool call of the assistant message before it"
+    assert refusal(user, answer("c1")) == ("messages.1.tool_call_id", first)
+    assert "names no unanswered tool call" in refusal(user, asks, answer("c3"))[1]
+    assert "names no unanswered tool call" in refusal(user, asks, answer("c1"), answer("c1"))[1]
+    assert refusal(user, asks, answer(None))[1] == "messages.2: a tool message needs the tool_call_id it answers"
+    unanswered = "messages.1: an assistant message's tool calls must each be answered by a tool message after it"
+    assert refusal(user, asks, answer("c1"), user) == ("messages.1.tool_calls", f"{unanswered}; none answers c2")
+    assert refusal(user, asks, answer("c2")) == ("messages.1.tool_calls", f"{unanswered}; none answers c1")
+    assert refusal(user, asks, user, answer("c1"))[0] == "messages.1.tool_calls"  # late: something came between
+    for whole in ([user, asks, answer("c2"), answer("c1"), user], [user, asks]):  # any order; calls not yet answered
+        ChatCompletionRequest.model_validate({"messages": whole}).conversation()
 
 
 def test_templates_that_take_tools_get_them_and_structured_calls():

@@ -14,7 +14,7 @@ from ..bodies.parsing import Request
 from ..bodies.refused import OPENAI_CHAT, SAMPLING, VLLM_CHAT
 from ..bodies.schemas import SamplingRequest, engine_field
 from .tool_formats import template_tools, tool_format_of, with_tools_in_system_message
-from .tools import ToolPlan, call_text, unasked_result
+from .tools import ToolPlan, broken_tool_turn, call_text
 
 # OpenAI's efforts (its SDK's ReasoningEffort); "none" switches a thinking model's thought off (``enable_thinking``)
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
@@ -189,10 +189,10 @@ class ChatCompletionRequest(SamplingRequest):
     def conversation(self) -> tuple[list[dict], list[dict] | None]:
         """The messages for the chat template, and the tools to pass it (when it takes them as a list; Phi-4-mini's
         reads them from the system message)."""
-        if unasked := unasked_result([m.model_dump() for m in self.messages]):
-            i, call_id = unasked
-            what = f"tool_call_id {call_id!r} names no" if call_id is not None else "a tool message must answer a"
-            raise APIError(f"messages.{i}: {what} tool call made before it", param=f"messages.{i}.tool_call_id")
+        if broken := broken_tool_turn([m.model_dump() for m in self.messages]):
+            i, why = broken
+            field = "tool_call_id" if self.messages[i].role == "tool" else "tool_calls"
+            raise APIError(f"messages.{i}: {why}", param=f"messages.{i}.{field}")
         plan, takes = self.tool_plan, template_tools(self._chat_template)
         messages = [_template_message(m, takes is not None) for m in self.messages]
         tools = [t.model_dump(exclude_none=True) for t in self.tools or []] or None

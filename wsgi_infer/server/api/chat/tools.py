@@ -205,16 +205,35 @@ def _object_end(text: str, start: int) -> int | None:
     return None
 
 
-def unasked_result(messages: list[dict]) -> tuple[int, str | None] | None:
-    """The first tool message that answers no call made before it (its index, and the id it names): OpenAI and
-    Anthropic refuse such a result, a client's bug that a template would render as if the model had asked."""
-    called: set[str | None] = set()
+def broken_tool_turn(messages: list[dict]) -> tuple[int, str] | None:
+    """The first message that breaks OpenAI's rule for tool turns, and why: an assistant message's tool calls are
+    answered by the tool messages right after it, one for each call, before anything else is said (a conversation
+    may end on calls not yet answered). A template would render a broken history as if the model had asked."""
+    waiting: set[str] | None = None  # the calls of the assistant message before, not answered yet
+    asked_at = 0
     for i, message in enumerate(messages):
-        if message["role"] == "assistant":
-            called |= {call.get("id") for call in message.get("tool_calls") or []}
-        elif message["role"] == "tool" and (not called or message.get("tool_call_id") not in called | {None}):
-            return i, message.get("tool_call_id")
+        if message["role"] == "tool":
+            call_id = message.get("tool_call_id")
+            if waiting is None:
+                return i, "a tool message must answer a tool call of the assistant message before it"
+            if call_id is None and None not in waiting:
+                return i, "a tool message needs the tool_call_id it answers"
+            if call_id not in waiting:
+                return i, f"tool_call_id {call_id!r} names no unanswered tool call of the assistant message before it"
+            waiting.discard(call_id)
+            continue
+        if waiting:
+            return asked_at, _unanswered(waiting)
+        calls = message.get("tool_calls") or []
+        waiting, asked_at = ({call.get("id") for call in calls} if calls else None), i
+    if waiting and asked_at < len(messages) - 1:
+        return asked_at, _unanswered(waiting)
     return None
+
+
+def _unanswered(calls: set[str | None]) -> str:
+    ids = ", ".join(sorted(str(call_id) for call_id in calls))
+    return f"an assistant message's tool calls must each be answered by a tool message after it; none answers {ids}"
 
 
 def merge_call_entries(entries: list[dict]) -> list[dict]:

@@ -183,17 +183,12 @@ class MessagesRequest(Request):
                     param=f"messages.{i}.content",
                 )
             texts, calls, thoughts = [], [], []
-            for j, block in enumerate(message.blocks(f"messages.{i}.content")):
+            blocks = message.blocks(f"messages.{i}.content")
+            _check_tool_turn(i, blocks, asked)
+            for block in blocks:
                 if isinstance(block, ThinkingBlock):
                     thoughts.append(block.thinking)
                 elif isinstance(block, ToolResultBlock):
-                    if block.tool_use_id not in asked:  # Anthropic's words
-                        raise APIError(
-                            f"messages.{i}.content.{j}: unexpected tool_use_id found in tool_result blocks: "
-                            f"{block.tool_use_id}. Each tool_result block must have a corresponding tool_use block "
-                            "in the previous message.",
-                            param=f"messages.{i}.content.{j}.tool_use_id",
-                        )
                     messages.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text})
                 elif isinstance(block, ToolUseBlock):
                     arguments = json.dumps(block.input, ensure_ascii=False)
@@ -240,6 +235,32 @@ class MessagesRequest(Request):
         raise APIError(
             'thinking budgets are not supported; a thinking model thinks unless thinking is {"type": "disabled"}',
             param="thinking",
+        )
+
+
+def _check_tool_turn(i: int, blocks: list, asked: set[str]) -> None:
+    """Anthropic's rules for message ``i`` of a conversation, ``asked`` the tool uses of the one before (in its
+    words): its tool_result blocks come first, each answers one of them, and every one of them is answered."""
+    results = [j for j, block in enumerate(blocks) if isinstance(block, ToolResultBlock)]
+    for j in results:
+        if blocks[j].tool_use_id not in asked:
+            raise APIError(
+                f"messages.{i}.content.{j}: unexpected tool_use_id found in tool_result blocks: "
+                f"{blocks[j].tool_use_id}. Each tool_result block must have a corresponding tool_use block in the "
+                "previous message.",
+                param=f"messages.{i}.content.{j}.tool_use_id",
+            )
+    if results != list(range(len(results))):
+        raise APIError(
+            f"messages.{i}.content: tool_result blocks must come first in the content, before any other block",
+            param=f"messages.{i}.content",
+        )
+    if unanswered := asked - {blocks[j].tool_use_id for j in results}:
+        raise APIError(
+            f"messages.{i - 1}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+            f"{', '.join(sorted(unanswered))}. Each `tool_use` block must have a corresponding `tool_result` block "
+            "in the next message.",
+            param=f"messages.{i}.content",
         )
 
 

@@ -16,10 +16,9 @@ from ...streaming.stream_log import StreamInterrupted
 from ..bodies.parsing import fields_as_sent, parse
 from ..chat.conversation import start_chat
 from ..chat.formatters import ChatFormatter
-from ..chat.tools import unasked_result
 from ..serving import collect_all, log_response, manager, model_of, publish, published_log, pumped_choices
 from .events import ResponseBuilder, chunk_of, response_id
-from .schemas import ResponsesRequest, input_messages, refuse_unsupported
+from .schemas import ResponsesRequest, input_messages, refuse_unsupported, unmatched_call
 
 if TYPE_CHECKING:
     from ...engine_client.identity import ResponseIdentity
@@ -38,8 +37,8 @@ def create():
     req: ResponsesRequest = parse(ResponsesRequest, body)
     previous = _stored(req.previous_response_id, "previous_response_id") if req.previous_response_id else None
     conversation = (previous["history"] if previous else []) + input_messages(req.input)
-    if unasked := unasked_result(conversation):  # OpenAI's words
-        raise APIError(f"No tool call found for function call output with call_id {unasked[1]}.", param="input")
+    if unmatched := unmatched_call(conversation):
+        raise APIError(unmatched, param="input")
     if previous and req.model is None:  # a chain keeps its model
         req.model = previous["response"]["model"]
     with fields_as_sent(_FIELDS):

@@ -114,6 +114,21 @@ def input_messages(items: str | list[dict]) -> list[dict]:
     return messages
 
 
+def unmatched_call(conversation: list[dict]) -> str | None:
+    """In OpenAI's words, a function call output that answers no call before it, or the first call that no output
+    answers (a conversation that a template would render as if the model had asked, or had been answered)."""
+    called: list[str] = []
+    answered: set[str] = set()
+    for message in conversation:
+        called += [call["id"] for call in message.get("tool_calls") or []]
+        if message["role"] == "tool":
+            if message["tool_call_id"] not in called:
+                return f"No tool call found for function call output with call_id {message['tool_call_id']}."
+            answered.add(message["tool_call_id"])
+    unanswered = [call_id for call_id in called if call_id not in answered]
+    return f"No tool output found for function call {unanswered[0]}." if unanswered else None
+
+
 class FunctionTool(Request):
     type: Literal["function"]
     name: str
