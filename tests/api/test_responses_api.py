@@ -124,12 +124,7 @@ def test_a_function_call_then_its_output_continues_the_stored_conversation(clien
     for message, conversation in refusals.items():
         with pytest.raises(openai.BadRequestError) as refused:
             client.responses.create(input=conversation, **follow_up)
-        assert refused.value.body == {
-            "message": message,
-            "type": "invalid_request_error",
-            "param": "input",
-            "code": None,
-        }
+        assert (refused.value.body["message"], refused.value.body["param"]) == (message, "input")
     with pytest.raises(openai.BadRequestError, match="No tool output found"):  # a chain that answers nothing
         client.responses.create(previous_response_id=first.id, input="And tomorrow?", **follow_up)
 
