@@ -163,8 +163,9 @@ def test_stored_responses_are_retrieved_deleted_and_not_kept_when_store_is_false
     unstored = client.responses.create(model=model, input=ASK, max_output_tokens=3, store=False)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(unstored.id)
-    with pytest.raises(openai.NotFoundError, match="previous_response_id"):
+    with pytest.raises(openai.BadRequestError) as unknown:  # OpenAI's 400, which clients match by its code
         client.responses.create(model=model, input=ASK, previous_response_id=unstored.id)
+    assert unknown.value.code == "previous_response_not_found" and unknown.value.param == "previous_response_id"
 
 
 def test_a_stream_resumes_after_a_sequence_number(tiny_api, model):
@@ -273,7 +274,7 @@ def test_each_key_reads_only_its_own_responses_and_streams(tiny_model_dirs):
             assert http.get(f"/v1/streams/{stream_id}", headers=one).status_code == 200
             assert http.get(f"/v1/streams/{stream_id}", headers=two).status_code == 404
             follow = {"input": ASK, "previous_response_id": created["id"], "max_output_tokens": 2}
-            assert http.post("/v1/responses", json=follow, headers=two).status_code == 404
+            assert http.post("/v1/responses", json=follow, headers=two).status_code == 400  # not found
 
 
 def _unit_format() -> dict:

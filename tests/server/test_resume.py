@@ -156,7 +156,7 @@ def test_a_stored_response_is_continued_on_another_instance_by_its_key_only(inst
         follow = http.post("/v1/responses", json={**ask, "previous_response_id": created["id"]}).json()
         assert follow["status"] == "incomplete" and follow["usage"]["input_tokens"] > created["usage"]["input_tokens"]
         refused = http.post("/v1/responses", json={**ask, "previous_response_id": created["id"]}, headers=KEY_TWO)
-        assert refused.status_code == 404 and refused.json()["error"]["param"] == "previous_response_id"
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "previous_response_not_found"
 
 
 def test_a_streams_leases_last_seconds_whatever_the_heartbeat(instances, redis_url):

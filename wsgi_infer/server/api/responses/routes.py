@@ -35,7 +35,11 @@ def create():
     body = request.get_json(force=True)
     refuse_unsupported(body)
     req: ResponsesRequest = parse(ResponsesRequest, body)
-    previous = _stored(req.previous_response_id, "previous_response_id") if req.previous_response_id else None
+    previous = None
+    if req.previous_response_id:  # OpenAI's 400, whose code clients match (to send the whole conversation instead)
+        message = f"Previous response with id '{req.previous_response_id}' not found."
+        missing = APIError(message, 400, param="previous_response_id", code="previous_response_not_found")
+        previous = _stored(req.previous_response_id, missing)
     conversation = (previous["history"] if previous else []) + input_messages(req.input)
     if unmatched := unmatched_call(conversation):
         raise APIError(unmatched, param="input")
@@ -62,15 +66,15 @@ def retrieve(response_id: str):
             raise APIError("starting_after must be an event's sequence_number, or -1", param="starting_after")
         log = published_log(response_id)
         if log.api != "responses":  # another API's stream (its X-Stream-Id): no response; /v1/streams serves it
-            raise _not_found(response_id, "response_id")
+            raise _not_found(response_id)
         return log_response(log, int(after) + 1, response_id)  # log ids count from 1
-    return jsonify(_stored(response_id, "response_id")["response"])
+    return jsonify(_stored(response_id, _not_found(response_id))["response"])
 
 
 @bp.delete("/responses/<response_id>")
 def delete(response_id: str):
     if not _call_store(manager().responses.delete, response_id, g.get("tenant", "")):
-        raise _not_found(response_id, "response_id")
+        raise _not_found(response_id)
     return jsonify({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
@@ -146,10 +150,11 @@ def _frame(req: ResponsesRequest, model: str, ids: ResponseIdentity) -> dict:
     }
 
 
-def _stored(response_id: str, param: str) -> dict:
+def _stored(response_id: str, missing: APIError) -> dict:
+    """The stored response of this key, or ``missing`` raised."""
     record = _call_store(manager().responses.get, response_id, g.get("tenant", ""))
     if record is None:
-        raise _not_found(response_id, param)
+        raise missing
     return record
 
 
@@ -160,5 +165,5 @@ def _call_store(method, *args):
         raise APIError(str(exc), 503, code="store_unavailable", headers={"Retry-After": "1"}) from None
 
 
-def _not_found(response_id: str, param: str) -> APIError:
-    return APIError(f"response {response_id!r} is unknown or has expired", 404, param=param, code="not_found")
+def _not_found(response_id: str) -> APIError:
+    return APIError(f"response {response_id!r} is unknown or has expired", 404, param="response_id", code="not_found")
