@@ -8,6 +8,7 @@ import pytest
 
 from wsgi_infer.engine.sampling_params import SamplingParams
 from wsgi_infer.engine.text.chat_template import chat_prompt_ids
+from wsgi_infer.server.api.chat.schemas import ChatCompletionRequest
 
 from .weather_tool import ASK, TOOLS
 
@@ -203,3 +204,14 @@ def test_an_assistant_refusal_sent_back_reads_as_its_text(tiny_api):
         empty = http.post("/tokenize", json={"messages": [*turns[:1], {"role": "assistant"}, *turns[2:]]})
     assert ids[0] == ids[1]
     assert empty.status_code == 400 and empty.json()["error"]["param"] == "messages.1"
+
+
+def test_a_developer_message_is_the_system_message_where_the_template_knows_no_developer():
+    """OpenAI's developer role replaces system; SmolLM2's template, which knows no such role, put its own default
+    system prompt before it. A template that knows the role (gpt-oss's) gets it as sent."""
+    developer = {"role": "developer", "content": "Be terse.", "name": "ops"}
+    for template, role in (("{{ messages }}", "system"), ("{% if m.role == 'developer' %}{% endif %}", "developer")):
+        request = ChatCompletionRequest.model_validate({"messages": [developer, *ASK]})
+        request.render_with(template)
+        messages, _ = request.conversation()
+        assert messages[0] == {**developer, "role": role}

@@ -194,7 +194,10 @@ class ChatCompletionRequest(SamplingRequest):
             field = "tool_call_id" if self.messages[i].role == "tool" else "tool_calls"
             raise APIError(f"messages.{i}: {why}", param=f"messages.{i}.{field}")
         plan, takes = self.tool_plan, template_tools(self._chat_template)
-        messages = [_template_message(m, takes is not None) for m in self.messages]
+        # OpenAI's developer messages are its system messages: a template that knows no such role renders it as
+        # its own (SmolLM2's put its default system prompt before it)
+        developer = "developer" if "developer" in (self._chat_template or "") else "system"
+        messages = [_template_message(m, takes is not None, developer) for m in self.messages]
         tools = [t.model_dump(exclude_none=True) for t in self.tools or []] or None
         if takes == "system message" and plan is not None:
             return with_tools_in_system_message(messages, tools), None
@@ -207,11 +210,13 @@ class ChatCompletionRequest(SamplingRequest):
         return messages, None
 
 
-def _template_message(message: ChatMessage, template_takes_tools: bool) -> dict:
-    """One message as chat templates take it; its name, and an assistant's thought under both names, as vLLM
-    passes them."""
+def _template_message(message: ChatMessage, template_takes_tools: bool, developer: str) -> dict:
+    """One message as chat templates take it (a developer's under the role ``developer``); its name, and an
+    assistant's thought under both names, as vLLM passes them."""
     entry = _entry(message, template_takes_tools)
-    if message.name is not None and entry["role"] == message.role:  # a tool result as a user's text has none
+    if entry["role"] == "developer":
+        entry["role"] = developer
+    if message.name is not None and (message.role != "tool" or template_takes_tools):  # a tool result as text: none
         entry["name"] = message.name
     thought = message.reasoning_content if message.reasoning_content is not None else message.reasoning
     if message.role == "assistant" and thought is not None:
