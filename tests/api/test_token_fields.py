@@ -5,6 +5,7 @@ response or a stream's chunks) and return_tokens_as_token_ids (logprobs' tokens 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from wsgi_infer.engine.outputs import RequestDelta, TokenLogprob
@@ -53,7 +54,9 @@ def test_prompt_logprobs_in_vllms_shape_equal_the_transformers_reference(tiny_ap
     assert [round(lp, 5) for lp in legacy["token_logprobs"][1 : len(ids)]] == [
         round(entry[str(token)]["logprob"], 5) for token, entry in zip(ids[1:], entries[1:])
     ]
-    assert all(len(top) == 1 for top in legacy["top_logprobs"][1:])  # logprobs' own 1, not prompt_logprobs' 3
+    # logprobs' own 1 (not prompt_logprobs' 3) and the token itself: OpenAI's "up to logprobs+1", as vLLM gives them
+    for token, logprob, top in zip(legacy["tokens"][1:], legacy["token_logprobs"][1:], legacy["top_logprobs"][1:]):
+        assert len(top) in (1, 2) and top[token] == logprob and max(top.values()) >= logprob
     assert len(chat["prompt_logprobs"]) == len(chat_ids) == chat["usage"]["prompt_tokens"]
     assert all(list(e) == [str(t)] for t, e in zip(chat_ids[1:], chat["prompt_logprobs"][1:]))
 
@@ -160,3 +163,13 @@ def test_the_legacy_top_logprobs_keep_the_likelier_of_tokens_that_read_alike():
         choice.delta.logprobs[0].top = order
         logprobs = CompletionFormatter(stream, "text_completion").final_choice(choice)["logprobs"]
         assert logprobs["tokens"] == ["\ufffd"] and logprobs["top_logprobs"] == [{"\ufffd": -0.5, "a": -3.0}]
+
+
+@pytest.mark.parametrize("n", [0, 2])
+def test_the_legacy_top_logprobs_hold_the_sampled_token_too(tiny_api, n):
+    """OpenAI's "up to logprobs+1 elements": a client looks up each token in its own entry (logprobs 0: it alone)."""
+    body = {"prompt": "Once upon a time", "max_tokens": 8, "logprobs": n, "temperature": 1.5, "seed": 3}
+    with tiny_api.client() as http:
+        logprobs = http.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]):
+        assert top[token] == logprob and n <= len(top) <= n + 1

@@ -77,14 +77,15 @@ class CompletionFormatter(Formatter):
         return {
             "tokens": tokens,
             "token_logprobs": [logprob for _, logprob, _ in entries],
-            "top_logprobs": [None if top is None else _by_text(top, text) for _, _, top in entries],
+            "top_logprobs": [None if top is None else _by_text([*top, (id_, lp)], text) for id_, lp, top in entries],
             "text_offset": offsets,
         }
 
 
 def _by_text(top: list[tuple[int, float]], text: Callable[[int], str]) -> dict[str, float]:
-    """The legacy shape's top logprobs, keyed by text: where two tokens read alike (pieces of one character both
-    read "\ufffd"), the likelier one's, not the last one's."""
+    """The legacy shape's top logprobs, keyed by text, the sampled token's among them (OpenAI's "up to logprobs+1
+    elements", as vLLM gives them): where two tokens read alike (pieces of one character both read "\ufffd"), the
+    likelier one's, not the last one's."""
     by_text: dict[str, float] = {}
     for token_id, logprob in sorted(top, key=lambda entry: -entry[1]):
         by_text.setdefault(text(token_id), logprob)
