@@ -231,10 +231,14 @@ def test_count_tokens_refuses_a_conversation_with_nothing_to_count(tiny_api, mod
 def test_the_sdk_raises_the_errors_it_knows(claude, model):
     import anthropic
 
-    with pytest.raises(anthropic.NotFoundError):
+    with pytest.raises(anthropic.NotFoundError) as missing:
         claude.messages.create(model="claude-haiku-4-5", messages=ASK, max_tokens=4)
     with pytest.raises(anthropic.BadRequestError, match="stop_sequences"):
         claude.messages.create(model=model, messages=ASK, max_tokens=4, stop_sequences=list("abcde"))
+    # the request's id, where the SDK reads it (request-id): as X-Request-Id has it
+    message = claude.messages.with_raw_response.create(model=model, messages=ASK, max_tokens=1)
+    assert message.parse()._request_id == message.headers["X-Request-Id"]
+    assert missing.value.request_id == missing.value.response.headers["X-Request-Id"]
 
 
 def test_raw_events_name_their_type_and_text_blocks_open_and_close(tiny_api, model):

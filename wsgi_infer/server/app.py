@@ -97,5 +97,8 @@ def _install_request_hooks(app: Flask) -> None:
 
     @app.after_request
     def _tag_response(response):
-        response.headers["X-Request-Id"] = g.get("request_id") or uuid.uuid4().hex
+        request_id = g.get("request_id") or uuid.uuid4().hex
+        response.headers["X-Request-Id"] = request_id
+        if request.blueprint == "messages":  # where the anthropic SDK reads it (a message's _request_id, an error's)
+            response.headers["request-id"] = request_id
         return response
