@@ -9,6 +9,8 @@ import pytest
 from wsgi_infer.engine.sampling_params import SamplingParams
 from wsgi_infer.engine.text.chat_template import chat_prompt_ids
 from wsgi_infer.server.api.chat.schemas import ChatCompletionRequest
+from wsgi_infer.server.api.messages.schemas import MessagesRequest
+from wsgi_infer.server.api.responses.schemas import input_messages
 
 from .weather_tool import ASK, TOOLS
 
@@ -215,3 +217,16 @@ def test_a_developer_message_is_the_system_message_where_the_template_knows_no_d
         request.render_with(template)
         messages, _ = request.conversation()
         assert messages[0] == {**developer, "role": role}
+
+
+def test_text_parts_are_joined_by_newlines_as_vllm_joins_them():
+    """A prompt split into parts (a document, then its question) kept its words apart; they ran together."""
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
+    chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": parts}]})
+    message = {"role": "user", "content": parts}
+    anthropic = MessagesRequest.model_validate({"model": "m", "max_tokens": 1, "messages": [message]})
+    system = MessagesRequest.model_validate({"model": "m", "max_tokens": 1, "messages": ASK, "system": parts})
+    responses = input_messages([{"role": "user", "content": [{**p, "type": "input_text"} for p in parts]}])
+    said = [chat.conversation()[0][0], anthropic.as_chat().messages[0].model_dump(), responses[0]]
+    assert [m["content"] for m in said] == ["Hello\nworld"] * 3
+    assert system.as_chat().messages[0].content == "Hello\nworld"

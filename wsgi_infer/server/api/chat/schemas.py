@@ -86,7 +86,7 @@ class ChatMessage(Request):
             if part.get("type") != "text":
                 raise APIError(f"content parts of type {part.get('type')!r} are not supported", param="messages")
             texts.append(part["text"])  # a string (``ChatCompletionRequest._text_parts``)
-        return "".join(texts)
+        return "\n".join(texts)  # as vLLM joins text parts
 
 
 class ChatCompletionRequest(SamplingRequest):

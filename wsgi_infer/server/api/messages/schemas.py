@@ -47,7 +47,7 @@ class ToolResultBlock(Request):
 
     @property
     def text(self) -> str:
-        text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
+        text = self.content if isinstance(self.content, str) else "\n".join(b.text for b in self.content)
         return f"Error: {text}" if self.is_error else text
 
 
@@ -172,7 +172,7 @@ class MessagesRequest(Request):
     def _messages(self) -> list[dict]:
         """Chat completion messages: a user's tool results become tool messages, an assistant's tool uses its
         tool calls (their input as JSON text)."""
-        system = self.system if isinstance(self.system, str) else "".join(b.text for b in self.system or [])
+        system = self.system if isinstance(self.system, str) else "\n".join(b.text for b in self.system or [])
         messages = [{"role": "system", "content": system}] if system else []
         asked: set[str] = set()  # the previous message's tool uses: the only ones a tool result may answer
         for i, message in enumerate(self.messages):
@@ -199,7 +199,7 @@ class MessagesRequest(Request):
                     texts.append(block.text)
             asked = {call["id"] for call in calls}
             if texts or calls or not isinstance(message.content, list):
-                entry: dict = {"role": message.role, "content": "".join(texts) if texts or not calls else None}
+                entry: dict = {"role": message.role, "content": "\n".join(texts) if texts or not calls else None}
                 if calls:
                     entry["tool_calls"] = calls
                 if thoughts:

@@ -70,7 +70,7 @@ def content_text(content: str | list[dict], kinds: tuple[str, ...], where: str) 
             raise APIError(f"content parts of type {part.get('type')!r} are not supported", param=f"{where}.{j}")
         if not isinstance(part.get("text"), str):
             raise APIError(f"{where}.{j}.text must be a string", param=f"{where}.{j}.text")
-    return "".join(part["text"] for part in content)
+    return "\n".join(part["text"] for part in content)
 
 
 def input_messages(items: str | list[dict]) -> list[dict]:
