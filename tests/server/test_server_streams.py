@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import socket
 import threading
 import time
 
@@ -15,8 +13,8 @@ from wsgi_infer import SamplingParams
 from wsgi_infer.engine.loading.model_paths import default_model_path
 
 from ..conftest import tiny_settings
-from ..support.model_servers import prompt_beside_stream
-from ..support.server import ENDLESS, GunicornServer, labelled_samples, wait_until
+from ..support.model_servers import assert_idle, completion_body, prompt_beside_stream
+from ..support.server import ENDLESS, wait_until
 from ..support.sse_client import events
 
 pytestmark = pytest.mark.slow
@@ -25,18 +23,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def server(tiny_server):
     return tiny_server
-
-
-def completion_body(prompt: str, max_tokens: int, **extra) -> dict:
-    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, **extra}
-
-
-def assert_idle(server: GunicornServer) -> None:
-    metrics = server.metrics()
-    assert metrics["wsgi_infer:open_streams"] == 0
-    assert metrics["wsgi_infer:num_requests_running"] == 0
-    assert metrics["wsgi_infer:num_requests_waiting"] == 0
-    assert metrics["wsgi_infer:kv_blocks_free"] == metrics["wsgi_infer:kv_blocks_total"]
 
 
 def test_32_concurrent_streams_are_batched_and_correct(server, tiny_llama):
@@ -80,49 +66,6 @@ def test_32_concurrent_streams_are_batched_and_correct(server, tiny_llama):
     assert_idle(server)
 
 
-def aborted(server: GunicornServer) -> float:
-    """Choices counted as aborted (a client left), as vLLM counts them."""
-    text = httpx.get(f"{server.url}/metrics", timeout=10).text
-    return labelled_samples(text, "wsgi_infer:request_success_total").get((("finished_reason", "abort"),), 0.0)
-
-
-def test_disconnect_mid_stream_frees_everything(server):
-    mark, before = len(server.lines), aborted(server)
-    with (
-        server.client() as http,
-        http.stream("POST", "/v1/completions", json=completion_body("Hello", ENDLESS, ignore_eos=True)) as r,
-    ):
-        request_id = r.headers["x-request-id"]
-        got = 0
-        for event in events(r):
-            if event.data:
-                got += 1
-            if got == 3:
-                break  # leave mid-stream
-    server.wait_for_log(rf"request {request_id}: response ended early, aborted 1", after=mark, timeout=30)
-    assert_idle(server)
-    assert aborted(server) == before + 1
-
-
-@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
-def test_a_non_streamed_request_whose_client_leaves_is_aborted(server, route):
-    # A client that gives up on a response (a timeout, then a retry) must not leave it generating to max_tokens.
-    mark, request_id = len(server.lines), f"gone-{route.count('/')}"
-    body = {"max_tokens": ENDLESS, "ignore_eos": True, "temperature": 0}
-    body |= {"prompt": "Hello"} if route == "/v1/completions" else {"messages": [{"role": "user", "content": "Hi"}]}
-    payload = json.dumps(body).encode()
-    with socket.create_connection(("127.0.0.1", server.port)) as client:
-        client.sendall(
-            f"POST {route} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-Id: {request_id}\r\n"
-            f"Content-Length: {len(payload)}\r\n\r\n".encode()
-            + payload
-        )
-        server.wait_for_metric("wsgi_infer:num_requests_running", 1)
-    server.wait_for_log(rf"request {request_id}: response ended early, aborted 1", after=mark, timeout=30)
-    server.wait_for_log(rf'"POST {route} HTTP/1.1" 499', after=mark, timeout=30)
-    assert_idle(server)
-
-
 def test_client_request_id_is_echoed_and_stream_headers_set(server):
     with server.client() as http:
         r = http.post("/v1/completions", json=completion_body("Hi", 2), headers={"X-Request-Id": "my-id-42"})
@@ -141,49 +84,6 @@ def test_idle_worker_uses_no_cpu(server):
     after = worker.cpu_times()
     used = (after.user - before.user) + (after.system - before.system)
     assert used < 0.05 * 3, f"idle worker used {used:.3f}s of CPU in 3s"
-
-
-@pytest.fixture(scope="module")
-def one_seq_server(gunicorn_server, tiny_model_dirs):
-    """One sequence at a time and small prefill chunks: queued and prefilling states last."""
-    settings = tiny_settings(tiny_model_dirs, max_num_seqs=1, max_num_batched_tokens=1, max_waiting_requests=1)
-    return gunicorn_server(settings)
-
-
-def test_disconnect_while_queued_and_while_prefilling(one_seq_server):
-    server = one_seq_server
-    mark = len(server.lines)
-    with (
-        server.client() as http,
-        http.stream("POST", "/v1/completions", json=completion_body("Busy", ENDLESS, ignore_eos=True)) as busy,
-    ):
-        running_id = busy.headers["x-request-id"]
-        busy_events = events(busy)  # kept: dropping the iterator would close the connection
-        assert next(busy_events).data  # it is running
-        with (
-            server.client() as http2,
-            http2.stream("POST", "/v1/completions", json=completion_body("Queued", 5)) as queued,
-        ):
-            queued_id = queued.headers["x-request-id"]
-            queued_events = events(queued)
-            heartbeat = next(queued_events)
-            assert heartbeat.comments == ["ping"] and not heartbeat.data  # waiting behind the busy one
-            # 1 running + 1 waiting is the limit: a third request is refused at once.
-            refused = http2.post("/v1/completions", json=completion_body("x", 2))
-            assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
-            assert refused.json()["error"]["type"] == "rate_limit_error"
-        server.wait_for_log(rf"request {queued_id}: response ended early, aborted 1", after=mark, timeout=30)
-    server.wait_for_log(rf"request {running_id}: response ended early, aborted 1", after=mark, timeout=30)
-    assert_idle(server)
-
-    long_prompt = list(range(1000, 4900))  # 3,900 prefill steps of one token: seconds, not milliseconds
-    with server.client() as http, http.stream("POST", "/v1/completions", json=completion_body(long_prompt, 5)) as r:
-        prefill_id = r.headers["x-request-id"]
-        prefill_events = events(r)
-        heartbeat = next(prefill_events)
-        assert heartbeat.comments == ["ping"] and not heartbeat.data
-    server.wait_for_log(rf"request {prefill_id}: response ended early, aborted 1", after=mark, timeout=30)
-    assert_idle(server)
 
 
 def test_clients_reusing_a_request_id_do_not_collide(server, tiny_llama):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import gevent
@@ -10,7 +11,7 @@ import pytest
 from openai._streaming import SSEDecoder
 
 from wsgi_infer.server.metrics import ModelMetrics
-from wsgi_infer.server.streaming import sse
+from wsgi_infer.server.streaming import sse, stream_log
 from wsgi_infer.server.streaming.stream_endings import RETRY_MS, error_event
 from wsgi_infer.server.streaming.stream_log import StreamInterrupted, StreamLog, StreamLogs
 
@@ -25,6 +26,7 @@ def test_a_heartbeat_between_numbered_events_is_no_event_for_the_openai_sdk():
     log = new_log()
     log.append(sse.event({"n": 1}))
     reader = log.read(0, heartbeat=0.01)
+    assert next(reader) == ""  # at once: the response's headers go out with it
     wire = [next(reader), next(reader)]  # the event, then a heartbeat: nothing came for a while
     assert wire[1] == sse.HEARTBEAT
     log.append(sse.event({"n": 2}))
@@ -34,6 +36,15 @@ def test_a_heartbeat_between_numbered_events_is_no_event_for_the_openai_sdk():
     assert [(e.id, json.loads(e.data)) for e in decoded] == [("1", {"n": 1}), ("2", {"n": 2})]
 
 
+def test_a_quiet_reader_yields_a_look_per_look_interval_and_a_heartbeat_per_heartbeat(monkeypatch):
+    """Empty strings write nothing: they give the response a moment to look at its client (``until_gone``)."""
+    monkeypatch.setattr(stream_log, "LOOK_SECONDS", 0.01)
+    assert list(itertools.islice(new_log().read(0, heartbeat=60.0), 4)) == [""] * 4  # no heartbeat a minute away
+    reader = new_log().read(0, heartbeat=0.5)
+    looks = list(itertools.takewhile(lambda written: written != sse.HEARTBEAT, reader))
+    assert looks == [""] * len(looks) and len(looks) >= 2  # the headers' own, then a look or more
+
+
 def test_the_backlog_counts_what_no_reader_has_taken():
     log = new_log()
     events = [sse.event({"text": "x" * size}) for size in (10, 20, 30)]
@@ -41,7 +52,7 @@ def test_the_backlog_counts_what_no_reader_has_taken():
         log.append(text)
     assert log.backlog_bytes == sum(len(e) for e in events)
     reader = log.read(0, heartbeat=1.0)
-    next(reader)
+    next(reader), next(reader)  # the headers' empty string, then the first event
     assert log.backlog_bytes == sum(len(e) for e in events)  # handed out, not yet written
     next(reader)  # the server asks for the next one: the first is written
     assert log.backlog_bytes == len(events[1]) + len(events[2])
@@ -52,7 +63,7 @@ def test_a_waiting_reader_wakes_on_append_and_on_finish():
     taken: list[str] = []
 
     def read() -> None:
-        for event in log.read(0, heartbeat=30.0):
+        for event in filter(None, log.read(0, heartbeat=30.0)):  # the empty strings aside
             taken.append(event)
             took.set()
 
@@ -83,7 +94,7 @@ def test_an_event_the_mirror_has_not_copied_wakes_no_heartbeat():
     log = new_log()
     log.copied(0)  # a mirror runs: nothing readable yet
     taken: list[str] = []
-    reader = gevent.spawn(lambda: taken.extend(log.read(0, heartbeat=30.0)))
+    reader = gevent.spawn(lambda: taken.extend(filter(None, log.read(0, heartbeat=30.0))))
     gevent.sleep(0)
     log.append(sse.event({"n": 1}))
     gevent.sleep(0)  # the reader wakes, and finds nothing readable
@@ -173,7 +184,7 @@ def test_while_a_mirror_copies_the_stream_readers_get_only_what_redis_holds():
     for n in (1, 2, 3):
         log.append(sse.event({"n": n}))
     reader = log.read(0, heartbeat=0.01)
-    assert next(reader) == sse.HEARTBEAT  # three events, none in Redis yet
+    assert [next(reader), next(reader)] == ["", sse.HEARTBEAT]  # three events, none in Redis yet
     log.copied(2)
     assert [next(reader), next(reader), next(reader)] == [
         f"id: 1\n{sse.event({'n': 1})}",

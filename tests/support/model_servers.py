@@ -92,3 +92,17 @@ def prompt_beside_stream(
     running.join()
     steps, over = (after - earlier for after, earlier in zip(engine_steps(server, model, above), before))
     return answer, steps, over
+
+
+def completion_body(prompt: str | list[int], max_tokens: int, **extra) -> dict:
+    """A greedy streamed completion."""
+    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, **extra}
+
+
+def assert_idle(server: GunicornServer) -> None:
+    """Nothing open, running or waiting, and every KV block free."""
+    metrics = server.metrics()
+    assert metrics["wsgi_infer:open_streams"] == 0
+    assert metrics["wsgi_infer:num_requests_running"] == 0
+    assert metrics["wsgi_infer:num_requests_waiting"] == 0
+    assert metrics["wsgi_infer:kv_blocks_free"] == metrics["wsgi_infer:kv_blocks_total"]

@@ -1,20 +1,23 @@
 """Whether a request's client is still connected.
 
-A stream finds a client that left when a write fails (a token or a heartbeat); a non-streamed response writes
+A write finds a client that left only when it fails (a token or a heartbeat): a non-streamed response writes
 nothing until its end, so a client that gave up (a timeout, then a retry) would leave its generation running to
-``max_tokens``. Its socket tells: the request's body has been read whole (``app._read_body_in_time``), so the socket
-turns readable only at the client's end of the connection, or with a pipelined next request.
+``max_tokens``, and a stream in a long prefill or queue would find it at its next heartbeat. Its socket tells at
+once: the request's body has been read whole (``app._read_body_in_time``), so the socket turns readable only at the
+client's end of the connection, or with a pipelined next request. Both look at it every ``LOOK_SECONDS``.
 """
 
 from __future__ import annotations
 
 import _socket  # the C socket type, which gevent does not patch: a look that never waits
+import contextlib
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
+LOOK_SECONDS = 1.0  # how often a request that writes nothing looks whether its client is still there
 
 
 class ClientGone(Exception):
@@ -42,7 +45,7 @@ def client_gone(environ: dict) -> bool:
         view.detach()
 
 
-def while_connected(items: Iterable[T], environ: dict, every: float = 1.0) -> Iterator[T]:
+def while_connected(items: Iterable[T], environ: dict, every: float = LOOK_SECONDS) -> Iterator[T]:
     """``items``, looking at most every ``every`` seconds whether the client is still there; ClientGone once it
     is not (the caller's cleanup then aborts the work)."""
     next_look = time.monotonic() + every
@@ -52,3 +55,14 @@ def while_connected(items: Iterable[T], environ: dict, every: float = 1.0) -> It
                 raise ClientGone
             next_look = time.monotonic() + every
         yield item
+
+
+def until_gone(items: Generator[str, None, None], environ: dict) -> Iterator[str]:
+    """A stream's response body: ``items`` (a log's reader, which yields at least every ``LOOK_SECONDS``) until its
+    client has left, then closed: the reader leaves as a failed write would have it, and the stream's grace (for a
+    resume) starts then, not at the next heartbeat."""
+    with contextlib.closing(items):
+        try:
+            yield from while_connected(items, environ)
+        except ClientGone:
+            return

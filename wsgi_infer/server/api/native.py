@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from flask import Blueprint, Response, jsonify, request
 
+from ..client_connection import until_gone
 from ..engine_client.streams import RequestStream
 from ..streaming import sse
 from ..streaming.stream_endings import openai_error_event
@@ -41,7 +42,7 @@ def generate():
     if request.accept_mimetypes.best_match(["text/plain", "text/event-stream"]) == "text/event-stream":
         return publish(stream, _events(mgr, stream))
     log, _, stream_id = publish_log(stream, _events(mgr, stream))
-    frames = log.read(0, mgr.settings.heartbeat_seconds)
+    frames = until_gone(log.read(0, mgr.settings.heartbeat_seconds), request.environ)
     headers = {**sse.STREAM_HEADERS, "X-Stream-Id": stream_id}
     return Response(_plain_text(frames), mimetype="text/plain", headers=headers)
 

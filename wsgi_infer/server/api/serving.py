@@ -14,7 +14,7 @@ from flask import Response, after_this_request, current_app, g, request
 
 from ...engine.messages import Accepted, Rejected
 from ...engine.sampling_params import InvalidParameter, SamplingParams, max_tokens_within, tokens_to_keep
-from ..client_connection import while_connected
+from ..client_connection import LOOK_SECONDS, until_gone, while_connected
 from ..engine_client.delta_records import encode_batch
 from ..engine_client.extension import manager_of
 from ..engine_client.manager import EngineManager
@@ -225,9 +225,8 @@ def pumped_choices(mgr: ServedModel, stream: RequestStream) -> Iterator[ChoiceDe
 def log_response(log: StreamLog | RedisStreamReader, after: int, stream_id: str) -> Response:
     """A stream log's events after id ``after``, as the response's SSE body."""
     headers = {**sse.STREAM_HEADERS, "X-Stream-Id": stream_id}
-    return Response(
-        log.read(after, manager().settings.heartbeat_seconds), mimetype="text/event-stream", headers=headers
-    )
+    events = until_gone(log.read(after, manager().settings.heartbeat_seconds), request.environ)
+    return Response(events, mimetype="text/event-stream", headers=headers)
 
 
 def _tenant_key(stream_id: str) -> str:
@@ -288,7 +287,8 @@ def collect_all(stream: RequestStream) -> dict[int, ChoiceDelta]:
     stopped it; ClientGone (and the request aborted) once its client has left."""
     merged: dict[int, ChoiceDelta] = {}
     try:
-        for batch in while_connected(iter_deltas(stream, manager().settings.heartbeat_seconds), request.environ):
+        quiet = min(manager().settings.heartbeat_seconds, LOOK_SECONDS)  # a look at the client per quiet interval
+        for batch in while_connected(iter_deltas(stream, quiet), request.environ):
             if isinstance(batch, Heartbeat):
                 continue
             for choice in batch:

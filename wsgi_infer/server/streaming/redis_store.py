@@ -257,6 +257,7 @@ class RedisStore:
         is not continued: here (``continue_here`` gives the log of the stream it continued) or by another host."""
         key, last, number = self.key(stream_id), f"{after}-0", after
         quiet, per_heartbeat = 0, max(1, round(heartbeat / self._renewal))  # empty reads, and those a heartbeat
+        yield ""  # the headers at once; and one per empty read (``StreamLog.read``)
         try:
             while True:
                 self._client.set(f"{key}:reader", "1", px=self._lease_ms)
@@ -272,8 +273,7 @@ class RedisStore:
                             yield error_event(api, number, message, "stream_lost")
                             return
                     quiet += 1
-                    if quiet % per_heartbeat == 0:
-                        yield sse.HEARTBEAT
+                    yield sse.HEARTBEAT if quiet % per_heartbeat == 0 else ""
                     continue
                 quiet = 0
                 for entry_id, fields in reply[0][1]:

@@ -19,12 +19,13 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import gevent
 import gevent.event
 
+from ..client_connection import LOOK_SECONDS
 from ..metrics import ModelMetrics
 from . import sse
 from .redis_store import RedisStore
@@ -120,20 +121,28 @@ class StreamLog:
         self.mirrored = mirrored
         self._notify()
 
-    def read(self, after: int, heartbeat: float) -> Iterator[str]:
-        """Events after id ``after``, waiting for new ones (heartbeats meanwhile) until the end."""
+    def read(self, after: int, heartbeat: float) -> Generator[str, None, None]:
+        """Events after id ``after``, waiting for new ones until the end: first an empty string (the response's
+        headers go out with it, its stream id among them, though a long prefill or a queue holds the first event),
+        one per ``LOOK_SECONDS`` of quiet (the caller looks at its client) and a heartbeat per ``heartbeat``."""
         self.readers += 1
         try:
-            position = max(0, after)
+            position, quiet_since = max(0, after), time.monotonic()
+            yield ""
             while True:
                 while position < self.readable:
                     position += 1
                     yield f"id: {position}\n{self.events[position - 1]}"
                     self.delivered = max(self.delivered, position)  # the server wrote it: next() came back
+                    quiet_since = time.monotonic()
                 if self._read_to_end(position):
                     return
-                if not self._wait_until(lambda seen=position: self._news_after(seen), heartbeat):
-                    yield sse.HEARTBEAT
+                if not self._wait_until(lambda seen=position: self._news_after(seen), min(LOOK_SECONDS, heartbeat)):
+                    if time.monotonic() - quiet_since < heartbeat:
+                        yield ""
+                    else:
+                        yield sse.HEARTBEAT
+                        quiet_since = time.monotonic()
         finally:
             self.readers -= 1
             if not self.readers and not self.finished:
