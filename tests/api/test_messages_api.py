@@ -243,8 +243,10 @@ def test_the_sdk_raises_the_errors_it_knows(claude, model):
 
 def test_raw_events_name_their_type_and_text_blocks_open_and_close(tiny_api, model):
     body = {"model": model, "messages": ASK, "max_tokens": 6, "temperature": 0, "stream": True}
-    with tiny_api.client() as http, http.stream("POST", "/v1/messages", json=body) as reply:
-        frames = [e for e in events(reply) if e.data]
+    with tiny_api.client() as http:
+        for _ in range(2):  # the second reads the prompt from the prefix cache
+            with http.stream("POST", "/v1/messages", json=body) as reply:
+                frames = [e for e in events(reply) if e.data]
     assert all(e.name == e.json["type"] for e in frames)
     assert [e.name for e in frames[:2]] == ["message_start", "ping"]
     blocks = [e.json for e in frames if e.name.startswith("content_block")]
@@ -254,6 +256,10 @@ def test_raw_events_name_their_type_and_text_blocks_open_and_close(tiny_api, mod
     assert (
         delta["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None} and delta["usage"]["output_tokens"] == 6
     )
+    # message_start already counts the cached tokens apart, as Anthropic's does (it said none were)
+    inputs = ("input_tokens", "cache_read_input_tokens")
+    start = frames[0].json["message"]["usage"]
+    assert [start[k] for k in inputs] == [delta["usage"][k] for k in inputs] and start["cache_read_input_tokens"] > 0
 
 
 def test_an_output_format_constrains_the_text_to_its_schema(claude, model):

@@ -111,7 +111,6 @@ class RequestStream:
             self.on_first_token()
             self.on_first_token = None
         self.completion_tokens += len(choice.delta.token_ids)
-        self.cached_tokens.setdefault(choice.index, choice.delta.num_cached_tokens)
         if choice.delta.finish_reason is not None:
             self.finish_reasons[choice.index] = choice.delta.finish_reason
 
@@ -131,14 +130,23 @@ class RequestStream:
             batch = self._replay.popleft()
             for choice in batch:
                 self._count(choice)
+            self._note_cache_hits(batch)
             return batch
         if not self._queue:
             self._ready.wait(timeout)
         events, self._queue = self._queue, []
         self._ready.clear()
-        if self.on_take is not None and (batch := [e for e in events if isinstance(e, ChoiceDelta)]):
+        batch = [e for e in events if isinstance(e, ChoiceDelta)]
+        self._note_cache_hits(batch)
+        if self.on_take is not None and batch:
             self.on_take(batch)
         return events
+
+    def _note_cache_hits(self, batch: list[ChoiceDelta]) -> None:
+        """A choice's prompt tokens from the prefix cache, as its first delta the reader takes says: on a host
+        continuing the stream, the replayed one's (the engine's own may be pushed first), as where it ran before."""
+        for choice in batch:
+            self.cached_tokens.setdefault(choice.index, choice.delta.num_cached_tokens)
 
     @property
     def usage(self) -> dict:

@@ -32,10 +32,8 @@ def usage(stream: RequestStream) -> dict:
     }
 
 
-def message(message_id: str, model: str, stream: RequestStream) -> dict:
-    """The message before its content (what ``message_start`` carries, and the body's frame): its usage is the
-    prompt's, before any output (the engine's first step may or may not have come back yet; a stream continued on
-    another host must write the same ``message_start``)."""
+def message(message_id: str, model: str) -> dict:
+    """The message before its content and usage (what ``message_start`` carries, and the body's frame)."""
     return {
         "id": message_id,
         "type": "message",
@@ -44,12 +42,6 @@ def message(message_id: str, model: str, stream: RequestStream) -> dict:
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": stream.prompt_tokens,
-            "output_tokens": 0,
-            "cache_read_input_tokens": 0,
-            "cache_creation_input_tokens": 0,
-        },
     }
 
 

@@ -37,7 +37,7 @@ def messages():
     req: MessagesRequest = parse(MessagesRequest, body)
     with fields_as_sent(_FIELDS):
         stream, formatter = start_chat(req.as_chat(extensions), "message")
-    frame = events.message(f"msg_{stream.request_id}", formatter.model, stream)
+    frame = events.message(f"msg_{stream.request_id}", formatter.model)
     if req.stream:
         translate = events.MessageEvents(req.thinking_omitted)
         return publish(stream, _events(model_of(stream), stream, formatter, frame, translate), api="anthropic")
@@ -67,14 +67,19 @@ def count_tokens():
 def _events(
     mgr: ServedModel, stream: RequestStream, formatter: ChatFormatter, frame: dict, translate: events.MessageEvents
 ) -> Iterator[str | None]:
-    """The events of one message, ``translate``'s; runs in the pump greenlet (no request context)."""
-    stop_string = None
-    yield from events.opening(frame)
+    """The events of one message, ``translate``'s; runs in the pump greenlet (no request context). It opens with
+    the first output, whose usage counts the prompt's cached tokens apart, as Anthropic's ``message_start`` does
+    (the stream's headers went out at once)."""
+    stop_string, opened = None, False
     try:
         for choice in pumped_choices(mgr, stream):
             if choice is None:
                 yield None
                 continue
+            if not opened:  # its output counted as none: how many tokens came by now varies (a host continuing the
+                usage = {**events.usage(stream), "output_tokens": 0}  # stream writes the same event)
+                yield from events.opening({**frame, "usage": usage})
+                opened = True
             yield from translate.of(formatter.chunk_choice(choice))
             stop_string = stop_string or choice.delta.stop_reason
         if translate.finish_reason == CONSTRAINT_FAILED:
