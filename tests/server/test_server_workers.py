@@ -75,6 +75,7 @@ def test_metrics_add_up_across_two_workers(tiny_model_dirs):
                 f"worker {i} uses the CPU with {max(1, len(os.sched_getaffinity(0)) // 2)} threads (" for i in range(2)
             ]
         assert all(any(e in line for line in server.lines) for e in expected), expected
+        server.wait_for_log(r"2 workers and no WSGI_INFER_REDIS_URL: a stream resumes")  # said once, by the master
         completion_tokens = prompt_tokens = 0
         for i, worker in enumerate(workers * 4):  # four requests on each worker, a new connection each
             with server.accepting_only_on(worker), server.client() as http:

@@ -79,6 +79,12 @@ def _settings_or_exit(server):
         settings = ServerSettings()
         model_specs(settings)
         load_keys(settings.api_keys, settings.keys_file)  # else each worker's traceback, once it imported torch
+        if server.cfg.workers > 1 and not settings.redis_url:
+            server.log.warning(
+                "%d workers and no WSGI_INFER_REDIS_URL: a stream resumes, and a stored response continues, only on "
+                "the worker that made it (another answers 404, or 400 previous_response_not_found)",
+                server.cfg.workers,
+            )
     except ValidationError as exc:
         for error in exc.errors():
             variable = "WSGI_INFER_" + str(error["loc"][0]).upper() if error["loc"] else "WSGI_INFER_*"
