@@ -86,11 +86,18 @@ class InferenceWorker(GeventWorker):
             return
         if self._stop_asked is not None:
             self._stop_asked.set()
+        # In a greenlet of its own: set in a signal handler, which runs inside whatever greenlet the signal
+        # interrupted, a close there pulled the listening socket from under the server's accept in progress
+        # (an AttributeError in gevent's _do_read, seen once on a SIGHUP)
+        self._draining = gevent.spawn(self._stop_accepting_then_drain)
+
+    def _stop_accepting_then_drain(self) -> None:
         for server in self._servers:  # closed, not only unwatched: a listener held open still completes handshakes,
-            server.close()  # and those connections were reset at the close, their requests sent (1 s later)
+            if not server.closed:  # and those connections were reset at the close, their requests sent (1 s later)
+                server.close()
         manager = manager_of(getattr(self, "wsgi", None))
         if manager is not None and not self._quitting:
-            self._draining = gevent.spawn(manager.drain, self.drain_seconds)
+            manager.drain(self.drain_seconds)
 
     def init_process(self) -> None:
         _raise_open_files_limit(self.worker_connections, self.log)
