@@ -201,10 +201,14 @@ def test_an_assistant_refusal_sent_back_reads_as_its_text(tiny_api):
             for assistant in (
                 {"role": "assistant", "content": None, "refusal": said},
                 {"role": "assistant", "content": said},
+                {"role": "assistant", "content": [{"type": "refusal", "refusal": said}]},  # as a content part
             )
         ]
         empty = http.post("/tokenize", json={"messages": [*turns[:1], {"role": "assistant"}, *turns[2:]]})
-    assert ids[0] == ids[1]
+        refusing = [{"type": "refusal", "refusal": said}]
+        users = http.post("/tokenize", json={"messages": [{"role": "user", "content": refusing}]})
+    assert ids[0] == ids[1] == ids[2]
+    assert users.status_code == 400 and "'refusal'" in users.json()["error"]["message"]  # an assistant's alone
     assert empty.status_code == 400 and empty.json()["error"]["param"] == "messages.1"
 
 

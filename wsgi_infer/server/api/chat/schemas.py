@@ -78,14 +78,16 @@ class ChatMessage(Request):
 
     @property
     def text(self) -> str:
-        """Content parts flattened to text (text parts only; other modalities are refused)."""
+        """Content parts flattened to text (text parts, and an assistant's refusal parts, as OpenAI's replies sent
+        back carry them; other modalities are refused)."""
         if not isinstance(self.content, list):
             return self.content if self.content is not None else self.refusal or ""
         texts = []
         for part in self.content:
-            if part.get("type") != "text":
+            kind = "refusal" if self.role == "assistant" and part.get("type") == "refusal" else "text"
+            if part.get("type") != kind:
                 raise APIError(f"content parts of type {part.get('type')!r} are not supported", param="messages")
-            texts.append(part["text"])  # a string (``ChatCompletionRequest._text_parts``)
+            texts.append(part[kind])  # a string (``ChatCompletionRequest._text_parts``)
         return "\n".join(texts)  # as vLLM joins text parts
 
 
@@ -128,8 +130,9 @@ class ChatCompletionRequest(SamplingRequest):
         """A 400 naming a text part whose text is no string (parts are untyped dicts: ``ChatMessage.text``)."""
         for i, message in enumerate(self.messages):
             for j, part in enumerate(message.content if isinstance(message.content, list) else []):
-                if part.get("type") == "text" and not isinstance(part.get("text"), str):
-                    where = f"messages.{i}.content.{j}.text"
+                kind = part.get("type")
+                if kind in ("text", "refusal") and not isinstance(part.get(kind), str):
+                    where = f"messages.{i}.content.{j}.{kind}"
                     raise APIError(f"{where} must be a string", param=where)
         return self
 
