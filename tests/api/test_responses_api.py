@@ -11,9 +11,7 @@ import openai
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from ..conftest import tiny_settings
 from ..plugins.server_fixtures import openai_client
-from ..support.in_process import InProcessServer
 from ..support.sse_client import events
 from .weather_tool import UNIT
 
@@ -258,23 +256,25 @@ def test_the_values_of_those_fields_that_change_nothing_are_accepted(tiny_api, m
     assert reply.status_code == 200, reply.text
 
 
-def test_each_key_reads_only_its_own_responses_and_streams(tiny_model_dirs):
-    with InProcessServer(tiny_settings(tiny_model_dirs, api_key="key-one,key-two")) as server:
-        one, two = ({"Authorization": f"Bearer {key}"} for key in ("key-one", "key-two"))
-        with server.client() as http:
-            created = http.post("/v1/responses", json={"input": ASK, "max_output_tokens": 2}, headers=one).json()
-            chat = {"messages": [{"role": "user", "content": ASK}], "max_tokens": 2, "stream": True}
-            with http.stream("POST", "/v1/chat/completions", json=chat, headers=one) as reply:
-                stream_id = reply.headers["X-Stream-Id"]
-                list(events(reply))
-            assert http.get(f"/v1/responses/{created['id']}", headers=one).status_code == 200
-            assert http.get(f"/v1/responses/{created['id']}", headers=two).status_code == 404
-            assert http.delete(f"/v1/responses/{created['id']}", headers=two).status_code == 404
-            assert http.get(f"/v1/responses/{created['id']}", headers=one).status_code == 200  # not deleted either
-            assert http.get(f"/v1/streams/{stream_id}", headers=one).status_code == 200
-            assert http.get(f"/v1/streams/{stream_id}", headers=two).status_code == 404
-            follow = {"input": ASK, "previous_response_id": created["id"], "max_output_tokens": 2}
-            assert http.post("/v1/responses", json=follow, headers=two).status_code == 400  # not found
+def test_input_items_list_the_whole_conversation_before_each_response(client, model):
+    """The openai SDK's input_items.list: a chained response's items are the earlier turns' inputs and outputs, then
+    its own input, newest first unless asc, paged by limit and after."""
+    first = client.responses.create(model=model, input=ASK, max_output_tokens=2)
+    ask = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "And tomorrow?"}]}]
+    follow = client.responses.create(model=model, previous_response_id=first.id, input=ask, max_output_tokens=2)
+    listed = client.responses.input_items.list(follow.id, order="asc")
+    roles = [(item.type, item.role) for item in listed.data]
+    assert roles == [("message", "user"), ("message", "assistant"), ("message", "user")]
+    assert listed.data[0].content[0].text == ASK and listed.data[1].id == first.output[0].id
+    assert listed.data[2].content[0].text == "And tomorrow?" and not listed.has_more
+    newest = client.responses.input_items.list(follow.id, limit=2)
+    assert [item.id for item in newest.data] == [item.id for item in listed.data[::-1][:2]] and newest.has_more
+    rest = client.responses.input_items.list(follow.id, limit=2, after=newest.last_id)
+    assert [item.id for item in rest.data] == [listed.data[0].id] and not rest.has_more
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_" + "0" * 32)
+    with pytest.raises(openai.BadRequestError, match="limit"):
+        client.responses.input_items.list(follow.id, limit=101)
 
 
 def _unit_format() -> dict:

@@ -18,6 +18,7 @@ from ..chat.conversation import start_chat
 from ..chat.formatters import ChatFormatter
 from ..serving import collect_all, log_response, manager, model_of, publish, published_log, pumped_choices
 from .events import ResponseBuilder, chunk_of, response_id
+from .input_items import as_items, page
 from .schemas import ResponsesRequest, input_messages, refuse_unsupported, unmatched_call
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ def create():
         missing = APIError(message, 400, param="previous_response_id", code="previous_response_not_found")
         previous = _stored(req.previous_response_id, missing)
     conversation = (previous["history"] if previous else []) + input_messages(req.input)
+    earlier = previous.get("items", []) + previous["response"]["output"] if previous else []
     if unmatched := unmatched_call(conversation):
         raise APIError(unmatched, param="input")
     if previous and req.model is None:  # a chain keeps its model
@@ -49,6 +51,7 @@ def create():
         stream, formatter = start_chat(req.as_chat(conversation), "response")
     builder = ResponseBuilder(_frame(req, formatter.model, stream.identity), stream.identity)
     keep = _Keeper(manager().responses if req.store else None, g.get("tenant", ""), conversation)
+    keep.items = earlier + as_items(req.input)
     if req.stream:
         events = _events(model_of(stream), stream, formatter, builder, keep)
         return publish(stream, events, stream_id=builder.response["id"], api="responses")
@@ -71,6 +74,11 @@ def retrieve(response_id: str):
     return jsonify(_stored(response_id, _not_found(response_id))["response"])
 
 
+@bp.get("/responses/<response_id>/input_items")
+def list_input_items(response_id: str):
+    return jsonify(page(_stored(response_id, _not_found(response_id)).get("items", []), request.args))
+
+
 @bp.delete("/responses/<response_id>")
 def delete(response_id: str):
     if not _call_store(manager().responses.delete, response_id, g.get("tenant", "")):
@@ -83,13 +91,15 @@ class _Keeper:
 
     def __init__(self, store: ResponseStore | None, owner: str, conversation: list[dict]) -> None:
         self._store, self._owner, self._conversation = store, owner, conversation
+        self.items: list[dict] = []  # its input items, as /input_items lists them
 
     def __call__(self, response: dict) -> None:
         if self._store is None:
             return
         history = self._conversation + input_messages(response["output"])
         try:
-            self._store.put(response["id"], self._owner, {"response": response, "history": history})
+            record = {"response": response, "history": history, "items": self.items}
+            self._store.put(response["id"], self._owner, record)
         except StoreUnavailable as exc:  # the client has its answer; only continuing it later fails
             log.warning("response %s was not stored: %s", response["id"], exc)
 
