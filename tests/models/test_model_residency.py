@@ -47,7 +47,8 @@ def two_of_three(request, tmp_path_factory, tiny_model_dirs):
 
 @pytest.fixture(scope="module")
 def keep_alive_server(tmp_path_factory, tiny_model_dirs):
-    """The tiny Llama (loaded at start) and SmolLM2 (a keep-alive of 1 s), behind an API key."""
+    """The tiny Llama (loaded at start) and SmolLM2 (a keep-alive of 5 s: the admin test reads its state within it,
+    beside a CI stall of up to 2 s), behind an API key."""
     tables = f"""
 [models.tiny]
 path = "{tiny_model_dirs["llama"]}"
@@ -55,7 +56,7 @@ path = "{tiny_model_dirs["llama"]}"
 path = "{default_model_path()}"
 dtype = "auto"
 quantization = "auto"
-keep_alive = 1
+keep_alive = 5
 """
     yield from serving(tmp_path_factory.mktemp("keep"), tiny_model_dirs, tables, api_key=KEY)
 
@@ -146,14 +147,14 @@ def test_a_model_a_request_waited_for_is_not_unloaded_before_the_request_submits
     ahead at once, in the same turn of the hub, before a's request has run again: it must find a busy (held by
     its request), not idle, or the request that asked first gets a 503 for a model that just loaded for it."""
     tables = f'[models.a]\npath = "{tiny_model_dirs["llama"]}"\n[models.b]\npath = "{tiny_model_dirs["qwen3"]}"\n'
-    settings = {"max_loaded_models": 1, "load_wait_seconds": 30, "test_load_seconds": 1}
+    settings = {"max_loaded_models": 1, "load_wait_seconds": 30, "test_load_seconds": 4}
     for server in serving(tmp_path, tiny_model_dirs, tables, **settings):
         assert complete(server, "b").status_code == 200  # a goes
         answers: dict[str, httpx.Response] = {}
         asks = {name: threading.Thread(target=_answer, args=(server, name, answers)) for name in "ab"}
         mark = len(server.lines)
         asks["a"].start()
-        server.wait_for_log(r"loading a\b", after=mark)  # its load takes a second more: b's request waits in it
+        server.wait_for_log(r"loading a\b", after=mark)  # its load takes 4 s more: b's request waits in it
         asks["b"].start()
         waited, _ = server.wait_for_line(r"b waits for room", after=mark)
         for ask in asks.values():
@@ -218,7 +219,7 @@ def test_an_idle_model_unloads_after_its_keep_alive(keep_alive_server):
     server = keep_alive_server
     mark = len(server.lines)
     before = httpx.get(f"{server.url}/metrics", timeout=10).text
-    assert complete(server, "smollm2").status_code == 200  # its table's keep-alive: 1 s
+    assert complete(server, "smollm2").status_code == 200  # its table's keep-alive: 5 s
     server.wait_for_log(r"unloading smollm2 \(idle\)", after=mark, timeout=30)
     assert complete(server, "tiny", keep_alive="0s").status_code == 200  # Ollama's field: unload once idle
     server.wait_for_log(r"unloading tiny \(idle\)", after=mark, timeout=30)

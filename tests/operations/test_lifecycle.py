@@ -23,8 +23,14 @@ from .lifecycle_servers import GRACEFUL, lifecycle_server, start_streams
 pytestmark = pytest.mark.slow  # real processes
 
 # A quick stop (SIGINT, SIGQUIT) ends every stream and exits "in well under a second" (docs/operations.md); measured
-# 0.4 s from the signal to the master's exit, so this bound keeps a margin for a loaded host.
-QUICK_STOP_SECONDS = 2.0
+# 0.4 s from the signal to the master's exit. The bound catches a drain taken by mistake (30 s on these servers) or a
+# kill (40 s), not speed: CI has stalled tests 0.9-2 s.
+QUICK_STOP_SECONDS = 10.0
+
+
+def quick_stop_server(tiny_model_dirs, **settings):
+    """A lifecycle server whose drain (30 s) and kill (40 s) are far past the quick stop's bound."""
+    return lifecycle_server(tiny_model_dirs, "--graceful-timeout", "40", drain_seconds=30, **settings).wait_ready()
 
 
 def assert_all_gone(pids: list[int]) -> None:
@@ -109,15 +115,15 @@ def test_a_drain_asked_past_graceful_timeout_is_cut_to_it_and_its_streams_still_
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGQUIT])
 def test_quick_stop_ends_every_stream_at_once(tiny_model_dirs, sig):
     """No drain: the worker ends every stream with its terminal event, then exits; no kill needed."""
-    server = lifecycle_server(tiny_model_dirs).wait_ready()
+    server = quick_stop_server(tiny_model_dirs)
     pids = [server.process.pid, *server.worker_pids()]
     results, threads = start_streams(server, [ENDLESS] * 4)
     mark = len(server.lines)
     signalled = time.monotonic()
     server.process.send_signal(sig)
     for t in threads:
-        t.join(30)
-    server.process.wait(GRACEFUL)
+        t.join(60)
+    server.process.wait(60)
     exited = time.monotonic()
     assert exited - signalled <= QUICK_STOP_SECONDS
     assert all(r.error is None and r.interrupted for r in results)  # terminal events, not cut connections
@@ -140,7 +146,7 @@ def test_quick_stop_with_a_busy_process_on_every_cpu_ends_every_stream(tiny_mode
         subprocess.Popen(dying_with_this_process(["sh", "-c", "while :; do :; done"])) for _ in os.sched_getaffinity(0)
     ]
     try:
-        server = lifecycle_server(tiny_model_dirs, quantization="auto").wait_ready()  # packed, on the kernels
+        server = quick_stop_server(tiny_model_dirs, quantization="auto")  # packed, on the kernels
         pids = [server.process.pid, *server.worker_pids()]
         results, threads = start_streams(server, [ENDLESS] * 4)
         server.wait_for_log(r"other processes want these CPUs \(.*\): 1 threads a step")
@@ -149,7 +155,7 @@ def test_quick_stop_with_a_busy_process_on_every_cpu_ends_every_stream(tiny_mode
         server.process.send_signal(signal.SIGINT)
         for t in threads:
             t.join(60)
-        server.process.wait(GRACEFUL)
+        server.process.wait(60)
         exited = time.monotonic()
     finally:
         for hog in hogs:

@@ -3,6 +3,7 @@ with model work, which gunicorn must not take for a hung one."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import socket
@@ -126,18 +127,24 @@ def test_hub_is_never_blocked_by_model_work():
     """With a 5 s heartbeat timeout, loading the default model and a long chunked prefill
     (both longer than that) must not get the worker killed. (Not 2 s: importing torch and
     transformers in post_worker_init, before the worker's loop runs, took over 2 s on a busy host.)"""
-    with GunicornServer({"max_num_batched_tokens": 16}, "--timeout", "5") as server:
+    timeout = 5
+    with GunicornServer({"max_num_batched_tokens": 16}, "--timeout", str(timeout)) as server:
         server.wait_ready()
         (worker,) = server.worker_pids()
-        # 250 prefill steps of the real model: 1,800 tokens took 3.0 s on a Zen 4 (7-8 s on a Zen 3), under the
-        # timeout, so that the test showed nothing there; 4,000 take about twice the timeout (10 s on the Zen 4).
-        long_prompt = list(range(1000, 5000))
-        started = time.monotonic()
+        window = int(server.wait_for_log(r"engine ready: serving \S+ \(context (\d+) tokens\)").group(1))
+        # A fixed 4,000 tokens was machine-bound: 10 s on a Zen 4, 15-18 s on a Xeon, and 1,800 ended under the
+        # timeout on the Zen 4. So prompts double until one's prefill (16 tokens a step) takes 1.5 times the timeout.
         with httpx.Client(base_url=server.url, timeout=120) as http:
-            r = http.post("/v1/completions", json={"prompt": long_prompt, "max_tokens": 2})
-        assert r.status_code == 200
+            for doubled in itertools.count():
+                length = min(window - 8, 1024 << doubled)
+                prompt = [20_000 + doubled, *range(1000, 1000 + length - 1)]  # a first token of its own: no cache hit
+                started = time.monotonic()
+                r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+                took = time.monotonic() - started
+                print(f"a prefill of {length} tokens took {took:.1f} s")
+                assert r.status_code == 200
+                if took > 1.5 * timeout or length == window - 8:
+                    break
         assert server.worker_pids() == [worker]
         assert not any("WORKER TIMEOUT" in line for line in server.lines)
-        took = time.monotonic() - started
-        print(f"a prefill of {len(long_prompt)} tokens took {took:.1f} s")
-        assert took > 5, "the prefill ended within gunicorn's timeout: lengthen it, or the test shows nothing"
+        assert took > timeout, "the prefill ended within gunicorn's timeout: lengthen it, or the test shows nothing"

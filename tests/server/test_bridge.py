@@ -16,19 +16,20 @@ SCRIPT = textwrap.dedent(
 
     native_sleep = get_original("time", "sleep")
 
-    received, ticks = [], []
+    received, ticks, seen = [], [], []
     bridge = HubBridge(received.extend)
 
     def producer():  # a genuine OS thread: 20,000 items in bursts of 100, like engine steps
         assert list(bridge.commands(block=True)) == ["go"]
         for burst in range(200):
             bridge.post(list(range(burst * 100, (burst + 1) * 100)))
-            native_sleep(0.001)
+            native_sleep(0.005)  # a second of bursts: a hub that stalls for less still sees many of them
         bridge.post(["end"])
 
     def ticker():  # proves the hub keeps running while items pour in
         while not received or received[-1] != "end":
             ticks.append(time.monotonic())
+            seen.append(len(received))
             gevent.sleep(0.001)
 
     bridge.start_thread(producer)
@@ -36,7 +37,9 @@ SCRIPT = textwrap.dedent(
     bridge.send("go")
     tick.join(timeout=30)
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
-    print(json.dumps({"received": received[:-1], "max_gap": max(gaps, default=0.0), "ticks": len(ticks)}))
+    partial = sorted({n for n in seen if 0 < n < 20_000})  # counts the hub saw while the bursts still came
+    print(json.dumps({"received": received[:-1], "max_gap": max(gaps, default=0.0), "ticks": len(ticks),
+                      "partial": partial}))
     """
 )
 
@@ -46,7 +49,10 @@ def test_every_item_arrives_in_order_and_the_hub_keeps_running():
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["received"] == list(range(20_000))
     assert result["ticks"] >= 20
-    assert result["max_gap"] < 0.5  # a blocked hub would show one long gap
+    # The hub ran between bursts: a hub blocked while they come sees none but 0 and the total, however fast the
+    # machine (a gap bound failed on a CI stall). The 200 bursts take at least 1 s (5 ms apart).
+    print(f"max gap between ticks {1e3 * result['max_gap']:.1f} ms, {len(result['partial'])} partial counts seen")
+    assert len(result["partial"]) >= 10, result["partial"]
 
 
 RELAY = textwrap.dedent(

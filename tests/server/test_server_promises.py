@@ -24,8 +24,9 @@ from ..support.sse_client import events
 
 PROMPT = "Tell me something"
 BAD_GENERATE = ({"stop": ""}, {"stop": ["a", "b", "c", "d", "e"]}, {"seed": "x"})
-# A quick stop (SIGINT) exits in well under a second (docs/operations.md); test_lifecycle measured 0.4 s.
-QUICK_STOP_SECONDS = 2.0
+# A quick stop (SIGINT) exits in well under a second (docs/operations.md); test_lifecycle measured 0.4 s. The bound
+# catches a drain or a kill (30 s, 40 s on the quick-stop server), not speed: CI has stalled tests 0.9-2 s.
+QUICK_STOP_SECONDS = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -273,7 +274,8 @@ def await_stalled(http: httpx.Client, pending: Future) -> httpx.Response:
 def test_a_quick_stop_ends_a_stalled_engine_at_once(tiny_model_dirs):
     """The stall waits for the engine's next command, so a quick stop's Stop ends it: the server exits at once."""
     settings = {"model": tiny_model_dirs["llama"], "stall_seconds": 0.3, "test_stall_after_step": 1}
-    with GunicornServer(settings) as server:
+    settings["drain_seconds"] = 30  # a drain taken by mistake would wait out the stall: 30 s
+    with GunicornServer(settings, "--graceful-timeout", "40") as server:
         server.wait_ready()
         with ThreadPoolExecutor(1) as pool, server.client() as http:
             two_steps = {"prompt": PROMPT, "max_tokens": 2, "ignore_eos": True}
@@ -281,8 +283,9 @@ def test_a_quick_stop_ends_a_stalled_engine_at_once(tiny_model_dirs):
             await_stalled(http, stalled)
             signalled = time.monotonic()
             server.process.send_signal(signal.SIGINT)
-            server.process.wait(30)
+            server.process.wait(60)
             exited = time.monotonic() - signalled
+        print(f"SIGINT on a stalled engine: exited after {exited:.2f} s")
         assert exited <= QUICK_STOP_SECONDS  # measured 0.47 s
         reply = stalled.result()
         assert reply.status_code == 503 and reply.json()["error"]["code"] == "server_shutting_down"
