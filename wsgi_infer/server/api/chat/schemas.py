@@ -199,7 +199,8 @@ class ChatCompletionRequest(SamplingRequest):
         plan, takes = self.tool_plan, template_tools(self._chat_template)
         # OpenAI's developer messages are its system messages: a template that knows no such role renders it as
         # its own (SmolLM2's put its default system prompt before it)
-        developer = "developer" if "developer" in (self._chat_template or "") else "system"
+        template = self._chat_template or ""
+        developer = "developer" if "'developer'" in template or '"developer"' in template else "system"
         messages = [_template_message(m, takes is not None, developer) for m in self.messages]
         tools = [t.model_dump(exclude_none=True) for t in self.tools or []] or None
         if takes == "system message" and plan is not None:

@@ -50,8 +50,8 @@ def create():
     with fields_as_sent(_FIELDS):
         stream, formatter = start_chat(req.as_chat(conversation), "response")
     builder = ResponseBuilder(_frame(req, formatter.model, stream.identity), stream.identity)
-    keep = _Keeper(manager().responses if req.store else None, g.get("tenant", ""), conversation)
-    keep.items = earlier + as_items(req.input)
+    store = manager().responses if req.store else None
+    keep = _Keeper(store, g.get("tenant", ""), conversation, earlier + as_items(req.input))
     if req.stream:
         events = _events(model_of(stream), stream, formatter, builder, keep)
         return publish(stream, events, stream_id=builder.response["id"], api="responses")
@@ -89,16 +89,16 @@ def delete(response_id: str):
 class _Keeper:
     """Stores a finished response with its conversation, so that a later one continues it (when ``store``)."""
 
-    def __init__(self, store: ResponseStore | None, owner: str, conversation: list[dict]) -> None:
+    def __init__(self, store: ResponseStore | None, owner: str, conversation: list[dict], items: list[dict]) -> None:
         self._store, self._owner, self._conversation = store, owner, conversation
-        self.items: list[dict] = []  # its input items, as /input_items lists them
+        self._items = items  # its input items, as /input_items lists them
 
     def __call__(self, response: dict) -> None:
         if self._store is None:
             return
         history = self._conversation + input_messages(response["output"])
         try:
-            record = {"response": response, "history": history, "items": self.items}
+            record = {"response": response, "history": history, "items": self._items}
             self._store.put(response["id"], self._owner, record)
         except StoreUnavailable as exc:  # the client has its answer; only continuing it later fails
             log.warning("response %s was not stored: %s", response["id"], exc)
