@@ -128,10 +128,14 @@ class Served:
     text: Text | None = None
     busy: bool = False
     last_used: float = 0.0
+    failure: str | None = None
 
     @property
     def text_bytes(self) -> int:
         return self.text.size if self.text is not None else 0
+
+    def on_failed(self, event) -> None:
+        self.state, self.failure = "failed", event.message
 
 
 def test_text_sides_built_at_start_are_kept_while_they_fit_beside_the_loaded_models():
@@ -144,8 +148,10 @@ def test_text_sides_built_at_start_are_kept_while_they_fit_beside_the_loaded_mod
     loads.on_text_prepared(served[2], TextPrepared("second", Text(40 * MB)))
     assert served[1].text == Text(50 * MB) and served[2].text is None and not loads.preparing
     loads.preparing = {"first"}
-    loads.on_text_prepared(served[1], TextPrepared("first", None, "no such file"))  # its load will say why
-    assert served[1].text == Text(50 * MB) and not loads.preparing
+    loads.on_text_prepared(served[1], TextPrepared("first", None, "no such file"))  # kept from before: its load says
+    assert served[1].text == Text(50 * MB) and served[1].state == "unloaded" and not loads.preparing
+    loads.on_text_prepared(served[2], TextPrepared("second", None, "no such file"))  # so would its load: failed now
+    assert (served[2].state, served[2].failure) == ("failed", "no such file")
 
 
 def test_a_text_side_weighs_its_vocabulary_whatever_form_its_tokenizer_json_takes(tmp_path, default_model_dir):

@@ -137,8 +137,8 @@ class EngineFailed:
 @dataclass
 class TextPrepared:
     model: str
-    text: TextSide | None  # None: it could not be built (the model's load will say why)
-    failure: str = ""
+    text: TextSide | None  # None: it could not be built (nor will the model's load)
+    failure: str = ""  # why not (a load's EngineFailed message)
 
 
 @dataclass

@@ -91,7 +91,10 @@ class ModelLoads:
         """Keep the text side for the model's first load, where the budget has room for it beside the rest."""
         self.preparing.discard(model.name)
         if event.text is None:
-            log.warning("%s: its text side could not be built ahead of its load: %s", model.name, event.failure)
+            if model.state == "unloaded" and model.text is None:  # its load would fail as well: told now, in
+                model.on_failed(EngineFailed(event.failure, model=model.name))  # /v1/models and /health
+            else:
+                log.warning("%s: its text side could not be built ahead of its load: %s", model.name, event.failure)
             return
         fits = evictions(event.text.memory_bytes(), self._residents(model), self.budget, 0) == Evictions()
         if model.text is None and fits:  # beside everything held, nothing let go for it
