@@ -58,6 +58,9 @@ def bad_requests(http: httpx.Client, limit: int) -> None:
     assert_error(http.post("/v1/completions", json={"prompt": "hi", "model": "nope"}), 404, param="model")
     assert_error(http.post("/v1/completions", json={"prompt": "x" * (BODY_LIMIT + 1)}), 413, contains=str(BODY_LIMIT))
     assert_error(http.get("/v1/nothing-here"), 404)
+    wrong_method = http.get("/v1/chat/completions")
+    assert_error(wrong_method, 405)
+    assert set(wrong_method.headers["allow"].split(", ")) >= {"POST"}  # RFC 9110: a 405 says which
     # Unknown fields are ignored, as OpenAI's server does.
     ok = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "frobnicate": True})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2

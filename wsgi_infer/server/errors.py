@@ -95,7 +95,8 @@ def register_error_handlers(app: Flask) -> None:
             413: f"request body is larger than the limit of {app.config.get('MAX_CONTENT_LENGTH')} bytes",
         }
         code = exc.code or 500
-        return _render(APIError(messages.get(code, exc.description or exc.name), code))
+        headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}  # a 405's Allow (RFC 9110)
+        return _render(APIError(messages.get(code, exc.description or exc.name), code, headers=headers))
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
