@@ -134,3 +134,4 @@ def test_a_keep_alive_that_is_no_duration_is_a_400(registry):
     with registry.client() as http:
         bad = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "keep_alive": "soon"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive"
+    assert 'a duration such as "10m"' in bad.json()["error"]["message"], bad.json()  # it said "a valid number"

@@ -12,10 +12,13 @@ def _seconds(value: object) -> object:
     """Ollama's ``keep_alive``: seconds as a number, or a duration ("10m", "1h30m", "45s"); below 0: for ever."""
     if isinstance(value, str):
         text = value.strip()
-        if re.fullmatch(r"-?(?:\d+(?:\.\d+)?(?:h|ms|m|s))+", text):
-            parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s)", text)
-            seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001}[unit] for n, unit in parts)
-            return -seconds if text.startswith("-") else seconds
+        if text == "0":  # Go's durations, as Ollama reads them: "0" alone needs no unit
+            return 0.0
+        if not re.fullmatch(r"-?(?:\d+(?:\.\d+)?(?:h|ms|m|s))+", text):
+            raise ValueError('seconds as a number, or a duration such as "10m", "1h30m", "45s" or "500ms"')
+        parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s)", text)
+        seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001}[unit] for n, unit in parts)
+        return -seconds if text.startswith("-") else seconds
     return value
 
 

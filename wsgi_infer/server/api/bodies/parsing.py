@@ -75,6 +75,8 @@ def _null_as_absent(schema: type[Request], body: dict) -> dict:
 def _bad_field(errors: list[Any], body: dict) -> APIError:
     """A 400 naming the first bad field as the body spells it: pydantic's location also names the member of a
     union it tried (``input.str``) or a key (``[key]``), which is no field; such a field failed every form it takes."""
+    for error in errors:  # a validator's own words, without pydantic's label for them
+        error["msg"] = error["msg"].removeprefix("Value error, ")
     first = errors[0]
     where = _as_sent(first["loc"], body, missing=first["type"] == "missing")
     if not where:
