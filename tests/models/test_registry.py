@@ -59,6 +59,8 @@ def test_names_and_aliases_route_and_others_are_a_404(registry):
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
         assert "'a', 'b', 'broken'" in missing.json()["error"]["message"]
         assert http.get("/v1/models/c").status_code == 404
+        asked_with_get = http.get("/v1/models/a/load")  # the admin route, not a model named "a/load"
+        assert asked_with_get.status_code == 405 and asked_with_get.headers["allow"] == "POST"
         default = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1}).json()
         assert default["model"] == "a"
 

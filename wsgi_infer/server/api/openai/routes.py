@@ -44,7 +44,13 @@ def models():
 
 @bp.get("/models/<path:model_id>")
 def model(model_id: str):
-    return jsonify(manager().model(model_id).describe())  # a look: no keep-alive of a request's
+    try:
+        return jsonify(manager().model(model_id).describe())  # a look: no keep-alive of a request's
+    except APIError as missing:  # a model's admin route asked with GET: its name is no model's
+        known, _, action = model_id.rpartition("/")
+        if missing.status != 404 or action not in ("load", "unload") or not known:
+            raise
+        raise APIError(f"/v1/models/{{id}}/{action} takes POST", 405, headers={"Allow": "POST"}) from None
 
 
 @bp.post("/completions")
