@@ -188,6 +188,7 @@ def test_the_admin_routes_load_and_unload_and_the_memory_comes_back(keep_alive_s
     _, stop = open_stream(server, "smollm2", 4000)  # within its window; a minute of tokens
     busy = httpx.post(f"{server.url}/v1/models/smollm2/unload", headers=AUTH, timeout=30)
     assert busy.status_code == 409 and busy.json()["error"]["code"] == "model_busy"
+    assert "has 1 open requests;" in busy.json()["error"]["message"]  # the stream, nothing waiting beside it
     mark = len(server.lines)
     stop.set()
     while (

@@ -24,9 +24,9 @@ def load(model_id: str):
 def unload(model_id: str):
     """Unload the model, unless requests are open on it (a 409: it never goes from under its streams)."""
     model = manager().model(model_id)  # not ``served``: naming the model here does not make it busy
-    if model.busy:
-        requests = model.num_open_requests + model.holds
-        message = f"model {model.name!r} has {requests} open requests; unload it once they end"
+    if model.busy:  # a request that named it and waits (for its load, its turn) counts apart
+        waiting = f" and {model.holds} waiting to start on it (a load asked for by hand is one)" if model.holds else ""
+        message = f"model {model.name!r} has {model.num_open_requests} open requests{waiting}; unload it once they end"
         raise APIError(message, 409, code="model_busy", headers={"Retry-After": "1"})
     manager().loads.unload(model, "admin")
     return jsonify(model.describe())
