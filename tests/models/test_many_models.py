@@ -74,12 +74,13 @@ def greedy(llm, max_tokens: int) -> str:
 
 
 def test_models_lists_every_model_with_its_state(models_server):
+    models_server.wait_for_log(r"broken: model failed to load")  # its text side, built once the first model serves
     sdk = openai.OpenAI(base_url=f"{models_server.url}/v1", api_key="x", max_retries=0)
     listed = {m.id: m for m in sdk.models.list().data}
     assert list(listed) == ["tiny", "smollm2", "minilm", "broken"]
     assert listed["tiny"].state == "loaded" and listed["tiny"].max_model_len > 0
     assert {listed[name].state for name in ("smollm2", "minilm")} == {"unloaded"}  # loaded on demand
-    # its text side, built as the worker started, failed: so would its load (it was "unloaded" until a request)
+    # its text side failed as the worker started: so would its load (it was "unloaded" until a request)
     assert listed["broken"].state == "failed" and "model failed to load" in listed["broken"].failure
     assert [listed[name].task for name in listed] == ["generate", "generate", "embed", "generate"]  # known unloaded
     assert sdk.models.retrieve("tiny-alias").id == "tiny"  # an alias names its model
