@@ -177,6 +177,10 @@ def test_count_tokens_is_the_prompt_a_message_reads(claude, model, tiny_api):
     reply = claude.messages.create(**conversation, max_tokens=1)
     assert counted == reply.usage.input_tokens + reply.usage.cache_read_input_tokens
     assert counted > claude.messages.count_tokens(model=model, messages=ASK).input_tokens  # the tools count
+    # consecutive turns of one role are one turn, as Anthropic combines them (Gemma's template refused two)
+    apart = [*ASK, {"role": "user", "content": "In Celsius."}]
+    together = [{"role": "user", "content": [{"type": "text", "text": m["content"]} for m in apart]}]
+    assert len({claude.messages.count_tokens(model=model, messages=m).input_tokens for m in (apart, together)}) == 1
 
 
 # Conversations with no message to answer (each was a 500) and a user message with no content, which Anthropic refuses

@@ -184,7 +184,8 @@ class MessagesRequest(Request):
                 )
             texts, calls, thoughts = [], [], []
             blocks = message.blocks(f"messages.{i}.content")
-            _check_tool_turn(i, blocks, asked)
+            joined = i > 0 and self.messages[i - 1].role == message.role  # one turn with the message before
+            _check_tool_turn(i, blocks, set() if joined else asked)
             for block in blocks:
                 if isinstance(block, ThinkingBlock):
                     thoughts.append(block.thinking)
@@ -197,14 +198,14 @@ class MessagesRequest(Request):
                     )
                 else:
                     texts.append(block.text)
-            asked = {call["id"] for call in calls}
+            asked = {call["id"] for call in calls} | (asked if joined else set())
             if texts or calls or not isinstance(message.content, list):
                 entry: dict = {"role": message.role, "content": "\n".join(texts) if texts or not calls else None}
                 if calls:
                     entry["tool_calls"] = calls
                 if thoughts:
                     entry["reasoning_content"] = "".join(thoughts)
-                messages.append(entry)
+                _add_turn(messages, entry)
         if all(m["role"] == "system" for m in messages):  # thoughts alone, or an empty prefill: nothing to answer
             raise APIError(
                 "messages: at least one message with text, a tool use or a tool result is required", param="messages"
@@ -236,6 +237,21 @@ class MessagesRequest(Request):
             'thinking budgets are not supported; a thinking model thinks unless thinking is {"type": "disabled"}',
             param="thinking",
         )
+
+
+def _add_turn(messages: list[dict], entry: dict) -> None:
+    """Append ``entry``, or join it to the turn before when that is the same role's: Anthropic combines consecutive
+    user or assistant turns into one, as their blocks in one message (a template that needs roles to alternate,
+    Gemma's, refused them)."""
+    last = messages[-1] if messages else None
+    if last is None or last["role"] != entry["role"] or entry["role"] not in ("user", "assistant"):
+        messages.append(entry)
+        return
+    texts = [text for text in (last["content"], entry["content"]) if text]
+    last["content"] = "\n".join(texts) if texts or not (last.get("tool_calls") or entry.get("tool_calls")) else None
+    for field in ("tool_calls", "reasoning_content"):
+        if field in entry:
+            last[field] = last.get(field, type(entry[field])()) + entry[field]
 
 
 def _check_tool_turn(i: int, blocks: list, asked: set[str]) -> None:
