@@ -36,6 +36,7 @@ def test_the_door_counts_choices_and_a_lone_large_request_comes_in(small_door):
                 if done.is_set():
                     return
 
+    refused_before = small_door.metrics().get("wsgi_infer:requests_refused_total", 0)
     holder = gevent.spawn(hold, 3)
     try:
         assert started.wait(60)
@@ -46,6 +47,7 @@ def test_the_door_counts_choices_and_a_lone_large_request_comes_in(small_door):
                     assert r.read() and r.json()["error"]["code"] == "too_many_requests"
             one = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
         assert one.status_code == 200, one.text  # 3 + 1 fits, and runs beside them
+        assert small_door.metrics()["wsgi_infer:requests_refused_total"] == refused_before + 2  # (no metric before)
     finally:
         done.set()
         gevent.joinall([holder], timeout=60, raise_error=True)

@@ -100,6 +100,9 @@ _FAMILIES = {
     "spec_decode_num_draft_tokens": _counter("spec_decode_num_draft_tokens", "Draft tokens verified"),
     "spec_decode_num_accepted_tokens": _counter("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
 }
+_FAMILIES["requests_refused"] = _counter(
+    "requests_refused", "Requests refused (429) with every running and waiting place taken (max_waiting_requests)"
+)
 _FAMILIES.update(
     model_loaded=_gauge("model_loaded", "1 while the model is loaded (summed over workers)", "livesum"),
     model_loads=_counter("model_loads", "Loads of the model that succeeded"),

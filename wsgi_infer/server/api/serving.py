@@ -93,12 +93,9 @@ def _admit_choices(model: ServedModel, choices: int) -> None:
     limit = model.settings.max_num_seqs + model.settings.max_waiting_requests
     fits = model.num_open_choices + choices <= limit or not model.num_open_choices
     if not fits and not tenants().within_equal_share(g.get("key"), model, limit):
-        raise APIError(
-            f"too many choices in flight ({limit}); retry later",
-            429,
-            code="too_many_requests",
-            headers={"Retry-After": "1"},
-        )
+        model.metrics.requests_refused.inc()
+        message = f"too many choices in flight ({limit}); retry later"
+        raise APIError(message, 429, code="too_many_requests", headers={"Retry-After": "1"})
 
 
 def start(
