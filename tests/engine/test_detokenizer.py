@@ -50,6 +50,15 @@ def test_stop_string_across_multibyte_characters(tokenizer):
     assert "".join(pieces) == "tea "
 
 
+@pytest.mark.parametrize("stop", [["then", "the"], ["the", "then"]])
+def test_of_two_stop_strings_found_at_one_place_the_one_listed_first_ends_the_text(tokenizer, stop):
+    """As vLLM's (the shorter won: the pair's order as tuples)."""
+    ids = tokenizer.encode("We went home then", add_special_tokens=False).ids
+    assert tokenizer.decode([ids[-1]]) == " then"  # both complete in one token's text
+    detok = IncrementalDetokenizer(tokenizer, [], stop=stop, include_stop=True)
+    assert "".join(detok.push(i) for i in ids) == "We went home " + stop[0] and detok.matched == stop[0]
+
+
 def _mid_character_splits(tokenizer, text: str) -> list[tuple[list[int], list[int]]]:
     ids = tokenizer.encode(text, add_special_tokens=False).ids
     return [(ids[:n], ids[n:]) for n in range(1, len(ids)) if tokenizer.decode(ids[:n]).endswith("\ufffd")]

@@ -56,3 +56,9 @@ def test_stop_token_ids(tiny_llama):
     )[0]
     assert out.token_ids == free.token_ids[: first + 1]
     assert out.finish_reason == "stop"
+    # vLLM's include_stop_str_in_output shows the stop token's text too (it was cut either way)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[target])
+    params.include_stop_str_in_output = True
+    shown = tiny_llama.generate(PROMPT, params)[0]
+    assert out.text == tiny_llama.tokenizer.decode(out.token_ids[:-1], skip_special_tokens=True)
+    assert shown.text == tiny_llama.tokenizer.decode(out.token_ids, skip_special_tokens=True) != out.text

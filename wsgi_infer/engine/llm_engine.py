@@ -288,7 +288,7 @@ class LLMEngine:
         if seq.matcher is not None and seq.matcher.is_error():  # no token could follow: its mask let the end through
             return constraint_end(seq.matcher, seq.request_id), seq.detokenizer.flush()
         if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
-            return "stop", seq.detokenizer.flush()
+            return "stop", seq.detokenizer.flush(token if params.include_stop_str_in_output else None)
         text = seq.detokenizer.push(token)
         if seq.detokenizer.matched is not None:
             return "stop", text

@@ -83,6 +83,22 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         """Decode one token; return the text that may be released now."""
+        self._take(token_id)
+        if self._unsearched > 0:
+            self._unsearched -= 1
+            return self._release(len(self._pending))
+        if not self._stop:
+            return self._release(len(self._pending))
+        found = [(i, s) for s in self._stop if (i := self._pending.find(s)) >= 0]
+        if found:  # the earliest; of two at one place, the one listed first (as vLLM's)
+            first, self.matched = min(found, key=lambda place: place[0])
+            released = self._pending[: first + (len(self.matched) if self._include_stop else 0)]
+            self._pending = ""
+            return released
+        return self._release(len(self._pending) - self._held_suffix_len())
+
+    def _take(self, token_id: int) -> None:
+        """Decode one token into the pending text."""
         piece = self._step(token_id)
         if piece and self._prompt_tail is not None:
             # The first piece repeats the tail's whole characters, which the prompt already holds; where the
@@ -91,18 +107,6 @@ class IncrementalDetokenizer:
             self._prompt_tail = None
         if piece:
             self._pending += piece
-        if self._unsearched > 0:
-            self._unsearched -= 1
-            return self._release(len(self._pending))
-        if not self._stop:
-            return self._release(len(self._pending))
-        found = [(i, s) for s in self._stop if (i := self._pending.find(s)) >= 0]
-        if found:
-            first, self.matched = min(found)
-            released = self._pending[: first + (len(self.matched) if self._include_stop else 0)]
-            self._pending = ""
-            return released
-        return self._release(len(self._pending) - self._held_suffix_len())
 
     def _step(self, token_id: int) -> str | None:
         """The stream's step. A byte-fallback tokenizer (Llama's, Gemma's) decodes a whole character of byte tokens,
@@ -119,8 +123,12 @@ class IncrementalDetokenizer:
         self._unsent = 0 if piece else self._unsent + 1
         return piece
 
-    def flush(self) -> str:
-        """Release everything held back (the request ended for another reason)."""
+    def flush(self, last_token: int | None = None) -> str:
+        """Release everything held back (the request ended for another reason), and ``last_token``'s text where
+        the stop token that ended it is to be shown (include_stop_str_in_output, as vLLM's): no stop string is
+        searched in it."""
+        if last_token is not None:
+            self._take(last_token)
         return self._release(len(self._pending))
 
     def _held_suffix_len(self) -> int:
