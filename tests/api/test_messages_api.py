@@ -238,7 +238,7 @@ def test_the_sdk_raises_the_errors_it_knows(claude, model):
     with pytest.raises(anthropic.NotFoundError) as missing:
         claude.messages.create(model="claude-haiku-4-5", messages=ASK, max_tokens=4)
     with pytest.raises(anthropic.BadRequestError, match="stop_sequences"):
-        claude.messages.create(model=model, messages=ASK, max_tokens=4, stop_sequences=list("abcde"))
+        claude.messages.create(model=model, messages=ASK, max_tokens=4, stop_sequences=[f"{i}" for i in range(65)])
     # the request's id, where the SDK reads it (request-id): as X-Request-Id has it
     message = claude.messages.with_raw_response.create(model=model, messages=ASK, max_tokens=1)
     assert message.parse()._request_id == message.headers["X-Request-Id"]

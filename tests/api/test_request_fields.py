@@ -125,7 +125,7 @@ def test_a_boolean_is_true_or_false_not_a_word_or_a_number(tiny_api, route, body
 
 def test_vllms_stop_fields_are_honoured(tiny_api, tiny_llama):
     """stop_token_ids and include_stop_str_in_output were accepted and ignored (unknown fields): a vLLM client's
-    stop token ran on to the length limit."""
+    stop token ran on to the length limit. Five stop strings, OpenAI's limit 4, are vLLM's to take."""
     body = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
     ids = tiny_llama.generate(body["prompt"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
     token = ids.token_ids[4]
@@ -133,8 +133,9 @@ def test_vllms_stop_fields_are_honoured(tiny_api, tiny_llama):
         stopped = http.post("/v1/completions", json={**body, "stop_token_ids": [token]}).json()
         text = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
         stop = text[3:6]
+        stops = [*"☃☄★☂", stop]  # never in the text
         cut, kept = (
-            http.post("/v1/completions", json={**body, "stop": [stop], "include_stop_str_in_output": include}).json()
+            http.post("/v1/completions", json={**body, "stop": stops, "include_stop_str_in_output": include}).json()
             for include in (False, True)
         )
     assert stopped["usage"]["completion_tokens"] == ids.token_ids.index(token) + 1

@@ -24,7 +24,7 @@ from .parsing import Request
 from .refused import SAMPLING, VLLM_COMPLETIONS
 
 MAX_CHOICES = 16
-MAX_STOP_SEQUENCES = 4
+MAX_STOP_SEQUENCES = 64  # vLLM's clients send more than OpenAI's 4 (lm-eval's `until`); each is searched per token
 
 # JSON's true and 1.0 are no token ids, nor "yes" a boolean: pydantic's lax mode would take them as 1 and True.
 TokenIds = list[StrictInt]
