@@ -13,6 +13,21 @@ from .engine.sampling_params import SamplingParams, tokens_to_keep
 from .engine.text.truncation import prompt_tokens
 
 Message = dict[str, str]
+PROMPT_KEYS = {"prompt": str, "prompt_token_ids": list}  # vLLM's TextPrompt and TokensPrompt, each its key alone
+
+
+def prompt_of(given: object) -> Prompt:
+    """A text or token ids, given so or in one of vLLM's prompt dicts; anything else is a TypeError saying so."""
+    if isinstance(given, dict) and len(given) == 1:
+        ((key, value),) = given.items()
+        if isinstance(value, PROMPT_KEYS.get(key, ())):
+            given = value
+    if isinstance(given, str) or (given and isinstance(given, list) and all(type(t) is int for t in given)):
+        return given
+    raise TypeError(
+        'a prompt is a text, token ids (a list of integers), {"prompt": text} or {"prompt_token_ids": ids}; '
+        f"not {given!r:.80}"
+    )
 
 
 class LLM:
@@ -33,8 +48,9 @@ class LLM:
         params: SamplingParams | Seq[SamplingParams] | None = None,
     ) -> list[CompletionOutput]:
         """Run every prompt to completion, batched; outputs are in prompt order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        prompts = [prompt_of(p) for p in prompts]
         one = SamplingParams() if params is None else params
         params_list = list(params) if isinstance(params, Seq) else [one] * len(prompts)
         if len(params_list) != len(prompts) or not all(isinstance(p, SamplingParams) for p in params_list):
@@ -63,6 +79,7 @@ class LLM:
                 r.finish_reason,
                 r.logprobs,
                 r.prompt_logprobs,
+                r.stop_reason,
             )
             for r in results.values()
         ]

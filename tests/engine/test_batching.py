@@ -26,6 +26,12 @@ def test_staggered_batch_equals_each_request_alone(tiny_llama, alone):
 def test_offline_batch_equals_each_request_alone(tiny_llama, alone):
     outputs = tiny_llama.generate(PROMPTS, GREEDY)
     assert {f"r{i}": o.token_ids for i, o in enumerate(outputs)} == alone
+    # vLLM's prompt dicts are the same prompts (a bare KeyError before); anything else is a TypeError saying so
+    ids = outputs[1].prompt_token_ids
+    given = [{"prompt": PROMPTS[0]}, {"prompt_token_ids": ids}]
+    assert [o.token_ids for o in tiny_llama.generate(given, GREEDY)] == [alone["r0"], alone["r1"]]
+    with pytest.raises(TypeError, match="prompt_token_ids"):
+        tiny_llama.generate({"prompt": PROMPTS[0], "multi_modal_data": {}}, GREEDY)
     assert_idle(tiny_llama)
 
 

@@ -55,7 +55,7 @@ def test_stop_token_ids(tiny_llama):
         PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[target])
     )[0]
     assert out.token_ids == free.token_ids[: first + 1]
-    assert out.finish_reason == "stop"
+    assert (out.finish_reason, out.stop_reason) == ("stop", target)
     # vLLM's include_stop_str_in_output shows the stop token's text too (it was cut either way)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[target])
     params.include_stop_str_in_output = True

@@ -89,6 +89,7 @@ class CompletionOutput:
     finish_reason: str
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob] | None = None  # of prompt tokens 1..
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token that ended it
 
 
 @dataclass
