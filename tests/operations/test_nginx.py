@@ -12,8 +12,8 @@ import httpx
 import psutil
 import pytest
 
-from ..support.nginx_proxy import SHIPPED, SHIPPED_HOSTS, NginxProxy
-from ..support.server import ENDLESS, ROOT, GunicornServer
+from ..support.nginx_proxy import SHIPPED, SHIPPED_HOSTS, NginxProxy, silent_address
+from ..support.server import ENDLESS, ROOT, GunicornServer, free_port
 from ..support.sse_client import events, text_of
 
 pytestmark = pytest.mark.slow  # real processes
@@ -36,6 +36,25 @@ def test_nginx_closes_an_idle_upstream_connection_before_gunicorn_does():
         assert upstreams and all("keepalive 32;" in block for block in upstreams)
         timeouts = [re.search(r"keepalive_timeout (\d+)s;", block) for block in upstreams]
         assert all(t and int(t[1]) < gunicorn_keepalive for t in timeouts), shipped
+
+
+def test_nginx_own_errors_are_the_apis_json_not_html_pages():
+    """nginx's own answers were HTML pages, which an OpenAI client showed as the error's message: a body over
+    client_max_body_size (413), no server listening (502), no answer within proxy_read_timeout (504)."""
+    import openai
+
+    too_large = {"prompt": "x" * (1 << 20), "max_tokens": 1}
+    with NginxProxy(f"127.0.0.1:{free_port()}") as nginx:  # nothing listens there
+        refused = httpx.post(f"{nginx.url}/v1/completions", json=too_large, timeout=60)
+        client = openai.OpenAI(base_url=f"{nginx.url}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as unreachable:
+            client.completions.create(model="any", prompt="Hi", max_tokens=1)
+    with silent_address(connects=True) as hung, NginxProxy(hung, read_timeout="1s") as nginx:
+        late = httpx.post(f"{nginx.url}/v1/completions", json={"prompt": "Hi"}, timeout=60)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (413, "request_too_large")
+    assert (unreachable.value.status_code, unreachable.value.code) == (502, "upstream_unreachable")
+    assert unreachable.value.response.headers["Retry-After"] == "1"
+    assert (late.status_code, late.json()["error"]["code"]) == (504, "upstream_timed_out")
 
 
 def first_event_and_total(url: str, body: dict, **client_options) -> tuple[float, float, list]:

@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 import httpx
 import pytest
 
-from ..support.nginx_proxy import NginxProxy
+from ..support.nginx_proxy import NginxProxy, silent_address
 from ..support.server import ENDLESS, GunicornServer, stop_together, wait_until
 from ..support.sse_client import events
 
@@ -71,6 +71,22 @@ def posts(nginx: NginxProxy, count: int, path: str, body: dict, **headers: str) 
 
 def addresses(servers: list[GunicornServer]) -> list[str]:
     return [f"127.0.0.1:{server.port}" for server in servers]
+
+
+def test_a_host_that_answers_no_connect_is_passed_over(hosts):
+    """A host powered off neither refuses nor resets: its conversations' requests waited proxy_connect_timeout, then
+    got nginx's 504 (a timeout was not retried). Now another host serves them, and nginx's workers share the host's
+    failure (its upstreams' zones)."""
+    with silent_address(connects=False) as silent, NginxProxy.hosts([silent, *addresses(hosts)[:2]]) as proxy:
+        first_tries = []
+        for conversation in (f"off{i}" for i in range(60)):  # a third of them are the silent host's
+            served = served_by(proxy, posts(proxy, 1, "/v1/completions", SHORT, **{"X-Session-Id": conversation}))
+            (tries,) = proxy.upstreams(proxy.sent[-1:])
+            assert served[0] != silent, tries
+            first_tries.append(tries[0])
+            if first_tries.count((silent, "504")) and len(first_tries) >= 12:
+                break
+    assert first_tries.count((silent, "504")) == 1, first_tries  # tried once, then passed over for fail_timeout
 
 
 @pytest.mark.parametrize("named_by", ["X-Session-Id", "prompt_cache_key", "user"])

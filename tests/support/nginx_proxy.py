@@ -8,6 +8,8 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .prerequisites import unavailable
@@ -17,6 +19,25 @@ from .warm_starts import dying_with_this_process
 SHIPPED = ROOT / "scripts" / "nginx" / "wsgi-infer.conf"
 SHIPPED_HOSTS = ROOT / "scripts" / "nginx" / "wsgi-infer-hosts.conf"
 EXAMPLE_HOSTS = ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")  # the several-host file's
+
+
+@contextmanager
+def silent_address(connects: bool) -> Iterator[str]:
+    """A loopback address that never answers: it takes connections and reads nothing (``connects``), as a hung
+    server; or its accept queue is full, so that a connect goes unanswered, as a host powered off."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0 if not connects else 16)
+        address = "{}:{}".format(*listener.getsockname())
+        fillers = [] if connects else [socket.socket() for _ in range(3)]
+        for filler in fillers:  # not blocking: the second and third wait for a place in the queue for ever
+            filler.setblocking(False)
+            filler.connect_ex(listener.getsockname())
+        try:
+            yield address
+        finally:
+            for filler in fillers:
+                filler.close()
 
 
 def require_nginx() -> str:
