@@ -111,6 +111,40 @@ def test_unknown_stream_and_bad_last_event_id(server):
         assert bad.status_code == 400
 
 
+def cancelled_while_read(reader: GunicornServer, canceller: GunicornServer, headers: dict | None = None) -> tuple:
+    """An endless stream on ``reader``, cancelled through ``canceller`` after its first events: the cancel's reply,
+    the events its reader saw after the cancel, and how long they took to end."""
+    body, headers = {**BODY, "max_tokens": ENDLESS}, headers or {}
+    with reader.client(headers=headers) as http, http.stream("POST", "/v1/completions", json=body) as r:
+        received = events(r)
+        assert next(e for e in received if e.data)
+        with canceller.client(headers=headers) as other:
+            start, cancel = time.monotonic(), other.delete(f"/v1/streams/{r.headers['x-stream-id']}")
+            assert cancel.status_code == 200, cancel.text
+            rest = []
+            for event in (e for e in received if e.data):
+                rest.append(event)
+                if time.monotonic() - start > 10:  # not ended: the assertions on its end fail
+                    break
+            again = other.delete(f"/v1/streams/{r.headers['x-stream-id']}")
+    return cancel.json(), rest, time.monotonic() - start, again.json()
+
+
+def test_a_cancelled_stream_ends_at_once_for_its_reader_and_frees_everything(server):
+    """A cut stream waits a heartbeat (10 s here) for a resume; a client's stop (DELETE) did not exist: the chat
+    page's Stop held the generation, its key's place and its blocks for the heartbeat."""
+    cancel, rest, seconds, again = cancelled_while_read(server, server)
+    assert cancel["cancelled"] and not again["cancelled"]
+    assert rest[-2].json["choices"][0]["finish_reason"] == "abort"
+    assert rest[-1].name == "error" and rest[-1].json["error"]["code"] == "stream_cancelled"
+    assert seconds < 5, seconds  # not a heartbeat's wait
+    wait_until(lambda: server.metrics()["wsgi_infer:open_streams"] == 0, "the cancelled stream closed")
+    metrics = server.metrics()
+    assert metrics["wsgi_infer:kv_blocks_free"] == metrics["wsgi_infer:kv_blocks_total"]
+    with server.client() as http:
+        assert http.delete("/v1/streams/nope").json()["error"]["code"] == "stream_not_found"
+
+
 KEY_ONE, KEY_TWO = ({"Authorization": f"Bearer {key}"} for key in ("key-one", "key-two"))
 
 
@@ -145,6 +179,15 @@ def test_a_resume_can_reach_another_instance_sharing_redis(instances, tiny_llama
     assert [int(e.id) for e in received + rest] == list(range(1, 1 + len(received) + len(rest)))
     assert rest[-1].data == "[DONE]"
     assert text_of(received) + text_of(rest) == expected
+
+
+def test_a_stream_cancelled_through_another_instance_ends_where_it_runs(instances):
+    """The word goes through Redis: the instance generating it hears it with its next lease renewal (a second)."""
+    first, second = instances
+    cancel, rest, seconds, _ = cancelled_while_read(first, second, KEY_ONE)
+    assert cancel["cancelled"] and rest[-1].json["error"]["code"] == "stream_cancelled" and seconds < 5, seconds
+    with second.client(headers=KEY_TWO) as http:
+        assert http.delete(f"/v1/streams/{cancel['id']}").status_code == 404  # another key's
 
 
 def test_a_stored_response_is_continued_on_another_instance_by_its_key_only(instances):

@@ -23,7 +23,7 @@ from ..engine_client.extension import manager_of
 from ..engine_client.identity import ResponseIdentity
 from ..engine_client.streams import ChoiceDelta
 from ..errors import APIError
-from ..streaming.redis_store import Continuer
+from ..streaming.log_shapes import Continuer
 from ..streaming.stream_log import StreamLog, StreamLogs
 
 log = logging.getLogger(__name__)

@@ -273,7 +273,7 @@ def publish_log(
         record = StreamRecord(
             RequestRecord(request.path, body, g.request_id, identity.seed, identity.created), recorded
         )
-    log = mgr.stream_logs.publish(events, lambda: mgr.release(stream), key, api, record, known)
+    log = mgr.stream_logs.publish(events, lambda: mgr.release(stream), key, api, record, known, stream.cancel)
     if continuation is not None:
         continuation.log = log
     return log, 0, stream_id

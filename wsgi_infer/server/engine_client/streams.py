@@ -27,7 +27,7 @@ class Terminated:
     """The request ended without finishing: engine failure or shutdown."""
 
     message: str
-    code: str  # "server_shutting_down" or "engine_stopped"
+    code: str  # "server_shutting_down", "engine_stopped" or "stream_cancelled"
 
 
 @dataclass
@@ -105,6 +105,11 @@ class RequestStream:
             self._count(event)
         self._queue.append(event)
         self._ready.set()
+
+    def cancel(self) -> None:
+        """A client's stop (DELETE /v1/streams/<id>): its reader ends the stream now, in its API's shape, and
+        releases it (the generation is aborted)."""
+        self.push(Terminated("the stream was cancelled by a client", "stream_cancelled"))
 
     def _count(self, choice: ChoiceDelta) -> None:
         if choice.delta.token_ids and self.on_first_token is not None:

@@ -15,46 +15,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import gevent
 import gevent.event
 
 from . import sse
+from .log_shapes import Continuer, MirroredLog
 from .stream_endings import error_event
-from .stream_record import RequestRecord, StreamRecord
+from .stream_record import RequestRecord
 
 if TYPE_CHECKING:
     from ..metrics import ModelMetrics
 
 log = logging.getLogger(__name__)
 
-
-class MirroredLog(Protocol):
-    """What a mirror reads of a stream's log (``stream_log.StreamLog``)."""
-
-    stream_id: str
-    api: str
-    events: list[str]
-    known: int
-    record: StreamRecord | None
-    finished: bool
-    finished_at: float
-
-    def wait(self, seen: int, timeout: float) -> bool:
-        """Until the log holds more than ``seen`` events or has finished."""
-
-    def copied(self, mirrored: int | None) -> None:
-        """Redis holds the first ``mirrored`` events (None: Redis is away)."""
-
-
-class ReadableLog(Protocol):
-    def read(self, after: int, heartbeat: float) -> Iterator[str]: ...
-
-
-# A stream here whose host died, continued for a reader after the given event: its log, or None (not here).
-Continuer = Callable[[int], ReadableLog | None]
 
 LEASE_RENEWAL_SECONDS = 1.0  # at most; a lease lapses after three renewals missed
 
@@ -192,7 +168,9 @@ class RedisStore:
         if renew or finished:
             pipe.expire(key, expiry)
             pipe.set(f"{key}:api", stream_log.api, ex=expiry)  # for readers elsewhere that must end it
-        pipe.execute()
+        pipe.exists(f"{key}:cancel")  # asked for by a client's cancel elsewhere (``cancel``)
+        if pipe.execute()[-1] and not finished:
+            stream_log.cancel()
         return (total, num_batches), finished
 
     def read_elsewhere(self, stream_id: str) -> bool:
@@ -206,6 +184,18 @@ class RedisStore:
             return False
 
     # --- readers anywhere ---------------------------------------------------------------
+    def cancel(self, stream_id: str) -> bool:
+        """Ask the worker generating the stream to stop it (its mirror sees the word within a renewal); whether it
+        was still generating. Raises StoreUnavailable."""
+        key = self.key(stream_id)
+        try:
+            if not self._client.exists(f"{key}:producer"):
+                return False
+            return bool(self._client.set(f"{key}:cancel", "1", px=self._lease_ms))
+        except self._errors as exc:
+            self._down(exc)
+            raise StoreUnavailable("the stream store (Redis) is unavailable; retry the cancel") from None
+
     def open(self, stream_id: str) -> RedisStreamReader | None:
         """A reader of the stream's copy; None if Redis knows nothing of it. Raises StoreUnavailable."""
         key = self.key(stream_id)
@@ -297,3 +287,6 @@ class RedisStreamReader:
 
     def read(self, after: int, heartbeat: float) -> Iterator[str]:
         return self._store.read(self.stream_id, after, heartbeat, self.api, self.continue_here)
+
+    def cancel(self) -> bool:
+        return self._store.cancel(self.stream_id)

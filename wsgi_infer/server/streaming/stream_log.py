@@ -62,6 +62,7 @@ class StreamLog:
         read_elsewhere: Callable[[], bool] = lambda: False,
         api: str = "openai",
         record: StreamRecord | None = None,
+        on_cancel: Callable[[], None] | None = None,
     ) -> None:
         self.stream_id = stream_id
         self.api = api
@@ -76,6 +77,7 @@ class StreamLog:
         self.mirrored: int | None = None  # events Redis holds, while a mirror copies them (``readable``)
         self._grace = grace
         self._on_release = on_release
+        self._on_cancel = on_cancel or on_release  # a client's stop: the stream ends at once (``cancel``)
         self._read_elsewhere = read_elsewhere
         self._changed = gevent.event.Event()  # replaced (never cleared) on each change
 
@@ -105,6 +107,14 @@ class StreamLog:
     def release(self) -> None:
         """Let go of the request behind the events (``on_release``: nothing where it was let go of already)."""
         self._on_release()
+
+    def cancel(self) -> bool:
+        """A client's stop: the generation ends now, read or not (a cut connection keeps it ``grace`` s for a
+        resume); whether it was still generating."""
+        if self.finished:
+            return False
+        self._on_cancel()
+        return True
 
     def wait(self, seen: int, timeout: float) -> bool:
         """Wait up to ``timeout`` s for an event after the first ``seen``, or the end; True if one came."""
@@ -202,6 +212,7 @@ class StreamLogs:
         api: str = "openai",
         record: StreamRecord | None = None,
         known: list[str] | None = None,
+        on_cancel: Callable[[], None] | None = None,
     ) -> StreamLog:
         """A new log (under ``stream_id``, unique, or a new one), fed with ``events`` by a pump greenlet (and mirrored
         to Redis with its ``record``, with a store). ``known``: a stream continued here, the events its client has;
@@ -209,7 +220,7 @@ class StreamLogs:
         self._expire()
         stream_id = stream_id or uuid.uuid4().hex
         read_elsewhere = (lambda: self.store.read_elsewhere(stream_id)) if self.store else (lambda: False)
-        stream_log = StreamLog(stream_id, self.grace, on_release, read_elsewhere, api, record)
+        stream_log = StreamLog(stream_id, self.grace, on_release, read_elsewhere, api, record, on_cancel)
         stream_log.start_with(known or [])
         self._logs[stream_id] = stream_log
         gevent.spawn(self._pump, stream_log, events)

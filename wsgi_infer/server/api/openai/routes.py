@@ -10,6 +10,7 @@ from flask import Blueprint, jsonify, request
 from ...engine_client.streams import RequestStream
 from ...errors import APIError
 from ...streaming import sse
+from ...streaming.redis_store import StoreUnavailable
 from ...streaming.stream_endings import openai_error_event
 from ...streaming.stream_log import StreamInterrupted
 from ..bodies.parsing import parse
@@ -91,6 +92,17 @@ def resume(stream_id: str):
     if not (last.isascii() and last.isdigit()):  # "²" is a digit int() refuses
         raise APIError("Last-Event-ID must be an event id of this stream", 400, param="Last-Event-ID")
     return log_response(log, int(last), stream_id)
+
+
+@bp.delete("/streams/<stream_id>")
+def cancel(stream_id: str):
+    """Stop a stream's generation now, wherever it runs (a chat page's Stop: a connection cut keeps the stream for
+    a resume, one heartbeat interval); ``cancelled`` is false for a stream that had ended already."""
+    try:
+        cancelled = published_log(stream_id).cancel()
+    except StoreUnavailable as exc:
+        raise APIError(str(exc), 503, code="store_unavailable", headers={"Retry-After": "1"}) from None
+    return jsonify({"id": stream_id, "object": "stream", "cancelled": cancelled})
 
 
 def _sse(mgr: ServedModel, stream: RequestStream, include_usage: bool, formatter: Formatter) -> Iterator[str | None]:
