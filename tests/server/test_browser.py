@@ -17,9 +17,10 @@ pytestmark = pytest.mark.slow  # real processes
 
 @pytest.fixture(scope="module")
 def server(gunicorn_server, tiny_model_dirs):
-    # A stream nobody reads is abandoned one heartbeat interval after its reader left (Stop included).
+    # A stream nobody reads is abandoned one heartbeat interval after its reader left: 30 s, which a reload's resume
+    # is well within, and which Stop's cancel does not wait for.
     return gunicorn_server(
-        {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "heartbeat_seconds": 2}
+        {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "heartbeat_seconds": 30}
     )
 
 
@@ -57,16 +58,51 @@ def test_text_appears_incrementally_and_matches_the_engine(page, tiny_llama):
     assert early < len(expected)
 
 
-def test_stop_button_aborts_the_request(page, server):
+def test_stop_cancels_the_generation_at_once_and_its_text_joins_the_conversation(page, server):
+    """Stop only cut the connection, which keeps a stream a heartbeat for a resume (30 s here); and the conversation
+    sent next lacked both the question and the partial reply the page still showed."""
     mark = len(server.lines)
     ask(page, "Go on forever", ENDLESS)  # the composer is fixed: Stop can be clicked while text streams
     page.wait_for_function("document.querySelector('.assistant.streaming')?.textContent.length > 0")
     page.click("#stop")
     page.wait_for_function("document.getElementById('status').textContent === 'stopped'")
-    server.wait_for_log(r"response ended early, aborted 1", after=mark, timeout=30)
+    server.wait_for_log(r"response ended early, aborted 1", after=mark, timeout=15)  # not the heartbeat's 30 s
     metrics = server.metrics()
     assert metrics["wsgi_infer:open_streams"] == 0
     assert metrics["wsgi_infer:kv_blocks_free"] == metrics["wsgi_infer:kv_blocks_total"]
+    shown = page.text_content(".assistant")
+    assert page.evaluate("state.turns") == [
+        {"role": "user", "content": "Go on forever"},
+        {"role": "assistant", "content": shown},
+    ]
+
+
+def test_a_reload_mid_reply_keeps_the_conversation_and_resumes_the_reply(page, tiny_llama):
+    """The page kept nothing: a reload lost the conversation, and the reply went on unread until abandoned."""
+    prompt = "Keep talking through the reload"
+    expected = tiny_llama.chat([{"role": "user", "content": prompt}], SamplingParams(temperature=0, max_tokens=800))
+    ask(page, prompt, 800)
+    page.wait_for_function("document.querySelector('.assistant.streaming')?.textContent.length > 20")
+    page.reload()
+    page.wait_for_function("document.querySelector('.assistant')?.classList.contains('streaming') === false")
+    assert page.text_content(".user") == prompt
+    assert page.text_content(".assistant") == expected[0].text
+    assert "finish: length" in page.text_content("#status")
+
+
+def test_enter_sends_shift_enter_breaks_the_line_and_an_empty_field_is_the_servers_default(page):
+    page.fill("#max_tokens", "")  # it was sent as max_tokens 0: an empty reply
+    page.fill("#prompt", "Line one")
+    page.press("#prompt", "Shift+Enter")
+    page.type("#prompt", "line two")
+    with page.expect_request("**/v1/chat/completions") as sent:
+        page.press("#prompt", "Enter")
+    body = sent.value.post_data_json
+    assert body["messages"] == [{"role": "user", "content": "Line one\nline two"}] and "max_tokens" not in body
+    assert sent.value.headers["x-session-id"]  # the conversation's name, for nginx's several-host routing
+    page.wait_for_function("document.querySelector('.assistant.streaming')?.textContent.length > 0")
+    page.click("#stop")  # the tiny model's reply would run to the window's end
+    page.wait_for_function("document.getElementById('status').textContent === 'stopped'")
 
 
 def test_a_cut_connection_resumes_without_losing_or_repeating_tokens(browser, tiny_model_dirs, tiny_llama):

@@ -1,13 +1,23 @@
 // The chat page: streams /v1/chat/completions with fetch and renders tokens as they arrive (a thinking model's
-// thought apart, above its answer).
+// thought apart, above its answer). The conversation, and a reply in flight, outlive a reload (sessionStorage):
+// the reply resumes after its last event (GET /v1/streams/<id>). Stop cancels the generation (DELETE).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const history = [];
+const SAVED = "wsgi-infer-chat";
+const fresh = () => ({
+  // X-Session-Id: nginx's several-host file keeps a conversation on one host, where its prefix is cached
+  session: Math.random().toString(36).slice(2) + Date.now().toString(36),
+  turns: [], // the conversation as the model is sent it: what the page shows
+  pending: null, // the reply in flight: {streamId, lastId, text, thought, finished}
+});
+let state = JSON.parse(sessionStorage.getItem(SAVED) || "null") || fresh();
 let controller = null;
 
+const save = () => sessionStorage.setItem(SAVED, JSON.stringify(state));
+
 function headers() {
-  const h = { "Content-Type": "application/json" };
+  const h = { "Content-Type": "application/json", "X-Session-Id": state.session };
   const key = $("api_key").value.trim();
   if (key) h["Authorization"] = `Bearer ${key}`;
   return h;
@@ -18,44 +28,61 @@ function setStatus(text, isError = false) {
   $("status").className = isError ? "error" : "";
 }
 
+// Keep the newest text in view, unless the reader has scrolled up to read.
+function follow(update) {
+  const atEnd = window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
+  update();
+  if (atEnd) window.scrollTo(0, document.body.scrollHeight);
+}
+
 function addMessage(role, text) {
   const div = document.createElement("div");
   div.className = `message ${role}`;
   div.textContent = text;
-  $("transcript").appendChild(div);
+  follow(() => $("transcript").appendChild(div));
   return div;
+}
+
+function addReply() {
+  const out = addMessage("assistant", "");
+  return { out, answer: out.appendChild(Object.assign(document.createElement("span"), { className: "answer" })) };
 }
 
 // A reply's thought, shown where the model thinks (reasoning_content): open while it streams, folded once the
 // answer begins. Only the answer joins the conversation, as chat templates drop past thoughts.
-function showThought(reply, thought, answering) {
-  let details = reply.querySelector(".thought");
-  if (!details) {
-    details = Object.assign(document.createElement("details"), { className: "thought", open: true });
-    details.append(Object.assign(document.createElement("summary"), { textContent: "thought" }));
-    details.append(document.createElement("div"));
-    reply.prepend(details);
+function render(view, reply) {
+  if (reply.thought) {
+    let details = view.out.querySelector(".thought");
+    if (!details) {
+      details = Object.assign(document.createElement("details"), { className: "thought", open: true });
+      details.append(Object.assign(document.createElement("summary"), { textContent: "thought" }));
+      details.append(document.createElement("div"));
+      view.out.prepend(details);
+    }
+    details.lastChild.textContent = reply.thought;
+    if (reply.text) details.open = false;
   }
-  details.lastChild.textContent = thought;
-  if (answering) details.open = false;
+  view.answer.textContent = reply.text;
 }
 
 // The model picker: every model that generates, by name (the first is the server's default); its state on hover.
 async function loadModels() {
   const picker = $("model");
+  const chosen = picker.value;
   const option = (text, value, title) => Object.assign(document.createElement("option"), { text, value, title });
   try {
     const r = await fetch("/v1/models", { headers: headers() });
     const body = await r.json();
     const chat = r.ok ? body.data.filter((m) => m.task !== "embed") : [];
     picker.replaceChildren(...(r.ok ? chat.map((m) => option(m.id, m.id, m.state)) : [option(body.error.message, "")]));
+    if (chat.some((m) => m.id === chosen)) picker.value = chosen;
   } catch (e) {
     picker.replaceChildren(option("server unreachable", ""));
   }
   picker.disabled = picker.options.length < 2;
 }
 
-// Yields {event, data} for each Server-Sent Event of a fetch response body.
+// Yields {event, id, data} for each Server-Sent Event of a fetch response body.
 async function* sseEvents(response) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
@@ -78,14 +105,20 @@ async function* sseEvents(response) {
   }
 }
 
-// Re-open a cut stream after the last event seen, retrying while the network is down.
+async function httpError(response) {
+  const body = await response.json().catch(() => ({ error: { message: response.statusText } }));
+  return new Error(`${response.status}: ${body.error.message}`);
+}
+
+// Re-open a cut stream after the last event seen, retrying while the network, or the server behind a proxy
+// (its 502, 503 or 504), is down.
 async function reconnect(streamId, lastId) {
   for (let attempt = 1; attempt <= 10; attempt++) {
     await new Promise((resolve) => setTimeout(resolve, 150 * attempt));
     try {
       const r = await fetch(`/v1/streams/${streamId}?last_event_id=${lastId}`, { headers: headers(), signal: controller.signal });
       if (r.ok) return r;
-      throw new Error(`${r.status}: the stream can no longer be resumed`);
+      if (![502, 503, 504].includes(r.status)) throw new Error(`${r.status}: the stream can no longer be resumed`);
     } catch (e) {
       if (!(e instanceof TypeError)) throw e;
     }
@@ -93,88 +126,143 @@ async function reconnect(streamId, lastId) {
   throw new Error("connection lost");
 }
 
-async function send(prompt) {
-  history.push({ role: "user", content: prompt });
-  addMessage("user", prompt);
-  const out = addMessage("assistant", "");
-  const answer = out.appendChild(Object.assign(document.createElement("span"), { className: "answer" }));
-  out.classList.add("streaming");
+// Read a reply's events into ``reply`` (saved as they come), resuming the stream where the connection drops.
+async function read(response, view, reply) {
+  for (;;) {
+    try {
+      for await (const { event, id, data } of sseEvents(response)) {
+        if (id) reply.lastId = Number(id);
+        if (event === "error") throw new Error(`interrupted: ${JSON.parse(data).error.message}`);
+        if (data === "[DONE]") break;
+        const chunk = JSON.parse(data);
+        for (const choice of chunk.choices) {
+          reply.text += choice.delta.content || "";
+          reply.thought += choice.delta.reasoning_content || "";
+          if (choice.finish_reason) reply.finished = choice.finish_reason;
+        }
+        if (chunk.usage) setStatus(`${chunk.usage.completion_tokens} tokens, finish: ${reply.finished}`);
+        follow(() => render(view, reply));
+        save();
+      }
+      break;
+    } catch (e) {
+      if (!(e instanceof TypeError) || !reply.streamId) throw e; // a TypeError is a network failure
+      setStatus("connection lost, resuming…");
+      response = await reconnect(reply.streamId, reply.lastId);
+      setStatus("generating…");
+    }
+  }
+  if (!reply.finished) throw new Error("the stream ended without finishing");
+}
+
+function begin(view) {
+  view.out.classList.add("streaming");
   controller = new AbortController();
   $("send").disabled = true;
   $("stop").disabled = false;
   setStatus("generating…");
-  let text = "", thought = "", finished = null;
+}
+
+// The reply ends: finished, stopped or failed. Its text so far joins the conversation, as the page shows it; a
+// reply stopped or failed before any text is taken back, and its question returns to the composer.
+function end(view, reply, error) {
+  view.out.classList.remove("streaming");
+  $("send").disabled = false;
+  $("stop").disabled = true;
+  controller = null;
+  if (reply !== state.pending) return; // a new chat began meanwhile
+  if (error && error.name === "AbortError") setStatus("stopped");
+  else if (error) setStatus(error.message, true);
+  if (!error || reply.text) {
+    if (error) view.out.classList.add(error.name === "AbortError" ? "stopped" : "interrupted");
+    state.turns.push({ role: "assistant", content: reply.text });
+  } else {
+    const asked = state.turns.pop();
+    view.out.previousElementSibling.remove();
+    view.out.remove();
+    if (!$("prompt").value) $("prompt").value = asked.content;
+  }
+  state.pending = null;
+  save();
+}
+
+function requestBody() {
+  const number = (id) => ($(id).value.trim() === "" ? undefined : Number($(id).value)); // empty: the server's
+  return {
+    model: $("model").value || undefined,
+    messages: state.turns,
+    stream: true,
+    stream_options: { include_usage: true },
+    max_tokens: number("max_tokens"),
+    temperature: number("temperature"),
+    top_p: number("top_p"),
+  };
+}
+
+async function send(prompt) {
+  state.turns.push({ role: "user", content: prompt });
+  addMessage("user", prompt);
+  const view = addReply();
+  const reply = (state.pending = { streamId: null, lastId: 0, text: "", thought: "", finished: null });
+  begin(view);
   try {
-    let response = await fetch("/v1/chat/completions", {
-      method: "POST",
-      headers: headers(),
-      signal: controller.signal,
-      body: JSON.stringify({
-        model: $("model").value || undefined,
-        messages: history,
-        stream: true,
-        stream_options: { include_usage: true },
-        max_tokens: Number($("max_tokens").value),
-        temperature: Number($("temperature").value),
-        top_p: Number($("top_p").value),
-      }),
-    });
-    if (!response.ok) {
-      const body = await response.json().catch(() => ({ error: { message: response.statusText } }));
-      throw new Error(`${response.status}: ${body.error.message}`);
-    }
-    // A cut connection resumes the same generation from the last event seen.
-    const streamId = response.headers.get("X-Stream-Id");
-    let lastId = 0;
-    for (;;) {
-      try {
-        for await (const { event, id, data } of sseEvents(response)) {
-          if (id) lastId = Number(id);
-          if (event === "error") {
-            out.classList.add("interrupted");
-            throw new Error(`interrupted: ${JSON.parse(data).error.message}`);
-          }
-          if (data === "[DONE]") break;
-          const chunk = JSON.parse(data);
-          for (const choice of chunk.choices) {
-            text += choice.delta.content || "";
-            thought += choice.delta.reasoning_content || "";
-            if (choice.finish_reason) finished = choice.finish_reason;
-          }
-          if (chunk.usage) setStatus(`${chunk.usage.completion_tokens} tokens, finish: ${finished}`);
-          if (thought) showThought(out, thought, text.length > 0);
-          answer.textContent = text;
-        }
-        break;
-      } catch (e) {
-        if (!(e instanceof TypeError) || !streamId) throw e;  // a TypeError is a network failure
-        setStatus("connection lost, resuming…");
-        response = await reconnect(streamId, lastId);
-        setStatus("generating…");
-      }
-    }
-    if (finished === null) throw new Error("the stream ended without finishing");
-    history.push({ role: "assistant", content: text });
+    const body = JSON.stringify(requestBody());
+    const response = await fetch("/v1/chat/completions", { method: "POST", headers: headers(), signal: controller.signal, body });
+    if (!response.ok) throw await httpError(response);
+    reply.streamId = response.headers.get("X-Stream-Id");
+    save();
+    await read(response, view, reply);
+    end(view, reply, null);
   } catch (e) {
-    if (e.name === "AbortError") setStatus("stopped");
-    else setStatus(e.message, true);
-    history.pop();
-  } finally {
-    out.classList.remove("streaming");
-    $("send").disabled = false;
-    $("stop").disabled = true;
-    controller = null;
+    end(view, reply, e);
+  }
+}
+
+// After a reload: the conversation as it was, and the reply that was streaming resumed after its last event.
+async function restore() {
+  for (const turn of state.turns) {
+    if (turn.role === "user") addMessage("user", turn.content);
+    else render(addReply(), { text: turn.content, thought: "" });
+  }
+  const reply = state.pending;
+  if (!reply) return;
+  const view = addReply();
+  render(view, reply);
+  begin(view);
+  try {
+    if (!reply.streamId) throw new Error("the page was left before the reply began");
+    await read(await reconnect(reply.streamId, reply.lastId), view, reply);
+    end(view, reply, null);
+  } catch (e) {
+    end(view, reply, e);
   }
 }
 
 $("composer").addEventListener("submit", (e) => {
   e.preventDefault();
   const prompt = $("prompt").value.trim();
-  if (prompt) {
+  if (prompt && !controller) {
     $("prompt").value = "";
     send(prompt);
   }
 });
-$("stop").addEventListener("click", () => controller && controller.abort());
-$("api_key").addEventListener("change", loadModels);  // a server with keys lists its models only to one
-loadModels();
+$("prompt").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+    e.preventDefault(); // Enter sends, Shift+Enter starts a new line
+    $("composer").requestSubmit();
+  }
+});
+$("stop").addEventListener("click", () => {
+  const streamId = state.pending && state.pending.streamId;
+  if (streamId) fetch(`/v1/streams/${streamId}`, { method: "DELETE", headers: headers() }).catch(() => {});
+  if (controller) controller.abort();
+});
+$("new_chat").addEventListener("click", () => {
+  if (controller) $("stop").click();
+  state = fresh();
+  save();
+  $("transcript").replaceChildren();
+  setStatus("");
+});
+$("api_key").addEventListener("change", loadModels); // a server with keys lists its models only to one
+loadModels().then(restore);
