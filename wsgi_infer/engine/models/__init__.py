@@ -35,23 +35,31 @@ def model_class(model_type: str) -> type[nn.Module]:
 def allocate_model(hf_config, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """Our module for the architecture, in the target dtype, its parameters allocated but not written."""
     model_cls = model_class(hf_config.model_type)
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # build in the target dtype: no float32 copy of the weights
-    try:
-        with torch.device(device), _SkipParameterInit():
-            return model_cls(hf_config, hf_config.max_position_embeddings)
-    finally:
-        torch.set_default_dtype(default_dtype)
+    with torch.device(device), _Allocating(dtype):  # both modes hold for this thread alone
+        return model_cls(hf_config, hf_config.max_position_embeddings)
 
 
-class _SkipParameterInit(TorchFunctionMode):
-    """Leaves new parameters as allocated: the checkpoint fills every one (``model_builder._load_weights``).
+class _Allocating(TorchFunctionMode):
+    """Makes new parameters in ``dtype`` and leaves them as allocated: the checkpoint fills every one
+    (``model_builder._load_weights``).
 
-    Random initialisation would cost 1.2 s for the default model, and building on the meta device
-    instead imports dynamo (1 s, 60 MB), which runs the meta device's init functions.
+    A float tensor made without a dtype is made in ``dtype``, as ``torch.set_default_dtype`` would make it, but in
+    this thread alone: that setting is the process's, and a model built on a loader thread beside a serving one
+    made the engine thread's own tensors bfloat16, which its kernels overran (a worker killed by heap corruption).
+    Random initialisation would cost 1.2 s for the default model, and building on the meta device instead imports
+    dynamo (1 s, 60 MB), which runs the meta device's init functions.
     """
 
+    FACTORIES = frozenset((torch.empty, torch.zeros, torch.ones))  # what modules' constructors allocate with
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self._dtype = dtype
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         if getattr(func, "__module__", None) == "torch.nn.init":
             return args[0] if args else kwargs["tensor"]
-        return func(*args, **(kwargs or {}))
+        if func in self.FACTORIES and kwargs.get("dtype") is None:
+            kwargs["dtype"] = self._dtype
+        return func(*args, **kwargs)
