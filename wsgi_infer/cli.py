@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         return _prepare(args) if args.command == "prepare" else _generate(args)
-    except ValueError as exc:  # ModelLoadError included
+    except (ValueError, OSError) as exc:  # ModelLoadError included; a cache that cannot be written
         print(f"wsgi-infer: error: {exc}", file=sys.stderr)
         return 2
 

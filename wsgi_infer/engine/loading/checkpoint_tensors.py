@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from .file_weights import FileBlocks, FileEmbedding, FileWeights
 from .model_paths import ModelLoadError
@@ -40,7 +40,7 @@ class CheckpointTensors(Mapping):
         if path is None:
             return self._in_gguf[name].to(self._dtype)
         if path not in self._handles:
-            self._handles[path], self._mapped[path] = safe_open(path, framework="pt"), 0
+            self._handles[path], self._mapped[path] = _opened(path), 0
         tensor = self._handles[path].get_tensor(name)
         self._mapped[path] += tensor.nbytes
         if self._mapped[path] > MAPPED_BYTES:
@@ -80,6 +80,15 @@ def _checkpoint_files(model_dir: Path) -> dict[str, Path]:
         weight_map = json.loads(index.read_text())["weight_map"]
         return {name: model_dir / file for name, file in weight_map.items()}
     if (model_dir / "model.safetensors").is_file():
-        with safe_open(model_dir / "model.safetensors", framework="pt") as f:
+        with _opened(model_dir / "model.safetensors") as f:
             return dict.fromkeys(f.keys(), model_dir / "model.safetensors")
     return {}
+
+
+def _opened(path: Path) -> safe_open:
+    """The safetensors file, opened; a truncated or corrupt one is a ModelLoadError naming it (safetensors' own
+    error named no file)."""
+    try:
+        return safe_open(path, framework="pt")
+    except SafetensorError as exc:
+        raise ModelLoadError(f"model file {path}: {exc}") from None

@@ -67,6 +67,8 @@ class _Cursor:
 def read_header(gguf_file: Path, string_arrays: Container[str] = ()) -> tuple[dict, list, int]:
     """(metadata, the tensor table's ``(name, shape, ggml type, offset)`` entries, where the tensors' data starts);
     the arrays of strings named in ``string_arrays`` as lists, the others by their length."""
+    if Path(gguf_file).stat().st_size < 4:
+        raise ValueError(f"{gguf_file} is empty or too short to be a GGUF file")
     with open(gguf_file, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as blob:
         if blob[:4] != b"GGUF":
             raise ValueError(f"{gguf_file} does not start with the GGUF magic bytes, so it is not a GGUF file")

@@ -79,6 +79,7 @@ def _convert_gguf_into(gguf: Path, target: Path) -> None:
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         _convert_gguf(gguf, staging, target)
+        shutil.rmtree(target, ignore_errors=True)  # a conversion left without its config.json (a cleaner's work)
         os.replace(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

