@@ -23,7 +23,7 @@ from ..support.server import GunicornServer
 from ..support.sse_client import events
 
 PROMPT = "Tell me something"
-BAD_GENERATE = ({"stop": ""}, {"stop": ["a", "b", "c", "d", "e"]}, {"seed": "x"})
+BAD_GENERATE = ({"stop": ""}, {"stop": [f"{i}" for i in range(65)]}, {"seed": "x"})
 # A quick stop (SIGINT) exits in well under a second (docs/operations.md); test_lifecycle measured 0.4 s. The bound
 # catches a drain or a kill (30 s, 40 s on the quick-stop server), not speed: CI has stalled tests 0.9-2 s.
 QUICK_STOP_SECONDS = 10.0
