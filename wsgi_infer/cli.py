@@ -102,6 +102,12 @@ def _at_least_one(text: str) -> int:
     return int(text)
 
 
+def _address(text: str) -> str:
+    if not text.strip():  # it bound the default address, unsaid
+        raise argparse.ArgumentTypeError("must be HOST:PORT or unix:PATH, got an empty address")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wsgi-infer", description="LLM inference server and offline generation")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -121,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     prepare = commands.add_parser(
         "prepare", help="build the kernels and convert the model into the cache ahead of the first start"
     )
-    prepare.add_argument("--workers", type=int, default=1, help="the workers the server will run (their threads)")
+    prepare.add_argument(
+        "--workers", type=_at_least_one, default=1, help="the workers the server will run (their threads)"
+    )
     serve = commands.add_parser("serve", help="run the HTTP server (gunicorn, gevent worker)")
     for command in (prepare, serve):
         command.add_argument(
@@ -131,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         command.add_argument("--models-dir", help="serve every GGUF file and Hugging Face directory in it")
         command.add_argument("--models-config", help="a TOML file of [models.NAME] tables (docs/models.md)")
-    serve.add_argument("--bind", default=None, help="HOST:PORT (default 127.0.0.1:8000)")
+    serve.add_argument("--bind", type=_address, default=None, help="HOST:PORT (default 127.0.0.1:8000)")
     serve.add_argument("--workers", type=_at_least_one, default=None)
     serve.add_argument("gunicorn_args", nargs=argparse.REMAINDER, help="further gunicorn flags, after --")
     args = parser.parse_args(argv)

@@ -66,6 +66,10 @@ def test_serve_with_two_workers_whose_model_cannot_load_exits_with_code_3_and_no
         assert not [line for line in server.wait_eof() if "HaltServer" in line or "arbiter.py" in line]  # the master's
     refused = run_cli("serve", "--workers", "0")  # gunicorn took 0 as its default of 1
     assert refused.returncode == 2 and "--workers: must be a whole number of at least 1" in refused.stderr
+    refused = run_cli("prepare", "--workers", "0")  # a ZeroDivisionError's traceback
+    assert refused.returncode == 2 and "--workers: must be a whole number of at least 1" in refused.stderr
+    refused = run_cli("serve", "--bind", "")  # it bound 127.0.0.1:8000, unsaid
+    assert refused.returncode == 2 and "--bind: must be HOST:PORT or unix:PATH" in refused.stderr
 
 
 @pytest.mark.parametrize(
@@ -83,12 +87,24 @@ def test_serve_with_two_workers_whose_model_cannot_load_exits_with_code_3_and_no
 def test_a_bad_setting_stops_the_master_with_one_line_naming_its_variable(tmp_path, setting, said):
     """Before, each worker imported torch, then printed pydantic's traceback naming the field (block_size), or the
     keys file's error, or redis-py's on a URL it cannot read."""
-    env = {
-        **os.environ,
-        "WSGI_INFER_CACHE_DIR": str(tmp_path),
-        **{f"WSGI_INFER_{k.upper()}": v for k, v in setting.items()},
-    }
-    command = [GUNICORN, "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0"]
+    assert_stopped_before_any_worker(tmp_path, {f"WSGI_INFER_{k.upper()}": v for k, v in setting.items()}, said)
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (("-k", "sync"), "--worker-class sync: wsgi-infer serves on its own worker"),  # /health: "loading" for ever
+        (("--workers", "0"), "--workers 0: at least 1 worker serves"),  # it listened, and never answered
+        (("--preload",), "--preload would import torch in the master"),
+    ],
+)
+def test_gunicorn_flags_that_would_serve_no_engine_stop_the_master(tmp_path, flags, said):
+    assert_stopped_before_any_worker(tmp_path, {}, said, *flags)
+
+
+def assert_stopped_before_any_worker(tmp_path: Path, settings: dict, said: str, *flags: str) -> None:
+    env = {**os.environ, "WSGI_INFER_CACHE_DIR": str(tmp_path), **settings}
+    command = [GUNICORN, "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", *flags]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 3 and said in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and "Booting worker" not in done.stderr  # stopped before any worker

@@ -76,6 +76,7 @@ def _settings_or_exit(server):
     for name, nearest in unknown_variables(os.environ):
         server.log.warning("%s is no setting of wsgi-infer, ignored%s", name, f": {nearest}?" if nearest else "")
     try:
+        _check_gunicorn_flags(server)
         settings = ServerSettings()
         model_specs(settings)
         load_keys(settings.api_keys, settings.keys_file)  # else each worker's traceback, once it imported torch
@@ -95,6 +96,25 @@ def _settings_or_exit(server):
         return
     remove_owned_dirs()
     sys.exit(Arbiter.WORKER_BOOT_ERROR)
+
+
+def _check_gunicorn_flags(server) -> None:
+    """gunicorn's flags passed through that would serve no engine, or hang every client: a ValueError saying why. A
+    sync worker's /health said "loading" for ever; zero workers listened and never answered; a preloaded app
+    imports torch in the master, which then forks it."""
+    cfg = server.cfg
+    if cfg.worker_class_str != worker_class:
+        raise ValueError(f"--worker-class {cfg.worker_class_str}: wsgi-infer serves on its own worker ({worker_class})")
+    if cfg.workers < 1:
+        raise ValueError(f"--workers {cfg.workers}: at least 1 worker serves")
+    if cfg.preload_app:
+        raise ValueError("--preload would import torch in the master before it forks: wsgi-infer's workers load it")
+    if cfg.graceful_timeout < cfg.keepalive + 3:
+        server.log.warning(
+            "--graceful-timeout %g is less than the keep-alive (%g s) and 3 s: a stop drains for 1 s at most, and "
+            "streams the master kills end without their terminal event",
+            *(cfg.graceful_timeout, cfg.keepalive),
+        )
 
 
 def _control_socket_of_our_own(server):
