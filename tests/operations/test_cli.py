@@ -77,6 +77,8 @@ def test_serve_with_two_workers_whose_model_cannot_load_exits_with_code_3_and_no
     [
         ({"block_size": "abc"}, "WSGI_INFER_BLOCK_SIZE='abc': Input should be a valid integer"),
         ({"quantization": "int3"}, "the WSGI_INFER_* settings (model "),
+        ({"dtype": "int3"}, "dtype must be auto or one of"),  # these two: each worker's traceback, after torch
+        ({"device": "gpu"}, "device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
         ({"keys_file": "/nowhere/keys.toml"}, "keys file '/nowhere/keys.toml': [Errno 2] No such file or directory"),
         (
             {"redis_url": "localhost:6379"},

@@ -7,11 +7,14 @@ defaults and bounds: declared here once.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 QUANTIZATION_METHODS = ("auto", "none", "int4", "int8")  # see layers.quantization
 ACTIVATIONS = ("int16", "int8")  # see kernels/c/activations.h
+DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # and auto: see runtime/device.py
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 CPU_KV_CACHE_BYTES = 256 << 20  # the least KV cache a model gets on a CPU where none is set
 CPU_KV_CACHE_TOKENS = 8192  # ... and room for this many tokens, where that takes more
 
@@ -117,6 +120,10 @@ class EngineConfig:
             raise ValueError(f"activations must be one of {ACTIVATIONS}, got {self.activations!r}")
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:  # checked without torch: in the server's master
+            raise ValueError(f"dtype must be auto or one of {DTYPES}, got {self.dtype!r}")
+        if not DEVICE.fullmatch(self.device):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
 
 SETTINGS = tuple(f for f in fields(EngineConfig) if "help" in f.metadata)  # the fields that are server settings

@@ -26,7 +26,7 @@ from .config import EngineConfig
 from .embedding_engine import EmbeddingEngine
 from .llm_engine import LLMEngine
 from .loading.model_loader import resolve_model_dir
-from .loading.model_paths import is_embedding_model
+from .loading.model_paths import ModelLoadError, is_embedding_model
 from .messages import (
     Abort,
     Aborted,
@@ -230,7 +230,8 @@ class EngineLoop:
             self._channel.send(Loaded(command.model, engine))
         except Exception as exc:  # a bad model path or file: reported, the other models keep serving
             said = " ".join(str(exc).split())[:MAX_FAILURE_CHARS] or type(exc).__name__  # one line, all its parts
-            failure = EngineFailed(f"model failed to load: {said}", traceback.format_exc(), command.model)
+            trace = "" if isinstance(exc, ModelLoadError) else traceback.format_exc()  # a bad file: its line says all
+            failure = EngineFailed(f"model failed to load: {said}", trace, command.model)
             self._channel.send(Loaded(command.model, failure=failure))
 
     def _on_loaded(self, loaded: Loaded) -> list:

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import torch
 
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
+from ..config import DTYPES
+
+_DTYPES = dict(zip(DTYPES, [torch.float32] * 2 + [torch.bfloat16] * 2 + [torch.float16] * 2, strict=True))
 
 
 def cpu_has_native_bf16() -> bool:
