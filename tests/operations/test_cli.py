@@ -79,6 +79,8 @@ def test_serve_with_two_workers_whose_model_cannot_load_exits_with_code_3_and_no
         ({"quantization": "int3"}, "the WSGI_INFER_* settings (model "),
         ({"dtype": "int3"}, "dtype must be auto or one of"),  # these two: each worker's traceback, after torch
         ({"device": "gpu"}, "device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+        ({"kv_store_url": "http://x"}, "WSGI_INFER_KV_STORE_URL='http://x': Value error, redis-py reads"),
+        ({"kv_store_dir": "/etc/passwd"}, "WSGI_INFER_KV_STORE_DIR='/etc/passwd': Value error, is not a directory"),
         ({"keys_file": "/nowhere/keys.toml"}, "keys file '/nowhere/keys.toml': [Errno 2] No such file or directory"),
         (
             {"redis_url": "localhost:6379"},

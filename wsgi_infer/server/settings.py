@@ -147,13 +147,21 @@ class ServerSettings(EngineSettings):
         0.0, ge=0, description="tests only: every model load takes this much longer, on its loader thread"
     )
 
-    @field_validator("redis_url")
+    @field_validator("redis_url", "kv_store_url")
     @classmethod
     def _a_url_redis_py_reads(cls, url: str | None) -> str | None:
         """Checked with the settings, in the master: any other URL was each worker's traceback at its start."""
         if url and not url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("redis-py reads redis://, rediss:// and unix:// URLs only")
         return url
+
+    @field_validator("kv_store_dir")
+    @classmethod
+    def _a_directory(cls, path: str | None) -> str | None:
+        """A file there was taken, and each request's write failed on it (a missing directory is made)."""
+        if path and Path(path).expanduser().exists() and not Path(path).expanduser().is_dir():
+            raise ValueError("is not a directory")
+        return path
 
     @property
     def api_keys(self) -> list[str]:
