@@ -161,8 +161,10 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens_as_sentence_transformers_t
         kept = http.post("/v1/embeddings", json={"input": text, "truncate_prompt_tokens": 40}).json()
         window = http.post("/v1/embeddings", json={"input": text, "truncate_prompt_tokens": -1}).json()
         refused = http.post("/v1/embeddings", json={"input": text, "truncate_prompt_tokens": 257}).json()
+        no_room = http.post("/v1/embeddings", json={"input": text, "truncate_prompt_tokens": 2})  # [SEP] was kept
     assert kept["usage"]["prompt_tokens"] == 40 and window["usage"]["prompt_tokens"] == 256
     ours = np.array([kept["data"][0]["embedding"]])
     assert cosines(ours, references["left", 40])[0] > 0.9999 > cosines(ours, references["right", 40])[0]
     assert cosines(np.array([window["data"][0]["embedding"]]), references["left", 256])[0] > 0.9999
     assert refused["error"]["param"] == "truncate_prompt_tokens" and "256" in refused["error"]["message"]
+    assert no_room.status_code == 400 and "at least 3, got 2" in no_room.json()["error"]["message"]

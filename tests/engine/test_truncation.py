@@ -21,7 +21,8 @@ def test_a_text_keeps_its_special_tokens_and_its_last_tokens(minilm_dir):
     text = tokenizer.encode(TEXT, add_special_tokens=False)
     assert prompt_tokens(tokenizer, TEXT, None) == prompt_tokens(tokenizer, TEXT, len(whole)) == whole
     assert prompt_tokens(tokenizer, TEXT, 10) == [whole[0], *text[-8:], whole[-1]] == whole[:1] + whole[-9:]
-    assert prompt_tokens(tokenizer, TEXT, 2) == whole[-2:]  # no room for text: the last tokens alone
+    with pytest.raises(InvalidParameter, match="at least 3, got 2"):  # no room for text: [SEP] alone was read
+        prompt_tokens(tokenizer, TEXT, 2)
     assert prompt_tokens(tokenizer, whole, 10) == whole[-10:]  # token ids as given
 
 

@@ -7,6 +7,8 @@ conversation (whose template writes those tokens as text) keep their last tokens
 
 from __future__ import annotations
 
+from ..sampling_params import InvalidParameter
+
 
 def keep_last(ids: list[int], keep: int | None) -> list[int]:
     return ids if keep is None else ids[-keep:]
@@ -23,8 +25,12 @@ def prompt_tokens(tokenizer, prompt: str | list[int], keep: int | None) -> list[
     # tokenizer.json may carry its own, and padding, which transformers' calls set aside)
     text = tokenizer.encode(prompt, add_special_tokens=False)
     added = len(whole) - len(text)
-    if keep <= added:  # no room for any text beside them
-        return whole[-keep:]
+    if keep <= added:  # no room for any text beside them: [SEP] alone was kept, and read as the text's embedding
+        raise InvalidParameter(
+            "truncate_prompt_tokens",
+            f"truncate_prompt_tokens must leave room for text beside the {added} special tokens the model's tokenizer "
+            f"adds: at least {added + 1}, got {keep}",
+        )
     lead, specials = 0, set(tokenizer.all_special_ids)
     while lead < added and whole[lead] in specials:
         lead += 1
