@@ -81,6 +81,7 @@ def test_floats_base64_token_ids_and_one_string_agree(embedding_api, reference):
         ({"input": ""}, "input"),
         ({"input": []}, "input"),
         ({"input": "word " * 300}, "input"),  # over the model's 256 tokens
+        ({"input": ["hi", "word " * 300]}, "input.1"),  # the one at fault
         ({"input": [[101, 999999, 102]]}, "input"),
         ({"input": [True]}, "input"),  # not token id 1
         ({"input": "hi", "dimensions": 128}, "dimensions"),

@@ -91,6 +91,9 @@ def test_score_pairs_one_text_with_each_or_pair_by_pair(server, http, reference)
         ("/v1/score", {"text_1": "a", "text_2": []}, "text_2"),
         ("/v1/score", {"text_1": "", "text_2": "b"}, "text_1"),
         ("/v1/score", {"text_1": "a"}, "text_2"),
+        ("/v1/score", {"text_1": "word " * 300, "text_2": "b"}, "text_1"),  # these three each named the second
+        ("/v1/rerank", {"query": "word " * 300, "documents": ["b"]}, "query"),
+        ("/v1/rerank", {"query": "a", "documents": ["b", "word " * 300]}, "documents.1"),
         ("/v1/rerank", {"query": "", "documents": ["b"]}, "query"),
         ("/v1/rerank", {"query": "a", "documents": []}, "documents"),
         ("/v1/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n"),

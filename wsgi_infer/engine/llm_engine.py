@@ -106,7 +106,7 @@ class LLMEngine:
             raise ValueError("prompt must not be empty")
         vocab = self.hf_config.vocab_size
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in (*prompt_ids, *generated)):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+            raise InvalidParameter("prompt", f"prompt token ids must be integers in [0, {vocab})")
         max_tokens = max_tokens_within(len(prompt_ids), params, self.max_model_len)
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise InvalidParameter("logit_bias", f"logit_bias token ids must be below the vocabulary size {vocab}")

@@ -11,7 +11,7 @@ import numpy as np
 from flask import Blueprint, jsonify, request
 from pydantic import Field, field_validator
 
-from ....engine.sampling_params import InvalidParameter, SamplingParams
+from ....engine.sampling_params import InvalidParameter, SamplingParams, tokens_to_keep
 from ...errors import APIError
 from ..bodies.keep_alive import KeepAlive
 from ..bodies.parsing import Request, parse
@@ -49,10 +49,12 @@ class EmbeddingRequest(Request):
 @bp.post("/embeddings")
 def embeddings():
     req: EmbeddingRequest = parse(EmbeddingRequest, request.get_json(force=True))
-    name, vectors, prompt_tokens = embedded(req.model, req.keep_alive, req.inputs, req.truncate_prompt_tokens)
+    inputs = req.inputs
+    names = [f"input.{i}" for i in range(len(inputs))] if len(inputs) > 1 else ["input"]
+    name, vectors, prompt_tokens = embedded(req.model, req.keep_alive, inputs, req.truncate_prompt_tokens, names)
     if req.dimensions is not None and req.dimensions != len(vectors[0]):
         raise APIError(
-            f"this model's embeddings have {len(vectors[0])} dimensions, which it cannot shorten", param="dimensions"
+            f"this model's embeddings have {len(vectors[0])} dimensions, and no other number", param="dimensions"
         )
     data = [
         {"object": "embedding", "index": i, "embedding": _encoded(vector, req.encoding_format)}
@@ -63,18 +65,25 @@ def embeddings():
 
 
 def embedded(
-    model: str | None, keep_alive: float | None, inputs: list[str | list[int]], truncate: int | None, field="input"
+    model: str | None, keep_alive: float | None, inputs: list[str | list[int]], truncate: int | None, names: list[str]
 ) -> tuple[str, list[list[float]], int]:
-    """The model's name, each input's embedding and their prompt tokens (a 400 naming ``field`` for a bad input)."""
+    """The model's name, each input's embedding and their prompt tokens; a 400 naming the input at fault by its
+    ``names`` entry (``input.3``, ``text_2.0``...)."""
     mgr = served(model, keep_alive)
     wait_ready(mgr)
     pooling = None if mgr.task == "embed" else mgr.settings.embedding_pooling  # an encoder pools as configured
+    params = SamplingParams(max_tokens=0, pooling=pooling, truncate_prompt_tokens=truncate)
+    ids = mgr.encode(inputs, tokens_to_keep(params, mgr.max_model_len))  # once: start() takes them as they are
+    for name, tokens in zip(names, ids, strict=True):  # the generation rule's words named a prompt and max_tokens
+        if len(tokens) > mgr.max_model_len:
+            message = f"{name} has {len(tokens)} tokens, more than the {mgr.max_model_len} this model reads"
+            raise APIError(f"{message} (truncate_prompt_tokens: -1 reads its last ones)", param=name)
     try:
-        params = SamplingParams(max_tokens=0, pooling=pooling, truncate_prompt_tokens=truncate)
-        stream = start(mgr, inputs, [params], task=None)
-    except InvalidParameter as exc:  # the generation rule's words name a prompt
-        if exc.param not in ("prompt", "max_tokens"):
+        stream = start(mgr, ids, [params], task=None)
+    except InvalidParameter as exc:  # token ids the vocabulary does not hold, named as the engine names a prompt
+        if exc.param != "prompt":
             raise
+        field = names[0].split(".")[0]
         raise APIError(str(exc).replace("prompt", field), param=field) from None
     merged = collect_all(stream)
     return mgr.name, [merged[i].delta.embedding for i in sorted(merged)], stream.prompt_tokens

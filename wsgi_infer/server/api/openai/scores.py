@@ -81,7 +81,8 @@ def score():
     if len(firsts) not in (1, len(seconds)):
         message = f"text_1 holds {len(firsts)} texts: it must hold one, or as many as text_2 ({len(seconds)})"
         raise APIError(message, param="text_1")
-    name, scores, tokens = _cosines(req, firsts, seconds, "text_2")
+    names = _names("text_1", req.text_1) + _names("text_2", req.text_2)
+    name, scores, tokens = _cosines(req, firsts, seconds, names)
     data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
     reply = {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": name}
@@ -94,7 +95,7 @@ def rerank():
     """The documents by their score against the query, highest first; the first ``top_n`` of them."""
     req: RerankRequest = parse(RerankRequest, request.get_json(force=True))
     texts = [d if isinstance(d, str) else d.text for d in req.documents]
-    name, scores, tokens = _cosines(req, [req.query], texts, "documents")
+    name, scores, tokens = _cosines(req, [req.query], texts, ["query", *_names("documents", texts)])
     ranked = sorted(range(len(texts)), key=lambda i: -scores[i])[: req.top_n or len(texts)]
     results = [
         {"index": i, **({"document": {"text": texts[i]}} if req.return_documents else {}), "relevance_score": scores[i]}
@@ -105,11 +106,19 @@ def rerank():
     )
 
 
-def _cosines(req: ScoringRequest, firsts: list[str], seconds: list[str], field: str) -> tuple[str, list[float], int]:
-    """Each second text's score against its first (the one first text, or the one at its index)."""
+def _names(field: str, given: str | list) -> list[str]:
+    """Each text's name in the request, for an error: ``text_2.3``, or ``text_2`` where it is one text."""
+    return [f"{field}.{i}" for i in range(len(given))] if isinstance(given, list) else [field]
+
+
+def _cosines(
+    req: ScoringRequest, firsts: list[str], seconds: list[str], names: list[str]
+) -> tuple[str, list[float], int]:
+    """Each second text's score against its first (the one first text, or the one at its index); ``names``: each
+    text's name in the request, the firsts' then the seconds'."""
     if len(firsts) + len(seconds) > MAX_INPUTS:
-        raise APIError(f"at most {MAX_INPUTS} texts in all", param=field)
-    name, vectors, tokens = embedded(req.model, req.keep_alive, firsts + seconds, req.truncate_prompt_tokens, field)
+        raise APIError(f"at most {MAX_INPUTS} texts in all", param=names[-1].split(".")[0])
+    name, vectors, tokens = embedded(req.model, req.keep_alive, firsts + seconds, req.truncate_prompt_tokens, names)
     embeddings = np.asarray(vectors, dtype=np.float64)
     embeddings /= np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), np.finfo(np.float64).tiny)
     a, b = embeddings[: len(firsts)], embeddings[len(firsts) :]  # one first row broadcasts to every second
