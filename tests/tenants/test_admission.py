@@ -59,3 +59,30 @@ def test_the_door_counts_choices_and_a_lone_large_request_comes_in(small_door):
         large = http.post("/v1/completions", json={"prompt": ["Hi", "Ho"], "n": 3, "max_tokens": 2})
     assert large.status_code == 200 and len(large.json()["choices"]) == 6, large.text
     assert model.num_open_choices == 0
+
+
+def test_a_burst_of_text_prompts_is_counted_at_the_door_while_they_are_tokenized(small_door):
+    """Tokenizing yields to the hub: each request of a burst saw the door's count without the others, and all came
+    in (60 text prompts at once through a door of 8, the load probe; token ids, not tokenized, were counted)."""
+    statuses, done = [], gevent.event.Event()
+
+    def stream(i: int) -> None:
+        body = {"prompt": f"Burst number {i}", "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}
+        with small_door.client() as http, http.stream("POST", "/v1/completions", json=body) as r:
+            statuses.append(r.status_code)
+            if r.status_code == 200:
+                done.wait(60)
+
+    burst = [gevent.spawn(stream, i) for i in range(8)]
+    try:
+        with gevent.Timeout(60, AssertionError(f"the burst was not answered: {statuses}")):
+            while len(statuses) < len(burst):
+                gevent.sleep(0.05)
+    finally:
+        done.set()
+        gevent.joinall(burst, timeout=60, raise_error=True)
+    assert sorted(statuses) == [200] * 5 + [429] * 3
+    model = small_door.manager.default
+    with gevent.Timeout(60, AssertionError("the burst's streams were never released")):
+        while model.num_open_choices:
+            gevent.sleep(0.05)

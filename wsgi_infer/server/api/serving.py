@@ -6,11 +6,10 @@ engine work happens on the manager's thread.
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Iterator
 
-from flask import Response, after_this_request, current_app, g, request
+from flask import Response, current_app, g, request
 
 from ...engine.messages import Accepted, Rejected
 from ...engine.sampling_params import InvalidParameter, SamplingParams, max_tokens_within, tokens_to_keep
@@ -26,7 +25,7 @@ from ..streaming import sse
 from ..streaming.redis_store import RedisStreamReader, StoreUnavailable
 from ..streaming.stream_log import StreamInterrupted, StreamLog
 from ..streaming.stream_record import RequestRecord, StreamRecord
-from ..tenants.registry import Tenants
+from .admission import admit_key, tenants, through_the_door
 from .continuation import Continuation, continuer
 
 ADMISSION_TIMEOUT_S = 60.0
@@ -87,17 +86,6 @@ def require_task(model: ServedModel, task: str) -> None:
     wait_ready(model)
 
 
-def _admit_choices(model: ServedModel, choices: int) -> None:
-    """The door counts sequences, as the engine's limits do (a request of 500 prompts × n 16 is 8,000 of them, not
-    one); one larger than the door (2,048 texts to embed) comes in where nothing else is open."""
-    limit = model.settings.max_num_seqs + model.settings.max_waiting_requests
-    fits = model.num_open_choices + choices <= limit or not model.num_open_choices
-    if not fits and not tenants().within_equal_share(g.get("key"), model, limit):
-        model.metrics.requests_refused.inc()
-        message = f"too many choices in flight ({limit}); retry later"
-        raise APIError(message, 429, code="too_many_requests", headers={"Retry-After": "1"})
-
-
 def start(
     model: ServedModel, prompts: list[Prompt], params: list[SamplingParams], task: str | None = "generate"
 ) -> RequestStream:
@@ -108,15 +96,15 @@ def start(
         wait_ready(model)
     else:
         require_task(model, task)  # waits for readiness too
-    _admit_choices(model, len(prompts) * len(params))
-    model.prepare(params)
-    prompt_ids = model.encode(prompts, tokens_to_keep(params[0], model.max_model_len))
-    for ids in prompt_ids:  # as the engine would refuse it, but a long prompt then costs the engine thread nothing
-        max_tokens_within(len(ids), params[0], model.max_model_len)
-    ticket = _admit_key(model, params, sum(map(len, prompt_ids)))
-    continuation: Continuation | None = g.get("continuation")
-    generated = continuation.generated(len(prompt_ids) * len(params)) if continuation else None
-    stream = model.submit(g.request_id, prompt_ids, params, generated)
+    with through_the_door(model, len(prompts) * len(params)):
+        model.prepare(params)
+        prompt_ids = model.encode(prompts, tokens_to_keep(params[0], model.max_model_len))
+        for ids in prompt_ids:  # as the engine would refuse it, but a long prompt costs the engine thread nothing
+            max_tokens_within(len(ids), params[0], model.max_model_len)
+        ticket = admit_key(model, params, sum(map(len, prompt_ids)))
+        continuation: Continuation | None = g.get("continuation")
+        generated = continuation.generated(len(prompt_ids) * len(params)) if continuation else None
+        stream = model.submit(g.request_id, prompt_ids, params, generated)
     stream.identity = g.setdefault("identity", stream.identity)  # a continued stream's, drawn where it began
     if continuation is not None:
         stream.replay(continuation.batches)
@@ -141,32 +129,6 @@ def start(
         model.release(stream)
         raise
     return stream
-
-
-def tenants() -> Tenants:
-    return current_app.extensions["wsgi_infer.tenants"]
-
-
-def _admit_key(model: ServedModel, params: list[SamplingParams], prompt_tokens: int) -> str:
-    """The request's key (if any) gets its share and priority cap on ``params``, and its limits a ticket for the
-    request (or a 429, with Retry-After and OpenAI's x-ratelimit-* headers, which an admitted response gets too)."""
-    policy = g.get("key")
-    if policy is None:
-        return ""
-    tenants().share(policy, params)
-    decision = tenants().admit(policy, prompt_tokens)
-    if decision.ticket is None:
-        model.metrics.key_rate_limited(policy.id, decision.limit).inc()
-        retry = {} if decision.retry_after is None else {"Retry-After": str(max(1, math.ceil(decision.retry_after)))}
-        raise APIError(decision.message, 429, code="rate_limit_exceeded", headers={**decision.headers, **retry})
-    if decision.headers:
-        after_this_request(lambda response: _with_headers(response, decision.headers))
-    return decision.ticket
-
-
-def _with_headers(response: Response, headers: dict[str, str]) -> Response:
-    response.headers.update(headers)
-    return response
 
 
 class Heartbeat:
