@@ -131,6 +131,25 @@ def _prompt_block_keys(llm: LLM, prompt: str) -> list[bytes]:
     return keys
 
 
+def test_a_full_store_removes_a_prompts_blocks_from_its_last_and_keeps_a_prefix_in_use(tiny_model_dirs, tmp_path):
+    """A hit reads a prompt's blocks from its first on, but a full store removed them by age, the first first: what
+    it kept could never be read (the KV store probe: no prompt hit after a restart); and a prefix served from memory
+    was no use of the store's copy, which went first."""
+    llm = _engine(tiny_model_dirs["llama"], tmp_path)
+    stories = [f"Story {n}: the mountain road wound past farms and mills toward the pass, " * 6 for n in (1, 2)]
+    first, story = _prompt_block_keys(llm, PROMPTS[0]), _prompt_block_keys(llm, stories[0])
+    block_bytes = llm.engine.store.blocks.payload_nbytes + 80  # and its frame
+    llm.engine.store.store.limit_bytes = (len(first) + len(story) - 1) * block_bytes  # full with the story
+    for prompt in (PROMPTS[0], stories[0], PROMPTS[0], stories[1]):  # the third is read from memory alone
+        _run(llm, [prompt])
+    llm.engine.close(wait=True)
+    (namespace,) = tmp_path.iterdir()
+    kept = {bytes.fromhex(p.stem) for p in namespace.iterdir()}
+    readable = next((i for i, key in enumerate(first) if key not in kept), len(first))
+    assert readable > len(first) // 2 and not kept & set(first[readable:])  # kept from its first block on
+    assert not kept & set(story)  # used before the shared part, read again from memory, was: removed first
+
+
 def test_another_model_or_setting_never_takes_a_block(tiny_model_dirs, tmp_path):
     _restart(tiny_model_dirs["llama"], tmp_path)[1].engine.close()
     others = [

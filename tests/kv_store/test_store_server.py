@@ -136,3 +136,23 @@ def test_the_reader_and_the_writer_each_have_their_own_redis_connection(tmp_path
     with RedisServer(tmp_path) as redis:
         run = subprocess.run([sys.executable, "-c", _TWO_THREADS, redis.url], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_once_redis_is_back_neither_thread_reuses_a_connection_from_before_it_went(tmp_path):
+    """A Redis that restarted while the server was idle: the reader's failure started the wait, and after it the
+    writer's first command went out on its own dead connection, failing again for a second wait (the KV store
+    probe: 35-70 s without the store after a 1 s blip)."""
+    import redis as redis_py
+
+    from wsgi_infer.engine.kv_store.redis_blocks import RedisStore
+
+    with RedisServer(tmp_path) as redis:
+        store = RedisStore(redis.url)
+        store.put(b"n", b"k", [memoryview(b"block")])  # each role's connection made
+        assert store.get(b"n", b"k") == b"block"
+        redis_py.Redis.from_url(redis.url).client_kill_filter(_type="normal", skipme=True)  # as a restart does
+        with pytest.raises(OSError):
+            store.get(b"n", b"k")  # the reader finds its connection dead: the wait begins
+        store._retry_at = 0.0  # the wait is over
+        assert store.put(b"n", b"k2", [memoryview(b"block")])  # the writer's, made again
+        assert store.get(b"n", b"k2") == b"block"

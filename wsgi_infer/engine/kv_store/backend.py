@@ -40,3 +40,7 @@ class KVStore(Protocol):
 
     def discard(self, namespace: bytes, key: bytes) -> None:
         """Remove a block that did not pass its frame's checks."""
+
+    def mark_used(self, namespace: bytes, keys: list[bytes]) -> None:
+        """Mark the blocks there recently used, in the order given: the last most recently. Raises ``OSError``
+        where the medium is away."""

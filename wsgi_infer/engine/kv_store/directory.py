@@ -2,7 +2,8 @@
 
 Each block is a file, ``<root>/<namespace>/<key>.kv``, written under a temporary name and renamed, so a reader
 sees a whole file or none and two workers writing one block each rename a whole copy. The directory is bounded
-over every model in it: a read marks a file recently used (its modification time), and a writer whose count says
+over every model in it: a read, and ``mark_used`` (a prompt's blocks, its last first), mark a file recently used
+(its modification time), and a writer whose count says
 the directory may be over the limit scans it and removes the least recently used files until it holds 7/8 of the
 limit. Each process counts its own writes since its last scan, and scans again after 1/16 of the limit, so the
 workers together overshoot by a sixteenth each at most. The root is never created again once gone: a vanished
@@ -78,6 +79,14 @@ class DirectoryStore:
         self._count_write(size)
         return True
 
+    def mark_used(self, namespace: bytes, keys: list[bytes]) -> None:
+        now = time.time_ns()  # a nanosecond apart: a file system's clock may tick only every few milliseconds
+        for i, key in enumerate(keys):
+            try:
+                os.utime(self._path(namespace, key), ns=(now + i, now + i))
+            except OSError:
+                pass  # removed meanwhile, or read-only
+
     def discard(self, namespace: bytes, key: bytes) -> None:
         try:
             self._path(namespace, key).unlink(missing_ok=True)
@@ -114,8 +123,8 @@ class DirectoryStore:
             log.info("KV store %s: least recently used blocks removed, %d MiB kept", self.root, total >> 20)
         self._total, self._written_since_scan = total, 0
 
-    def _scan(self) -> list[tuple[float, int, Path]]:
-        """(modification time, size, path) of every block; removes temporary files that writers left behind. Only
+    def _scan(self) -> list[tuple[int, int, Path]]:
+        """(modification time in ns, size, path) of every block; removes temporary files that writers left behind. Only
         the store's own entries: a namespace's folder (32 hex digits) and regular files in it (a mount's lost+found,
         a link, a folder named like a block are not the store's to count or remove)."""
         found, now = [], time.time()
@@ -130,7 +139,7 @@ class DirectoryStore:
                 if not S_ISREG(stat.st_mode):
                     continue
                 if entry.name.endswith(SUFFIX):
-                    found.append((stat.st_mtime, stat.st_size, Path(entry.path)))
+                    found.append((stat.st_mtime_ns, stat.st_size, Path(entry.path)))  # float seconds tie marks
                 elif entry.name.endswith(".tmp") and now - stat.st_mtime > _STALE_TEMPORARY_SECONDS:
                     Path(entry.path).unlink(missing_ok=True)
         return found

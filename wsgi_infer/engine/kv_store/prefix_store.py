@@ -75,6 +75,7 @@ class PrefixStore:
         self._writes: SimpleQueue = SimpleQueue()
         self._closed: SimpleQueue = SimpleQueue()
         self._noted: list[tuple[bytes, list[int]]] = []  # (key, block id in each pool), to be written
+        self._chains: list[list[bytes]] = []  # the noted prompts' blocks from the first: marked used once written
         self._queued_bytes = 0  # the engine thread's count
         self._written_bytes = 0  # the writer's: the difference is pending
         self.degraded = False
@@ -105,6 +106,7 @@ class PrefixStore:
             for group, block_id, index in hit.fills:
                 self.blocks.write(group, block_id, hit.stored[seq.block_hashes[index]])
             seq.num_stored_blocks = max(seq.num_stored_blocks, hit.num_blocks)
+            self._mark_used(seq.block_hashes[: hit.num_blocks])  # a hit in memory is a use of the store's copy too
         seq.stored_read = None
 
     def note_computed(self, seq: Sequence) -> None:
@@ -114,6 +116,8 @@ class PrefixStore:
         if not (self.degraded and time.monotonic() < self._retry_at):
             for i in range(seq.num_stored_blocks, end):
                 self._noted.append((seq.block_hashes[i], [table.blocks[i] for table in seq.block_tables]))
+            if end > seq.num_stored_blocks:
+                self._chains.append(seq.block_hashes[:end])
         seq.num_stored_blocks = max(seq.num_stored_blocks, end)
 
     def write_noted(self) -> None:
@@ -127,6 +131,16 @@ class PrefixStore:
             self._queued_bytes += payload.nbytes
             self._writes.put((key, payload))
         self._noted.clear()
+        for chain in self._chains:
+            self._mark_used(chain)
+        self._chains.clear()
+
+    def _mark_used(self, chain: list[bytes]) -> None:
+        """Mark a prompt's blocks used, from its last to its first, after the writes queued before: a prompt's first
+        block is then its most recently used, and a full store removes its blocks from the last. By write and read
+        order the first went first, which left the others unreadable: a hit reads from the first block on."""
+        if chain and not (self.degraded and time.monotonic() < self._retry_at):
+            self._writes.put((chain[::-1], None))
 
     def close(self, wait: bool) -> None:
         """End both threads; with ``wait``, after the blocks already noted are written (a server stopping keeps
@@ -179,6 +193,10 @@ class PrefixStore:
     def _write_loop(self) -> None:
         while (job := self._writes.get()) is not None:
             key, payload = job
+            if payload is None:  # a chain to mark used (``_mark_used``)
+                if not (self.degraded and time.monotonic() < self._retry_at):
+                    self._stored(self.store.mark_used, self.namespace, key)
+                continue
             self._write(key, payload)
             self._written_bytes += payload.nbytes
             if self._writes.empty():
@@ -188,9 +206,13 @@ class PrefixStore:
     def _write(self, key: bytes, payload: torch.Tensor) -> None:
         if self.degraded and time.monotonic() < self._retry_at:
             return
+        framed = frame(self.namespace, key, memoryview(payload.view(torch.uint8).numpy()))
+        self._stored(self.store.put, self.namespace, key, framed)
+
+    def _stored(self, change: Callable[..., object], *args: object) -> None:
+        """Make a change to the store; a failure degrades it (one warning), a success after one ends that."""
         try:
-            framed = frame(self.namespace, key, memoryview(payload.view(torch.uint8).numpy()))
-            self.store.put(self.namespace, key, framed)
+            change(*args)
         except OSError as exc:
             self.store.counters.write_errors += 1
             if not self.degraded:

@@ -90,7 +90,9 @@ class RedisStore:
         self._address = RedisAddress.of(url)
         self.location = f"redis://{self._address.host}:{self._address.port}/{self._address.db}"  # no password
         self.counters = StoreCounters()
-        self._connections: dict[str, RedisConnection] = {}  # "reads" (the reader thread's), "writes" (the writer's)
+        # "reads" (the reader thread's), "writes" (the writer's), each with the count of failures when it was made
+        self._connections: dict[str, tuple[RedisConnection, int]] = {}
+        self._failures = 0
         self._retry_at = 0.0
 
     def _name(self, namespace: bytes, key: bytes) -> bytes:
@@ -101,14 +103,19 @@ class RedisStore:
         if time.monotonic() < self._retry_at:
             raise OSError(f"Redis at {self.location} was unreachable less than {RETRY_SECONDS:.0f} s ago")
         try:
-            if role not in self._connections:
-                self._connections[role] = RedisConnection(self._address)
-            return self._connections[role].command(*args)
+            connection, made_after = self._connections.get(role, (None, -1))
+            if made_after != self._failures:  # one failed since: Redis went away, and this one is stale too
+                if connection is not None:  # (its role's thread alone closes it: it may be in use)
+                    connection.close()
+                connection = RedisConnection(self._address)
+                self._connections[role] = connection, self._failures
+            return connection.command(*args)
         except RedisReplyError as exc:
             raise OSError(f"Redis at {self.location}: {exc}") from exc
         except OSError as exc:  # refused, reset, timed out: its replies are out of step, if it has any
             if (broken := self._connections.pop(role, None)) is not None:
-                broken.close()
+                broken[0].close()
+            self._failures += 1
             self._retry_at = time.monotonic() + RETRY_SECONDS
             raise OSError(f"Redis at {self.location}: {exc}") from exc
 
@@ -127,6 +134,9 @@ class RedisStore:
             return False  # another writer's copy is there
         self.counters.bytes_written += len(value)
         return True
+
+    def mark_used(self, namespace: bytes, keys: list[bytes]) -> None:
+        self._command("writes", b"TOUCH", *[self._name(namespace, key) for key in keys])  # for an LRU maxmemory
 
     def discard(self, namespace: bytes, key: bytes) -> None:
         try:
