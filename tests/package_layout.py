@@ -60,6 +60,7 @@ LAYERS = (
     # the API: what every route shares, a conversation's path, then the routes and their API families
     (
         "wsgi_infer.server.api.access",
+        "wsgi_infer.server.api.admission",
         "wsgi_infer.server.api.continuation",
         "wsgi_infer.server.api.serving",
         "wsgi_infer.server.api.bodies",

@@ -57,9 +57,11 @@ def test_unsupported_architecture_names_path_and_expectation(tmp_path):
 def test_serve_with_two_workers_whose_model_cannot_load_exits_with_code_3_and_no_traceback(tmp_path):
     """A misspelt setting is named at start (WSGI_INFER_API_KEYS left a server open without a word). Both workers
     fail to boot: the second's boot error, reaped while the master halted for the first's, escaped
-    gunicorn's halt (exit code 1, two HaltServer tracebacks: 4 runs of 4 with a bad device)."""
+    gunicorn's halt (exit code 1, two HaltServer tracebacks: 4 runs of 4 with a bad device, which the master now
+    refuses itself: a GGUF that is none fails each worker's load)."""
     command = [str(Path(sys.executable).with_name("wsgi-infer")), "serve", "--bind", "127.0.0.1:0", "--workers", "2"]
-    settings = {"device": "bogus", "cache_dir": tmp_path, "api_keys": "secret"}  # and a misspelt setting
+    (tmp_path / "broken.gguf").write_bytes(b"not a GGUF")
+    settings = {"model": tmp_path / "broken.gguf", "cache_dir": tmp_path, "api_keys": "secret"}  # and a misspelling
     with GunicornServer(settings, command=command) as server:
         assert server.process.wait(120) == 3
         server.wait_for_log(r"WSGI_INFER_API_KEYS is no setting of wsgi-infer, ignored: WSGI_INFER_API_KEY\?")

@@ -5,6 +5,9 @@ In this process, the tiny model with a door of 4 running + 1 waiting."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import gevent
 import gevent.event
 import pytest
@@ -61,28 +64,55 @@ def test_the_door_counts_choices_and_a_lone_large_request_comes_in(small_door):
     assert model.num_open_choices == 0
 
 
-def test_a_burst_of_text_prompts_is_counted_at_the_door_while_they_are_tokenized(small_door):
-    """Tokenizing yields to the hub: each request of a burst saw the door's count without the others, and all came
-    in (60 text prompts at once through a door of 8, the load probe; token ids, not tokenized, were counted)."""
+@pytest.fixture(scope="module")
+def keyed_door(tiny_model_dirs):
+    with InProcessServer(tiny_settings(tiny_model_dirs, api_key="key-a,key-b", **DOOR)) as server:
+        yield server
+
+
+@contextmanager
+def streams_at_once(server: InProcessServer, count: int, key: str | None = None) -> Iterator[list[int]]:
+    """``count`` endless text streams sent at once: their statuses, once all are answered; open until the block
+    ends."""
     statuses, done = [], gevent.event.Event()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
 
     def stream(i: int) -> None:
         body = {"prompt": f"Burst number {i}", "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}
-        with small_door.client() as http, http.stream("POST", "/v1/completions", json=body) as r:
+        with server.client(headers=headers) as http, http.stream("POST", "/v1/completions", json=body) as r:
             statuses.append(r.status_code)
             if r.status_code == 200:
                 done.wait(60)
 
-    burst = [gevent.spawn(stream, i) for i in range(8)]
+    burst = [gevent.spawn(stream, i) for i in range(count)]
     try:
         with gevent.Timeout(60, AssertionError(f"the burst was not answered: {statuses}")):
-            while len(statuses) < len(burst):
+            while len(statuses) < count:
                 gevent.sleep(0.05)
+        yield sorted(statuses)
     finally:
         done.set()
         gevent.joinall(burst, timeout=60, raise_error=True)
-    assert sorted(statuses) == [200] * 5 + [429] * 3
-    model = small_door.manager.default
+
+
+def released(server: InProcessServer) -> None:
+    model = server.manager.default
     with gevent.Timeout(60, AssertionError("the burst's streams were never released")):
-        while model.num_open_choices:
+        while model.num_open_choices or any(model.open_by_key.values()):
             gevent.sleep(0.05)
+
+
+def test_a_burst_of_text_prompts_is_counted_at_the_door_while_they_are_tokenized(small_door):
+    """Tokenizing yields to the hub: each request of a burst saw the door's count without the others, and all came
+    in (60 text prompts at once through a door of 8, the load probe; token ids, not tokenized, were counted)."""
+    with streams_at_once(small_door, 8) as statuses:
+        assert statuses == [200] * 5 + [429] * 3
+    released(small_door)
+
+
+def test_a_newcomer_keys_burst_through_a_full_door_takes_its_equal_share_only(keyed_door):
+    """A full door lets in another key's requests while it holds under an equal share of it (5 / 2 keys); a burst's
+    requests each saw its key hold none, and all came in."""
+    with streams_at_once(keyed_door, 5, "key-a") as filled, streams_at_once(keyed_door, 6, "key-b") as newcomer:
+        assert filled == [200] * 5 and newcomer == [200] * 3 + [429] * 3
+    released(keyed_door)

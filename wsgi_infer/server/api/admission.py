@@ -21,11 +21,16 @@ def through_the_door(model: ServedModel, choices: int) -> Iterator[None]:
     them: tokenizing yields to the hub, and a burst's requests each saw a count without the others (60 text
     prompts at once all came in through a door of 8, the load probe)."""
     _admit_choices(model, choices)
+    key = g.get("key")
     model.num_open_choices += choices
+    if key is not None:  # and the request among its key's (``Tenants.within_equal_share``)
+        model.open_by_key[key.id] += 1
     try:
         yield
-    finally:
-        model.num_open_choices -= choices  # the submit counted them, or nothing was submitted
+    finally:  # the submit counted them, or nothing was submitted
+        model.num_open_choices -= choices
+        if key is not None:
+            model.open_by_key[key.id] -= 1
 
 
 def _admit_choices(model: ServedModel, choices: int) -> None:
