@@ -12,6 +12,7 @@ mount must not fill the disk beneath it.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -71,8 +72,10 @@ class DirectoryStore:
                 for part in framed:
                     f.write(part)
             os.replace(staging, path)
-        except BaseException:
+        except BaseException as exc:
             staging.unlink(missing_ok=True)
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                self._give_way()
             raise
         size = sum(part.nbytes for part in framed)
         self.counters.bytes_written += size
@@ -103,11 +106,21 @@ class DirectoryStore:
         if self._total is None or self._total > self.limit_bytes:
             self._evict()
 
-    def _evict(self) -> None:
-        """Scan the directory; remove the least recently used blocks while it holds more than the limit."""
+    def _give_way(self) -> None:
+        """The disk is full before the store's limit: the limit becomes what the store holds now, and it removes
+        blocks down to 7/8 of that, so that the disk does not stay full (it did: the writes only failed)."""
+        held = sum(size for _, size, _ in self._scan())
+        if held < self.limit_bytes:
+            self.limit_bytes = held
+            log.warning("KV store %s: the disk is full; the store keeps to %d MiB", self.root, held >> 20)
+            self._evict(full=True)
+
+    def _evict(self, full: bool = False) -> None:
+        """Scan the directory; remove the least recently used blocks while it holds more than the limit (``full``:
+        as much as it)."""
         files = sorted(self._scan())
         total = sum(size for _, size, _ in files)
-        if total > self.limit_bytes:
+        if total > self.limit_bytes or full:
             target = self.limit_bytes * 7 // 8
             for _, size, path in files:
                 if total <= target:
