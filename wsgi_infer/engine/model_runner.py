@@ -93,9 +93,8 @@ class ModelRunner:
         self.model = build_model(hf_config, model_dir, config.quantization, device, dtype, kernels)
         self.max_model_len = min(config.max_model_len or hf_config.max_position_embeddings, self.model.max_positions)
         if config.max_model_len and config.max_model_len > self.max_model_len:  # vLLM refuses it; one setting
-            log.warning(  # may cover several models here, so it is each model's most
-                "max_model_len %d is past the model's %d positions: %d", config.max_model_len, *[self.max_model_len] * 2
-            )
+            limit = (config.max_model_len, self.max_model_len)  # may cover several models here: each its most
+            log.warning("max_model_len %d is past the model's %d positions: clamped to them", *limit)
         self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
         self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         self.attention_inputs = AttentionInputs(
