@@ -103,8 +103,9 @@ def _at_least_one(text: str) -> int:
 
 
 def _address(text: str) -> str:
-    if not text.strip():  # it bound the default address, unsaid
-        raise argparse.ArgumentTypeError("must be HOST:PORT or unix:PATH, got an empty address")
+    port = text.rpartition(":")[2] if not text.startswith("unix:") else "0"
+    if not text.strip() or (port.isdigit() and int(port) > 65535):  # "": the default bound unsaid; a port past
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT or unix:PATH, got {text!r}")  # 65535: a traceback
     return text
 
 

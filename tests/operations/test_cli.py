@@ -62,16 +62,20 @@ def test_serve_with_two_workers_whose_model_cannot_load_exits_with_code_3_and_no
     command = [str(Path(sys.executable).with_name("wsgi-infer")), "serve", "--bind", "127.0.0.1:0", "--workers", "2"]
     (tmp_path / "broken.gguf").write_bytes(b"not a GGUF")
     settings = {"model": tmp_path / "broken.gguf", "cache_dir": tmp_path, "api_keys": "secret"}  # and a misspelling
+    settings.update(api_key=",", protect_ops="true")  # a key set empty, and what protects nothing: warned of
     with GunicornServer(settings, command=command) as server:
         assert server.process.wait(120) == 3
         server.wait_for_log(r"WSGI_INFER_API_KEYS is no setting of wsgi-infer, ignored: WSGI_INFER_API_KEY\?")
+        server.wait_for_log(r"WSGI_INFER_API_KEY is set but holds no key: the API is open to anyone")
+        server.wait_for_log(r"WSGI_INFER_PROTECT_OPS does nothing without API keys")
         assert not [line for line in server.wait_eof() if "HaltServer" in line or "arbiter.py" in line]  # the master's
     refused = run_cli("serve", "--workers", "0")  # gunicorn took 0 as its default of 1
     assert refused.returncode == 2 and "--workers: must be a whole number of at least 1" in refused.stderr
     refused = run_cli("prepare", "--workers", "0")  # a ZeroDivisionError's traceback
     assert refused.returncode == 2 and "--workers: must be a whole number of at least 1" in refused.stderr
-    refused = run_cli("serve", "--bind", "")  # it bound 127.0.0.1:8000, unsaid
-    assert refused.returncode == 2 and "--bind: must be HOST:PORT or unix:PATH" in refused.stderr
+    for address in ("", "127.0.0.1:99999"):  # it bound 127.0.0.1:8000, unsaid; gunicorn's OverflowError
+        refused = run_cli("serve", "--bind", address)
+        assert refused.returncode == 2 and "--bind: must be HOST:PORT or unix:PATH" in refused.stderr
 
 
 @pytest.mark.parametrize(

@@ -79,7 +79,11 @@ def _settings_or_exit(server):
         _check_gunicorn_flags(server)
         settings = ServerSettings()
         model_specs(settings)
-        load_keys(settings.api_keys, settings.keys_file)  # else each worker's traceback, once it imported torch
+        keys = load_keys(settings.api_keys, settings.keys_file)  # else each worker's traceback, once it imported torch
+        if settings.api_key is not None and not settings.api_keys:
+            server.log.warning("WSGI_INFER_API_KEY is set but holds no key: the API is open to anyone")
+        if settings.protect_ops and not keys:
+            server.log.warning("WSGI_INFER_PROTECT_OPS does nothing without API keys: /health and /metrics are open")
         if server.cfg.workers > 1 and not settings.redis_url:
             server.log.warning(
                 "%d workers and no WSGI_INFER_REDIS_URL: a stream resumes, and a stored response continues, only on "
