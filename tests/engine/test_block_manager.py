@@ -3,6 +3,8 @@ that mix sliding-window layers with global ones."""
 
 from __future__ import annotations
 
+import pytest
+
 from wsgi_infer.engine.sampling_params import SamplingParams
 from wsgi_infer.engine.scheduling.kv_cache_manager import KVCacheManager, KVGroup, plan_kv_groups
 from wsgi_infer.engine.scheduling.scheduler import Scheduler
@@ -166,3 +168,5 @@ def test_plan_gives_the_sliding_layers_their_windows_and_the_global_layers_the_r
     # Where the windows would take more than one pool's blocks: both pools get one pool's (as before).
     assert [g.num_blocks for g in plan_kv_groups(windows, layer, 60_000, 4, 2, 8)] == [10, 10]
     assert [g.num_blocks for g in plan_kv_groups(windows, layer, 60_000, 4, 2, 8, num_blocks=3)] == [3, 3]
+    with pytest.raises(ValueError, match="hold no block of 4 tokens"):  # one was allocated past the budget
+        plan_kv_groups([0] * 6, layer, 5_999, 4, 2, 8)

@@ -210,7 +210,13 @@ def plan_kv_groups(
     """
     kinds = sorted(set(layer_windows))
     members = {w: tuple(i for i, x in enumerate(layer_windows) if x == w) for w in kinds}
-    one_pool = num_blocks or max(1, budget // (layer_block_bytes * len(layer_windows)))
+    one_pool = num_blocks or budget // (layer_block_bytes * len(layer_windows))
+    if not one_pool:  # one block was allocated past the budget (2 GiB for a block of 100,000 tokens)
+        block_mib = layer_block_bytes * len(layer_windows) / 2**20
+        raise ValueError(
+            f"the KV cache's {budget / 2**20:.0f} MiB hold no block of {block_size} tokens ({block_mib:.0f} MiB): "
+            "a smaller block_size, or a larger KV cache (WSGI_INFER_BLOCK_SIZE, WSGI_INFER_KV_CACHE_MEMORY_MB)"
+        )
     if len(kinds) == 1:
         return [KVGroup(members[kinds[0]], kinds[0], one_pool)]
     if len(kinds) > 2 or kinds[0] != 0:
