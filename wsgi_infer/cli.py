@@ -48,17 +48,26 @@ def _prepare(args: argparse.Namespace) -> int:
     the crossing points of torch's packed layers (where the kernels do not serve) with each worker's threads. In a
     container image's build, say, so that every start is a later one and the cache may be read-only."""
     import torch
+    from pydantic import ValidationError
 
     from .engine.kernels.build import kernels_library
     from .engine.loop import build_engine
     from .engine.runtime.cpu_budget import cpu_budget
     from .server.model_specs import model_specs
-    from .server.settings import ServerSettings
+    from .server.settings import ServerSettings, named_problems, unknown_variables
 
     _name_models(args)
+    for name, nearest in unknown_variables(os.environ):  # as the server's master says it
+        logging.getLogger("wsgi_infer").warning(
+            "%s is no setting of wsgi-infer, ignored%s", name, f": {nearest}?" if nearest else ""
+        )
+    try:
+        settings = ServerSettings()
+    except ValidationError as exc:  # pydantic's own words spanned lines, naming the field, not its variable
+        raise ValueError("; ".join(named_problems(exc))) from None
     torch.set_num_threads(max(1, cpu_budget().threads // args.workers))  # as each worker will (gunicorn config)
     kernels_library(build=True)
-    for spec in model_specs(ServerSettings()):
+    for spec in model_specs(settings):
         build_engine(spec.settings.engine_config()).close()
     return 0
 

@@ -19,8 +19,9 @@ from ..support.server import GUNICORN, ROOT, GunicornServer
 pytestmark = pytest.mark.slow  # real processes
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "wsgi_infer.cli", *args], capture_output=True, text=True, timeout=300)
+def run_cli(*args: str, **variables: str) -> subprocess.CompletedProcess:
+    command, env = [sys.executable, "-m", "wsgi_infer.cli", *args], {**os.environ, **variables}
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_generate_prints_the_greedy_completion(tiny_model_dirs, tiny_llama):
@@ -73,6 +74,11 @@ def test_serve_with_two_workers_whose_model_cannot_load_exits_with_code_3_and_no
     assert refused.returncode == 2 and "--workers: must be a whole number of at least 1" in refused.stderr
     refused = run_cli("prepare", "--workers", "0")  # a ZeroDivisionError's traceback
     assert refused.returncode == 2 and "--workers: must be a whole number of at least 1" in refused.stderr
+    # prepare says what the master says of settings: pydantic's error for the field spanned lines, and a misspelt
+    # variable was not named
+    refused = run_cli("prepare", WSGI_INFER_BLOCK_SIZE="abc", WSGI_INFER_MAX_NUM_SEQ="4")
+    assert refused.returncode == 2 and "WSGI_INFER_BLOCK_SIZE='abc': Input should be a valid integer" in refused.stderr
+    assert "WSGI_INFER_MAX_NUM_SEQ is no setting of wsgi-infer, ignored: WSGI_INFER_MAX_NUM_SEQS?" in refused.stderr
     for address in ("", "127.0.0.1:99999"):  # it bound 127.0.0.1:8000, unsaid; gunicorn's OverflowError
         refused = run_cli("serve", "--bind", address)
         assert refused.returncode == 2 and "--bind: must be HOST:PORT or unix:PATH" in refused.stderr

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, get_type_hints
 
-from pydantic import Field, create_model, field_validator
+from pydantic import Field, ValidationError, create_model, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ..engine.config import SETTINGS, EngineConfig
@@ -205,3 +205,11 @@ def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]
     known = {f"WSGI_INFER_{name.upper()}" for name in ServerSettings.model_fields} | OTHER_VARIABLES
     unknown = sorted(name for name in environ if name.startswith("WSGI_INFER_") and name not in known)
     return [(name, next(iter(difflib.get_close_matches(name, known, 1)), None)) for name in unknown]
+
+
+def named_problems(exc: ValidationError) -> list[str]:
+    """A settings error, a line per variable at fault: ``WSGI_INFER_NAME=value: what is wrong``."""
+    return [
+        f"{'WSGI_INFER_' + str(e['loc'][0]).upper() if e['loc'] else 'WSGI_INFER_*'}={e.get('input')!r}: {e['msg']}"
+        for e in exc.errors()
+    ]

@@ -22,7 +22,7 @@ from wsgi_infer.server.engine_client.extension import manager_of
 from wsgi_infer.server.gunicorn.owned_dirs import make_owned_dir, remove_abandoned_dirs, remove_owned_dirs
 from wsgi_infer.server.gunicorn.text_files_ahead import start_text_files_ahead
 from wsgi_infer.server.gunicorn.worker import InferenceWorker
-from wsgi_infer.server.settings import ServerSettings, unknown_variables
+from wsgi_infer.server.settings import ServerSettings, named_problems, unknown_variables
 from wsgi_infer.server.tenants.keys import load_keys
 from wsgi_infer.server.tenants.local_store import LocalLimitStore
 
@@ -91,9 +91,8 @@ def _settings_or_exit(server):
                 server.cfg.workers,
             )
     except ValidationError as exc:
-        for error in exc.errors():
-            variable = "WSGI_INFER_" + str(error["loc"][0]).upper() if error["loc"] else "WSGI_INFER_*"
-            server.log.error("%s=%r: %s", variable, error.get("input"), error["msg"])
+        for line in named_problems(exc):
+            server.log.error("%s", line)
     except ValueError as exc:  # a models config's, a setting every model takes, or the keys file's
         server.log.error("%s", exc)
     else:
