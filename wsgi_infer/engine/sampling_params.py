@@ -79,6 +79,7 @@ class InvalidParameter(ValueError):
     def __init__(self, param: str | None, message: str) -> None:
         super().__init__(message)
         self.param = param
+        self.index: int | None = None  # of the prompt at fault, where a request has several
 
 
 # Whitespace between JSON tokens is bounded: free whitespace lets a model loop on newlines forever.

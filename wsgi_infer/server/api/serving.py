@@ -99,8 +99,12 @@ def start(
     with through_the_door(model, len(prompts) * len(params)):
         model.prepare(params)
         prompt_ids = model.encode(prompts, tokens_to_keep(params[0], model.max_model_len))
-        for ids in prompt_ids:  # as the engine would refuse it, but a long prompt costs the engine thread nothing
-            max_tokens_within(len(ids), params[0], model.max_model_len)
+        for index, ids in enumerate(prompt_ids):  # as the engine would, but a long prompt costs its thread nothing
+            try:
+                max_tokens_within(len(ids), params[0], model.max_model_len)
+            except InvalidParameter as exc:
+                exc.index = index  # for a route that names its inputs one by one
+                raise
         ticket = admit_key(model, params, sum(map(len, prompt_ids)))
         continuation: Continuation | None = g.get("continuation")
         generated = continuation.generated(len(prompt_ids) * len(params)) if continuation else None
