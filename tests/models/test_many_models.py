@@ -180,7 +180,11 @@ def test_a_model_that_fails_to_load_fails_alone(models_server):
 
 
 def test_metrics_carry_each_models_name(models_server):
-    """A request to each model moves that model's own series, whatever ran before (alone, the test passes too)."""
+    """A request to each model moves that model's own series, whatever ran before (alone, the test passes too): a
+    stream an earlier test left generates until its heartbeat finds no reader, so every model is idle first."""
+    running = "wsgi_infer:num_requests_running"
+    for name in ("tiny", "smollm2"):
+        wait_until(lambda name=name: models_server.metrics(name).get(running) == 0, f"{name} idle", 60)
     before, usages = httpx.get(f"{models_server.url}/metrics", timeout=10).text, {}
     with models_server.client() as http:
         for name in ("tiny", "smollm2"):

@@ -210,8 +210,8 @@ class LLMEngine:
             found.seq.prompt_logprobs += prompt_logprobs(found.logits, targets, found.seq.params.prompt_logprobs)
         for rows in computed.pooled:
             pool(rows)
-        # max_tokens=0 only reads the prompt: it ends here without sampling.
-        deltas = [self._finish(seq, "length", [], "", None) for seq in computed.sampling if not seq.max_tokens]
+        read = [seq for seq in computed.sampling if not seq.max_tokens]  # max_tokens 0: ends here, not sampled
+        deltas = [self._finish(seq, "stop" if seq.params.pooling else "length", [], "", None) for seq in read]
         rows = [i for i, seq in enumerate(computed.sampling) if seq.max_tokens]
         if rows:
             sampling = [computed.sampling[i] for i in rows]

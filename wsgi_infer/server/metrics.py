@@ -86,6 +86,20 @@ _FAMILIES = {
     "request_queue_time": _histogram(
         "request_queue_time_seconds", "Time a request waited before its first step", _LATENCY_BUCKETS
     ),
+    "request_prefill_time": _histogram(
+        "request_prefill_time_seconds", "Time to first token less the queue time", _LATENCY_BUCKETS
+    ),
+    "request_decode_time": _histogram(
+        "request_decode_time_seconds", "Time from a request's first token to its last", _LATENCY_BUCKETS
+    ),
+    "request_inference_time": _histogram(
+        "request_inference_time_seconds", "Prefill and decode time of a request", _LATENCY_BUCKETS
+    ),
+    "request_time_per_output_token": _histogram(
+        "request_time_per_output_token_seconds",
+        "A request's decode time over its tokens after the first",
+        _LATENCY_BUCKETS,
+    ),
     "request_prompt_tokens": _histogram("request_prompt_tokens", "Prompt tokens per finished request", _TOKEN_BUCKETS),
     "request_generation_tokens": _histogram(
         "request_generation_tokens", "Generated tokens per finished request", _TOKEN_BUCKETS
@@ -132,6 +146,7 @@ _STREAMS_CONTINUED = _counter(
     ("outcome",),
 )
 _REQUEST_SUCCESS = _counter("request_success", "Finished requests", ("finished_reason",))
+FINISHED_REASONS = ("stop", "length", "abort", "error")  # each series there from the start, at 0, as vLLM's are
 # Per API key, by its id (a keys-file table's name, or a hash's first digits: never the key).
 _KEY_COUNTERS = {
     "requests": _counter("key_requests", "A key's requests admitted", ("key",)),
@@ -150,6 +165,8 @@ class ModelMetrics:
     def __init__(self, model_name: str) -> None:
         self._model_name = model_name
         self._series = {name: family.labels(model_name) for name, family in _FAMILIES.items()}
+        for reason in FINISHED_REASONS:
+            self.request_success(reason)
 
     def __getattr__(self, name: str):
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...engine.messages import Aborted, Accepted, Admitted, StepDone
@@ -36,6 +37,15 @@ CUMULATIVE = {
 }
 
 
+@dataclass
+class _ChoiceTimes:
+    """A choice's times on the hub's clock, for vLLM's per-request histograms."""
+
+    first_token_at: float
+    last_token_at: float
+    queue_seconds: float  # the engine's, from its add_request to the choice's first step
+
+
 class StreamRouter:
     """``metrics_of`` gives a served model's metrics, by its name."""
 
@@ -45,7 +55,7 @@ class StreamRouter:
         self._metrics_of = metrics_of
         self._targets: dict[str, tuple[RequestStream, int]] = {}  # engine request id -> (stream, choice index)
         self._submitted: dict[str, RequestStream] = {}  # stream key -> stream, until the engine admits it
-        self._last_token_at: dict[str, float] = {}
+        self._times: dict[str, _ChoiceTimes] = {}  # engine request id -> its times, from its first token
         self._handlers: dict[type, Callable[[Any], None]] = {
             StepDone: self._on_step,
             Admitted: self._on_admitted,
@@ -68,7 +78,7 @@ class StreamRouter:
         self._submitted.pop(stream.key, None)
         for choice_id in stream.choice_ids:
             self._targets.pop(choice_id, None)
-            self._last_token_at.pop(choice_id, None)
+            self._times.pop(choice_id, None)
 
     @property
     def streams(self) -> list[RequestStream]:
@@ -91,8 +101,8 @@ class StreamRouter:
     def _on_admitted(self, event: Admitted) -> None:
         stream = self._submitted.pop(event.key, None)
         if stream is not None:  # else released (or ended) while the engine admitted it
-            if isinstance(event.outcome, Accepted):
-                self._metrics_of(stream.model).prompt_tokens.inc(event.outcome.prompt_tokens)
+            if isinstance(event.outcome, Accepted):  # each choice's, as vLLM runs each as a request of its own
+                self._metrics_of(stream.model).prompt_tokens.inc(event.outcome.prompt_tokens * stream.num_choices)
             stream.push(event.outcome)
 
     def _on_aborted(self, event: Aborted) -> None:
@@ -146,18 +156,31 @@ class StreamRouter:
 
     def _record_delta(self, stream: RequestStream, delta: RequestDelta, now: float) -> None:
         m = self._metrics_of(stream.model)
-        previous = self._last_token_at.get(delta.request_id)
-        if previous is None:
+        times = self._times.get(delta.request_id)
+        if times is None:
             m.time_to_first_token.observe(now - stream.created)
-        else:
-            m.inter_token_latency.observe(now - previous)
-        if delta.queue_seconds is not None:
-            m.request_queue_time.observe(delta.queue_seconds)
-        self._last_token_at[delta.request_id] = now
+            if delta.queue_seconds is not None:
+                m.request_queue_time.observe(delta.queue_seconds)
+            times = self._times[delta.request_id] = _ChoiceTimes(now, now, delta.queue_seconds or 0.0)
+        else:  # once per step, however many tokens it brought (a draft's), as vLLM observes it
+            m.inter_token_latency.observe(now - times.last_token_at)
+            times.last_token_at = now
         m.generation_tokens.inc(len(delta.token_ids))
         if delta.finish_reason is not None:
-            m.request_success(delta.finish_reason).inc()
-            m.request_prompt_tokens.observe(delta.num_prompt_tokens)
-            m.request_generation_tokens.observe(delta.num_output_tokens)
-            if len(stream.finish_reasons) + 1 == stream.num_choices:
-                m.e2e_request_latency.observe(now - stream.created)
+            self._record_finish(m, stream, delta, times, now)
+
+    def _record_finish(
+        self, m: ModelMetrics, stream: RequestStream, delta: RequestDelta, times: _ChoiceTimes, now: float
+    ) -> None:
+        """A finished choice's histograms: each choice is a request, as vLLM runs each of ``n`` as one."""
+        m.request_success(delta.finish_reason).inc()
+        m.request_prompt_tokens.observe(delta.num_prompt_tokens)
+        m.request_generation_tokens.observe(delta.num_output_tokens)
+        m.e2e_request_latency.observe(now - stream.created)
+        prefill = max(times.first_token_at - stream.created - times.queue_seconds, 0.0)
+        decode = now - times.first_token_at
+        m.request_prefill_time.observe(prefill)
+        m.request_decode_time.observe(decode)
+        m.request_inference_time.observe(prefill + decode)
+        if delta.num_output_tokens > 1:
+            m.request_time_per_output_token.observe(decode / (delta.num_output_tokens - 1))
