@@ -14,6 +14,9 @@ from wsgi_infer.server.api.responses.schemas import input_messages
 
 from .weather_tool import ASK, TOOLS
 
+PARAMETERS = "tools.0.function.parameters"
+BAD_PROPERTY = {"type": "object", "properties": {"x": {"type": "strin"}}}  # refused by the grammar's compiler
+
 
 @pytest.mark.parametrize(
     ("fields", "param"),
@@ -23,7 +26,10 @@ from .weather_tool import ASK, TOOLS
         ({"tools": TOOLS, "logprobs": True}, "logprobs"),
         ({"tools": TOOLS, "structured_outputs": {"regex": "a"}}, "tool_choice"),
         ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}]}, PARAMETERS),
+        # not an object: the call's parser read past a number's end into the markup (arguments '1}\n</tool_call>')
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "integer"}}}]}, PARAMETERS),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": BAD_PROPERTY}}]}, "tools"),
         (
             {
                 "messages": [

@@ -50,6 +50,14 @@ def test_the_grammar_allows_exactly_valid_calls(tiny_llama, mode, parallel, text
     assert accepts(engine.grammars, engine.tokenizer, plan.constraint(), text) is accepted
 
 
+def test_parameters_without_a_type_are_an_objects(tiny_llama):
+    """As a call's arguments are: a schema of properties alone let the model write a number, which the parser read
+    past into the call's closing markup."""
+    engine, plan = tiny_llama.engine, ToolPlan([{"name": "f", "parameters": {"minimum": 0}}], "required", False)
+    assert accepts(engine.grammars, engine.tokenizer, plan.constraint(), call_text("f", '{"x":1}'))
+    assert not accepts(engine.grammars, engine.tokenizer, plan.constraint(), call_text("f", "1"))
+
+
 @pytest.mark.parametrize("piece", [1, 2, 3, 7, 1000])
 def test_any_cut_of_the_text_gives_the_same_calls_and_arguments_one_entry_per_call(piece):
     parser, streamed = ToolCallParser(), {}

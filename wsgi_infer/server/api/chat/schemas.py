@@ -4,9 +4,9 @@ the chat template (tool traffic as text where the template knows no tools)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, StrictBool, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, StrictBool, ValidationInfo, field_validator, model_validator
 
 from ....engine.sampling_params import StructuredOutput
 from ...errors import APIError
@@ -20,10 +20,22 @@ from .tools import ToolPlan, broken_tool_turn, call_text
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
+def _object_schema(schema: dict | None) -> dict | None:
+    """A function's parameters: an object's schema, as OpenAI's rule has it (a call's arguments are an object)."""
+    if schema and schema.get("type", "object") != "object":
+        raise ValueError(f'must be a JSON Schema of type "object", not {json.dumps(schema["type"])}')
+    return schema
+
+
+ObjectSchema = Annotated[dict, AfterValidator(_object_schema)]
+ParametersSchema = ObjectSchema | None
+FUNCTION_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
 class FunctionDefinition(Request):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
-    parameters: dict | None = None
+    parameters: ParametersSchema = None
     strict: StrictBool | None = None
 
 

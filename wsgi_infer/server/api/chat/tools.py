@@ -73,7 +73,7 @@ class ToolPlan:
 
 
 def _schema(function: dict) -> str:
-    parameters = function.get("parameters") or {"type": "object"}
+    parameters = {"type": "object", **(function.get("parameters") or {})}  # an object where no type is given
     return json.dumps({**parameters, "x-guidance": _COMPACT}, ensure_ascii=False)
 
 

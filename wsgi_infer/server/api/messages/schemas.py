@@ -12,7 +12,8 @@ from ...errors import APIError
 from ..bodies.parsing import Request, parse
 from ..bodies.refused import MESSAGES
 from ..bodies.schemas import MAX_STOP_SEQUENCES, engine_field
-from ..chat.schemas import ChatCompletionRequest
+from ..chat.schemas import FUNCTION_NAME, ChatCompletionRequest, ObjectSchema
+from .blocks import MessageParam, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock, check_tool_turn
 
 # The chat completion's fields beyond Anthropic's that this route takes too, under the same names.
 EXTENSIONS = (
@@ -27,71 +28,10 @@ EXTENSIONS = (
 )
 
 
-class TextBlock(Request):
-    type: Literal["text"]
-    text: str
-
-
-class ToolUseBlock(Request):
-    type: Literal["tool_use"]
-    id: str
-    name: str
-    input: dict
-
-
-class ToolResultBlock(Request):
-    type: Literal["tool_result"]
-    tool_use_id: str
-    content: str | list[TextBlock] = ""
-    is_error: StrictBool = False
-
-    @property
-    def text(self) -> str:
-        text = self.content if isinstance(self.content, str) else "\n".join(b.text for b in self.content)
-        return f"Error: {text}" if self.is_error else text
-
-
-class ThinkingBlock(Request):
-    """An earlier turn's thought: its message's reasoning_content, which templates that render past thoughts show
-    (Qwen3's, between tool calls) and others drop."""
-
-    type: Literal["thinking"]
-    thinking: str
-    signature: str | None = None
-
-
-# Which blocks each role may send. A redacted thought holds no text: dropped.
-BLOCKS: dict[str, dict[str, type[Request] | None]] = {
-    "user": {"text": TextBlock, "tool_result": ToolResultBlock},
-    "assistant": {"text": TextBlock, "tool_use": ToolUseBlock, "thinking": ThinkingBlock, "redacted_thinking": None},
-}
-
-
-class MessageParam(Request):
-    role: Literal["user", "assistant"]
-    content: str | list[dict]
-
-    def blocks(self, where: str) -> list[Request]:
-        """The content as typed blocks; a 400 naming the block for a type we do not take."""
-        if isinstance(self.content, str):
-            return [TextBlock(type="text", text=self.content)]
-        blocks = []
-        for i, block in enumerate(self.content):
-            kind = block.get("type")
-            if not isinstance(kind, str) or kind not in BLOCKS[self.role]:  # a list or an object is no key
-                raise APIError(f"{self.role} content blocks of type {kind!r} are not supported", param=f"{where}.{i}")
-            if (schema := BLOCKS[self.role][kind]) is not None:
-                try:
-                    blocks.append(schema.model_validate(block))
-                except ValidationError as exc:
-                    raise APIError(f"{where}.{i}: {exc.errors()[0]['msg']}", param=f"{where}.{i}") from None
-        return blocks
-
-
 class ToolParam(Request):
-    name: str
+    name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
-    input_schema: dict
+    input_schema: ObjectSchema
     type: Literal["custom"] | None = None
 
 
@@ -127,7 +67,7 @@ class MessagesRequest(Request):
     messages: list[MessageParam] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
     stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
-    temperature: float | None = engine_field("temperature")
+    temperature: float | None = Field(None, ge=0, le=1)  # Anthropic's range
     top_p: float | None = engine_field("top_p")
     top_k: int | None = engine_field("top_k")
     stream: StrictBool = False
@@ -147,6 +87,10 @@ class MessagesRequest(Request):
         messages = self._messages()
         # an assistant's text last is a prefill, which the reply continues (Anthropic's rule)
         prefill = messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
+        if prefill and (messages[-1]["content"] or "").rstrip() != (messages[-1]["content"] or ""):
+            last = f"messages.{len(self.messages) - 1}"  # Anthropic's rule: its tokens would end in a lone space
+            why = "final assistant content cannot end with trailing whitespace"
+            raise APIError(f"{last}: {why}", param=f"{last}.content")
         body: dict[str, Any] = {
             **(extensions or {}),
             **self.given(("model", "max_tokens", "temperature", "top_p", "top_k", "stream")),
@@ -185,7 +129,7 @@ class MessagesRequest(Request):
             texts, calls, thoughts = [], [], []
             blocks = message.blocks(f"messages.{i}.content")
             joined = i > 0 and self.messages[i - 1].role == message.role  # one turn with the message before
-            _check_tool_turn(i, blocks, set() if joined else asked)
+            check_tool_turn(i, blocks, set() if joined else asked)
             for block in blocks:
                 if isinstance(block, ThinkingBlock):
                     thoughts.append(block.thinking)
@@ -252,32 +196,6 @@ def _add_turn(messages: list[dict], entry: dict) -> None:
     for field in ("tool_calls", "reasoning_content"):
         if field in entry:
             last[field] = last.get(field, type(entry[field])()) + entry[field]
-
-
-def _check_tool_turn(i: int, blocks: list, asked: set[str]) -> None:
-    """Anthropic's rules for message ``i`` of a conversation, ``asked`` the tool uses of the one before (in its
-    words): its tool_result blocks come first, each answers one of them, and every one of them is answered."""
-    results = [j for j, block in enumerate(blocks) if isinstance(block, ToolResultBlock)]
-    for j in results:
-        if blocks[j].tool_use_id not in asked:
-            raise APIError(
-                f"messages.{i}.content.{j}: unexpected tool_use_id found in tool_result blocks: "
-                f"{blocks[j].tool_use_id}. Each tool_result block must have a corresponding tool_use block in the "
-                "previous message.",
-                param=f"messages.{i}.content.{j}.tool_use_id",
-            )
-    if results != list(range(len(results))):
-        raise APIError(
-            f"messages.{i}.content: tool_result blocks must come first in the content, before any other block",
-            param=f"messages.{i}.content",
-        )
-    if unanswered := asked - {blocks[j].tool_use_id for j in results}:
-        raise APIError(
-            f"messages.{i - 1}: `tool_use` ids were found without `tool_result` blocks immediately after: "
-            f"{', '.join(sorted(unanswered))}. Each `tool_use` block must have a corresponding `tool_result` block "
-            "in the next message.",
-            param=f"messages.{i}.content",
-        )
 
 
 class CountTokensRequest(MessagesRequest):

@@ -11,7 +11,7 @@ from ...errors import APIError
 from ..bodies.parsing import Request, parse
 from ..bodies.refused import RESPONSES, RESPONSES_NESTED
 from ..bodies.schemas import engine_field
-from ..chat.schemas import ChatCompletionRequest, ReasoningEffort
+from ..chat.schemas import ChatCompletionRequest, ParametersSchema, ReasoningEffort
 
 INCLUDABLE = ("reasoning.encrypted_content",)  # asked by stateless clients; our reasoning items need no encryption
 
@@ -133,7 +133,7 @@ class FunctionTool(Request):
     type: Literal["function"]
     name: str
     description: str | None = None
-    parameters: dict | None = None
+    parameters: ParametersSchema = None
     strict: StrictBool | None = None
 
 

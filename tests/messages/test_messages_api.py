@@ -183,55 +183,6 @@ def test_count_tokens_is_the_prompt_a_message_reads(claude, model, tiny_api):
     assert len({claude.messages.count_tokens(model=model, messages=m).input_tokens for m in (apart, together)}) == 1
 
 
-# Conversations with no message to answer (each was a 500) and a user message with no content, which Anthropic refuses
-# (with a system prompt, it was dropped and the reply read the system prompt alone).
-EMPTY = [
-    {"messages": [{"role": "user", "content": []}]},
-    {"messages": [{"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]}]},
-    {"messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": "Hm."}]}]},
-    {"system": [], "messages": [{"role": "user", "content": []}]},
-    {"system": SYSTEM, "messages": [{"role": "user", "content": []}]},
-]
-
-
-@pytest.mark.parametrize(
-    ("change", "status", "kind", "names"),
-    [
-        *((change, 400, None, "messages") for change in EMPTY),
-        ({"max_tokens": 0}, 400, None, "max_tokens"),  # at least 1, as Anthropic's API has it: it was an empty 200
-        ({"output_config": {"effort": "most"}}, 400, None, "effort"),  # not one of Anthropic's: it was ignored
-        ({"thinking": {"type": "adaptive", "display": "none"}}, 400, None, "display"),
-        ({"stop_sequences": [""]}, 400, None, "stop_sequences"),  # it named the chat completion's stop
-        ({"max_tokens": None}, 400, "invalid_request_error", "max_tokens"),
-        ({"model": None}, 400, "invalid_request_error", "model"),  # required, as Anthropic's API has it
-        ({"model": "claude-sonnet-4-5"}, 404, "not_found_error", "claude-sonnet-4-5"),
-        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400, None, "'image'"),
-        ({"messages": [{"role": "user", "content": [{"type": {}}]}]}, 400, None, "type {}"),  # it was a 500
-        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, None, "built-in tools"),
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, None, "thinking budgets"),
-        ({"tool_choice": {"type": "tool"}}, 400, None, "needs a name"),
-        ({"mcp_servers": [{"type": "url", "url": "http://x"}]}, 400, None, "MCP"),
-        ({"container": "container_011"}, 400, None, "code execution containers"),
-        ({"temperature": -1}, 400, None, "temperature"),
-    ],
-)
-def test_bad_requests_get_anthropic_shaped_errors(tiny_api, model, change, status, kind, names):
-    body = {"model": model, "messages": ASK, "max_tokens": 4, **change}
-    with tiny_api.client() as http:
-        reply = http.post("/v1/messages", json={k: v for k, v in body.items() if v is not None})
-    assert reply.status_code == status
-    error = reply.json()
-    assert error["type"] == "error" and names in error["error"]["message"]
-    assert error["error"]["type"] == (kind or "invalid_request_error")
-
-
-@pytest.mark.parametrize("body", EMPTY)
-def test_count_tokens_refuses_a_conversation_with_nothing_to_count(tiny_api, model, body):
-    with tiny_api.client() as http:
-        reply = http.post("/v1/messages/count_tokens", json={"model": model, **body})
-    assert reply.status_code == 400 and "messages" in reply.json()["error"]["message"]
-
-
 def test_the_sdk_raises_the_errors_it_knows(claude, model):
     import anthropic
 
