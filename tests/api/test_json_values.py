@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from wsgi_infer.engine.sampling_params import InvalidParameter, SamplingParams
 from wsgi_infer.server.request_json import MAX_DEPTH
 
 from .weather_tool import ASK
@@ -126,3 +127,23 @@ def test_stream_options_without_stream_is_a_400_as_openai_answers(tiny_api):
         response = http.post("/v1/completions", json=body)
         assert response.status_code == 400 and response.json()["error"]["param"] == "stream_options", response.text
         assert http.post("/v1/completions", json={**body, "stream": True}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "says"),
+    [
+        ({"seed": 2**63}, "seed", "less than or equal to 9223372036854775807"),  # it was 0's generator, as 2**64's
+        ({"seed": -(2**63) - 1}, "seed", "greater than or equal to -9223372036854775808"),
+        ({"logit_bias": {"-1": 1}}, "logit_bias.-1", "token ids are at least 0"),  # it said "a valid integer"
+    ],
+)
+def test_values_past_a_fields_range_are_refused_by_its_bounds(tiny_api, fields, param, says):
+    with tiny_api.client() as http:
+        response = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, **fields})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == param and says in error["message"], error
+        top = {"prompt": "Hi", "max_tokens": 2, "seed": 2**63 - 1, "n": 2}  # the second choice's seed wraps round
+        assert http.post("/v1/completions", json=top).status_code == 200
+    with pytest.raises(InvalidParameter, match="seed"):
+        SamplingParams(seed=2**64)

@@ -46,6 +46,13 @@ def bad_requests(http: httpx.Client, limit: int) -> None:
         param="max_tokens",
         contains=f"max_tokens ({limit}) exceeds the context window of {limit}",
     )
+    too_long = assert_error(  # no max_tokens sent: it named one, negative (the room left)
+        http.post("/v1/completions", json={"prompt": [1] * (limit + 1), "max_tokens": None}),
+        400,
+        param="prompt",
+        contains=f"prompt ({limit + 1} tokens) leaves no room to generate in the context window of {limit} tokens",
+    )
+    assert too_long["code"] == "context_length_exceeded"
     assert_error(http.post("/v1/completions", json={"prompt": "hi", "temperature": 5}), 400, param="temperature")
     assert_error(http.post("/v1/completions", json={"prompt": "hi", "n": 0}), 400, param="n")
     assert_error(http.post("/v1/completions", json={}), 400, param="prompt")

@@ -53,6 +53,7 @@ RANGES = {
     "logprobs": Range(0, MAX_LOGPROBS),
     "prompt_logprobs": Range(0, MAX_LOGPROBS),
     "priority": Range(-(2**31), 2**31 - 1),
+    "seed": Range(-(2**63), 2**63 - 1),  # vLLM's: a 64-bit integer (beyond, two seeds were one generator's)
     "truncate_prompt_tokens": Range(-1),  # -1: the context window's; 0 refused
     "tenant_weight": Range(0.0, 1e6, low_open=True),
 }
@@ -76,9 +77,10 @@ CONTAINERS = {
 class InvalidParameter(ValueError):
     """A field with a bad value; ``param`` names it (where it is known), so an API can point at it."""
 
-    def __init__(self, param: str | None, message: str) -> None:
+    def __init__(self, param: str | None, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code  # OpenAI's, where it has one for the case
         self.index: int | None = None  # of the prompt at fault, where a request has several
 
 
@@ -90,9 +92,8 @@ JSON_WHITESPACE = r"[ \n]{0,16}"
 class StructuredOutput:
     """A constraint on a choice's text, compiled by ``engine.sampling.grammar``.
 
-    ``json``: a JSON Schema (dict or JSON text); ``regex``: a regular expression;
-    ``choice``: one of a list of strings; ``grammar``: a Lark grammar (GBNF is
-    converted; a Lark grammar may embed a schema with ``%json {...}``).
+    ``json``: a JSON Schema (dict or JSON text); ``regex``: a regular expression; ``choice``: one of a list of
+    strings; ``grammar``: a Lark grammar (GBNF is converted; a Lark grammar may embed a schema with ``%json {...}``).
     """
 
     kind: Literal["json", "regex", "choice", "grammar"]
@@ -272,10 +273,11 @@ def max_tokens_within(prompt_len: int, params: SamplingParams, max_model_len: in
     max_tokens, room = params.max_tokens, max_model_len - prompt_len
     resolved = max_tokens if max_tokens is not None else room
     if room < 0 or resolved > room or (room == 0 and max_tokens is None):
+        fault = f"+ max_tokens ({max_tokens}) exceeds" if max_tokens is not None else "leaves no room to generate in"
         raise InvalidParameter(
             "max_tokens" if max_tokens is not None and room >= 0 else "prompt",
-            f"prompt ({prompt_len} tokens) + max_tokens ({resolved}) exceeds the context window "
-            f"of {max_model_len} tokens",
+            f"prompt ({prompt_len} tokens) {fault} the context window of {max_model_len} tokens",
+            code="context_length_exceeded",
         )
     if params.min_tokens > resolved:
         raise InvalidParameter(

@@ -83,7 +83,9 @@ def _render(error: APIError):
 
 def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(APIError, _render)
-    app.register_error_handler(InvalidParameter, lambda exc: _render(APIError(str(exc), 400, param=exc.param)))
+    app.register_error_handler(
+        InvalidParameter, lambda exc: _render(APIError(str(exc), 400, param=exc.param, code=exc.code))
+    )
     # nginx's status for a request its client closed: no one reads it, but the access log tells
     app.register_error_handler(ClientGone, lambda _exc: ("", 499))
 

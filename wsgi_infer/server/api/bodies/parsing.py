@@ -117,7 +117,7 @@ def fields_as_sent(names: Mapping[str, str]) -> Iterator[None]:
     try:
         yield
     except (APIError, InvalidParameter) as exc:
-        error = exc if isinstance(exc, APIError) else APIError(str(exc), 400, param=exc.param)
+        error = exc if isinstance(exc, APIError) else APIError(str(exc), 400, param=exc.param, code=exc.code)
         field = (error.param or "").split(".")[0]
         if field not in names:
             raise

@@ -35,6 +35,8 @@ def _token_id_key(key: Any) -> Any:
     "5_0" or " 5" would be another spelling pydantic's lax int takes)."""
     if isinstance(key, str) and key.isascii() and key.isdigit() and (key == "0" or not key.startswith("0")):
         return int(key)
+    if isinstance(key, str) and key.startswith("-") and key[1:].isascii() and key[1:].isdigit():
+        raise ValueError("token ids are at least 0")  # not "a valid integer", which it is
     return key  # a string the strict int refuses
 
 
@@ -99,7 +101,7 @@ class SamplingRequest(ConstraintFields):
     min_p: float | None = engine_field("min_p")
     n: int = Field(1, ge=1, le=MAX_CHOICES)
     stop: StopStrings = None
-    seed: int | None = None
+    seed: int | None = engine_field("seed")
     presence_penalty: float | None = engine_field("presence_penalty")
     frequency_penalty: float | None = engine_field("frequency_penalty")
     repetition_penalty: float | None = engine_field("repetition_penalty")
@@ -150,7 +152,7 @@ class SamplingRequest(ConstraintFields):
         return [
             SamplingParams(
                 **given,
-                seed=None if self.seed is None else self.seed + j,
+                seed=None if self.seed is None else (self.seed + j + 2**63) % 2**64 - 2**63,  # within the range
                 ignore_eos=self.ignore_eos,
                 priority=self.priority,
                 cache_salt=self.cache_salt or "",
@@ -235,7 +237,7 @@ class GenerateRequest(Request):
     temperature: float | None = engine_field("temperature")
     top_k: int | None = engine_field("top_k")
     top_p: float | None = engine_field("top_p")
-    seed: int | None = None
+    seed: int | None = engine_field("seed")
     stop: StopStrings = None
     ignore_eos: StrictBool = False
     stream: StrictBool = False
