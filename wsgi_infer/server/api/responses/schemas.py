@@ -3,15 +3,17 @@ path from any API's request to the engine's SamplingParams."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, ValidationError
+from pydantic import Field, StrictBool, ValidationError, model_validator
 
 from ...errors import APIError
 from ..bodies.parsing import Request, parse
 from ..bodies.refused import RESPONSES, RESPONSES_NESTED
 from ..bodies.schemas import engine_field
 from ..chat.schemas import ChatCompletionRequest, ParametersSchema, ReasoningEffort
+from ..chat.tools import broken_tool_turn
 
 INCLUDABLE = ("reasoning.encrypted_content",)  # asked by stateless clients; our reasoning items need no encryption
 
@@ -21,8 +23,8 @@ class InputMessage(Request):
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[dict]
 
-    def text(self, where: str) -> str:
-        return content_text(self.content, ("input_text", "output_text", "text"), f"{where}.content")
+    def text(self, where: str) -> str:  # an earlier reply's refusal is its text, as chat reads it
+        return content_text(self.content, ("input_text", "output_text", "text", "refusal"), f"{where}.content")
 
 
 class FunctionCallItem(Request):
@@ -31,6 +33,16 @@ class FunctionCallItem(Request):
     name: str
     arguments: str
     status: str | None = None  # "incomplete": cut by the length limit, its arguments unfinished
+
+    @model_validator(mode="after")
+    def _json_arguments(self) -> FunctionCallItem:
+        """A complete call's arguments are JSON, as a template reads them (a ValueError is a 400 naming the item)."""
+        if self.status != "incomplete":  # an incomplete call is dropped, its arguments cut anywhere
+            try:
+                json.loads(self.arguments)
+            except ValueError as exc:
+                raise ValueError(f"arguments must be JSON text ({exc})") from None
+        return self
 
 
 class FunctionCallOutputItem(Request):
@@ -65,12 +77,15 @@ def content_text(content: str | list[dict], kinds: tuple[str, ...], where: str) 
     """Text parts joined; a 400 naming the part for any other kind (images, files, audio)."""
     if isinstance(content, str):
         return content
+    texts = []
     for j, part in enumerate(content):
         if part.get("type") not in kinds:
             raise APIError(f"content parts of type {part.get('type')!r} are not supported", param=f"{where}.{j}")
-        if not isinstance(part.get("text"), str):
-            raise APIError(f"{where}.{j}.text must be a string", param=f"{where}.{j}.text")
-    return "\n".join(part["text"] for part in content)
+        key = "refusal" if part["type"] == "refusal" else "text"
+        if not isinstance(part.get(key), str):
+            raise APIError(f"{where}.{j}.{key} must be a string", param=f"{where}.{j}.{key}")
+        texts.append(part[key])
+    return "\n".join(texts)
 
 
 def input_messages(items: str | list[dict]) -> list[dict]:
@@ -124,9 +139,17 @@ def unmatched_call(conversation: list[dict]) -> str | None:
         if message["role"] == "tool":
             if message["tool_call_id"] not in called:
                 return f"No tool call found for function call output with call_id {message['tool_call_id']}."
+            if message["tool_call_id"] in answered:
+                return f"Duplicate function call output for call_id {message['tool_call_id']}."
             answered.add(message["tool_call_id"])
     unanswered = [call_id for call_id in called if call_id not in answered]
-    return f"No tool output found for function call {unanswered[0]}." if unanswered else None
+    if unanswered:
+        return f"No tool output found for function call {unanswered[0]}."
+    if (broken := broken_tool_turn(conversation)) is not None:  # the calls' outputs with a message between
+        at = conversation[broken[0]]
+        ids = [at["tool_call_id"]] if at["role"] == "tool" else [call["id"] for call in at["tool_calls"]]
+        return f"Function call outputs must follow their function calls, no message between: call_id {', '.join(ids)}."
+    return None
 
 
 class FunctionTool(Request):
