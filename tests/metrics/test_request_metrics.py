@@ -16,7 +16,8 @@ def grown(before: dict[str, float], after: dict[str, float], name: str) -> float
 
 def successes(server) -> dict[str, float]:
     with server.client() as http:
-        samples = labelled_samples(http.get("/metrics").text, "wsgi_infer:request_success_total")
+        text, model = http.get("/metrics").text, server.manager.model_name  # this process may serve others
+        samples = labelled_samples(text, "wsgi_infer:request_success_total", model)
     return {dict(labels)["finished_reason"]: value for labels, value in samples.items()}
 
 
