@@ -51,6 +51,7 @@ LAYERS = (
         "wsgi_infer.server.errors",
         "wsgi_infer.server.request_json",
         "wsgi_infer.server.metrics",
+        "wsgi_infer.server.master_reads",
         "wsgi_infer.server.settings",
         "wsgi_infer.server.model_specs",
     ),

@@ -243,3 +243,13 @@ def test_a_sighup_reads_the_changed_keys_file(tiny_model_dirs, tmp_path):
         server.wait_booted(after=after)
         server.wait_for_log(rf"\[{old_worker}\] \[INFO\] Worker exiting")
         assert fresh("new-secret") == 200 and fresh("free-secret") == 401
+        # An edit that breaks the file: one line says why, the new worker keeps the keys read before (every new
+        # worker failed to boot on it, and gunicorn stopped the server: exit 3).
+        (tmp_path / "keys.toml").write_text('[keys.new\nkey = "new-secret"\n')
+        worker, after = server.worker_pids()[0], len(server.lines)
+        server.process.send_signal(signal.SIGHUP)
+        kept = r"\[ERROR\] keys file .*keys\.toml.*; the new workers keep what was read before"
+        server.wait_for_log(kept, after=after)
+        server.wait_booted(after=after)
+        server.wait_for_log(rf"\[{worker}\] \[INFO\] Worker exiting", after=after)
+        assert server.process.poll() is None and fresh("new-secret") == 200 and fresh("free-secret") == 401

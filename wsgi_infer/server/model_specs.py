@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine.loading.model_paths import is_embedding_model, model_name, model_path
+from .master_reads import as_the_master_read
 from .settings import ServerSettings, toml_tables
 
 # The settings a model may have of its own (each also a global one, its default).
@@ -62,7 +63,13 @@ class ModelSpec:
 
 
 def model_specs(settings: ServerSettings) -> list[ModelSpec]:
-    """Every model the settings name, the default first; raises ModelsConfigError."""
+    """Every model the settings name, the default first, as the master read them (``master_reads``); raises
+    ModelsConfigError."""
+    return as_the_master_read("models", settings.model_dump_json(), lambda: read_model_specs(settings))
+
+
+def read_model_specs(settings: ServerSettings) -> list[ModelSpec]:
+    """Every model the settings name, the default first, the models config read now; raises ModelsConfigError."""
     tables = _tables(settings.models_config)
     paths = _paths(settings, any("path" in table for table in tables.values()))
     names = [model_name(p) for p in paths]

@@ -22,8 +22,9 @@ from wsgi_infer.server.engine_client.extension import manager_of
 from wsgi_infer.server.gunicorn.owned_dirs import make_owned_dir, remove_abandoned_dirs, remove_owned_dirs
 from wsgi_infer.server.gunicorn.text_files_ahead import start_text_files_ahead
 from wsgi_infer.server.gunicorn.worker import InferenceWorker
+from wsgi_infer.server.master_reads import read_for_workers
 from wsgi_infer.server.settings import ServerSettings, named_problems, unknown_variables
-from wsgi_infer.server.tenants.keys import load_keys
+from wsgi_infer.server.tenants.keys import read_keys
 from wsgi_infer.server.tenants.local_store import LocalLimitStore
 
 # Read in the master before any worker exists (and before torch is imported anywhere).
@@ -71,15 +72,12 @@ def _settings_or_exit(server):
     """The settings, checked before any worker imports torch: a bad one is a line naming its variable, and gunicorn's
     boot-error exit, where each worker printed pydantic's traceback seconds later, naming the field. A variable that
     is no setting is named too (a misspelt one was ignored without a word)."""
-    from wsgi_infer.server.model_specs import model_specs  # here, as text_files_ahead does: the master's imports
-
     for name, nearest in unknown_variables(os.environ):
         server.log.warning("%s is no setting of wsgi-infer, ignored%s", name, f": {nearest}?" if nearest else "")
     try:
         _check_gunicorn_flags(server)
         settings = ServerSettings()
-        model_specs(settings)
-        keys = load_keys(settings.api_keys, settings.keys_file)  # else each worker's traceback, once it imported torch
+        keys = _read_for_workers(settings)  # else each worker's traceback, once it imported torch
         if settings.api_key is not None and not settings.api_keys:
             server.log.warning("WSGI_INFER_API_KEY is set but holds no key: the API is open to anyone")
         if settings.protect_ops and not keys:
@@ -99,6 +97,24 @@ def _settings_or_exit(server):
         return
     remove_owned_dirs()
     sys.exit(Arbiter.WORKER_BOOT_ERROR)
+
+
+def _read_for_workers(settings: ServerSettings) -> list:
+    """The models and keys the settings' files give, read for the workers to come (``master_reads``); the keys."""
+    from wsgi_infer.server.model_specs import read_model_specs  # here, as text_files_ahead does: the master's imports
+
+    read_for_workers("models", settings.model_dump_json(), lambda: read_model_specs(settings))
+    key_inputs = (tuple(settings.api_keys), settings.keys_file)
+    return read_for_workers("keys", key_inputs, lambda: read_keys(settings.api_keys, settings.keys_file))
+
+
+def on_reload(server):
+    """In the master, on SIGHUP, before the new workers fork: the keys file and the models config read again. Where
+    an edit broke one, one line says why, and the new workers keep what was read before."""
+    try:
+        _read_for_workers(ServerSettings())
+    except ValueError as exc:  # pydantic's ValidationError is one
+        server.log.error("%s; the new workers keep what was read before: fix it, then reload again", exc)
 
 
 def _check_gunicorn_flags(server) -> None:

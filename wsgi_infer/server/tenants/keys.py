@@ -11,6 +11,7 @@ import hashlib
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..master_reads import as_the_master_read
 from ..settings import toml_tables
 
 
@@ -65,7 +66,13 @@ class KeyPolicy(KeyLimits):
 
 
 def load_keys(api_keys: list[str], keys_file: str | None) -> list[KeyPolicy]:
-    """Every key the settings give; raises KeysConfigError naming the file and the table."""
+    """Every key the settings give, as the master read them (``master_reads``); raises KeysConfigError naming the
+    file and the table."""
+    return as_the_master_read("keys", (tuple(api_keys), keys_file), lambda: read_keys(api_keys, keys_file))
+
+
+def read_keys(api_keys: list[str], keys_file: str | None) -> list[KeyPolicy]:
+    """Every key the settings give, the keys file read now; raises KeysConfigError naming the file and the table."""
     policies = [KeyPolicy(id=hashlib.sha256(key.encode()).hexdigest()[:12], key=key) for key in api_keys]
     tables = toml_tables(keys_file, "keys", KeysConfigError, "keys file")
     if keys_file and not tables:
