@@ -22,6 +22,10 @@ def server(gunicorn_server, tiny_model_dirs):
     return gunicorn_server(settings)
 
 
+# What openai-node and the anthropic SDK (dangerouslyAllowBrowser) send beside the key from a page.
+SDK_HEADERS = "x-stainless-lang, x-stainless-arch, anthropic-version, anthropic-dangerous-direct-browser-access"
+
+
 def sdk(server, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
 
@@ -85,12 +89,13 @@ def test_cors_preflight_and_allowed_origins(server):
             headers={
                 "Origin": "http://app.example",
                 "Access-Control-Request-Method": "POST",
-                "Access-Control-Request-Headers": "authorization, content-type",
+                "Access-Control-Request-Headers": f"authorization, content-type, {SDK_HEADERS}",
             },
         )
         assert preflight.status_code == 200
         assert preflight.headers["access-control-allow-origin"] == "http://app.example"
-        assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+        allowed = set(preflight.headers["access-control-allow-headers"].lower().replace(" ", "").split(","))
+        assert {"authorization", *SDK_HEADERS.split(", ")} <= allowed  # the SDKs' own were refused: no call went
         other = http.options(
             "/v1/chat/completions",
             headers={
@@ -101,6 +106,7 @@ def test_cors_preflight_and_allowed_origins(server):
         assert "access-control-allow-origin" not in other.headers
         actual = http.get("/v1/models", headers={"Origin": "http://app.example", "Authorization": "Bearer key-one"})
         assert actual.headers["access-control-allow-origin"] == "http://app.example"
+        assert "origin" in actual.headers["vary"].lower()  # a cache keeps apart what each origin was answered
         exposed = actual.headers["access-control-expose-headers"].lower()
         # what a page reads: the request's id, the stream's to resume it by, and a limited key's budget
         assert {"x-request-id", "x-stream-id", "x-ratelimit-remaining-requests"} <= set(
@@ -146,3 +152,18 @@ def test_control_characters_in_headers_never_reach_the_log(server):
     nel = server.wait_for_log(r"GET /health\?probe=nel HTTP/1\.1.*").group(0)
     assert csi.count("a\\x9b31mred") == 2 and nel.count("one\\x85two") == 2
     assert not any(c in line for line in server.lines for c in "\x1b\x85\x9b")
+
+
+@pytest.mark.parametrize(("origin", "status"), [("http://evil.example", 403), ("http://app.example", 200), (None, 200)])
+def test_a_page_of_another_site_may_not_write_without_asking(server, origin, status):
+    """A form or a text/plain body goes to any site without a CORS preflight: on a server without keys, any page a
+    user opened could generate or unload a model (keys or not, the server refuses what no allowed page sent)."""
+    headers = {"Authorization": "Bearer key-one", "Content-Type": "text/plain"} | ({"Origin": origin} if origin else {})
+    body = b'{"prompt": "hi", "max_tokens": 2}'
+    with server.client() as http:
+        reply = http.post("/v1/completions", content=body, headers=headers)
+        assert reply.status_code == status, reply.text
+        own = http.post("/v1/completions", content=body, headers={**headers, "Origin": server.url})  # the chat page's
+        assert own.status_code == 200, own.text
+    if status == 403:
+        assert reply.json()["error"]["code"] == "origin_not_allowed"

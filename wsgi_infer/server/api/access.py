@@ -3,6 +3,8 @@ for browsers."""
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from flask import Flask, g, request
 from flask_cors import CORS
 
@@ -48,15 +50,51 @@ def install_access_control(app: Flask, settings: ServerSettings) -> None:
             g.tenant = policy.tenant  # what a key creates is its own
 
     origins = [origin.strip() for origin in settings.cors_origins.split(",") if origin.strip()]
+    _refuse_other_sites_writes(app, origins)
     if origins:
         CORS(
             app,
             origins=origins,
-            allow_headers=[
-                *("Authorization", "x-api-key", "anthropic-version"),
-                *("Content-Type", "X-Request-Id", "Last-Event-ID"),
-            ],
+            # any header a page sends (the SDKs' own: openai's X-Stainless-*, anthropic's direct-browser-access)
+            allow_headers="*",
             # what a page reads: the stream id it resumes by, and a limited key's budget
             expose_headers=["X-Request-Id", "Retry-After", "X-Stream-Id", *RATE_LIMIT_HEADERS],
             max_age=600,
         )
+        app.after_request(_vary_by_origin)
+
+
+def _vary_by_origin(response):
+    """An answer depends on the page's origin (flask-cors says so only for several): a cache keeps each apart."""
+    response.vary.add("Origin")
+    return response
+
+
+def _refuse_other_sites_writes(app: Flask, origins: list[str]) -> None:
+    """A browser sends a page's form, or a text/plain body, to any site without asking it first (no CORS
+    preflight): on a server without keys any page a user opened could generate, or unload a model. Such a request
+    names its page's origin, which must be the server's own or one of ``origins``; a client that is no browser sends
+    none."""
+
+    @app.before_request
+    def _same_site_or_allowed() -> None:
+        origin = request.headers.get("Origin")
+        if origin is None or request.method in ("GET", "HEAD", "OPTIONS") or "*" in origins or origin in origins:
+            return
+        if _same_host(origin, request.host):
+            return
+        raise APIError(
+            f"a page of {origin} may not call this server (WSGI_INFER_CORS_ORIGINS names the origins that may)",
+            403,
+            code="origin_not_allowed",
+        )
+
+
+def _same_host(origin: str, host: str) -> bool:
+    """Whether the page's ``origin`` is this server, which clients reach as ``host`` (the Host header): behind nginx
+    it may lack the port its clients used, and then the host alone is compared."""
+    page, server = urlsplit(origin), urlsplit(f"//{host}")
+    try:
+        return page.hostname == server.hostname and (server.port is None or page.port == server.port)
+    except ValueError:  # a port that is no number
+        return False
