@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -255,12 +256,25 @@ def test_a_reload_ends_every_models_streams_and_the_new_worker_serves_them_all(m
     assert old_worker not in models_server.worker_pids()
 
 
-def test_sigterm_ends_the_streams_of_every_model(models_server):
-    """Last: it stops the module's server."""
+def test_sigterm_ends_the_streams_of_every_model_and_the_requests_waiting_for_a_load(models_server):
+    """Last: it stops the module's server. A request waiting for a model's load (LOAD_SECONDS) is told the server
+    shuts down at once: it waited its load-wait time, and the worker with it, then was told the model had not
+    loaded (30 s, the drain having counted no open request)."""
     endless = [Stream("tiny", ENDLESS).run(models_server), Stream("smollm2", LONG).run(models_server)]
     assert all(s.started.wait(60) for s in endless)
-    models_server.process.terminate()
-    for stream in endless:
-        stream.join()
-        assert stream.last["error"]["code"] == "server_shutting_down", stream.model
+    with models_server.client() as http:
+        http.post("/v1/models/minilm/unload")
+    with ThreadPoolExecutor(1) as pool:
+        embedding = {"model": "minilm", "input": PROMPT}
+        waiting = pool.submit(lambda: models_server.client(timeout=60).post("/v1/embeddings", json=embedding))
+        models = f"{models_server.url}/v1/models/minilm"
+        wait_until(lambda: httpx.get(models).json()["state"] == "loading", "minilm loading")
+        stopped_at = time.monotonic()
+        models_server.process.terminate()
+        for stream in endless:
+            stream.join()
+            assert stream.last["error"]["code"] == "server_shutting_down", stream.model
+        told = waiting.result()
+    assert time.monotonic() - stopped_at < LOAD_SECONDS and told.status_code == 503, told.text
+    assert told.json()["error"]["code"] == "server_shutting_down"
     assert models_server.process.wait(30) == 0

@@ -1,11 +1,9 @@
 """Owns a worker's engine thread, its models, and the requests' way to them.
 
-Greenlets resolve a request's model (``model``), then call its ``submit`` and
-``release``; these only send commands through the bridge. The engine thread
-(``EngineLoop``) steps every loaded model and posts what each step did back
-through the bridge, and the ``StreamRouter`` routes it to the streams in the
-hub. The manager handles the lifecycle: start, loads and unloads, readiness,
-failure, graceful drain and quick shutdown.
+Greenlets resolve a request's model (``model``), then call its ``submit`` and ``release``; these only send commands
+through the bridge. The engine thread (``EngineLoop``) steps every loaded model and posts what each step did back
+through the bridge, and the ``StreamRouter`` routes it to the streams in the hub. The manager handles the lifecycle:
+start, loads and unloads, readiness, failure, graceful drain and quick shutdown.
 """
 
 from __future__ import annotations
@@ -42,9 +40,9 @@ RELAYED_LOGGERS = ("wsgi_infer", "transformers")  # what the engine and front-en
 
 
 class EngineManager:
-    """``on_engine_death`` runs (in the hub) when the engine thread dies of an error
-    after it was serving; under gunicorn it ends the worker so a fresh one replaces it.
-    ``on_load_failure`` runs with the reason when no model loaded at start (each failed)."""
+    """``on_engine_death`` runs (in the hub) when the engine thread dies of an error after it was serving; under
+    gunicorn it ends the worker so a fresh one replaces it. ``on_load_failure`` runs with the reason when no model
+    loaded at start (each failed)."""
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
@@ -164,11 +162,8 @@ class EngineManager:
         return engine_stalled or front_end_busy_for() > self.settings.stall_seconds
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the thread (at its current step's next layer) and end every open stream.
-
-        Idempotent. From the hub it waits cooperatively (the hub keeps running);
-        from any other thread it only asks the engine thread to stop.
-        """
+        """Stop the thread (at its current step's next layer) and end every open stream. Idempotent. From the hub
+        it waits cooperatively (the hub keeps running); from any other thread it only asks the engine thread to stop."""
         if not self.alive:
             return
         self._closing = True
@@ -185,11 +180,11 @@ class EngineManager:
             log.error("engine thread did not stop within %.1f s", timeout)
 
     def drain(self, deadline: float) -> None:
-        """Graceful stop (in a greenlet): refuse new work, let open requests finish for
-        up to ``deadline`` seconds, end the rest with a shutdown event, stop the thread."""
+        """Graceful stop (in a greenlet): refuse new work, let open requests finish for up to ``deadline`` seconds,
+        end the rest with a shutdown event, stop the thread."""
         if self.draining:
             return
-        self.draining = True
+        self._stop_waiting()
         log.info("draining: %d open requests, up to %.1f s", self.num_open_requests, deadline)
         if not self._idle.wait(deadline):
             ended = self.end_streams()
@@ -200,18 +195,22 @@ class EngineManager:
 
     def shutdown_now(self) -> None:
         """Quick stop: every open stream gets its shutdown event at once, then the thread stops."""
-        self.draining = True
+        self._stop_waiting()
         ended = self.end_streams()
         log.info("quick shutdown: ended %d open requests", ended)
         self._idle.wait(STREAM_FLUSH_SECONDS)
         self.close(timeout=STREAM_FLUSH_SECONDS)
 
+    def _stop_waiting(self) -> None:
+        """New work is refused, and requests waiting for a load (at start, or a model's on demand) stop waiting."""
+        self.draining = True
+        self._ready_event.set()
+        for model in self.models.values():
+            model.stop_waiting()
+
     def end_streams(self) -> int:
         """Give every open stream a shutdown event; its greenlet ends the response cleanly."""
-        streams = self._router.streams
-        for stream in streams:
-            self._router.terminate(stream, "the server is shutting down; retry the request", "server_shutting_down")
-        return len(streams)
+        return self._router.terminate_all("the server is shutting down; retry the request", "server_shutting_down")
 
     # --- requests (hub) ---------------------------------------------------------------
     def submit(
@@ -294,7 +293,6 @@ class EngineManager:
         self._stopped.set()
         if self._closing:
             self.end_streams()
-        for stream in self._router.streams:
-            self._router.terminate(stream, self.failure or "the engine stopped", "engine_stopped")
+        self._router.terminate_all(self.failure or "the engine stopped", "engine_stopped")
         if was_serving and not self._closing and self.on_engine_death is not None:
             self.on_engine_death()

@@ -92,6 +92,13 @@ class StreamRouter:
             self._targets.pop(choice_id, None)
         stream.push(Terminated(message, code))
 
+    def terminate_all(self, message: str, code: str) -> int:
+        """``terminate`` every stream still waiting for engine output; how many there were."""
+        streams = self.streams
+        for stream in streams:
+            self.terminate(stream, message, code)
+        return len(streams)
+
     # --- deliveries -----------------------------------------------------------------------
     def deliver(self, events: list) -> None:
         self.last_delivery_at = time.monotonic()

@@ -122,6 +122,11 @@ class ServedModel:
         """Whole seconds until a request tries the failed load again (at least 1)."""
         return max(1, math.ceil(self._failed_at + RETRY_FAILED_LOAD_SECONDS - time.monotonic()))
 
+    def stop_waiting(self) -> None:
+        """The worker stops: requests waiting for the model's load stop waiting (each is told the server is
+        shutting down, where it waited its load-wait time and was told the model was not loaded)."""
+        self._settled.set()
+
     def wait_ready(self, timeout: float, retry_failed: bool = False) -> bool:
         """Wait (cooperatively) while the model loads; a request for an unloaded model loads it, and one for a
         model whose load failed a while ago (or at once, ``retry_failed``) tries again."""
