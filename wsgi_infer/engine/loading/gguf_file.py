@@ -18,6 +18,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .gguf_header import file_header
+from .model_paths import ModelLoadError
 
 if TYPE_CHECKING:
     import torch
@@ -128,7 +129,7 @@ def _at(blob: np.ndarray, name: str, ggml_type: GGMLQuantizationType, shape: tup
     row_bytes = shape[-1] // block_weights * block_bytes
     rows = int(np.prod(shape[:-1]))
     if start + rows * row_bytes > len(blob):  # a copy cut short: say so, not what reshaping it raised
-        raise ValueError(
+        raise ModelLoadError(
             f"the file is truncated: tensor {name} ends at byte {start + rows * row_bytes:,} of {len(blob):,}"
         )
     # A plain array over the mapping: gguf-py slices it per row group, and a memmap's every slice costs a
