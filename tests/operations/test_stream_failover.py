@@ -213,3 +213,28 @@ def read_on(first: Event, received: Iterator[Event]) -> list[Event]:
     except httpx.HTTPError:  # the host died: what came before is the client's
         pass
     return taken
+
+
+def test_a_host_that_wakes_after_another_continued_its_stream_hands_it_over(tiny_model_dirs, redis_url):
+    """A host frozen past its lease (a paused VM; here SIGSTOP) while a client resumes its stream elsewhere: once
+    awake it finds the lease another host's, stops its copy, and tells its own reader to resume; a resume there
+    reads the other host's copy. It renewed the lease as its own before: its reader hung on heartbeats, and a resume
+    there read its own events under the ids the other host had written (sampling unseeded, they differed)."""
+    settings = {"model": tiny_model_dirs["llama"], "served_model_name": "tiny", "dtype": "float32"}
+    settings |= {"heartbeat_seconds": 0.3, "redis_url": redis_url}
+    body = {"prompt": "Dice", "max_tokens": MAX_TOKENS, "temperature": 1, "ignore_eos": True, "stream": True}
+    with ExitStack() as stack:
+        frozen = stack.enter_context(GunicornServer({**settings, "test_stall_after_step": STALL_AFTER_STEP}))
+        other = stack.enter_context(GunicornServer(settings))
+        for server in (frozen, other):
+            server.wait_ready()
+        stream_id, reading = start(stack, frozen.url, "/v1/completions", body, detach=False)
+        frozen.wait_for_log(r"stalled until the next command")
+        last = Event(id="10")  # an event Redis holds: a stream's events go out once it does
+        with frozen.stopped(frozen.worker_pids()):
+            rest_there = resume(other.url, "/v1/completions", stream_id, last)  # its lease lapses: continued there
+        frozen.wait_for_log(r"another host continues it \(this host was away past its lease\)")
+        told = reading.result(30)
+        assert told[-1].name == "error" and told[-1].json["error"]["code"] == "stream_moved"
+        assert resume(frozen.url, "/v1/completions", stream_id, last) == rest_there  # the other's copy
+        assert continued(other) == 1

@@ -29,6 +29,9 @@ class MirroredLog(Protocol):
     def cancel(self) -> bool:
         """End the stream now (a client cancelled it through another worker); whether it was still generating."""
 
+    def moved_elsewhere(self) -> None:
+        """Another host continues the stream: stop it here, its readers told to resume."""
+
 
 class ReadableLog(Protocol):
     def read(self, after: int, heartbeat: float) -> Iterator[str]: ...

@@ -22,6 +22,7 @@ import gevent
 import gevent.event
 
 from . import sse
+from .leases import LeaseLost, Leases
 from .log_shapes import Continuer, MirroredLog
 from .stream_endings import error_event
 from .stream_record import RequestRecord
@@ -46,10 +47,12 @@ class RedisStore:
         # A blocked read waits one heartbeat; anything slower than that means Redis is unwell.
         self._client = redis.Redis.from_url(url, socket_timeout=heartbeat + 2, socket_connect_timeout=2)
         self._errors = (redis.RedisError, OSError)
+        self._refused = redis.ResponseError  # a command Redis ran and refused (a stream's entry id taken already)
         self._keep = keep_seconds
         self._heartbeat = heartbeat
         self._renewal = min(heartbeat, LEASE_RENEWAL_SECONDS)
         self._lease_ms = int(3000 * self._renewal)
+        self._leases = Leases(self._client, self._lease_ms)
         self._up = gevent.event.Event()
         self._up.set()
         # Counts Redis's returns: a mirror's idea of what Redis holds is only good within one epoch
@@ -120,6 +123,10 @@ class RedisStore:
             try:
                 sent, ended = self._push(stream_log, sent, renew or sent is None)
                 renewed_at = time.monotonic() if renew else renewed_at
+            except LeaseLost:
+                away = "stream %s: another host continues it (this host was away past its lease); its copy here stops"
+                log.warning(away, stream_log.stream_id)
+                return stream_log.moved_elsewhere()
             except self._errors as exc:
                 sent = None
                 stream_log.copied(None)
@@ -151,6 +158,8 @@ class RedisStore:
         num_batches = len(batches)
         # Unfinished keys expire too, so a worker that died leaves nothing behind for ever.
         expiry = max(1, int(self._keep + 3 * self._heartbeat))
+        if renew or finished:
+            self._leases.renew(key, total)  # before any write: another host's continuation keeps its own
         pipe = self._client.pipeline(transaction=False)
         if request is not None:
             pipe.set(f"{key}:request", request.encode(), ex=expiry)
@@ -162,14 +171,18 @@ class RedisStore:
             pipe.xadd(key, {"end": "1"}, id=f"{total + 1}-0")
             pipe.delete(f"{key}:producer", f"{key}:request", f"{key}:batches")  # nothing left to continue
         elif renew:
-            pipe.set(f"{key}:producer", "1", px=self._lease_ms)
             pipe.expire(f"{key}:request", expiry)
             pipe.expire(f"{key}:batches", expiry)
         if renew or finished:
             pipe.expire(key, expiry)
             pipe.set(f"{key}:api", stream_log.api, ex=expiry)  # for readers elsewhere that must end it
         pipe.exists(f"{key}:cancel")  # asked for by a client's cancel elsewhere (``cancel``)
-        if pipe.execute()[-1] and not finished:
+        try:
+            cancelled = pipe.execute()[-1]
+        except self._refused:  # an entry id another host wrote first: the stream may be its now
+            self._leases.check(key)
+            raise
+        if cancelled and not finished:
             stream_log.cancel()
         return (total, num_batches), finished
 
@@ -213,7 +226,7 @@ class RedisStore:
         """Take over a stream whose producer lease lapsed before its end: its lease (one host continues it), request,
         record batches and events; None where another host took it, or it cannot be continued (ended, no request)."""
         key = self.key(stream_id)
-        if not self._client.set(f"{key}:producer", "1", nx=True, px=self._lease_ms):
+        if not self._leases.take(key):
             return None
         request, entries = self._client.get(f"{key}:request"), self._client.xrange(key)
         if request is None or (entries and b"end" in entries[-1][1]):
@@ -224,16 +237,7 @@ class RedisStore:
 
     def hold(self, stream_id: str) -> gevent.Greenlet:
         """Renew a claimed stream's lease until the greenlet is killed: while it is set up here (a model may load)."""
-
-        def renew() -> None:
-            while True:
-                gevent.sleep(self._renewal)  # a renewal period, not a wait for an event
-                try:
-                    self._client.set(f"{self.key(stream_id)}:producer", "1", px=self._lease_ms)
-                except self._errors as exc:
-                    return self._down(exc)
-
-        return gevent.spawn(renew)
+        return self._leases.hold(self.key(stream_id), self._renewal, self._errors, self._down)
 
     def give_up(self, stream_id: str) -> None:
         """A stream this host claimed and could not continue: its lease goes at once, so that readers end."""

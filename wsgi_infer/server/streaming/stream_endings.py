@@ -4,11 +4,23 @@ event for the same interruption."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import anthropic_error_body, error_body
 from . import sse
 
 RETRY_MS = 1000  # the `retry:` hint of an error event: how soon a client may resume the stream or retry
 API_SHAPES = ("openai", "anthropic", "responses")  # the shapes a stream may end in: see error_event
+MOVED = "stream_moved"  # another host continues it (its host was away past its lease): resume it
+
+
+@dataclass
+class StreamInterrupted(Exception):
+    """A stream ends before its generation: the engine stopped, or its reader left or fell behind. Raised in a
+    route's generator of events, which ends the stream in its own API's shape."""
+
+    message: str
+    code: str
 
 
 def openai_error_event(message: str, code: str) -> str:

@@ -1,16 +1,13 @@
 """Resumable streams: every SSE event of a response is kept, numbered, in a log.
 
-A pump greenlet turns the engine's output into events and appends them to the
-stream's log in this worker's memory; HTTP responses only read the log from an
-event id on, so a client that lost its connection (EventSource does this by
-itself, with Last-Event-ID) resumes the same generation where it left off.
-Finished logs stay readable for ``keep_seconds``. With ``redis_url``, a mirror
-copies every log to Redis as well (``redis_store``), so that any worker or host
-can serve a resume; the stream itself never waits for Redis.
+A pump greenlet turns the engine's output into events and appends them to the stream's log in this worker's memory;
+HTTP responses only read the log from an event id on, so a client that lost its connection (EventSource does this by
+itself, with Last-Event-ID) resumes the same generation where it left off. Finished logs stay readable for
+``keep_seconds``. With ``redis_url``, a mirror copies every log to Redis as well (``redis_store``), so that any worker
+or host can serve a resume; the stream itself never waits for Redis.
 
-A stream's memory is bounded: when its reader falls more than
-``backlog_bytes`` behind (or stops reading without closing), the generation is
-aborted and the log ends with an error event.
+A stream's memory is bounded: when its reader falls more than ``backlog_bytes`` behind (or stops reading without
+closing), the generation is aborted and the log ends with an error event.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
 
 import gevent
 import gevent.event
@@ -29,19 +25,10 @@ from ..client_connection import LOOK_SECONDS
 from ..metrics import ModelMetrics
 from . import sse
 from .redis_store import RedisStore
-from .stream_endings import openai_error_event
+from .stream_endings import MOVED, StreamInterrupted, error_event, openai_error_event
 from .stream_record import StreamRecord
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StreamInterrupted(Exception):
-    """A stream ends before its generation: the engine stopped, or its reader left or fell behind. Raised in a
-    route's generator of events, which ends the stream in its own API's shape."""
-
-    message: str
-    code: str
 
 
 class StreamLog:
@@ -75,6 +62,7 @@ class StreamLog:
         self._ends = [0]  # _ends[i]: bytes of the first i events
         self.known = 0  # continued here: the events its client had from the host that died
         self.mirrored: int | None = None  # events Redis holds, while a mirror copies them (``readable``)
+        self.moved = False  # another host continues it (``moved_elsewhere``)
         self._grace = grace
         self._on_release = on_release
         self._on_cancel = on_cancel or on_release  # a client's stop: the stream ends at once (``cancel``)
@@ -116,6 +104,13 @@ class StreamLog:
         self._on_cancel()
         return True
 
+    def moved_elsewhere(self) -> None:
+        """Another host continues the stream, this one having been away past its lease (its mirror's word): the
+        generation here stops, and readers here end after the events Redis held, told to resume."""
+        self.moved = True
+        self.release()
+        self._notify()
+
     def wait(self, seen: int, timeout: float) -> bool:
         """Wait up to ``timeout`` s for an event after the first ``seen``, or the end; True if one came."""
         return self._wait_until(lambda: len(self.events) > seen or self.finished, timeout)
@@ -146,6 +141,9 @@ class StreamLog:
                     self.delivered = max(self.delivered, position)  # the server wrote it: next() came back
                     quiet_since = time.monotonic()
                 if self._read_to_end(position):
+                    return
+                if self.moved and position >= self.readable:  # the events after are another host's
+                    yield error_event(self.api, position, "this stream goes on on another host: resume it", MOVED)
                     return
                 if not self._wait_until(lambda seen=position: self._news_after(seen), min(LOOK_SECONDS, heartbeat)):
                     if time.monotonic() - quiet_since < heartbeat:
@@ -232,7 +230,7 @@ class StreamLogs:
         """This worker's log, or a reader of Redis's copy; None if unknown. Raises StoreUnavailable."""
         self._expire()
         local = self._logs.get(stream_id)
-        if local is not None or self.store is None:
+        if (local is not None and not local.moved) or self.store is None:  # a moved one: Redis holds the other's
             return local
         return self.store.open(stream_id)
 
