@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:  # ModelLoadError included; a cache that cannot be written
         print(f"wsgi-infer: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the shell's status for it, not a traceback from wherever it came
+        print("wsgi-infer: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

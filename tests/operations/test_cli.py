@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,18 @@ def test_generate_prints_the_greedy_completion(tiny_model_dirs, tiny_llama):
     assert result.returncode == 0, result.stderr
     expected = tiny_llama.generate("Hello there", SamplingParams(temperature=0, max_tokens=8))[0].text
     assert result.stdout == expected + "\n"
+
+
+def test_ctrl_c_is_the_shells_status_and_one_line(tiny_model_dirs):
+    """A KeyboardInterrupt's traceback came from wherever it landed (the kernels, an import)."""
+    model = str(tiny_model_dirs["llama"])
+    command = [sys.executable, "-m", "wsgi_infer.cli", "generate", "Hello", "--model", model, "--max-tokens", "60000"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        said = next(line for line in iter(process.stderr.readline, "") if "loading model from" in line)
+        process.send_signal(signal.SIGINT)  # as that line shows up: mid-load, or generating
+        errors = process.stderr.read()
+        assert process.wait(60) == 130 and said, errors
+    assert errors.strip().splitlines()[-1] == "wsgi-infer: interrupted" and "Traceback" not in errors
 
 
 def test_missing_model_is_one_clear_error_line(tmp_path):
