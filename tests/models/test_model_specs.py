@@ -111,3 +111,24 @@ def test_names_given_twice_and_unknown_preloads_are_refused(tmp_path):
         specs(tmp_path, model=str(tmp_path / "m.gguf"), preload="other")
     with pytest.raises(ModelsConfigError, match="not a directory"):
         specs(tmp_path, models_dir=str(tmp_path / "missing"))
+
+
+def test_workers_take_the_models_the_master_read_and_a_broken_edit_keeps_them(tmp_path, monkeypatch):
+    """The master reads the models at start and at each SIGHUP (``on_reload``), and its workers take what it read: a
+    models config broken by an edit failed every new worker, and gunicorn stopped the server."""
+    from wsgi_infer.server import master_reads
+    from wsgi_infer.server.model_specs import read_model_specs
+
+    monkeypatch.setattr(master_reads, "_read", {})  # this process's own, as a master's before its first read
+    config = tmp_path / "models.toml"
+    config.write_text(f'[models.chat]\npath = "{tmp_path / "a.gguf"}"\n')
+    settings = ServerSettings(models_config=str(config))
+    inputs = settings.model_dump_json()
+    read = master_reads.read_for_workers("models", inputs, lambda: read_model_specs(settings))
+    config.write_text("[models.chat\n")  # broken
+    with pytest.raises(ModelsConfigError):
+        master_reads.read_for_workers("models", inputs, lambda: read_model_specs(settings))
+    assert [spec.name for spec in model_specs(settings)] == [spec.name for spec in read] == ["chat"]
+    other = ServerSettings(models_config=str(config), preload="*")  # other settings: read as they stand
+    with pytest.raises(ModelsConfigError):
+        model_specs(other)
