@@ -46,7 +46,7 @@ def test_a_conversion_without_its_config_is_made_again(tmp_path, monkeypatch):
 def test_an_empty_gguf_is_refused_by_name(tmp_path):
     path = tmp_path / "empty.gguf"
     path.touch()
-    with pytest.raises(ModelLoadError, match=f"{path} is empty"):  # it was "cannot mmap an empty file"
+    with pytest.raises(ValueError, match=f"{path} is empty"):  # it was "cannot mmap an empty file"
         read_header(path)
 
 

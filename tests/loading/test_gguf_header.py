@@ -13,7 +13,7 @@ from transformers.integrations.gguf.reader import _read_metadata, _read_tensor_t
 from wsgi_infer.engine.loading.gguf_file import tensor_table
 from wsgi_infer.engine.loading.gguf_header import read_header
 from wsgi_infer.engine.loading.gguf_tokenizer import STRING_ARRAYS
-from wsgi_infer.engine.loading.model_paths import ModelLoadError, default_model_path
+from wsgi_infer.engine.loading.model_paths import ModelLoadError, default_model_path, gguf_identity
 
 from ..support.gguf_files import MIXED_TYPES, write_tiny_gguf
 
@@ -49,8 +49,10 @@ def test_it_needs_no_torch(tmp_path):
 def test_a_file_that_is_not_gguf_is_refused_by_name(tmp_path):
     path = tmp_path / "weights.gguf"
     path.write_bytes(b"PK\x03\x04" + bytes(64))
-    with pytest.raises(ModelLoadError, match="does not start with the GGUF magic bytes"):  # logged with no traceback
+    with pytest.raises(ValueError, match="does not start with the GGUF magic bytes"):
         read_header(path)
+    with pytest.raises(ModelLoadError, match="does not start with the GGUF magic bytes"):  # logged with no traceback
+        gguf_identity(path)  # a load's first read of the file
 
 
 def test_a_file_cut_short_is_refused_as_truncated(tmp_path):
@@ -61,5 +63,5 @@ def test_a_file_cut_short_is_refused_as_truncated(tmp_path):
     for cut in (data_start // 2, len(whole) - 100):
         path = tmp_path / f"cut-{cut}.gguf"
         path.write_bytes(whole[:cut])
-        with pytest.raises(ModelLoadError, match="is truncated"):
+        with pytest.raises(ValueError, match="is truncated"):
             tensor_table(path)

@@ -16,8 +16,6 @@ import struct
 from collections.abc import Container
 from pathlib import Path
 
-from .model_paths import ModelLoadError
-
 VERSIONS = (2, 3)  # v1 counted tensors in 32 bits
 STRING, ARRAY = 8, 9
 # the fixed-size value types: u8, i8, u16, i16, u32, i32, f32, bool, u64, i64, f64
@@ -45,12 +43,12 @@ class _Cursor:
         if kind == STRING:
             return self.string()
         if kind != ARRAY:
-            raise ModelLoadError(f"GGUF metadata holds a value of type {kind}, which this reader cannot read")
+            raise ValueError(f"GGUF metadata holds a value of type {kind}, which this reader cannot read")
         element, count = self.read("IQ")
         if element in FIXED:
             return list(self.read(f"{count}{FIXED[element]}"))
         if element != STRING:
-            raise ModelLoadError(f"GGUF metadata holds an array of type {element}, which this reader cannot read")
+            raise ValueError(f"GGUF metadata holds an array of type {element}, which this reader cannot read")
         return self.strings(count, decoded=keep_strings)
 
     def strings(self, count: int, decoded: bool) -> list[str] | int:
@@ -70,17 +68,17 @@ def read_header(gguf_file: Path, string_arrays: Container[str] = ()) -> tuple[di
     """(metadata, the tensor table's ``(name, shape, ggml type, offset)`` entries, where the tensors' data starts);
     the arrays of strings named in ``string_arrays`` as lists, the others by their length."""
     if Path(gguf_file).stat().st_size < 4:
-        raise ModelLoadError(f"{gguf_file} is empty or too short to be a GGUF file")
+        raise ValueError(f"{gguf_file} is empty or too short to be a GGUF file")
     with open(gguf_file, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as blob:
         if blob[:4] != b"GGUF":
-            raise ModelLoadError(f"{gguf_file} does not start with the GGUF magic bytes, so it is not a GGUF file")
+            raise ValueError(f"{gguf_file} does not start with the GGUF magic bytes, so it is not a GGUF file")
         cursor = _Cursor(blob)
         cursor.pos = 4
         try:
             metadata, entries = _metadata_and_table(gguf_file, cursor, string_arrays)
         except struct.error:
             truncated = f"{gguf_file} is truncated: its header goes past the file's {len(blob):,} bytes"
-            raise ModelLoadError(truncated) from None
+            raise ValueError(truncated) from None
     alignment = metadata.get("general.alignment", 32)
     return metadata, entries, (cursor.pos + alignment - 1) // alignment * alignment
 
@@ -88,14 +86,14 @@ def read_header(gguf_file: Path, string_arrays: Container[str] = ()) -> tuple[di
 def _metadata_and_table(gguf_file: Path, cursor: _Cursor, string_arrays: Container[str]) -> tuple[dict, list]:
     version, tensor_count, metadata_count = cursor.read("IQQ")
     if version not in VERSIONS:
-        raise ModelLoadError(f"{gguf_file} is GGUF v{version}; this reader reads v2 and v3")
+        raise ValueError(f"{gguf_file} is GGUF v{version}; this reader reads v2 and v3")
     metadata = {}
     for _ in range(metadata_count):
         key = cursor.string()
         (kind,) = cursor.read("I")
         metadata[key] = cursor.value(kind, key in string_arrays)
     if "general.architecture" not in metadata:
-        raise ModelLoadError(f"{gguf_file} has no general.architecture in its metadata")
+        raise ValueError(f"{gguf_file} has no general.architecture in its metadata")
     entries = []
     for _ in range(tensor_count):
         name = cursor.string()

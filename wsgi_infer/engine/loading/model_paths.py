@@ -112,10 +112,14 @@ def file_digest(path: Path) -> str:
 
 def gguf_identity(path: Path) -> str:
     """What names a GGUF's converted copy: ``gguf_header.header_digest``. Two files of one header (fine-tunes of one
-    model, converted alike) are two copies, each reading its own file: a copy never reads another file's tensors."""
+    model, converted alike) are two copies, each reading its own file: a copy never reads another file's tensors.
+    A ModelLoadError where the file is no GGUF, or cut short: a load's first read of it."""
     from .gguf_header import header_digest
 
-    return _remember(path, "header", lambda: header_digest(path))
+    try:
+        return _remember(path, "header", lambda: header_digest(path))
+    except ValueError as exc:  # the header's reader names the file and what is wrong with it
+        raise ModelLoadError(str(exc)) from None
 
 
 def converted_gguf_dir(gguf: Path, digest: str) -> Path:
