@@ -276,5 +276,5 @@ def test_sigterm_ends_the_streams_of_every_model_and_the_requests_waiting_for_a_
             assert stream.last["error"]["code"] == "server_shutting_down", stream.model
         told = waiting.result()
     assert time.monotonic() - stopped_at < LOAD_SECONDS and told.status_code == 503, told.text
-    assert told.json()["error"]["code"] == "server_shutting_down"
+    assert told.json()["error"]["code"] == "server_shutting_down" and told.headers["retry-after"] == "1"
     assert models_server.process.wait(30) == 0

@@ -63,8 +63,9 @@ def wait_ready(model: ServedModel, retry_failed: bool = False) -> None:
     holds the request a while."""
     if model.wait_ready(model.settings.load_wait_seconds, retry_failed):
         return
-    if manager().draining:
-        raise APIError("the server is shutting down; retry the request", 503, code="server_shutting_down")
+    if manager().draining:  # as new work is turned away: its client retries on a worker that stays
+        stopping = "the server is shutting down; retry the request"
+        raise APIError(stopping, 503, code="server_shutting_down", headers={"Retry-After": "1"})
     if model.state == "failed":
         retry = {"Retry-After": str(model.retry_in)}
         raise APIError(f"model {model.name!r}: {model.failure}", 503, code="model_load_failed", headers=retry)
