@@ -4,6 +4,7 @@ unharmed (on a real server)."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from pathlib import Path
 
@@ -90,6 +91,26 @@ def test_a_chunked_body_over_the_limit_is_a_413_as_one_with_its_length(tiny_serv
         whole = http.post("/v1/completions", content=iter([at_limit]), headers=JSON)
     assert_error(over, 413, contains=str(BODY_LIMIT))
     assert len(at_limit) == BODY_LIMIT and whole.status_code == 200, whole.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunks", [b"zz\r\n", b"3\r\nabcXX\r\n0\r\n\r\n", b"-1\r\n"])
+def test_a_malformed_chunk_is_a_400_then_the_close(tiny_server, chunks):
+    """gunicorn raises its parse error inside the app as the body is read: that was a 500 and a traceback in the
+    error log, and after it gunicorn read the rest as a next request and answered it too, on the same connection."""
+    after = len(tiny_server.lines)
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    with socket.create_connection(("127.0.0.1", tiny_server.port), timeout=30) as sock:
+        sock.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks)
+        reply = b""
+        while data := sock.recv(65536):  # until the server closes
+            reply += data
+    assert reply.count(b"HTTP/1.1 ") == 1, reply
+    status, _, body = reply.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400") and b"Connection: close" in status, reply
+    assert "malformed" in json.loads(body)["error"]["message"]
+    tiny_server.wait_for_log(r'"POST /v1/completions HTTP/1\.1" 400', after=after)
+    assert not any("Traceback" in line for line in tiny_server.lines[after:])
 
 
 @pytest.mark.slow

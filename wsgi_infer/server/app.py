@@ -8,6 +8,7 @@ import weakref
 
 import gevent
 from flask import Flask, current_app, g, request
+from gunicorn.http.errors import ParseException
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from .api import model_admin, native, ops, tokenization, ui
@@ -74,7 +75,11 @@ def _install_request_hooks(app: Flask) -> None:
         # (gunicorn bounds the headers themselves by its keep-alive timeout.)
         limit = manager_of(current_app).settings.body_timeout_seconds
         with gevent.Timeout(limit, APIError(f"the request body did not arrive within {limit:g} s", 408)):
-            body = request.get_data(cache=True)
+            try:
+                body = request.get_data(cache=True)
+            except ParseException as exc:  # a malformed chunk: nothing after it on the connection can be read
+                _close_after(request.environ)
+                raise APIError(f"the request body is malformed: {exc}", 400) from None
             # A chunked body (no length) stops at the size limit without an error, and its cut JSON read as
             # malformed: a byte more past the limit is a 413, as a body whose length says so is.
             if len(body) >= app.config["MAX_CONTENT_LENGTH"] and request.environ["wsgi.input"].read(1):
@@ -102,3 +107,11 @@ def _install_request_hooks(app: Flask) -> None:
         if request.blueprint == "messages":  # where the anthropic SDK reads it (a message's _request_id, an error's)
             response.headers["request-id"] = request_id
         return response
+
+
+def _close_after(environ: dict) -> None:
+    """gunicorn closes the connection after this response: it would read the rest of a malformed body as the next
+    request's and answer that a second time, on a connection the client may send its next request on."""
+    parsed = getattr(getattr(environ.get("wsgi.input"), "reader", None), "req", None)
+    if parsed is not None:
+        parsed.must_close = True
