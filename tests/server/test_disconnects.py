@@ -47,6 +47,27 @@ def test_disconnect_mid_stream_frees_everything(server):
     assert aborted(server) == before + 1
 
 
+def test_a_request_the_engine_refuses_logs_no_abort(server):
+    """The engine refuses a token id past the vocabulary (a 400): nothing ran, so nothing ended early (each such
+    request logged "response ended early, aborted 0 unfinished choices")."""
+    mark = len(server.lines)
+    with server.client() as http:
+        refused = http.post(
+            "/v1/completions", json={"prompt": [5, 10**6], "max_tokens": 2}, headers={"X-Request-Id": "refused"}
+        )
+        assert refused.status_code == 400, refused.text
+        with http.stream(
+            "POST",
+            "/v1/completions",
+            json=completion_body("Hi", ENDLESS, ignore_eos=True),
+            headers={"X-Request-Id": "after-refused"},
+        ) as r:
+            next(e for e in events(r) if e.data)  # the engine's answers come in order: the refusal's first
+    server.wait_for_log(r"request after-refused: response ended early, aborted 1", after=mark, timeout=30)
+    assert not any("request refused:" in line for line in server.lines[mark:])
+    assert_idle(server)
+
+
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
 def test_a_non_streamed_request_whose_client_leaves_is_aborted(server, route):
     # A client that gives up on a response (a timeout, then a retry) must not leave it generating to max_tokens.

@@ -113,8 +113,9 @@ class StreamRouter:
             stream.push(event.outcome)
 
     def _on_aborted(self, event: Aborted) -> None:
-        if event.num_choices:  # counted as vLLM counts them, beside those that stopped or reached their length
-            self._metrics_of(event.model).request_success("abort").inc(event.num_choices)
+        if not event.num_choices:  # the engine refused the request (a 400), or it finished as it was aborted
+            return
+        self._metrics_of(event.model).request_success("abort").inc(event.num_choices)  # as vLLM counts them
         log.info("request %s: response ended early, aborted %d unfinished choices", event.request_id, event.num_choices)
 
     def _on_step(self, step: StepDone) -> None:
