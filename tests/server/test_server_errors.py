@@ -66,6 +66,11 @@ def bad_requests(http: httpx.Client, limit: int) -> None:
     assert_error(http.post("/v1/completions", json={"prompt": "hi", "model": "nope"}), 404, param="model")
     assert_error(http.post("/v1/completions", json={"prompt": "x" * (BODY_LIMIT + 1)}), 413, contains=str(BODY_LIMIT))
     assert_error(http.get("/v1/nothing-here"), 404)
+    doubled = http.post("/v1//completions", json={"prompt": "hi"})  # werkzeug's HTML 308 to the client's Host
+    assert_error(doubled, 404)
+    assert "location" not in doubled.headers
+    gzip = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    assert_error(http.post("/v1/completions", content=b"{}", headers=gzip), 415, contains="'gzip'")
     wrong_method = http.get("/v1/chat/completions")
     assert_error(wrong_method, 405)
     assert set(wrong_method.headers["allow"].split(", ")) >= {"POST"}  # RFC 9110: a 405 says which

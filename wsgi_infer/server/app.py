@@ -35,6 +35,7 @@ def create_app(settings: ServerSettings | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json = StrictJSONProvider(app)
     app.json.ensure_ascii = False
+    app.url_map.merge_slashes = False  # "//" in a path is a 404 as any unknown path, not werkzeug's HTML redirect
     init_app(app, EngineManager(settings))
     _install_request_hooks(app)  # first: they run before any other hook
     register_error_handlers(app)
@@ -73,6 +74,8 @@ def _install_request_hooks(app: Flask) -> None:
         # A client that sends its headers, then trickles or stalls its body, must not hold a
         # greenlet for ever: the whole body arrives within body_timeout_seconds, or a 408.
         # (gunicorn bounds the headers themselves by its keep-alive timeout.)
+        if request.content_encoding not in (None, "", "identity"):  # a compressed body was read as text
+            raise APIError(f"Content-Encoding {request.content_encoding!r} is not supported: send the body as is", 415)
         limit = manager_of(current_app).settings.body_timeout_seconds
         with gevent.Timeout(limit, APIError(f"the request body did not arrive within {limit:g} s", 408)):
             try:
