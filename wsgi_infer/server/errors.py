@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify, request
+from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from ..engine.sampling_params import InvalidParameter
@@ -103,5 +103,5 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
-        log.exception("unhandled error")
+        log.exception("unhandled error: %s %s (request %s)", request.method, request.path, g.get("request_id", "-"))
         return _render(APIError("internal server error", 500))

@@ -48,6 +48,9 @@ timeout = 60  # the hub never runs model work, so this only fires on a hung work
 graceful_timeout = 30
 keepalive = 5  # idle connections, and request headers, get this long (bodies: body_timeout_seconds)
 accesslog = "-"
+# gunicorn's own format, then the time to the response's last byte and the request id that ties the line to the
+# response (its X-Request-Id) and to the lines this server logs of that request
+access_log_format = '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %(M)sms %({x-request-id}o)s'
 logger_class = "wsgi_infer.server.gunicorn.logger.ProxyAwareLogger"  # real client address behind nginx
 errorlog = "-"
 loglevel = "info"
@@ -241,7 +244,10 @@ def _place_engine(worker, settings):
 
 
 def _share_gunicorn_logging(worker):
-    """Our loggers write through gunicorn's error log, at its level (--log-level)."""
+    """Our loggers write through gunicorn's error log, at its level (--log-level), unless a log config
+    (``--log-config``, ``--log-config-dict``, ``--log-config-json``) said where they go."""
+    if worker.cfg.logconfig or worker.cfg.logconfig_dict or worker.cfg.logconfig_json:
+        return
     error_log = worker.log.error_log
     for name, level in (("wsgi_infer", error_log.level), ("transformers", max(error_log.level, logging.WARNING))):
         logger = logging.getLogger(name)

@@ -26,6 +26,7 @@ class ProxyAwareLogger(Logger):
 
     def atoms(self, resp, req, environ, request_time):
         atoms = super().atoms(resp, req, environ, request_time)
+        atoms["u"] = "-"  # Basic auth's user name: a client may send its API key there, and the log would keep it
         for key, value in atoms.items():
             if isinstance(value, str):
                 atoms[key] = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", value)
