@@ -227,3 +227,26 @@ def test_sliding_layers_keep_their_window_and_global_layers_every_block(tiny_mod
     everything = LLM(model=str(tiny_model_dirs["gemma3"]), num_kv_blocks=64, **settings)
     assert tokens == everything.generate(PROMPTS[-1], params)[0].token_ids
     assert_idle(llm)
+
+
+def test_a_sliding_pool_smaller_than_the_global_one_bounds_the_context_window(tiny_model_dirs):
+    """Gemma 3's pools in a small cache: the sliding one (5 blocks, under a window and a chunk) smaller than the
+    global one (6). The window was clamped to the global pool's 24 tokens, so a prompt of 23 waited for a sixth
+    sliding block for ever, first in the queue (Gemma 3 270M in 8 MiB: a 460-token prompt hung every request)."""
+    settings = dict(block_size=4, max_num_batched_tokens=32, speculative="none", quantization="none", max_num_seqs=1)
+    layer_block = LLM(
+        model=str(tiny_model_dirs["gemma3"]), num_kv_blocks=1, **settings
+    ).engine.runner._layer_block_bytes()
+    llm = LLM(model=str(tiny_model_dirs["gemma3"]), kv_cache_memory_bytes=layer_block * 11, **settings)
+    assert [pool.num_blocks for pool in llm.engine.kv_cache.pools] == [6, 5]
+    assert llm.engine.max_model_len == 20
+    engine = llm.engine
+    engine.add_request(
+        "whole", list(range(5, 5 + engine.max_model_len - 1)), SamplingParams(temperature=0, max_tokens=1)
+    )
+    for _ in range(20):  # bounded: a sequence that cannot be scheduled must fail the test, not hang it
+        if not any(d.finish_reason for d in engine.step()) and engine.has_unfinished():
+            continue
+        break
+    assert not engine.has_unfinished()
+    assert_idle(llm)

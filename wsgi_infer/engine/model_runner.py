@@ -22,7 +22,7 @@ from .layers.attention import AttentionMetadata
 from .loading.model_builder import build_model, kernels_serve, why_not_on_kernels
 from .runtime.cpu_budget import cpu_budget
 from .runtime.cpu_share import CpuShare
-from .scheduling.kv_cache_manager import plan_kv_groups
+from .scheduling.kv_cache_manager import KVGroup, plan_kv_groups
 from .scheduling.sequence import Sequence
 from .scheduling.step_budget import ScheduledSequence
 
@@ -132,12 +132,8 @@ class ModelRunner:
 
     def _fit_max_model_len(self, chunk: int) -> None:
         """A window larger than the cache would refuse every request that leaves max_tokens to fill it: clamp it,
-        as vLLM does, and say how to get more. Where every layer slides, a sequence holds its window and a chunk
-        at most, whatever its length."""
-        first = self.kv_groups[0]  # the global layers' pool, or every layer's
-        capacity = first.num_blocks * self.block_size
-        if first.window and capacity >= (-(-(first.window + chunk) // self.block_size) + 1) * self.block_size:
-            return
+        as vLLM does, and say how to get more. Each pool bounds it (``_sequence_room``)."""
+        capacity = min(self._sequence_room(group, chunk) for group in self.kv_groups)
         if self.max_model_len > capacity:
             log.warning(
                 "max_model_len %d is more than the KV cache holds: clamped to %d tokens "
@@ -145,7 +141,17 @@ class ModelRunner:
                 self.max_model_len,
                 capacity,
             )
-            self.max_model_len = capacity
+            self.max_model_len = int(capacity)
+
+    def _sequence_room(self, group: KVGroup, chunk: int) -> float:
+        """The most tokens one sequence can hold in ``group``'s pool: all of it, or without bound where the layers
+        slide and the pool holds a window and a chunk (a sequence holds no more, whatever its length). A sliding
+        pool smaller than the global one bounds the window too: Gemma 3 270M's in 8 MiB held 448 tokens beside
+        the global pool's 480, and a prompt between them waited for a block for ever."""
+        held = group.num_blocks * self.block_size
+        if group.window and held >= (-(-(group.window + chunk) // self.block_size) + 1) * self.block_size:
+            return math.inf
+        return held
 
     def _allocate_kv_cache(self) -> KVCache:
         caches: list[torch.Tensor | None] = [None] * self.num_layers
