@@ -45,6 +45,21 @@ def test_allocate_and_free_round_trip():
     assert kv.num_free_blocks == 8 and seq.block_tables[0].blocks == []
 
 
+def test_a_readmission_after_a_preemption_counts_no_cached_tokens():
+    """Preempted in its prefill, a prompt readmitted finds its own blocks: the usage's cached_tokens counted them
+    (96 of a 495-token prompt no other shared, the memory-pressure probe); vLLM counts the first admission's."""
+    kv = one_pool(num_blocks=8, block_size=4)
+    seq = make_seq("a", list(range(9)))
+    assert kv.find_cached_prefix(seq) is None and kv.allocate(seq, 8)
+    seq.first_scheduled_time = 1.0  # admitted (the scheduler's _admit)
+    seq.num_computed_tokens = 8
+    kv.cache_computed_blocks(seq)
+    kv.free(seq)  # preempted before its last token
+    hit = kv.find_cached_prefix(seq)
+    assert hit.num_blocks == 2 and kv.allocate(seq, 1, hit)
+    assert seq.num_computed_tokens == 8 and seq.num_cached_tokens == 0
+
+
 def test_shared_prefix_is_reference_counted():
     kv = one_pool(num_blocks=8, block_size=4)
     first = make_seq("a", list(range(9)))

@@ -173,7 +173,7 @@ class KVCacheManager:
         if hit is not None:
             self.num_stored_hit_blocks += hit.num_stored
             self.num_prefix_hit_blocks += hit.num_blocks - hit.num_stored
-            if not seq.num_output_tokens:
+            if seq.first_scheduled_time is None:  # as vLLM counts them: a readmission finds its own blocks
                 seq.num_cached_tokens = hit.num_blocks * self.block_size
         seq.num_computed_tokens = num_computed
         return True
