@@ -90,3 +90,37 @@ def test_a_stray_byte_after_a_whole_character_of_byte_tokens_is_one_replacement_
     detok = IncrementalDetokenizer(tokenizer, [258], stop=[])
     pieces = [detok.push(i) for i in [*"\U0001d541".encode(), 0xE0, 257, 258]]
     assert "".join(pieces) == "\U0001d541\ufffd hia"
+
+
+def _held_back_as_before(pending: str, stops: list[str]) -> int:
+    """The hold-back as it was first written, every stop's every prefix tried at each token: the reference."""
+    return max((n for stop in stops for n in range(1, len(stop)) if pending.endswith(stop[:n])), default=0)
+
+
+def test_stop_strings_searched_from_what_each_held_release_what_a_search_of_everything_would():
+    """Each token searches a stop from where the text held for it began (the text held back by 64 stops of
+    15,000 characters cost the square of its length a token, on the engine thread); over texts and stops of two
+    letters that overlap themselves every way, each piece equals that of a search of the whole pending text."""
+    import random
+
+    letters = "ab"
+    tokenizer = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(letters)}, unk_token="a"))
+    tokenizer.decoder = decoders.Fuse()
+    rng = random.Random(7)
+    for _ in range(300):
+        stops = ["".join(rng.choice(letters) for _ in range(rng.randint(1, 9))) for _ in range(rng.randint(1, 4))]
+        text = "".join(rng.choice(letters) for _ in range(rng.randint(1, 40)))
+        detok, pending = IncrementalDetokenizer(tokenizer, [], stop=stops), ""
+        for at, letter in enumerate(text):
+            pending += letter
+            found = [(i, stop) for stop in stops if (i := pending.find(stop)) >= 0]
+            if found:
+                first, matched = min(found, key=lambda place: place[0])
+                expected, pending = pending[:first], ""
+            else:
+                held = _held_back_as_before(pending, stops)
+                expected, pending, matched = pending[: len(pending) - held], pending[len(pending) - held :], None
+            assert detok.push(letters.index(letter)) == expected, (stops, text, at)
+            assert detok.matched == matched
+            if matched:
+                break
