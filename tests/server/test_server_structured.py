@@ -137,6 +137,8 @@ AUDIO = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}
         ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
         ("/v1/completions", {"suffix": " the end."}, "suffix"),
         ("/v1/completions", {"best_of": 3}, "best_of"),
+        ("/v1/completions", {"max_completion_tokens": 40}, "max_completion_tokens"),  # chat's: was ignored
+        ("/v1/completions", {"top_logprobs": 3}, "top_logprobs"),
     ],
 )
 def test_fields_that_would_change_the_output_are_refused_by_name(server, route, fields, param):

@@ -79,6 +79,10 @@ VLLM_CHAT = {
 VLLM_COMPLETIONS = {
     "add_special_tokens": _off("add_special_tokens false", True, why="a text prompt takes the tokenizer's own"),
 }
+CHATS_ONLY = {  # chat's names, which OpenAI's completions refuse and vLLM's ignore: its own change the output
+    "max_completion_tokens": Refused("max_completion_tokens is chat's; /v1/completions takes max_tokens"),
+    "top_logprobs": Refused("top_logprobs is chat's; /v1/completions takes logprobs (an integer)"),
+}
 LLAMA_SERVER = {
     "n_predict": _off("n_predict", why="use max_tokens"),
     "n_probs": _off("n_probs", 0, why="use logprobs"),

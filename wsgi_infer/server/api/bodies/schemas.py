@@ -21,7 +21,7 @@ from ....engine.sampling_params import RANGES, SamplingParams
 from .constraints import ConstraintFields
 from .keep_alive import KeepAlive
 from .parsing import Request
-from .refused import SAMPLING, VLLM_COMPLETIONS
+from .refused import CHATS_ONLY, SAMPLING, VLLM_COMPLETIONS
 
 MAX_CHOICES = 16
 MAX_STOP_SEQUENCES = 64  # vLLM's clients send more than OpenAI's 4 (lm-eval's `until`); each is searched per token
@@ -183,7 +183,7 @@ SAMPLING_FIELDS = (
 
 
 class CompletionRequest(SamplingRequest):
-    refused = {**SAMPLING, **VLLM_COMPLETIONS}
+    refused = {**SAMPLING, **VLLM_COMPLETIONS, **CHATS_ONLY}
     prompt: Prompts
     max_tokens: int | None = engine_field("max_tokens", engine_default("max_tokens"))  # 0 with echo: score the prompt
     logprobs: int | None = engine_field("logprobs")
