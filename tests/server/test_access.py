@@ -167,3 +167,16 @@ def test_a_page_of_another_site_may_not_write_without_asking(server, origin, sta
         assert own.status_code == 200, own.text
     if status == 403:
         assert reply.json()["error"]["code"] == "origin_not_allowed"
+
+
+@pytest.mark.parametrize(
+    ("host", "status"),
+    [("rebound.example:8000", 403), ("127.0.0.1:8000", 200), ("localhost:8000", 200), ("[::1]:8000", 200)],
+)
+def test_a_server_without_keys_takes_a_page_as_its_own_only_where_reached_by_address(tiny_api, host, status):
+    """DNS rebinding: a page of a name its attacker points at this server sends that name as its Origin and its
+    Host, so the server saw its own page; a name that is no address must be listed (WSGI_INFER_CORS_ORIGINS)."""
+    headers = {"Origin": f"http://{host}", "Host": host, "Content-Type": "text/plain"}
+    with tiny_api.client() as http:
+        reply = http.post("/v1/completions", content=b'{"prompt": "hi", "max_tokens": 2}', headers=headers)
+    assert reply.status_code == status, reply.text

@@ -3,6 +3,7 @@ for browsers."""
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit
 
 from flask import Flask, g, request
@@ -50,7 +51,7 @@ def install_access_control(app: Flask, settings: ServerSettings) -> None:
             g.tenant = policy.tenant  # what a key creates is its own
 
     origins = [origin.strip() for origin in settings.cors_origins.split(",") if origin.strip()]
-    _refuse_other_sites_writes(app, origins)
+    _refuse_other_sites_writes(app, origins, names_trusted=bool(tenants.policies))
     if origins:
         CORS(
             app,
@@ -70,24 +71,38 @@ def _vary_by_origin(response):
     return response
 
 
-def _refuse_other_sites_writes(app: Flask, origins: list[str]) -> None:
+def _refuse_other_sites_writes(app: Flask, origins: list[str], names_trusted: bool) -> None:
     """A browser sends a page's form, or a text/plain body, to any site without asking it first (no CORS
     preflight): on a server without keys any page a user opened could generate, or unload a model. Such a request
     names its page's origin, which must be the server's own or one of ``origins``; a client that is no browser sends
-    none."""
+    none. Both the origin and the Host header come from the browser: a page of a name its attacker points at this
+    server (DNS rebinding) is the server's own by them, so a server without keys (not ``names_trusted``) takes a
+    page as its own only where it is reached by an address or ``localhost``; another name must be listed."""
 
     @app.before_request
     def _same_site_or_allowed() -> None:
         origin = request.headers.get("Origin")
         if origin is None or request.method in ("GET", "HEAD", "OPTIONS") or "*" in origins or origin in origins:
             return
-        if _same_host(origin, request.host):
+        if _same_host(origin, request.host) and (names_trusted or _reached_by_address(request.host)):
             return
         raise APIError(
-            f"a page of {origin} may not call this server (WSGI_INFER_CORS_ORIGINS names the origins that may)",
+            f"a page of {origin} may not call this server (WSGI_INFER_CORS_ORIGINS names the origins that may; "
+            "without API keys, a page of this server's own is one reached by its address or localhost)",
             403,
             code="origin_not_allowed",
         )
+
+
+def _reached_by_address(host: str) -> bool:
+    name = urlsplit(f"//{host}").hostname or ""
+    if name == "localhost" or name.endswith(".localhost"):  # browsers resolve these to the loopback themselves
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _same_host(origin: str, host: str) -> bool:
