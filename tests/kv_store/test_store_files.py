@@ -68,6 +68,11 @@ def test_blocks_are_written_once_whole_and_found_by_namespace_and_key(tmp_path, 
     assert store.contains(NAMESPACE, key) and not store.contains(OTHER, key)
     assert bytes(unframe(NAMESPACE, key, store.get(NAMESPACE, key))) == bytes(_payload(1000))
     assert not [p for p in (tmp_path / "kv").rglob("*") if p.name.endswith(".tmp")]  # renamed into place
+    # the user's alone: a block's values give its prompt away (each was readable by every local user)
+    assert {p.stat().st_mode & 0o777 for p in (tmp_path / "kv").rglob("*")} | {
+        dst.parent.parent.stat().st_mode & 0o777
+    } == {0o700, 0o600}
+    assert dst.stat().st_mode & 0o777 == 0o600
     store.discard(NAMESPACE, key)
     assert store.get(NAMESPACE, key) is None
 

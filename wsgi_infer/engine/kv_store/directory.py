@@ -27,6 +27,10 @@ SUFFIX = ".kv"
 _STALE_TEMPORARY_SECONDS = 3600  # a writer that died mid-write left it
 
 
+def _owner_only(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
+
+
 class DirectoryStore:
     def __init__(self, root: Path, limit_bytes: int) -> None:
         self.root = root
@@ -36,7 +40,7 @@ class DirectoryStore:
         self._total: int | None = None  # the directory's bytes at the last scan, plus this process's writes since
         self._written_since_scan = 0
         try:
-            root.mkdir(parents=True, exist_ok=True)  # only here: see the module's docstring
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)  # only here: see the module's docstring
         except OSError:
             pass  # the first write says why, and the store is degraded
 
@@ -65,10 +69,10 @@ class DirectoryStore:
         path = self._path(namespace, key)
         if path.is_file():  # another worker wrote it
             return False
-        path.parent.mkdir(exist_ok=True)
+        path.parent.mkdir(mode=0o700, exist_ok=True)  # the user's own: a block's values give its prompt away
         staging = path.with_name(f".{path.stem}.{os.getpid()}.{os.urandom(4).hex()}.tmp")  # this writer's own
         try:
-            with open(staging, "wb") as f:
+            with open(staging, "wb", opener=_owner_only) as f:
                 for part in framed:
                     f.write(part)
             os.replace(staging, path)
