@@ -54,7 +54,7 @@ def text_side(model_dir: Path, kept: TextSide | None, vocab_size: int | None) ->
     """``kept`` where it is this directory's (a model file replaced since is prepared in another directory), else a
     new one: with a grammar compiler for a vocabulary of ``vocab_size`` (None: an embedding model, none)."""
     if kept is not None and kept.model_dir == model_dir:
-        log.info("%s: its text side kept from its last load", model_dir.name)
+        log.info("%s: its text side kept (built as the worker started, or at its last load)", model_dir.name)
         return kept
     tokenizer = load_tokenizer(model_dir)
     grammars = GrammarCompiler(tokenizer, vocab_size) if vocab_size is not None else None
