@@ -180,3 +180,10 @@ def test_a_server_without_keys_takes_a_page_as_its_own_only_where_reached_by_add
     with tiny_api.client() as http:
         reply = http.post("/v1/completions", content=b'{"prompt": "hi", "max_tokens": 2}', headers=headers)
     assert reply.status_code == status, reply.text
+
+
+def test_the_master_logs_the_settings_given_without_the_keys(server):
+    """As vLLM logs its non-default arguments: the person on call reads why requests are refused or queued."""
+    given = server.wait_for_log(r"settings given: (.*)").group(1)
+    assert "api_key=(2 keys)" in given and "cors_origins=http://app.example" in given
+    assert not any("key-one" in line for line in server.lines)

@@ -162,9 +162,10 @@ class ModelRunner:
             for i, layer in enumerate(group.layers):
                 caches[layer] = layers[i]
             log.info(
-                "KV cache: %d blocks of %d tokens for %d layers%s (%.0f MiB, %s %s)",
+                "KV cache: %d blocks of %d tokens (%d tokens) for %d layers%s (%.0f MiB, %s %s)",
                 group.num_blocks,
                 self.block_size,
+                group.num_blocks * self.block_size,
                 len(group.layers),
                 f" with a window of {group.window}" if group.window else "",
                 group.num_blocks * len(group.layers) * self._layer_block_bytes() / 2**20,

@@ -7,6 +7,7 @@ types, defaults, help and bounds); the server's own are declared here.
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -166,6 +167,19 @@ class ServerSettings(EngineSettings):
     @property
     def api_keys(self) -> list[str]:
         return [key.strip() for key in (self.api_key or "").split(",") if key.strip()]
+
+    def given(self) -> str:
+        """The settings given a value (as vLLM logs its non-default arguments): keys shown as set, and a URL's
+        password hidden."""
+        shown = []
+        for name in sorted(self.model_fields_set):
+            value = getattr(self, name)
+            if name == "api_key":
+                value = f"({len(self.api_keys)} keys)"
+            elif name in ("redis_url", "kv_store_url") and value:
+                value = re.sub(r"(//[^:/@]*:)[^@]*@", r"\1***@", value)
+            shown.append(f"{name}={value}")
+        return ", ".join(shown)
 
     def engine_config(self) -> EngineConfig:
         engine = {f.name: getattr(self, f.name) for f in SETTINGS}

@@ -80,6 +80,7 @@ def _settings_or_exit(server):
     try:
         _check_gunicorn_flags(server)
         settings = ServerSettings()
+        server.log.info("settings given: %s", settings.given() or "none (every default)")
         keys = _read_for_workers(settings)  # else each worker's traceback, once it imported torch
         if settings.api_key is not None and not settings.api_keys:
             server.log.warning("WSGI_INFER_API_KEY is set but holds no key: the API is open to anyone")
