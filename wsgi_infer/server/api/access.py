@@ -26,6 +26,19 @@ def is_public(path: str, protect_ops: bool) -> bool:
     return path == "/" or path.startswith("/static/") or (not protect_ops and path.startswith(OPS_PATHS))
 
 
+def require_admin(what: str, param: str | None = None) -> None:
+    """Where keys are set, a key changes which models every key finds loaded only if it is an admin's: a tenant's
+    unload (or ``keep_alive: 0``) made the others wait for a reload, a pin squeezed their models out."""
+    key = g.get("key")
+    if key is not None and not key.admin:
+        raise APIError(
+            f"this key may not {what} (a key of WSGI_INFER_API_KEY may, or a keys-file table with admin = true)",
+            403,
+            param=param,
+            code="permission_denied",
+        )
+
+
 def install_access_control(app: Flask, settings: ServerSettings) -> None:
     tenants = app.extensions["wsgi_infer.tenants"] = Tenants(settings)
     if tenants.policies:

@@ -1,11 +1,13 @@
 """Loading and unloading models by hand: ``POST /v1/models/{id}/load`` and ``/unload``, and llama-server's router
-routes ``POST /models/load`` and ``/models/unload`` with ``{"model": ...}``. Behind the API key when keys are set."""
+routes ``POST /models/load`` and ``/models/unload`` with ``{"model": ...}``. Where keys are set, an admin key's
+only (``access.require_admin``)."""
 
 from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
 
 from ..errors import APIError
+from .access import require_admin
 from .serving import manager, served, wait_ready
 
 bp = Blueprint("model_admin", __name__)
@@ -15,6 +17,7 @@ bp = Blueprint("model_admin", __name__)
 def load(model_id: str):
     """Load the model (unloading idle ones to make room, as a request would; one whose load failed, again); its
     entry once it serves."""
+    require_admin("load models")
     model = served(model_id)
     wait_ready(model, retry_failed=True)
     return jsonify(model.describe())
@@ -23,6 +26,7 @@ def load(model_id: str):
 @bp.post("/v1/models/<path:model_id>/unload")
 def unload(model_id: str):
     """Unload the model, unless requests are open on it (a 409: it never goes from under its streams)."""
+    require_admin("unload models")
     model = manager().model(model_id)  # not ``served``: naming the model here does not make it busy
     if model.busy:  # a request that named it and waits (for its load, its turn) counts apart
         waiting = f" and {model.holds} waiting to start on it (a load asked for by hand is one)" if model.holds else ""

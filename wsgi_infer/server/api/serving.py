@@ -25,6 +25,7 @@ from ..streaming import sse
 from ..streaming.redis_store import RedisStreamReader, StoreUnavailable
 from ..streaming.stream_log import StreamInterrupted, StreamLog
 from ..streaming.stream_record import RequestRecord, StreamRecord
+from .access import require_admin
 from .admission import admit_key, tenants, through_the_door
 from .continuation import Continuation, continuer
 
@@ -40,6 +41,8 @@ def served(name: str | None, keep_alive: float | None = None) -> ServedModel:
     ``keep_alive`` (the request's, as Ollama takes it): how long the model stays loaded once idle after it; without
     one, the model's configured keep-alive."""
     model = manager().model(name)
+    if keep_alive is not None:
+        require_admin("set keep_alive", param="keep_alive")
     model.keep_alive = model.configured_keep_alive if keep_alive is None else keep_alive
     model.holds += 1  # busy from here: no load of another model unloads it before this request submits
     g.setdefault("held", []).append(model)

@@ -37,6 +37,7 @@ class KeyPolicy(KeyLimits):
     key: str | None = Field(None, min_length=1, description="the key itself")
     key_sha256: str | None = Field(None, pattern="^[0-9a-fA-F]{64}$", description="or its SHA-256, in hex")
     weight: float = Field(1.0, gt=0, le=1e6, description="its share of the engine when keys contend")
+    admin: bool = Field(False, description="may load and unload models, and set a request's keep_alive")
     min_priority: int | None = Field(
         None, description="the most urgent priority its requests run at (lower is more urgent): a lower one is raised"
     )
@@ -74,7 +75,8 @@ def load_keys(api_keys: list[str], keys_file: str | None) -> list[KeyPolicy]:
 def read_keys(api_keys: list[str], keys_file: str | None) -> list[KeyPolicy]:
     """Every key the settings give, the keys file read now; raises KeysConfigError naming the file and the table."""
     # Named by their place: a public /metrics labels series by id, and a hash of a weak key is undone offline
-    policies = [KeyPolicy(id=f"api-key-{i}", key=key) for i, key in enumerate(api_keys, 1)]
+    # The operator's own keys: each may load and unload models (a keys-file table's, where it says admin = true)
+    policies = [KeyPolicy(id=f"api-key-{i}", key=key, admin=True) for i, key in enumerate(api_keys, 1)]
     tables = toml_tables(keys_file, "keys", KeysConfigError, "keys file")
     if keys_file and not tables:
         raise KeysConfigError(f"keys file {keys_file!r} holds no [keys.NAME] table")
