@@ -288,6 +288,7 @@ def test_past_worker_connections_a_client_gets_a_503_with_retry_after(tiny_model
                 refused = http.post("/v1/completions", json=HELLO)
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
             assert refused.json()["error"]["code"] == "too_many_connections"
+            server.wait_for_log(r"turned away 1 connections with a 503 .* its limit of 20 \(--worker-connections\)")
         finally:
             for sock in held:
                 sock.close()

@@ -47,6 +47,7 @@ from ..engine_client.extension import manager_of
 from ..errors import error_body
 
 TURN_AWAY_LINGER_S = 1.0  # how long a refused client may finish sending before the close
+TURN_AWAY_LOG_S = 10.0  # a flood of refusals logs a line this often at most (the metric counts each)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
@@ -73,6 +74,8 @@ class InferenceWorker(GeventWorker):
     _servers: list[StreamServer] = []
     _draining: gevent.Greenlet | None = None
     _stop_asked: Event | None = None  # wakes run()'s heartbeat loop: an idle worker leaves at once, not within 1 s
+    _turned_away = 0  # connections refused since the last line that said so
+    _next_turn_away_line = 0.0
 
     @property
     def alive(self) -> bool:
@@ -177,6 +180,15 @@ class InferenceWorker(GeventWorker):
         metrics = self._metrics()
         if metrics is not None:
             metrics.http_connections_refused.inc()
+        self._turned_away += 1
+        if (now := time.monotonic()) >= self._next_turn_away_line:  # the first at once: the access log has none
+            self.log.warning(
+                "turned away %d connections with a 503 (too_many_connections) since this line last said so: this "
+                "worker holds its limit of %d (--worker-connections)",
+                self._turned_away,
+                self.worker_connections,
+            )
+            self._turned_away, self._next_turn_away_line = 0, now + TURN_AWAY_LOG_S
         message = f"this worker holds its limit of {self.worker_connections} connections; retry later"
         body = error_body(message, 503, code="too_many_connections")
         try:
