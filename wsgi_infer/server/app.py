@@ -62,6 +62,9 @@ def _install_request_hooks(app: Flask) -> None:
         g.turned_away = manager_of(current_app).draining and connection in kept_alive
         if connection is not None:
             kept_alive.add(connection)
+        if not g.turned_away:  # a drain waits for it (``open_work``)
+            manager_of(current_app).open_work.arrived()
+            g.arrived = True
 
     @app.before_request
     def _request_id() -> None:
@@ -102,6 +105,11 @@ def _install_request_hooks(app: Flask) -> None:
 
     # A request that named a model and ends before submitting to it (an error, /tokenize) lets go of it here.
     app.teardown_request(lambda _exc: let_go_of_models())
+
+    @app.teardown_request
+    def _leave(_exc) -> None:
+        if g.pop("arrived", False):
+            manager_of(current_app).open_work.left()
 
     @app.after_request
     def _tag_response(response):

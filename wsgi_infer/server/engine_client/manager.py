@@ -29,6 +29,7 @@ from ..streaming.response_store import response_store
 from ..streaming.stream_log import StreamLogs
 from .bridge import HubBridge, front_end_busy_for, start_front_end
 from .model_loads import ModelLoads
+from .open_work import OpenWork
 from .router import StreamRouter
 from .served_model import ServedModel
 from .streams import RequestStream
@@ -74,9 +75,7 @@ class EngineManager:
         )
         self._ready_event = gevent.event.Event()
         self._stopped = gevent.event.Event()
-        self._idle = gevent.event.Event()  # set while no request has an open response
-        self._idle.set()
-        self._open_streams: set[int] = set()  # responses not yet released
+        self.open_work = OpenWork()  # what a drain waits for
         self._ids = itertools.count()
         # A stream nobody has read for one heartbeat interval is abandoned (the client left).
         self.stream_logs = StreamLogs(
@@ -186,10 +185,10 @@ class EngineManager:
             return
         self._stop_waiting()
         log.info("draining: %d open requests, up to %.1f s", self.num_open_requests, deadline)
-        if not self._idle.wait(deadline):
+        if not self.open_work.idle.wait(deadline):
             ended = self.end_streams()
             log.info("drain deadline reached: ended %d open requests with a shutdown event", ended)
-            self._idle.wait(STREAM_FLUSH_SECONDS)
+            self.open_work.idle.wait(STREAM_FLUSH_SECONDS)
         self.close()
         log.info("drained")
 
@@ -198,7 +197,7 @@ class EngineManager:
         self._stop_waiting()
         ended = self.end_streams()
         log.info("quick shutdown: ended %d open requests", ended)
-        self._idle.wait(STREAM_FLUSH_SECONDS)
+        self.open_work.idle.wait(STREAM_FLUSH_SECONDS)
         self.close(timeout=STREAM_FLUSH_SECONDS)
 
     def _stop_waiting(self) -> None:
@@ -226,8 +225,7 @@ class EngineManager:
         choices, key = len(prompts) * len(params), str(next(self._ids))
         stream = RequestStream(request_id, choices, key=key, model=model.name, choices_per_prompt=len(params))
         self._router.add(stream)
-        self._open_streams.add(id(stream))
-        self._idle.clear()
+        self.open_work.add_stream(stream)
         model.count_open(stream, +1)
         model.metrics.open_streams.inc()
         self._bridge.send(Submit(model.name, stream.key, request_id, stream.choice_ids, prompts, params, generated))
@@ -246,9 +244,7 @@ class EngineManager:
         model.last_used = time.monotonic()
         if not model.busy:
             self.loads.on_idle(model)
-        self._open_streams.discard(id(stream))
-        if not self._open_streams:
-            self._idle.set()
+        self.open_work.discard_stream(stream)
         self._router.remove(stream)
         unfinished = [cid for i, cid in enumerate(stream.choice_ids) if i not in stream.finish_reasons]
         if unfinished and self.alive:
@@ -262,7 +258,7 @@ class EngineManager:
 
     @property
     def num_open_requests(self) -> int:
-        return len(self._open_streams)
+        return self.open_work.num_streams
 
     # --- the engine's lifecycle events (hub) -------------------------------------------------
     def _on_ready(self, event: messages.EngineReady) -> None:
