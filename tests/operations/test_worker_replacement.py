@@ -65,6 +65,11 @@ def test_sighup_reload_ends_old_streams_cleanly_and_keeps_serving(tiny_model_dir
             t.join(30)
         assert served and set(served) == {200}
         assert all(r.error is None and r.interrupted for r in results)
+        # each stream the drain ended is counted aborted (request_success_total{abort}), though the engine stopped
+        # before it answered the abort: it was counted only where the answer came first
+        server.wait_for_log(rf"\[{old_worker}\] \[INFO\] drained")
+        ended = [line for line in server.lines if f"[{old_worker}] [INFO] request " in line]
+        assert sum("response ended early, aborted 1 unfinished" in line for line in ended) == 2, ended
         assert not psutil.pid_exists(old_worker) or psutil.Process(old_worker).status() == psutil.STATUS_ZOMBIE
         assert old_worker not in server.worker_pids()
 
@@ -84,6 +89,22 @@ def test_max_requests_recycles_the_worker_with_a_drain(tiny_model_dirs):
             assert http.post("/v1/completions", json={"prompt": "three", "max_tokens": 2}).status_code == 200
         threads[0].join(30)
         assert results[0].error is None and results[0].interrupted
+        assert old_worker not in server.worker_pids()
+
+
+def test_the_request_that_reaches_max_requests_is_served_on_an_idle_worker(tiny_model_dirs):
+    """gunicorn starts the drain before the app runs that request: with nothing else open the drain ended at once,
+    stopping the engine, and the request got a 503 server_shutting_down (one in every max_requests)."""
+    with lifecycle_server(tiny_model_dirs, "--max-requests", "2") as server:
+        server.wait_ready()
+        (old_worker,) = server.worker_pids()
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            statuses = [
+                http.post("/v1/completions", json={"prompt": str(i), "max_tokens": 2}, headers={"Connection": "close"})
+                for i in range(3)
+            ]
+        assert [r.status_code for r in statuses] == [200] * 3, statuses[1].text
+        server.wait_for_log(rf"\[{old_worker}\] \[INFO\] drained")
         assert old_worker not in server.worker_pids()
 
 

@@ -249,6 +249,7 @@ class EngineManager:
         unfinished = [cid for i, cid in enumerate(stream.choice_ids) if i not in stream.finish_reasons]
         if unfinished and self.alive:
             self._bridge.send(Abort(stream.model, stream.request_id, unfinished))
+            self._router.abort_sent(stream.model, stream.request_id, len(unfinished))
 
     def let_go(self, model: ServedModel) -> None:
         """A request that named ``model`` submitted to it (its stream keeps it busy now) or ended before."""
@@ -289,6 +290,7 @@ class EngineManager:
         self._stopped.set()
         if self._closing:
             self.end_streams()
+        self._router.engine_stopped()
         self._router.terminate_all(self.failure or "the engine stopped", "engine_stopped")
         if was_serving and not self._closing and self.on_engine_death is not None:
             self.on_engine_death()

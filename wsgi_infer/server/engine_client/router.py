@@ -66,6 +66,8 @@ class StreamRouter:
         # Each model's engine's cumulative counters, as last seen (a load starts them again).
         self._last_seen: dict[str, dict[str, int]] = {}
         self._accepted_seen: dict[str, list[int]] = {}
+        # Aborts the engine has not answered, by (model, request id): their choices, in the order sent.
+        self._aborting: dict[tuple[str, str], list[int]] = {}
 
     # --- the routing table --------------------------------------------------------------
     def add(self, stream: RequestStream) -> None:
@@ -112,11 +114,28 @@ class StreamRouter:
                 self._metrics_of(stream.model).prompt_tokens.inc(event.outcome.prompt_tokens * stream.num_choices)
             stream.push(event.outcome)
 
+    def abort_sent(self, model: str, request_id: str, num_choices: int) -> None:
+        self._aborting.setdefault((model, request_id), []).append(num_choices)
+
+    def engine_stopped(self) -> None:
+        """The aborts the engine stopped before answering (a drain's, its step interrupted) end early all the same."""
+        for (model, request_id), counts in self._aborting.items():
+            for num_choices in counts:
+                self._count_aborted(model, request_id, num_choices)
+        self._aborting.clear()
+
     def _on_aborted(self, event: Aborted) -> None:
-        if not event.num_choices:  # the engine refused the request (a 400), or it finished as it was aborted
-            return
-        self._metrics_of(event.model).request_success("abort").inc(event.num_choices)  # as vLLM counts them
-        log.info("request %s: response ended early, aborted %d unfinished choices", event.request_id, event.num_choices)
+        key = (event.model, event.request_id)
+        if pending := self._aborting.get(key):
+            pending.pop(0)
+            if not pending:
+                del self._aborting[key]
+        if event.num_choices:  # else the engine refused the request (a 400), or it finished as it was aborted
+            self._count_aborted(event.model, event.request_id, event.num_choices)
+
+    def _count_aborted(self, model: str, request_id: str, num_choices: int) -> None:
+        self._metrics_of(model).request_success("abort").inc(num_choices)  # as vLLM counts them
+        log.info("request %s: response ended early, aborted %d unfinished choices", request_id, num_choices)
 
     def _on_step(self, step: StepDone) -> None:
         now = time.monotonic()
