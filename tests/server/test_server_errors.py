@@ -57,6 +57,8 @@ def bad_requests(http: httpx.Client, limit: int) -> None:
     assert_error(http.post("/v1/completions", json={"prompt": "hi", "temperature": 5}), 400, param="temperature")
     assert_error(http.post("/v1/completions", json={"prompt": "hi", "n": 0}), 400, param="n")
     assert_error(http.post("/v1/completions", json={}), 400, param="prompt")
+    for empty in ("", [""], [[]]):  # named as [] is (param was null)
+        assert_error(http.post("/v1/completions", json={"prompt": empty}), 400, param="prompt", contains="empty")
     assert_error(http.post("/v1/completions", json={"prompt": [10**9]}), 400, contains="token ids")
     assert_error(
         http.post("/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]}),

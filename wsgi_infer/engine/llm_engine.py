@@ -103,7 +103,7 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         prompt_ids = prompt_tokens(self.tokenizer, prompt, tokens_to_keep(params, self.max_model_len))
         if not prompt_ids:
-            raise ValueError("prompt must not be empty")
+            raise InvalidParameter("prompt", "prompt must not be empty")
         vocab = self.hf_config.vocab_size
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in (*prompt_ids, *generated)):
             raise InvalidParameter("prompt", f"prompt token ids must be integers in [0, {vocab})")
