@@ -5,6 +5,8 @@ OpenAI takes it; a field that failed every form it takes is named as the body sp
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from wsgi_infer.engine.sampling_params import InvalidParameter, SamplingParams
@@ -147,3 +149,18 @@ def test_values_past_a_fields_range_are_refused_by_its_bounds(tiny_api, fields, 
         assert http.post("/v1/completions", json=top).status_code == 200
     with pytest.raises(InvalidParameter, match="seed"):
         SamplingParams(seed=2**64)
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_with_include_usage_every_chunk_says_usage_null_until_the_last(tiny_api, route):
+    """OpenAI's: "All other chunks will also include a usage field, but with a null value" (a typed client reads
+    the field in each; it was absent)."""
+    body = {**GREEDY, "stream": True, "stream_options": {"include_usage": True}}
+    if route.endswith("chat/completions"):
+        body = {**body, "messages": ASK}
+        del body["prompt"]
+    with tiny_api.client() as http:
+        reply = http.post(route, json=body)
+    chunks = [json.loads(line[len("data: ") :]) for line in reply.text.splitlines() if line.startswith("data: {")]
+    assert len(chunks) > 2 and all("usage" in chunk and chunk["usage"] is None for chunk in chunks[:-1]), chunks
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4

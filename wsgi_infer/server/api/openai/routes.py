@@ -107,12 +107,17 @@ def cancel(stream_id: str):
 
 def _sse(mgr: ServedModel, stream: RequestStream, include_usage: bool, formatter: Formatter) -> Iterator[str | None]:
     """The events of one response; runs in the pump greenlet (no request context)."""
+
+    def chunk_event(choice: dict) -> str:
+        body = formatter.envelope([choice])
+        return sse.event(body | {"usage": None} if include_usage else body)  # OpenAI's: null but in the last
+
     try:
         for choice in pumped_choices(mgr, stream):
             if choice is None:
                 yield None
             elif (chunk := formatter.chunk_choice(choice)) is not None:
-                yield sse.event(formatter.envelope([chunk]))
+                yield chunk_event(chunk)
         if include_usage:
             yield sse.event(formatter.envelope([], usage=stream.usage))
         yield sse.DONE
@@ -120,5 +125,5 @@ def _sse(mgr: ServedModel, stream: RequestStream, include_usage: bool, formatter
         # Each unfinished choice ends with "abort", then an error event; never [DONE].
         for index in range(stream.num_choices):
             if index not in stream.finish_reasons:
-                yield sse.event(formatter.envelope([formatter.abort_choice(index)]))
+                yield chunk_event(formatter.abort_choice(index))
         yield openai_error_event(exc.message, exc.code)  # as a reader of Redis's copy ends it (stream_endings)
