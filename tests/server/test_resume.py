@@ -133,12 +133,15 @@ def cancelled_while_read(reader: GunicornServer, canceller: GunicornServer, head
 def test_a_cancelled_stream_ends_at_once_for_its_reader_and_frees_everything(server):
     """A cut stream waits a heartbeat (10 s here) for a resume; a client's stop (DELETE) did not exist: the chat
     page's Stop held the generation, its key's place and its blocks for the heartbeat."""
+    mark = len(server.lines)
     cancel, rest, seconds, again = cancelled_while_read(server, server)
     assert cancel["cancelled"] and not again["cancelled"]
     assert rest[-2].json["choices"][0]["finish_reason"] == "abort"
     assert rest[-1].name == "error" and rest[-1].json["error"]["code"] == "stream_cancelled"
     assert seconds < 5, seconds  # not a heartbeat's wait
     wait_until(lambda: server.metrics()["wsgi_infer:open_streams"] == 0, "the cancelled stream closed")
+    # the engine's answer to the abort, which comes after the counters it changed (its blocks freed)
+    server.wait_for_log(r"response ended early, aborted 1 unfinished", after=mark, timeout=10)
     metrics = server.metrics()
     assert metrics["wsgi_infer:kv_blocks_free"] == metrics["wsgi_infer:kv_blocks_total"]
     with server.client() as http:
