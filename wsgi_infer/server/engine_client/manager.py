@@ -238,6 +238,11 @@ class EngineManager:
         stream.closed = True
         if stream.on_close is not None:
             stream.on_close()
+        self._router.remove(stream)
+        unfinished = [cid for i, cid in enumerate(stream.choice_ids) if i not in stream.finish_reasons]
+        if unfinished and self.alive:  # before the model goes idle: an unload it starts would drop the abort
+            self._bridge.send(Abort(stream.model, stream.request_id, unfinished))
+            self._router.abort_sent(stream.model, stream.request_id, len(unfinished))
         model = self.models[stream.model]
         model.count_open(stream, -1)
         model.metrics.open_streams.dec()
@@ -245,11 +250,6 @@ class EngineManager:
         if not model.busy:
             self.loads.on_idle(model)
         self.open_work.discard_stream(stream)
-        self._router.remove(stream)
-        unfinished = [cid for i, cid in enumerate(stream.choice_ids) if i not in stream.finish_reasons]
-        if unfinished and self.alive:
-            self._bridge.send(Abort(stream.model, stream.request_id, unfinished))
-            self._router.abort_sent(stream.model, stream.request_id, len(unfinished))
 
     def let_go(self, model: ServedModel) -> None:
         """A request that named ``model`` submitted to it (its stream keeps it busy now) or ended before."""
