@@ -80,16 +80,19 @@ def _install_request_hooks(app: Flask) -> None:
         if request.content_encoding not in (None, "", "identity"):  # a compressed body was read as text
             raise APIError(f"Content-Encoding {request.content_encoding!r} is not supported: send the body as is", 415)
         limit = manager_of(current_app).settings.body_timeout_seconds
-        with gevent.Timeout(limit, APIError(f"the request body did not arrive within {limit:g} s", 408)):
-            try:
+        try:
+            with gevent.Timeout(limit, _BodyLate):
                 body = request.get_data(cache=True)
-            except ParseException as exc:  # a malformed chunk: nothing after it on the connection can be read
-                _close_after(request.environ)
-                raise APIError(f"the request body is malformed: {exc}", 400) from None
-            # A chunked body (no length) stops at the size limit without an error, and its cut JSON read as
-            # malformed: a byte more past the limit is a 413, as a body whose length says so is.
-            if len(body) >= app.config["MAX_CONTENT_LENGTH"] and request.environ["wsgi.input"].read(1):
-                raise RequestEntityTooLarge()
+                # A chunked body (no length) stops at the size limit without an error, and its cut JSON read as
+                # malformed: a byte more past the limit is a 413, as a body whose length says so is.
+                if len(body) >= app.config["MAX_CONTENT_LENGTH"] and request.environ["wsgi.input"].read(1):
+                    raise RequestEntityTooLarge()
+        except _BodyLate:  # closed, as nginx does: its rest, if it comes, is not read through for a next request
+            _close_after(request.environ)
+            raise APIError(f"the request body did not arrive within {limit:g} s", 408) from None
+        except ParseException as exc:  # a malformed chunk: nothing after it on the connection can be read
+            _close_after(request.environ)
+            raise APIError(f"the request body is malformed: {exc}", 400) from None
 
     @app.before_request
     def _turn_away_new_work() -> None:
@@ -120,9 +123,14 @@ def _install_request_hooks(app: Flask) -> None:
         return response
 
 
+class _BodyLate(Exception):
+    """A request body that did not arrive whole within ``body_timeout_seconds``."""
+
+
 def _close_after(environ: dict) -> None:
-    """gunicorn closes the connection after this response: it would read the rest of a malformed body as the next
-    request's and answer that a second time, on a connection the client may send its next request on."""
-    parsed = getattr(getattr(environ.get("wsgi.input"), "reader", None), "req", None)
+    """gunicorn closes the connection after this response: it would read the rest of a malformed or late body as
+    the next request's and answer that a second time, on a connection the client may send its next request on.
+    (Our worker links the body to its request: ``InferenceWorker.handle_request``.)"""
+    parsed = getattr(environ.get("wsgi.input"), "request", None)
     if parsed is not None:
         parsed.must_close = True

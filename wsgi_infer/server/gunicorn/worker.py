@@ -174,6 +174,12 @@ class InferenceWorker(GeventWorker):
             metrics.http_connections.dec()
             metrics.greenlets.dec()
 
+    def handle_request(self, listener_name, req, sock, addr):
+        # The app's way back to gunicorn's request, through the environ's wsgi.input (its body): to close the
+        # connection after its answer (app._close_after), whatever reader the body has.
+        req.body.request = req
+        return super().handle_request(listener_name, req, sock, addr)
+
     def _turn_away(self, client: socket.socket, addr: tuple) -> None:
         """A 503 without reading the request, then a short linger: closing with unread input
         would reset the connection, and the client might never see the answer."""
