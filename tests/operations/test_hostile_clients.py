@@ -141,14 +141,23 @@ def test_stalled_headers_and_idle_connections_are_closed(strict):
         assert read_until(idle) == b""
 
 
+def test_an_http_1_0_request_needs_no_host(strict):
+    with connect(strict) as sock:
+        sock.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+        head, body = read_response(sock)
+    assert head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.1 200"), head
+    assert json.loads(body)["status"] == "ok", body
+
+
 @pytest.mark.parametrize(
     ("sent", "status", "words"),
     [
         (b"GET /v1/" + b"m" * 5000 + b" HTTP/1.1\r\nHost: test\r\n\r\n", 414, "too large"),
         (b"GET /health HTTP/1.1\r\nHost: test\r\nX-Long: " + b"h" * 9000 + b"\r\n\r\n", 431, "limit request headers"),
         (b"GET /health NOT-HTTP\r\nHost: test\r\n\r\n", 400, "NOT-HTTP"),
+        (b"GET /health HTTP/1.1\r\nAccept: */*\r\n\r\n", 400, "must send a Host header"),
     ],
-    ids=["request-line-too-long", "header-too-long", "not-http"],
+    ids=["request-line-too-long", "header-too-long", "not-http", "http-1.1-without-host"],
 )
 def test_a_request_gunicorn_cannot_parse_gets_a_json_error(strict, sent, status, words):
     """gunicorn answers these itself, before the app: in the API's error shape, as every other error."""

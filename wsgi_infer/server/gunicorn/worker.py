@@ -39,6 +39,7 @@ from gevent.pool import Pool
 from gevent.server import StreamServer
 from gunicorn import util
 from gunicorn.arbiter import Arbiter
+from gunicorn.http.errors import InvalidHeader
 from gunicorn.sock import ssl_context
 from gunicorn.workers.base import Worker
 from gunicorn.workers.ggevent import GeventWorker
@@ -175,6 +176,8 @@ class InferenceWorker(GeventWorker):
             metrics.greenlets.dec()
 
     def handle_request(self, listener_name, req, sock, addr):
+        if req.version >= (1, 1) and not any(name == "HOST" for name, _ in req.headers):
+            raise MissingHost("Host", req)  # gunicorn serves it; RFC 9112 section 3.2 asks for a 400, as nginx's
         # The app's way back to gunicorn's request, through the environ's wsgi.input (its body): to close the
         # connection after its answer (app._close_after), whatever reader the body has.
         req.body.request = req
@@ -220,6 +223,13 @@ class InferenceWorker(GeventWorker):
         if manager is not None:
             manager.shutdown_now()
         Worker.handle_quit(self, sig, frame)  # worker_int hook, then exit
+
+
+class MissingHost(InvalidHeader):
+    """An HTTP/1.1 request without a Host header: gunicorn's ``handle_error`` answers it, a 400."""
+
+    def __str__(self) -> str:
+        return "an HTTP/1.1 request must send a Host header"
 
 
 def _json_answer(status: int, reason: str, body: dict, headers: str = "") -> bytes:
