@@ -121,6 +121,21 @@ def test_a_malformed_chunk_is_a_400_then_the_close(tiny_server, chunks):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("version", "status"), [(b"1.1", 400), (b"1.0", 200)])
+def test_a_host_header_is_asked_of_http_1_1_requests_only(tiny_server, version, status):
+    """RFC 9112, section 3.2: an HTTP/1.1 request without Host is a 400, as nginx answers it (gunicorn served it)."""
+    with socket.create_connection(("127.0.0.1", tiny_server.port), timeout=30) as sock:
+        sock.sendall(b"GET /health HTTP/" + version + b"\r\nAccept: */*\r\n\r\n")
+        reply = b""
+        while data := sock.recv(65536):  # until the server closes: after its answer to either
+            reply += data
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.split()[1] == b"%d" % status, reply
+    answer = json.loads(body)
+    assert answer["status"] == "ok" if status == 200 else "must send a Host header" in answer["error"]["message"]
+
+
+@pytest.mark.slow
 def test_errors_leave_a_concurrent_stream_intact(tiny_server, tiny_llama):
     prompt = "A stream that must not notice the errors around it"
     expected = tiny_llama.generate(prompt, SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))[0].text
