@@ -136,6 +136,27 @@ def test_a_host_header_is_asked_of_http_1_1_requests_only(tiny_server, version, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("over", [True, False], ids=["over the limit", "within it"])
+def test_a_body_over_the_limit_is_refused_before_its_client_is_asked_to_send_it(tiny_server, over):
+    """Expect: 100-continue (curl's, past 1 MB): a body over the limit gets the 413 at once, and the close, not a
+    100 (Continue) first, after which gunicorn read it all; a body within it gets the 100, then its answer."""
+    body = json.dumps({"prompt": "Hi", "max_tokens": 1}).encode()
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+    with socket.create_connection(("127.0.0.1", tiny_server.port), timeout=30) as sock:
+        sock.sendall(head + b"Content-Length: %d\r\n\r\n" % (BODY_LIMIT + 1 if over else len(body)))
+        reply = sock.recv(65536)
+        if reply.startswith(b"HTTP/1.1 100 "):
+            sock.sendall(body)
+        while not reply.rstrip().endswith(b"}") and (data := sock.recv(65536)):  # a JSON answer, whole
+            reply += data
+        closed = over and sock.recv(1) == b""  # at once, not after the keep-alive's 5 s
+    statuses = [int(line.split()[1]) for line in reply.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+    assert statuses == ([413] if over else [100, 200]), reply
+    assert closed == over and (b"Connection: close" in reply) == over, reply
+    assert not over or str(BODY_LIMIT) in json.loads(reply.partition(b"\r\n\r\n")[2])["error"]["message"]
+
+
+@pytest.mark.slow
 def test_errors_leave_a_concurrent_stream_intact(tiny_server, tiny_llama):
     prompt = "A stream that must not notice the errors around it"
     expected = tiny_llama.generate(prompt, SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))[0].text

@@ -178,10 +178,19 @@ class InferenceWorker(GeventWorker):
     def handle_request(self, listener_name, req, sock, addr):
         if req.version >= (1, 1) and not any(name == "HOST" for name, _ in req.headers):
             raise MissingHost("Host", req)  # gunicorn serves it; RFC 9112 section 3.2 asks for a 400, as nginx's
+        if req._expected_100_continue and _length(req) > self._body_limit():
+            # The app's 413 without a 100 (Continue) first, and the close: gunicorn sent it before the app could
+            # refuse the body, and read the whole body through after the refusal (RFC 9110, section 10.1.1).
+            req._expected_100_continue = False
+            req.must_close = True
         # The app's way back to gunicorn's request, through the environ's wsgi.input (its body): to close the
         # connection after its answer (app._close_after), whatever reader the body has.
         req.body.request = req
         return super().handle_request(listener_name, req, sock, addr)
+
+    def _body_limit(self) -> float:
+        manager = manager_of(getattr(self, "wsgi", None))
+        return manager.settings.max_body_bytes if manager is not None else float("inf")
 
     def _turn_away(self, client: socket.socket, addr: tuple) -> None:
         """A 503 without reading the request, then a short linger: closing with unread input
@@ -223,6 +232,11 @@ class InferenceWorker(GeventWorker):
         if manager is not None:
             manager.shutdown_now()
         Worker.handle_quit(self, sig, frame)  # worker_int hook, then exit
+
+
+def _length(req) -> int:
+    """The request's Content-Length (gunicorn has refused one that is not a number), 0 where it sends none."""
+    return next((int(value) for name, value in req.headers if name == "CONTENT-LENGTH"), 0)
 
 
 class MissingHost(InvalidHeader):
