@@ -87,12 +87,26 @@ def test_floats_base64_token_ids_and_one_string_agree(embedding_api, reference):
         ({"input": "hi", "dimensions": 128}, "dimensions"),
         ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
         ({"input": "hi", "model": "text-embedding-3-small"}, "model"),
+        # vLLM's, changing the vectors or their bytes: refused, not ignored
+        ({"input": "hi", "normalize": False}, "normalize"),
+        ({"input": "hi", "add_special_tokens": False}, "add_special_tokens"),
+        ({"input": "hi", "encoding_format": "base64", "embed_dtype": "float16"}, "embed_dtype"),
+        ({"input": "hi", "encoding_format": "base64", "endianness": "big"}, "endianness"),
+        ({"input": "hi", "messages": [{"role": "user", "content": "something else"}]}, "messages"),
     ],
 )
 def test_bad_inputs_are_400s_naming_the_field(embedding_api, body, param):
     with embedding_api.client() as http:
         reply = http.post("/v1/embeddings", json=body)
     assert reply.status_code == (404 if param == "model" else 400) and reply.json()["error"]["param"] == param
+
+
+def test_vllms_fields_at_their_defaults_are_taken(embedding_api):
+    neutral = {"add_special_tokens": True, "embed_dtype": "float32", "endianness": "little"}
+    with embedding_api.client() as http:
+        plain = http.post("/v1/embeddings", json={"input": "hi", "encoding_format": "base64"})
+        given = http.post("/v1/embeddings", json={"input": "hi", "encoding_format": "base64", **neutral})
+    assert given.status_code == 200 and given.json()["data"] == plain.json()["data"]
 
 
 def test_the_server_says_it_embeds_and_refuses_to_generate(embedding_api):

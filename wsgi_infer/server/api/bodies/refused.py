@@ -79,6 +79,13 @@ VLLM_CHAT = {
 VLLM_COMPLETIONS = {
     "add_special_tokens": _off("add_special_tokens false", True, why="a text prompt takes the tokenizer's own"),
 }
+VLLM_EMBEDDINGS = {  # vLLM's pooling fields: each changes the vectors, or the bytes that carry them
+    "add_special_tokens": VLLM_COMPLETIONS["add_special_tokens"],
+    "normalize": _off("normalize", why="a model's vectors are as its own pooling makes them (its Normalize module)"),
+    "embed_dtype": _off("embed_dtype other than float32", "float32"),
+    "endianness": _off("endianness other than little", "little", "native", why="base64 holds little-endian float32"),
+    "messages": _off("messages (a conversation's embedding)", why="send its text as input"),
+}
 CHATS_ONLY = {  # chat's names, which OpenAI's completions refuse and vLLM's ignore: its own change the output
     "max_completion_tokens": Refused("max_completion_tokens is chat's; /v1/completions takes max_tokens"),
     "top_logprobs": Refused("top_logprobs is chat's; /v1/completions takes logprobs (an integer)"),

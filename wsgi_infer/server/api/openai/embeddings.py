@@ -15,6 +15,7 @@ from ....engine.sampling_params import InvalidParameter, SamplingParams
 from ...errors import APIError
 from ..bodies.keep_alive import KeepAlive
 from ..bodies.parsing import Request, parse
+from ..bodies.refused import VLLM_EMBEDDINGS
 from ..bodies.schemas import Prompts, batch_of, engine_field
 from ..serving import collect_all, served, start, wait_ready
 
@@ -24,6 +25,7 @@ MAX_INPUTS = 2048  # per request, as OpenAI's
 
 
 class EmbeddingRequest(Request):
+    refused = VLLM_EMBEDDINGS
     model: str | None = None
     keep_alive: KeepAlive = None
     input: Prompts
