@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from functools import partial
+from http import HTTPStatus
 from importlib import metadata
 
 import gevent
@@ -39,13 +40,13 @@ from gevent.pool import Pool
 from gevent.server import StreamServer
 from gunicorn import util
 from gunicorn.arbiter import Arbiter
-from gunicorn.http.errors import InvalidHeader
 from gunicorn.sock import ssl_context
 from gunicorn.workers.base import Worker
 from gunicorn.workers.ggevent import GeventWorker
 
 from ..engine_client.extension import manager_of
 from ..errors import error_body
+from .request_checks import check_request
 
 TURN_AWAY_LINGER_S = 1.0  # how long a refused client may finish sending before the close
 TURN_AWAY_LOG_S = 10.0  # a flood of refusals logs a line this often at most (the metric counts each)
@@ -176,13 +177,7 @@ class InferenceWorker(GeventWorker):
             metrics.greenlets.dec()
 
     def handle_request(self, listener_name, req, sock, addr):
-        if req.version >= (1, 1) and not any(name == "HOST" for name, _ in req.headers):
-            raise MissingHost("Host", req)  # gunicorn serves it; RFC 9112 section 3.2 asks for a 400, as nginx's
-        if req._expected_100_continue and _length(req) > self._body_limit():
-            # The app's 413 without a 100 (Continue) first, and the close: gunicorn sent it before the app could
-            # refuse the body, and read the whole body through after the refusal (RFC 9110, section 10.1.1).
-            req._expected_100_continue = False
-            req.must_close = True
+        check_request(req, self._body_limit())
         # The app's way back to gunicorn's request, through the environ's wsgi.input (its body): to close the
         # connection after its answer (app._close_after), whatever reader the body has.
         req.body.request = req
@@ -234,23 +229,12 @@ class InferenceWorker(GeventWorker):
         Worker.handle_quit(self, sig, frame)  # worker_int hook, then exit
 
 
-def _length(req) -> int:
-    """The request's Content-Length (gunicorn has refused one that is not a number), 0 where it sends none."""
-    return next((int(value) for name, value in req.headers if name == "CONTENT-LENGTH"), 0)
-
-
-class MissingHost(InvalidHeader):
-    """An HTTP/1.1 request without a Host header: gunicorn's ``handle_error`` answers it, a 400."""
-
-    def __str__(self) -> str:
-        return "an HTTP/1.1 request must send a Host header"
-
-
 def _json_answer(status: int, reason: str, body: dict, headers: str = "") -> bytes:
     """A whole HTTP/1.1 answer with a JSON body (``headers``: more lines, each ending in CRLF), after which the
     connection closes."""
     data = json.dumps(body).encode()
-    head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n{headers}Connection: close\r\n"
+    head = f"HTTP/1.1 {status} {reason}\r\nDate: {util.http_date()}\r\nContent-Type: application/json\r\n"
+    head += f"{headers}Connection: close\r\n"
     return f"{head}Content-Length: {len(data)}\r\n\r\n".encode("latin1") + data
 
 
@@ -258,7 +242,8 @@ def _write_json_error(sock: socket.socket, status: int, reason: str, message: st
     """gunicorn's ``util.write_error``, in JSON: its answer to a request it could not parse (a request line past
     ``limit_request_line``: 414; headers past their limits: 431; a malformed line, header or chunk: 400), which a
     client of the API then reads as it reads every other error."""
-    util.write_nonblock(sock, _json_answer(status, reason, error_body(message or reason, status)))
+    phrase = HTTPStatus(status).phrase  # gunicorn's reason for its 501 is Bad Request
+    util.write_nonblock(sock, _json_answer(status, phrase, error_body(message or phrase, status)))
 
 
 def _taken(master_queue: queue.SimpleQueue | list[int]) -> list[int]:
