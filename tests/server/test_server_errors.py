@@ -121,6 +121,13 @@ def test_a_malformed_chunk_is_a_400_then_the_close(tiny_server, chunks):
     assert not any("Traceback" in line for line in tiny_server.lines[after:])
 
 
+def test_an_upgrade_to_a_websocket_is_refused_as_such(api):
+    """Not as a malformed JSON body (the probe's GET /v1/models was told so): werkzeug's router refuses it."""
+    with api.client() as http:
+        reply = http.get("/v1/models", headers={"Connection": "Upgrade", "Upgrade": "websocket"})
+    assert_error(reply, 400, contains="WebSocket is not served here")
+
+
 CHUNKED_TOKENIZE = b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: "
 
 

@@ -14,6 +14,7 @@ import logging
 
 from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import WebsocketMismatch
 
 from ..engine.sampling_params import InvalidParameter
 from .client_connection import ClientGone
@@ -97,6 +98,8 @@ def register_error_handlers(app: Flask) -> None:
             404: "no such route",
             413: f"request body is larger than the limit of {app.config.get('MAX_CONTENT_LENGTH')} bytes",
         }
+        if isinstance(exc, WebsocketMismatch):  # werkzeug's 400 for an Upgrade to a WebSocket, which no route takes
+            return _render(APIError("WebSocket is not served here: send the request without Upgrade: websocket"))
         code = exc.code or 500
         headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}  # a 405's Allow (RFC 9110)
         return _render(APIError(messages.get(code, exc.description or exc.name), code, headers=headers))
