@@ -101,6 +101,7 @@ def test_score_pairs_one_text_with_each_or_pair_by_pair(server, http, reference)
         ("/v1/rerank", {"query": "a", "documents": ["b"], "return_documents": "yes"}, "return_documents"),
         ("/v1/rerank", {"query": "a", "documents": ["b"], "top_n": 1.0}, "top_n"),
         ("/v1/rerank", {"query": "a", "documents": ["b"], "truncate_prompt_tokens": 100_000}, "truncate_prompt_tokens"),
+        ("/v2/rerank", {"query": "a", "documents": ["b"], "max_tokens_per_doc": 5}, "max_tokens_per_doc"),  # Cohere's
     ],
 )
 def test_what_cannot_be_scored_is_a_400_naming_its_field(server, http, path, body, param):

@@ -86,6 +86,9 @@ VLLM_EMBEDDINGS = {  # vLLM's pooling fields: each changes the vectors, or the b
     "endianness": _off("endianness other than little", "little", "native", why="base64 holds little-endian float32"),
     "messages": _off("messages (a conversation's embedding)", why="send its text as input"),
 }
+COHERE_RERANK = {  # Cohere's, on /v2/rerank: it truncates each document to its tokens
+    "max_tokens_per_doc": _off("max_tokens_per_doc", why="use truncate_prompt_tokens (vLLM's)"),
+}
 CHATS_ONLY = {  # chat's names, which OpenAI's completions refuse and vLLM's ignore: its own change the output
     "max_completion_tokens": Refused("max_completion_tokens is chat's; /v1/completions takes max_tokens"),
     "top_logprobs": Refused("top_logprobs is chat's; /v1/completions takes logprobs (an integer)"),

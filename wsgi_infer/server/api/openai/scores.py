@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, StringConstraints,
 from ...errors import APIError
 from ..bodies.keep_alive import KeepAlive
 from ..bodies.parsing import Request, parse
+from ..bodies.refused import COHERE_RERANK
 from ..bodies.schemas import batch_of, engine_field
 from .embeddings import MAX_INPUTS, embedded
 
@@ -67,6 +68,7 @@ class Document(BaseModel):
 
 
 class RerankRequest(ScoringRequest):
+    refused = COHERE_RERANK
     query: Annotated[str, StringConstraints(min_length=1)]
     documents: Annotated[list[str | Document], WrapValidator(_documents)]
     top_n: StrictInt = Field(0, ge=0)  # 0: every document, as vLLM
