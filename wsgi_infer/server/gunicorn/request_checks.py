@@ -31,6 +31,8 @@ class BadHost(InvalidHeader):
 def check_request(req, body_limit: float) -> None:
     """Raise where HTTP/1.1 refuses ``req`` and gunicorn serves it; mark it to close where its client asked to
     (a list naming close) or where it expects to be asked for a body over ``body_limit`` bytes."""
+    if req.version > (1, 1):  # HTTP/1.2: answered in the highest version served (RFC 9110, 6.2), not in its own
+        req.version = (1, 1)
     hosts = _values(req, "HOST")
     if req.version >= (1, 1) and not hosts:
         raise BadHost(None, req)
