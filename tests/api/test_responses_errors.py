@@ -86,6 +86,14 @@ def test_a_conversation_past_the_window_names_the_fields_sent(tiny_api, model, c
         ({"reasoning": {"context": "all_turns"}}, "reasoning.context"),
         ({"reasoning": {"mode": "pro"}}, "reasoning.mode"),
         ({"reasoning": {"effort": "bogus"}}, "reasoning.effort"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),  # no schema: any JSON, before
+        ({"text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "text.format"),
+        # chat completions' (a shared set of parameters, extra_body), ignored before
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"max_tokens": 5}, "max_tokens"),
+        ({"stop": [" "]}, "stop"),
+        ({"seed": 1}, "seed"),
+        ({"messages": [{"role": "user", "content": "something else"}]}, "messages"),
     ],
 )
 def test_what_is_not_supported_is_a_400_naming_the_field(tiny_api, model, change, param):

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool, ValidationError, model_validator
 
 from ...errors import APIError
-from ..bodies.parsing import Request, parse
+from ..bodies.parsing import Refused, Request, parse
 from ..bodies.refused import RESPONSES, RESPONSES_NESTED
 from ..bodies.schemas import engine_field
 from ..chat.schemas import ChatCompletionRequest, ParametersSchema, ReasoningEffort
@@ -167,6 +167,12 @@ class TextFormat(Request):
     description: str | None = None
     strict: StrictBool | None = None
 
+    @model_validator(mode="after")
+    def _a_schema_has_its_name_and_schema(self) -> TextFormat:
+        if self.type == "json_schema" and (self.name is None or self.schema_ is None):  # both required by OpenAI
+            raise ValueError("a json_schema format needs its name and its schema")
+        return self
+
 
 class TextConfig(Request):
     format: TextFormat | None = None
@@ -247,6 +253,22 @@ class ResponsesRequest(Request):
             return None if spec is None else {"type": spec.type}
         schema = {"name": spec.name or "output", "schema": spec.schema_, "strict": spec.strict}
         return {"type": "json_schema", "json_schema": {k: v for k, v in schema.items() if v is not None}}
+
+
+# Chat completions' fields that a client may send here too (a set of parameters shared by both, extra_body): each
+# changes the output and the Responses API has none of them (OpenAI's answer to each is a 400 too).
+RENAMED = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens", "messages": "input"}
+RENAMED |= {"response_format": "text.format", "reasoning_effort": "reasoning.effort"}
+NO_OUTPUT = {"cache_salt", "keep_alive", "priority", "stream_options", "user"}  # chat's that change no output
+
+
+def _chat_only(name: str) -> Refused:
+    where = f"/v1/responses takes {RENAMED[name]}" if name in RENAMED else "/v1/chat/completions takes it"
+    return Refused(f"{name} is a chat completion's field, not the Responses API's: {where}")
+
+
+_CHAT_ONLY = set(ChatCompletionRequest.model_fields) - set(ResponsesRequest.model_fields) - NO_OUTPUT
+ResponsesRequest.refused = {**{name: _chat_only(name) for name in sorted(_CHAT_ONLY)}, **RESPONSES}
 
 
 def refuse_unsupported(body: object) -> None:
