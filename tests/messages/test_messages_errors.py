@@ -89,3 +89,18 @@ def test_count_tokens_refuses_a_conversation_with_nothing_to_count(tiny_api, mod
     with tiny_api.client() as http:
         reply = http.post("/v1/messages/count_tokens", json={"model": model, **body})
     assert reply.status_code == 400 and "messages" in reply.json()["error"]["message"]
+
+
+def test_tool_results_in_consecutive_user_messages_are_one_turn(tiny_api, model):
+    """As Anthropic's API joins consecutive messages of one role: a message per result (as converters from OpenAI's
+    tool message per call write them) was a 400 blaming the assistant's message; a use left unanswered still is."""
+    results = [RESULT, {**RESULT, "tool_use_id": "b", "content": "Rain"}]
+    joined = turns([USE, {**USE, "id": "b"}], results)
+    split = [{"role": "user", "content": [result]} for result in results]
+    bodies = [joined, {**joined, "messages": [*joined["messages"][:-1], *split]}]
+    bodies.append({**joined, "messages": [*joined["messages"][:-1], split[0], {"role": "user", "content": "Well?"}]})
+    with tiny_api.client() as http:
+        counts = [http.post("/v1/messages/count_tokens", json={"model": model, **body}) for body in bodies]
+    assert counts[0].status_code == counts[1].status_code == 200 and counts[0].json() == counts[1].json()
+    assert counts[2].status_code == 400, counts[2].text
+    assert counts[2].json()["error"]["message"].startswith("messages.1: `tool_use` ids were found without"), counts[2]

@@ -84,9 +84,10 @@ def _typed_block(block: object, kinds: dict[str, type[Request] | None], whose: s
     return typed.checked(where) if isinstance(typed, ToolResultBlock) else typed
 
 
-def check_tool_turn(i: int, blocks: list, asked: set[str]) -> None:
-    """Anthropic's rules for message ``i`` of a conversation, ``asked`` the tool uses of the one before (in its
-    words): its tool_result blocks come first, each answers one of them, and every one of them is answered."""
+def check_tool_results(i: int, blocks: list, asked: set[str]) -> set[str]:
+    """Anthropic's rules for message ``i`` of a conversation, ``asked`` the tool uses of the turn before that its turn
+    has not answered yet (in its words): its tool_result blocks come first, each answers one of them. The ids it
+    answers."""
     results = [j for j, block in enumerate(blocks) if isinstance(block, ToolResultBlock)]
     for key, kind in (("tool_use_id", ToolResultBlock), ("id", ToolUseBlock)):
         ids = [getattr(block, key) for block in blocks if isinstance(block, kind)]
@@ -108,10 +109,16 @@ def check_tool_turn(i: int, blocks: list, asked: set[str]) -> None:
             f"messages.{i}.content: tool_result blocks must come first in the content, before any other block",
             param=f"messages.{i}.content",
         )
-    if unanswered := asked - {blocks[j].tool_use_id for j in results}:
+    return {blocks[j].tool_use_id for j in results}
+
+
+def check_all_answered(first: int, last: int, unanswered: set[str]) -> None:
+    """The turn of messages ``first`` to ``last`` (consecutive messages of one role are one turn, as Anthropic's API
+    joins them) answered every tool use of the turn before it."""
+    if unanswered:
         raise APIError(
-            f"messages.{i - 1}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+            f"messages.{first - 1}: `tool_use` ids were found without `tool_result` blocks immediately after: "
             f"{', '.join(sorted(unanswered))}. Each `tool_use` block must have a corresponding `tool_result` block "
             "in the next message.",
-            param=f"messages.{i}.content",
+            param=f"messages.{last}.content",
         )

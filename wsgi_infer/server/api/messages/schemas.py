@@ -13,7 +13,15 @@ from ..bodies.parsing import Request, parse
 from ..bodies.refused import MESSAGES
 from ..bodies.schemas import MAX_STOP_SEQUENCES, engine_field
 from ..chat.schemas import FUNCTION_NAME, ChatCompletionRequest, ObjectSchema
-from .blocks import MessageParam, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock, check_tool_turn
+from .blocks import (
+    MessageParam,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    check_all_answered,
+    check_tool_results,
+)
 
 # The chat completion's fields beyond Anthropic's that this route takes too, under the same names.
 EXTENSIONS = (
@@ -118,7 +126,11 @@ class MessagesRequest(Request):
         tool calls (their input as JSON text)."""
         system = self.system if isinstance(self.system, str) else "\n".join(b.text for b in self.system or [])
         messages = [{"role": "system", "content": system}] if system else []
-        asked: set[str] = set()  # the previous message's tool uses: the only ones a tool result may answer
+        # The tool uses of the turn before this one that this turn has not answered (the only ones a result may
+        # answer), this turn's own, and its first message: consecutive messages of one role are one turn
+        unanswered: set[str] = set()
+        uses: set[str] = set()
+        first = 0
         for i, message in enumerate(self.messages):
             if not message.content and not (message.role == "assistant" and i == len(self.messages) - 1):
                 raise APIError(  # Anthropic's rule: an empty user message is no turn to skip silently
@@ -128,8 +140,10 @@ class MessagesRequest(Request):
                 )
             texts, calls, thoughts = [], [], []
             blocks = message.blocks(f"messages.{i}.content")
-            joined = i > 0 and self.messages[i - 1].role == message.role  # one turn with the message before
-            check_tool_turn(i, blocks, set() if joined else asked)
+            if i > 0 and self.messages[i - 1].role != message.role:  # a turn of its own
+                check_all_answered(first, i - 1, unanswered)
+                unanswered, uses, first = uses, set(), i
+            unanswered -= check_tool_results(i, blocks, unanswered)
             for block in blocks:
                 if isinstance(block, ThinkingBlock):
                     thoughts.append(block.thinking)
@@ -142,7 +156,7 @@ class MessagesRequest(Request):
                     )
                 else:
                     texts.append(block.text)
-            asked = {call["id"] for call in calls} | (asked if joined else set())
+            uses |= {call["id"] for call in calls}
             if texts or calls or not isinstance(message.content, list):
                 entry: dict = {"role": message.role, "content": "\n".join(texts) if texts or not calls else None}
                 if calls:
@@ -150,6 +164,7 @@ class MessagesRequest(Request):
                 if thoughts:
                     entry["reasoning_content"] = "".join(thoughts)
                 _add_turn(messages, entry)
+        check_all_answered(first, len(self.messages) - 1, unanswered)
         if all(m["role"] == "system" for m in messages):  # thoughts alone, or an empty prefill: nothing to answer
             raise APIError(
                 "messages: at least one message with text, a tool use or a tool result is required", param="messages"
