@@ -217,15 +217,11 @@ def test_raw_events_name_their_type_and_text_blocks_open_and_close(tiny_api, mod
     assert [start[k] for k in inputs] == [delta["usage"][k] for k in inputs] and start["cache_read_input_tokens"] > 0
 
 
-def test_an_output_format_constrains_the_text_to_its_schema(claude, model):
-    schema = {**WEATHER_TOOL["input_schema"]}
-    reply = claude.messages.create(
-        model=model,
-        messages=ASK,
-        max_tokens=40,
-        extra_body=GREEDY,
-        output_config={"format": {"type": "json_schema", "schema": schema}},
-    )
+@pytest.mark.parametrize("name", ["output_config", "output_format"])  # the beta's name: ignored before
+def test_an_output_format_constrains_the_text_to_its_schema(claude, model, name):
+    form = {"type": "json_schema", "schema": {**WEATHER_TOOL["input_schema"]}}
+    given = {"output_config": {"format": form}} if name == "output_config" else {"output_format": form}
+    reply = claude.messages.create(model=model, messages=ASK, max_tokens=40, extra_body={**GREEDY, **given})
     assert reply.stop_reason == "end_turn"
     WeatherArgs.model_validate_json(reply.content[0].text)
 

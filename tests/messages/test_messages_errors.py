@@ -18,6 +18,7 @@ def turns(uses: list[dict], results: list[dict]) -> dict:
     return {"tools": [TOOL], "messages": [*ASK, used, {"role": "user", "content": results}]}
 
 
+FORMAT = {"type": "json_schema", "schema": {"type": "object"}}
 IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
 # Tool turns the chat template would have shown wrong, or whose error named the chat completion's fields (a message
 # index counting the system prompt and each result, "tool_call_id", "tools.0.function.name").
@@ -69,6 +70,8 @@ EMPTY = [
         ({"tool_choice": {"type": "tool"}}, 400, None, "needs a name"),
         ({"mcp_servers": [{"type": "url", "url": "http://x"}]}, 400, None, "MCP"),
         ({"container": "container_011"}, 400, None, "code execution containers"),
+        ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}, 400, None, "context_management"),
+        ({"output_config": {"format": FORMAT}, "output_format": FORMAT}, 400, None, "send one of them"),
         ({"temperature": -1}, 400, None, "temperature"),
         ({"temperature": 1.5}, 400, None, "temperature"),  # Anthropic's range is 0 to 1: it was taken
         *((change, 400, None, names) for change, names in BROKEN_TOOL_TURNS),

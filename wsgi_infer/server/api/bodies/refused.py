@@ -49,6 +49,7 @@ RESPONSES = {  # the Responses API's own
 MESSAGES = {  # Anthropic's Messages API's
     "container": _off("code execution containers"),
     "mcp_servers": _off("MCP servers"),
+    "context_management": RESPONSES["context_management"],
 }
 RESPONSES_NESTED = {  # fields of its objects, named as text.verbosity (``responses.schemas.refuse_unsupported``)
     "text": {"verbosity": VERBOSITY},

@@ -83,6 +83,7 @@ class MessagesRequest(Request):
     tool_choice: ToolChoiceParam | None = None
     thinking: ThinkingParam | None = None
     output_config: OutputConfig | None = None
+    output_format: JsonOutputFormat | None = None  # the structured-outputs beta's name for output_config.format
 
     @property
     def thinking_omitted(self) -> bool:
@@ -109,9 +110,8 @@ class MessagesRequest(Request):
             "chat_template_kwargs": self._template_kwargs(),
             "continue_final_message": prefill or None,
         }
-        if self.output_config is not None and self.output_config.format is not None:
-            schema = {"name": "output", "schema": self.output_config.format.schema_}
-            body["response_format"] = {"type": "json_schema", "json_schema": schema}
+        if (output := self._output_format()) is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": output}}
         if self.tool_choice is not None:
             choice = self.tool_choice
             if choice.type == "tool" and not choice.name:
@@ -170,6 +170,13 @@ class MessagesRequest(Request):
                 "messages: at least one message with text, a tool use or a tool result is required", param="messages"
             )
         return messages
+
+    def _output_format(self) -> dict | None:
+        """The JSON schema of output_config.format, or of the beta's output_format: one of them."""
+        formats = [f for f in (self.output_config and self.output_config.format, self.output_format) if f is not None]
+        if len(formats) > 1:
+            raise APIError("output_format is output_config.format's beta name: send one of them", param="output_format")
+        return formats[0].schema_ if formats else None
 
     def _tools(self) -> list[dict] | None:
         if self.tools is None:
