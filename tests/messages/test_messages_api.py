@@ -245,3 +245,42 @@ def test_thinking_display_omitted_keeps_the_thinking_block_without_its_text(thin
     starts = [f["content_block"]["type"] for f in frames if f["type"] == "content_block_start"]
     deltas = [f["delta"]["type"] for f in frames if f["type"] == "content_block_delta"]
     assert starts == ["thinking", "text"] and set(deltas) == {"text_delta"}
+
+
+def test_the_sdk_lists_and_retrieves_the_models(claude, model):
+    """GET /v1/models in a shape both SDKs read: Anthropic's fields beside OpenAI's."""
+    page = claude.models.list()
+    (listed,) = page.data
+    assert (listed.id, listed.type, listed.display_name, listed.lifecycle) == (model, "model", model, "active")
+    assert listed.created_at.tzinfo is not None and listed.created_at.timestamp() > 0
+    assert (page.has_more, page.first_id, page.last_id) == (False, model, model)
+    assert not page.has_next_page()
+    retrieved = claude.models.retrieve(model)
+    assert (retrieved.id, retrieved.created_at, retrieved.max_input_tokens) == (
+        model,
+        listed.created_at,
+        listed.max_input_tokens,
+    )
+    assert retrieved.max_input_tokens > 0
+
+
+def test_the_model_list_pages_as_anthropic_s():
+    from werkzeug.datastructures import MultiDict
+
+    from wsgi_infer.server.api.openai.routes import _model_page
+    from wsgi_infer.server.errors import APIError
+
+    data = [{"id": name} for name in "abcde"]
+
+    def ids(**args) -> tuple[list[str], bool]:
+        page = _model_page(data, MultiDict(args))
+        return [model["id"] for model in page["data"]], page["has_more"]
+
+    assert ids() == (list("abcde"), False)  # OpenAI's clients read the list whole
+    assert ids(limit="2") == (["a", "b"], True)
+    assert ids(limit="2", after_id="b") == (["c", "d"], True)
+    assert ids(limit="2", before_id="d") == (["b", "c"], True)
+    assert ids(after_id="d") == (["e"], False)
+    for bad in ({"limit": "0"}, {"limit": "x"}, {"after_id": "z"}):
+        with pytest.raises(APIError):
+            ids(**bad)

@@ -13,6 +13,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import gevent.event
@@ -141,18 +142,25 @@ class ServedModel:
         return self.ready
 
     def describe(self) -> dict:
-        """The model in /v1/models: OpenAI's fields, and its state."""
+        """The model in /v1/models: OpenAI's fields, Anthropic's (its SDK's ``models.list``), and its state."""
+        created = int(self._worker.started_at)
+        max_model_len = self.max_model_len or self.settings.max_model_len
         described = {
             "id": self.name,
             "object": "model",
-            "created": int(self._worker.started_at),
+            "created": created,
             "owned_by": "wsgi-infer",
+            "type": "model",
+            "display_name": self.name,
+            "created_at": datetime.fromtimestamp(created, timezone.utc).isoformat().replace("+00:00", "Z"),
+            "lifecycle": "active",
+            "max_input_tokens": max_model_len,
             "root": self.model_dir or self.name,
             "parent": None,
             "aliases": list(self.spec.aliases),
             "state": self.state,
             "task": self.task,  # "generate", or "embed" for an embedding model (/v1/embeddings)
-            "max_model_len": self.max_model_len or self.settings.max_model_len,
+            "max_model_len": max_model_len,
         }
         if self.failure:
             described["failure"] = self.failure

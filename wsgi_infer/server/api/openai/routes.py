@@ -39,8 +39,26 @@ bp = Blueprint("openai", __name__, url_prefix="/v1")
 
 @bp.get("/models")
 def models():
-    """Every model this server serves, loaded or not, with its state."""
-    return jsonify({"object": "list", "data": [model.describe() for model in manager().models.values()]})
+    """Every model this server serves, loaded or not, with its state: OpenAI's list, and a page of Anthropic's."""
+    return jsonify(_model_page([model.describe() for model in manager().models.values()], request.args))
+
+
+def _model_page(data: list[dict], args) -> dict:
+    """Anthropic's paging (``limit``, ``after_id``, ``before_id``) over the list OpenAI's clients read whole."""
+    limit = args.get("limit", str(len(data) or 1))  # every model unless asked: OpenAI's list is not paged
+    if not (limit.isascii() and limit.isdigit() and 1 <= int(limit) <= 1000):
+        raise APIError("limit must be an integer from 1 to 1000", param="limit")
+    start, end = 0, len(data)
+    for name in ("after_id", "before_id"):
+        if name in args:
+            ids = [model["id"] for model in data]
+            if args[name] not in ids:
+                raise APIError(f"no model {args[name]!r}", 404, param=name, code="model_not_found")
+            start, end = (ids.index(args[name]) + 1, end) if name == "after_id" else (start, ids.index(args[name]))
+    window = data[start:end]
+    page = window[-int(limit) :] if "before_id" in args and "after_id" not in args else window[: int(limit)]
+    ends = {"first_id": page[0]["id"], "last_id": page[-1]["id"]} if page else {"first_id": None, "last_id": None}
+    return {"object": "list", "data": page, "has_more": len(page) < len(window), **ends}
 
 
 @bp.get("/models/<path:model_id>")
