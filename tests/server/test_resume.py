@@ -236,3 +236,31 @@ def assert_renewed(leases, key: str | bytes) -> None:
         return leases.pttl(key) > unrenewed + 300
 
     wait_until(renewed, f"{key!r} renewed", timeout=10)
+
+
+def test_a_responses_stream_is_read_while_it_runs_then_only_while_it_is_stored(instances):
+    """Deleted, or ended with ``store: false``, a response's stream replays nowhere: not by its own route nor by
+    /v1/streams, on neither instance (the other reads Redis's copy); it was readable for the streams' keep time."""
+    first, second = instances
+    ask = {"input": "Hello there", "temperature": 0, "stream": True}
+    response_id, _ = start_then_cut(
+        first, path="/v1/responses", body={**ask, "max_output_tokens": 300}, headers=KEY_ONE
+    )
+    urls = (f"/v1/responses/{response_id}?stream=true", f"/v1/streams/{response_id}")
+    with second.client(headers=KEY_ONE) as http:
+        refused = http.delete(f"/v1/responses/{response_id}")  # still generating: not yet stored, and no 404
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "response_in_progress", refused.text
+        assert http.delete(f"/v1/streams/{response_id}").json()["cancelled"]
+        wait_until(lambda: http.get(f"/v1/responses/{response_id}").status_code == 200, "the cancelled one stored")
+        assert [http.get(url).status_code for url in urls] == [200, 200]
+        assert http.delete(f"/v1/responses/{response_id}").json()["deleted"]
+    unstored = []
+    for server in instances:
+        with server.client(headers=KEY_ONE) as http:
+            with http.stream("POST", "/v1/responses", json={**ask, "max_output_tokens": 3, "store": False}) as r:
+                unstored.append(r.headers["x-stream-id"])
+                assert [e.json["type"] for e in events(r) if e.data][-1] == "response.incomplete"
+    for server in instances:
+        with server.client(headers=KEY_ONE) as http:
+            for stream_id in (response_id, *unstored):
+                assert [http.get(url.replace(response_id, stream_id)).status_code for url in urls] == [404, 404]

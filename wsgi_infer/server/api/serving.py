@@ -22,7 +22,8 @@ from ..engine_client.served_model import ServedModel
 from ..engine_client.streams import ChoiceDelta, RequestStream, Terminated, merge_deltas
 from ..errors import APIError
 from ..streaming import sse
-from ..streaming.redis_store import RedisStreamReader, StoreUnavailable
+from ..streaming.redis_reader import RedisStreamReader
+from ..streaming.redis_store import StoreUnavailable
 from ..streaming.stream_log import StreamInterrupted, StreamLog
 from ..streaming.stream_record import RequestRecord, StreamRecord
 from .access import require_admin
@@ -209,15 +210,22 @@ def published_log(stream_id: str) -> StreamLog | RedisStreamReader:
     key = _tenant_key(stream_id)
     try:
         log = manager().stream_logs.get(key)
+        gone = log is None or (log.api == "responses" and _response_gone(log, stream_id))
     except StoreUnavailable as exc:
         raise APIError(str(exc), 503, code="store_unavailable", headers={"Retry-After": "1"}) from None
-    if log is None:
+    if gone:
         raise APIError(
             f"stream {stream_id!r} is unknown or has expired", 404, param="stream_id", code="stream_not_found"
         )
     if isinstance(log, RedisStreamReader):
         log.continue_here = continuer(key)  # should the host generating it be gone
     return log
+
+
+def _response_gone(log: StreamLog | RedisStreamReader, response_id: str) -> bool:
+    """A response's stream is read while it runs, then while the response is stored: not once deleted, nor at all
+    after its end with ``store: false``. Raises StoreUnavailable."""
+    return log.finished and manager().responses.get(response_id, g.get("tenant", "")) is None
 
 
 def publish(

@@ -24,6 +24,7 @@ import gevent.event
 from . import sse
 from .leases import LeaseLost, Leases
 from .log_shapes import Continuer, MirroredLog
+from .redis_reader import RedisStreamReader
 from .stream_endings import error_event
 from .stream_record import RequestRecord
 
@@ -222,6 +223,15 @@ class RedisStore:
                 self._down(exc)
         raise StoreUnavailable("the stream store (Redis) is unavailable; retry the resume")
 
+    def ended(self, stream_id: str) -> bool:
+        """Whether Redis holds the stream's end. Raises StoreUnavailable."""
+        try:
+            last = self._client.xrevrange(self.key(stream_id), count=1)
+        except self._errors as exc:
+            self._down(exc)
+            raise StoreUnavailable("the stream store (Redis) is unavailable; retry the resume") from None
+        return bool(last) and b"end" in last[0][1]
+
     def claim(self, stream_id: str) -> tuple[RequestRecord, list[str], list[str]] | None:
         """Take over a stream whose producer lease lapsed before its end: its lease (one host continues it), request,
         record batches and events; None where another host took it, or it cannot be continued (ended, no request)."""
@@ -280,17 +290,3 @@ class RedisStore:
             self._down(exc)
             message = "the stream store (Redis) became unavailable; resume again later"
             yield error_event(api, number, message, "store_unavailable")
-
-
-class RedisStreamReader:
-    """A stream as Redis holds it, read like a ``StreamLog``."""
-
-    def __init__(self, store: RedisStore, stream_id: str, api: str) -> None:
-        self._store, self.stream_id, self.api = store, stream_id, api
-        self.continue_here: Continuer | None = None  # where its generating host died: continue it here
-
-    def read(self, after: int, heartbeat: float) -> Iterator[str]:
-        return self._store.read(self.stream_id, after, heartbeat, self.api, self.continue_here)
-
-    def cancel(self) -> bool:
-        return self._store.cancel(self.stream_id)

@@ -82,6 +82,10 @@ def list_input_items(response_id: str):
 @bp.delete("/responses/<response_id>")
 def delete(response_id: str):
     if not _call_store(manager().responses.delete, response_id, g.get("tenant", "")):
+        if _generating(response_id):  # stored at its end: no 404 now, and a response kept after a "deleted"
+            message = f"response {response_id!r} is still being generated: cancel it (DELETE /v1/streams/{{id}})"
+            message += " or let it end, then delete it"
+            raise APIError(message, 409, param="response_id", code="response_in_progress")
         raise _not_found(response_id)
     return jsonify({"id": response_id, "object": "response.deleted", "deleted": True})
 
@@ -173,6 +177,16 @@ def _call_store(method, *args):
         return method(*args)
     except StoreUnavailable as exc:
         raise APIError(str(exc), 503, code="store_unavailable", headers={"Retry-After": "1"}) from None
+
+
+def _generating(response_id: str) -> bool:
+    """Whether this key's response is still streaming (its stream not yet ended, so not yet stored)."""
+    try:
+        return published_log(response_id).api == "responses"
+    except APIError as unknown:
+        if unknown.status != 404:
+            raise
+        return False
 
 
 def _not_found(response_id: str) -> APIError:
