@@ -33,6 +33,8 @@ def test_engine_failure_ends_streams_turns_health_503_and_worker_is_replaced(tin
         assert data[-2].json["choices"][0]["finish_reason"] == "abort"
         assert all(e.data != "[DONE]" for e in data)
         died, _ = server.wait_for_line(r"engine thread died; this worker exits")
+        # counted aborted (request_success_total{abort}) as a client's cut is, though no engine answers the abort
+        server.wait_for_log(rf"\[{first_worker}\] \[INFO\] request \S+: response ended early, aborted 1 unfinished")
         # A fresh worker takes over and serves (until its own step 40).
         (replacement,) = server.wait_booted(after=died)
         assert replacement != first_worker

@@ -243,6 +243,8 @@ class EngineManager:
         if unfinished and self.alive:  # before the model goes idle: an unload it starts would drop the abort
             self._bridge.send(Abort(stream.model, stream.request_id, unfinished))
             self._router.abort_sent(stream.model, stream.request_id, len(unfinished))
+        elif unfinished:  # the engine stopped (it failed, or a drain ended it): no abort of its to answer
+            self._router.count_aborted(stream.model, stream.request_id, len(unfinished))
         model = self.models[stream.model]
         model.count_open(stream, -1)
         model.metrics.open_streams.dec()

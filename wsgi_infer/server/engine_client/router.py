@@ -121,7 +121,7 @@ class StreamRouter:
         """The aborts the engine stopped before answering (a drain's, its step interrupted) end early all the same."""
         for (model, request_id), counts in self._aborting.items():
             for num_choices in counts:
-                self._count_aborted(model, request_id, num_choices)
+                self.count_aborted(model, request_id, num_choices)
         self._aborting.clear()
 
     def _on_aborted(self, event: Aborted) -> None:
@@ -131,9 +131,9 @@ class StreamRouter:
             if not pending:
                 del self._aborting[key]
         if event.num_choices:  # else the engine refused the request (a 400), or it finished as it was aborted
-            self._count_aborted(event.model, event.request_id, event.num_choices)
+            self.count_aborted(event.model, event.request_id, event.num_choices)
 
-    def _count_aborted(self, model: str, request_id: str, num_choices: int) -> None:
+    def count_aborted(self, model: str, request_id: str, num_choices: int) -> None:
         self._metrics_of(model).request_success("abort").inc(num_choices)  # as vLLM counts them
         log.info("request %s: response ended early, aborted %d unfinished choices", request_id, num_choices)
 
