@@ -10,6 +10,8 @@ import torch
 
 from wsgi_infer import SamplingParams
 
+from ..support.sse_client import events
+
 pytestmark = pytest.mark.slow  # the default model, generating in float32
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -167,6 +169,20 @@ def test_echo_with_generation_streamed_and_not(client, model, server):
     echoed = client.completions.create(model=model, prompt=ids, max_tokens=0, echo=True).choices[0].text
     with server.client() as http:
         assert echoed == http.post("/detokenize", json={"tokens": ids}).json()["prompt"]
+
+
+def test_legacy_top_logprobs_list_the_most_likely_first_streamed_or_not(server, model):
+    """Clients take a top_logprobs dict's first key for the model's pick: the order is the answer's, not the
+    alphabet's (non-streamed answers were written with their keys sorted)."""
+    body = {"model": model, "prompt": "The capital of France is", "max_tokens": 3, "temperature": 0, "logprobs": 5}
+    with server.client() as http:
+        whole = http.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]["top_logprobs"]
+        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as reply:
+            chunks = [e.json for e in events(reply) if e.data and e.data != "[DONE]"]
+    streamed = [top for chunk in chunks for top in chunk["choices"][0]["logprobs"]["top_logprobs"]]
+    assert [list(top.items()) for top in whole] == [list(top.items()) for top in streamed]
+    for top in whole:
+        assert list(top.values()) == sorted(top.values(), reverse=True), top
 
 
 def test_tokenize_and_detokenize_round_trip_with_chat_template(server, default_llm):

@@ -36,7 +36,10 @@ def depth(value: Any, bound: int = MAX_DEPTH) -> int:
 
 
 class StrictJSONProvider(DefaultJSONProvider):
-    """Flask's JSON, reading bodies strictly; answers are written as before."""
+    """Flask's JSON, reading bodies strictly; answers keep their keys' order (Flask sorts them), which says
+    something: a completion's top_logprobs are listed most likely first, as OpenAI's are."""
+
+    sort_keys = False
 
     def loads(self, s: str | bytes, **kwargs: Any) -> Any:
         try:
