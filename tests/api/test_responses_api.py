@@ -175,8 +175,12 @@ def test_a_stream_resumes_after_a_sequence_number(tiny_api, model):
         resumed_url = f"/v1/responses/{whole[0]['response']['id']}?stream=true&starting_after=3"
         with http.stream("GET", resumed_url) as reply:
             resumed = [e.json for e in events(reply) if e.data]
-        for url in (resumed_url.replace("=3", "=\u00b2"), f"/v1/streams/{stream_id}?last_event_id=\u00b2"):
-            assert http.get(url).status_code == 400, url  # a digit to str.isdigit, not to int(): it was a 500
+        # a digit to str.isdigit, not to int(); and more digits than int() reads (or Redis's ids hold): each a 500
+        for number in ("\u00b2", "9" * 5000, "9" * 25):
+            for url in (resumed_url.replace("=3", f"={number}"), f"/v1/streams/{stream_id}?last_event_id={number}"):
+                assert http.get(url).status_code == 400, url
+            if number.isascii():
+                assert http.get(f"/v1/streams/{stream_id}", headers={"Last-Event-ID": number}).status_code == 400
         for after in ("--1", "-2", "+3", " 3"):  # a 500, and -2 read as -1, before
             error = http.get(resumed_url.replace("=3", f"={after}")).json()["error"]
             assert error["param"] == "starting_after", after

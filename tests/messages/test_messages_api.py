@@ -281,6 +281,6 @@ def test_the_model_list_pages_as_anthropic_s():
     assert ids(limit="2", after_id="b") == (["c", "d"], True)
     assert ids(limit="2", before_id="d") == (["b", "c"], True)
     assert ids(after_id="d") == (["e"], False)
-    for bad in ({"limit": "0"}, {"limit": "x"}, {"after_id": "z"}):
+    for bad in ({"limit": "0"}, {"limit": "x"}, {"limit": "9" * 5000}, {"after_id": "z"}):
         with pytest.raises(APIError):
             ids(**bad)

@@ -182,6 +182,11 @@ def test_a_resume_can_reach_another_instance_sharing_redis(instances, tiny_llama
     assert [int(e.id) for e in received + rest] == list(range(1, 1 + len(received) + len(rest)))
     assert rest[-1].data == "[DONE]"
     assert text_of(received) + text_of(rest) == expected
+    past_the_end = {"Last-Event-ID": str(len(received) + len(rest) + 10)}
+    for server in instances:  # nothing after it, from memory as from Redis (which said stream_lost: none died)
+        with server.client(headers=KEY_ONE) as http:
+            with http.stream("GET", f"/v1/streams/{stream_id}", headers=past_the_end) as r:
+                assert r.status_code == 200 and [e.data for e in events(r) if e.data] == []
 
 
 def test_a_stream_cancelled_through_another_instance_ends_where_it_runs(instances):

@@ -13,7 +13,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import gevent.event
@@ -152,7 +152,7 @@ class ServedModel:
             "owned_by": "wsgi-infer",
             "type": "model",
             "display_name": self.name,
-            "created_at": datetime.fromtimestamp(created, timezone.utc).isoformat().replace("+00:00", "Z"),
+            "created_at": datetime.fromtimestamp(created, UTC).isoformat().replace("+00:00", "Z"),
             "lifecycle": "active",
             "max_input_tokens": max_model_len,
             "root": self.model_dir or self.name,

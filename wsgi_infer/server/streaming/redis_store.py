@@ -226,10 +226,13 @@ class RedisStore:
     def ended(self, stream_id: str) -> bool:
         """Whether Redis holds the stream's end. Raises StoreUnavailable."""
         try:
-            last = self._client.xrevrange(self.key(stream_id), count=1)
+            return self._has_end(self.key(stream_id))
         except self._errors as exc:
             self._down(exc)
             raise StoreUnavailable("the stream store (Redis) is unavailable; retry the resume") from None
+
+    def _has_end(self, key: str) -> bool:
+        last = self._client.xrevrange(key, count=1)
         return bool(last) and b"end" in last[0][1]
 
     def claim(self, stream_id: str) -> tuple[RequestRecord, list[str], list[str]] | None:
@@ -268,6 +271,8 @@ class RedisStore:
                 reply = self._client.xread({key: last}, block=int(1000 * self._renewal), count=256)
                 if not reply:
                     if not self._client.exists(f"{key}:producer"):
+                        if self._has_end(key):  # read from past its end (its end's entry comes before): nothing
+                            return
                         continued = continue_here(number) if continue_here is not None else None
                         if continued is not None:
                             yield from continued.read(number, heartbeat)

@@ -9,6 +9,7 @@ from flask import Blueprint, jsonify, request
 
 from ...engine_client.streams import RequestStream
 from ...errors import APIError
+from ...query_numbers import whole_number
 from ...streaming import sse
 from ...streaming.redis_store import StoreUnavailable
 from ...streaming.stream_endings import openai_error_event
@@ -45,8 +46,8 @@ def models():
 
 def _model_page(data: list[dict], args) -> dict:
     """Anthropic's paging (``limit``, ``after_id``, ``before_id``) over the list OpenAI's clients read whole."""
-    limit = args.get("limit", str(len(data) or 1))  # every model unless asked: OpenAI's list is not paged
-    if not (limit.isascii() and limit.isdigit() and 1 <= int(limit) <= 1000):
+    limit = whole_number(args.get("limit", str(len(data) or 1)))  # every model unless asked: OpenAI's is whole
+    if limit is None or not 1 <= limit <= 1000:
         raise APIError("limit must be an integer from 1 to 1000", param="limit")
     start, end = 0, len(data)
     for name in ("after_id", "before_id"):
@@ -56,7 +57,7 @@ def _model_page(data: list[dict], args) -> dict:
                 raise APIError(f"no model {args[name]!r}", 404, param=name, code="model_not_found")
             start, end = (ids.index(args[name]) + 1, end) if name == "after_id" else (start, ids.index(args[name]))
     window = data[start:end]
-    page = window[-int(limit) :] if "before_id" in args and "after_id" not in args else window[: int(limit)]
+    page = window[-limit:] if "before_id" in args and "after_id" not in args else window[:limit]
     ends = {"first_id": page[0]["id"], "last_id": page[-1]["id"]} if page else {"first_id": None, "last_id": None}
     return {"object": "list", "data": page, "has_more": len(page) < len(window), **ends}
 
@@ -106,10 +107,10 @@ def _respond(stream: RequestStream, streaming: bool, include_usage: bool, format
 def resume(stream_id: str):
     """Resume a stream after the event the client saw last (Last-Event-ID, as EventSource sends)."""
     log = published_log(stream_id)
-    last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or "0"
-    if not (last.isascii() and last.isdigit()):  # "²" is a digit int() refuses
+    last = whole_number(request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or "0")
+    if last is None:
         raise APIError("Last-Event-ID must be an event id of this stream", 400, param="Last-Event-ID")
-    return log_response(log, int(last), stream_id)
+    return log_response(log, last, stream_id)
 
 
 @bp.delete("/streams/<stream_id>")

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Mapping
 
 from ...errors import APIError
+from ...query_numbers import whole_number
 
 MAX_LIMIT = 100  # OpenAI's bound on a page
 DEFAULT_LIMIT = 20
@@ -40,8 +41,8 @@ def page(items: list[dict], args: Mapping[str, str]) -> dict:
     order = args.get("order", "desc")
     if order not in ("asc", "desc"):
         raise APIError("order must be asc or desc", param="order")
-    limit = args.get("limit", str(DEFAULT_LIMIT))
-    if not (limit.isascii() and limit.isdigit() and 1 <= int(limit) <= MAX_LIMIT):
+    limit = whole_number(args.get("limit", str(DEFAULT_LIMIT)))
+    if limit is None or not 1 <= limit <= MAX_LIMIT:
         raise APIError(f"limit must be an integer from 1 to {MAX_LIMIT}", param="limit")
     ordered = items if order == "asc" else items[::-1]
     start = 0
@@ -50,7 +51,7 @@ def page(items: list[dict], args: Mapping[str, str]) -> dict:
         if args["after"] not in ids:
             raise APIError(f"no input item {args['after']!r} in this response", 404, param="after")
         start = ids.index(args["after"]) + 1
-    data = ordered[start : start + int(limit)]
+    data = ordered[start : start + limit]
     return {
         "object": "list",
         "data": data,

@@ -11,6 +11,7 @@ from flask import Blueprint, g, jsonify, request
 
 from ...engine_client.streams import RequestStream
 from ...errors import APIError
+from ...query_numbers import whole_number
 from ...streaming.redis_store import StoreUnavailable
 from ...streaming.stream_log import StreamInterrupted
 from ..bodies.parsing import fields_as_sent, parse
@@ -64,13 +65,14 @@ def create():
 @bp.get("/responses/<response_id>")
 def retrieve(response_id: str):
     if request.args.get("stream") in ("true", "1"):
-        after = request.args.get("starting_after", "-1")
-        if not (after == "-1" or (after.isascii() and after.isdigit())):  # -1: from the first event
+        text = request.args.get("starting_after", "-1")
+        after = -1 if text == "-1" else whole_number(text)  # -1: from the first event
+        if after is None:
             raise APIError("starting_after must be an event's sequence_number, or -1", param="starting_after")
         log = published_log(response_id)
         if log.api != "responses":  # another API's stream (its X-Stream-Id): no response; /v1/streams serves it
             raise _not_found(response_id)
-        return log_response(log, int(after) + 1, response_id)  # log ids count from 1
+        return log_response(log, after + 1, response_id)  # log ids count from 1
     return jsonify(_stored(response_id, _not_found(response_id))["response"])
 
 
