@@ -155,3 +155,23 @@ def test_a_long_prompt_comes_in_paced_chunks_beside_a_stream_of_the_same_model(p
     assert answer.status_code == 200, answer.text
     prompt_tokens = answer.json()["usage"]["prompt_tokens"]
     assert prompt_tokens > 256 and steps > prompt_tokens / PACED_CHUNK and over_16 == 0  # whole: one step of 301
+
+
+def test_a_plain_text_generation_cut_short_ends_without_the_bodys_end(server):
+    """Cancelled (as an engine failure or a backlog ends it), a plain body closes before its last chunk, which the
+    client reports as a body cut short: it ended as a whole one did, with nothing to tell them apart."""
+    body = {"prompt": "Hello", "max_new_tokens": ENDLESS, "ignore_eos": True, "temperature": 0, "stream": True}
+    mark = len(server.lines)
+    with server.client() as http:
+        with http.stream("POST", "/generate", json=body) as r:
+            pieces = r.iter_text()
+            assert next(pieces)
+            assert http.delete(f"/v1/streams/{r.headers['x-stream-id']}").json()["cancelled"]
+            with pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read"):
+                list(pieces)
+        server.wait_for_log(r"plain-text stream cut short \(stream_cancelled\)")
+        too_long = http.post("/generate", json={"prompt": "Hello", "max_new_tokens": 10**6})
+        assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_new_tokens", too_long.text
+        assert "max_tokens" not in too_long.json()["error"]["message"]
+    assert_idle(server)
+    assert not [line for line in server.lines[mark:] if "Traceback" in line or "Error handling" in line]
