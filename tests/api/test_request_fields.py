@@ -67,6 +67,16 @@ def test_bad_tool_requests_are_400s_naming_the_field(tiny_api, fields, param):
         ("/v1/chat/completions", {"messages": ASK, "verbosity": "high"}, "verbosity"),  # only medium, the default
         ("/v1/chat/completions", {"messages": ASK, "verbosity": "bogus"}, "verbosity"),
         ("/v1/chat/completions", {"messages": [{**ASK[0], "name": 5}]}, "messages.0.name"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": []}]}, "messages.0.content"),
+        (
+            "/v1/chat/completions",
+            {"messages": [*ASK, {"role": "assistant", "content": "It"}], "continue_final_message": True}
+            | {"add_generation_prompt": True},  # vLLM's 400: the second was ignored
+            "add_generation_prompt",
+        ),
+        ("/v1/completions", {"prompt": "Hi", "messages": ASK}, "messages"),  # chat's, ignored by the prompt
+        ("/v1/completions", {"prompt": "Hi", "tools": TOOLS}, "tools"),
+        ("/tokenize", {"prompt": "Hi", "messages": ASK}, "prompt"),
         (
             "/v1/chat/completions",
             {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},

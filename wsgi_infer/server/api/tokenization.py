@@ -23,6 +23,8 @@ bp = Blueprint("tokenization", __name__)
 def tokenize():
     body = request.get_json(force=True)
     chat = isinstance(body, dict) and "messages" in body
+    if chat and "prompt" in body:  # one was ignored
+        raise APIError("send a prompt or messages, not both", param="prompt")
     req = parse(TokenizeChatRequest if chat else TokenizeRequest, body)
     mgr = served(req.model)
     if chat:

@@ -90,9 +90,14 @@ VLLM_EMBEDDINGS = {  # vLLM's pooling fields: each changes the vectors, or the b
 COHERE_RERANK = {  # Cohere's, on /v2/rerank: it truncates each document to its tokens
     "max_tokens_per_doc": _off("max_tokens_per_doc", why="use truncate_prompt_tokens (vLLM's)"),
 }
-CHATS_ONLY = {  # chat's names, which OpenAI's completions refuse and vLLM's ignore: its own change the output
+CHATS_ONLY = {  # chat's fields, which OpenAI's completions refuse and vLLM's ignore: each would change the output
     "max_completion_tokens": Refused("max_completion_tokens is chat's; /v1/completions takes max_tokens"),
     "top_logprobs": Refused("top_logprobs is chat's; /v1/completions takes logprobs (an integer)"),
+    **{
+        name: Refused(f"{name} is a chat completion's field: /v1/chat/completions takes it (a prompt is no chat)")
+        for name in ("messages", "tools", "tool_choice", "parallel_tool_calls", "reasoning_effort")
+        + ("chat_template_kwargs", "continue_final_message", "add_generation_prompt")
+    },
 }
 LLAMA_SERVER = {
     "n_predict": _off("n_predict", why="use max_tokens"),

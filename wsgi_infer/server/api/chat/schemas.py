@@ -141,6 +141,8 @@ class ChatCompletionRequest(SamplingRequest):
     def _text_parts(self) -> ChatCompletionRequest:
         """A 400 naming a text part whose text is no string (parts are untyped dicts: ``ChatMessage.text``)."""
         for i, message in enumerate(self.messages):
+            if message.content == []:  # OpenAI's 400 too: no text, and no way to tell what was meant
+                raise APIError(f"messages.{i}.content is an empty list of parts", param=f"messages.{i}.content")
             for j, part in enumerate(message.content if isinstance(message.content, list) else []):
                 kind = part.get("type")
                 if kind in ("text", "refusal") and not isinstance(part.get(kind), str):
@@ -152,6 +154,13 @@ class ChatCompletionRequest(SamplingRequest):
     def _continues_an_assistant(self) -> ChatCompletionRequest:
         if self.continue_final_message and self.messages[-1].role != "assistant":
             raise APIError("continue_final_message needs an assistant message last", param="continue_final_message")
+        if (
+            self.continue_final_message
+            and self.add_generation_prompt
+            and "add_generation_prompt" in self.model_fields_set
+        ):
+            message = "add_generation_prompt true opens a new reply, and continue_final_message continues the last one"
+            raise APIError(f"{message}: set add_generation_prompt false, as vLLM asks", param="add_generation_prompt")
         return self
 
     @field_validator("top_logprobs")
