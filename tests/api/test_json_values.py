@@ -167,5 +167,6 @@ def test_with_include_usage_every_chunk_says_usage_null_until_the_last(tiny_api,
     with tiny_api.client() as http:
         reply = http.post(route, json=body)
     chunks = [json.loads(line[len("data: ") :]) for line in reply.text.splitlines() if line.startswith("data: {")]
-    assert len(chunks) > 2 and all("usage" in chunk and chunk["usage"] is None for chunk in chunks[:-1]), chunks
+    # one chunk at least before the usage: a slow reader takes the four tokens in one wake-up, merged into one chunk
+    assert len(chunks) >= 2 and all("usage" in chunk and chunk["usage"] is None for chunk in chunks[:-1]), chunks
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
