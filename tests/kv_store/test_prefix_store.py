@@ -150,6 +150,20 @@ def test_a_full_store_removes_a_prompts_blocks_from_its_last_and_keeps_a_prefix_
     assert not kept & set(story)  # used before the shared part, read again from memory, was: removed first
 
 
+def test_a_store_smaller_than_one_prompt_keeps_its_first_blocks(tiny_model_dirs, tmp_path):
+    """Full while a prompt's blocks were written, the store removed them by their writing, the first first, before
+    they were marked used: it kept the last two, which no hit can read (the KV store probe: a hit of 0 after a
+    restart, and every request writing and evicting all its blocks)."""
+    llm = _engine(tiny_model_dirs["llama"], tmp_path)
+    first = _prompt_block_keys(llm, PROMPTS[0])
+    llm.engine.store.store.limit_bytes = 3 * (llm.engine.store.blocks.payload_nbytes + 80)  # and its frame
+    _run(llm, [PROMPTS[0]])
+    llm.engine.close(wait=True)
+    (namespace,) = tmp_path.iterdir()
+    kept = {bytes.fromhex(p.stem) for p in namespace.iterdir()}
+    assert len(first) > 10 and set(first[:2]) <= kept, sorted(first.index(k) for k in kept)  # 7/8 of 3 blocks
+
+
 def test_another_model_or_setting_never_takes_a_block(tiny_model_dirs, tmp_path):
     _restart(tiny_model_dirs["llama"], tmp_path)[1].engine.close()
     others = [

@@ -34,8 +34,9 @@ class KVStore(Protocol):
     def get(self, namespace: bytes, key: bytes) -> bytes | None:
         """The framed block, or None where it is absent; marks it recently used."""
 
-    def put(self, namespace: bytes, key: bytes, framed: list[memoryview]) -> bool:
+    def put(self, namespace: bytes, key: bytes, framed: list[memoryview], used_ns: int = 0) -> bool:
         """Store a framed block (its parts in order), whole or not at all; False where it was there already.
+        ``used_ns``: when it counts as last used (ns since the epoch; 0: now), where the store orders by use.
         Raises ``OSError`` where the medium refuses (full, read-only, gone)."""
 
     def discard(self, namespace: bytes, key: bytes) -> None:

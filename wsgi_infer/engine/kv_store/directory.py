@@ -65,9 +65,9 @@ class DirectoryStore:
         self.counters.bytes_read += len(data)
         return data
 
-    def put(self, namespace: bytes, key: bytes, framed: list[memoryview]) -> bool:
+    def put(self, namespace: bytes, key: bytes, framed: list[memoryview], used_ns: int = 0) -> bool:
         path = self._path(namespace, key)
-        if path.is_file():  # another worker wrote it
+        if os.path.lexists(path):  # another worker wrote it (or something not the store's lies there: left alone)
             return False
         path.parent.mkdir(mode=0o700, exist_ok=True)  # the user's own: a block's values give its prompt away
         staging = path.with_name(f".{path.stem}.{os.getpid()}.{os.urandom(4).hex()}.tmp")  # this writer's own
@@ -75,6 +75,8 @@ class DirectoryStore:
             with open(staging, "wb", opener=_owner_only) as f:
                 for part in framed:
                     f.write(part)
+            if used_ns:
+                os.utime(staging, ns=(used_ns, used_ns))
             os.replace(staging, path)
         except BaseException as exc:
             staging.unlink(missing_ok=True)

@@ -74,7 +74,7 @@ class PrefixStore:
         self._reads: SimpleQueue = SimpleQueue()
         self._writes: SimpleQueue = SimpleQueue()
         self._closed: SimpleQueue = SimpleQueue()
-        self._noted: list[tuple[bytes, list[int]]] = []  # (key, block id in each pool), to be written
+        self._noted: list[tuple[bytes, list[int], int]] = []  # (key, block id in each pool, its date), to write
         self._chains: list[list[bytes]] = []  # the noted prompts' blocks from the first: marked used once written
         self._queued_bytes = 0  # the engine thread's count
         self._written_bytes = 0  # the writer's: the difference is pending
@@ -114,8 +114,11 @@ class PrefixStore:
         once the step's output is out). Their ids are taken now: a sequence that ended gave its table back."""
         end = min(min(seq.num_computed_tokens, seq.num_prompt_tokens) // self.blocks.block_size, len(seq.block_hashes))
         if not (self.degraded and time.monotonic() < self._retry_at):
+            # Dated as used from its first block's noting, each a nanosecond earlier than the one before: a store
+            # full while a prompt's blocks are written removes them from its last, as it does once they are marked.
+            dated = seq.stored_at_ns = seq.stored_at_ns or time.time_ns()
             for i in range(seq.num_stored_blocks, end):
-                self._noted.append((seq.block_hashes[i], [table.blocks[i] for table in seq.block_tables]))
+                self._noted.append((seq.block_hashes[i], [table.blocks[i] for table in seq.block_tables], dated - i))
             if end > seq.num_stored_blocks:
                 self._chains.append(seq.block_hashes[:end])
         seq.num_stored_blocks = max(seq.num_stored_blocks, end)
@@ -123,13 +126,13 @@ class PrefixStore:
     def write_noted(self) -> None:
         """Copy the noted blocks out of the cache and queue them for the writer. Before the next step allocates:
         until then a block given back (a sequence that ended, a sliding window that moved) keeps its values."""
-        for key, block_ids in self._noted:
+        for key, block_ids, used_ns in self._noted:
             if self._queued_bytes - self._written_bytes > MAX_PENDING_BYTES:
                 self.store.counters.dropped_blocks += 1
                 continue
             payload = self.blocks.read(block_ids)
             self._queued_bytes += payload.nbytes
-            self._writes.put((key, payload))
+            self._writes.put((key, payload, used_ns))
         self._noted.clear()
         for chain in self._chains:
             self._mark_used(chain)
@@ -140,7 +143,7 @@ class PrefixStore:
         block is then its most recently used, and a full store removes its blocks from the last. By write and read
         order the first went first, which left the others unreadable: a hit reads from the first block on."""
         if chain and not (self.degraded and time.monotonic() < self._retry_at):
-            self._writes.put((chain[::-1], None))
+            self._writes.put((chain[::-1], None, 0))
 
     def close(self, wait: bool) -> None:
         """End both threads; with ``wait``, after the blocks already noted are written (a server stopping keeps
@@ -192,22 +195,22 @@ class PrefixStore:
     # --- the writer thread -------------------------------------------------------------------
     def _write_loop(self) -> None:
         while (job := self._writes.get()) is not None:
-            key, payload = job
+            key, payload, used_ns = job
             if payload is None:  # a chain to mark used (``_mark_used``)
                 if not (self.degraded and time.monotonic() < self._retry_at):
                     self._stored(self.store.mark_used, self.namespace, key)
                 continue
-            self._write(key, payload)
+            self._write(key, payload, used_ns)
             self._written_bytes += payload.nbytes
             if self._writes.empty():
                 self._notify()
         self._closed.put(True)
 
-    def _write(self, key: bytes, payload: torch.Tensor) -> None:
+    def _write(self, key: bytes, payload: torch.Tensor, used_ns: int) -> None:
         if self.degraded and time.monotonic() < self._retry_at:
             return
         framed = frame(self.namespace, key, memoryview(payload.view(torch.uint8).numpy()))
-        self._stored(self.store.put, self.namespace, key, framed)
+        self._stored(self.store.put, self.namespace, key, framed, used_ns)
 
     def _stored(self, change: Callable[..., object], *args: object) -> None:
         """Make a change to the store; a failure degrades it (one warning), a success after one ends that."""

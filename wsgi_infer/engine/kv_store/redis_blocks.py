@@ -128,7 +128,8 @@ class RedisStore:
             self.counters.bytes_read += len(data)
         return data
 
-    def put(self, namespace: bytes, key: bytes, framed: list[memoryview]) -> bool:
+    def put(self, namespace: bytes, key: bytes, framed: list[memoryview], used_ns: int = 0) -> bool:
+        del used_ns  # Redis's maxmemory policy orders its keys itself
         value = b"".join(framed)
         if self._command("writes", b"SET", self._name(namespace, key), value, b"NX") is None:
             return False  # another writer's copy is there

@@ -62,6 +62,7 @@ class Sequence:
         # The KV store (``kv_store``): its read of this prompt's blocks, and the leading blocks it needs no more.
         self.stored_read: object = None
         self.num_stored_blocks = 0
+        self.stored_at_ns = 0  # its first blocks' noting: its blocks are dated from it, each earlier than the last
         self.arrival_time = time.monotonic()
         self.first_scheduled_time: float | None = None
         self.prompt_logprobs: list[TokenLogprob] = []  # of prompt tokens 1.., when asked for
