@@ -84,6 +84,9 @@ preload = true
         ("[models.nobody]\nmax_model_len = 64\n", "no model is named 'nobody'"),
         ('[models.x]\npath = "a.gguf"\nspeculative = "medusa"\n', "[models.x]"),
         ('[models.x]\npath = "a.gguf"\naliases = "y"\n', "aliases must be a list"),
+        ('[models.x]\npath = "a.gguf"\naliases = 5\n', "aliases must be a list"),  # a TypeError's traceback
+        ('[models.x]\npath = "a.gguf"\naliases = {y = 1}\n', "aliases must be a list"),  # its keys were taken
+        ('[models.x]\npath = "a.gguf"\nkv_cache_memory_mb = "lots"\n', "kv_cache_memory_mb = 'lots': Input should"),
         ('[models.x]\npath = "a.gguf"\npreload = "false"\n', "preload must be true or false, got 'false'"),
         ("[models.x]\npath = 5\n", "path must be a string, got 5"),
         ('[models.x]\npath = "a.gguf"\n[models.y]\npath = "b.gguf"\naliases = ["x"]\n', "given to two models"),
@@ -94,7 +97,13 @@ preload = true
 def test_a_mistake_in_the_configuration_is_said(tmp_path, toml, said):
     with pytest.raises(ModelsConfigError) as raised:
         specs(tmp_path, toml, model=str(tmp_path / "m.gguf"))
-    assert said in str(raised.value)
+    assert said in str(raised.value) and "\n" not in str(raised.value)  # one line (pydantic's took four)
+
+
+def test_a_served_model_name_needs_the_model_it_names(tmp_path):
+    """With only a config's tables, WSGI_INFER_SERVED_MODEL_NAME renamed nothing: an IndexError's traceback."""
+    with pytest.raises(ModelsConfigError, match="SERVED_MODEL_NAME names WSGI_INFER_MODEL's"):
+        specs(tmp_path, '[models.x]\npath = "a.gguf"\n', served_model_name="foo")
 
 
 def test_a_bad_setting_of_every_model_is_blamed_on_the_settings_not_on_a_models_config(tmp_path):
@@ -132,3 +141,28 @@ def test_workers_take_the_models_the_master_read_and_a_broken_edit_keeps_them(tm
     other = ServerSettings(models_config=str(config), preload="*")  # other settings: read as they stand
     with pytest.raises(ModelsConfigError):
         model_specs(other)
+
+
+def test_a_reload_that_cannot_read_the_models_keeps_them_and_the_server(tmp_path, monkeypatch):
+    """SIGHUP: a models config whose aliases were 5 raised a TypeError in the master, whose main loop died with the
+    server; a path that names nothing failed the new workers once the old had drained, and gunicorn stopped."""
+    import logging
+    from types import SimpleNamespace
+
+    from wsgi_infer.server import master_reads
+    from wsgi_infer.server.gunicorn import config as gunicorn_config
+
+    monkeypatch.setattr(master_reads, "_read", {})
+    model, config = tmp_path / "a.gguf", tmp_path / "models.toml"
+    model.write_bytes(b"GGUF")
+    config.write_text(f'[models.chat]\npath = "{model}"\n')
+    monkeypatch.setenv("WSGI_INFER_MODELS_CONFIG", str(config))
+    master = SimpleNamespace(log=logging.getLogger("a-master"))
+    gunicorn_config.on_reload(master)
+    for broken in (
+        f'[models.chat]\npath = "{model}"\naliases = 5\n',
+        f'[models.chat]\npath = "{tmp_path / "b.gguf"}"\n',
+    ):
+        config.write_text(broken)
+        gunicorn_config.on_reload(master)  # it raised, or kept the missing file for the workers
+        assert [(spec.name, spec.files) for spec in model_specs(ServerSettings())] == [("chat", model)]

@@ -89,9 +89,11 @@ def test_serve_with_two_workers_whose_model_cannot_load_exits_with_code_3_and_no
     assert refused.returncode == 2 and "--workers: must be a whole number of at least 1" in refused.stderr
     # prepare says what the master says of settings: pydantic's error for the field spanned lines, and a misspelt
     # variable was not named
-    refused = run_cli("prepare", WSGI_INFER_BLOCK_SIZE="abc", WSGI_INFER_MAX_NUM_SEQ="4")
+    refused = run_cli("prepare", WSGI_INFER_BLOCK_SIZE="abc", WSGI_INFER_MAX_NUM_SEQ="4", wsgi_infer_max_num_seq="4")
     assert refused.returncode == 2 and "WSGI_INFER_BLOCK_SIZE='abc': Input should be a valid integer" in refused.stderr
     assert "WSGI_INFER_MAX_NUM_SEQ is no setting of wsgi-infer, ignored: WSGI_INFER_MAX_NUM_SEQS?" in refused.stderr
+    # in any case, as the settings are read (a lowercase one was read, and a misspelt one ignored without a word)
+    assert "wsgi_infer_max_num_seq is no setting of wsgi-infer, ignored: WSGI_INFER_MAX_NUM_SEQS?" in refused.stderr
     for address in ("", "127.0.0.1:99999"):  # it bound 127.0.0.1:8000, unsaid; gunicorn's OverflowError
         refused = run_cli("serve", "--bind", address)
         assert refused.returncode == 2 and "--bind: must be HOST:PORT or unix:PATH" in refused.stderr
@@ -124,6 +126,7 @@ def test_a_bad_setting_stops_the_master_with_one_line_naming_its_variable(tmp_pa
     [
         (("-k", "sync"), "--worker-class sync: wsgi-infer serves on its own worker"),  # /health: "loading" for ever
         (("--workers", "0"), "--workers 0: at least 1 worker serves"),  # it listened, and never answered
+        (("--worker-connections", "0"), "--worker-connections 0: a worker serves 1 connection at least"),  # all 503
         (("--preload",), "--preload would import torch in the master"),
     ],
 )

@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from ..engine.loading.model_paths import is_embedding_model, model_name, model_path
 from .master_reads import as_the_master_read
-from .settings import ServerSettings, toml_tables
+from .settings import ServerSettings, table_problems, toml_tables
 
 # The settings a model may have of its own (each also a global one, its default).
 PER_MODEL = frozenset(
@@ -73,6 +75,8 @@ def read_model_specs(settings: ServerSettings) -> list[ModelSpec]:
     tables = _tables(settings.models_config)
     paths = _paths(settings, any("path" in table for table in tables.values()))
     names = [model_name(p) for p in paths]
+    if settings.served_model_name and not names:  # it names WSGI_INFER_MODEL's: a config's tables name their own
+        raise ModelsConfigError("WSGI_INFER_SERVED_MODEL_NAME names WSGI_INFER_MODEL's model, and none is given")
     if settings.served_model_name:
         names[0] = settings.served_model_name
     by_path = {str(Path(p).expanduser()) if p else None: i for i, p in enumerate(paths)}
@@ -143,9 +147,11 @@ def _spec(settings: ServerSettings, name: str, path: str | None, table: dict) ->
         merged.engine_config()  # validates what the engine's settings allow
     except ValueError as exc:  # the table's own values, or the WSGI_INFER_* settings every model takes
         where = f"models config: [models.{name}]" if own else f"the WSGI_INFER_* settings (model {name})"
-        raise ModelsConfigError(f"{where}: {exc}") from None
+        raise ModelsConfigError(
+            f"{where}: {table_problems(exc) if isinstance(exc, ValidationError) else exc}"
+        ) from None
     aliases = table.get("aliases", [])
-    if isinstance(aliases, str) or not all(isinstance(a, str) for a in aliases):
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):  # 5 was a TypeError
         raise ModelsConfigError(f"models config: [models.{name}] aliases must be a list of names")
     keep_alive = merged.keep_alive if "keep_alive" in table else None
     return ModelSpec(name, path, merged, tuple(aliases), table.get("preload", False), keep_alive)

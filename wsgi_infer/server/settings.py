@@ -217,8 +217,16 @@ def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]
     """The WSGI_INFER_* variables that are no setting, each with the setting nearest its name: a misspelt one is
     otherwise ignored without a word (WSGI_INFER_API_KEYS left a server open to every client)."""
     known = {f"WSGI_INFER_{name.upper()}" for name in ServerSettings.model_fields} | OTHER_VARIABLES
-    unknown = sorted(name for name in environ if name.startswith("WSGI_INFER_") and name not in known)
-    return [(name, next(iter(difflib.get_close_matches(name, known, 1)), None)) for name in unknown]
+    # any case: the settings are read so (a misspelt wsgi_infer_max_num_seq was ignored without a word)
+    unknown = sorted(name for name in environ if name.upper().startswith("WSGI_INFER_") and name.upper() not in known)
+    return [(name, next(iter(difflib.get_close_matches(name.upper(), known, 1)), None)) for name in unknown]
+
+
+def table_problems(exc: ValidationError) -> str:
+    """A TOML table's error on one line (pydantic's takes several): ``key = value: what is wrong`` for each."""
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or '(table)'} = {e.get('input')!r}: {e['msg']}" for e in exc.errors()
+    )
 
 
 def named_problems(exc: ValidationError) -> list[str]:

@@ -103,11 +103,20 @@ def _settings_or_exit(server):
     sys.exit(Arbiter.WORKER_BOOT_ERROR)
 
 
-def _read_for_workers(settings: ServerSettings) -> list:
-    """The models and keys the settings' files give, read for the workers to come (``master_reads``); the keys."""
-    from wsgi_infer.server.model_specs import read_model_specs  # here, as text_files_ahead does: the master's imports
+def _read_for_workers(settings: ServerSettings, reloading: bool = False) -> list:
+    """The models and keys the settings' files give, read for the workers to come (``master_reads``); the keys.
+    ``reloading``: a model's path that names nothing is refused (at start, its worker says so; at a reload, the new
+    workers failed to boot once the old ones had drained, and gunicorn stopped the server)."""
+    from wsgi_infer.server.model_specs import ModelsConfigError, read_model_specs  # as text_files_ahead's: the master's
 
-    read_for_workers("models", settings.model_dump_json(), lambda: read_model_specs(settings))
+    def models() -> list:
+        specs = read_model_specs(settings)
+        for spec in specs if reloading else ():
+            if not spec.files.exists():
+                raise ModelsConfigError(f"model {spec.name}: {spec.files}: no such file or directory")
+        return specs
+
+    read_for_workers("models", settings.model_dump_json(), models)
     key_inputs = (tuple(settings.api_keys), settings.keys_file)
     return read_for_workers("keys", key_inputs, lambda: read_keys(settings.api_keys, settings.keys_file))
 
@@ -116,9 +125,11 @@ def on_reload(server):
     """In the master, on SIGHUP, before the new workers fork: the keys file and the models config read again. Where
     an edit broke one, one line says why, and the new workers keep what was read before."""
     try:
-        _read_for_workers(ServerSettings())
+        _read_for_workers(ServerSettings(), reloading=True)
     except ValueError as exc:  # pydantic's ValidationError is one
         server.log.error("%s; the new workers keep what was read before: fix it, then reload again", exc)
+    except Exception:  # a reload never stops the server (a TypeError did: the master's main loop died)
+        server.log.exception("the files could not be read again; the new workers keep what was read before")
 
 
 def _check_gunicorn_flags(server) -> None:
@@ -130,6 +141,8 @@ def _check_gunicorn_flags(server) -> None:
         raise ValueError(f"--worker-class {cfg.worker_class_str}: wsgi-infer serves on its own worker ({worker_class})")
     if cfg.workers < 1:
         raise ValueError(f"--workers {cfg.workers}: at least 1 worker serves")
+    if cfg.worker_connections < 1:  # every request, /health's, was a 503 too_many_connections
+        raise ValueError(f"--worker-connections {cfg.worker_connections}: a worker serves 1 connection at least")
     if cfg.preload_app:
         raise ValueError("--preload would import torch in the master before it forks: wsgi-infer's workers load it")
     if cfg.graceful_timeout < cfg.keepalive + 3:

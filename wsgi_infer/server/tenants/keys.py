@@ -12,7 +12,7 @@ import hashlib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..master_reads import as_the_master_read
-from ..settings import toml_tables
+from ..settings import table_problems, toml_tables
 
 
 class KeysConfigError(ValueError):
@@ -84,7 +84,7 @@ def read_keys(api_keys: list[str], keys_file: str | None) -> list[KeyPolicy]:
         try:
             policies.append(KeyPolicy(id=name, **table))
         except ValidationError as exc:
-            raise KeysConfigError(f"keys file {keys_file!r}: [keys.{name}]: {exc}") from None
+            raise KeysConfigError(f"keys file {keys_file!r}: [keys.{name}]: {table_problems(exc)}") from None
         except TypeError:
             raise KeysConfigError(f"keys file {keys_file!r}: [keys.{name}] is not a table") from None
     seen: dict[bytes, str] = {}
