@@ -26,7 +26,7 @@ def server(gunicorn_server, tiny_model_dirs):
 
 @pytest.fixture
 def page(browser, server):
-    page = browser.new_page()
+    page = browser.new_page(bypass_csp=True)  # the page's CSP refuses Playwright's string predicates (eval)
     page.goto(server.url + "/")
     page.wait_for_function("document.getElementById('model').textContent === 'tiny-llama0'")
     yield page
@@ -114,7 +114,7 @@ def test_a_cut_connection_resumes_without_losing_or_repeating_tokens(browser, ti
     settings = {"model": tiny_model_dirs["llama"], "dtype": "float32", "quantization": "none", "heartbeat_seconds": 10}
     with GunicornServer(settings) as server, NginxProxy(f"127.0.0.1:{server.port}") as nginx:
         server.wait_ready()
-        page = browser.new_page()
+        page = browser.new_page(bypass_csp=True)
         page.goto(nginx.url + "/")
         page.wait_for_function("document.getElementById('model').textContent === 'tiny-llama0'")
         ask(page, prompt, 800)
@@ -149,7 +149,7 @@ def test_a_thinking_models_thought_shows_apart_from_its_answer(browser, gunicorn
     body = {"messages": [{"role": "user", "content": "Think it over"}], "max_tokens": 40, "temperature": 0}
     expected = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
     assert expected["reasoning_content"] and not expected["content"]  # the case: a reply that is all thought
-    page = browser.new_page()
+    page = browser.new_page(bypass_csp=True)  # the page's CSP refuses Playwright's string predicates (eval)
     page.goto(server.url + "/")
     page.wait_for_function("document.getElementById('model').textContent === 'thinking'")
     ask(page, "Think it over", 40)
@@ -158,3 +158,19 @@ def test_a_thinking_models_thought_shows_apart_from_its_answer(browser, gunicorn
     assert page.text_content(".assistant .answer") == ""
     assert page.get_attribute(".assistant .thought", "open") is not None  # no answer began: it stays open
     page.close()
+
+
+def test_another_site_cannot_frame_the_page_which_works_under_its_own_policy(browser, server):
+    """Framed by another site, the page's own requests pass the origin check: a user clicking through an overlay
+    would send for it (clickjacking). The page says it may not be framed, and Chromium shows it nowhere."""
+    page, refused = browser.new_page(), []
+    page.on("console", lambda message: refused.append(message.text) if "Content Security" in message.text else None)
+    page.goto(server.url + "/")  # under its policy (the other tests' pages bypass it): it lists the models
+    page.locator("#model option", has_text="tiny-llama0").wait_for(state="attached")
+    assert not refused
+    page.set_content(f'<iframe src="{server.url}/" width="640" height="480"></iframe>', wait_until="load")
+    (framed,) = page.main_frame.child_frames
+    assert framed.query_selector("#send") is None, framed.url
+    page.close()
+    headers = httpx.get(server.url + "/").headers
+    assert "frame-ancestors 'none'" in headers["content-security-policy"] and headers["x-frame-options"] == "DENY"
