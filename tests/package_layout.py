@@ -50,6 +50,7 @@ LAYERS = (
         "wsgi_infer.server.client_connection",
         "wsgi_infer.server.errors",
         "wsgi_infer.server.request_json",
+        "wsgi_infer.server.query_numbers",
         "wsgi_infer.server.metrics",
         "wsgi_infer.server.master_reads",
         "wsgi_infer.server.settings",

@@ -1,4 +1,5 @@
-"""The offline API: ``LLM(...).generate(prompts, params)`` and ``.chat(messages, params)``."""
+"""The offline API: ``LLM(...).generate(prompts, sampling_params)`` and ``.chat(messages, sampling_params)``, with
+vLLM's names for both."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from .engine.kernels.build import kernels_library
 from .engine.llm_engine import LLMEngine, Prompt
 from .engine.outputs import CompletionOutput, RequestDelta
 from .engine.sampling_params import SamplingParams, tokens_to_keep
+from .engine.text.chat_template import chat_prompt_ids
 from .engine.text.truncation import prompt_tokens
 
 Message = dict[str, str]
@@ -45,16 +47,23 @@ class LLM:
     def generate(
         self,
         prompts: Prompt | Seq[Prompt],
-        params: SamplingParams | Seq[SamplingParams] | None = None,
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
     ) -> list[CompletionOutput]:
-        """Run every prompt to completion, batched; outputs are in prompt order."""
+        """Run every prompt to completion, batched; outputs are in prompt order. ``use_tqdm``: vLLM's, taken from
+        its callers; no progress bar is drawn."""
+        del use_tqdm
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        if not isinstance(prompts, Seq):
+            raise TypeError(f"prompts: a prompt or a list of prompts, not {prompts!r:.80}")
         prompts = [prompt_of(p) for p in prompts]
+        params = sampling_params
         one = SamplingParams() if params is None else params
         params_list = list(params) if isinstance(params, Seq) else [one] * len(prompts)
         if len(params_list) != len(prompts) or not all(isinstance(p, SamplingParams) for p in params_list):
-            raise ValueError("params: give one SamplingParams, or one per prompt")
+            raise ValueError("sampling_params: give one SamplingParams, or one per prompt")
         prompt_ids: dict[str, list[int]] = {}
         results: dict[str, RequestDelta] = {}
         try:
@@ -67,6 +76,7 @@ class LLM:
             while self.engine.has_unfinished():
                 for delta in self.engine.step():
                     results[delta.request_id] = results[delta.request_id].then(delta)
+            self.engine.write_stored_blocks()  # the last step's prompt blocks (the next step's start writes them)
         finally:
             for request_id in results:  # on error or interrupt, leave nothing behind
                 self.engine.abort(request_id)
@@ -87,11 +97,41 @@ class LLM:
     def chat(
         self,
         messages: list[Message] | list[list[Message]],
-        params: SamplingParams | None = None,
+        sampling_params: SamplingParams | None = None,
+        *,
+        use_tqdm: bool = True,
+        chat_template_kwargs: dict | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict] | None = None,
     ) -> list[CompletionOutput]:
-        """Apply the model's chat template to each conversation, then generate."""
+        """Apply the model's chat template to each conversation (vLLM's keywords), then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        return self.generate([self.apply_chat_template(c) for c in conversations], params)
+        options = {"chat_template_kwargs": chat_template_kwargs, "tools": tools}
+        options |= {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
+        prompts = [self.apply_chat_template(c, **options) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def apply_chat_template(self, messages: list[Message]) -> list[int]:
-        return self.engine.apply_chat_template(messages)
+    def apply_chat_template(
+        self,
+        messages: list[Message],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[int]:
+        """A conversation's token ids; text parts (OpenAI's and vLLM's content lists) joined by newlines, as the
+        server joins them."""
+        flat = [
+            {**m, "content": text_of_parts(m["content"])} if isinstance(m.get("content"), list) else m for m in messages
+        ]
+        return chat_prompt_ids(
+            self.engine.tokenizer, flat, tools, add_generation_prompt, chat_template_kwargs, continue_final_message
+        )
+
+
+def text_of_parts(parts: list) -> str:
+    """A content list's text: its text parts, joined by newlines; another kind of part is a ValueError."""
+    if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in parts):
+        raise ValueError("content parts: only text parts ({'type': 'text', 'text': ...}) are supported")
+    return "\n".join(p["text"] for p in parts)

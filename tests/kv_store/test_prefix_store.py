@@ -15,6 +15,7 @@ from wsgi_infer.engine.kv_store.directory import SUFFIX, DirectoryStore
 from wsgi_infer.engine.scheduling.kv_cache_manager import chain_hash
 
 from ..conftest import assert_idle
+from ..support.server import wait_until
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 SHARED = "In the old town by the river, the bakers rose before dawn to light their ovens, and " * 6
@@ -209,3 +210,15 @@ def test_a_directory_and_a_redis_together_are_refused():
 
     with pytest.raises(ValueError, match="kv_store_dir and kv_store_url"):
         EngineConfig(model=None, kv_store_dir="/tmp/kv", kv_store_url="redis://127.0.0.1:6379/0")
+
+
+def test_the_offline_api_hands_its_last_steps_blocks_to_the_store(tiny_model_dirs, tmp_path):
+    """Noted blocks were written at the next step's start: a prompt read in the last step (one token asked for, or a
+    long prompt's last chunk) was never written by ``LLM.generate``, which has no next step."""
+    llm = _engine(tiny_model_dirs["llama"], tmp_path)
+    llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=1))
+    store = llm.engine.store
+    wait_until(lambda: store._written_bytes == store._queued_bytes, "the writer has written what it was handed")
+    (namespace,) = tmp_path.iterdir()
+    assert len(list(namespace.glob(f"*{SUFFIX}"))) == len(_prompt_block_keys(llm, PROMPTS[0])) > 10
+    llm.engine.close()
