@@ -147,22 +147,21 @@ def test_a_reload_that_cannot_read_the_models_keeps_them_and_the_server(tmp_path
     """SIGHUP: a models config whose aliases were 5 raised a TypeError in the master, whose main loop died with the
     server; a path that names nothing failed the new workers once the old had drained, and gunicorn stopped."""
     import logging
-    from types import SimpleNamespace
 
     from wsgi_infer.server import master_reads
-    from wsgi_infer.server.gunicorn import config as gunicorn_config
+    from wsgi_infer.server.gunicorn.settings_files import read_again  # not config: its import makes folders
 
     monkeypatch.setattr(master_reads, "_read", {})
     model, config = tmp_path / "a.gguf", tmp_path / "models.toml"
     model.write_bytes(b"GGUF")
     config.write_text(f'[models.chat]\npath = "{model}"\n')
     monkeypatch.setenv("WSGI_INFER_MODELS_CONFIG", str(config))
-    master = SimpleNamespace(log=logging.getLogger("a-master"))
-    gunicorn_config.on_reload(master)
+    master = logging.getLogger("a-master")
+    read_again(master)
     for broken in (
         f'[models.chat]\npath = "{model}"\naliases = 5\n',
         f'[models.chat]\npath = "{tmp_path / "b.gguf"}"\n',
     ):
         config.write_text(broken)
-        gunicorn_config.on_reload(master)  # it raised, or kept the missing file for the workers
+        read_again(master)  # it raised, or kept the missing file for the workers
         assert [(spec.name, spec.files) for spec in model_specs(ServerSettings())] == [("chat", model)]

@@ -163,13 +163,14 @@ def test_a_plain_text_generation_cut_short_ends_without_the_bodys_end(server):
     body = {"prompt": "Hello", "max_new_tokens": ENDLESS, "ignore_eos": True, "temperature": 0, "stream": True}
     mark = len(server.lines)
     with server.client() as http:
-        with http.stream("POST", "/generate", json=body) as r:
+        with http.stream("POST", "/generate", json=body, headers={"X-Request-Id": "plain-cut"}) as r:
             pieces = r.iter_text()
             assert next(pieces)
             assert http.delete(f"/v1/streams/{r.headers['x-stream-id']}").json()["cancelled"]
             with pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read"):
                 list(pieces)
-        server.wait_for_log(r"plain-text stream cut short \(stream_cancelled\)")
+        server.wait_for_log(r"plain-text stream cut short \(stream_cancelled\)", after=mark)
+        server.wait_for_log(r"request plain-cut: response ended early, aborted 1", after=mark)  # the engine's word
         too_long = http.post("/generate", json={"prompt": "Hello", "max_new_tokens": 10**6})
         assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_new_tokens", too_long.text
         assert "max_tokens" not in too_long.json()["error"]["message"]

@@ -20,11 +20,10 @@ from wsgi_infer.engine.kernels.build import start_building_cpu_kernels
 from wsgi_infer.engine.runtime.cpu_budget import cpu_budget
 from wsgi_infer.server.engine_client.extension import manager_of
 from wsgi_infer.server.gunicorn.owned_dirs import make_owned_dir, remove_abandoned_dirs, remove_owned_dirs
+from wsgi_infer.server.gunicorn.settings_files import read_again, read_for_workers_now
 from wsgi_infer.server.gunicorn.text_files_ahead import start_text_files_ahead
 from wsgi_infer.server.gunicorn.worker import InferenceWorker
-from wsgi_infer.server.master_reads import read_for_workers
 from wsgi_infer.server.settings import ServerSettings, named_problems, unknown_variables
-from wsgi_infer.server.tenants.keys import read_keys
 from wsgi_infer.server.tenants.local_store import LocalLimitStore
 
 # Read in the master before any worker exists (and before torch is imported anywhere).
@@ -81,7 +80,7 @@ def _settings_or_exit(server):
         _check_gunicorn_flags(server)
         settings = ServerSettings()
         server.log.info("settings given: %s", settings.given() or "none (every default)")
-        keys = _read_for_workers(settings)  # else each worker's traceback, once it imported torch
+        keys = read_for_workers_now(settings)  # else each worker's traceback, once it imported torch
         if settings.api_key is not None and not settings.api_keys:
             server.log.warning("WSGI_INFER_API_KEY is set but holds no key: the API is open to anyone")
         if settings.protect_ops and not keys:
@@ -103,33 +102,9 @@ def _settings_or_exit(server):
     sys.exit(Arbiter.WORKER_BOOT_ERROR)
 
 
-def _read_for_workers(settings: ServerSettings, reloading: bool = False) -> list:
-    """The models and keys the settings' files give, read for the workers to come (``master_reads``); the keys.
-    ``reloading``: a model's path that names nothing is refused (at start, its worker says so; at a reload, the new
-    workers failed to boot once the old ones had drained, and gunicorn stopped the server)."""
-    from wsgi_infer.server.model_specs import ModelsConfigError, read_model_specs  # as text_files_ahead's: the master's
-
-    def models() -> list:
-        specs = read_model_specs(settings)
-        for spec in specs if reloading else ():
-            if not spec.files.exists():
-                raise ModelsConfigError(f"model {spec.name}: {spec.files}: no such file or directory")
-        return specs
-
-    read_for_workers("models", settings.model_dump_json(), models)
-    key_inputs = (tuple(settings.api_keys), settings.keys_file)
-    return read_for_workers("keys", key_inputs, lambda: read_keys(settings.api_keys, settings.keys_file))
-
-
 def on_reload(server):
-    """In the master, on SIGHUP, before the new workers fork: the keys file and the models config read again. Where
-    an edit broke one, one line says why, and the new workers keep what was read before."""
-    try:
-        _read_for_workers(ServerSettings(), reloading=True)
-    except ValueError as exc:  # pydantic's ValidationError is one
-        server.log.error("%s; the new workers keep what was read before: fix it, then reload again", exc)
-    except Exception:  # a reload never stops the server (a TypeError did: the master's main loop died)
-        server.log.exception("the files could not be read again; the new workers keep what was read before")
+    """In the master, on SIGHUP, before the new workers fork: the settings' files read again (``settings_files``)."""
+    read_again(server.log)
 
 
 def _check_gunicorn_flags(server) -> None:
