@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,6 +17,8 @@ from ..support.nginx_proxy import NginxProxy
 from ..support.server import ENDLESS, GunicornServer
 
 pytestmark = pytest.mark.slow  # real processes
+
+STATIC = Path(__file__).parents[2] / "wsgi_infer" / "server" / "static"
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +180,69 @@ def test_another_site_cannot_frame_the_page_which_works_under_its_own_policy(bro
     page.close()
     headers = httpx.get(server.url + "/").headers
     assert "frame-ancestors 'none'" in headers["content-security-policy"] and headers["x-frame-options"] == "DENY"
+
+
+REPLY = [  # a reply in two events, as chunks of /v1/chat/completions, and its end
+    'id: 1\ndata: {"choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": null}]}\n\n',
+    'id: 2\ndata: {"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]}\n\n',
+    "id: 3\ndata: [DONE]\n\n",
+]
+
+
+class ScriptedReplies(BaseHTTPRequestHandler):
+    """The page's own files, and replies as the test scripts them: a prompt saying "crlf" gets the whole reply with
+    CRLF line ends; any other, its first event, then silence on an open connection, and the rest on its resume."""
+
+    silence = threading.Event()  # set: the silent connections end
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/v1/streams/s?last_event_id=1"):
+            return self._answer("text/event-stream", "".join(REPLY[1:]).encode())
+        if self.path == "/v1/models":
+            return self._answer("application/json", json.dumps({"data": [{"id": "m", "state": "loaded"}]}).encode())
+        name = "index.html" if self.path == "/" else self.path.removeprefix("/static/")
+        self._answer("text/html" if name.endswith("html") else "text/plain", (STATIC / name).read_bytes())
+
+    def do_POST(self) -> None:
+        asked = self.rfile.read(int(self.headers["Content-Length"])).decode()
+        if "crlf" in asked:
+            return self._answer("text/event-stream", "".join(REPLY).replace("\n", "\r\n").encode())
+        self._answer("text/event-stream", REPLY[0].encode(), {"X-Stream-Id": "s"})
+        self.silence.wait(60)
+
+    def _answer(self, kind: str, body: bytes, headers: dict | None = None) -> None:
+        self.send_response(200)
+        for name, value in {"Content-Type": kind, **(headers or {})}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def scripted(browser):
+    ScriptedReplies.silence = threading.Event()  # this test's own (the last one's ended its connections)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedReplies)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    page = browser.new_page(bypass_csp=True)
+    page.add_init_script("window.WSGI_INFER_STALL_MS = 1000")
+    page.goto(f"http://127.0.0.1:{server.server_port}/")
+    page.wait_for_function("document.getElementById('model').textContent === 'm'")
+    yield page
+    page.close()
+    ScriptedReplies.silence.set()
+    server.shutdown()
+
+
+@pytest.mark.parametrize("prompt", ["crlf", "silence"])
+def test_crlf_events_are_read_and_a_silent_connection_is_resumed(scripted, prompt):
+    """CRLF ends lines as LF does in SSE (the page waited for LF alone: "the stream ended without finishing"); a
+    connection silent past its heartbeats (a lost network, which never closes it) left the page "generating…" for
+    ever. A reply without usage says how it finished (the status said "generating…")."""
+    ask(scripted, prompt, 8)
+    scripted.wait_for_function("!document.querySelector('.assistant').classList.contains('streaming')")
+    assert scripted.text_content(".assistant .answer") == "Hello", scripted.text_content("#status")
+    assert scripted.text_content("#status") == "finish: stop"

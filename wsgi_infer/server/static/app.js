@@ -13,6 +13,10 @@ const fresh = () => ({
 });
 let state = JSON.parse(sessionStorage.getItem(SAVED) || "null") || fresh();
 let controller = null;
+let frame = null; // a reply's drawing, waiting for the next frame: one per frame, not one per event
+// Nothing at all (the server's heartbeats included, every 5 s by default) for this long: a connection that died
+// without closing (a lost network, a NAT's dropped mapping), taken as cut, and the reply resumed.
+const STALL_MS = window.WSGI_INFER_STALL_MS || 20000;
 
 const save = () => sessionStorage.setItem(SAVED, JSON.stringify(state));
 
@@ -82,14 +86,26 @@ async function loadModels() {
   picker.disabled = picker.options.length < 2;
 }
 
-// Yields {event, id, data} for each Server-Sent Event of a fetch response body.
+// The next chunk of a body; a TypeError (a network failure's kind) once it stalls STALL_MS.
+function readOrStall(reader) {
+  let timer;
+  const stalled = new Promise((_, reject) => {
+    timer = setTimeout(() => {
+      reject(new TypeError("the connection stalled")); // first: the cancel ends the read as if the body had ended
+      reader.cancel().catch(() => {});
+    }, STALL_MS);
+  });
+  return Promise.race([reader.read(), stalled]).finally(() => clearTimeout(timer));
+}
+
+// Yields {event, id, data} for each Server-Sent Event of a fetch response body (lines end in LF, CRLF or CR).
 async function* sseEvents(response) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {
-    const { value, done } = await reader.read();
+    const { value, done } = await readOrStall(reader);
     if (done) return;
-    buffer += value;
+    buffer = (buffer + value).replace(/\r\n|\r(?!$)/g, "\n"); // a CR last may be a CRLF's half
     let cut;
     while ((cut = buffer.indexOf("\n\n")) >= 0) {
       const block = buffer.slice(0, cut);
@@ -118,7 +134,7 @@ async function reconnect(streamId, lastId) {
     try {
       const r = await fetch(`/v1/streams/${streamId}?last_event_id=${lastId}`, { headers: headers(), signal: controller.signal });
       if (r.ok) return r;
-      if (![502, 503, 504].includes(r.status)) throw new Error(`${r.status}: the stream can no longer be resumed`);
+      if (![502, 503, 504].includes(r.status)) throw await httpError(r); // the server's reason (a key missing...)
     } catch (e) {
       if (!(e instanceof TypeError)) throw e;
     }
@@ -141,8 +157,7 @@ async function read(response, view, reply) {
           if (choice.finish_reason) reply.finished = choice.finish_reason;
         }
         if (chunk.usage) setStatus(`${chunk.usage.completion_tokens} tokens, finish: ${reply.finished}`);
-        follow(() => render(view, reply));
-        save();
+        frame = frame || requestAnimationFrame(() => draw(view, reply));
       }
       break;
     } catch (e) {
@@ -155,17 +170,27 @@ async function read(response, view, reply) {
   if (!reply.finished) throw new Error("the stream ended without finishing");
 }
 
+// Show the reply as it stands, and save it (both cost its whole length: once a frame, not once an event).
+function draw(view, reply) {
+  cancelAnimationFrame(frame);
+  frame = null;
+  follow(() => render(view, reply));
+  save();
+}
+
 function begin(view) {
   view.out.classList.add("streaming");
   controller = new AbortController();
   $("send").disabled = true;
   $("stop").disabled = false;
   setStatus("generating…");
+  $("prompt").focus(); // not lost with the Send button it was on
 }
 
 // The reply ends: finished, stopped or failed. Its text so far joins the conversation, as the page shows it; a
 // reply stopped or failed before any text is taken back, and its question returns to the composer.
 function end(view, reply, error) {
+  draw(view, reply);
   view.out.classList.remove("streaming");
   $("send").disabled = false;
   $("stop").disabled = true;
@@ -173,6 +198,7 @@ function end(view, reply, error) {
   if (reply !== state.pending) return; // a new chat began meanwhile
   if (error && error.name === "AbortError") setStatus("stopped");
   else if (error) setStatus(error.message, true);
+  else if (!$("status").textContent.includes("finish")) setStatus(`finish: ${reply.finished}`); // no usage came
   if (!error || reply.text) {
     if (error) view.out.classList.add(error.name === "AbortError" ? "stopped" : "interrupted");
     state.turns.push({ role: "assistant", content: reply.text });
