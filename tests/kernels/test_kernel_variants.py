@@ -136,6 +136,8 @@ def test_without_kernels_installed_or_a_compiler_torch_ops_serve(tiny_model_dirs
     assert build_cpu_kernels() is None
     assert not library_path().exists() and load_cpu_kernels() is None
     assert "no C compiler" in caplog.text
+    kernels_library()  # a directory named that holds none is said (a mistyped one was a silent build)
+    assert "WSGI_INFER_KERNELS_DIR " + str(not_installed / "no-kernels") + " holds no CPU kernels" in caplog.text
     llm = LLM(model=str(tiny_model_dirs["llama"]))
     assert llm.engine.runner.kernels is None and llm.engine.runner.model.layers[0].self_attn.kernels is None
     assert len(llm.generate("Hi", GREEDY)[0].token_ids) == GREEDY.max_tokens

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from wsgi_infer import SamplingParams
 from wsgi_infer.engine.kernels.build import KERNELS_DIR, kernels_library
@@ -108,6 +109,7 @@ def test_serve_with_two_workers_whose_model_cannot_load_exits_with_code_3_and_no
         ({"device": "gpu"}, "device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
         ({"kv_store_url": "http://x"}, "WSGI_INFER_KV_STORE_URL='http://x': Value error, redis-py reads"),
         ({"kv_store_dir": "/etc/passwd"}, "WSGI_INFER_KV_STORE_DIR='/etc/passwd': Value error, is not a directory"),
+        ({"kv_store_dir": "/etc/passwd/kv"}, "Value error, /etc/passwd is a file: no directory is made in it"),
         ({"keys_file": "/nowhere/keys.toml"}, "keys file '/nowhere/keys.toml': [Errno 2] No such file or directory"),
         (
             {"redis_url": "localhost:6379"},
@@ -165,3 +167,12 @@ def test_prepare_does_a_first_starts_work_and_the_server_only_reads_it(tiny_mode
 def _tree(root) -> dict[str, tuple[int, int]]:
     """Every file under ``root``: its size and modification time."""
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case: CUDA asked for where there is none")
+def test_a_setting_the_machine_cannot_take_fails_its_load_in_one_line(tmp_path):
+    """Found by the worker (the master does not import torch): CUDA where there is none was a traceback's worth."""
+    with GunicornServer({"device": "cuda", "cache_dir": tmp_path}) as server:
+        assert server.process.wait(120) == 3
+        server.wait_for_log(r"model failed to load: device: 'cuda' requested but CUDA is not available")
+        assert not [line for line in server.lines if "Traceback" in line]

@@ -32,6 +32,11 @@ def option(default: Any, help: str, ge: int | None = None) -> Any:
     return field(default=default, metadata={"help": help, **({"ge": ge} if ge is not None else {})})
 
 
+class SettingError(ValueError):
+    """A setting this machine or model cannot take (CUDA asked for where there is none, a block larger than the KV
+    cache): its message says all, and a failed load logs no traceback for it."""
+
+
 @dataclass
 class EngineConfig:
     """Everything the engine needs to know besides the requests themselves.

@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from .config import EngineConfig
+from .config import EngineConfig, SettingError
 from .embedding_engine import EmbeddingEngine
 from .llm_engine import LLMEngine
 from .loading.model_loader import resolve_model_dir
@@ -230,7 +230,8 @@ class EngineLoop:
             self._channel.send(Loaded(command.model, engine))
         except Exception as exc:  # a bad model path or file: reported, the other models keep serving
             said = " ".join(str(exc).split())[:MAX_FAILURE_CHARS] or type(exc).__name__  # one line, all its parts
-            trace = "" if isinstance(exc, ModelLoadError) else traceback.format_exc()  # a bad file: its line says all
+            said_all = isinstance(exc, (ModelLoadError, SettingError))  # a bad file or setting: its line says all
+            trace = "" if said_all else traceback.format_exc()
             failure = EngineFailed(f"model failed to load: {said}", trace, command.model)
             self._channel.send(Loaded(command.model, failure=failure))
 

@@ -159,9 +159,14 @@ class ServerSettings(EngineSettings):
     @field_validator("kv_store_dir")
     @classmethod
     def _a_directory(cls, path: str | None) -> str | None:
-        """A file there was taken, and each request's write failed on it (a missing directory is made)."""
-        if path and Path(path).expanduser().exists() and not Path(path).expanduser().is_dir():
-            raise ValueError("is not a directory")
+        """A file there, or above it, was taken, and each request's write failed on it (a missing directory is
+        made, where a directory holds it)."""
+        given = Path(path).expanduser() if path else None
+        there = next((p for p in (given, *given.parents) if p.exists()), None) if given else None
+        if there is not None and not there.is_dir():
+            raise ValueError(
+                "is not a directory" if there == given else f"{there} is a file: no directory is made in it"
+            )
         return path
 
     @property

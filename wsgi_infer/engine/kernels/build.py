@@ -51,6 +51,8 @@ def _installed(directory: Path) -> Path | None | bool:
     on this CPU; False where none is installed for this source (then a build serves)."""
     names = variants.installed_variants(directory)
     if names is None:
+        if os.environ.get("WSGI_INFER_KERNELS_DIR"):  # a wrong path was a silent build: 10 s more at each start
+            log.warning("WSGI_INFER_KERNELS_DIR %s holds no CPU kernels of this source: they are built", directory)
         return False
     best = next(iter(variants.runnable(names, cpu_flags())), None)
     if best is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import DTYPES
+from ..config import DTYPES, SettingError
 
 _DTYPES = dict(zip(DTYPES, [torch.float32] * 2 + [torch.bfloat16] * 2 + [torch.float16] * 2, strict=True))
 
@@ -20,9 +20,9 @@ def resolve_device(device: str) -> torch.device:
     try:
         resolved = torch.device(device)
     except RuntimeError as exc:
-        raise ValueError(f"device: unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from exc
+        raise SettingError(f"device: unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from exc
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} requested but CUDA is not available")
+        raise SettingError(f"device: {device!r} requested but CUDA is not available")
     return resolved
 
 
@@ -37,4 +37,4 @@ def resolve_dtype(dtype: str, device: torch.device, on_kernels: bool = False) ->
     try:
         return _DTYPES[dtype]
     except KeyError:
-        raise ValueError(f"dtype: unknown dtype {dtype!r} (use auto, {', '.join(_DTYPES)})") from None
+        raise SettingError(f"dtype: unknown dtype {dtype!r} (use auto, {', '.join(_DTYPES)})") from None

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from ..config import SettingError
 from .block_manager import BlockManager, BlockTable
 from .sequence import Sequence
 
@@ -213,7 +214,7 @@ def plan_kv_groups(
     one_pool = num_blocks or budget // (layer_block_bytes * len(layer_windows))
     if not one_pool:  # one block was allocated past the budget (2 GiB for a block of 100,000 tokens)
         block_mib = layer_block_bytes * len(layer_windows) / 2**20
-        raise ValueError(
+        raise SettingError(
             f"the KV cache's {budget / 2**20:.0f} MiB hold no block of {block_size} tokens ({block_mib:.0f} MiB): "
             "a smaller block_size, or a larger KV cache (WSGI_INFER_BLOCK_SIZE, WSGI_INFER_KV_CACHE_MEMORY_MB)"
         )
