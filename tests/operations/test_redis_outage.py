@@ -222,3 +222,31 @@ def test_a_reader_elsewhere_ends_a_lost_stream_in_its_apis_shape(tmp_path, api):
     else:  # the event the route writes on the generating worker, where it can
         assert error["error"]["code"] == "stream_lost"
         assert frames[-1] == interrupted_endings(error["error"]["message"], "stream_lost")["openai"]
+
+
+def test_a_mirror_back_from_an_outage_to_find_its_stream_ended_by_another_host_hands_it_over(tmp_path):
+    """A host paused past its lease (a VM's pause) has a Redis command time out as it wakes; by then another host
+    continued its stream to the end. Its mirror, asking Redis what it holds, took that end for its own and stopped,
+    leaving its reader waiting on a generation nobody copies (the failover test hung 300 s in a loaded run)."""
+    redis_server = RedisServer(tmp_path)
+    store = RedisStore(redis_server.url, keep_seconds=60, heartbeat=0.2, metrics=ModelMetrics("woken"))
+    client = redis.Redis.from_url(redis_server.url)
+    stream_log = StreamLog("woken", grace=60, on_release=lambda: None)
+    key = store.key(stream_log.stream_id)
+    try:
+        stream_log.append(sse.event({"n": 1}))
+        store.mirror(stream_log)
+        deadline = time.monotonic() + 20
+        while not client.xrange(key):
+            assert time.monotonic() < deadline, "the first event was never mirrored"
+            gevent.sleep(0.01)  # the mirror is a greenlet of this thread: let it run
+        client.delete(f"{key}:producer")  # the other host's continuation, to its end
+        client.xadd(key, {"event": sse.event({"n": "theirs"})}, id="2-0")
+        client.xadd(key, {"end": "1"}, id="3-0")
+        store._epoch += 1  # as Redis's return after an error: the mirror asks Redis what it holds
+        stream_log.append(sse.event({"n": 2}))
+        while not stream_log.moved:
+            assert time.monotonic() < deadline + 20, "the mirror took the other host's end for its own"
+            gevent.sleep(0.01)
+    finally:
+        redis_server.stop()

@@ -149,7 +149,9 @@ class RedisStore:
             sent = (stream_log.known, len(stream_log.record.batches) if stream_log.record else 0)
         elif sent is None:
             last = self._client.xrevrange(key, count=1)
-            if last and b"end" in last[0][1]:  # written before a lost reply
+            if last and b"end" in last[0][1]:  # written before a lost reply; or, unfinished here, by another host
+                if not stream_log.finished:  # that continued it to its end while this one slept (a paused VM)
+                    raise LeaseLost(key)
                 return (len(stream_log.events), 0), True
             sent = (int(last[0][0].split(b"-")[0]) if last else 0, self._client.llen(f"{key}:batches"))
         else:
