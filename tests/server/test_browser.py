@@ -58,10 +58,13 @@ def test_text_appears_incrementally_and_matches_the_engine(page, tiny_llama):
         f"(() => {{ const a = document.querySelector('.assistant'); "
         f"return a.classList.contains('streaming') && a.textContent.length > {early} }})()"
     )  # more text arrived while the stream was still open
+    assert page.get_attribute("#transcript", "aria-busy") == "true"  # a screen reader waits: it read every token
+    assert page.evaluate("document.activeElement.id") == "prompt"  # not lost with the disabled Send button
     page.wait_for_function("!document.querySelector('.assistant').classList.contains('streaming')")
     assert page.text_content(".assistant") == expected
     assert "finish: " in page.text_content("#status")
-    assert early < len(expected)
+    assert early < len(expected) and page.get_attribute("#transcript", "aria-busy") == "false"
+    assert page.get_by_label("message").count() == 1  # the prompt's name: a placeholder is none
 
 
 def test_stop_cancels_the_generation_at_once_and_its_text_joins_the_conversation(page, server):

@@ -180,6 +180,7 @@ function draw(view, reply) {
 
 function begin(view) {
   view.out.classList.add("streaming");
+  $("transcript").setAttribute("aria-busy", "true"); // a screen reader reads the reply once, not each token
   controller = new AbortController();
   $("send").disabled = true;
   $("stop").disabled = false;
@@ -192,6 +193,7 @@ function begin(view) {
 function end(view, reply, error) {
   draw(view, reply);
   view.out.classList.remove("streaming");
+  $("transcript").setAttribute("aria-busy", "false");
   $("send").disabled = false;
   $("stop").disabled = true;
   controller = null;
