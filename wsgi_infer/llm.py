@@ -11,6 +11,7 @@ from .engine.kernels.build import kernels_library
 from .engine.llm_engine import LLMEngine, Prompt
 from .engine.outputs import CompletionOutput, RequestDelta
 from .engine.sampling_params import SamplingParams, tokens_to_keep
+from .engine.text.chat_template import chat_prompt_ids
 from .engine.text.truncation import prompt_tokens
 
 Message = dict[str, str]
@@ -58,8 +59,9 @@ class LLM:
         if not isinstance(prompts, Seq):
             raise TypeError(f"prompts: a prompt or a list of prompts, not {prompts!r:.80}")
         prompts = [prompt_of(p) for p in prompts]
-        one = SamplingParams() if sampling_params is None else sampling_params
-        params_list = list(sampling_params) if isinstance(sampling_params, Seq) else [one] * len(prompts)
+        params = sampling_params
+        one = SamplingParams() if params is None else params
+        params_list = list(params) if isinstance(params, Seq) else [one] * len(prompts)
         if len(params_list) != len(prompts) or not all(isinstance(p, SamplingParams) for p in params_list):
             raise ValueError("sampling_params: give one SamplingParams, or one per prompt")
         prompt_ids: dict[str, list[int]] = {}
@@ -123,8 +125,9 @@ class LLM:
         flat = [
             {**m, "content": text_of_parts(m["content"])} if isinstance(m.get("content"), list) else m for m in messages
         ]
-        args = (add_generation_prompt, continue_final_message, chat_template_kwargs)
-        return self.engine.apply_chat_template(flat, tools, *args)
+        return chat_prompt_ids(
+            self.engine.tokenizer, flat, tools, add_generation_prompt, chat_template_kwargs, continue_final_message
+        )
 
 
 def text_of_parts(parts: list) -> str:

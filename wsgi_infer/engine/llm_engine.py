@@ -90,18 +90,9 @@ class LLMEngine:
     def tokenize(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt, add_special_tokens=True)
 
-    def apply_chat_template(
-        self,
-        messages: list[dict],
-        tools: list[dict] | None = None,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        template_kwargs: dict | None = None,
-    ) -> list[int]:
-        """Token ids of a conversation through the model's chat template: ready for the reply, or (with
-        ``continue_final_message``) inside its last message, which the reply continues."""
-        args = (add_generation_prompt, template_kwargs, continue_final_message)
-        return chat_prompt_ids(self.tokenizer, messages, tools, *args)
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a conversation through the model's chat template, ready for the reply."""
+        return chat_prompt_ids(self.tokenizer, messages, tools)
 
     def add_request(
         self, request_id: str, prompt: Prompt, params: SamplingParams, generated: list[int] | tuple[int, ...] = ()
